@@ -1,0 +1,92 @@
+"""Failure rates: the per-component rate specs and the presets they come from.
+
+A rate is given per chip, instance, UltraServer, leaf switch or job, as events per unit time
+or as an MTBF, with an exponential or Weibull distribution. Presets (`catalog/failures.yaml`)
+borrow published GPU-fleet rates, since none are published for Trainium, converted to rates
+per accelerator.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from clustersim import units
+from clustersim.spec import Duration, Rate, Spec
+
+__all__ = [
+    "COMPONENTS",
+    "FailureRateSpec",
+    "failure_preset_names",
+    "failure_preset_rates",
+    "failure_preset_source",
+]
+
+COMPONENTS = ("chip", "hbm", "neuronlink", "nic", "host", "switch", "software", "node")
+Per = Literal["chip", "instance", "ultraserver", "leaf", "job"]
+
+
+class FailureRateSpec(Spec):
+    """One failure process: a component's rate per unit of hardware (or per job)."""
+
+    component: Literal["chip", "hbm", "neuronlink", "nic", "host", "switch", "software", "node"]
+    per: Per = "chip"
+    rate_per_s: Rate | None = Field(default=None, alias="rate", description="events per unit")
+    mtbf_s: Duration | None = Field(default=None, alias="mtbf", description="mean time between")
+    distribution: Literal["exponential", "weibull"] = "exponential"
+    shape: float | None = Field(default=None, gt=0, description="Weibull shape")
+    cause: str | None = Field(default=None, description="what the preset calls it")
+
+    @model_validator(mode="after")
+    def _check(self) -> FailureRateSpec:
+        if (self.rate_per_s is None) == (self.mtbf_s is None):
+            raise ValueError("give exactly one of rate (e.g. 0.0065/d) or mtbf (e.g. 40000h)")
+        if self.distribution == "weibull" and self.shape is None:
+            raise ValueError("a weibull distribution needs shape (e.g. 0.8)")
+        if self.distribution == "exponential" and self.shape is not None:
+            raise ValueError("shape applies to the weibull distribution only")
+        return self
+
+    @property
+    def events_per_s(self) -> float:
+        """Mean failure rate per unit (for Weibull, one over its mean time between failures)."""
+        if self.rate_per_s is not None:
+            return self.rate_per_s
+        assert self.mtbf_s is not None
+        return 1.0 / self.mtbf_s
+
+
+@cache
+def _document() -> dict[str, Any]:
+    text = resources.files("clustersim").joinpath("catalog/failures.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
+
+
+def failure_preset_names() -> list[str]:
+    return list(_document()["presets"])
+
+
+def failure_preset_source(name: str) -> str:
+    return _document()["sources"].get(name, "")
+
+
+def failure_preset_rates(name: str) -> list[FailureRateSpec]:
+    """A preset's causes as per-chip exponential rates (KeyError for an unknown preset)."""
+    preset = _document()["presets"][name]
+    rates = []
+    for cause in preset["causes"]:
+        if "count" in cause:
+            window_s = units.parse_duration(preset["window"])
+            per_chip_s = cause["count"] / (window_s * preset["accelerators"])
+        else:
+            per_chip_s = cause["rate_per_node_day"] / cause["accelerators_per_node"] / 86400.0
+        rates.append(
+            FailureRateSpec(
+                component=cause["component"], per="chip", rate=per_chip_s, cause=cause["cause"]
+            )
+        )
+    return rates

@@ -1,0 +1,85 @@
+"""Dense decoder-only transformer shapes and their presets (Llama 2/3/3.1, GPT-3, Megatron).
+
+The shape is all the step model needs to count FLOPs, bytes and memory; the presets are data
+(`catalog/models.yaml`) with the paper or model card each came from.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+from pydantic import Field, model_validator
+
+from clustersim.spec import Spec
+
+__all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source"]
+
+
+class TransformerShape(Spec):
+    """Shape of a dense decoder transformer."""
+
+    name: str = "custom"
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int | None = Field(default=None, gt=0, description="defaults to heads (no GQA)")
+    ffn_hidden: int | None = Field(default=None, gt=0, description="defaults to 4 x hidden")
+    vocab: int = Field(gt=0)
+    seq_len: int = Field(default=2048, gt=0, description="default training sequence length")
+    gated: bool = Field(default=False, description="SwiGLU-style FFN with three matrices")
+
+    @model_validator(mode="after")
+    def _check(self) -> TransformerShape:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.n_kv_heads:
+            raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.n_kv_heads}")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def parameter_count(self, tied_embeddings: bool = False) -> int:
+        """Weights: attention (Q, K, V, O), FFN (2 or 3 matrices), 2 norms per layer, embeddings.
+
+        Llama-style models have untied input and output embeddings; biases are not counted.
+        """
+        kv_width = self.n_kv_heads * self.head_dim
+        attention = self.hidden * (self.hidden + 2 * kv_width) + self.hidden * self.hidden
+        ffn = (3 if self.gated else 2) * self.hidden * self.ffn
+        norms = 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if tied_embeddings else 2)
+        return self.layers * (attention + ffn + norms) + embeddings + self.hidden
+
+
+@cache
+def _document() -> dict[str, Any]:
+    text = resources.files("clustersim").joinpath("catalog/models.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
+
+
+def model_preset_names() -> list[str]:
+    return list(_document()["models"])
+
+
+def model_preset_values(name: str) -> dict[str, Any]:
+    """Preset as a plain mapping (raises KeyError for an unknown name)."""
+    values = {k: v for k, v in _document()["models"][name].items() if k != "source"}
+    return {"name": name, **values}
+
+
+def model_preset_source(name: str) -> str:
+    document = _document()
+    return document["sources"][document["models"][name]["source"]]
