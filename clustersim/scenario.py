@@ -27,6 +27,7 @@ from clustersim.hardware import (
     resolve_hardware_mapping,
 )
 from clustersim.spec import Duration, NonNegativeDuration, Spec
+from clustersim.topology import FabricSpec
 from clustersim.transformer import TransformerShape, model_preset_names, model_preset_values
 
 __all__ = [
@@ -108,20 +109,6 @@ def _path_text(loc: Iterable[Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Specs
-
-
-class FabricSpec(Spec):
-    """The EFA fabric between instances: a two-tier Clos of leaf and spine switches."""
-
-    topology: Literal["clos"] = "clos"
-    oversubscription: float = Field(
-        default=1.0, gt=0, description="leaf downlink over uplink bandwidth; 1 is non-blocking"
-    )
-    instances_per_leaf: int = Field(default=16, gt=0)
-    spines: int = Field(default=16, gt=0, description="spine switches; each leaf uplinks to all")
-    latency_s: Duration = Field(
-        default=15e-6, alias="latency", description="one EFA message HBM to HBM"
-    )
 
 
 class ClusterSpec(Spec):
@@ -285,11 +272,12 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
                 f"spares of {hw.name} are whole UltraServers; expected a multiple of {per_us}",
                 s.cluster.spares, True,
             )
-    if s.cluster.fabric.instances_per_leaf % per_us and hw.ultraserver is not None:
+    per_leaf = s.cluster.fabric.instances_per_leaf
+    if per_leaf is not None and per_leaf % per_us:
         yield Issue(
             "cluster.fabric.instances_per_leaf",
             f"a leaf holds whole UltraServers; expected a multiple of {per_us}",
-            s.cluster.fabric.instances_per_leaf, True,
+            per_leaf, True,
         )
     if s.trace.bin_s > s.duration_s:
         yield Issue("trace.bin", "longer than the scenario's duration", s.trace.bin_s, True)

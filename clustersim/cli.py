@@ -1,0 +1,321 @@
+"""`clustersim` command line: a thin shell over the Python API (see CONTRACT.md).
+
+Exit status: 0 success; 2 bad scenario, bad arguments or refused output directory (a message
+on stderr naming the file, key path, value and what was expected, never a traceback);
+1 anything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import clustersim
+from clustersim import units
+from clustersim.api import simulate, topology_for, write_run
+from clustersim.hardware import catalog_entry, catalog_names, catalog_source_refs
+from clustersim.outputs import OutputDirError, check_output_dir
+from clustersim.scenario import ScenarioError, load_scenario, scenario_json_schema
+
+app = typer.Typer(
+    name="clustersim",
+    help="Simulate large AWS Trainium clusters: topology, collectives, steps, failures, goodput.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out_console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UsageProblem(Exception):
+    """A bad argument the command itself found (exit 2)."""
+
+
+def _user_errors(command: F) -> F:
+    """Turn user mistakes into a message and exit 2, and anything else into exit 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (ScenarioError, OutputDirError, UsageProblem) as error:
+            err_console.print(f"[red]error:[/red] {error}", markup=True, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as error:  # a bug or an environment problem, not the user's input
+            if os.environ.get("CLUSTERSIM_DEBUG"):
+                raise
+            err_console.print(
+                f"[red]internal error:[/red] {type(error).__name__}: {error}\n"
+                "(set CLUSTERSIM_DEBUG=1 for a traceback)", soft_wrap=True,
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out_console.print(f"clustersim {clustersim.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """clustersim: a discrete-event simulator of large Trainium clusters."""
+
+
+ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.", show_default=False)]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a scenario key: PATH=VALUE (repeatable).",
+                 show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead.")]
+
+
+@app.command()
+@_user_errors
+def run(
+    scenario: ScenarioArg,
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="Output directory [default: results/NAME/].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed instead of the scenario's.", min=0)] = None,
+    replications: Annotated[int, typer.Option(help="Independent seeds to run.", min=1)] = 1,
+    overrides: SetOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+) -> None:
+    """Simulate a scenario and write summary.json (and traces) to OUT."""
+    spec = load_scenario(scenario, overrides or [])
+    out_dir = out if out is not None else Path("results") / spec.name
+    check_output_dir(out_dir, force)
+    result = simulate(spec, seed=seed, replications=replications)
+    write_run(result, out_dir, force=force)
+    _print_run(result.summary, out_dir)
+
+
+def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
+    cluster = summary["cluster"]
+    table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
+                  show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("hardware", f"{cluster['hardware']} ({cluster['instance_type']})")
+    table.add_row("instances", f"{cluster['instances']:,} ({cluster['spare_instances']} spare)"
+                  + (f", {cluster['ultraservers']:,} UltraServers" if cluster["ultraservers"] else ""))
+    table.add_row("switches", f"{cluster['leaf_switches']:,} leaf, {cluster['spine_switches']:,} spine")
+    table.add_row("peak BF16", f"{cluster['peak_pflops']['bf16']:,.1f} PFLOPS")
+    table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbps']:,.1f} TB/s")
+    table.add_row("EFA bisection", f"{cluster['bisection_gbps']:,.0f} GB/s")
+    if cluster["price_per_hour_usd"] is not None:
+        table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
+    if cluster["chip_power_kw"] is not None:
+        table.add_row("chip power", f"{cluster['chip_power_kw']:,.1f} kW")
+    for name, job in summary["jobs"].items():
+        table.add_row(
+            f"job {name}",
+            f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
+            f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, "
+            f"{job['tokens_per_step']:,} tokens/step",
+        )
+    out_console.print(table)
+    out_console.print(f"wrote {out_dir}/summary.json in {summary['wall_s']:.2f} s")
+
+
+@app.command()
+@_user_errors
+def validate(
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario files.", show_default=False)],
+    overrides: SetOption = None,
+) -> None:
+    """Check scenario files without simulating."""
+    failed = 0
+    for path in scenarios:
+        try:
+            spec = load_scenario(path, overrides or [])
+        except ScenarioError as error:
+            failed += 1
+            err_console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+            continue
+        out_console.print(
+            f"ok: {path} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
+            f"{len(spec.jobs)} job{'s' if len(spec.jobs) != 1 else ''})"
+        )
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+@_user_errors
+def topology(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOption = False) -> None:
+    """Chips, instances, UltraServers, links by kind, per-chip bandwidths, fabric bisection."""
+    spec = load_scenario(scenario, overrides or [])
+    started = time.perf_counter()
+    topo = topology_for(spec)
+    build_s = time.perf_counter() - started
+    figures = topo.summary()
+    figures["build_s"] = round(build_s, 3)
+    figures["nodes"] = topo.graph.number_of_nodes()
+    figures["edges"] = topo.graph.number_of_edges()
+    if json_out:
+        print(json.dumps(figures, indent=2))
+        return
+    table = Table(title=f"{spec.name}: topology of {figures['hardware']}", title_justify="left",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("chips", f"{figures['chips']:,} ({figures['ranks']:,} ranks)")
+    table.add_row("instances", f"{figures['instances']:,}")
+    table.add_row("UltraServers", f"{figures['ultraservers']:,}")
+    table.add_row("switches", f"{figures['switches']:,} chip switches, {figures['leaves']:,} leaf, "
+                  f"{figures['spines']:,} spine")
+    table.add_row("graph", f"{figures['nodes']:,} nodes, {figures['edges']:,} edges, "
+                  f"built in {build_s:.2f} s")
+    table.add_row("fabric bisection", f"{figures['bisection_gbps']:,.0f} GB/s per direction")
+    out_console.print(table)
+    links = Table(title="links by kind", title_justify="left")
+    for column in ("kind", "count", "per link, each way", "latency", "per chip (as quoted)"):
+        links.add_column(column, justify="right" if column != "kind" else "left")
+    for kind, count in figures["links"].items():
+        per_chip = figures["per_chip_bandwidth_gbps"].get(kind)
+        links.add_row(
+            kind, f"{count:,}", f"{figures['link_bandwidth_gbps'][kind]:,.2f} GB/s",
+            units.format_duration(figures["link_latency_us"][kind] / 1e6),
+            "" if per_chip is None else f"{per_chip:,.1f} GB/s",
+        )
+    out_console.print(links)
+
+
+@app.command()
+@_user_errors
+def hardware(
+    name: Annotated[str | None, typer.Argument(help="Catalog entry to print.")] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """List the hardware catalog, or print one entry with its sources."""
+    if name is None:
+        _list_hardware(json_out)
+        return
+    if name not in catalog_names():
+        raise UsageProblem(f"unknown hardware {name!r}; expected one of {', '.join(catalog_names())}")
+    spec = catalog_entry(name)
+    if json_out:
+        print(spec.model_dump_json(by_alias=True, indent=2))
+        return
+    out_console.print(f"[bold]{name}[/bold]: {spec.description}")
+    table = Table(show_header=True, title_justify="left")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    for path, value in _flatten(spec.model_dump(by_alias=True, exclude={"sources"})):
+        table.add_row(path, _show(path, value), spec.sources.get(path, ""))
+    out_console.print(table)
+    refs = catalog_source_refs()
+    used = sorted({s.split(":")[0] for s in spec.sources.values()} & set(refs))
+    for ref in used:
+        out_console.print(f"[bold]{ref}[/bold]: {refs[ref]}", soft_wrap=True)
+
+
+def _list_hardware(json_out: bool) -> None:
+    rows = []
+    for entry in catalog_names():
+        spec = catalog_entry(entry)
+        rows.append({
+            "name": entry,
+            "instance": spec.instance.name,
+            "chip": spec.chip.name,
+            "chips_per_instance": spec.chips_per_instance,
+            "instances_per_ultraserver": spec.instances_per_ultraserver,
+            "bf16_tflops": spec.chip.tflops["bf16"],
+            "hbm_gib": spec.chip.hbm_bytes / 2**30,
+            "interconnect": spec.instance.interconnect.topology,
+            "efa_gbps": spec.instance.efa_bytes_per_s * 8 / 1e9,
+            "price_per_hour_usd": spec.instance.price_per_hour_usd,
+        })
+    if json_out:
+        print(json.dumps({"hardware": rows}, indent=2))
+        return
+    table = Table(title="hardware catalog (prices are assumptions: override them)",
+                  title_justify="left")
+    for column in ("name", "instance", "chip", "chips", "BF16 TFLOPS", "HBM", "links", "EFA",
+                   "$/h"):
+        table.add_column(column)
+    for row in rows:
+        chips = str(row["chips_per_instance"])
+        if row["instances_per_ultraserver"] > 1:
+            chips += f" x {row['instances_per_ultraserver']}"
+        table.add_row(
+            row["name"], row["instance"], row["chip"], chips, f"{row['bf16_tflops']:g}",
+            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbps']:,.0f} Gbps",
+            "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}",
+        )
+    out_console.print(table)
+
+
+def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, dict):
+        items: list[tuple[str, Any]] = []
+        for key, value in node.items():
+            items.extend(_flatten(value, f"{prefix}.{key}" if prefix else key))
+        return items
+    return [(prefix, node)]
+
+
+def _show(path: str, value: Any) -> str:
+    """Values with their units, read off the field name."""
+    if value is None:
+        return "-"
+    leaf = path.rsplit(".", 1)[-1]
+    if leaf in ("hbm", "sram", "host_memory"):
+        return units.format_bytes(value)
+    if leaf == "efa":
+        return units.format_bandwidth(value, bits=True)
+    if leaf in ("hbm_bandwidth", "bandwidth"):
+        return units.format_bandwidth(value)
+    if leaf == "latency":
+        return units.format_duration(value)
+    if leaf == "power":
+        return units.format_power(value)
+    return str(value)
+
+
+@app.command()
+@_user_errors
+def schema(
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="Write to a file.")] = None,
+) -> None:
+    """Print the JSON Schema of scenario files (for editors' completion and checks)."""
+    text = json.dumps(scenario_json_schema(), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+        err_console.print(f"wrote {out}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

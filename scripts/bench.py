@@ -1,0 +1,126 @@
+"""Benchmarks: print the figures the issues ask for, with wall time and peak memory.
+
+    python scripts/bench.py            # everything
+    python scripts/bench.py --quick    # a subset that runs in seconds
+
+Each benchmark runs in a fresh subprocess so its peak memory (max RSS) is its own. Results
+are printed as a table and written to results/bench.json. No test asserts these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (python code run in a subprocess that prints a JSON dict of figures, in --quick?)
+BENCHMARKS: dict[str, tuple[str, bool]] = {
+    "topology: 1 Trn2 UltraServer (64 chips)": (
+        """
+from clustersim import catalog_entry, build_topology
+topo = build_topology(catalog_entry("trn2u"), 4)
+figures = {"chips": topo.chips, "edges": topo.graph.number_of_edges()}
+""",
+        True,
+    ),
+    "topology: 128 trn2.48xlarge (2,048 chips)": (
+        """
+from clustersim import catalog_entry, build_topology
+topo = build_topology(catalog_entry("trn2"), 128)
+figures = {"chips": topo.chips, "edges": topo.graph.number_of_edges()}
+""",
+        True,
+    ),
+    "topology: 8,192 Trn2 UltraServers (524,288 chips)": (
+        """
+from clustersim import catalog_entry, build_topology
+topo = build_topology(catalog_entry("trn2u"), 8192 * 4)
+figures = {"chips": topo.chips, "instances": topo.instances, "ultraservers": topo.ultraservers,
+           "nodes": topo.graph.number_of_nodes(), "edges": topo.graph.number_of_edges(),
+           "links": topo.edge_counts}
+""",
+        False,
+    ),
+    "topology queries: path + ring of 4,096 chips on 524,288": (
+        """
+from clustersim import catalog_entry, build_topology
+import time
+topo = build_topology(catalog_entry("trn2u"), 8192 * 4)
+t0 = time.perf_counter()
+ring = topo.ring(range(4096))
+t1 = time.perf_counter()
+again = topo.ring(range(4096, 8192))
+t2 = time.perf_counter()
+path = topo.path(0, 524287)
+figures = {"ring_first_ms": round((t1 - t0) * 1e3, 1), "ring_cached_ms": round((t2 - t1) * 1e3, 1),
+           "ring_bottleneck_gbps": ring.bottleneck_bytes_per_s / 1e9, "path_hops": path.hops,
+           "query_only": True}
+""",
+        False,
+    ),
+    "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
+        """
+import subprocess, sys, json
+done = subprocess.run([sys.executable, "-m", "clustersim", "topology",
+                       "scenarios/trn2-524k-topology.yaml", "--json"],
+                      capture_output=True, text=True, check=True)
+shown = json.loads(done.stdout)
+figures = {k: shown[k] for k in ("chips", "instances", "ultraservers", "build_s")}
+""",
+        False,
+    ),
+}
+
+
+def run_one(code: str) -> dict[str, Any]:
+    wrapper = f"""
+import json, resource, time
+start = time.perf_counter()
+{code}
+wall = time.perf_counter() - start
+peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+           resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+print(json.dumps({{"wall_s": wall, "peak_rss_bytes": peak, "figures": figures}}))
+"""
+    done = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the fast subset")
+    parser.add_argument("-o", "--out", type=Path, default=ROOT / "results" / "bench.json")
+    args = parser.parse_args()
+    results = {}
+    print(f"{'benchmark':<58} {'wall s':>8} {'peak MiB':>9}  figures")
+    for name, (code, quick) in BENCHMARKS.items():
+        if args.quick and not quick:
+            continue
+        result = run_one(code)
+        results[name] = result
+        if "error" in result:
+            print(f"{name:<58} {'failed':>8} {'':>9}  {result['error']}")
+            continue
+        print(f"{name:<58} {result['wall_s']:8.2f} {result['peak_rss_bytes'] / 2**20:9.0f}  "
+              f"{json.dumps(result['figures'])}")
+    report = {"python": platform.python_version(), "machine": platform.machine(),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    main()
