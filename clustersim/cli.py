@@ -258,7 +258,7 @@ def _list_hardware(json_out: bool) -> None:
                   title_justify="left")
     for column in ("name", "instance", "chip", "chips", "BF16 TFLOPS", "HBM", "links", "EFA",
                    "$/h"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "name")
     for row in rows:
         chips = str(row["chips_per_instance"])
         if row["instances_per_ultraserver"] > 1:

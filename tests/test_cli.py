@@ -1,0 +1,210 @@
+"""The command line: exit codes, messages on stderr, atomic output directories, JSON output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import clustersim
+from clustersim.cli import app
+from clustersim.outputs import atomic_output_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+runner = CliRunner()
+
+SMALL = """\
+name: small
+hardware: trn2
+cluster: {instances: 4, spares: 1}
+jobs:
+  - {name: train, model: llama3-8b, global_batch: 64, parallelism: {tp: 8, dp: 32}}
+"""
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return path
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert clustersim.__version__ in result.stdout
+
+
+def test_python_dash_m_is_the_same_program():
+    done = subprocess.run([sys.executable, "-m", "clustersim", "--version"], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"clustersim {clustersim.__version__}"
+
+
+def test_run_writes_summary(small: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    result = invoke("run", small, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scenario"] == "small"
+    assert summary["chips"] == 5 * 16
+    assert summary["seed"] == 0
+    assert summary["cluster"]["spare_instances"] == 1
+    job = summary["jobs"]["train"]
+    assert (job["ranks"], job["instances"], job["chips"]) == (256, 4, 64)
+    assert (out / "scenario.yaml").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_run_quickstart_default_output_dir(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", QUICKSTART, "--seed", "7")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads((tmp_path / "results" / "quickstart" / "summary.json").read_text())
+    assert summary["seed"] == 7
+    assert summary["cluster"]["ultraservers"] == 9
+
+
+def test_run_refuses_non_empty_output_without_force(small: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = invoke("run", small, "-o", out)
+    assert result.exit_code == 2
+    assert "--force" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    result = invoke("run", small, "-o", out, "--force")
+    assert result.exit_code == 0, result.stderr
+    assert not (out / "keep.txt").exists()
+    assert (out / "summary.json").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_run_refuses_a_file_as_output(small: Path, tmp_path: Path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    result = invoke("run", small, "-o", target, "--force")
+    assert result.exit_code == 2
+    assert "not a directory" in result.stderr
+
+
+def test_bad_scenario_exits_2_and_writes_nothing(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SMALL.replace("tp: 8", "tp: 7"))
+    out = tmp_path / "out"
+    result = invoke("run", bad, "-o", out)
+    assert result.exit_code == 2
+    assert str(bad) in result.stderr
+    assert "jobs.0.parallelism" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_set_overrides_on_run(small: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    result = invoke("run", small, "-o", out, "--set", "cluster.spares=3",
+                    "--set", "jobs.0.global_batch=128")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cluster"]["spare_instances"] == 3
+    assert summary["jobs"]["train"]["global_batch"] == 128
+    bad = invoke("run", small, "-o", tmp_path / "o2", "--set", "cluster.spares")
+    assert bad.exit_code == 2
+    assert "PATH=VALUE" in bad.stderr
+
+
+def test_bad_arguments_exit_2(small: Path):
+    assert invoke("run", small, "--replications", "0").exit_code == 2
+    assert invoke("run").exit_code == 2
+    assert invoke("no-such-command").exit_code == 2
+
+
+def test_validate_reports_each_file(small: Path, tmp_path: Path):
+    assert invoke("validate", small, QUICKSTART).exit_code == 0
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nhardware: trn2\ncluster: {instances: -1}\n")
+    missing = tmp_path / "missing.yaml"
+    result = invoke("validate", small, broken, missing)
+    assert result.exit_code == 2
+    assert "ok: " in result.stdout
+    assert "cluster.instances" in result.stderr
+    assert "no such file" in result.stderr
+
+
+def test_topology_json(small: Path):
+    result = invoke("topology", small, "--json")
+    assert result.exit_code == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["chips"] == 80
+    assert figures["instances"] == 5
+    assert figures["ultraservers"] == 0
+    assert figures["links"] == {"torus": 160, "efa": 80}
+    assert figures["per_chip_bandwidth_gbps"]["torus"] == pytest.approx(1024)
+
+
+def test_topology_table(small: Path):
+    result = invoke("topology", small)
+    assert result.exit_code == 0
+    assert "torus" in result.stdout and "bisection" in result.stdout
+
+
+def test_hardware_list_and_entry():
+    listing = invoke("hardware")
+    assert listing.exit_code == 0
+    for name in clustersim.catalog_names():
+        assert name in listing.stdout
+    entry = invoke("hardware", "trn2")
+    assert entry.exit_code == 0
+    assert "667" in entry.stdout and "Trainium2" in entry.stdout
+    as_json = json.loads(invoke("hardware", "trn2u", "--json").stdout)
+    assert as_json["ultraserver"]["instances"] == 4
+    unknown = invoke("hardware", "trn9")
+    assert unknown.exit_code == 2
+    assert "trn2" in unknown.stderr
+
+
+def test_schema_is_json(tmp_path: Path):
+    result = invoke("schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert "trn2u" in json.dumps(schema["properties"]["hardware"])
+    out = tmp_path / "schema.json"
+    assert invoke("schema", "-o", out).exit_code == 0
+    assert json.loads(out.read_text()) == schema
+
+
+def test_interrupted_write_leaves_nothing(tmp_path: Path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError), atomic_output_dir(out) as staging:
+        (staging / "summary.json").write_text("{}")
+        raise RuntimeError("interrupted")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_internal_errors_exit_1_without_traceback(small: Path, tmp_path: Path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr("clustersim.cli.simulate", broken)
+    monkeypatch.delenv("CLUSTERSIM_DEBUG", raising=False)
+    result = invoke("run", small, "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    assert "internal error" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
