@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import clustersim
@@ -52,7 +53,7 @@ def _user_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except (ScenarioError, OutputDirError, UsageProblem) as error:
-            err_console.print(f"[red]error:[/red] {error}", markup=True, soft_wrap=True)
+            err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
@@ -60,7 +61,7 @@ def _user_errors(command: F) -> F:
             if os.environ.get("CLUSTERSIM_DEBUG"):
                 raise
             err_console.print(
-                f"[red]internal error:[/red] {type(error).__name__}: {error}\n"
+                f"[red]internal error:[/red] {type(error).__name__}: {escape(str(error))}\n"
                 "(set CLUSTERSIM_DEBUG=1 for a traceback)", soft_wrap=True,
             )
             raise typer.Exit(1) from None
@@ -154,10 +155,10 @@ def validate(
             spec = load_scenario(path, overrides or [])
         except ScenarioError as error:
             failed += 1
-            err_console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+            err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
             continue
         out_console.print(
-            f"ok: {path} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
+            f"ok: {escape(str(path))} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
             f"{len(spec.jobs)} job{'s' if len(spec.jobs) != 1 else ''})"
         )
     if failed:

@@ -79,7 +79,10 @@ class ChipSpec(Spec):
     sram_bytes: Bytes | None = Field(default=None, alias="sram", description="on-chip SRAM")
     ranks: int = Field(default=1, gt=0, description="ranks per chip (Trn2 at LNC=2: 4)")
     power_w: Power | None = Field(default=None, alias="power", description="chip power")
-    efficiency: Efficiency
+    efficiency: Efficiency = Field(
+        default=Efficiency(matmul=0.6, vector=0.7),
+        description="default: the initial Trainium values of the catalog (assumptions)",
+    )
 
     @model_validator(mode="after")
     def _check_tflops(self) -> ChipSpec:
@@ -112,7 +115,10 @@ class InterconnectSpec(Spec):
     duplex_counted: bool = Field(
         default=True, description="the per-chip bandwidth counts both directions"
     )
-    latency_s: NonNegativeDuration = Field(alias="latency", description="per hop")
+    latency_s: NonNegativeDuration = Field(
+        default=1.5e-6, alias="latency",
+        description="per hop; default 1.5 us, the midpoint of Neuron's 1-2 us per NeuronLink hop",
+    )
 
     @model_validator(mode="after")
     def _check_shape(self) -> InterconnectSpec:
@@ -120,7 +126,9 @@ class InterconnectSpec(Spec):
             if self.shape is None or len(self.shape) != 2 or min(self.shape) < 1:
                 raise ValueError("torus2d needs shape: [X, Y] with X, Y at least 1")
         elif self.shape is not None:
-            raise ValueError(f"shape applies to torus2d only, not to {self.topology}")
+            raise ValueError(
+                f"shape applies to torus2d only, not to {self.topology}; set shape: null"
+            )
         return self
 
     def links_per_chip(self, members: int) -> int:
@@ -143,7 +151,7 @@ class InterconnectSpec(Spec):
 class InstanceSpec(Spec):
     """One server: its chips, their interconnect, its EFA bandwidth and its price."""
 
-    name: str
+    name: str = "custom instance"
     chips: int = Field(gt=0)
     interconnect: InterconnectSpec
     efa_bytes_per_s: Bandwidth = Field(alias="efa", description="EFA bandwidth per instance")
@@ -181,7 +189,7 @@ class UltraServerSpec(Spec):
 class HardwareSpec(Spec):
     """A complete hardware description: chip, instance and optional UltraServer."""
 
-    name: str
+    name: str = "custom"
     description: str = ""
     chip: ChipSpec
     instance: InstanceSpec
@@ -352,8 +360,20 @@ def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any
     if "name" not in mapping:
         merged["name"] = f"{base}+custom"
     overridden = {p: "scenario override" for p in _paths(mapping) if p != "name"}
-    merged["sources"] = {**sources, **overridden}
+    removed = [p for p in _paths(mapping) if _get(mapping, p) is None]
+    kept = {
+        path: cited for path, cited in sources.items()
+        if not any(path == r or path.startswith(r + ".") for r in removed)
+    }
+    merged["sources"] = {**kept, **overridden}
     return merged
+
+
+def _get(mapping: Mapping[str, Any], path: str) -> Any:
+    node: Any = mapping
+    for part in path.split("."):
+        node = node[part]
+    return node
 
 
 def catalog_entry(name: str) -> HardwareSpec:

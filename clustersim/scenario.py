@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from clustersim import units
 from clustersim.failures import FailureRateSpec, failure_preset_names
 from clustersim.hardware import (
     HardwareSpec,
@@ -67,9 +68,12 @@ class Issue:
 
     def render(self, source: str) -> str:
         where = f"{source}:{self.line}" if self.line else source
-        key = f" {self.path}" if self.path else ""
         shown = f" = {_short_repr(self.value)}" if self.has_value else ""
-        return f"{where}:{key}{shown}: {self.message}"
+        if self.path:
+            return f"{where}: {self.path}{shown}: {self.message}"
+        if self.has_value:
+            return f"{where}: {self.message}, got {_short_repr(self.value)}"
+        return f"{where}: {self.message}"
 
 
 class ScenarioError(Exception):
@@ -157,7 +161,7 @@ class JobSpec(Spec):
     global_batch: int = Field(gt=0, description="sequences per step")
     micro_batch: int = Field(default=1, gt=0)
     parallelism: ParallelismSpec = ParallelismSpec()
-    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     instances: int | None = Field(default=None, gt=0)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
@@ -280,7 +284,9 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
             per_leaf, True,
         )
     if s.trace.bin_s > s.duration_s:
-        yield Issue("trace.bin", "longer than the scenario's duration", s.trace.bin_s, True)
+        yield Issue("trace.bin", f"longer than the scenario's duration "
+                    f"({units.format_duration(s.duration_s)})",
+                    units.format_duration(s.trace.bin_s), True)
 
     seen: set[str] = set()
     rpi = hw.ranks_per_instance
@@ -308,11 +314,12 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
             )
         instances = s.job_instances(job)
         if instances > s.working_instances:
+            written = job.instances is not None
             yield Issue(
-                f"{at}.instances" if job.instances is not None else f"{at}.parallelism",
+                f"{at}.instances" if written else f"{at}.parallelism",
                 f"the job needs {instances} instances but the cluster has "
                 f"{s.working_instances} (plus {s.cluster.spares} spares)",
-                instances, True,
+                instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
             )
         model = job.model
         if model.heads % par.tp:
@@ -356,11 +363,21 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
                 job.precision, True,
             )
         if job.submit_s >= s.duration_s:
-            yield Issue(f"{at}.submit", "at or after the end of the scenario", job.submit_s, True)
+            yield Issue(f"{at}.submit", f"at or after the end of the scenario "
+                        f"({units.format_duration(s.duration_s)})",
+                        units.format_duration(job.submit_s), True)
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading
+
+
+class OverrideError(ValueError):
+    """A `--set` that cannot be applied; `path` is the key path it reached."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(message)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -370,11 +387,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     """
     path, sep, value_text = text.partition("=")
     if not sep or not path.strip():
-        raise ScenarioError("--set", [Issue("", f"{text!r}: expected PATH=VALUE")])
+        raise OverrideError("", "expected PATH=VALUE, e.g. jobs.0.checkpoint.interval=30min")
     try:
         value = yaml.safe_load(value_text) if value_text.strip() else ""
     except yaml.YAMLError as error:
-        raise ScenarioError("--set", [Issue(path, f"cannot read the value: {error}")]) from None
+        problem = getattr(error, "problem", None) or str(error)
+        raise OverrideError(path.strip(), f"cannot read the value as YAML: {problem}") from None
     return path.strip(), value
 
 
@@ -391,16 +409,15 @@ def apply_override(raw: dict[str, Any], path: str, value: Any) -> None:
         here = ".".join(parts[: depth + 1])
         if isinstance(node, list):
             if not re.fullmatch(r"\d+", part) or int(part) >= len(node):
-                raise ScenarioError(
-                    "--set", [Issue(here, f"no list item {part!r}; the list has {len(node)}")]
+                raise OverrideError(
+                    here, f"no list item {part!r}; the list has {len(node)} (indices from 0)"
                 )
             key: Any = int(part)
         elif isinstance(node, dict):
             key = part
         else:
-            raise ScenarioError(
-                "--set", [Issue(".".join(parts[:depth]), "is a value, not a mapping or list",
-                                node, True)]
+            raise OverrideError(
+                ".".join(parts[:depth]), f"is the value {_short_repr(node)}, not a mapping or list"
             )
         if last:
             node[key] = value
@@ -570,8 +587,15 @@ def scenario_from_dict(
         )
     raw = copy.deepcopy(raw)
     for text in overrides:
-        path, value = parse_override(text)
-        apply_override(raw, path, value)
+        try:
+            path, value = parse_override(text)
+            apply_override(raw, path, value)
+        except OverrideError as error:
+            where = error.path or text.partition("=")[0].strip()
+            raise ScenarioError(source, [Issue(where, f"--set {text!r}: {error}")]) from None
+    for section in ("jobs", "failures", "trace"):  # `jobs:` with nothing after it: absent
+        if section in raw and raw[section] is None:
+            del raw[section]
     resolved, issues = _resolve_catalog_names(raw)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
@@ -590,6 +614,23 @@ def scenario_from_dict(
     return scenario
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"the key {key!r} appears twice (first on line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     """Read, override, resolve and validate a scenario file."""
     path = Path(path)
@@ -603,7 +644,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     except (OSError, UnicodeDecodeError) as error:
         raise ScenarioError(source, [Issue("", f"cannot read: {error}")]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         problem = getattr(error, "problem", None) or str(error)

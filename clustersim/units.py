@@ -99,6 +99,8 @@ def _parse(value: object, kind: str, units: dict[str, float], example: str) -> f
     assert isinstance(value, str)
     number, unit = _split(value, kind, example)
     if unit == "":
+        if not math.isfinite(number):
+            raise UnitError(f"{value!r} is too large for a {kind}")
         return number
     if unit not in units:
         shown = ", ".join(sorted(units, key=lambda u: (units[u], u)))
@@ -144,7 +146,11 @@ def parse_rate(value: object) -> float:
         count = float(count_text)
     except ValueError:
         raise UnitError(f"cannot read the count {count_text.strip()!r} of the rate {value!r}") from None
+    if not math.isfinite(count):
+        raise UnitError(f"the count of the rate {value!r} must be a finite number")
     per_text = per_text.strip()
+    if per_text[0] in "+-":
+        raise UnitError(f"the time in the rate {value!r} must be positive")
     if per_text[0].isdigit() or per_text[0] == ".":
         per_s = parse_duration(per_text)
     else:  # `/d` means per one day

@@ -208,3 +208,43 @@ def test_internal_errors_exit_1_without_traceback(small: Path, tmp_path: Path, m
     assert "internal error" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+MALFORMED = {
+    "yaml syntax": "name: x\nhardware: trn2\ncluster: {instances: 4\n",
+    "not a mapping": "- just\n- a list\n",
+    "unknown key": SMALL + "clustr: {}\n",
+    "wrong type": SMALL.replace("instances: 4", "instances: four"),
+    "negative size": SMALL.replace("instances: 4", "instances: -4"),
+    "bad unit": SMALL + "duration: 30dayz\n",
+    "zero duration": SMALL + "duration: 0s\n",
+    "unknown hardware": SMALL.replace("hardware: trn2", "hardware: trn7"),
+    "unknown model": SMALL.replace("llama3-8b", "llama9-8b"),
+    "ranks mismatch": SMALL.replace("dp: 32", "dp: 31"),
+    "heads vs tp": SMALL.replace("tp: 8, dp: 32", "tp: 64, dp: 4"),
+    "too big a job": SMALL.replace("instances: 4,", "instances: 2,"),
+    "batch split": SMALL.replace("global_batch: 64", "global_batch: 48"),
+    "missing name": SMALL.replace("name: small\n", ""),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_malformed_scenarios_exit_2_and_write_nothing(kind: str, tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(MALFORMED[kind])
+    out = tmp_path / "out"
+    for command in (["run", path, "-o", out], ["validate", path], ["topology", path]):
+        result = invoke(*command)
+        assert result.exit_code == 2, (kind, command, result.stdout)
+        assert str(path) in result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_messages_are_not_read_as_markup(tmp_path: Path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- [a, b]\n")
+    result = invoke("validate", path)
+    assert result.exit_code == 2
+    assert "[[a, b]]" in result.stderr
