@@ -8,14 +8,12 @@ per accelerator.
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, model_validator
 
 from clustersim import units
+from clustersim.catalog import read_catalog
 from clustersim.spec import Duration, Rate, Spec
 
 __all__ = [
@@ -60,10 +58,8 @@ class FailureRateSpec(Spec):
         return 1.0 / self.mtbf_s
 
 
-@cache
 def _document() -> dict[str, Any]:
-    text = resources.files("clustersim").joinpath("catalog/failures.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    return read_catalog("failures")
 
 
 def failure_preset_names() -> list[str]:

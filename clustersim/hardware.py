@@ -24,12 +24,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from functools import cache
-from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, model_validator
 
+from clustersim.catalog import read_catalog
 from clustersim.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 
 __all__ = [
@@ -256,10 +255,8 @@ class HardwareSpec(Spec):
 # Catalog data
 
 
-@cache
 def _catalog_document() -> dict[str, Any]:
-    text = resources.files("clustersim").joinpath("catalog/hardware.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    return read_catalog("hardware")
 
 
 def _is_sourced(node: Any) -> bool:

@@ -6,13 +6,11 @@ The shape is all the step model needs to count FLOPs, bytes and memory; the pres
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
 from typing import Any
 
-import yaml
 from pydantic import Field, model_validator
 
+from clustersim.catalog import read_catalog
 from clustersim.spec import Spec
 
 __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source"]
@@ -64,10 +62,8 @@ class TransformerShape(Spec):
         return self.layers * (attention + ffn + norms) + embeddings + self.hidden
 
 
-@cache
 def _document() -> dict[str, Any]:
-    text = resources.files("clustersim").joinpath("catalog/models.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    return read_catalog("models")
 
 
 def model_preset_names() -> list[str]:
