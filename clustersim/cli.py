@@ -299,6 +299,97 @@ def _show(path: str, value: Any) -> str:
     return str(value)
 
 
+def _parse_sizes(text: str) -> list[float]:
+    """`32MB`, `1KiB:1GiB` (doubling) or `1KiB:1GiB:4` (factor 4), as nccom-test's -b/-e/-f."""
+    parts = text.split(":")
+    if len(parts) > 3 or not all(parts):
+        raise UsageProblem(f"--sizes {text!r}: expected SIZE, MIN:MAX or MIN:MAX:FACTOR")
+    try:
+        low = units.parse_bytes(parts[0])
+        high = units.parse_bytes(parts[1]) if len(parts) > 1 else low
+        factor = float(parts[2]) if len(parts) > 2 else 2.0
+    except ValueError as error:
+        raise UsageProblem(f"--sizes {text!r}: {error}") from None
+    if low <= 0 or high < low or factor <= 1:
+        raise UsageProblem(f"--sizes {text!r}: expected 0 < MIN <= MAX and FACTOR > 1")
+    sizes = []
+    size = low
+    while size <= high * (1 + 1e-9) and len(sizes) < 200:
+        sizes.append(float(round(size)))
+        size *= factor
+    return sizes
+
+
+@app.command()
+@_user_errors
+def collective(
+    hardware_name: Annotated[str, typer.Option("--hardware", help="Catalog entry, e.g. trn2.")],
+    op: Annotated[str, typer.Option(help="all-reduce, all-gather, reduce-scatter, all-to-all, "
+                                         "broadcast or send-recv (nccom-test names work too).")],
+    ranks: Annotated[int, typer.Option(help="Ranks taking part.", min=1)],
+    instances: Annotated[
+        int | None, typer.Option(help="Instances to spread them over [default: as few as fit].",
+                                 min=1)
+    ] = None,
+    sizes: Annotated[str, typer.Option(help="SIZE, MIN:MAX (doubling) or MIN:MAX:FACTOR.")] = (
+        "1KiB:1GiB:4"),
+    algorithm: Annotated[str, typer.Option(help="auto, ring, biring, mesh, mesh1, rdh, kangaring, "
+                                                "or hierarchical.")] = "auto",
+    intra: Annotated[str, typer.Option(help="Algorithm inside the instance (multi-node).")] = "auto",
+    inter: Annotated[str, typer.Option(help="Algorithm over EFA (multi-node).")] = "auto",
+    json_out: JsonOption = False,
+) -> None:
+    """One collective across sizes, as nccom-test prints it (GB/s = 1e9 bytes/s)."""
+    from clustersim.collectives import CollectiveError, CollectiveModel, normalise_op, place_ranks
+    from clustersim.topology import build_topology
+
+    if hardware_name not in catalog_names():
+        raise UsageProblem(
+            f"--hardware {hardware_name!r}: unknown; expected one of {', '.join(catalog_names())}"
+        )
+    size_list = _parse_sizes(sizes)
+    spec = catalog_entry(hardware_name)
+    try:
+        op_name = normalise_op(op)
+        wanted = instances or max(1, -(-ranks // spec.ranks_per_instance))
+        per_us = spec.instances_per_ultraserver
+        topo = build_topology(spec, -(-wanted // per_us) * per_us)
+        model = CollectiveModel(topo)
+        group = place_ranks(topo, ranks, wanted)
+        costs = [model.cost(op_name, group, size, algorithm=algorithm, intra=intra, inter=inter)
+                 for size in size_list]
+    except CollectiveError as error:
+        raise UsageProblem(str(error)) from None
+    rows = [{
+        "bytes": int(c.size_bytes),
+        "algorithm": c.algorithm,
+        "time_us": round(c.time_s * 1e6, 3),
+        "algbw_gbps": round(c.algbw_bytes_per_s / 1e9, 4),
+        "busbw_gbps": round(c.busbw_bytes_per_s / 1e9, 4),
+        "steps": c.steps,
+    } for c in costs]
+    if json_out:
+        print(json.dumps({"hardware": hardware_name, "op": op_name, "ranks": ranks,
+                          "instances": wanted, "ranks_per_chip": group.ranks_per_chip,
+                          "rows": rows}, indent=2))
+        return
+    table = Table(
+        title=f"{op_name} over {ranks} ranks on {wanted} {spec.instance.name} "
+              f"({len(group.chips)} chips, {group.ranks_per_chip} ranks each)",
+        title_justify="left",
+    )
+    for column in ("size(B)", "algorithm", "steps", "time(us)", "algbw(GB/s)", "busbw(GB/s)"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right",
+                         no_wrap=column in ("size(B)", "algorithm"))
+    for row in rows:
+        table.add_row(f"{row['bytes']:,}", row["algorithm"], str(row["steps"]),
+                      f"{row['time_us']:,.1f}", f"{row['algbw_gbps']:.2f}",
+                      f"{row['busbw_gbps']:.2f}")
+    out_console.print(table)
+    average = sum(r["busbw_gbps"] for r in rows) / len(rows)
+    out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
+
+
 @app.command()
 @_user_errors
 def schema(

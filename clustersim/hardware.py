@@ -34,6 +34,7 @@ from clustersim.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 __all__ = [
     "PRECISIONS",
     "ChipSpec",
+    "CollectiveConstants",
     "Efficiency",
     "InterconnectSpec",
     "InstanceSpec",
@@ -64,6 +65,40 @@ class Efficiency(Spec):
     )
     vector: float = Field(
         gt=0, le=1, description="fraction of peak HBM bandwidth memory-bound vector work reaches"
+    )
+
+
+class CollectiveConstants(Spec):
+    """Calibrated constants of the collectives model (see clustersim.collectives).
+
+    The physical hop latencies and link bandwidths come from the topology; these add what
+    the hardware figures leave out: the fraction of link and HBM bandwidth a collective
+    reaches, and the software/synchronisation time each algorithm step costs.
+    """
+
+    link_efficiency: float = Field(
+        default=0.977, gt=0, le=1, description="fraction of chip-to-chip link bandwidth reached"
+    )
+    efa_efficiency: float = Field(
+        default=0.726, gt=0, le=1, description="fraction of EFA (NIC and fabric) bandwidth reached"
+    )
+    hbm_efficiency: float = Field(
+        default=0.343, gt=0, le=1,
+        description="fraction of HBM bandwidth collective data movement reaches",
+    )
+    step_latency_s: NonNegativeDuration = Field(
+        default=31.2e-6, alias="step_latency",
+        description="fixed time per algorithm step inside the chip-to-chip domain",
+    )
+    efa_step_latency_s: NonNegativeDuration = Field(
+        default=660e-6, alias="efa_step_latency",
+        description="fixed time per algorithm step over EFA, beyond the fabric latency",
+    )
+    mesh_max_bytes: Bytes = Field(
+        default=1e6, alias="mesh_max", description="auto: mesh below this size (Neuron: 1 MB)"
+    )
+    rdh_max_bytes: Bytes = Field(
+        default=56e6, alias="rdh_max", description="auto: RDH below this size (Neuron: 56 MB)"
     )
 
 
@@ -193,6 +228,7 @@ class HardwareSpec(Spec):
     chip: ChipSpec
     instance: InstanceSpec
     ultraserver: UltraServerSpec | None = None
+    collectives: CollectiveConstants = CollectiveConstants()
     sources: dict[str, str] = Field(
         default_factory=dict, description="dotted field path -> where the figure comes from"
     )
