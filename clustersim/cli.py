@@ -363,9 +363,9 @@ def collective(
     rows = [{
         "bytes": int(c.size_bytes),
         "algorithm": c.algorithm,
-        "time_us": round(c.time_s * 1e6, 3),
-        "algbw_gbps": round(c.algbw_bytes_per_s / 1e9, 4),
-        "busbw_gbps": round(c.busbw_bytes_per_s / 1e9, 4),
+        "time_us": c.time_s * 1e6,
+        "algbw_gbps": c.algbw_bytes_per_s / 1e9,
+        "busbw_gbps": c.busbw_bytes_per_s / 1e9,
         "steps": c.steps,
     } for c in costs]
     if json_out:

@@ -110,7 +110,9 @@ class Group:
     ranks_per_chip: int
 
     def __post_init__(self) -> None:
-        chips = np.unique(np.asarray(self.chips, dtype=np.int64))
+        chips = np.asarray(self.chips, dtype=np.int64)
+        if len(chips) > 1 and not np.all(chips[1:] > chips[:-1]):  # not already sorted unique
+            chips = np.unique(chips)
         object.__setattr__(self, "chips", chips)
         if len(chips) == 0:
             raise CollectiveError("a group needs at least one chip")
@@ -666,6 +668,17 @@ class CollectiveModel:
 
     def _z_cost(self, op: str, columns: list[list[int]], k: int, buffer: float, algorithm: str
                 ) -> tuple[float, float, int]:
+        return self._run_steps(self._z_pattern(op, columns, k, buffer, algorithm),
+                               self.constants.step_latency_s)
+
+    def _z_steps(self, op: str, chips: list[int], layout: _Layout, buffer: float,
+                 algorithm: str) -> list[_Step]:
+        per_instance = len(layout.instance_chips)
+        columns = [chips[i::per_instance] for i in range(per_instance)]
+        return self._z_pattern(op, columns, layout.ranks_per_chip, buffer, algorithm)
+
+    def _z_pattern(self, op: str, columns: list[list[int]], k: int, buffer: float,
+                   algorithm: str) -> list[_Step]:
         m = len(columns[0])
         per_chip = buffer * k  # k ranks of a chip, each in its own Z group
         flows_one: list[tuple[int, int]] = []
@@ -684,21 +697,17 @@ class CollectiveModel:
             flows = flows_one if directions == 1 else flows_both
             chunk = per_chip / m / directions
             if op == "broadcast":
-                steps = [_Step(m - 1, [], 0.0, 0.0), _Step(1, flows, per_chip / directions, 0.0)]
-            else:
-                count = (2 if op == "all-reduce" else 1) * (m - 1)
-                steps = [_Step(count, flows, chunk, _REDUCE_ACCESSES * chunk * directions)]
-        else:
-            if algorithm == "mesh1":
-                steps = [_Step(1, all_pairs, per_chip, _REDUCE_ACCESSES * per_chip * m)]
-            elif op == "broadcast":
-                steps = [_Step(1, all_pairs[: m - 1], per_chip, _COPY_ACCESSES * per_chip)]
-            elif op == "all-to-all":  # the buffer is what leaves the instance, split over peers
-                steps = [_Step(1, all_pairs, per_chip / (m - 1), _COPY_ACCESSES * per_chip)]
-            else:
-                count = 2 if op == "all-reduce" else 1
-                steps = [_Step(count, all_pairs, per_chip / m, _REDUCE_ACCESSES * per_chip)]
-        return self._run_steps(steps, self.constants.step_latency_s)
+                return [_Step(m - 1, [], 0.0, 0.0), _Step(1, flows, per_chip / directions, 0.0)]
+            count = (2 if op == "all-reduce" else 1) * (m - 1)
+            return [_Step(count, flows, chunk, _REDUCE_ACCESSES * chunk * directions)]
+        if algorithm == "mesh1":
+            return [_Step(1, all_pairs, per_chip, _REDUCE_ACCESSES * per_chip * m)]
+        if op == "broadcast":
+            return [_Step(1, all_pairs[: m - 1], per_chip, _COPY_ACCESSES * per_chip)]
+        if op == "all-to-all":  # the buffer is what leaves the instance, split over peers
+            return [_Step(1, all_pairs, per_chip / (m - 1), _COPY_ACCESSES * per_chip)]
+        count = 2 if op == "all-reduce" else 1
+        return [_Step(count, all_pairs, per_chip / m, _REDUCE_ACCESSES * per_chip)]
 
     # ------------------------------------------------------------------ fabric (EFA) level
     def _fabric_stage(self, op: str, layout: _Layout, buffer: float, algorithm: str
@@ -706,9 +715,13 @@ class CollectiveModel:
         """Domains over EFA, one group per local rank, run in parallel: computed on the
         domains as nodes whose NIC capacity is their chips' EFA, vectorised."""
         x = len(layout.domains)
-        names = ["ring", "mesh"] + (["rdh"] if x & (x - 1) == 0 else [])
-        if op == "all-reduce":
-            names.append("mesh1")
+        names = ["ring", "rdh"]
+        if x <= self.constants.fabric_mesh_max_nodes or algorithm in ("mesh", "mesh1"):
+            names.append("mesh")  # forced mesh is allowed at any size; auto keeps it small
+            if op == "all-reduce":
+                names.append("mesh1")
+        if op in ("broadcast", "all-to-all") and "rdh" in names:
+            names.remove("rdh")
         if algorithm in ("auto", "hierarchical"):
             algorithm = min(names, key=lambda n: sum(self._fabric_cost(op, layout, buffer, n)[:2]))
         if algorithm == "biring":
@@ -752,13 +765,25 @@ class CollectiveModel:
                 return count * hop_latency, count * per_step * x / 2 / max(1, x - 1), count
             return count * hop_latency, count * per_step, count
         if algorithm == "rdh":
+            # Recursive halving/doubling on the largest power of two; the other nodes first
+            # hand their whole buffer to a partner and get the result back at the end.
             dims = x.bit_length() - 1
+            core = 1 << dims
+            factor = 2 if op == "all-reduce" else 1
             transfer = 0.0
             for j in range(dims):
                 sent = node_bytes / 2 ** (j + 1)
-                transfer += pattern_time(index ^ (1 << j), sent)
-            factor = 2 if op == "all-reduce" else 1
-            return factor * dims * hop_latency, factor * transfer, factor * dims
+                partner = index[:core] ^ (1 << j)
+                transfer += pattern_time(np.concatenate([partner, index[core:]]), sent)
+            transfer *= factor
+            steps = factor * dims
+            extra = x - core
+            if extra:
+                fold = np.concatenate([index[:core], index[core:] - core])
+                fold_time = pattern_time(fold, node_bytes)
+                transfer += (2 if op == "all-reduce" else 1) * fold_time
+                steps += 2 if op == "all-reduce" else 1
+            return steps * hop_latency, transfer, steps
         # mesh and mesh1: every node sends to every other node at once.
         if algorithm == "mesh1":
             flow = node_bytes
@@ -882,100 +907,111 @@ class CollectiveModel:
         return self.constants.efa_efficiency if kind in FABRIC_KINDS else (
             self.constants.link_efficiency)
 
-    # ------------------------------------------------------------------ link use (contention)
-    def link_use(self, cost: CollectiveCost) -> dict[tuple, float]:
-        """Bytes per second each resource carries while the collective transfers, for the
-        contention model: directed links of the group's instance and UltraServer levels, and
-        each domain's EFA (NICs and leaf uplinks) as one resource per domain and leaf."""
+    # ------------------------------------------------------------------ contention
+    def resource_rates(self, cost: CollectiveCost) -> dict[tuple, float]:
+        """Peak rate at which the collective uses each resource while it transfers.
+
+        Resources: directed links (`("link", u, v)`, bytes/s) and chips' HBM
+        (`("hbm", chip)`, bytes/s) of its instance and UltraServer levels, for every instance
+        of the group; and each domain's EFA (`("efa", first chip)`, as a fraction of it: 1 when
+        a fabric stage runs). The rate of a resource is the highest over the stages that use
+        it, so collectives sharing it are assumed to meet in their busiest phases.
+        """
         if cost.group is None or cost.transfer_s <= 0:
             return {}
         layout = self._layout(cost.group)
-        use: Counter[tuple] = Counter()
+        rates: dict[tuple, float] = {}
+
+        def peak(key: tuple, rate: float) -> None:
+            if rate > rates.get(key, 0.0):
+                rates[key] = rate
+
         cpi = self.hardware.chips_per_instance
-        unit = cpi * self.hardware.instances_per_ultraserver
         for stage in cost.stages:
             if stage.transfer_s <= 0:
                 continue
             if stage.level == "fabric":
-                for domain, leaf in zip(layout.domains.tolist(), layout.domain_leaves.tolist(),
-                                        strict=True):
-                    use[("efa", domain)] += stage.transfer_s
-                    use[("leaf", leaf)] += stage.transfer_s / max(1, layout.chips_per_domain)
+                for domain in layout.domains.tolist():
+                    peak(("efa", domain), 1.0)
                 continue
-            chips = layout.instance_chips if stage.level == "instance" else layout.ultraserver_chips
-            steps = (self._instance_steps(stage.op, [int(c) for c in chips], layout.ranks_per_chip,
-                                          stage.bytes_per_rank, stage.algorithm)
-                     if stage.level == "instance" else [])
-            rep_base = int(chips[0]) - int(chips[0]) % (cpi if stage.level == "instance" else unit)
-            span = cpi if stage.level == "instance" else unit
-            bases = np.unique(cost.group.chips // span) * span
+            if stage.level == "instance":
+                chips = [int(c) for c in layout.instance_chips]
+                steps = self._instance_steps(stage.op, chips, layout.ranks_per_chip,
+                                             stage.bytes_per_rank, stage.algorithm)
+                span = cpi * (self.hardware.instances_per_ultraserver
+                              if self.hardware.switch_spans_ultraserver else 1)
+            else:
+                chips = [int(c) for c in layout.ultraserver_chips]
+                steps = self._z_steps(stage.op, chips, layout, stage.bytes_per_rank,
+                                      stage.algorithm)
+                span = cpi * self.hardware.instances_per_ultraserver
+            link_bytes: Counter[tuple[int, int]] = Counter()
+            hbm_bytes = 0.0
             for step in steps:
+                hbm_bytes += step.count * step.hbm_bytes_per_chip
                 for a, b in step.flows:
                     nodes = self.topology.route(a, b)
                     for u, v in zip(nodes, nodes[1:], strict=False):
-                        for base in bases.tolist():
-                            shift = base - rep_base
-                            use[(u + shift, v + shift)] += step.count * step.flow_bytes
-            if stage.level == "ultraserver":
-                for base in bases.tolist():
-                    use[("zring", base)] += stage.transfer_s
-        return {key: value / cost.transfer_s for key, value in use.items()}
+                        link_bytes[(u, v)] += step.count * step.flow_bytes
+            rep_base = chips[0] - chips[0] % span
+            bases = (np.unique(cost.group.chips // span) * span).tolist()
+            for base in bases:
+                shift = base - rep_base
+                for (u, v), count in link_bytes.items():
+                    su, sv = self._translate(u, v, shift), self._translate(v, u, shift)
+                    peak(("link", su, sv), count / stage.transfer_s)
+                for chip in chips:
+                    peak(("hbm", chip + shift), hbm_bytes / stage.transfer_s)
+        return rates
+
+    def _translate(self, node: int, other: int, shift: int) -> int:
+        """A node of the representative's links, moved to another instance: chips shift,
+        a chip switch becomes the switch of the shifted chip at the link's other end."""
+        if node < self.topology.chips:
+            return node + shift
+        return self.topology._switch_of(other + shift)
+
+    def capacity(self, key: tuple) -> float:
+        """What a resource of `resource_rates` can carry."""
+        if key[0] == "link":
+            data = self.topology.graph.edges[key[1], key[2]]
+            return data["bandwidth_bytes_per_s"] * self._efficiency(data["kind"])
+        if key[0] == "hbm":
+            return self._hbm_rate()
+        return 1.0
 
 
 def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> list[CollectiveCost]:
-    """Collectives running at the same time, sharing links max-min fairly.
+    """Collectives running at the same time, sharing links, HBM and EFA max-min fairly.
 
-    Each collective alone uses each resource at some rate (bytes/s while it transfers). Run
-    together, every collective is slowed by a factor chosen by progressive filling: all
-    speeds rise together until a shared link is full, the collectives on it are frozen, and
-    the rest go on. Two identical collectives on the same links each get half the bandwidth.
-    Latency is not slowed, only the transfer part.
+    Each collective alone uses each resource at some peak rate. Run together, each one's
+    transfer runs at a speed found by progressive filling: every speed rises together until
+    some shared resource is full; the collectives using it are frozen there, the others go on
+    rising (to at most their speed alone). Two identical collectives on the same links each
+    get half the bandwidth. Only the transfer part slows; latency does not.
     """
-    uses = [model.link_use(c) for c in costs]
-    capacity: dict[tuple, float] = {}
-    for use in uses:
-        for key in use:
-            if isinstance(key[0], int):  # a directed link
-                data = model.topology.graph.edges[key]
-                capacity[key] = data["bandwidth_bytes_per_s"] * model._efficiency(data["kind"])
-            else:  # aggregated resources are normalised: 1.0 is one collective's full use
-                capacity[key] = 1.0
-    if any(isinstance(k[0], str) for use in uses for k in use):
-        # An aggregated resource (EFA of a domain) used at rate r by a collective alone is
-        # busy r of the time: its capacity is the busiest single user's rate.
-        for key in capacity:
-            if isinstance(key[0], str):
-                capacity[key] = max(use.get(key, 0.0) for use in uses)
-    speed = [0.0] * len(costs)
-    frozen = [not use for use in uses]
-    for i, use in enumerate(uses):
-        if not use:
-            speed[i] = 1.0
+    rates = [model.resource_rates(c) for c in costs]
+    keys = {key for r in rates for key in r}
+    capacity = {key: model.capacity(key) for key in keys}
+    speed = [0.0 if r else 1.0 for r in rates]
+    frozen = [not r for r in rates]
     while not all(frozen):
-        # Largest common increase before some resource is full, or everyone reaches speed 1.
-        step = min(1.0 - speed[i] for i in range(len(costs)) if not frozen[i])
-        for key, cap in capacity.items():
-            load = sum(speed[i] * uses[i].get(key, 0.0) for i in range(len(costs)))
-            growth = sum(uses[i].get(key, 0.0) for i in range(len(costs)) if not frozen[i])
+        active = [i for i in range(len(costs)) if not frozen[i]]
+        step = min(1.0 - speed[i] for i in active)
+        for key in keys:
+            growth = sum(rates[i].get(key, 0.0) for i in active)
             if growth > 0:
-                step = min(step, (cap - load) / growth)
-        step = max(step, 0.0)
-        for i in range(len(costs)):
-            if not frozen[i]:
-                speed[i] += step
-        for i in range(len(costs)):
-            if frozen[i]:
-                continue
-            if speed[i] >= 1.0 - 1e-12:
+                load = sum(speed[i] * rates[i].get(key, 0.0) for i in range(len(costs)))
+                step = min(step, max(0.0, capacity[key] - load) / growth)
+        for i in active:
+            speed[i] += step
+        full = {key for key in keys
+                if sum(speed[i] * rates[i].get(key, 0.0) for i in range(len(costs)))
+                >= capacity[key] * (1 - 1e-9)}
+        for i in active:
+            if speed[i] >= 1.0 - 1e-12 or any(rates[i].get(key, 0.0) > 0 for key in full):
                 frozen[i] = True
-                continue
-            for key, cap in capacity.items():
-                if uses[i].get(key, 0.0) > 0:
-                    load = sum(speed[j] * uses[j].get(key, 0.0) for j in range(len(costs)))
-                    if load >= cap * (1 - 1e-9):
-                        frozen[i] = True
-                        break
-    return [c.scaled(1.0 / s) if s > 0 else c for c, s in zip(costs, speed, strict=True)]
+    return [c.scaled(1.0 / s) if 0 < s < 1 else c for c, s in zip(costs, speed, strict=True)]
 
 
 def _gray(i: int) -> int:

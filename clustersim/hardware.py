@@ -94,6 +94,11 @@ class CollectiveConstants(Spec):
         default=660e-6, alias="efa_step_latency",
         description="fixed time per algorithm step over EFA, beyond the fabric latency",
     )
+    fabric_mesh_max_nodes: int = Field(
+        default=16, gt=0,
+        description="auto: mesh over EFA only up to this many nodes (Neuron: mesh suits small "
+        "groups; its ingress congestion grows with peers)",
+    )
     mesh_max_bytes: Bytes = Field(
         default=1e6, alias="mesh_max", description="auto: mesh below this size (Neuron: 1 MB)"
     )

@@ -66,6 +66,42 @@ figures = {"ring_first_ms": round((t1 - t0) * 1e3, 1), "ring_cached_ms": round((
 """,
         False,
     ),
+    "collective: all-reduce 1 GB over 524,288 chips x 4 ranks (eval only)": (
+        """
+import time
+import numpy as np
+from clustersim import catalog_entry, build_topology
+from clustersim.collectives import CollectiveModel, Group
+topo = build_topology(catalog_entry("trn2u"), 8192 * 4)
+model = CollectiveModel(topo)
+t0 = time.perf_counter()
+group = Group(np.arange(topo.chips), 4)
+cost = model.cost("all-reduce", group, 1e9)
+t1 = time.perf_counter()
+again = model.cost("all-reduce", Group(np.arange(topo.chips), 4), 1e9)
+t2 = time.perf_counter()
+figures = {"eval_first_ms": round((t1 - t0) * 1e3, 1), "eval_cached_ms": round((t2 - t1) * 1e3, 2),
+           "ranks": cost.ranks, "algorithm": cost.algorithm,
+           "time_ms": round(cost.time_s * 1e3, 2),
+           "busbw_gbps": round(cost.busbw_bytes_per_s / 1e9, 1), "query_only": True}
+""",
+        False,
+    ),
+    "collective: nccom-test sweep, 64 ranks on 2 trn1 (28 sizes)": (
+        """
+import time
+from clustersim import catalog_entry, build_topology
+from clustersim.collectives import CollectiveModel, place_ranks
+topo = build_topology(catalog_entry("trn1"), 2)
+model = CollectiveModel(topo)
+group = place_ranks(topo, 64, 2)
+t0 = time.perf_counter()
+costs = model.sweep("all-reduce", group, [8 * 2 ** i for i in range(28)])
+figures = {"sweep_ms": round((time.perf_counter() - t0) * 1e3, 1),
+           "busbw_1gib_gbps": round(costs[-1].busbw_bytes_per_s / 1e9, 1)}
+""",
+        True,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json
@@ -103,16 +139,16 @@ def main() -> None:
     parser.add_argument("-o", "--out", type=Path, default=ROOT / "results" / "bench.json")
     args = parser.parse_args()
     results = {}
-    print(f"{'benchmark':<58} {'wall s':>8} {'peak MiB':>9}  figures")
+    print(f"{'benchmark':<68} {'wall s':>8} {'peak MiB':>9}  figures")
     for name, (code, quick) in BENCHMARKS.items():
         if args.quick and not quick:
             continue
         result = run_one(code)
         results[name] = result
         if "error" in result:
-            print(f"{name:<58} {'failed':>8} {'':>9}  {result['error']}")
+            print(f"{name:<68} {'failed':>8} {'':>9}  {result['error']}")
             continue
-        print(f"{name:<58} {result['wall_s']:8.2f} {result['peak_rss_bytes'] / 2**20:9.0f}  "
+        print(f"{name:<68} {result['wall_s']:8.2f} {result['peak_rss_bytes'] / 2**20:9.0f}  "
               f"{json.dumps(result['figures'])}")
     report = {"python": platform.python_version(), "machine": platform.machine(),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results}

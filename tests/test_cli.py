@@ -248,3 +248,39 @@ def test_messages_are_not_read_as_markup(tmp_path: Path):
     result = invoke("validate", path)
     assert result.exit_code == 2
     assert "[[a, b]]" in result.stderr
+
+
+def test_collective_json_rows():
+    result = invoke("collective", "--hardware", "trn1", "--op", "allr", "--ranks", "64",
+                    "--instances", "2", "--sizes", "8:1GiB:8", "--json")
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    rows = shown["rows"]
+    assert [r["bytes"] for r in rows] == [8 * 8**i for i in range(10)]
+    for row in rows:
+        assert set(row) >= {"bytes", "algorithm", "time_us", "algbw_gbps", "busbw_gbps"}
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 63 / 64, rel=1e-3)
+    assert rows[-1]["algorithm"].startswith("hierarchical(")
+    assert shown["ranks_per_chip"] == 2
+
+
+def test_collective_table_and_forced_algorithm():
+    result = invoke("collective", "--hardware", "trn2", "--op", "all-gather", "--ranks", "64",
+                    "--sizes", "64MB", "--algorithm", "ring")
+    assert result.exit_code == 0, result.stderr
+    assert "ring" in result.stdout and "busbw" in result.stdout
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--hardware", "trn9", "--op", "allr", "--ranks", "4"], "trn2"),
+    (["--hardware", "trn2", "--op", "allsum", "--ranks", "4"], "all-reduce"),
+    (["--hardware", "trn2", "--op", "allr", "--ranks", "64", "--algorithm", "fast"], "kangaring"),
+    (["--hardware", "trn2", "--op", "allr", "--ranks", "64", "--sizes", "1GB:1MB"], "MIN"),
+    (["--hardware", "trn2", "--op", "allr", "--ranks", "65", "--instances", "2"], "evenly"),
+    (["--hardware", "trn2", "--op", "allr", "--ranks", "48", "--algorithm", "rdh"], "rdh"),
+])
+def test_collective_bad_arguments_exit_2(args, word):
+    result = invoke("collective", *args)
+    assert result.exit_code == 2
+    assert word in result.stderr
+    assert "Traceback" not in result.stderr
