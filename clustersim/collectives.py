@@ -309,8 +309,7 @@ class CollectiveModel:
     # ------------------------------------------------------------------ layout
     def _layout(self, group: Group) -> _Layout:
         chips = group.chips
-        cache_key = (len(chips), int(chips[0]), int(chips[-1]), group.ranks_per_chip,
-                     hash(chips.tobytes()) if len(chips) < 4096 else int(chips[len(chips) // 2]))
+        cache_key = (len(chips), group.ranks_per_chip, hash(chips.tobytes()))
         found = self._layouts.get(cache_key)
         if found is not None:
             return found
@@ -452,7 +451,9 @@ class CollectiveModel:
             names.append("mesh1")
         if chips > 1 and chips & (chips - 1) == 0 and op != "broadcast":
             names.append("rdh")
-        if k >= 2 and chips > 1 and op in ("all-reduce", "all-gather", "reduce-scatter"):
+        # KangaRing pairs the ranks of a chip: all of them must be in the group (Neuron docs).
+        if (k >= 2 and k == self.hardware.chip.ranks and chips > 1
+                and op in ("all-reduce", "all-gather", "reduce-scatter")):
             names.append("kangaring")
         return names
 
