@@ -11,9 +11,11 @@ from typing import Any
 import clustersim
 from clustersim.outputs import atomic_output_dir
 from clustersim.scenario import Scenario
+from clustersim.step import StepModel, StepProfile
 from clustersim.topology import Topology, build_topology
 
-__all__ = ["RunResult", "simulate", "write_run", "cluster_figures", "topology_for"]
+__all__ = ["RunResult", "simulate", "write_run", "cluster_figures", "topology_for",
+           "step_profiles"]
 
 
 @dataclass
@@ -23,6 +25,7 @@ class RunResult:
     scenario: Scenario
     topology: Topology
     summary: dict[str, Any]
+    steps: dict[str, StepProfile]
 
 
 def topology_for(scenario: Scenario) -> Topology:
@@ -61,7 +64,15 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
     }
 
 
-def _job_figures(scenario: Scenario) -> dict[str, dict[str, Any]]:
+def step_profiles(scenario: Scenario, topology: Topology | None = None
+                  ) -> dict[str, StepProfile]:
+    """One step of each job, as if it ran alone from the cluster's first instance."""
+    topology = topology or topology_for(scenario)
+    model = StepModel(topology)
+    return {job.name: model.profile(job, job.name) for job in scenario.jobs}
+
+
+def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str, dict[str, Any]]:
     hw = scenario.hardware
     jobs = {}
     for job in scenario.jobs:
@@ -80,19 +91,34 @@ def _job_figures(scenario: Scenario) -> dict[str, dict[str, Any]]:
             "global_batch": job.global_batch,
             "tokens_per_step": job.global_batch * job.sequence_length,
         }
+        profile = steps[job.name]
+        figures = profile.as_dict()
+        jobs[job.name].update({
+            "step_time_s": profile.step_time_s,
+            "tokens_per_s": profile.tokens_per_s,
+            "sequences_per_s": profile.sequences_per_s,
+            "mfu": profile.mfu,
+            "hfu": profile.hfu,
+            "fits_memory": profile.fits_memory,
+            "memory_per_chip_gib": figures["memory_per_chip_gib"],
+            "step_breakdown": figures["breakdown"],
+            "energy_per_token_j": profile.energy_per_token_j,
+            "cost_per_million_tokens_usd": profile.cost_per_million_tokens_usd,
+        })
     return jobs
 
 
 def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1) -> RunResult:
     """Run a scenario.
 
-    Today this builds the cluster's topology and reports its figures and each job's shape;
-    the step model and the failure timeline add their figures to the same summary.
+    Today this builds the cluster's topology, reports its figures, and simulates one training
+    step of each job; the failure timeline adds its figures to the same summary.
     """
     if replications < 1:
         raise ValueError(f"replications must be at least 1, got {replications}")
     started = time.perf_counter()
     topology = topology_for(scenario)
+    steps = step_profiles(scenario, topology)
     summary: dict[str, Any] = {
         "clustersim_version": clustersim.__version__,
         "scenario": scenario.name,
@@ -101,11 +127,11 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1)
         "chips": topology.chips,
         "simulated_s": 0.0,
         "wall_s": 0.0,
-        "jobs": _job_figures(scenario),
+        "jobs": _job_figures(scenario, steps),
         "cluster": cluster_figures(scenario, topology),
     }
     summary["wall_s"] = round(time.perf_counter() - started, 3)
-    return RunResult(scenario=scenario, topology=topology, summary=summary)
+    return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps)
 
 
 def write_run(result: RunResult, out: str | Path, force: bool = False) -> Path:

@@ -23,7 +23,7 @@ from rich.table import Table
 
 import clustersim
 from clustersim import units
-from clustersim.api import simulate, topology_for, write_run
+from clustersim.api import simulate, step_profiles, topology_for, write_run
 from clustersim.hardware import catalog_entry, catalog_names, catalog_source_refs
 from clustersim.outputs import OutputDirError, check_output_dir
 from clustersim.scenario import ScenarioError, load_scenario, scenario_json_schema
@@ -138,6 +138,12 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
             f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, "
             f"{job['tokens_per_step']:,} tokens/step",
         )
+        fit = "" if job["fits_memory"] else " [red]DOES NOT FIT in HBM[/red]"
+        table.add_row(
+            "",
+            f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
+            f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip{fit}",
+        )
     out_console.print(table)
     out_console.print(f"wrote {out_dir}/summary.json in {summary['wall_s']:.2f} s")
 
@@ -204,6 +210,59 @@ def topology(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonO
             "" if per_chip is None else f"{per_chip:,.1f} GB/s",
         )
     out_console.print(links)
+
+
+@app.command()
+@_user_errors
+def step(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOption = False) -> None:
+    """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit."""
+    spec = load_scenario(scenario, overrides or [])
+    if not spec.jobs:
+        raise UsageProblem(f"{scenario}: the scenario has no jobs")
+    profiles = step_profiles(spec)
+    if json_out:
+        print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2))
+        return
+    for job in spec.jobs:
+        _print_step(job, profiles[job.name], spec)
+
+
+def _print_step(job: Any, profile: Any, spec: Any) -> None:
+    par = job.parallelism
+    title = (f"{profile.name}: {job.model.name} on {profile.chips:,} {spec.hardware.chip.name} "
+             f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
+             f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
+             f" x dp {par.dp}, {profile.microbatches} micro-batches of {job.micro_batch}")
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("step", style="bold")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    rows = [("compute", profile.compute_s)]
+    rows += [(f"exposed {kind} communication", value)
+             for kind, value in profile.exposed_comm_s.items()]
+    rows += [("pipeline bubble", profile.bubble_s), ("optimizer", profile.optimizer_s)]
+    for label, value in rows:
+        table.add_row(label, f"{value:,.3f}", f"{value / profile.step_time_s:.1%}")
+    table.add_row("step time", f"{profile.step_time_s:,.3f}", "100%", style="bold")
+    out_console.print(table)
+    memory = profile.memory.as_gib()
+    facts = Table(show_header=False)
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row("throughput", f"{profile.tokens_per_s:,.0f} tokens/s, "
+                  f"{profile.sequences_per_s:,.2f} sequences/s")
+    facts.add_row("MFU / HFU", f"{profile.mfu:.1%} / {profile.hfu:.1%} of {job.precision} peak")
+    fit = "[green]fits[/green]" if profile.fits_memory else "[red]does not fit[/red]"
+    facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit} "
+                  f"(weights {memory['weights']:.1f}, gradients {memory['gradients']:.1f}, "
+                  f"optimizer {memory['optimizer']:.1f}, activations {memory['activations']:.1f},"
+                  f" logits {memory['logits']:.1f})")
+    if profile.energy_per_token_j is not None:
+        facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token")
+    if profile.cost_per_million_tokens_usd is not None:
+        facts.add_row("cost", f"${profile.cost_per_million_tokens_usd:,.3f} per million tokens "
+                      "(on-demand price, an assumption)")
+    out_console.print(facts)
 
 
 @app.command()

@@ -66,6 +66,10 @@ class Efficiency(Spec):
     vector: float = Field(
         gt=0, le=1, description="fraction of peak HBM bandwidth memory-bound vector work reaches"
     )
+    tile: int = Field(
+        default=128, gt=0,
+        description="matrix dimensions are padded to this tile (a 128 x 128 systolic array)",
+    )
 
 
 class CollectiveConstants(Spec):
@@ -119,8 +123,8 @@ class ChipSpec(Spec):
     ranks: int = Field(default=1, gt=0, description="ranks per chip (Trn2 at LNC=2: 4)")
     power_w: Power | None = Field(default=None, alias="power", description="chip power")
     efficiency: Efficiency = Field(
-        default=Efficiency(matmul=0.6, vector=0.7),
-        description="default: the initial Trainium values of the catalog (assumptions)",
+        default=Efficiency(matmul=0.804, vector=0.692),
+        description="default: the Trn1 fit of the catalog (scripts/calibrate_step.py)",
     )
 
     @model_validator(mode="after")

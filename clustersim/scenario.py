@@ -30,6 +30,7 @@ from clustersim.hardware import (
 from clustersim.spec import Duration, NonNegativeDuration, Spec
 from clustersim.topology import FabricSpec
 from clustersim.transformer import TransformerShape, model_preset_names, model_preset_values
+from clustersim.workload import ParallelismSpec
 
 __all__ = [
     "Issue",
@@ -128,21 +129,6 @@ class ClusterSpec(Spec):
         if (self.instances is None) == (self.ultraservers is None):
             raise ValueError("give exactly one of instances or ultraservers")
         return self
-
-
-class ParallelismSpec(Spec):
-    """Degrees count ranks: tp x pp x dp equals the job's ranks."""
-
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int = Field(default=1, gt=0)
-    zero: Literal[0, 1] = Field(default=0, description="ZeRO stage: 1 shards optimizer state")
-    sequence_parallel: bool = False
-    interleave: int = Field(default=1, gt=0, description="virtual pipeline stages per rank")
-
-    @property
-    def ranks(self) -> int:
-        return self.tp * self.pp * self.dp
 
 
 class CheckpointSpec(Spec):
@@ -348,6 +334,14 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
             yield Issue(
                 f"{at}.parallelism.interleave",
                 "interleaved schedules need pp greater than 1", par.interleave, True,
+            )
+        microbatches = job.global_batch // (job.micro_batch * par.dp)
+        if par.interleave > 1 and microbatches % par.pp:
+            yield Issue(
+                f"{at}.parallelism.interleave",
+                f"the interleaved schedule needs the {microbatches} micro-batches per step "
+                f"(global_batch / (micro_batch x dp)) to be a multiple of pp = {par.pp}",
+                par.interleave, True,
             )
         if job.global_batch % (job.micro_batch * par.dp):
             yield Issue(

@@ -1,0 +1,369 @@
+"""What a training step asks of the hardware: FLOPs, bytes and memory of a dense transformer.
+
+Counts are per rank (one tensor-parallel shard of one pipeline stage) for one micro-batch,
+following Megatron-LM's layout (Narayanan et al. 2021; Korthikanti et al. 2022):
+
+- per layer, forward: QKV projection (grouped-query aware), attention scores and the
+  attention-weighted values (the quadratic term, counted in full as MFU conventions do),
+  output projection, MLP (two matrices, or three when gated), two norms and residual adds;
+- the embedding lookup on the first stage; the output layer and loss on the last;
+- backward is twice the forward matrix work; recompute adds the attention core (selective)
+  or the whole forward (full) to the backward pass.
+
+Attention is taken as a fused (flash) kernel: the s x s scores are not written to HBM, as
+Neuron's and Megatron's training kernels do, so its memory traffic is Q, K, V and output.
+
+Memory (bytes per rank): weights, gradients and optimizer state by precision (bf16 mixed
+precision: 2-byte weights, 4-byte gradient accumulation, 12 bytes of fp32 master weights and
+Adam moments, the last sharded over data parallel by ZeRO-1), activations per layer after
+Korthikanti et al. with tensor and sequence parallelism and recompute, times the micro-batches
+a pipeline stage holds at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from pydantic import Field
+
+from clustersim.spec import Spec
+from clustersim.transformer import TransformerShape
+
+__all__ = [
+    "BYTES_PER_ELEMENT",
+    "ParallelismSpec",
+    "TrainingJob",
+    "Op",
+    "StageWork",
+    "MemoryBreakdown",
+    "layer_forward_ops",
+    "model_flops_per_step",
+    "hardware_flops_per_step",
+    "stage_work",
+    "memory_per_rank",
+    "OPTIMIZER_BYTES_TOUCHED_PER_PARAM",
+]
+
+BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# One Adam step reads fp32 master weight, gradient, m and v, writes master, m, v and the
+# 2-byte compute copy: 4 x 4 + 3 x 4 + 2 bytes per parameter.
+OPTIMIZER_BYTES_TOUCHED_PER_PARAM = 30
+
+
+class ParallelismSpec(Spec):
+    """Degrees count ranks: tp x pp x dp equals the job's ranks."""
+
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int = Field(default=1, gt=0)
+    zero: Literal[0, 1] = Field(default=0, description="ZeRO stage: 1 shards optimizer state")
+    sequence_parallel: bool = False
+    interleave: int = Field(default=1, gt=0, description="virtual pipeline stages per rank")
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+class TrainingJob(Protocol):
+    """What the step model needs of a job (the scenario's JobSpec is one)."""
+
+    model: TransformerShape
+    global_batch: int
+    micro_batch: int
+    parallelism: ParallelismSpec
+    precision: str
+    recompute: str
+
+    @property
+    def sequence_length(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of one rank: a matrix multiply (m x k by k x n) or vector work."""
+
+    name: str
+    kind: Literal["matmul", "vector"]
+    flops: float
+    bytes: float  # HBM traffic
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    count: int = 1  # identical operations (e.g. the heads of a batched matmul)
+
+
+def _matmul(name: str, m: int, k: int, n: int, element: int, count: int = 1) -> Op:
+    flops = 2.0 * m * n * k * count
+    traffic = float(element * (m * k + k * n + m * n) * count)
+    return Op(name, "matmul", flops, traffic, m, n, k, count)
+
+
+def _vector(name: str, elements: float, element: int, passes: float = 2.0) -> Op:
+    """Elementwise work reading and writing `elements` values `passes` times in all."""
+    return Op(name, "vector", 0.0, passes * elements * element)
+
+
+def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
+                      sequence_parallel: bool, precision: str, fused_attention: bool = True
+                      ) -> list[Op]:
+    """Forward operations of one transformer layer on one tensor-parallel rank.
+
+    With `fused_attention` (flash attention, used with recompute) the scores never reach HBM;
+    without it they are written, softmaxed and read back (b x heads x s x s values)."""
+    e = BYTES_PER_ELEMENT[precision]
+    b, s, h = micro_batch, seq, model.hidden
+    tokens = b * s
+    heads = model.heads // tp
+    kv_heads = max(1, model.n_kv_heads // tp)
+    d = model.head_dim
+    ffn = model.ffn // tp
+    outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
+    ops = [
+        _vector("norm_attention", outside, e, passes=2),
+        _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
+        _matmul("scores", s, d, s, e, count=b * heads),
+        _matmul("attend", s, s, d, e, count=b * heads),
+        _vector("attention_io", tokens * (heads + 2 * kv_heads) * d, e, passes=1),
+        *([] if fused_attention else [_vector("softmax", float(b) * heads * s * s, e, passes=4)]),
+        _matmul("projection", tokens, heads * d, h, e),
+        _vector("residual_attention", outside, e, passes=3),
+        _vector("norm_mlp", outside, e, passes=2),
+        _matmul("mlp_in", tokens, h, ffn * (2 if model.gated else 1), e),
+        _vector("activation", tokens * ffn * (3 if model.gated else 2), e, passes=1),
+        _matmul("mlp_out", tokens, ffn, h, e),
+        _vector("residual_mlp", outside, e, passes=3),
+    ]
+    return ops
+
+
+def _attention_core(ops: list[Op]) -> list[Op]:
+    return [op for op in ops if op.name in ("scores", "attend", "attention_io", "softmax")]
+
+
+def _output_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int, precision: str
+                ) -> list[Op]:
+    """Final norm, output layer (vocabulary split over tp) and the fp32 loss."""
+    e = BYTES_PER_ELEMENT[precision]
+    tokens = micro_batch * seq
+    vocab = math.ceil(model.vocab / tp)
+    return [
+        _vector("final_norm", tokens * model.hidden, e, passes=2),
+        _matmul("logits", tokens, model.hidden, vocab, e),
+        _vector("loss", tokens * vocab, 4, passes=3),
+    ]
+
+
+def _embedding_ops(model: TransformerShape, micro_batch: int, seq: int, precision: str
+                   ) -> list[Op]:
+    e = BYTES_PER_ELEMENT[precision]
+    return [_vector("embedding", micro_batch * seq * model.hidden, e, passes=2)]
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """The operations of one pipeline chunk (a stage's share of layers) for one micro-batch."""
+
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]  # including recompute
+    layers: int
+    tp_collectives_forward: tuple[tuple[str, float], ...]  # (op, bytes per rank) in order
+    tp_collectives_backward: tuple[tuple[str, float], ...]
+    first: bool
+    last: bool
+
+
+def _backward_of(ops: list[Op]) -> list[Op]:
+    """Backward of forward ops: matmuls twice (input and weight gradients), vector work twice."""
+    out = []
+    for op in ops:
+        if op.kind == "matmul":
+            out.append(Op(op.name + "_dgrad", "matmul", op.flops, op.bytes, op.m, op.k, op.n,
+                          op.count))
+            out.append(Op(op.name + "_wgrad", "matmul", op.flops, op.bytes, op.k, op.n, op.m,
+                          op.count))
+        else:
+            out.append(Op(op.name + "_grad", "vector", 0.0, 2 * op.bytes))
+    return out
+
+
+def stage_work(job: TrainingJob, layers: int, first: bool, last: bool) -> StageWork:
+    """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank."""
+    par = job.parallelism
+    model, b, s = job.model, job.micro_batch, job.sequence_length
+    layer = layer_forward_ops(model, b, s, par.tp, par.sequence_parallel, job.precision,
+                              fused_attention=job.recompute != "none")
+    forward = layer * layers
+    extra_forward: list[Op] = []
+    if first:
+        extra_forward += _embedding_ops(model, b, s, job.precision)
+    if last:
+        extra_forward += _output_ops(model, b, s, par.tp, job.precision)
+    backward = _backward_of(forward + extra_forward)
+    if job.recompute == "full":
+        backward = list(forward) + backward
+    elif job.recompute == "selective":
+        backward = _attention_core(layer) * layers + backward
+    activation_bytes = float(b * s * model.hidden * BYTES_PER_ELEMENT[job.precision])
+    tp_fwd: list[tuple[str, float]] = []
+    tp_bwd: list[tuple[str, float]] = []
+    if par.tp > 1:
+        # Per layer: attention and MLP each end (forward) and start (backward) with a
+        # collective over the activations: an all-reduce, or with sequence parallelism an
+        # all-gather before and a reduce-scatter after.
+        if par.sequence_parallel:
+            per_layer = [("all-gather", activation_bytes), ("reduce-scatter", activation_bytes)] * 2
+        else:
+            per_layer = [("all-reduce", activation_bytes)] * 2
+        tp_fwd = per_layer * layers
+        tp_bwd = per_layer * layers
+        if job.recompute == "full":
+            tp_bwd = tp_bwd + per_layer * layers
+        if first:
+            tp_fwd.append(("reduce-scatter" if par.sequence_parallel else "all-reduce",
+                           activation_bytes))
+    return StageWork(tuple(forward + extra_forward), tuple(backward), layers, tuple(tp_fwd),
+                     tuple(tp_bwd), first, last)
+
+
+def _matmul_weights(model: TransformerShape) -> int:
+    """Weights that take part in matrix multiplies: every layer's and the output layer."""
+    kv = model.n_kv_heads * model.head_dim
+    attention = model.hidden * (model.hidden + 2 * kv) + model.hidden * model.hidden
+    mlp = (3 if model.gated else 2) * model.hidden * model.ffn
+    return model.layers * (attention + mlp) + model.vocab * model.hidden
+
+
+def model_flops_per_step(job: TrainingJob) -> float:
+    """Model FLOPs of a step (no recompute): 6 x matmul weights x tokens + the attention term.
+
+    The attention term is 12 x layers x hidden x seq per token (scores and values, forward and
+    backward), as in PaLM's and Megatron's MFU accounting.
+    """
+    model, s = job.model, job.sequence_length
+    tokens = job.global_batch * s
+    return 6.0 * _matmul_weights(model) * tokens + 12.0 * model.layers * model.hidden * s * tokens
+
+
+def hardware_flops_per_step(job: TrainingJob) -> float:
+    """FLOPs actually computed, with recompute (HFU)."""
+    model, s = job.model, job.sequence_length
+    tokens = job.global_batch * s
+    forward = 2.0 * _matmul_weights(model) * tokens + 4.0 * model.layers * model.hidden * s * tokens
+    base = model_flops_per_step(job)
+    if job.recompute == "full":
+        return base + forward - 2.0 * model.vocab * model.hidden * tokens
+    if job.recompute == "selective":
+        return base + 4.0 * model.layers * model.hidden * s * tokens
+    return base
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per rank, and per chip (the ranks of a chip share its HBM)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    ranks_per_chip: int
+    hbm_bytes: float
+    in_flight_microbatches: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def per_rank(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    @property
+    def per_chip(self) -> float:
+        return self.per_rank * self.ranks_per_chip
+
+    @property
+    def fits(self) -> bool:
+        return self.per_chip <= self.hbm_bytes
+
+    def as_gib(self) -> dict[str, float]:
+        gib = 2.0**30
+        return {
+            "weights": self.weights * self.ranks_per_chip / gib,
+            "gradients": self.gradients * self.ranks_per_chip / gib,
+            "optimizer": self.optimizer * self.ranks_per_chip / gib,
+            "activations": self.activations * self.ranks_per_chip / gib,
+            "logits": self.logits * self.ranks_per_chip / gib,
+            "total": self.per_chip / gib,
+            "hbm": self.hbm_bytes / gib,
+        }
+
+
+def weight_bytes_per_param(precision: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) bytes per parameter for mixed precision Adam."""
+    if precision in ("fp32", "tf32"):
+        return 4, 4, 8  # the weights are the master copy; Adam m and v
+    return BYTES_PER_ELEMENT[precision] if precision != "fp8" else 2, 4, 12
+
+
+def params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
+    """Parameters one rank of a (first/last) pipeline stage holds."""
+    model, par = job.model, job.parallelism
+    per_layer = (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
+        model.layers)
+    layers = model.layers / par.pp
+    count = layers * per_layer / par.tp
+    if first:
+        count += model.vocab * model.hidden / par.tp
+    if last:
+        count += model.vocab * model.hidden / par.tp + model.hidden
+    return count
+
+
+def activation_bytes_per_layer(job: TrainingJob) -> float:
+    """Activation memory of one layer for one micro-batch on one rank (Korthikanti et al.
+    2022, generalised to grouped-query attention and gated MLPs; no dropout masks)."""
+    model, par = job.model, job.parallelism
+    b, s, h, t = job.micro_batch, job.sequence_length, model.hidden, par.tp
+    e = BYTES_PER_ELEMENT[job.precision]
+    sbh = s * b * h
+    kv = model.n_kv_heads / model.heads
+    f = model.ffn / h
+    if job.recompute == "full":
+        return e * sbh / (t if par.sequence_parallel else 1)
+    # Kept whole without sequence parallelism: the two norms' inputs, the QKV and MLP inputs.
+    replicated = e * sbh * 4  # 4 tensors of b x s x h
+    split = e * sbh * (1 + 2 * kv + 1)  # Q, K, V (grouped), projection input
+    split += e * sbh * (f * (2 if model.gated else 1) + f)  # MLP intermediates
+    if job.recompute == "none":
+        # Without recompute the attention is not fused and keeps its scores and softmax
+        # (Korthikanti's 5 a s^2 b bytes, dropout included: an upper bound).
+        split += 5.0 * model.heads * s * s * b
+    if par.sequence_parallel:
+        return (replicated + split) / t
+    return replicated + split / t
+
+
+def memory_per_rank(job: TrainingJob, in_flight_microbatches: int, hbm_bytes: float,
+                    ranks_per_chip: int) -> MemoryBreakdown:
+    """Memory of the busiest rank (the first pipeline stage, which holds the most
+    micro-batches and the embedding) of a job."""
+    par = job.parallelism
+    first, last = True, par.pp == 1
+    params = params_per_rank(job, first, last)
+    w, g, o = weight_bytes_per_param(job.precision)
+    optimizer = params * o / (par.dp if par.zero == 1 else 1)
+    layers = job.model.layers / par.pp
+    activations = activation_bytes_per_layer(job) * layers * in_flight_microbatches
+    logits = 0.0
+    if last:  # fp32 logits of the vocabulary shard for one micro-batch
+        logits = 4.0 * job.micro_batch * job.sequence_length * math.ceil(job.model.vocab / par.tp)
+    return MemoryBreakdown(
+        weights=params * w, gradients=params * g, optimizer=optimizer, activations=activations,
+        logits=logits, ranks_per_chip=ranks_per_chip, hbm_bytes=hbm_bytes,
+        in_flight_microbatches=in_flight_microbatches,
+    )
