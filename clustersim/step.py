@@ -166,11 +166,14 @@ class StepModel:
         par = job.parallelism
         hw = self.hardware
         instances = math.ceil(par.ranks / hw.ranks_per_instance)
-        # The shape of the placement: where the job starts within its UltraServer and leaf.
+        # The shape of the placement: where the job starts within an UltraServer, and how
+        # many of its instances sit under each leaf switch it spans.
         per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
+        leaves = np.arange(first_instance, first_instance + instances) // per_leaf
+        per_leaf_counts = tuple(np.unique(leaves, return_counts=True)[1].tolist())
         return (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
                 job.precision, job.recompute, hw.name, instances,
-                first_instance % hw.instances_per_ultraserver, first_instance % per_leaf)
+                first_instance % hw.instances_per_ultraserver, per_leaf_counts)
 
     def _microbatches(self, job: TrainingJob) -> int:
         par = job.parallelism

@@ -102,6 +102,44 @@ figures = {"sweep_ms": round((time.perf_counter() - t0) * 1e3, 1),
 """,
         True,
     ),
+    "step: 1T parameters on 3,072 A100 (PP 64, 512 micro-batches)": (
+        """
+import time
+from clustersim.calibration import STEP_MEASUREMENTS, step_scenario
+from clustersim.api import topology_for
+from clustersim.step import StepModel
+case = [m for m in STEP_MEASUREMENTS if m.model == "megatron-1t"][0]
+scenario = step_scenario(case)
+topology = topology_for(scenario)
+t0 = time.perf_counter()
+profile = StepModel(topology).profile(scenario.jobs[0])
+figures = {"simulate_s": round(time.perf_counter() - t0, 3),
+           "microbatches": profile.microbatches, "step_time_s": round(profile.step_time_s, 2),
+           "hfu": round(profile.hfu, 3), "query_only": True}
+""",
+        True,
+    ),
+    "step: 1T parameters on Trn2, PP 64 interleaved x2, 512 micro-batches": (
+        """
+import time
+from clustersim.scenario import scenario_from_dict
+from clustersim.api import topology_for
+from clustersim.step import StepModel
+raw = {"name": "b", "hardware": "trn2", "cluster": {"instances": 256},
+       "jobs": [{"name": "j", "model": "megatron-1t", "global_batch": 4096,
+                 "parallelism": {"tp": 32, "pp": 64, "dp": 8, "interleave": 2,
+                                 "sequence_parallel": True, "zero": 1},
+                 "recompute": "selective"}]}
+scenario = scenario_from_dict(raw)
+topology = topology_for(scenario)
+t0 = time.perf_counter()
+profile = StepModel(topology).profile(scenario.jobs[0])
+figures = {"simulate_s": round(time.perf_counter() - t0, 3),
+           "microbatches": profile.microbatches, "step_time_s": round(profile.step_time_s, 2),
+           "mfu": round(profile.mfu, 3), "fits_memory": profile.fits_memory, "query_only": True}
+""",
+        True,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json

@@ -284,3 +284,43 @@ def test_collective_bad_arguments_exit_2(args, word):
     assert result.exit_code == 2
     assert word in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_step_json_has_the_contract_fields(small: Path):
+    result = invoke("step", small, "--json", "--set", "jobs.0.recompute=selective",
+                    "--set", "jobs.0.parallelism.zero=1",
+                    "--set", "jobs.0.parallelism.sequence_parallel=true")
+    assert result.exit_code == 0, result.stderr
+    jobs = json.loads(result.stdout)["jobs"]
+    assert len(jobs) == 1
+    job = jobs[0]
+    for key in ("name", "step_time_s", "tokens_per_s", "sequences_per_s", "mfu",
+                "memory_per_chip_gib", "fits_memory", "breakdown"):
+        assert key in job
+    for key in ("compute_s", "exposed_comm_s", "bubble_s"):
+        assert key in job["breakdown"]
+    assert job["name"] == "train"
+    assert job["fits_memory"] is True
+    # without ZeRO-1, sequence parallelism and recompute it does not fit in 96 GiB
+    plain = json.loads(invoke("step", small, "--json").stdout)["jobs"][0]
+    assert plain["fits_memory"] is False
+
+
+def test_step_table_and_no_jobs(small: Path, tmp_path: Path):
+    result = invoke("step", small)
+    assert result.exit_code == 0, result.stderr
+    assert "step time" in result.stdout and "MFU" in result.stdout
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("name: e\nhardware: trn2\ncluster: {instances: 1}\n")
+    refused = invoke("step", empty)
+    assert refused.exit_code == 2
+    assert "no jobs" in refused.stderr
+
+
+def test_run_summary_carries_the_step_figures(small: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert invoke("run", small, "-o", out).exit_code == 0
+    job = json.loads((out / "summary.json").read_text())["jobs"]["train"]
+    assert job["step_time_s"] > 0
+    assert 0 < job["mfu"] < 1
+    assert job["tokens_per_s"] == pytest.approx(64 * 8192 / job["step_time_s"])

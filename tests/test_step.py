@@ -1,0 +1,252 @@
+"""The step model against closed forms: FLOPs, pipeline bubbles, memory; and its calibration."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clustersim.api import step_profiles, topology_for
+from clustersim.calibration import STEP_MEASUREMENTS, predict_step
+from clustersim.hardware import catalog_entry
+from clustersim.scenario import scenario_from_dict
+from clustersim.schedule import peak_in_flight, pipeline_order
+from clustersim.step import StepModel
+from clustersim.topology import build_topology
+from clustersim.transformer import TransformerShape, model_preset_values
+from clustersim.workload import (
+    hardware_flops_per_step,
+    memory_per_rank,
+    model_flops_per_step,
+    params_per_rank,
+    stage_work,
+)
+
+
+def scenario(model="llama2-7b", hardware="trn2", instances=1, **job):
+    raw_job = {"name": "train", "model": model, "global_batch": 64, "micro_batch": 1,
+               "parallelism": {"tp": 8, "pp": 1, "dp": 8}, "recompute": "selective"}
+    raw_job.update(job)
+    return scenario_from_dict({"name": "t", "hardware": hardware,
+                               "cluster": {"instances": instances}, "jobs": [raw_job]})
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+
+
+@pytest.mark.parametrize("model", ["llama2-7b", "llama3.1-8b", "gpt3-175b", "megatron-1.7b"])
+def test_model_flops_are_6_n_t_plus_attention(model):
+    s = scenario(model, instances=1)
+    job = s.jobs[0]
+    shape = job.model
+    tokens = job.global_batch * job.sequence_length
+    matmul_params = shape.parameter_count() - shape.vocab * shape.hidden - shape.hidden * (
+        2 * shape.layers + 1)  # no input embedding, no norms
+    expected = 6 * matmul_params * tokens + 12 * shape.layers * shape.hidden * (
+        job.sequence_length) * tokens
+    assert model_flops_per_step(job) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_operation_flops_add_up_to_the_model(tp):
+    """Summing the per-rank forward operations over ranks and micro-batches gives one third
+    of the model FLOPs; the backward operations are twice the forward."""
+    s = scenario("llama2-7b", parallelism={"tp": tp, "pp": 1, "dp": 64 // tp},
+                 recompute="none", seq_len=2048)
+    job = s.jobs[0]
+    work = stage_work(job, job.model.layers, first=True, last=True)
+    microbatches = job.global_batch // job.micro_batch
+    forward = sum(op.flops for op in work.forward) * tp * microbatches
+    assert forward == pytest.approx(model_flops_per_step(job) / 3, rel=1e-9)
+    backward = sum(op.flops for op in work.backward) * tp * microbatches
+    assert backward == pytest.approx(2 * forward, rel=1e-9)
+
+
+def test_recompute_adds_flops():
+    base = scenario(recompute="none").jobs[0]
+    selective = scenario(recompute="selective").jobs[0]
+    full = scenario(recompute="full").jobs[0]
+    assert hardware_flops_per_step(base) == model_flops_per_step(base)
+    s, h, l_ = selective.sequence_length, selective.model.hidden, selective.model.layers
+    tokens = selective.global_batch * s
+    assert hardware_flops_per_step(selective) - model_flops_per_step(selective) == (
+        pytest.approx(4 * l_ * h * s * tokens))
+    assert hardware_flops_per_step(full) > hardware_flops_per_step(selective)
+    work = stage_work(full, 4, first=False, last=False)
+    plain = stage_work(base, 4, first=False, last=False)
+    assert sum(op.flops for op in work.backward) == pytest.approx(
+        1.5 * sum(op.flops for op in plain.backward))
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules and bubbles
+
+
+@pytest.mark.parametrize("p, m, v", [(4, 8, 1), (4, 8, 2), (2, 4, 3), (8, 16, 4), (1, 5, 1),
+                                     (8, 3, 1)])
+def test_every_pass_runs_once(p, m, v):
+    for order in pipeline_order(p, m, v):
+        forwards = sorted((c, mb) for kind, c, mb in order if kind == "F")
+        backwards = sorted((c, mb) for kind, c, mb in order if kind == "B")
+        assert forwards == backwards == sorted((c, mb) for c in range(v) for mb in range(m))
+
+
+def test_in_flight_micro_batches():
+    orders = pipeline_order(8, 32, 1)
+    assert [peak_in_flight(o) for o in orders] == [8 - d for d in range(8)]
+    interleaved = pipeline_order(4, 8, 2)
+    # Megatron: activations of the first stage grow by 1 + (p - 1) / (p v)
+    assert peak_in_flight(interleaved[0]) / 2 == pytest.approx(4 * (1 + 3 / 8))
+    with pytest.raises(ValueError, match="multiple"):
+        pipeline_order(4, 6, 2)
+
+
+def free_communication_hardware():
+    """Trn2 whose communication and memory traffic cost nothing: only matmuls take time."""
+    base = catalog_entry("trn2")
+    collectives = base.collectives.model_copy(update={"step_latency_s": 0.0,
+                                                      "efa_step_latency_s": 0.0})
+    link = base.instance.interconnect.model_copy(update={"latency_s": 0.0,
+                                                         "bandwidth_bytes_per_s": 1e30})
+    chip = base.chip.model_copy(update={"hbm_bandwidth_bytes_per_s": 1e30})
+    return base.model_copy(update={
+        "collectives": collectives, "chip": chip,
+        "instance": base.instance.model_copy(update={"interconnect": link}),
+    })
+
+
+def uniform_job(pp, microbatches, interleave=1):
+    """Layers that divide evenly, a tiny vocabulary so the first and last stages weigh the
+    same as the others, one rank per stage."""
+    shape = TransformerShape(name="uniform", layers=48, hidden=4096, heads=32, vocab=128,
+                             seq_len=2048)
+    raw = {"name": "b", "hardware": "trn2", "cluster": {"instances": 1},
+           "jobs": [{"name": "j", "model": shape.model_dump(), "global_batch": microbatches,
+                     "micro_batch": 1, "parallelism": {"tp": 1, "pp": pp, "dp": 64 // pp,
+                                                       "interleave": interleave}}]}
+    raw["jobs"][0]["global_batch"] = microbatches * (64 // pp)
+    return scenario_from_dict(raw).jobs[0]
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (8, 8), (8, 32), (2, 16)])
+def test_1f1b_bubble_fraction(p, m):
+    hw = free_communication_hardware()
+    model = StepModel(build_topology(hw, 1))
+    profile = model.profile(uniform_job(p, m))
+    total = profile.step_time_s
+    assert profile.bubble_s / total == pytest.approx((p - 1) / (m + p - 1), rel=0.01)
+    assert profile.compute_s + profile.bubble_s == pytest.approx(total, rel=0.01)
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_interleaving_shrinks_the_bubble_by_the_virtual_stages(v):
+    hw = free_communication_hardware()
+    model = StepModel(build_topology(hw, 1))
+    plain = model.profile(uniform_job(4, 8))
+    interleaved = model.profile(uniform_job(4, 8, interleave=v))
+    assert interleaved.bubble_s == pytest.approx(plain.bubble_s / v, rel=0.02)
+    assert interleaved.compute_s == pytest.approx(plain.compute_s, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+
+def test_weights_gradients_optimizer_are_exact():
+    s = scenario("llama2-7b", hardware="trn1", instances=16, seq_len=4096, global_batch=1024,
+                 parallelism={"tp": 8, "pp": 1, "dp": 64, "zero": 1})
+    job = s.jobs[0]
+    params = model_preset_values("llama2-7b")
+    shape = TransformerShape(**params)
+    per_rank = (shape.parameter_count() - shape.hidden) / 8 + shape.hidden
+    assert params_per_rank(job, True, True) == pytest.approx(per_rank)
+    memory = memory_per_rank(job, 1, 32 * 2**30, 2)
+    assert memory.weights == pytest.approx(2 * per_rank)
+    assert memory.gradients == pytest.approx(4 * per_rank)
+    assert memory.optimizer == pytest.approx(12 * per_rank / 64)
+    without_zero = memory_per_rank(s.jobs[0].model_copy(update={
+        "parallelism": job.parallelism.model_copy(update={"zero": 0})}), 1, 32 * 2**30, 2)
+    # Megatron's 18 bytes per parameter for bf16 mixed precision with Adam
+    assert (without_zero.weights + without_zero.gradients + without_zero.optimizer) == (
+        pytest.approx(18 * per_rank))
+
+
+def test_activation_memory_follows_korthikanti():
+    """GPT-style layer (no GQA, 4h MLP): 32 s b h bytes without parallelism and recompute
+    (Korthikanti et al.'s 34 less the two dropout masks) plus 5 a s^2 b; with TP t and SP,
+    divided by t; full recompute keeps only the layer input."""
+    from clustersim.workload import activation_bytes_per_layer
+
+    s = scenario("gpt3-175b", hardware="p5", instances=8, recompute="none",
+                 parallelism={"tp": 1, "pp": 1, "dp": 64})
+    job = s.jobs[0]
+    seq, h, a = job.sequence_length, job.model.hidden, job.model.heads
+    assert activation_bytes_per_layer(job) == pytest.approx(32 * seq * h + 5 * a * seq**2)
+    sp = job.model_copy(update={"parallelism": job.parallelism.model_copy(update={
+        "tp": 8, "dp": 8, "sequence_parallel": True}), "recompute": "selective"})
+    assert activation_bytes_per_layer(sp) == pytest.approx(32 * seq * h / 8)
+    full = job.model_copy(update={"recompute": "full"})
+    assert activation_bytes_per_layer(full) == pytest.approx(2 * seq * h)
+
+
+def test_gpt3_without_model_parallelism_does_not_fit_on_trn2():
+    s = scenario("gpt3-175b", hardware="trn2", instances=1,
+                 parallelism={"tp": 1, "pp": 1, "dp": 64}, global_batch=64)
+    profile = step_profiles(s)["train"]
+    assert profile.fits_memory is False
+    assert profile.as_dict()["fits_memory"] is False
+    assert profile.memory.per_chip > catalog_entry("trn2").chip.hbm_bytes
+    assert "does not fit" in profile.notes[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The profile
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([4, 8, 16]), pp=st.sampled_from([1, 2, 4]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       sp=st.booleans(), zero=st.sampled_from([0, 1]))
+def test_breakdown_adds_up_to_the_step(tp, pp, recompute, sp, zero):
+    dp = 128 // (tp * pp)
+    s = scenario("llama2-7b", instances=2, global_batch=dp * 4, recompute=recompute,
+                 parallelism={"tp": tp, "pp": pp, "dp": dp, "sequence_parallel": sp,
+                              "zero": zero})
+    profile = step_profiles(s)["train"]
+    parts = (profile.compute_s + sum(profile.exposed_comm_s.values()) + profile.bubble_s
+             + profile.optimizer_s)
+    assert parts == pytest.approx(profile.step_time_s, rel=1e-9)
+    assert profile.tokens_per_s == pytest.approx(
+        s.jobs[0].global_batch * s.jobs[0].sequence_length / profile.step_time_s)
+    assert 0 < profile.mfu <= profile.hfu < 1
+
+
+def test_profiles_are_cached_by_job_and_placement_shape():
+    s = scenario("llama2-7b", instances=4, parallelism={"tp": 8, "pp": 1, "dp": 8})
+    model = StepModel(topology_for(s))
+    first = model.profile(s.jobs[0], "a")
+    again = model.profile(s.jobs[0], "b", first_instance=2)
+    assert len(model._cache) == 1
+    assert again.step_time_s == first.step_time_s
+    assert again.name == "b"
+
+
+def test_energy_and_cost_use_the_catalog():
+    s = scenario("llama2-7b", instances=1)
+    profile = step_profiles(s)["train"]
+    hw = catalog_entry("trn2")
+    tokens = s.jobs[0].global_batch * s.jobs[0].sequence_length
+    assert profile.energy_per_token_j == pytest.approx(
+        16 * hw.chip.power_w * profile.step_time_s / tokens)
+    assert profile.cost_per_million_tokens_usd == pytest.approx(
+        hw.instance.price_per_hour_usd * profile.step_time_s / 3600 / tokens * 1e6)
+    trn1 = step_profiles(scenario("llama2-7b", hardware="trn1", instances=2,
+                                  parallelism={"tp": 8, "pp": 1, "dp": 8}))["train"]
+    assert trn1.energy_per_token_j is None  # Trn1 chip power is not published
+
+
+@pytest.mark.parametrize("measurement", STEP_MEASUREMENTS, ids=lambda m: m.name)
+def test_calibration_cases_within_15_percent(measurement):
+    predicted = predict_step(measurement)
+    assert predicted == pytest.approx(measurement.measured, rel=0.15)
