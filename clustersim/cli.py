@@ -27,6 +27,7 @@ from clustersim.api import simulate, step_profiles, topology_for, write_run
 from clustersim.hardware import catalog_entry, catalog_names, catalog_source_refs
 from clustersim.outputs import OutputDirError, check_output_dir
 from clustersim.scenario import ScenarioError, load_scenario, scenario_json_schema
+from clustersim.step import JobDoesNotFit
 
 app = typer.Typer(
     name="clustersim",
@@ -52,7 +53,7 @@ def _user_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except (ScenarioError, OutputDirError, UsageProblem) as error:
+        except (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit) as error:
             err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
             raise typer.Exit(2) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):

@@ -8,6 +8,7 @@ per accelerator.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -18,6 +19,8 @@ from clustersim.spec import Duration, Rate, Spec
 
 __all__ = [
     "COMPONENTS",
+    "StragglerSpec",
+    "TransientSlowdownSpec",
     "FailureRateSpec",
     "failure_preset_names",
     "failure_preset_rates",
@@ -56,6 +59,34 @@ class FailureRateSpec(Spec):
             return self.rate_per_s
         assert self.mtbf_s is not None
         return 1.0 / self.mtbf_s
+
+
+class TransientSlowdownSpec(Spec):
+    """Episodes in which one instance runs slower (thermal throttling, a noisy neighbour)."""
+
+    rate_per_s: Rate = Field(alias="rate", description="episodes per instance per unit time")
+    duration_s: Duration = Field(alias="duration")
+    slowdown: float = Field(gt=1.0, description="step time multiplier while an episode lasts")
+
+
+class StragglerSpec(Spec):
+    """Slow hardware slowing its synchronous group (off unless given).
+
+    A `fraction` of instances is persistently slow by `slowdown`; a job's step takes as long
+    as its slowest instance's. `transient` episodes come and go. `jitter` is the coefficient
+    of variation of one step's time (steps are then Gamma-distributed, so a run of k steps is
+    advanced in one draw of their sum).
+    """
+
+    fraction: float = Field(default=0.0, ge=0, le=1, description="persistently slow instances")
+    slowdown: float = Field(default=1.0, ge=1.0, description="their step time multiplier")
+    transient: TransientSlowdownSpec | None = None
+    jitter: float = Field(default=0.0, ge=0, le=1, description="coefficient of variation of a step")
+
+
+def weibull_scale(mean_s: float, shape: float) -> float:
+    """Weibull scale giving this mean: mean = scale x Gamma(1 + 1/shape)."""
+    return mean_s / math.gamma(1.0 + 1.0 / shape)
 
 
 def _document() -> dict[str, Any]:

@@ -20,7 +20,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from clustersim import units
-from clustersim.failures import FailureRateSpec, failure_preset_names
+from clustersim.failures import FailureRateSpec, StragglerSpec, failure_preset_names
 from clustersim.hardware import (
     HardwareSpec,
     catalog_names,
@@ -42,6 +42,7 @@ __all__ = [
     "ParallelismSpec",
     "CheckpointSpec",
     "FailuresSpec",
+    "StragglerSpec",
     "TraceSpec",
     "load_scenario",
     "scenario_from_dict",
@@ -168,7 +169,9 @@ class FailuresSpec(Spec):
     scale: float = Field(default=1.0, ge=0, description="multiplies every rate")
     rates: list[FailureRateSpec] = Field(default_factory=list)
     detect_s: NonNegativeDuration = Field(default=120.0, alias="detect")
-    repair_s: NonNegativeDuration = Field(default=4 * 3600.0, alias="repair")
+    repair_s: NonNegativeDuration | Literal["never"] = Field(
+        default=4 * 3600.0, alias="repair", description="time to repair an instance, or never"
+    )
     restart_s: NonNegativeDuration = Field(default=600.0, alias="restart")
 
     @field_validator("preset")
@@ -200,6 +203,7 @@ class Scenario(Spec):
     cluster: ClusterSpec
     jobs: list[JobSpec] = Field(default_factory=list)
     failures: FailuresSpec = FailuresSpec()
+    stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()
 
     _source_yaml: str = PrivateAttr(default="")

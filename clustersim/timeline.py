@@ -1,0 +1,824 @@
+"""The cluster timeline: jobs running for days to months while hardware fails, is repaired or
+replaced from spares, and jobs restart from checkpoints.
+
+Scale by design (DESIGN.md): one simpy process per job and one for all failures, never one
+per chip or per step.
+
+- A job advances its steps in bulk between discrete events (failure, repair, checkpoint,
+  restart, end). With step-time jitter, a run of k Gamma-distributed steps is one Gamma draw
+  of their sum.
+- Failures: every exponential process of every component (chip, HBM, NeuronLink, NIC, host,
+  leaf switch, software, ...), per chip, instance, UltraServer or leaf, is one superposed
+  Poisson stream: one exponential draw for the next failure, then which process and which
+  unit. Weibull processes keep a heap of per-unit next-failure times, drawn vectorised.
+- Blast radius: a hardware fault takes its instance down (an UltraServer fault the
+  UltraServer, a leaf-switch fault every instance under the leaf); a software fault
+  interrupts the job on that chip while it trains and downs nothing. A job loses the instances that went
+  down; spares swap in; a failed instance is repaired after the repair time and returns to
+  the pool. Jobs whose tensor parallelism spans instances over NeuronLink (Trn2 UltraServer
+  Z rings) hold whole UltraServers: losing one instance takes the whole UltraServer out of
+  the job (its Z rings are broken), and only a whole healthy UltraServer replaces it.
+- Recovery: detection delay, waiting for replacement hardware, restart, restore from the last
+  completed checkpoint; the work since that checkpoint is lost. Checkpoints are blocking
+  (training pauses for the write) or asynchronous (a snapshot is taken and written while
+  training goes on; it counts once written). `interval: auto` is Daly's optimum for the
+  job's failure rate (asynchronous: back to back, as each write costs no training time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from clustersim.failures import FailureRateSpec, failure_preset_rates, weibull_scale
+from clustersim.scenario import JobSpec, Scenario
+from clustersim.step import StepProfile
+
+__all__ = [
+    "JOB_STATES",
+    "HARDWARE_COMPONENTS",
+    "Timeline",
+    "TimelineResult",
+    "JobOutcome",
+    "young_interval",
+    "daly_interval",
+    "job_failure_rate",
+    "effective_rates",
+]
+
+JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
+              "restoring", "done")
+# What each state is called in summaries (the time a job spent in it).
+STATE_LABELS = {"down": "detecting", "waiting": "waiting_for_hardware"}
+HARDWARE_COMPONENTS = ("chip", "hbm", "neuronlink", "nic", "host", "switch", "node")
+
+
+def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
+    """Young (1974): tau = sqrt(2 C M)."""
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s)
+
+
+def daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
+    """Daly (2006, eq. 37): for delta < 2M, sqrt(2 delta M)[1 + sqrt(delta/2M)/3 +
+    (delta/2M)/9] - delta; otherwise M."""
+    delta, m = checkpoint_s, mtbf_s
+    if delta >= 2 * m:
+        return m
+    ratio = delta / (2 * m)
+    return math.sqrt(2 * delta * m) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - delta
+
+
+def effective_rates(scenario: Scenario) -> list[FailureRateSpec]:
+    """The preset's rates plus the scenario's, before scaling."""
+    return failure_preset_rates(scenario.failures.preset) + list(scenario.failures.rates)
+
+
+def job_failure_rate(scenario: Scenario, job: JobSpec) -> float:
+    """Interruptions per second of a job: every process that can hit its hardware or it."""
+    hw = scenario.hardware
+    instances = scenario.job_instances(job)
+    chips = instances * hw.chips_per_instance
+    per_leaf = scenario.cluster.fabric.leaf_size(hw.instances_per_ultraserver)
+    units = {
+        "chip": chips,
+        "instance": instances,
+        "ultraserver": math.ceil(instances / hw.instances_per_ultraserver),
+        "leaf": math.ceil(instances / per_leaf),
+        "job": 1,
+    }
+    scale = scenario.failures.scale
+    return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario))
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class JobOutcome:
+    """What happened to one job over the horizon."""
+
+    name: str
+    instances: int
+    chips: int
+    step_time_s: float
+    tokens_per_step: int
+    steps_target: int | None
+    submit_s: float
+    start_s: float | None = None
+    end_s: float | None = None
+    progress_steps: float = 0.0
+    time_in_state: Counter = field(default_factory=Counter)
+    interruptions: Counter = field(default_factory=Counter)
+    lost_work_s: float = 0.0
+    running_s: float = 0.0
+    checkpoints_completed: int = 0
+    checkpoint_interval_s: float | None = None
+    young_interval_s: float | None = None
+    daly_interval_s: float | None = None
+    mtbf_s: float | None = None
+    status: str = "queued"
+    reason: str = ""
+    replacements: int = 0
+    ultraservers_lost: int = 0
+
+    @property
+    def steps_completed(self) -> int:
+        return int(math.floor(self.progress_steps + 1e-9))
+
+    @property
+    def useful_s(self) -> float:
+        return self.running_s - self.lost_work_s
+
+    def figures(self, horizon_s: float) -> dict[str, Any]:
+        """The contract's job figures and where the lost hours went."""
+        start = self.start_s if self.start_s is not None else horizon_s
+        end = self.end_s if self.end_s is not None else horizon_s
+        wall = max(0.0, end - start)
+        since_submit = max(0.0, end - self.submit_s)
+        states = {STATE_LABELS.get(s, s): self.time_in_state.get(s, 0.0) for s in JOB_STATES
+                  if s != "done"}
+        lost = {
+            "queued": states["queued"],
+            "checkpointing": states["checkpointing"],
+            "detecting": states["detecting"],
+            "waiting_for_hardware": states["waiting_for_hardware"],
+            "restarting": states["restarting"],
+            "restoring": states["restoring"],
+            "lost_work": self.lost_work_s,
+        }
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "steps_completed": self.steps_completed,
+            "tokens_trained": self.steps_completed * self.tokens_per_step,
+            "interruptions": int(sum(self.interruptions.values())),
+            "interruptions_by_cause": dict(sorted(self.interruptions.items())),
+            "ettr": self.useful_s / wall if wall > 0 else 0.0,
+            "goodput": self.useful_s / since_submit if since_submit > 0 else 0.0,
+            "useful_s": self.useful_s,
+            "lost_work_s": self.lost_work_s,
+            "wall_s": wall,
+            "time_by_state_s": states,
+            "lost_time_s": lost,
+            "checkpoints_completed": self.checkpoints_completed,
+            "checkpoint_interval_s": self.checkpoint_interval_s,
+            "young_interval_s": self.young_interval_s,
+            "daly_interval_s": self.daly_interval_s,
+            "job_mtbf_s": self.mtbf_s,
+            "instances_replaced": self.replacements,
+            "ultraservers_lost": self.ultraservers_lost,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+        }
+
+
+@dataclass
+class TimelineResult:
+    """Everything a run of the timeline produced."""
+
+    horizon_s: float
+    jobs: dict[str, JobOutcome]
+    failures: Counter
+    failures_by_cause: Counter
+    repairs_completed: int
+    allocated_chip_s: float
+    useful_chip_s: float
+    total_chips: int
+    events: list[tuple[float, str, str, int, int, int]]  # time, kind, component, chip, inst, job
+    intervals: list[tuple[str, int, str, float, float]]  # entity, id, state, start, end
+    min_free_instances: int
+    event_count: int
+
+    def cluster_figures(self) -> dict[str, Any]:
+        chip_time = self.total_chips * self.horizon_s
+        return {
+            "utilisation": self.allocated_chip_s / chip_time if chip_time else 0.0,
+            "useful_utilisation": self.useful_chip_s / chip_time if chip_time else 0.0,
+            "failures": dict(sorted(self.failures.items())),
+            "failures_by_cause": dict(sorted(self.failures_by_cause.items())),
+            "repairs_completed": self.repairs_completed,
+            "min_free_instances": self.min_free_instances,
+            "discrete_events": self.event_count,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+@dataclass(frozen=True)
+class _Process:
+    """One failure process over a population of units."""
+
+    component: str
+    cause: str
+    per: str
+    rate_per_s: float  # per unit
+    shape: float | None  # Weibull shape, None for exponential
+
+
+class Timeline:
+    """One simulation of a scenario's horizon. Use `run()` once."""
+
+    def __init__(self, scenario: Scenario, profiles: dict[str, StepProfile],
+                 seed_sequence: np.random.SeedSequence,
+                 progress: Callable[[float, float], None] | None = None,
+                 record: bool = True):
+        self.scenario = scenario
+        self.profiles = profiles
+        self.progress = progress
+        self.record = record
+        hw = scenario.hardware
+        self.cpi = hw.chips_per_instance
+        self.ipu = hw.instances_per_ultraserver
+        self.n_instances = scenario.total_instances
+        self.n_chips = self.n_instances * self.cpi
+        self.per_leaf = scenario.cluster.fabric.leaf_size(self.ipu)
+        self.n_leaves = math.ceil(self.n_instances / self.per_leaf)
+        self.n_us = math.ceil(self.n_instances / self.ipu) if hw.ultraserver else 0
+        streams = seed_sequence.spawn(4)
+        self.rng_failures = np.random.default_rng(streams[0])
+        self.rng_jobs = np.random.default_rng(streams[1])
+        self.rng_stragglers = np.random.default_rng(streams[2])
+        self.env = simpy.Environment()
+        repair = scenario.failures.repair_s
+        self.repair_s = math.inf if repair == "never" else float(repair)
+        # Instance state.
+        self.healthy = np.ones(self.n_instances, dtype=bool)
+        self.owner = np.full(self.n_instances, -1, dtype=np.int32)
+        self.free_heap: list[int] = list(range(self.n_instances))
+        heapq.heapify(self.free_heap)
+        self.in_repair = 0
+        self.min_free = self.n_instances
+        self.hardware_event = self.env.event()
+        # Stragglers: persistent slow instances.
+        st = scenario.stragglers
+        self.slow = np.ones(self.n_instances)
+        if st.fraction > 0 and st.slowdown > 1:
+            chosen = self.rng_stragglers.random(self.n_instances) < st.fraction
+            self.slow[chosen] = st.slowdown
+        self.transient_until = np.zeros(self.n_instances)
+        # Bookkeeping.
+        self.failures: Counter = Counter()
+        self.failures_by_cause: Counter = Counter()
+        self.repairs = 0
+        self.events: list[tuple[float, str, str, int, int, int]] = []
+        self.intervals: list[tuple[str, int, str, float, float]] = []
+        self.instance_down_since = np.zeros(self.n_instances)
+        self.jobs: list[_JobRun] = []
+        self._build_processes()
+
+    # ------------------------------------------------------------------ failure processes
+    def _build_processes(self) -> None:
+        scale = self.scenario.failures.scale
+        units = {"chip": self.n_chips, "instance": self.n_instances,
+                 "ultraserver": max(self.n_us, 0), "leaf": self.n_leaves,
+                 "job": len(self.scenario.jobs)}
+        self.exp_processes: list[_Process] = []
+        self.exp_weights: list[float] = []
+        self.weibull_heap: list[tuple[float, int, int]] = []
+        self.weibull_processes: list[_Process] = []
+        for spec in effective_rates(self.scenario):
+            rate = spec.events_per_s * scale
+            if rate <= 0:
+                continue
+            proc = _Process(spec.component, spec.cause or spec.component, spec.per, rate,
+                            spec.shape if spec.distribution == "weibull" else None)
+            count = units[spec.per]
+            if count == 0:
+                continue
+            if proc.shape is None:
+                self.exp_processes.append(proc)
+                self.exp_weights.append(rate * count)
+            else:
+                index = len(self.weibull_processes)
+                self.weibull_processes.append(proc)
+                scale_s = weibull_scale(1.0 / rate, proc.shape)
+                times = scale_s * self.rng_failures.weibull(proc.shape, count)
+                self.weibull_heap.extend(zip(times.tolist(), [index] * count, range(count),
+                                             strict=True))
+        heapq.heapify(self.weibull_heap)
+        self.exp_total = float(sum(self.exp_weights))
+        self.exp_cumulative = np.cumsum(self.exp_weights) / self.exp_total if self.exp_total else (
+            np.array([]))
+
+    def _failure_source(self):
+        env = self.env
+        next_exp = env.now + (self.rng_failures.exponential(1.0 / self.exp_total)
+                              if self.exp_total > 0 else math.inf)
+        while True:
+            next_weibull = self.weibull_heap[0][0] if self.weibull_heap else math.inf
+            when = min(next_exp, next_weibull)
+            if not math.isfinite(when):
+                return
+            yield env.timeout(max(0.0, when - env.now))
+            if next_exp <= next_weibull:
+                index = int(np.searchsorted(self.exp_cumulative, self.rng_failures.random(),
+                                            side="right"))
+                proc = self.exp_processes[min(index, len(self.exp_processes) - 1)]
+                unit = int(self.rng_failures.integers(self._population(proc.per)))
+                next_exp = env.now + self.rng_failures.exponential(1.0 / self.exp_total)
+            else:
+                _, index, unit = heapq.heappop(self.weibull_heap)
+                proc = self.weibull_processes[index]
+                # Renewal: the unit's next failure is drawn from its return to service.
+                back = env.now + (self.repair_s if proc.component != "software" else 0.0)
+                if math.isfinite(back):
+                    gap = weibull_scale(1.0 / proc.rate_per_s, proc.shape) * (
+                        self.rng_failures.weibull(proc.shape))
+                    heapq.heappush(self.weibull_heap, (back + gap, index, unit))
+            self._fail(proc, unit)
+
+    def _population(self, per: str) -> int:
+        return {"chip": self.n_chips, "instance": self.n_instances, "ultraserver": self.n_us,
+                "leaf": self.n_leaves, "job": len(self.scenario.jobs)}[per]
+
+    def _instances_of(self, per: str, unit: int) -> range:
+        if per == "chip":
+            first = unit // self.cpi
+            return range(first, first + 1)
+        if per == "instance":
+            return range(unit, unit + 1)
+        if per == "ultraserver":
+            return range(unit * self.ipu, min(self.n_instances, (unit + 1) * self.ipu))
+        return range(unit * self.per_leaf, min(self.n_instances, (unit + 1) * self.per_leaf))
+
+    def _fail(self, proc: _Process, unit: int) -> None:
+        """Apply one failure: down the hardware it hits and interrupt the jobs on it."""
+        now = self.env.now
+        if proc.per == "job":  # a job-level fault (software): no hardware goes down
+            run = self.jobs[unit]
+            if run.state in ("running", "checkpointing"):  # software fails while it trains
+                self._count(proc, run.held[0] * self.cpi, run.held[0], unit)
+                run.interrupt(proc.component, [])
+            return
+        instances = self._instances_of(proc.per, unit)
+        chip = unit if proc.per == "chip" else instances[0] * self.cpi
+        if proc.component == "software":
+            job = int(self.owner[instances[0]])
+            if job >= 0 and self.jobs[job].state in ("running", "checkpointing"):
+                self._count(proc, chip, instances[0], job)
+                self.jobs[job].interrupt(proc.component, [])
+            return
+        hit_jobs: dict[int, list[int]] = {}
+        downed = False
+        for inst in instances:
+            if not self.healthy[inst]:
+                continue  # already down: this failure changes nothing
+            downed = True
+            self.healthy[inst] = False
+            self.instance_down_since[inst] = now
+            job = int(self.owner[inst])
+            if job >= 0:
+                hit_jobs.setdefault(job, []).append(inst)
+            self.in_repair += 1  # a free instance stays in the heap and is skipped when popped
+            if math.isfinite(self.repair_s):
+                self.env.process(self._repair(inst))
+        if not downed:
+            return
+        self._count(proc, chip, instances[0], next(iter(hit_jobs), -1))
+        for job, lost in hit_jobs.items():
+            self.jobs[job].interrupt(proc.component, lost)
+
+    def _count(self, proc: _Process, chip: int, instance: int, job: int) -> None:
+        self.failures[proc.component] += 1
+        self.failures_by_cause[proc.cause] += 1
+        if self.record:
+            self.events.append((self.env.now, "failure", proc.component, chip, instance, job))
+
+    def _repair(self, inst: int):
+        yield self.env.timeout(self.repair_s)
+        self.healthy[inst] = True
+        self.in_repair -= 1
+        self.repairs += 1
+        if self.record:
+            self.intervals.append(("instance", inst, "repairing",
+                                   float(self.instance_down_since[inst]), self.env.now))
+            self.events.append((self.env.now, "repair", "", inst * self.cpi, inst, -1))
+        self._release([inst])
+
+    # ------------------------------------------------------------------ the free pool
+    def _release(self, instances: list[int]) -> None:
+        for inst in instances:
+            self.owner[inst] = -1
+            if self.healthy[inst]:
+                heapq.heappush(self.free_heap, inst)
+        if not self.hardware_event.triggered:
+            self.hardware_event.succeed()
+        self.hardware_event = self.env.event()
+
+    def _free_count(self) -> int:
+        return int(np.count_nonzero(self.healthy & (self.owner < 0)))
+
+    def take(self, count: int, job: int, whole_ultraservers: bool) -> list[int] | None:
+        """Allocate `count` healthy free instances (whole UltraServers when asked), lowest
+        ids first; None if there are not enough."""
+        if whole_ultraservers:
+            free = self.healthy & (self.owner < 0)
+            whole = free[: self.n_us * self.ipu].reshape(self.n_us, self.ipu).all(axis=1)
+            units = np.flatnonzero(whole)
+            need = math.ceil(count / self.ipu)
+            if len(units) < need:
+                return None
+            chosen = (units[:need, None] * self.ipu + np.arange(self.ipu)[None, :]).ravel()
+            chosen = chosen[:count].tolist()
+            self.owner[chosen] = job
+            return chosen
+        chosen: list[int] = []
+        seen: set[int] = set()
+        while self.free_heap and len(chosen) < count:
+            inst = heapq.heappop(self.free_heap)
+            if inst in seen or not self.healthy[inst] or self.owner[inst] >= 0:
+                continue  # a stale or repeated entry of the lazy heap
+            seen.add(inst)
+            chosen.append(inst)
+        if len(chosen) < count:
+            for inst in chosen:
+                heapq.heappush(self.free_heap, inst)
+            return None
+        self.owner[chosen] = job
+        self.min_free = min(self.min_free, self._free_count())
+        return chosen
+
+    def slowdown(self, instances: list[int]) -> float:
+        """The slowest of a job's instances sets its pace (synchronous training)."""
+        if not instances:
+            return 1.0
+        idx = np.asarray(instances)
+        persistent = float(self.slow[idx].max())
+        transient = self.scenario.stragglers.transient
+        if transient is not None and np.any(self.transient_until[idx] > self.env.now):
+            return max(persistent, transient.slowdown)
+        return persistent
+
+    def _transients(self):
+        """Transient slowdown episodes, superposed over all instances."""
+        spec = self.scenario.stragglers.transient
+        assert spec is not None
+        total = spec.rate_per_s * self.n_instances
+        while True:
+            yield self.env.timeout(self.rng_stragglers.exponential(1.0 / total))
+            inst = int(self.rng_stragglers.integers(self.n_instances))
+            self.transient_until[inst] = max(self.transient_until[inst],
+                                             self.env.now + spec.duration_s)
+            job = int(self.owner[inst])
+            if job >= 0:
+                self.jobs[job].pace_changed(self.env.now + spec.duration_s)
+
+    def _progress_ticks(self, horizon: float):
+        step = horizon / 100
+        while True:
+            yield self.env.timeout(step)
+            if self.progress is not None:
+                self.progress(self.env.now, horizon)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> TimelineResult:
+        horizon = self.scenario.duration_s
+        for index, job in enumerate(self.scenario.jobs):
+            run = _JobRun(self, index, job, self.profiles[job.name])
+            self.jobs.append(run)
+        for run in self.jobs:
+            run.process = self.env.process(run.main())
+        self.env.process(self._failure_source())
+        if self.scenario.stragglers.transient is not None:
+            self.env.process(self._transients())
+        if self.progress is not None:
+            self.env.process(self._progress_ticks(horizon))
+        self.env.run(until=horizon)
+        allocated = useful = 0.0
+        for run in self.jobs:
+            run.close(horizon)
+            allocated += run.allocated_chip_s
+            useful += run.outcome.useful_s * run.outcome.chips
+        if self.record:
+            for inst in np.flatnonzero(~self.healthy).tolist():
+                self.intervals.append(("instance", inst, "repairing",
+                                       float(self.instance_down_since[inst]), horizon))
+        return TimelineResult(
+            horizon_s=horizon, jobs={r.outcome.name: r.outcome for r in self.jobs},
+            failures=self.failures, failures_by_cause=self.failures_by_cause,
+            repairs_completed=self.repairs, allocated_chip_s=allocated, useful_chip_s=useful,
+            total_chips=self.n_chips, events=self.events, intervals=self.intervals,
+            min_free_instances=self.min_free,
+            event_count=int(sum(self.failures.values()) + self.repairs + sum(
+                r.outcome.checkpoints_completed for r in self.jobs)),
+        )
+
+
+class _Failure(Exception):
+    """What interrupts a job: the component and the instances it lost."""
+
+
+class _JobRun:
+    """One job's process: queued, running in bulk, checkpointing, recovering."""
+
+    def __init__(self, timeline: Timeline, index: int, job: JobSpec, profile: StepProfile):
+        self.t = timeline
+        self.index = index
+        self.job = job
+        self.profile = profile
+        scenario = timeline.scenario
+        hw = scenario.hardware
+        self.instances_needed = scenario.job_instances(job)
+        self.whole_ultraservers = (hw.ultraserver is not None
+                                   and hw.ultraserver.interconnect.topology == "ring"
+                                   and job.parallelism.tp > hw.ranks_per_instance)
+        self.outcome = JobOutcome(
+            name=job.name, instances=self.instances_needed,
+            chips=self.instances_needed * hw.chips_per_instance,
+            step_time_s=profile.step_time_s, tokens_per_step=profile.tokens_per_step,
+            steps_target=job.steps, submit_s=job.submit_s,
+        )
+        rate = job_failure_rate(scenario, job)
+        self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None
+        ck = job.checkpoint
+        self.checkpoint = ck
+        if ck is not None:
+            mtbf = self.outcome.mtbf_s or math.inf
+            if math.isfinite(mtbf):
+                self.outcome.young_interval_s = young_interval(ck.write_s, mtbf)
+                self.outcome.daly_interval_s = daly_interval(ck.write_s, mtbf)
+            if ck.interval_s == "auto":
+                if ck.async_write:
+                    interval = max(ck.write_s, 1e-9)  # back to back: a write costs no training
+                else:
+                    interval = self.outcome.daly_interval_s or math.inf
+            else:
+                interval = float(ck.interval_s)
+            self.outcome.checkpoint_interval_s = interval if math.isfinite(interval) else None
+            self.interval = interval
+        else:
+            self.interval = math.inf
+        self.held: list[int] = []
+        self.state = "queued"
+        self.state_since = job.submit_s
+        self.allocated_chip_s = 0.0
+        self.held_since = 0.0
+        self.pending: list[tuple[str, list[int]]] = []
+        self.process: simpy.Process | None = None
+        # Progress: steps done (float), and running wall time.
+        self.progress = 0.0
+        self.saved = (0.0, 0.0)  # (progress, running time) of the last completed checkpoint
+        self.async_pending: list[tuple[float, float, float]] = []  # (done at, progress, running)
+        self.since_snapshot = 0.0  # running time since the last checkpoint snapshot
+        self.pace_until = 0.0
+        self.segment: tuple[float, float, float] | None = None
+        self.interrupt_pending = False
+
+    # ------------------------------------------------------------------ state accounting
+    def set_state(self, state: str) -> None:
+        now = self.t.env.now
+        if state == self.state:
+            return
+        self.outcome.time_in_state[self.state] += now - self.state_since
+        if self.t.record and now > self.state_since:
+            self.t.intervals.append(("job", self.index, self.state, self.state_since, now))
+        self.state, self.state_since = state, now
+
+    def close(self, horizon: float) -> None:
+        """Close the books at the horizon: credit a running segment, count the last state."""
+        if self.segment is not None:
+            start, wall, steps = self.segment
+            elapsed = horizon - start
+            self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, horizon)
+            self.segment = None
+        self.outcome.time_in_state[self.state] += horizon - self.state_since
+        if self.t.record and horizon > self.state_since:
+            self.t.intervals.append(("job", self.index, self.state, self.state_since, horizon))
+        self.state_since = horizon
+        if self.held:
+            self.allocated_chip_s += (horizon - self.held_since) * len(self.held) * self.t.cpi
+            self.held_since = horizon
+        out = self.outcome
+        out.progress_steps = self.progress
+        if out.status != "done":
+            out.status = "running at horizon" if self.state == "running" else (
+                f"{STATE_LABELS.get(self.state, self.state)} at horizon")
+            out.reason = self._why_not_done()
+
+    def _why_not_done(self) -> str:
+        out = self.outcome
+        if self.state == "queued":
+            return "never started: not enough healthy instances"
+        if self.state == "waiting":
+            if not math.isfinite(self.t.repair_s):
+                return "waiting for hardware: no spare left and repairs are disabled"
+            return "waiting for hardware: no spare instances until repairs finish"
+        f = self.t.scenario.failures
+        recovery = f.detect_s + f.restart_s + (self.checkpoint.restore_s if self.checkpoint else 0)
+        if out.mtbf_s is not None and out.mtbf_s < recovery:
+            return (f"little progress: the job's mean time between failures ({out.mtbf_s:,.0f} s)"
+                    f" is shorter than its recovery ({recovery:,.0f} s)")
+        if out.steps_target is None:
+            return "no step target: ran to the horizon"
+        return "the horizon came before the step target"
+
+    def interrupt(self, component: str, lost: list[int]) -> None:
+        if self.state in ("queued", "done") or self.process is None:
+            return
+        self.pending.append((component, lost))
+        if self.process.is_alive and not self.interrupt_pending:
+            self.interrupt_pending = True
+            self.process.interrupt("failure")
+
+    def pace_changed(self, until: float) -> None:
+        self.pace_until = max(self.pace_until, until)
+        if (self.state == "running" and self.process is not None and self.process.is_alive
+                and not self.interrupt_pending):
+            self.interrupt_pending = True
+            self.process.interrupt("pace")
+
+    # ------------------------------------------------------------------ the process
+    def main(self):
+        env = self.t.env
+        if self.job.submit_s > 0:
+            yield env.timeout(self.job.submit_s)
+        self.state_since = env.now
+        while True:
+            held = self.t.take(self.instances_needed, self.index, self.whole_ultraservers)
+            if held is not None:
+                break
+            yield self.t.hardware_event
+        self.hold(held)
+        self.outcome.start_s = env.now
+        self.set_state("running")
+        while True:
+            try:
+                finished = yield from self._train()
+                if finished:
+                    self._finish()
+                    return
+            except simpy.Interrupt as signal:
+                self.interrupt_pending = False
+                if signal.cause == "pace":
+                    continue
+                yield from self._recover()
+
+    def hold(self, instances: list[int]) -> None:
+        now = self.t.env.now
+        if self.held:
+            self.allocated_chip_s += (now - self.held_since) * len(self.held) * self.t.cpi
+        self.held = sorted(instances)
+        self.held_since = now
+
+    def _finish(self) -> None:
+        env = self.t.env
+        self.set_state("done")
+        self.outcome.progress_steps = self.progress
+        self.outcome.status = "done"
+        self.outcome.end_s = env.now
+        self.outcome.reason = "reached its step target"
+        held = self.held
+        self.hold([])
+        self.t._release(held)
+
+    def _collect_async(self, now: float) -> None:
+        """Asynchronous checkpoints whose write has finished become the restore point."""
+        while self.async_pending and self.async_pending[0][0] <= now:
+            _, progress, running = self.async_pending.pop(0)
+            self.saved = (progress, running)
+            self.outcome.checkpoints_completed += 1
+
+    def _train(self):
+        """Run until the next checkpoint, the step target or a pace change. Returns True when
+        the step target is reached."""
+        env = self.t.env
+        out = self.outcome
+        speed_factor = self.t.slowdown(self.held)
+        step_s = self.profile.step_time_s * speed_factor
+        remaining = math.inf if out.steps_target is None else out.steps_target - self.progress
+        if remaining <= 1e-9:
+            return True
+        to_checkpoint = self.interval - self.since_snapshot
+        duration = min(remaining * step_s, to_checkpoint)
+        if self.pace_until > env.now:  # a transient episode ends: re-plan then
+            duration = min(duration, self.pace_until - env.now)
+        # Never plan past the horizon (no checkpoints and no target would plan forever).
+        duration = max(min(duration, self.t.scenario.duration_s - env.now), 0.0)
+        steps_planned = duration / step_s
+        jitter = self.t.scenario.stragglers.jitter
+        wall = duration
+        if jitter > 0 and steps_planned > 0:
+            # Gamma steps: the sum of k of them is Gamma(k / cv^2, mean x cv^2).
+            wall = float(self.t.rng_jobs.gamma(steps_planned / jitter**2, step_s * jitter**2))
+        start = env.now
+        self.segment = (start, wall, steps_planned)
+        try:
+            yield env.timeout(wall)
+        except simpy.Interrupt:
+            self.segment = None
+            elapsed = env.now - start
+            self._advance(steps_planned * (elapsed / wall if wall > 0 else 1.0), elapsed,
+                          env.now)
+            raise
+        self.segment = None
+        self._advance(steps_planned, wall, env.now)
+        if out.steps_target is not None and self.progress >= out.steps_target - 1e-9:
+            self.progress = float(out.steps_target)
+            return True
+        if self.since_snapshot >= self.interval - 1e-9:
+            yield from self._checkpoint()
+        return False
+
+    def _advance(self, steps: float, wall: float, now: float) -> None:
+        self.progress += steps
+        if self.outcome.steps_target is not None:
+            self.progress = min(self.progress, float(self.outcome.steps_target))
+        self.outcome.running_s += wall
+        self.since_snapshot += wall
+        self._collect_async(now)
+
+    def _checkpoint(self):
+        env = self.t.env
+        ck = self.checkpoint
+        assert ck is not None
+        snapshot = (self.progress, self.outcome.running_s)
+        self.since_snapshot = 0.0
+        if ck.async_write:
+            self.async_pending.append((env.now + ck.write_s, *snapshot))
+            if self.t.record:
+                self.t.events.append((env.now, "checkpoint", "async", -1, -1, self.index))
+            return
+        self.set_state("checkpointing")
+        yield env.timeout(ck.write_s)  # an interrupt here loses this checkpoint
+        self.saved = snapshot
+        self.outcome.checkpoints_completed += 1
+        if self.t.record:
+            self.t.events.append((env.now, "checkpoint", "blocking", -1, -1, self.index))
+        self.set_state("running")
+
+    def _recover(self):
+        """From a failure to running again: detect, replace, restart, restore."""
+        env = self.t.env
+        out = self.outcome
+        f = self.t.scenario.failures
+        restore = self.checkpoint.restore_s if self.checkpoint else 0.0
+        while True:
+            # Take in every failure that has hit the job so far.
+            pending, self.pending = self.pending, []
+            lost_instances: set[int] = set()
+            for component, lost in pending:
+                out.interruptions[component] += 1
+                lost_instances.update(lost)
+            if self.state == "running" or self.state == "checkpointing":
+                self._lose_work()
+            self.set_state("down")
+            self._drop(lost_instances)
+            try:
+                yield env.timeout(f.detect_s)
+                self.set_state("waiting")
+                while len(self.held) < self.instances_needed:
+                    needed = self.instances_needed - len(self.held)
+                    extra = self.t.take(needed, self.index, self.whole_ultraservers)
+                    if extra is not None:
+                        out.replacements += len(extra)
+                        self.hold(self.held + extra)
+                        break
+                    yield self.t.hardware_event
+                self.set_state("restarting")
+                yield env.timeout(f.restart_s)
+                self.set_state("restoring")
+                yield env.timeout(restore)
+            except simpy.Interrupt:
+                self.interrupt_pending = False  # another failure: start the recovery again
+                continue
+            self.set_state("running")
+            return
+
+    def _lose_work(self) -> None:
+        """Back to the last completed checkpoint: the work since it is lost."""
+        progress, running = self.saved
+        self.outcome.lost_work_s += self.outcome.running_s - running
+        self.progress = progress
+        # Training resumes from that checkpoint: the lost stretch is counted once.
+        self.saved = (progress, self.outcome.running_s)
+        self.async_pending.clear()
+        self.since_snapshot = 0.0
+
+    def _drop(self, lost: set[int]) -> None:
+        """Give up the instances that went down (for UltraServer jobs, their whole
+        UltraServers: the healthy siblings go back to the pool)."""
+        if not lost:
+            return
+        ipu = self.t.ipu
+        if self.whole_ultraservers:
+            units = {inst // ipu for inst in lost}
+            self.outcome.ultraservers_lost += len(units)
+            gone = {i for i in self.held if i // ipu in units}
+        else:
+            gone = set(lost) & set(self.held)
+        keep = [i for i in self.held if i not in gone]
+        self.hold(keep)
+        self.t._release([i for i in gone if self.t.healthy[i]])
+        for inst in gone:
+            if not self.t.healthy[inst]:
+                self.t.owner[inst] = -1  # it goes to repair, then back to the pool
