@@ -7,18 +7,20 @@ on stderr naming the file, key path, value and what was expected, never a traceb
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import clustersim
@@ -103,6 +105,9 @@ def run(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed instead of the scenario's.", min=0)] = None,
     replications: Annotated[int, typer.Option(help="Independent seeds to run.", min=1)] = 1,
+    workers: Annotated[
+        int | None, typer.Option(help="Processes for replications [default: cores].", min=1)
+    ] = None,
     overrides: SetOption = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
@@ -110,9 +115,29 @@ def run(
     spec = load_scenario(scenario, overrides or [])
     out_dir = out if out is not None else Path("results") / spec.name
     check_output_dir(out_dir, force)
-    result = simulate(spec, seed=seed, replications=replications)
+    with _simulated_time_progress(replications == 1) as progress:
+        result = simulate(spec, seed=seed, replications=replications, workers=workers,
+                          progress=progress)
     write_run(result, out_dir, force=force)
     _print_run(result.summary, out_dir)
+
+
+@contextlib.contextmanager
+def _simulated_time_progress(enabled: bool) -> Iterator[Callable[[float, float], None] | None]:
+    """A progress bar of simulated time on stderr, when it is a terminal."""
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn("simulating"), BarColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=1.0)
+
+        def update(now: float, horizon: float) -> None:
+            bar.update(task, completed=now / horizon,
+                       description=f"day {now / 86400:,.1f} of {horizon / 86400:,.1f}")
+
+        yield update
 
 
 def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
@@ -139,14 +164,36 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
             f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, "
             f"{job['tokens_per_step']:,} tokens/step",
         )
-        fit = "" if job["fits_memory"] else " [red]DOES NOT FIT in HBM[/red]"
         table.add_row(
             "",
             f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
-            f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip{fit}",
+            f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip",
         )
+        ci = f" ± {job['ettr_ci95']:.1%}" if "ettr_ci95" in job else ""
+        table.add_row(
+            "",
+            f"{job['status']}: {job['steps_completed']:,.0f} steps, ETTR {job['ettr']:.1%}{ci}, "
+            f"{job['interruptions']:,.0f} interruptions",
+        )
+        lost = {k: v for k, v in job["lost_time_s"].items()
+                if isinstance(v, float | int) and v and not k.endswith("_ci95")}
+        if lost:
+            hours = ", ".join(f"{k.replace('_', ' ')} {v / 3600:,.1f} h"
+                              for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
+            table.add_row("", f"lost: {hours}")
+        if job.get("reason"):
+            table.add_row("", escape(job["reason"]))
+    failures = cluster.get("failures") or {}
+    if failures:
+        table.add_row("failures", ", ".join(f"{k} {v:,.1f}".replace(".0 ", " ").removesuffix(".0")
+                                            for k, v in failures.items()
+                                            if not k.endswith("_ci95") and v))
+    if "utilisation" in cluster:
+        table.add_row("utilisation", f"{cluster['utilisation']:.1%} of chip-time allocated, "
+                      f"{cluster['useful_utilisation']:.1%} useful")
     out_console.print(table)
-    out_console.print(f"wrote {out_dir}/summary.json in {summary['wall_s']:.2f} s")
+    out_console.print(f"simulated {summary['simulated_s'] / 86400:,.1f} days; wrote "
+                      f"{out_dir}/summary.json in {summary['wall_s']:.2f} s")
 
 
 @app.command()

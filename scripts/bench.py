@@ -140,6 +140,22 @@ figures = {"simulate_s": round(time.perf_counter() - t0, 3),
 """,
         True,
     ),
+    "timeline: 30 days, 524,288 chips, one 512,000-chip job, llama3 failures (run, CLI)": (
+        """
+import json, subprocess, sys, tempfile, time
+out = tempfile.mkdtemp() + "/run"
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/trn2-512k-month.yaml",
+                "-o", out], capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+summary = json.load(open(out + "/summary.json"))
+job = summary["jobs"]["pretrain"]
+figures = {"run_wall_s": round(wall, 1), "interruptions": job["interruptions"],
+           "ettr": round(job["ettr"], 4), "checkpoints": job["checkpoints_completed"],
+           "discrete_events": summary["cluster"]["discrete_events"]}
+""",
+        False,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json
