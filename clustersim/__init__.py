@@ -15,7 +15,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-from clustersim.api import RunResult, simulate, write_run  # noqa: E402
+from clustersim.api import RunResult, run_to, simulate, write_run  # noqa: E402
 from clustersim.hardware import HardwareSpec, catalog_entry, catalog_names  # noqa: E402
 from clustersim.scenario import Scenario, ScenarioError, load_scenario  # noqa: E402
 from clustersim.topology import Topology, build_topology  # noqa: E402
@@ -31,6 +31,7 @@ __all__ = [
     "catalog_entry",
     "catalog_names",
     "load_scenario",
+    "run_to",
     "simulate",
     "write_run",
 ]

@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 import clustersim
 from clustersim.outputs import atomic_output_dir
-from clustersim.scenario import Scenario
+from clustersim.scenario import Issue, Scenario, ScenarioError
 from clustersim.step import JobDoesNotFit, StepModel, StepProfile
 from clustersim.timeline import Timeline, TimelineResult
 from clustersim.topology import Topology, build_topology
+from clustersim.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
 
-__all__ = ["RunResult", "simulate", "write_run", "cluster_figures", "topology_for",
-           "step_profiles", "run_timelines", "check_fit"]
+__all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
+           "step_profiles", "run_timelines", "check_fit", "write_traces"]
 
 
 @dataclass
@@ -52,6 +54,8 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "instance_type": hw.instance.name,
         "chip": hw.chip.name,
         "chips": chips,
+        "chips_per_instance": hw.chips_per_instance,
+        "instances_per_ultraserver": hw.instances_per_ultraserver,
         "ranks": chips * hw.chip.ranks,
         "instances": topology.instances,
         "working_instances": scenario.working_instances,
@@ -132,24 +136,27 @@ def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
 
 
 def _one_timeline(args: tuple) -> TimelineResult:
-    scenario, steps, seed_sequence, record = args
-    return Timeline(scenario, steps, seed_sequence, record=record).run()
+    scenario, steps, seed_sequence = args
+    return Timeline(scenario, steps, seed_sequence).run()
 
 
 def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
                   replications: int, workers: int | None = None,
-                  progress: Callable[[float, float], None] | None = None) -> list[TimelineResult]:
-    """Run the timeline once per replication, each with its own spawned seed stream; several
-    replications run in parallel local processes. The first keeps its event trace."""
+                  progress: Callable[[float, float], None] | None = None,
+                  recorder: MemoryRecorder | None = None) -> list[TimelineResult]:
+    """Run the timeline once per replication, each with its own spawned seed stream. The
+    first runs here (with the recorder and the progress display) while the others run in
+    parallel local processes."""
     children = np.random.SeedSequence(seed).spawn(replications)
-    if replications == 1:
-        return [Timeline(scenario, steps, children[0], progress=progress).run()]
+    rest = [(scenario, steps, child) for child in children[1:]]
     workers = workers or min(replications, os.cpu_count() or 1)
-    jobs = [(scenario, steps, child, i == 0) for i, child in enumerate(children)]
-    if workers <= 1:
-        return [_one_timeline(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_one_timeline, jobs))
+    if not rest or workers <= 1:
+        first = Timeline(scenario, steps, children[0], progress, recorder).run()
+        return [first] + [_one_timeline(args) for args in rest]
+    with ProcessPoolExecutor(max_workers=max(1, workers - 1)) as pool:
+        futures = [pool.submit(_one_timeline, args) for args in rest]
+        first = Timeline(scenario, steps, children[0], progress, recorder).run()
+        return [first] + [f.result() for f in futures]
 
 
 # Student t quantiles (0.975) for the 95% interval of a mean of n replications (n - 1 dof).
@@ -200,11 +207,27 @@ def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
+    """Refuse utilisation levels that would write more rows than a trace should hold."""
+    bins = math.ceil(scenario.duration_s / scenario.trace.bin_s)
+    keys = {"cluster": 1, "job": len(scenario.jobs), "instance": scenario.total_instances,
+            "ultraserver": math.ceil(scenario.total_instances
+                                     / scenario.hardware.instances_per_ultraserver)}
+    rows = sum(keys[level] for level in scenario.trace.levels) * bins
+    if scenario.trace.enabled and rows > limit_rows:
+        raise ScenarioError("<scenario>", [Issue(
+            "trace.levels", f"utilisation at these levels would write {rows:,} rows "
+            f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin or "
+            f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])
+
+
 def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
              workers: int | None = None,
-             progress: Callable[[float, float], None] | None = None) -> RunResult:
+             progress: Callable[[float, float], None] | None = None,
+             trace_dir: Path | None = None) -> RunResult:
     """Run a scenario: build the cluster, simulate a step of each job, then the timeline of
-    failures, repairs and checkpoints over the horizon, `replications` times.
+    failures, repairs and checkpoints over the horizon, `replications` times. With
+    `trace_dir`, the first replication's Parquet traces are streamed there.
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
@@ -212,10 +235,19 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
         raise ValueError(f"replications must be at least 1, got {replications}")
     started = time.perf_counter()
     seed = scenario.seed if seed is None else seed
+    if trace_dir is not None:
+        check_trace_size(scenario)
     topology = topology_for(scenario)
     steps = step_profiles(scenario, topology)
     check_fit(scenario, steps)
-    timelines = run_timelines(scenario, steps, seed, replications, workers, progress)
+    recorder = None
+    if trace_dir is not None and scenario.trace.enabled:
+        recorder = ParquetRecorder(Path(trace_dir), {
+            "version": clustersim.__version__, "seed": seed,
+            "scenario_yaml": scenario.source_yaml})
+    timelines = run_timelines(scenario, steps, seed, replications, workers, progress, recorder)
+    if recorder is not None:
+        write_traces(recorder, scenario, topology, steps, timelines[0])
     shapes = _job_figures(scenario, steps)
     per_replication = []
     for result in timelines:
@@ -241,11 +273,56 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
                      timelines=timelines)
 
 
+def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topology,
+                 steps: dict[str, StepProfile], result: TimelineResult) -> None:
+    """Close the streamed tables and write the dimension tables and utilisation."""
+    recorder.close_facts()
+    hw = scenario.hardware
+    recorder.write_table("chips", pa.table({
+        "chip_id": np.arange(topology.chips, dtype=np.int32),
+        "instance_id": topology.chip_instance, "ultraserver_id": topology.chip_ultraserver,
+        "leaf_id": topology.chip_leaf, "x": topology.chip_x.astype(np.int16),
+        "y": topology.chip_y.astype(np.int16), "z": topology.chip_z.astype(np.int16),
+    }))
+    rows = []
+    for index, job in enumerate(scenario.jobs):
+        outcome = result.jobs[job.name]
+        par = job.parallelism
+        rows.append((index, job.name, job.model.name, par.ranks, outcome.chips,
+                     outcome.instances, par.tp, par.pp, par.dp, job.submit_s, outcome.start_s,
+                     outcome.end_s, outcome.status, outcome.steps_completed,
+                     steps[job.name].step_time_s))
+    recorder.write_table("jobs", rows)
+    recorder.write_table("utilisation", utilisation_rows(
+        horizon_s=scenario.duration_s, bin_s=scenario.trace.bin_s,
+        levels=scenario.trace.levels, n_instances=scenario.total_instances,
+        chips_per_instance=hw.chips_per_instance,
+        instances_per_ultraserver=hw.instances_per_ultraserver,
+        job_ids=list(range(len(scenario.jobs))), job_names=[j.name for j in scenario.jobs],
+        intervals=recorder.read("intervals"), allocations=recorder.read("allocations")))
+
+
+def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int | None = None,
+           replications: int = 1, workers: int | None = None,
+           progress: Callable[[float, float], None] | None = None) -> RunResult:
+    """Simulate and write OUT whole or not at all: traces stream into a temporary sibling,
+    summary.json and the effective scenario join them, then the folder is renamed."""
+    with atomic_output_dir(Path(out), force=force) as staging:
+        result = simulate(scenario, seed=seed, replications=replications, workers=workers,
+                          progress=progress, trace_dir=staging)
+        _write_summary(result, staging)
+    return result
+
+
 def write_run(result: RunResult, out: str | Path, force: bool = False) -> Path:
-    """Write a run's outputs to `out` atomically (see clustersim.outputs)."""
+    """Write a finished run's summary (no traces) to `out` atomically."""
     out = Path(out)
     with atomic_output_dir(out, force=force) as staging:
-        text = json.dumps(result.summary, indent=2, sort_keys=False) + "\n"
-        (staging / "summary.json").write_text(text, encoding="utf-8")
-        (staging / "scenario.yaml").write_text(result.scenario.source_yaml, encoding="utf-8")
+        _write_summary(result, staging)
     return out
+
+
+def _write_summary(result: RunResult, folder: Path) -> None:
+    text = json.dumps(result.summary, indent=2, sort_keys=False) + "\n"
+    (folder / "summary.json").write_text(text, encoding="utf-8")
+    (folder / "scenario.yaml").write_text(result.scenario.source_yaml, encoding="utf-8")

@@ -25,7 +25,7 @@ from rich.table import Table
 
 import clustersim
 from clustersim import units
-from clustersim.api import simulate, step_profiles, topology_for, write_run
+from clustersim.api import run_to, step_profiles, topology_for
 from clustersim.hardware import catalog_entry, catalog_names, catalog_source_refs
 from clustersim.outputs import OutputDirError, check_output_dir
 from clustersim.scenario import ScenarioError, load_scenario, scenario_json_schema
@@ -115,10 +115,9 @@ def run(
     spec = load_scenario(scenario, overrides or [])
     out_dir = out if out is not None else Path("results") / spec.name
     check_output_dir(out_dir, force)
-    with _simulated_time_progress(replications == 1) as progress:
-        result = simulate(spec, seed=seed, replications=replications, workers=workers,
-                          progress=progress)
-    write_run(result, out_dir, force=force)
+    with _simulated_time_progress(True) as progress:
+        result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
+                        workers=workers, progress=progress)
     _print_run(result.summary, out_dir)
 
 

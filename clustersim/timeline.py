@@ -40,6 +40,7 @@ import simpy
 from clustersim.failures import FailureRateSpec, failure_preset_rates, weibull_scale
 from clustersim.scenario import JobSpec, Scenario
 from clustersim.step import StepProfile
+from clustersim.trace import JOB_STATES, MemoryRecorder
 
 __all__ = [
     "JOB_STATES",
@@ -53,8 +54,6 @@ __all__ = [
     "effective_rates",
 ]
 
-JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
-              "restoring", "done")
 # What each state is called in summaries (the time a job spent in it).
 STATE_LABELS = {"down": "detecting", "waiting": "waiting_for_hardware"}
 HARDWARE_COMPONENTS = ("chip", "hbm", "neuronlink", "nic", "host", "switch", "node")
@@ -192,8 +191,6 @@ class TimelineResult:
     allocated_chip_s: float
     useful_chip_s: float
     total_chips: int
-    events: list[tuple[float, str, str, int, int, int]]  # time, kind, component, chip, inst, job
-    intervals: list[tuple[str, int, str, float, float]]  # entity, id, state, start, end
     min_free_instances: int
     event_count: int
 
@@ -231,11 +228,11 @@ class Timeline:
     def __init__(self, scenario: Scenario, profiles: dict[str, StepProfile],
                  seed_sequence: np.random.SeedSequence,
                  progress: Callable[[float, float], None] | None = None,
-                 record: bool = True):
+                 recorder: MemoryRecorder | None = None):
         self.scenario = scenario
         self.profiles = profiles
         self.progress = progress
-        self.record = record
+        self.recorder = recorder
         hw = scenario.hardware
         self.cpi = hw.chips_per_instance
         self.ipu = hw.instances_per_ultraserver
@@ -270,8 +267,6 @@ class Timeline:
         self.failures: Counter = Counter()
         self.failures_by_cause: Counter = Counter()
         self.repairs = 0
-        self.events: list[tuple[float, str, str, int, int, int]] = []
-        self.intervals: list[tuple[str, int, str, float, float]] = []
         self.instance_down_since = np.zeros(self.n_instances)
         self.jobs: list[_JobRun] = []
         self._build_processes()
@@ -391,18 +386,18 @@ class Timeline:
     def _count(self, proc: _Process, chip: int, instance: int, job: int) -> None:
         self.failures[proc.component] += 1
         self.failures_by_cause[proc.cause] += 1
-        if self.record:
-            self.events.append((self.env.now, "failure", proc.component, chip, instance, job))
+        if self.recorder is not None:
+            self.recorder.event(self.env.now, "failure", proc.component, chip, instance, job)
 
     def _repair(self, inst: int):
         yield self.env.timeout(self.repair_s)
         self.healthy[inst] = True
         self.in_repair -= 1
         self.repairs += 1
-        if self.record:
-            self.intervals.append(("instance", inst, "repairing",
-                                   float(self.instance_down_since[inst]), self.env.now))
-            self.events.append((self.env.now, "repair", "", inst * self.cpi, inst, -1))
+        if self.recorder is not None:
+            self.recorder.interval("instance", inst, "repairing",
+                                   float(self.instance_down_since[inst]), self.env.now)
+            self.recorder.event(self.env.now, "repair", "", inst * self.cpi, inst, -1)
         self._release([inst])
 
     # ------------------------------------------------------------------ the free pool
@@ -499,15 +494,15 @@ class Timeline:
             run.close(horizon)
             allocated += run.allocated_chip_s
             useful += run.outcome.useful_s * run.outcome.chips
-        if self.record:
+        if self.recorder is not None:
             for inst in np.flatnonzero(~self.healthy).tolist():
-                self.intervals.append(("instance", inst, "repairing",
-                                       float(self.instance_down_since[inst]), horizon))
+                self.recorder.interval("instance", inst, "repairing",
+                                       float(self.instance_down_since[inst]), horizon)
         return TimelineResult(
             horizon_s=horizon, jobs={r.outcome.name: r.outcome for r in self.jobs},
             failures=self.failures, failures_by_cause=self.failures_by_cause,
             repairs_completed=self.repairs, allocated_chip_s=allocated, useful_chip_s=useful,
-            total_chips=self.n_chips, events=self.events, intervals=self.intervals,
+            total_chips=self.n_chips,
             min_free_instances=self.min_free,
             event_count=int(sum(self.failures.values()) + self.repairs + sum(
                 r.outcome.checkpoints_completed for r in self.jobs)),
@@ -559,6 +554,7 @@ class _JobRun:
         else:
             self.interval = math.inf
         self.held: list[int] = []
+        self.since: dict[int, float] = {}  # when each held instance was taken (allocations)
         self.state = "queued"
         self.state_since = job.submit_s
         self.allocated_chip_s = 0.0
@@ -580,8 +576,8 @@ class _JobRun:
         if state == self.state:
             return
         self.outcome.time_in_state[self.state] += now - self.state_since
-        if self.t.record and now > self.state_since:
-            self.t.intervals.append(("job", self.index, self.state, self.state_since, now))
+        if self.t.recorder is not None and now > self.state_since:
+            self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
         self.state, self.state_since = state, now
 
     def close(self, horizon: float) -> None:
@@ -592,12 +588,16 @@ class _JobRun:
             self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, horizon)
             self.segment = None
         self.outcome.time_in_state[self.state] += horizon - self.state_since
-        if self.t.record and horizon > self.state_since:
-            self.t.intervals.append(("job", self.index, self.state, self.state_since, horizon))
+        if self.t.recorder is not None and horizon > self.state_since:
+            self.t.recorder.interval("job", self.index, self.state, self.state_since, horizon)
         self.state_since = horizon
         if self.held:
             self.allocated_chip_s += (horizon - self.held_since) * len(self.held) * self.t.cpi
             self.held_since = horizon
+            if self.t.recorder is not None:
+                for inst in self.held:
+                    self.t.recorder.allocation(self.index, inst, self.since[inst], horizon)
+                self.since.clear()
         out = self.outcome
         out.progress_steps = self.progress
         if out.status != "done":
@@ -667,7 +667,16 @@ class _JobRun:
         now = self.t.env.now
         if self.held:
             self.allocated_chip_s += (now - self.held_since) * len(self.held) * self.t.cpi
-        self.held = sorted(instances)
+        new = sorted(instances)
+        if self.t.recorder is not None:
+            kept = set(new)
+            for inst in self.held:
+                if inst not in kept:
+                    self.t.recorder.allocation(self.index, inst, self.since[inst], now)
+                    del self.since[inst]
+            for inst in new:
+                self.since.setdefault(inst, now)
+        self.held = new
         self.held_since = now
 
     def _finish(self) -> None:
@@ -745,15 +754,15 @@ class _JobRun:
         self.since_snapshot = 0.0
         if ck.async_write:
             self.async_pending.append((env.now + ck.write_s, *snapshot))
-            if self.t.record:
-                self.t.events.append((env.now, "checkpoint", "async", -1, -1, self.index))
+            if self.t.recorder is not None:
+                self.t.recorder.event(env.now, "checkpoint", "async", -1, -1, self.index)
             return
         self.set_state("checkpointing")
         yield env.timeout(ck.write_s)  # an interrupt here loses this checkpoint
         self.saved = snapshot
         self.outcome.checkpoints_completed += 1
-        if self.t.record:
-            self.t.events.append((env.now, "checkpoint", "blocking", -1, -1, self.index))
+        if self.t.recorder is not None:
+            self.t.recorder.event(env.now, "checkpoint", "blocking", -1, -1, self.index)
         self.set_state("running")
 
     def _recover(self):

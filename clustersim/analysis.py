@@ -1,0 +1,174 @@
+"""Reading runs back in pandas: `load_run(OUT)` and what to ask of a run.
+
+    run = clustersim.analysis.load_run("results/quickstart")
+    run.jobs                           # the tables, as DataFrames, read on first use
+    run.utilisation_at("cluster", bin_s=3600)   # any level and bin, from the intervals
+    run.utilisation_at("chip", chips=[0, 17])   # per chip, for chosen chips
+    run.goodput()                      # useful and lost hours per job, by cause
+    run.failure_stats()                # failures by component
+    clustersim.analysis.compare(["results/a", "results/b"])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import yaml
+
+from clustersim.trace import TABLES, utilisation_rows
+
+__all__ = ["Run", "load_run", "compare"]
+
+
+class Run:
+    """A finished run's folder: summary, scenario and Parquet tables (read lazily)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        summary = self.path / "summary.json"
+        if not summary.exists():
+            raise FileNotFoundError(f"{self.path}: no summary.json (not a clustersim run?)")
+        self.summary: dict[str, Any] = json.loads(summary.read_text(encoding="utf-8"))
+        scenario = self.path / "scenario.yaml"
+        self.scenario: dict[str, Any] = yaml.safe_load(scenario.read_text()) if (
+            scenario.exists()) else {}
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in TABLES:
+            raise KeyError(f"unknown table {name!r}; expected one of {', '.join(TABLES)}")
+        path = self.path / f"{name}.parquet"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: this run has no {name} table (traces disabled?)")
+        frame = pq.read_table(path).to_pandas()
+        for column in frame.columns:  # dictionary-encoded strings come back as categoricals
+            if isinstance(frame[column].dtype, pd.CategoricalDtype):
+                frame[column] = frame[column].astype(str)
+        return frame
+
+    def metadata(self, name: str = "jobs") -> dict[str, str]:
+        raw = pq.read_schema(self.path / f"{name}.parquet").metadata or {}
+        return {k.decode(): v.decode() for k, v in raw.items() if k.startswith(b"clustersim.")}
+
+    @cached_property
+    def chips(self) -> pd.DataFrame:
+        return self.table("chips")
+
+    @cached_property
+    def jobs(self) -> pd.DataFrame:
+        return self.table("jobs")
+
+    @cached_property
+    def intervals(self) -> pd.DataFrame:
+        return self.table("intervals")
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        return self.table("events")
+
+    @cached_property
+    def allocations(self) -> pd.DataFrame:
+        return self.table("allocations")
+
+    @cached_property
+    def utilisation(self) -> pd.DataFrame:
+        return self.table("utilisation")
+
+    # ------------------------------------------------------------------ questions
+    def utilisation_at(self, level: str = "cluster", bin_s: float | None = None,
+                       chips: Sequence[int] | None = None) -> pd.DataFrame:
+        """Utilisation per bin at any level (`cluster`, `ultraserver`, `instance`, `job`, or
+        `chip` for the chosen `chips`) and bin length, recomputed from the intervals."""
+        hardware = self.summary["cluster"]
+        horizon = float(self.summary["simulated_s"])
+        bin_s = float(bin_s or self.utilisation["bin_s"].iloc[0])
+        chips_per_instance = int(hardware["chips_per_instance"])
+        instances = None
+        wanted = level
+        if level == "chip":
+            if chips is None:
+                raise ValueError("utilisation_at('chip') needs chips=[...]")
+            chip_rows = self.chips.set_index("chip_id").loc[list(chips)]
+            instances = chip_rows["instance_id"].to_numpy()
+            wanted = "instance"
+        jobs = self.jobs.sort_values("job_id")
+        table = utilisation_rows(
+            horizon_s=horizon, bin_s=bin_s, levels=[wanted],
+            n_instances=int(hardware["instances"]), chips_per_instance=chips_per_instance,
+            instances_per_ultraserver=int(hardware["instances_per_ultraserver"]),
+            job_ids=jobs["job_id"].tolist(), job_names=jobs["name"].tolist(),
+            intervals=pq.read_table(self.path / "intervals.parquet"),
+            allocations=pq.read_table(self.path / "allocations.parquet"),
+            instances=instances)
+        frame = table.to_pandas()
+        frame["level"] = frame["level"].astype(str)
+        if level == "chip":
+            assert chips is not None
+            per_instance = {k: g for k, g in frame.groupby("key")}
+            pieces = []
+            for chip, instance in zip(chips, instances, strict=True):
+                piece = per_instance[str(int(instance))].copy()
+                piece["level"], piece["key"] = "chip", str(chip)
+                pieces.append(piece)
+            frame = pd.concat(pieces, ignore_index=True)
+        return frame
+
+    def goodput(self) -> pd.DataFrame:
+        """Per job: wall, useful and lost hours by cause (they add up to the wall time)."""
+        rows = []
+        for name, job in self.summary["jobs"].items():
+            lost = {k: v for k, v in job.get("lost_time_s", {}).items() if not k.endswith("_ci95")}
+            row = {"job": name, "wall_h": job.get("wall_s", 0) / 3600,
+                   "useful_h": job.get("useful_s", 0) / 3600, "ettr": job.get("ettr"),
+                   "goodput": job.get("goodput")}
+            row.update({f"lost_{k}_h": v / 3600 for k, v in lost.items()})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def failure_stats(self) -> pd.DataFrame:
+        """Failures by component: count, rate per day and mean time between them."""
+        events = self.events
+        failures = events[events["kind"] == "failure"]
+        days = float(self.summary["simulated_s"]) / 86400
+        rows = []
+        for component, group in failures.groupby("component"):
+            times = np.sort(group["time_s"].to_numpy())
+            gaps = np.diff(times)
+            rows.append({"component": component, "count": len(group),
+                         "per_day": len(group) / days if days else np.nan,
+                         "mean_gap_h": float(gaps.mean() / 3600) if len(gaps) else np.nan,
+                         "jobs_hit": int((group["job_id"] >= 0).sum())})
+        columns = ["component", "count", "per_day", "mean_gap_h", "jobs_hit"]
+        return pd.DataFrame(rows, columns=columns).sort_values("count", ascending=False,
+                                                                ignore_index=True)
+
+
+def load_run(path: str | Path) -> Run:
+    """A run folder written by `clustersim run` (tables are read on first use)."""
+    return Run(path)
+
+
+_FIGURES = ("steps_completed", "tokens_trained", "ettr", "goodput", "interruptions",
+            "lost_work_s", "step_time_s", "tokens_per_s", "mfu", "checkpoint_interval_s")
+
+
+def compare(runs: Iterable[str | Path | Run]) -> pd.DataFrame:
+    """One row per run and job with the figures that matter (several runs or a sweep)."""
+    rows = []
+    for item in runs:
+        run = item if isinstance(item, Run) else load_run(item)
+        for name, job in run.summary["jobs"].items():
+            row = {"run": str(run.path), "scenario": run.summary["scenario"],
+                   "seed": run.summary["seed"], "job": name}
+            row.update({figure: job.get(figure) for figure in _FIGURES})
+            rows.append(row)
+    return pd.DataFrame(rows)

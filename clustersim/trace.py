@@ -1,0 +1,414 @@
+"""Trace tables: their schema (one place), the recorders that write them, and the interval
+arithmetic that derives utilisation from them.
+
+A run's traces are a star schema (DESIGN.md): small dimension tables (`chips`, `jobs`) and
+fact tables of what happened (`intervals`, `events`, `allocations`), from which
+`utilisation` is derived per time bin by interval arithmetic. Nothing is written per chip per
+time bin: per-chip state is the state of its instance's job (`allocations`) unless its
+instance is down (`intervals` of entity `instance`, state `repairing`).
+
+Every file is Parquet (zstd) and carries the key-value metadata `clustersim.version`,
+`clustersim.seed`, `clustersim.scenario` (the effective YAML), `clustersim.schema` (this
+module's version) and `clustersim.table`. Column documentation: `COLUMNS` below, also in the
+README.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "JOB_STATES",
+    "UTILISATION_STATES",
+    "TABLES",
+    "SCHEMAS",
+    "COLUMNS",
+    "EVENT_KINDS",
+    "MemoryRecorder",
+    "ParquetRecorder",
+    "utilisation_rows",
+    "table_metadata",
+]
+
+SCHEMA_VERSION = "1"
+JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
+              "restoring", "done")
+# Utilisation columns: chip-time by the state of the job holding the chip, plus `repairing`
+# (instance down) and `idle` for hardware levels; job levels use the job states plus
+# `inactive` (before submission, or after the end). Every row's columns add up to 1.
+UTILISATION_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
+                      "restoring", "repairing", "idle", "inactive")
+EVENT_KINDS = ("failure", "repair", "checkpoint")
+TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation")
+
+_dict_string = pa.dictionary(pa.int8(), pa.string())
+SCHEMAS: dict[str, pa.Schema] = {
+    "chips": pa.schema([
+        ("chip_id", pa.int32()), ("instance_id", pa.int32()), ("ultraserver_id", pa.int32()),
+        ("leaf_id", pa.int32()), ("x", pa.int16()), ("y", pa.int16()), ("z", pa.int16()),
+    ]),
+    "jobs": pa.schema([
+        ("job_id", pa.int32()), ("name", pa.string()), ("model", pa.string()),
+        ("ranks", pa.int64()), ("chips", pa.int32()), ("instances", pa.int32()),
+        ("tp", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
+        ("submit_s", pa.float64()), ("start_s", pa.float64()), ("end_s", pa.float64()),
+        ("status", pa.string()), ("steps_completed", pa.int64()), ("step_time_s", pa.float64()),
+    ]),
+    "intervals": pa.schema([
+        ("entity", _dict_string), ("entity_id", pa.int32()), ("state", _dict_string),
+        ("start_s", pa.float64()), ("end_s", pa.float64()),
+    ]),
+    "events": pa.schema([
+        ("time_s", pa.float64()), ("kind", _dict_string), ("component", _dict_string),
+        ("chip_id", pa.int32()), ("instance_id", pa.int32()), ("job_id", pa.int32()),
+    ]),
+    "allocations": pa.schema([
+        ("job_id", pa.int32()), ("instance_id", pa.int32()), ("start_s", pa.float64()),
+        ("end_s", pa.float64()),
+    ]),
+    "utilisation": pa.schema(
+        [("bin_start_s", pa.float64()), ("bin_s", pa.float64()), ("level", _dict_string),
+         ("key", pa.string())] + [(state, pa.float64()) for state in UTILISATION_STATES]
+    ),
+}
+
+COLUMNS: dict[str, dict[str, str]] = {
+    "chips": {
+        "chip_id": "chip index, 0 .. chips-1 (chip = instance x chips per instance + local)",
+        "instance_id": "instance holding the chip (hot spares are the last instances)",
+        "ultraserver_id": "UltraServer of the instance, -1 without UltraServers",
+        "leaf_id": "EFA leaf switch of the instance",
+        "x": "torus column (or position in the instance)", "y": "torus row",
+        "z": "instance's index within its UltraServer (the Z ring coordinate)",
+    },
+    "jobs": {
+        "job_id": "index of the job in the scenario", "name": "job name", "model": "model",
+        "ranks": "tp x pp x dp", "chips": "chips held when whole", "instances": "instances held",
+        "tp": "tensor parallel", "pp": "pipeline parallel", "dp": "data parallel",
+        "submit_s": "submission time, s", "start_s": "first start, s (null: never started)",
+        "end_s": "end, s (null: still going at the horizon)", "status": "final status",
+        "steps_completed": "training steps kept at the end",
+        "step_time_s": "one step's time from the step model, s",
+    },
+    "intervals": {
+        "entity": "`job` or `instance`", "entity_id": "job_id or instance_id",
+        "state": "job: one of JOB_STATES; instance: `repairing` (down until repaired)",
+        "start_s": "start, s", "end_s": "end, s (the horizon if it was still going)",
+    },
+    "events": {
+        "time_s": "when, s", "kind": "failure, repair or checkpoint",
+        "component": "failure: failed component (chip, hbm, switch, software, ...); "
+                     "checkpoint: blocking or async",
+        "chip_id": "chip hit (-1: none)", "instance_id": "instance hit (-1: none)",
+        "job_id": "job interrupted or checkpointing (-1: none)",
+    },
+    "allocations": {
+        "job_id": "job holding the instance", "instance_id": "instance held",
+        "start_s": "from, s", "end_s": "until, s (the horizon if still held)",
+    },
+    "utilisation": {
+        "bin_start_s": "bin start, s", "bin_s": "bin length, s",
+        "level": "cluster, ultraserver, instance or job",
+        "key": "which cluster/UltraServer/instance/job (cluster: `all`)",
+        **{state: "fraction of the bin's chip-time (job level: of the job's time) in this state"
+           for state in UTILISATION_STATES},
+    },
+}
+
+
+def table_metadata(table: str, version: str, seed: int, scenario_yaml: str) -> dict[bytes, bytes]:
+    return {
+        b"clustersim.version": version.encode(),
+        b"clustersim.seed": str(seed).encode(),
+        b"clustersim.scenario": scenario_yaml.encode(),
+        b"clustersim.schema": SCHEMA_VERSION.encode(),
+        b"clustersim.table": table.encode(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorders
+
+
+class MemoryRecorder:
+    """Keeps the fact tables as Python lists (tests, notebooks, replications)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.intervals: list[tuple] = []
+        self.allocations: list[tuple] = []
+
+    def event(self, time_s: float, kind: str, component: str, chip: int, instance: int,
+              job: int) -> None:
+        self.events.append((time_s, kind, component, chip, instance, job))
+
+    def interval(self, entity: str, entity_id: int, state: str, start_s: float,
+                 end_s: float) -> None:
+        self.intervals.append((entity, entity_id, state, start_s, end_s))
+
+    def allocation(self, job: int, instance: int, start_s: float, end_s: float) -> None:
+        self.allocations.append((job, instance, start_s, end_s))
+
+
+class ParquetRecorder(MemoryRecorder):
+    """Streams the fact tables to Parquet in row groups as the simulation runs, so memory
+    stays flat however long the run; `finish` writes the dimension tables and utilisation."""
+
+    ROW_GROUP = 65_536
+
+    def __init__(self, folder: Path, metadata: dict[str, Any]):
+        super().__init__()
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.metadata = metadata
+        self.writers: dict[str, pq.ParquetWriter] = {}
+
+    def _writer(self, table: str) -> pq.ParquetWriter:
+        if table not in self.writers:
+            schema = SCHEMAS[table].with_metadata(table_metadata(table, **self.metadata))
+            self.writers[table] = pq.ParquetWriter(self.folder / f"{table}.parquet", schema,
+                                                   compression="zstd")
+        return self.writers[table]
+
+    def _maybe_flush(self, table: str, rows: list[tuple], force: bool = False) -> None:
+        if rows and (force or len(rows) >= self.ROW_GROUP):
+            self._writer(table).write_table(_rows_to_table(table, rows))
+            rows.clear()
+
+    def event(self, *args: Any) -> None:
+        super().event(*args)
+        self._maybe_flush("events", self.events)
+
+    def interval(self, *args: Any) -> None:
+        super().interval(*args)
+        self._maybe_flush("intervals", self.intervals)
+
+    def allocation(self, *args: Any) -> None:
+        super().allocation(*args)
+        self._maybe_flush("allocations", self.allocations)
+
+    def write_table(self, table: str, rows: Sequence[tuple] | pa.Table) -> None:
+        """Write a whole table at once (dimension tables, utilisation)."""
+        data = rows if isinstance(rows, pa.Table) else _rows_to_table(table, list(rows))
+        schema = SCHEMAS[table].with_metadata(table_metadata(table, **self.metadata))
+        pq.write_table(data.cast(schema), self.folder / f"{table}.parquet", compression="zstd")
+
+    def close_facts(self) -> None:
+        """Flush and close the streamed tables (they exist even when empty)."""
+        for table, rows in (("events", self.events), ("intervals", self.intervals),
+                            ("allocations", self.allocations)):
+            self._maybe_flush(table, rows, force=True)
+            self._writer(table).close()
+        self.writers.clear()
+
+    def read(self, table: str) -> pa.Table:
+        return pq.read_table(self.folder / f"{table}.parquet")
+
+
+def _rows_to_table(table: str, rows: list[tuple]) -> pa.Table:
+    schema = SCHEMAS[table]
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.names]
+    arrays = []
+    for field_, values in zip(schema, columns, strict=True):
+        if pa.types.is_dictionary(field_.type):
+            arrays.append(pa.array(list(values), pa.string()).dictionary_encode().cast(
+                field_.type))
+        else:
+            arrays.append(pa.array(list(values), field_.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# Interval arithmetic
+
+
+@dataclass
+class _StepFunctions:
+    """Per job: cumulative time in each state, as piecewise-linear functions of time."""
+
+    breakpoints: dict[int, np.ndarray] = field(default_factory=dict)
+    cumulative: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+
+
+def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) -> _StepFunctions:
+    out = _StepFunctions()
+    if job_intervals is None or job_intervals.num_rows == 0:
+        return out
+    ids = np.asarray(job_intervals["entity_id"].to_numpy(), dtype=np.int64)
+    states = np.asarray(job_intervals["state"].cast(pa.string()).to_pylist(), dtype=object)
+    start = job_intervals["start_s"].to_numpy()
+    end = job_intervals["end_s"].to_numpy()
+    for job in jobs:
+        mask = ids == job
+        if not mask.any():
+            continue
+        order = np.argsort(start[mask], kind="stable")
+        s, e, st = start[mask][order], end[mask][order], states[mask][order]
+        points = np.concatenate([s, e[-1:]])
+        out.breakpoints[job] = points
+        for state in JOB_STATES:
+            inside = np.where(st == state, e - s, 0.0)
+            out.cumulative[(job, state)] = np.concatenate([[0.0], np.cumsum(inside)])
+    return out
+
+
+def _integrate(points: np.ndarray, cumulative: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Cumulative time in a state up to each t (linear between interval ends)."""
+    return np.interp(t, points, cumulative)
+
+
+def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_end: np.ndarray,
+                   edges: np.ndarray, chips_per_instance: int, chip_time: dict[str, np.ndarray],
+                   key: int) -> None:
+    """Chip-time per state and bin of one job over one key, from its held-instance step
+    function and its state intervals merged: O((allocations + states) log + bins)."""
+    points = functions.breakpoints[job]
+    cuts = np.unique(np.concatenate([a_start, a_end, points]))
+    if len(cuts) < 2:
+        return
+    left = cuts[:-1]
+    held = (np.searchsorted(np.sort(a_start), left, side="right")
+            - np.searchsorted(np.sort(a_end), left, side="right")) * chips_per_instance
+    # The state at each piece: the interval containing its left end.
+    index = np.clip(np.searchsorted(points, left, side="right") - 1, 0, len(points) - 2)
+    length = np.diff(cuts)
+    for state in JOB_STATES:
+        if state == "done":
+            continue
+        cumulative = functions.cumulative[(job, state)]
+        in_state = np.diff(cumulative)[index] > 0  # the interval at this piece is this state
+        chip_seconds = np.where(in_state, held * length, 0.0)
+        total = np.concatenate([[0.0], np.cumsum(chip_seconds)])
+        chip_time[state][key] += np.diff(np.interp(edges, cuts, total))
+
+
+def utilisation_rows(
+    *,
+    horizon_s: float,
+    bin_s: float,
+    levels: Sequence[str],
+    n_instances: int,
+    chips_per_instance: int,
+    instances_per_ultraserver: int,
+    job_ids: Sequence[int],
+    job_names: Sequence[str],
+    intervals: pa.Table,
+    allocations: pa.Table,
+    instances: Sequence[int] | None = None,
+) -> pa.Table:
+    """Utilisation per time bin for the levels asked for, by interval arithmetic.
+
+    Hardware levels: the chip-time of each bin split by the state of the job holding the
+    chip (from `allocations` and the job's state intervals), `repairing` (from instance
+    intervals) and `idle` (the rest). Job level: the fraction of the bin the job spent in
+    each state, `inactive` when it did not exist. Rows add up to 1. `instances` restricts the
+    instance level to those instances.
+    """
+    edges = np.arange(0.0, horizon_s, bin_s)
+    edges = np.append(edges, horizon_s)
+    starts, widths = edges[:-1], np.diff(edges)
+    entity = np.asarray(intervals["entity"].cast(pa.string()).to_pylist(), dtype=object)
+    job_rows = intervals.filter(pa.array(entity == "job"))
+    repair_rows = intervals.filter(pa.array(entity == "instance"))
+    functions = _job_state_functions(job_rows, job_ids)
+    blocks: list[dict[str, Any]] = []
+
+    if "job" in levels:
+        for job, name in zip(job_ids, job_names, strict=True):
+            fractions = {state: np.zeros(len(starts)) for state in UTILISATION_STATES}
+            if job in functions.breakpoints:
+                points = functions.breakpoints[job]
+                for state in JOB_STATES:
+                    if state == "done":
+                        continue
+                    c = _integrate(points, functions.cumulative[(job, state)], edges)
+                    fractions[state] = np.diff(c) / widths
+            used = sum(fractions[s] for s in JOB_STATES if s != "done")
+            fractions["inactive"] = np.clip(1.0 - used, 0.0, 1.0)
+            blocks.append({"level": "job", "key": name, **fractions})
+
+    hardware_levels = [lv for lv in levels if lv in ("cluster", "ultraserver", "instance")]
+    if hardware_levels:
+        a_job = allocations["job_id"].to_numpy().astype(np.int64)
+        a_inst = allocations["instance_id"].to_numpy().astype(np.int64)
+        a_start = allocations["start_s"].to_numpy()
+        a_end = allocations["end_s"].to_numpy()
+        r_inst = repair_rows["entity_id"].to_numpy().astype(np.int64)
+        r_start = repair_rows["start_s"].to_numpy()
+        r_end = repair_rows["end_s"].to_numpy()
+        for level in hardware_levels:
+            if level == "cluster":
+                keys, a_key, r_key = 1, np.zeros_like(a_inst), np.zeros_like(r_inst)
+                members = np.array([n_instances])
+                names = ["all"]
+            elif level == "ultraserver":
+                ipu = instances_per_ultraserver
+                keys = -(-n_instances // ipu)
+                a_key, r_key = a_inst // ipu, r_inst // ipu
+                members = np.bincount(np.arange(n_instances) // ipu, minlength=keys)
+                names = [str(k) for k in range(keys)]
+            else:
+                chosen = np.arange(n_instances) if instances is None else np.unique(
+                    np.asarray(instances, dtype=np.int64))
+                lookup = np.full(n_instances, -1, dtype=np.int64)
+                lookup[chosen] = np.arange(len(chosen))
+                keys = len(chosen)
+                a_key, r_key = lookup[a_inst], lookup[r_inst]
+                members = np.ones(keys, dtype=np.int64)
+                names = [str(k) for k in chosen.tolist()]
+            chip_time = {state: np.zeros((keys, len(starts))) for state in UTILISATION_STATES}
+            for job in np.unique(a_job).tolist():
+                if job not in functions.breakpoints:
+                    continue
+                rows = np.flatnonzero((a_job == job) & (a_key >= 0))
+                if len(rows) == 0:
+                    continue
+                if keys == 1:
+                    _held_by_state(functions, job, a_start[rows], a_end[rows], edges,
+                                   chips_per_instance, chip_time, 0)
+                    continue
+                # Finer levels: for an allocation [a, b) of job j, the differences of
+                # C_js(clip(edge, a, b)) are its chip-time in state s per bin.
+                points = functions.breakpoints[job]
+                for chunk in np.array_split(rows, max(1, len(rows) // 512 + 1)):
+                    if len(chunk) == 0:
+                        continue
+                    clipped = np.clip(edges[None, :], a_start[chunk, None], a_end[chunk, None])
+                    for state in JOB_STATES:
+                        if state == "done":
+                            continue
+                        c = _integrate(points, functions.cumulative[(job, state)], clipped)
+                        per_bin = np.diff(c, axis=1) * chips_per_instance
+                        np.add.at(chip_time[state], a_key[chunk], per_bin)
+            chosen_repairs = np.flatnonzero(r_key >= 0)
+            if len(chosen_repairs):
+                clipped = np.clip(edges[None, :], r_start[chosen_repairs, None],
+                                  r_end[chosen_repairs, None])
+                per_bin = np.diff(clipped, axis=1) * chips_per_instance
+                np.add.at(chip_time["repairing"], r_key[chosen_repairs], per_bin)
+            capacity = members[:, None] * chips_per_instance * widths[None, :]
+            used = sum(chip_time[s] for s in UTILISATION_STATES if s not in ("idle", "inactive"))
+            chip_time["idle"] = np.clip(capacity - used, 0.0, None)
+            for k in range(keys):
+                blocks.append({"level": level, "key": names[k],
+                               **{s: chip_time[s][k] / capacity[k] for s in UTILISATION_STATES}})
+
+    n = len(starts)
+    columns: dict[str, Any] = {
+        "bin_start_s": np.tile(starts, len(blocks)),
+        "bin_s": np.tile(widths, len(blocks)),
+        "level": [b["level"] for b in blocks for _ in range(n)],
+        "key": [b["key"] for b in blocks for _ in range(n)],
+    }
+    for state in UTILISATION_STATES:
+        columns[state] = np.concatenate([b[state] for b in blocks]) if blocks else np.array([])
+    table = pa.table(columns)
+    return table.cast(SCHEMAS["utilisation"])
