@@ -220,12 +220,27 @@ def validate(
 
 @app.command()
 @_user_errors
-def topology(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOption = False) -> None:
+def topology(
+    scenario: ScenarioArg,
+    overrides: SetOption = None,
+    json_out: JsonOption = False,
+    draw: Annotated[
+        Path | None, typer.Option("--draw", help="Draw the first UltraServer (or instance) "
+                                                 "as a PNG to this path.")
+    ] = None,
+) -> None:
     """Chips, instances, UltraServers, links by kind, per-chip bandwidths, fabric bisection."""
     spec = load_scenario(scenario, overrides or [])
+    if draw is not None and draw.suffix.lower() != ".png":
+        raise UsageProblem(f"--draw {draw}: expected a .png path")
     started = time.perf_counter()
     topo = topology_for(spec)
     build_s = time.perf_counter() - started
+    if draw is not None:
+        from clustersim.report import draw_topology
+
+        draw_topology(topo, draw)
+        err_console.print(f"drew {escape(str(draw))}")
     figures = topo.summary()
     figures["build_s"] = round(build_s, 3)
     figures["nodes"] = topo.graph.number_of_nodes()
@@ -494,6 +509,27 @@ def collective(
     out_console.print(table)
     average = sum(r["busbw_gbps"] for r in rows) / len(rows)
     out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
+
+
+@app.command()
+@_user_errors
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A folder written by `clustersim run`.",
+                                            show_default=False)],
+) -> None:
+    """Plots (PNG) and a short Markdown report of a finished run, in RUN_DIR/report/."""
+    from clustersim.report import write_report
+
+    if not (run_dir / "summary.json").exists():
+        raise UsageProblem(f"{run_dir}: not a run folder (no summary.json); expected the OUT "
+                           "of `clustersim run`")
+    missing = [t for t in ("jobs", "intervals", "events", "utilisation")
+               if not (run_dir / f"{t}.parquet").exists()]
+    if missing:
+        raise UsageProblem(f"{run_dir}: no traces ({', '.join(missing)}.parquet missing); "
+                           "run again with trace.enabled: true")
+    path = write_report(run_dir)
+    out_console.print(f"wrote {escape(str(path))} and its plots")
 
 
 @app.command()

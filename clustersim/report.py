@@ -1,0 +1,298 @@
+"""`clustersim report RUN_DIR`: PNG plots of a finished run and a short Markdown report.
+
+Plots (matplotlib, no display needed): cluster utilisation over time by state (stacked),
+job timelines (a Gantt of states), failures over time by component, where each job's hours
+went (useful and lost, by cause), and the breakdown of one training step per job. Also
+`draw_topology`, behind `clustersim topology --draw`, for an instance or an UltraServer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import FancyArrowPatch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from clustersim.analysis import Run, load_run  # noqa: E402
+from clustersim.topology import Topology  # noqa: E402
+
+__all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
+
+STATE_COLOURS = {
+    "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828", "waiting": "#ef6c00",
+    "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e", "repairing": "#6d4c41",
+    "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd",
+}
+LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
+               "detecting": "detecting", "waiting_for_hardware": "waiting for hardware",
+               "restarting": "restarting", "restoring": "restoring", "queued": "queued"}
+
+
+def _days(seconds: np.ndarray | float) -> np.ndarray | float:
+    return np.asarray(seconds) / 86400.0
+
+
+def plot_utilisation(run: Run, path: Path) -> Path:
+    frame = run.utilisation
+    cluster = frame[frame["level"] == "cluster"].sort_values("bin_start_s")
+    if cluster.empty:
+        cluster = run.utilisation_at("cluster")
+    states = [s for s in ("running", "checkpointing", "down", "waiting", "restarting",
+                          "restoring", "repairing", "idle") if cluster[s].sum() > 0]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    x = _days(cluster["bin_start_s"].to_numpy())
+    ax.stackplot(x, [cluster[s].to_numpy() * 100 for s in states], labels=states,
+                 colors=[STATE_COLOURS[s] for s in states], step="post")
+    ax.set_xlim(x.min(), x.max() + _days(cluster["bin_s"].iloc[0]))
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("day")
+    ax.set_ylabel("% of cluster chip-time")
+    ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state")
+    ax.legend(loc="lower left", ncol=4, fontsize=8, framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_job_timelines(run: Run, path: Path) -> Path:
+    intervals = run.intervals
+    jobs = run.jobs.sort_values("job_id")
+    spans = intervals[intervals["entity"] == "job"]
+    fig, ax = plt.subplots(figsize=(11, 1.8 + 0.6 * len(jobs)))
+    for row, (job_id, _name) in enumerate(zip(jobs["job_id"], jobs["name"], strict=True)):
+        mine = spans[spans["entity_id"] == job_id]
+        for state, group in mine.groupby("state"):
+            bars = list(zip(_days(group["start_s"].to_numpy()),
+                            _days((group["end_s"] - group["start_s"]).to_numpy()), strict=True))
+            ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=STATE_COLOURS.get(state, "k"),
+                           label=state)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_yticks(range(len(jobs)), jobs["name"].tolist())
+    ax.set_xlabel("day")
+    ax.set_xlim(0, _days(run.summary["simulated_s"]))
+    ax.set_title("job states over time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_failures(run: Run, path: Path) -> Path:
+    events = run.events
+    failures = events[events["kind"] == "failure"]
+    horizon_days = float(_days(run.summary["simulated_s"]))
+    bins = np.arange(0, np.ceil(horizon_days) + 1)
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    components = failures["component"].value_counts().index.tolist()
+    if components:
+        ax.hist([_days(failures.loc[failures["component"] == c, "time_s"].to_numpy())
+                 for c in components], bins=bins, stacked=True, label=components)
+        ax.legend(fontsize=8, ncol=min(len(components), 6))
+    else:
+        ax.text(0.5, 0.5, "no failures", ha="center", va="center", transform=ax.transAxes)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("day")
+    ax.set_ylabel("failures per day")
+    ax.set_title(f"failures by component ({len(failures):,} in all)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_hours(run: Run, path: Path) -> Path:
+    """Per job, one horizontal bar: useful hours then every cause of lost hours."""
+    jobs = run.summary["jobs"]
+    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(jobs)))
+    palette = {"useful": STATE_COLOURS["running"], "lost_work": "#d84315",
+               "checkpointing": STATE_COLOURS["checkpointing"],
+               "detecting": STATE_COLOURS["down"], "waiting_for_hardware": STATE_COLOURS["waiting"],
+               "restarting": STATE_COLOURS["restarting"], "restoring": STATE_COLOURS["restoring"],
+               "queued": STATE_COLOURS["queued"]}
+    for row, (_name, job) in enumerate(jobs.items()):
+        left = 0.0
+        parts = [("useful", job.get("useful_s", 0.0))] + [
+            (k, v) for k, v in job.get("lost_time_s", {}).items() if not k.endswith("_ci95")]
+        for key, seconds in parts:
+            hours = seconds / 3600
+            if hours <= 0:
+                continue
+            label = "useful" if key == "useful" else LOST_LABELS.get(key, key)
+            ax.barh(row, hours, left=left, color=palette.get(key, "k"), label=label)
+            left += hours
+        ax.text(left, row, f"  ETTR {job.get('ettr', 0):.1%}", va="center", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_yticks(range(len(jobs)), list(jobs))
+    ax.set_xlabel("hours since the job started")
+    ax.set_title("where the hours went")
+    ax.margins(x=0.12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_step(run: Run, path: Path) -> Path:
+    jobs = run.summary["jobs"]
+    parts = [("compute_s", "compute", "#2e7d32"), ("tp_comm_s", "TP comm", "#1565c0"),
+             ("pp_comm_s", "PP comm", "#00838f"), ("dp_comm_s", "DP comm", "#8e24aa"),
+             ("bubble_s", "pipeline bubble", "#9e9e9e"), ("optimizer_s", "optimizer", "#ef6c00")]
+    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(jobs)))
+    for row, (_name, job) in enumerate(jobs.items()):
+        breakdown = job.get("step_breakdown", {})
+        left = 0.0
+        for key, label, colour in parts:
+            value = breakdown.get(key, 0.0)
+            if value > 0:
+                ax.barh(row, value, left=left, color=colour, label=label)
+                left += value
+        ax.text(left, row, f"  {job.get('step_time_s', 0):.2f} s, MFU {job.get('mfu', 0):.1%}",
+                va="center", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_yticks(range(len(jobs)), list(jobs))
+    ax.set_xlabel("seconds per training step")
+    ax.set_title("one training step, by where its time goes")
+    ax.margins(x=0.18)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Draw the plots into RUN_DIR/report/ and write RUN_DIR/report/report.md."""
+    run = load_run(run_dir)
+    folder = run.path / "report"
+    folder.mkdir(exist_ok=True)
+    plots = {
+        "Cluster utilisation": plot_utilisation(run, folder / "utilisation.png"),
+        "Job timelines": plot_job_timelines(run, folder / "jobs.png"),
+        "Failures": plot_failures(run, folder / "failures.png"),
+        "Where the hours went": plot_hours(run, folder / "hours.png"),
+        "Training step": plot_step(run, folder / "step.png"),
+    }
+    summary = run.summary
+    cluster = summary["cluster"]
+    lines = [
+        f"# {summary['scenario']}",
+        "",
+        f"{cluster['chips']:,} {cluster['chip']} chips ({cluster['hardware']}), "
+        f"{summary['simulated_s'] / 86400:,.1f} simulated days, seed {summary['seed']}, "
+        f"{summary['replications']} replication(s), clustersim {summary['clustersim_version']}.",
+        "",
+        f"Cluster: {cluster.get('utilisation', 0):.1%} of chip-time held by jobs, "
+        f"{cluster.get('useful_utilisation', 0):.1%} useful; failures: "
+        + (", ".join(f"{k} {v:,.0f}" for k, v in cluster.get("failures", {}).items()
+                     if not k.endswith("_ci95")) or "none") + ".",
+        "",
+        "| job | status | steps | ETTR | interruptions | step time | MFU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, job in summary["jobs"].items():
+        lines.append(f"| {name} | {job.get('status', '')} | {job.get('steps_completed', 0):,.0f} "
+                     f"| {job.get('ettr', 0):.1%} | {job.get('interruptions', 0):,.0f} | "
+                     f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} |")
+    for title, path in plots.items():
+        lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
+    report = folder / "report.md"
+    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return report
+
+
+def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) -> Path:
+    """Draw the first UltraServer (or instance) of a topology: chips on their torus grid, one
+    panel per instance; NeuronLink links straight, torus wrap-arounds and Z rings bowed; a
+    switch domain as a hub."""
+    hw = topology.hardware
+    shown = min(topology.chips, hw.chips_per_ultraserver, max_chips)
+    chips = list(range(shown))
+    link = hw.instance.interconnect
+    positions: dict[int, tuple[float, float]] = {}
+    colours = {"torus": "#1565c0", "ring": "#1565c0", "zring": "#ef6c00", "switch": "#9e9e9e"}
+    switches: dict[int, tuple[float, float]] = {}
+    if link.topology == "switch":
+        # Chips on a circle around their switch.
+        for chip in chips:
+            angle = 2 * np.pi * chip / shown
+            positions[chip] = (3.0 * np.cos(angle), 3.0 * np.sin(angle))
+        for chip in chips:
+            switches.setdefault(topology._switch_of(chip), (0.0, 0.0))
+    else:
+        width = link.shape[0] if link.shape else hw.chips_per_instance
+        height = link.shape[1] if link.shape else 1
+        for chip in chips:
+            x, y = int(topology.chip_x[chip]), int(topology.chip_y[chip])
+            instance = int(topology.chip_instance[chip])
+            positions[chip] = ((instance % 6) * (width + 2.5) + x,
+                               -(instance // 6) * (height + 2.5) - y)
+    xs, ys = zip(*positions.values(), strict=True)
+    span_x, span_y = max(xs) - min(xs) + 2, max(ys) - min(ys) + 3
+    scale = min(1.0, 16 / (0.55 * span_x))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.55 * span_x * scale),
+                                    max(3.0, 0.55 * span_y * scale + 0.8)))
+    drawn_kinds = set()
+    for u, v, data in topology.graph.edges(chips, data=True):
+        kind = data["kind"]
+        if kind == "switch":
+            chip, hub = (u, v) if u in positions else (v, u)
+            if chip in positions and hub in switches:
+                (x1, y1), (x2, y2) = positions[chip], switches[hub]
+                ax.plot([x1, x2], [y1, y2], color=colours[kind], linewidth=1.2, zorder=1)
+                drawn_kinds.add(kind)
+            continue
+        if u not in positions or v not in positions or kind not in colours:
+            continue
+        (x1, y1), (x2, y2) = positions[u], positions[v]
+        wrap = kind != "zring" and (abs(x1 - x2) > 1.5 or abs(y1 - y2) > 1.5)
+        if kind == "zring" or wrap:
+            # Z links and torus wrap-arounds bow, so they do not run over other chips.
+            ax.add_patch(FancyArrowPatch(
+                (x1, y1), (x2, y2), arrowstyle="-", color=colours[kind],
+                connectionstyle=f"arc3,rad={0.18 if kind == 'zring' else 0.35}",
+                linewidth=0.9, alpha=0.55 if kind == "zring" else 0.7,
+                linestyle=":" if wrap else "-", zorder=1))
+        else:
+            ax.plot([x1, x2], [y1, y2], color=colours[kind], linewidth=1.4, zorder=1)
+        drawn_kinds.add(kind)
+    labels = {"zring": "Z ring (between instances)", "torus": "torus (dotted: wrap-around)",
+              "ring": "ring", "switch": "link to the switch"}
+    for kind in sorted(drawn_kinds):
+        ax.plot([], [], color=colours[kind], label=labels[kind])
+    for x, y in switches.values():
+        ax.scatter([x], [y], s=900, marker="s", color="#424242", zorder=2)
+        ax.annotate("switch", (x, y), ha="center", va="center", fontsize=7, color="white",
+                    zorder=3)
+    ax.scatter(xs, ys, s=180, color="#2e7d32", zorder=2)
+    for chip, (x, y) in positions.items():
+        ax.annotate(str(chip), (x, y), ha="center", va="center", fontsize=6, color="white",
+                    zorder=3)
+    title = f"{hw.name} ({hw.instance.name}): {shown} chips"
+    if hw.ultraserver is not None:
+        title += f", {hw.instances_per_ultraserver} instances per UltraServer"
+    ax.set_title(title, fontsize=10)
+    if drawn_kinds:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_axis_off()
+    ax.set_aspect("equal")
+    bow = 0.6 * (max(xs) - min(xs)) * 0.18 if "zring" in drawn_kinds else 1.0
+    ax.set_xlim(min(xs) - 1.2, max(xs) + 1.2)
+    ax.set_ylim(min(ys) - max(1.2, bow), max(ys) + 1.2)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
