@@ -263,6 +263,7 @@ class Timeline:
             chosen = self.rng_stragglers.random(self.n_instances) < st.fraction
             self.slow[chosen] = st.slowdown
         self.transient_until = np.zeros(self.n_instances)
+        self.taken_at = np.zeros(self.n_instances)  # when each instance was last allocated
         # Bookkeeping.
         self.failures: Counter = Counter()
         self.failures_by_cause: Counter = Counter()
@@ -352,7 +353,8 @@ class Timeline:
         if proc.per == "job":  # a job-level fault (software): no hardware goes down
             run = self.jobs[unit]
             if run.state in ("running", "checkpointing"):  # software fails while it trains
-                self._count(proc, run.held[0] * self.cpi, run.held[0], unit)
+                first = int(np.argmax(run.held_mask))
+                self._count(proc, first * self.cpi, first, unit)
                 run.interrupt(proc.component, [])
             return
         instances = self._instances_of(proc.per, unit)
@@ -443,11 +445,11 @@ class Timeline:
         self.min_free = min(self.min_free, self._free_count())
         return chosen
 
-    def slowdown(self, instances: list[int]) -> float:
-        """The slowest of a job's instances sets its pace (synchronous training)."""
-        if not instances:
+    def slowdown(self, held: np.ndarray) -> float:
+        """The slowest of a job's instances (a mask) sets its pace (synchronous training)."""
+        if not held.any():
             return 1.0
-        idx = np.asarray(instances)
+        idx = held
         persistent = float(self.slow[idx].max())
         transient = self.scenario.stragglers.transient
         if transient is not None and np.any(self.transient_until[idx] > self.env.now):
@@ -553,8 +555,10 @@ class _JobRun:
             self.interval = interval
         else:
             self.interval = math.inf
-        self.held: list[int] = []
-        self.since: dict[int, float] = {}  # when each held instance was taken (allocations)
+        # Instances held: a mask over the cluster, changed incrementally (no O(n) per change).
+        self.held_mask = np.zeros(timeline.n_instances, dtype=bool)
+        self.held_count = 0
+        self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
         self.state = "queued"
         self.state_since = job.submit_s
         self.allocated_chip_s = 0.0
@@ -591,13 +595,13 @@ class _JobRun:
         if self.t.recorder is not None and horizon > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, horizon)
         self.state_since = horizon
-        if self.held:
-            self.allocated_chip_s += (horizon - self.held_since) * len(self.held) * self.t.cpi
+        if self.held_count:
+            self.allocated_chip_s += (horizon - self.held_since) * self.held_count * self.t.cpi
             self.held_since = horizon
             if self.t.recorder is not None:
-                for inst in self.held:
-                    self.t.recorder.allocation(self.index, inst, self.since[inst], horizon)
-                self.since.clear()
+                for inst in self.held.tolist():
+                    self.t.recorder.allocation(self.index, inst, float(self.t.taken_at[inst]),
+                                               horizon)
         out = self.outcome
         out.progress_steps = self.progress
         if out.status != "done":
@@ -648,7 +652,7 @@ class _JobRun:
             if held is not None:
                 break
             yield self.t.hardware_event
-        self.hold(held)
+        self.add(held)
         self.outcome.start_s = env.now
         self.set_state("running")
         while True:
@@ -663,21 +667,40 @@ class _JobRun:
                     continue
                 yield from self._recover()
 
-    def hold(self, instances: list[int]) -> None:
+    @property
+    def held(self) -> np.ndarray:
+        return np.flatnonzero(self.held_mask)
+
+    def _account(self) -> None:
         now = self.t.env.now
-        if self.held:
-            self.allocated_chip_s += (now - self.held_since) * len(self.held) * self.t.cpi
-        new = sorted(instances)
-        if self.t.recorder is not None:
-            kept = set(new)
-            for inst in self.held:
-                if inst not in kept:
-                    self.t.recorder.allocation(self.index, inst, self.since[inst], now)
-                    del self.since[inst]
-            for inst in new:
-                self.since.setdefault(inst, now)
-        self.held = new
+        self.allocated_chip_s += (now - self.held_since) * self.held_count * self.t.cpi
         self.held_since = now
+
+    def add(self, instances: Any) -> None:
+        """Start holding these instances."""
+        added = np.asarray(instances, dtype=np.int64)
+        self._account()
+        self.held_mask[added] = True
+        self.held_count += len(added)
+        self.t.taken_at[added] = self.t.env.now
+        self.pace = self._pace()
+
+    def remove(self, instances: Any) -> None:
+        """Stop holding these instances (an allocation row each)."""
+        removed = np.asarray(instances, dtype=np.int64)
+        self._account()
+        if self.t.recorder is not None:
+            for inst in removed.tolist():
+                self.t.recorder.allocation(self.index, inst, float(self.t.taken_at[inst]),
+                                           self.t.env.now)
+        self.held_mask[removed] = False
+        self.held_count -= len(removed)
+        self.pace = self._pace()
+
+    def _pace(self) -> float:
+        if self.held_count == 0:
+            return 1.0
+        return self.t.slowdown(self.held_mask)
 
     def _finish(self) -> None:
         env = self.t.env
@@ -686,8 +709,8 @@ class _JobRun:
         self.outcome.status = "done"
         self.outcome.end_s = env.now
         self.outcome.reason = "reached its step target"
-        held = self.held
-        self.hold([])
+        held = self.held.tolist()
+        self.remove(held)
         self.t._release(held)
 
     def _collect_async(self, now: float) -> None:
@@ -702,7 +725,9 @@ class _JobRun:
         the step target is reached."""
         env = self.t.env
         out = self.outcome
-        speed_factor = self.t.slowdown(self.held)
+        if self.t.scenario.stragglers.transient is not None:
+            self.pace = self._pace()  # episodes come and go
+        speed_factor = self.pace
         step_s = self.profile.step_time_s * speed_factor
         remaining = math.inf if out.steps_target is None else out.steps_target - self.progress
         if remaining <= 1e-9:
@@ -785,12 +810,12 @@ class _JobRun:
             try:
                 yield env.timeout(f.detect_s)
                 self.set_state("waiting")
-                while len(self.held) < self.instances_needed:
-                    needed = self.instances_needed - len(self.held)
+                while self.held_count < self.instances_needed:
+                    needed = self.instances_needed - self.held_count
                     extra = self.t.take(needed, self.index, self.whole_ultraservers)
                     if extra is not None:
                         out.replacements += len(extra)
-                        self.hold(self.held + extra)
+                        self.add(extra)
                         break
                     yield self.t.hardware_event
                 self.set_state("restarting")
@@ -819,15 +844,16 @@ class _JobRun:
         if not lost:
             return
         ipu = self.t.ipu
+        lost_array = np.fromiter(lost, dtype=np.int64)
         if self.whole_ultraservers:
-            units = {inst // ipu for inst in lost}
-            self.outcome.ultraservers_lost += len(units)
-            gone = {i for i in self.held if i // ipu in units}
+            units = np.unique(lost_array // ipu)
+            candidates = (units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()
+            held = self.held_mask[candidates]
+            self.outcome.ultraservers_lost += int(held.reshape(len(units), ipu).any(axis=1).sum())
+            gone = candidates[held]
         else:
-            gone = set(lost) & set(self.held)
-        keep = [i for i in self.held if i not in gone]
-        self.hold(keep)
-        self.t._release([i for i in gone if self.t.healthy[i]])
-        for inst in gone:
-            if not self.t.healthy[inst]:
-                self.t.owner[inst] = -1  # it goes to repair, then back to the pool
+            gone = lost_array[self.held_mask[lost_array]]
+        self.remove(gone)
+        healthy = self.t.healthy[gone]
+        self.t._release(gone[healthy].tolist())
+        self.t.owner[gone[~healthy]] = -1  # they go to repair, then back to the pool
