@@ -45,7 +45,7 @@ def plot_utilisation(run: Run, path: Path) -> Path:
         cluster = run.utilisation_at("cluster")
     states = [s for s in ("running", "checkpointing", "down", "waiting", "restarting",
                           "restoring", "repairing", "idle") if cluster[s].sum() > 0]
-    fig, ax = plt.subplots(figsize=(10, 4.2))
+    fig, ax = plt.subplots(figsize=(11, 4.2))
     x = _days(cluster["bin_start_s"].to_numpy())
     ax.stackplot(x, [cluster[s].to_numpy() * 100 for s in states], labels=states,
                  colors=[STATE_COLOURS[s] for s in states], step="post")
@@ -54,7 +54,7 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     ax.set_xlabel("day")
     ax.set_ylabel("% of cluster chip-time")
     ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state")
-    ax.legend(loc="lower left", ncol=4, fontsize=8, framealpha=0.9)
+    ax.legend(loc="upper left", fontsize=8, bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,187 @@
+"""Traces: schema and metadata, utilisation by interval arithmetic, conservation, job
+intervals, load_run, DuckDB, the report's plots and determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import clustersim
+from clustersim.analysis import compare, load_run
+from clustersim.api import run_to
+from clustersim.report import draw_topology, write_report
+from clustersim.scenario import ScenarioError, scenario_from_dict
+from clustersim.topology import build_topology
+from clustersim.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
+
+SCENARIO = {
+    "name": "traced", "hardware": "trn2", "seed": 3, "duration": "6d",
+    "cluster": {"instances": 8, "spares": 2},
+    "jobs": [
+        {"name": "big", "model": "llama2-7b", "seq_len": 2048, "global_batch": 64,
+         "parallelism": {"tp": 8, "pp": 1, "dp": 32}, "recompute": "selective",
+         "checkpoint": {"interval": "2h", "write": "2min", "restore": "5min"}},
+        {"name": "late", "model": "llama2-7b", "seq_len": 2048, "global_batch": 64,
+         "parallelism": {"tp": 8, "pp": 1, "dp": 16}, "recompute": "selective",
+         "submit": "1d", "steps": 20000},
+    ],
+    "failures": {"preset": "llama3", "scale": 300, "repair": "6h"},
+    "trace": {"bin": "30min", "levels": ["cluster", "job", "instance"]},
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "traced"
+    run_to(scenario_from_dict(SCENARIO), out)
+    return out
+
+
+def test_every_table_matches_its_schema_and_carries_metadata(run: Path):
+    for table in TABLES:
+        schema = pq.read_schema(run / f"{table}.parquet")
+        assert schema.remove_metadata().equals(SCHEMAS[table]), table
+        metadata = schema.metadata
+        assert metadata[b"clustersim.version"] == clustersim.__version__.encode()
+        assert metadata[b"clustersim.seed"] == b"3"
+        assert metadata[b"clustersim.schema"] == SCHEMA_VERSION.encode()
+        assert metadata[b"clustersim.table"] == table.encode()
+        assert b"name: traced" in metadata[b"clustersim.scenario"]
+
+
+def test_utilisation_rows_add_up_to_one(run: Path):
+    frame = load_run(run).utilisation
+    totals = frame[list(UTILISATION_STATES)].sum(axis=1)
+    assert np.allclose(totals, 1.0)
+    assert (frame[list(UTILISATION_STATES)] >= -1e-12).all().all()
+    assert set(frame["level"]) == {"cluster", "job", "instance"}
+    assert len(frame[frame["level"] == "instance"]["key"].unique()) == 10
+
+
+def test_chip_time_is_conserved(run: Path):
+    """The state fractions x chips x bin length add up to the simulated chip-time, and the
+    chip-time held by jobs equals the chip-time the timeline counted."""
+    r = load_run(run)
+    cluster = r.utilisation[r.utilisation["level"] == "cluster"]
+    chips = r.summary["cluster"]["chips"]
+    chip_seconds = (cluster[list(UTILISATION_STATES)].sum(axis=1) * chips * cluster["bin_s"]).sum()
+    assert chip_seconds == pytest.approx(chips * r.summary["simulated_s"])
+    held_states = [s for s in JOB_STATES if s != "done"]
+    held = (cluster[held_states].sum(axis=1) * chips * cluster["bin_s"]).sum()
+    assert held == pytest.approx(r.summary["cluster"]["utilisation"] * chips
+                                 * r.summary["simulated_s"], rel=1e-9)
+    # per instance the same holds
+    instances = r.utilisation[r.utilisation["level"] == "instance"]
+    per_instance = (instances[held_states].sum(axis=1) * 16 * instances["bin_s"]).sum()
+    assert per_instance == pytest.approx(held, rel=1e-9)
+
+
+def test_job_intervals_do_not_overlap_and_cover_the_life(run: Path):
+    r = load_run(run)
+    horizon = r.summary["simulated_s"]
+    for job in r.jobs.itertuples():
+        spans = r.intervals[(r.intervals["entity"] == "job")
+                            & (r.intervals["entity_id"] == job.job_id)].sort_values("start_s")
+        assert set(spans["state"]) <= set(JOB_STATES)
+        starts, ends = spans["start_s"].to_numpy(), spans["end_s"].to_numpy()
+        assert np.all(ends > starts)
+        assert np.allclose(starts[1:], ends[:-1])  # contiguous: no gap, no overlap
+        assert starts[0] == pytest.approx(job.submit_s)
+        assert ends[-1] == pytest.approx(horizon)
+
+
+def test_allocations_never_double_book_an_instance(run: Path):
+    allocations = load_run(run).allocations.sort_values(["instance_id", "start_s"])
+    for _, group in allocations.groupby("instance_id"):
+        assert np.all(group["start_s"].to_numpy()[1:] >= group["end_s"].to_numpy()[:-1] - 1e-9)
+
+
+def test_load_run_round_trips(run: Path):
+    r = load_run(run)
+    assert r.summary["scenario"] == "traced"
+    for table in TABLES:
+        direct = pq.read_table(run / f"{table}.parquet").to_pandas()
+        loaded = r.table(table)
+        assert len(direct) == len(loaded)
+        assert list(direct.columns) == list(loaded.columns)
+    jobs = r.jobs.set_index("name")
+    assert jobs.loc["late", "submit_s"] == pytest.approx(86400)
+    assert jobs.loc["big", "steps_completed"] == r.summary["jobs"]["big"]["steps_completed"]
+    failures = r.failure_stats()
+    assert failures["count"].sum() == sum(r.summary["cluster"]["failures"].values())
+    goodput = r.goodput().set_index("job")
+    lost = goodput.filter(like="lost_").sum(axis=1)
+    assert (goodput["useful_h"] + lost - goodput["lost_queued_h"]).to_numpy() == pytest.approx(
+        goodput["wall_h"].to_numpy())
+
+
+def test_utilisation_at_any_bin_and_per_chip(run: Path):
+    r = load_run(run)
+    stored = r.utilisation[r.utilisation["level"] == "cluster"]
+    again = r.utilisation_at("cluster")
+    assert np.allclose(again[list(UTILISATION_STATES)].to_numpy(),
+                       stored[list(UTILISATION_STATES)].to_numpy())
+    daily = r.utilisation_at("cluster", bin_s=86400)
+    assert len(daily) == 6
+    # coarse bins are the averages of fine ones
+    fine = stored["running"].to_numpy().reshape(6, 48).mean(axis=1)
+    assert daily["running"].to_numpy() == pytest.approx(fine)
+    chips = r.utilisation_at("chip", chips=[0, 17, 150], bin_s=86400)
+    assert set(chips["key"]) == {"0", "17", "150"}
+    assert np.allclose(chips[list(UTILISATION_STATES)].sum(axis=1), 1.0)
+
+
+def test_tables_read_in_duckdb(run: Path):
+    duckdb = pytest.importorskip("duckdb")
+    count = duckdb.sql(f"select count(*) from '{run / 'events.parquet'}' "
+                       "where kind = 'failure'").fetchall()[0][0]
+    assert count == int((load_run(run).events["kind"] == "failure").sum())
+    rows = duckdb.sql(f"select level, avg(running) from '{run / 'utilisation.parquet'}' "
+                      "group by level order by level").fetchall()
+    assert [level for level, _ in rows] == ["cluster", "instance", "job"]
+
+
+def test_identical_runs_give_identical_tables(tmp_path: Path):
+    scenario = scenario_from_dict(SCENARIO)
+    run_to(scenario, tmp_path / "a")
+    run_to(scenario, tmp_path / "b")
+    for table in TABLES:
+        a = pd.read_parquet(tmp_path / "a" / f"{table}.parquet")
+        b = pd.read_parquet(tmp_path / "b" / f"{table}.parquet")
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_compare_runs(run: Path):
+    table = compare([run, run])
+    assert len(table) == 4
+    assert {"ettr", "steps_completed", "mfu"} <= set(table.columns)
+
+
+def test_report_draws_its_plots(run: Path):
+    report = write_report(run)
+    text = report.read_text()
+    for name in ("utilisation.png", "jobs.png", "failures.png", "hours.png", "step.png"):
+        png = report.parent / name
+        assert png.exists() and png.stat().st_size > 10_000, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({name})" in text
+
+
+def test_topology_drawing(tmp_path: Path):
+    for name, instances in (("trn2u", 4), ("p5", 1), ("trn2", 1)):
+        path = draw_topology(build_topology(clustersim.catalog_entry(name), instances),
+                             tmp_path / f"{name}.png")
+        assert path.stat().st_size > 5_000
+
+
+def test_oversized_traces_are_refused():
+    raw = dict(SCENARIO, duration="30d")
+    raw["cluster"] = {"instances": 20000}
+    raw["trace"] = {"bin": "1min", "levels": ["instance"]}
+    raw["jobs"] = []
+    with pytest.raises(ScenarioError, match="trace.levels"):
+        run_to(scenario_from_dict(raw), Path("/nonexistent/never-written"))
