@@ -185,3 +185,11 @@ def test_oversized_traces_are_refused():
     raw["jobs"] = []
     with pytest.raises(ScenarioError, match="trace.levels"):
         run_to(scenario_from_dict(raw), Path("/nonexistent/never-written"))
+
+
+def test_the_docs_page_lists_every_column():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "traces.md").read_text()
+    for table, schema in SCHEMAS.items():
+        assert f"`{table}`" in page
+        for name in schema.names:
+            assert f"`{name}`" in page, (table, name)
