@@ -156,6 +156,28 @@ figures = {"run_wall_s": round(wall, 1), "interruptions": job["interruptions"],
 """,
         False,
     ),
+    "traces of the 524,288-chip month: size and cost (with vs without traces)": (
+        """
+import pathlib, tempfile, time
+from clustersim import load_scenario
+from clustersim.api import run_to
+scenario = load_scenario("scenarios/trn2-512k-month.yaml")
+quiet = load_scenario("scenarios/trn2-512k-month.yaml", ["trace.enabled=false"])
+t0 = time.perf_counter()
+run_to(quiet, tempfile.mkdtemp() + "/q")
+without = time.perf_counter() - t0
+out = pathlib.Path(tempfile.mkdtemp()) / "t"
+t0 = time.perf_counter()
+run_to(scenario, out)
+with_traces = time.perf_counter() - t0
+sizes = {p.stem: p.stat().st_size for p in out.glob("*.parquet")}
+figures = {"trace_mib": round(sum(sizes.values()) / 2**20, 2),
+           "largest": max(sizes, key=sizes.get),
+           "run_without_traces_s": round(without, 1), "run_with_traces_s": round(with_traces, 1),
+           "trace_cost_s": round(with_traces - without, 1)}
+""",
+        False,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json
