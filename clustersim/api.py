@@ -137,26 +137,31 @@ def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
 
 def _one_timeline(args: tuple) -> TimelineResult:
     scenario, steps, seed_sequence = args
-    return Timeline(scenario, steps, seed_sequence).run()
+    model = StepModel(topology_for(scenario)) if len(scenario.jobs) > 1 else None
+    return Timeline(scenario, steps, seed_sequence, step_model=model).run()
 
 
 def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
                   replications: int, workers: int | None = None,
                   progress: Callable[[float, float], None] | None = None,
-                  recorder: MemoryRecorder | None = None) -> list[TimelineResult]:
+                  recorder: MemoryRecorder | None = None,
+                  step_model: StepModel | None = None) -> list[TimelineResult]:
     """Run the timeline once per replication, each with its own spawned seed stream. The
     first runs here (with the recorder and the progress display) while the others run in
-    parallel local processes."""
+    parallel local processes. With several jobs, step times follow each job's placement."""
     children = np.random.SeedSequence(seed).spawn(replications)
     rest = [(scenario, steps, child) for child in children[1:]]
     workers = workers or min(replications, os.cpu_count() or 1)
+    model = step_model if len(scenario.jobs) > 1 else None
+
+    def first() -> TimelineResult:
+        return Timeline(scenario, steps, children[0], progress, recorder, model).run()
+
     if not rest or workers <= 1:
-        first = Timeline(scenario, steps, children[0], progress, recorder).run()
-        return [first] + [_one_timeline(args) for args in rest]
+        return [first()] + [_one_timeline(args) for args in rest]
     with ProcessPoolExecutor(max_workers=max(1, workers - 1)) as pool:
         futures = [pool.submit(_one_timeline, args) for args in rest]
-        first = Timeline(scenario, steps, children[0], progress, recorder).run()
-        return [first] + [f.result() for f in futures]
+        return [first()] + [f.result() for f in futures]
 
 
 # Student t quantiles (0.975) for the 95% interval of a mean of n replications (n - 1 dof).
@@ -238,14 +243,16 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if trace_dir is not None:
         check_trace_size(scenario)
     topology = topology_for(scenario)
-    steps = step_profiles(scenario, topology)
+    model = StepModel(topology)
+    steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
     check_fit(scenario, steps)
     recorder = None
     if trace_dir is not None and scenario.trace.enabled:
         recorder = ParquetRecorder(Path(trace_dir), {
             "version": clustersim.__version__, "seed": seed,
             "scenario_yaml": scenario.source_yaml})
-    timelines = run_timelines(scenario, steps, seed, replications, workers, progress, recorder)
+    timelines = run_timelines(scenario, steps, seed, replications, workers, progress, recorder,
+                              model)
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
     shapes = _job_figures(scenario, steps)

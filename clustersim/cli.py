@@ -139,6 +139,24 @@ def _simulated_time_progress(enabled: bool) -> Iterator[Callable[[float, float],
         yield update
 
 
+def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
+    jobs = list(summary["jobs"].values())
+    cluster = summary["cluster"]
+    statuses = cluster.get("jobs_by_status", {})
+    table.add_row("jobs", f"{len(jobs):,}: " + ", ".join(
+        f"{count:,.0f} {status}" for status, count in statuses.items()
+        if not status.endswith("_ci95")))
+    ettr = [j["ettr"] for j in jobs if j.get("start_s") is not None]
+    if ettr:
+        table.add_row("", f"ETTR mean {sum(ettr) / len(ettr):.1%} over started jobs; queue wait "
+                      f"mean {cluster.get('mean_queue_wait_s', 0) / 3600:,.1f} h; fragmentation "
+                      f"{cluster.get('fragmentation', 0):.0%}")
+    slowdowns = [j["slowdown"] for j in jobs if j.get("slowdown")]
+    if slowdowns:
+        table.add_row("", f"slowdown versus alone: median {sorted(slowdowns)[len(slowdowns) // 2]:.2f}"
+                      f", worst {max(slowdowns):.2f}")
+
+
 def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
     cluster = summary["cluster"]
     table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
@@ -156,7 +174,11 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
         table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
     if cluster["chip_power_kw"] is not None:
         table.add_row("chip power", f"{cluster['chip_power_kw']:,.1f} kW")
-    for name, job in summary["jobs"].items():
+    jobs = summary["jobs"]
+    if len(jobs) > 8:
+        _summarise_many_jobs(table, summary)
+        jobs = {}
+    for name, job in jobs.items():
         table.add_row(
             f"job {name}",
             f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "

@@ -330,17 +330,19 @@ class CollectiveModel:
         if np.any(local != local[0]):
             raise CollectiveError("asymmetric group: instances hold different local chips")
         instance_chips = chips[: counts[0]]
-        # The UltraServer (Z ring) level.
+        # The UltraServer (Z ring) level: used when every UltraServer holds the same instances
+        # of the group; an uneven group is costed over EFA between its instances instead.
+        even = False
         if hw.ultraserver is not None and not hw.switch_spans_ultraserver:
             ipu = hw.instances_per_ultraserver
             us_of_unit = units // ipu
             us_ids, us_starts = np.unique(us_of_unit, return_index=True)
             per_us = np.diff(np.append(us_starts, len(units)))
-            if np.any(per_us != per_us[0]):
-                raise CollectiveError("asymmetric group: UltraServers hold different instance counts")
-            z_sets = (units % ipu).reshape(len(us_ids), per_us[0])
-            if np.any(z_sets != z_sets[0]):
-                raise CollectiveError("asymmetric group: UltraServers hold different instances")
+            even = bool(np.all(per_us == per_us[0]))
+            if even:
+                z_sets = (units % ipu).reshape(len(us_ids), per_us[0])
+                even = bool(np.all(z_sets == z_sets[0]))
+        if even:
             members = int(per_us[0])
             us_chips = chips[: counts[0] * members]
             domain_first = chips[np.append(us_starts, len(units))[:-1] * counts[0]]

@@ -27,6 +27,7 @@ from clustersim.hardware import (
     deep_merge,
     resolve_hardware_mapping,
 )
+from clustersim.jobmix import WorkloadSpec, generate_jobs
 from clustersim.spec import Duration, NonNegativeDuration, Spec
 from clustersim.topology import FabricSpec
 from clustersim.transformer import TransformerShape, model_preset_names, model_preset_values
@@ -42,6 +43,7 @@ __all__ = [
     "ParallelismSpec",
     "CheckpointSpec",
     "FailuresSpec",
+    "SchedulerSpec",
     "StragglerSpec",
     "TraceSpec",
     "load_scenario",
@@ -153,6 +155,13 @@ class JobSpec(Spec):
     instances: int | None = Field(default=None, gt=0)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
     steps: int | None = Field(default=None, gt=0, description="default: run to the horizon")
+    run_for_s: Duration | None = Field(
+        default=None, alias="run_for", description="ends after this long since it started"
+    )
+    deadline_s: Duration | None = Field(
+        default=None, alias="deadline", description="stopped this long after submission"
+    )
+    priority: int = Field(default=0, description="higher runs first (priority, backfill)")
     checkpoint: CheckpointSpec | None = None
 
     @property
@@ -184,6 +193,14 @@ class FailuresSpec(Spec):
         return value
 
 
+class SchedulerSpec(Spec):
+    """How queued jobs start: fifo, priority or backfill (EASY); preemption of lower
+    priorities by a job that does not fit."""
+
+    policy: Literal["fifo", "priority", "backfill"] = "fifo"
+    preemption: bool = False
+
+
 class TraceSpec(Spec):
     enabled: bool = True
     bin_s: Duration = Field(default=60.0, alias="bin", description="utilisation time bin")
@@ -203,6 +220,8 @@ class Scenario(Spec):
     cluster: ClusterSpec
     jobs: list[JobSpec] = Field(default_factory=list)
     failures: FailuresSpec = FailuresSpec()
+    scheduler: SchedulerSpec = SchedulerSpec()
+    workload: WorkloadSpec | None = None
     stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()
 
@@ -574,8 +593,38 @@ def _deduplicate(issues: list[Issue]) -> list[Issue]:
     return list(merged.values())
 
 
+def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
+                     base_dir: Path | None) -> None:
+    """Append the jobs of a `workload:` section (templates x arrivals, trace file)."""
+    spec = resolved.get("workload")
+    if not spec:
+        return
+    try:
+        workload = WorkloadSpec.model_validate(spec)
+    except ValidationError as error:
+        issues = [Issue(f"workload.{i.path}" if i.path else "workload", i.message, i.value,
+                        i.has_value) for i in _pydantic_issues(error)]
+        raise ScenarioError(source, issues) from None
+    hardware = resolved.get("hardware")
+    try:
+        ranks = int(hardware["chip"].get("ranks", 1)) * int(hardware["instance"]["chips"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return  # the hardware's own errors are reported by validation
+    try:
+        generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir)
+    except ValueError as error:
+        raise ScenarioError(source, [Issue("workload", str(error))]) from None
+    jobs = resolved.get("jobs") or []
+    resolved["jobs"] = list(jobs) + generated
+    _, issues = _resolve_catalog_names({"jobs": resolved["jobs"]})
+    if issues:
+        raise ScenarioError(source, issues)
+    resolved["jobs"] = _resolve_catalog_names({"jobs": resolved["jobs"]})[0]["jobs"]
+
+
 def scenario_from_dict(
-    raw: Any, source: str = "<scenario>", overrides: Sequence[str] = ()
+    raw: Any, source: str = "<scenario>", overrides: Sequence[str] = (),
+    base_dir: Path | None = None,
 ) -> Scenario:
     """Validate a raw scenario mapping (as read from YAML), after applying overrides."""
     if not isinstance(raw, dict):
@@ -595,6 +644,8 @@ def scenario_from_dict(
         if section in raw and raw[section] is None:
             del raw[section]
     resolved, issues = _resolve_catalog_names(raw)
+    if not issues:
+        _expand_workload(raw, resolved, source, base_dir)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
         scenario = Scenario.model_validate(resolved)
@@ -651,7 +702,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         raise ScenarioError(
             source, [Issue("", f"YAML syntax error{column}: {problem}", line=line)]
         ) from None
-    return scenario_from_dict(raw, source, overrides)
+    return scenario_from_dict(raw, source, overrides, base_dir=path.parent)
 
 
 # ---------------------------------------------------------------------------------------------

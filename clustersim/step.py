@@ -23,6 +23,7 @@ at HBM bandwidth x its vector efficiency (the calibrated constants of the catalo
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,15 +142,24 @@ class StepModel:
         self.hardware = topology.hardware
         self.collectives = collectives or CollectiveModel(topology)
         self._cache: dict[tuple, StepProfile] = {}
+        self._chunk_cache: dict[tuple, _ChunkTimes] = {}
 
     # ------------------------------------------------------------------ public
-    def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0
-                ) -> StepProfile:
-        """Simulate one step of `job` on instances starting at `first_instance`."""
-        key = self._key(job, first_instance)
+    def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
+                instances: Any = None) -> StepProfile:
+        """Simulate one step of `job` on its instances: `instances` (in rank order), or those
+        from `first_instance` on. Cached by the placement's shape, so the profile is computed
+        on a canonical placement of that shape."""
+        hw = self.hardware
+        count = math.ceil(job.parallelism.ranks / hw.ranks_per_instance)
+        placed = (np.arange(first_instance, first_instance + count) if instances is None
+                  else np.asarray(instances, dtype=np.int64))
+        if len(placed) != count:
+            raise ValueError(f"the job needs {count} instances, {len(placed)} given")
+        key, canonical = self._shape(job, placed)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._simulate(job, name, first_instance)
+            cached = self._simulate(job, name, canonical)
             self._cache[key] = cached
         return cached if cached.name == name else _renamed(cached, name)
 
@@ -162,30 +172,44 @@ class StepModel:
                                min(self.hardware.chip.ranks, par.ranks))
 
     # ------------------------------------------------------------------ placement
-    def _key(self, job: TrainingJob, first_instance: int) -> tuple:
+    def _shape(self, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
+        """The placement's shape (instances per leaf, in order, and per UltraServer) and a
+        canonical placement of that shape: each leaf's share from the start of a leaf."""
         par = job.parallelism
         hw = self.hardware
-        instances = math.ceil(par.ranks / hw.ranks_per_instance)
-        # The shape of the placement: where the job starts within an UltraServer, and how
-        # many of its instances sit under each leaf switch it spans.
         per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
-        leaves = np.arange(first_instance, first_instance + instances) // per_leaf
-        per_leaf_counts = tuple(np.unique(leaves, return_counts=True)[1].tolist())
-        return (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-                job.precision, job.recompute, hw.name, instances,
-                first_instance % hw.instances_per_ultraserver, per_leaf_counts)
+        ipu = hw.instances_per_ultraserver
+        leaves = placed // per_leaf
+        _, first_seen = np.unique(leaves, return_index=True)
+        order = leaves[np.sort(first_seen)]
+        leaf_counts = tuple(int(np.count_nonzero(leaves == leaf)) for leaf in order)
+        us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
+        offset = int(placed[0] % ipu)
+        key = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
+               job.precision, job.recompute, hw.name, len(placed), offset, leaf_counts,
+               us_counts)
+        if np.array_equal(placed, np.arange(placed[0], placed[0] + len(placed))):
+            return key, placed
+        canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
+                                    for leaf, count in enumerate(leaf_counts)])
+        if canonical.max() >= self.topology.instances or len(np.unique(canonical)) != len(placed):
+            canonical = placed  # no room for the canonical form: use the placement itself
+        return key, canonical
 
     def _microbatches(self, job: TrainingJob) -> int:
         par = job.parallelism
         return job.global_batch // (job.micro_batch * par.dp)
 
-    def _rank_chips(self, ranks: np.ndarray, first_instance: int) -> np.ndarray:
-        k = self.hardware.chip.ranks
-        return first_instance * self.hardware.chips_per_instance + ranks // k
+    def _rank_chips(self, ranks: np.ndarray, placed: np.ndarray) -> np.ndarray:
+        """Chip of each rank: ranks fill a chip's cores, chips an instance, instances in order."""
+        hw = self.hardware
+        k = hw.chip.ranks
+        rpi = hw.ranks_per_instance
+        return placed[ranks // rpi] * hw.chips_per_instance + (ranks % rpi) // k
 
-    def _group(self, ranks: np.ndarray, first_instance: int) -> tuple[Group, int]:
+    def _group(self, ranks: np.ndarray, placed: np.ndarray) -> tuple[Group, int]:
         """The group of these ranks, and how many such groups share each of its chips."""
-        chips = self._rank_chips(ranks, first_instance)
+        chips = self._rank_chips(ranks, placed)
         group = Group.from_rank_chips(chips.tolist())
         return group, max(1, self.hardware.chip.ranks // group.ranks_per_chip)
 
@@ -207,6 +231,17 @@ class StepModel:
 
     def _chunk_times(self, job: TrainingJob, layers: int, first: bool, last: bool,
                      tp_group: Group | None) -> _ChunkTimes:
+        shape = None
+        if tp_group is not None:  # the TP group's shape: chips relative to its instance
+            cpi = self.hardware.chips_per_instance
+            base = int(tp_group.chips[0]) - int(tp_group.chips[0]) % cpi
+            shape = (tuple((tp_group.chips - base).tolist()), tp_group.ranks_per_chip,
+                     (base // cpi) % self.hardware.instances_per_ultraserver)
+        key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
+               job.recompute, layers, first, last, shape)
+        cached = self._chunk_cache.get(key)
+        if cached is not None:
+            return cached
         work = stage_work(job, layers, first, last)
         fwd = sum(self._op_time(op, job.precision) for op in work.forward)
         bwd = sum(self._op_time(op, job.precision) for op in work.backward)
@@ -214,14 +249,17 @@ class StepModel:
         def comm(collectives: tuple[tuple[str, float], ...]) -> float:
             if tp_group is None:
                 return 0.0
-            return sum(self.collectives.cost(op, tp_group, size).time_s
-                       for op, size in collectives)
+            counts = Counter(collectives)  # the same collective, layer after layer
+            return sum(self.collectives.cost(op, tp_group, size).time_s * n
+                       for (op, size), n in counts.items())
 
-        return _ChunkTimes(fwd, comm(work.tp_collectives_forward), bwd,
-                           comm(work.tp_collectives_backward))
+        cached = _ChunkTimes(fwd, comm(work.tp_collectives_forward), bwd,
+                             comm(work.tp_collectives_backward))
+        self._chunk_cache[key] = cached
+        return cached
 
     # ------------------------------------------------------------------ simulation
-    def _simulate(self, job: TrainingJob, name: str, first_instance: int) -> StepProfile:
+    def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
         hw = self.hardware
         par = job.parallelism
         model = job.model
@@ -229,9 +267,9 @@ class StepModel:
             raise ValueError(f"{hw.chip.name} has no {job.precision} peak")
         microbatches = self._microbatches(job)
         instances = math.ceil(par.ranks / hw.ranks_per_instance)
-        if first_instance + instances > self.topology.instances:
+        if int(placed.max()) >= self.topology.instances:
             raise ValueError(
-                f"the job needs instances {first_instance}..{first_instance + instances - 1}, "
+                f"the job is placed on instance {int(placed.max())}, "
                 f"the topology has {self.topology.instances}"
             )
         stages = par.pp * par.interleave
@@ -239,7 +277,7 @@ class StepModel:
         all_ranks = np.arange(par.ranks)
         tp_group = None
         if par.tp > 1:
-            tp_group, _ = self._group(all_ranks[: par.tp], first_instance)
+            tp_group, _ = self._group(all_ranks[: par.tp], placed)
 
         # Per global chunk g (0 .. stages-1): forward and backward durations.
         kinds = {}
@@ -255,8 +293,8 @@ class StepModel:
         p2p = [0.0] * par.pp  # transfer from pipeline rank d to d+1 (mod pp)
         if par.pp > 1:
             for d in range(par.pp):
-                src = self._rank_chips(np.array([d * par.tp]), first_instance)[0]
-                dst = self._rank_chips(np.array([((d + 1) % par.pp) * par.tp]), first_instance)[0]
+                src = self._rank_chips(np.array([d * par.tp]), placed)[0]
+                dst = self._rank_chips(np.array([((d + 1) % par.pp) * par.tp]), placed)[0]
                 shards = min(par.tp, hw.chip.ranks)
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
@@ -314,7 +352,7 @@ class StepModel:
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision)
-        dp_times = self._data_parallel_times(job, first_instance, g_bytes, w_bytes)
+        dp_times = self._data_parallel_times(job, placed, g_bytes, w_bytes)
         optimizer = {}
         hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
         ends = {}
@@ -359,7 +397,7 @@ class StepModel:
             cost_per_million_tokens_usd=cost, notes=tuple(notes),
         )
 
-    def _data_parallel_times(self, job: TrainingJob, first_instance: int, grad_bytes: int,
+    def _data_parallel_times(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                              weight_bytes: int) -> dict[int, tuple[float, float]]:
         """(gradient reduction, parameter gather) per pipeline rank.
 
@@ -377,15 +415,23 @@ class StepModel:
         for d in range(par.pp):
             params = params_per_rank(job, d == 0, d == par.pp - 1)
             by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
+            first_chips = self._rank_chips(d * par.tp + stride * np.arange(par.dp), placed)
+            one_per_instance = len(np.unique(first_chips // self.hardware.chips_per_instance)) == (
+                len(first_chips))
             for t in range(par.tp):
                 ranks = d * par.tp + t + stride * np.arange(par.dp)
-                chips = self._rank_chips(ranks, first_instance)
+                chips = self._rank_chips(ranks, placed)
                 key = chips.tobytes()
                 first, count = by_chips.get(key, (ranks, 0))
                 by_chips[key] = (first, count + 1)
+            if one_per_instance:
+                # Each group has its own chip per instance (own NIC, own Z links): the groups
+                # are translations of one another and share nothing; one stands for all.
+                first_key = next(iter(by_chips))
+                by_chips = {first_key: by_chips[first_key]}
             reduces, gathers = [], []
             for ranks, together in by_chips.values():
-                group = Group.from_rank_chips(self._rank_chips(ranks, first_instance).tolist())
+                group = Group.from_rank_chips(self._rank_chips(ranks, placed).tolist())
                 grads = params * grad_bytes * together
                 if par.zero == 1:
                     reduces.append(self.collectives.cost("reduce-scatter", group, grads))

@@ -39,7 +39,7 @@ import simpy
 
 from clustersim.failures import FailureRateSpec, failure_preset_rates, weibull_scale
 from clustersim.scenario import JobSpec, Scenario
-from clustersim.step import StepProfile
+from clustersim.step import StepModel, StepProfile
 from clustersim.trace import JOB_STATES, MemoryRecorder
 
 __all__ = [
@@ -127,6 +127,9 @@ class JobOutcome:
     reason: str = ""
     replacements: int = 0
     ultraservers_lost: int = 0
+    preemptions: int = 0
+    placement_step_time_s: float | None = None
+    ideal_s: float | None = None  # run time alone, without failures or queueing
 
     @property
     def steps_completed(self) -> int:
@@ -174,6 +177,12 @@ class JobOutcome:
             "job_mtbf_s": self.mtbf_s,
             "instances_replaced": self.replacements,
             "ultraservers_lost": self.ultraservers_lost,
+            "preemptions": self.preemptions,
+            "queue_wait_s": states["queued"],
+            "slowdown": ((end - self.submit_s) / (self.steps_completed * self.step_time_s)
+                         if self.steps_completed > 0 else None),
+            "placement_slowdown": (self.placement_step_time_s / self.step_time_s
+                                   if self.placement_step_time_s else None),
             "start_s": self.start_s,
             "end_s": self.end_s,
         }
@@ -193,10 +202,17 @@ class TimelineResult:
     total_chips: int
     min_free_instances: int
     event_count: int
+    fragmentation_mean: float = 0.0
 
     def cluster_figures(self) -> dict[str, Any]:
         chip_time = self.total_chips * self.horizon_s
+        statuses = Counter(outcome.status for outcome in self.jobs.values())
+        waits = [outcome.time_in_state.get("queued", 0.0) for outcome in self.jobs.values()]
         return {
+            "jobs": len(self.jobs),
+            "jobs_by_status": dict(sorted(statuses.items())),
+            "mean_queue_wait_s": float(np.mean(waits)) if waits else 0.0,
+            "fragmentation": self.fragmentation_mean,
             "utilisation": self.allocated_chip_s / chip_time if chip_time else 0.0,
             "useful_utilisation": self.useful_chip_s / chip_time if chip_time else 0.0,
             "failures": dict(sorted(self.failures.items())),
@@ -228,9 +244,11 @@ class Timeline:
     def __init__(self, scenario: Scenario, profiles: dict[str, StepProfile],
                  seed_sequence: np.random.SeedSequence,
                  progress: Callable[[float, float], None] | None = None,
-                 recorder: MemoryRecorder | None = None):
+                 recorder: MemoryRecorder | None = None,
+                 step_model: StepModel | None = None):
         self.scenario = scenario
         self.profiles = profiles
+        self.step_model = step_model
         self.progress = progress
         self.recorder = recorder
         hw = scenario.hardware
@@ -251,11 +269,11 @@ class Timeline:
         # Instance state.
         self.healthy = np.ones(self.n_instances, dtype=bool)
         self.owner = np.full(self.n_instances, -1, dtype=np.int32)
-        self.free_heap: list[int] = list(range(self.n_instances))
-        heapq.heapify(self.free_heap)
         self.in_repair = 0
         self.min_free = self.n_instances
         self.hardware_event = self.env.event()
+        self.instance_leaf = np.arange(self.n_instances) // self.per_leaf
+        self.scheduler = Scheduler(self, scenario.scheduler.policy, scenario.scheduler.preemption)
         # Stragglers: persistent slow instances.
         st = scenario.stragglers
         self.slow = np.ones(self.n_instances)
@@ -404,46 +422,49 @@ class Timeline:
 
     # ------------------------------------------------------------------ the free pool
     def _release(self, instances: list[int]) -> None:
-        for inst in instances:
-            self.owner[inst] = -1
-            if self.healthy[inst]:
-                heapq.heappush(self.free_heap, inst)
+        """Instances back to the pool: wake waiting jobs and let the scheduler place more."""
+        if len(instances):
+            self.owner[np.asarray(instances, dtype=np.int64)] = -1
         if not self.hardware_event.triggered:
             self.hardware_event.succeed()
         self.hardware_event = self.env.event()
+        self.scheduler.schedule()
 
-    def _free_count(self) -> int:
-        return int(np.count_nonzero(self.healthy & (self.owner < 0)))
+    def free_mask(self) -> np.ndarray:
+        return self.healthy & (self.owner < 0)
+
+    def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None
+              ) -> np.ndarray | None:
+        """Choose `count` free healthy instances, topology-aware: under as few leaf switches
+        as possible (the leaf that fits it most tightly, else the emptiest leaves first),
+        whole UltraServers when the job needs them; None when they are not there."""
+        free = self.free_mask() if free is None else free
+        if (not whole_ultraservers and self.n_us and count % self.ipu == 0
+                and self.scenario.hardware.ultraserver.interconnect.topology == "ring"):
+            # A job the size of whole UltraServers takes whole ones when it can: its groups
+            # then sit evenly on the Z rings.
+            aligned = self.place(count, True, free)
+            if aligned is not None:
+                return aligned
+        if whole_ultraservers:
+            ipu = self.ipu
+            units = free[: self.n_us * ipu].reshape(self.n_us, ipu).all(axis=1)
+            need = math.ceil(count / ipu)
+            chosen_units = _pack(np.flatnonzero(units), (np.arange(self.n_us) * ipu
+                                                         // self.per_leaf), need)
+            if chosen_units is None:
+                return None
+            return (chosen_units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()[:count]
+        return _pack(np.flatnonzero(free), self.instance_leaf, count)
 
     def take(self, count: int, job: int, whole_ultraservers: bool) -> list[int] | None:
-        """Allocate `count` healthy free instances (whole UltraServers when asked), lowest
-        ids first; None if there are not enough."""
-        if whole_ultraservers:
-            free = self.healthy & (self.owner < 0)
-            whole = free[: self.n_us * self.ipu].reshape(self.n_us, self.ipu).all(axis=1)
-            units = np.flatnonzero(whole)
-            need = math.ceil(count / self.ipu)
-            if len(units) < need:
-                return None
-            chosen = (units[:need, None] * self.ipu + np.arange(self.ipu)[None, :]).ravel()
-            chosen = chosen[:count].tolist()
-            self.owner[chosen] = job
-            return chosen
-        chosen: list[int] = []
-        seen: set[int] = set()
-        while self.free_heap and len(chosen) < count:
-            inst = heapq.heappop(self.free_heap)
-            if inst in seen or not self.healthy[inst] or self.owner[inst] >= 0:
-                continue  # a stale or repeated entry of the lazy heap
-            seen.add(inst)
-            chosen.append(inst)
-        if len(chosen) < count:
-            for inst in chosen:
-                heapq.heappush(self.free_heap, inst)
+        """Place and allocate `count` instances to `job`; None if they are not there."""
+        chosen = self.place(count, whole_ultraservers)
+        if chosen is None:
             return None
         self.owner[chosen] = job
-        self.min_free = min(self.min_free, self._free_count())
-        return chosen
+        self.min_free = min(self.min_free, int(np.count_nonzero(self.free_mask())))
+        return chosen.tolist()
 
     def slowdown(self, held: np.ndarray) -> float:
         """The slowest of a job's instances (a mask) sets its pace (synchronous training)."""
@@ -485,6 +506,8 @@ class Timeline:
             self.jobs.append(run)
         for run in self.jobs:
             run.process = self.env.process(run.main())
+            if run.end_at is not None:
+                self.env.process(run.end_watch())
         self.env.process(self._failure_source())
         if self.scenario.stragglers.transient is not None:
             self.env.process(self._transients())
@@ -506,13 +529,181 @@ class Timeline:
             repairs_completed=self.repairs, allocated_chip_s=allocated, useful_chip_s=useful,
             total_chips=self.n_chips,
             min_free_instances=self.min_free,
+            fragmentation_mean=self.scheduler.fragmentation_mean(horizon),
             event_count=int(sum(self.failures.values()) + self.repairs + sum(
                 r.outcome.checkpoints_completed for r in self.jobs)),
         )
 
 
+def _pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | None:
+    """`count` of the free ids under as few leaves as possible: the leaf that holds them most
+    tightly, else the emptiest leaves first (ids ascending within a leaf)."""
+    if len(free_ids) < count:
+        return None
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    leaves = leaf_of[free_ids]
+    _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
+    fits = np.flatnonzero(counts >= count)
+    if len(fits):
+        best = fits[np.argmin(counts[fits])]
+        return free_ids[starts[best]: starts[best] + count]
+    chosen, got = [], 0
+    for i in np.argsort(-counts, kind="stable").tolist():
+        take = min(int(counts[i]), count - got)
+        chosen.append(free_ids[starts[i]: starts[i] + take])
+        got += take
+        if got == count:
+            break
+    return np.sort(np.concatenate(chosen))
+
+
+class Scheduler:
+    """Starts queued jobs: FIFO, priority, or EASY backfill; optional preemption.
+
+    FIFO and priority start jobs strictly in order (the first that does not fit blocks the
+    rest). Backfill (EASY) gives the first waiting job a reservation (the earliest time enough
+    instances are expected free, from running jobs' expected ends) and lets later jobs start
+    now if they end before it or use only instances it will not need. With preemption, a job
+    that does not fit evicts lower-priority running jobs (lowest priority, latest started
+    first), which go back to the queue and lose the work since their last checkpoint.
+    """
+
+    def __init__(self, timeline: Timeline, policy: str, preemption: bool):
+        self.t = timeline
+        self.policy = policy
+        self.preemption = preemption
+        self.queue: list[_JobRun] = []
+        self._busy = False
+        self._again = False
+        self.fragmentation_s = 0.0  # time integral of fragmentation
+        self._last = (0.0, 0.0)
+
+    def submit(self, run: _JobRun) -> None:
+        self.queue.append(run)
+        self.schedule()
+
+    def withdraw(self, run: _JobRun) -> None:
+        if run in self.queue:
+            self.queue.remove(run)
+
+    def _key(self, run: _JobRun) -> tuple:
+        if self.policy == "fifo":
+            return (run.queued_at, run.index)
+        return (-run.job.priority, run.queued_at, run.index)
+
+    def schedule(self) -> None:
+        if self._busy:  # a start or an eviction changed the pool: pass again afterwards
+            self._again = True
+            return
+        self._busy = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self._pass()
+        finally:
+            self._busy = False
+        self._record()
+
+    def _pass(self) -> None:
+        order = sorted(self.queue, key=self._key)
+        free = self.t.free_mask()
+        for position, run in enumerate(order):
+            chosen = self.t.place(run.instances_needed, run.whole_ultraservers, free)
+            if chosen is None and self.preemption:
+                chosen = self._preempt_for(run, free)
+            if chosen is not None:
+                self._start(run, chosen)
+                free[chosen] = False
+                continue
+            if self.policy == "backfill":
+                self._backfill(run, order[position + 1:], free)
+            return
+
+    def _start(self, run: _JobRun, chosen: np.ndarray) -> None:
+        self.queue.remove(run)
+        self.t.owner[chosen] = run.index
+        self.t.min_free = min(self.t.min_free, int(np.count_nonzero(self.t.free_mask())))
+        run.grant(chosen)
+
+    def _backfill(self, head: _JobRun, rest: list[_JobRun], free: np.ndarray) -> None:
+        now = self.t.env.now
+        available = int(np.count_nonzero(free))
+        ends = sorted((r.expected_end(), r.held_count) for r in self.t.jobs
+                      if r.held_count and r.state != "done")
+        shadow, extra = math.inf, available
+        for end, count in ends:
+            available += count
+            if available >= head.instances_needed:
+                shadow, extra = end, available - head.instances_needed
+                break
+        for run in rest:
+            chosen = self.t.place(run.instances_needed, run.whole_ultraservers, free)
+            if chosen is None:
+                continue
+            ends_before = now + run.expected_duration() <= shadow
+            if ends_before or run.instances_needed <= extra:
+                if not ends_before:
+                    extra -= run.instances_needed
+                self._start(run, chosen)
+                free[chosen] = False
+
+    def _preempt_for(self, run: _JobRun, free: np.ndarray) -> np.ndarray | None:
+        victims = sorted((r for r in self.t.jobs if r.held_count and r.state != "done"
+                          and r.job.priority < run.job.priority),
+                         key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0)))
+        trial = free.copy()
+        chosen_victims = []
+        for victim in victims:
+            trial[victim.held] = True
+            chosen_victims.append(victim)
+            placement = self.t.place(run.instances_needed, run.whole_ultraservers, trial)
+            if placement is not None:
+                for v in chosen_victims:
+                    v.evict()
+                free |= trial
+                return placement
+        return None
+
+    def fragmentation_mean(self, horizon: float) -> float:
+        last_time, last_value = self._last
+        total = self.fragmentation_s + (horizon - last_time) * last_value
+        return total / horizon if horizon > 0 else 0.0
+
+    def _record(self) -> None:
+        """Fragmentation: the share of free instances not in a wholly free leaf."""
+        now = self.t.env.now
+        free = self.t.free_mask()
+        count = int(np.count_nonzero(free))
+        whole = 0
+        if count:
+            per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
+            size = np.bincount(self.t.instance_leaf, minlength=self.t.n_leaves)
+            whole = int(per_leaf[per_leaf == size].sum())
+        fragmentation = 1.0 - whole / count if count else 0.0
+        last_time, last_value = self._last
+        self.fragmentation_s += (now - last_time) * last_value
+        self._last = (now, fragmentation)
+        running = sum(1 for r in self.t.jobs if r.held_count and r.state != "done")
+        if self.t.recorder is not None:
+            self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)
+
+
 class _Failure(Exception):
     """What interrupts a job: the component and the instances it lost."""
+
+
+class _Preempted(Exception):
+    """The scheduler evicted the job for a higher-priority one."""
+
+
+class _Ended(Exception):
+    """The job's deadline or run time came."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
 
 
 class _JobRun:
@@ -537,6 +728,9 @@ class _JobRun:
         )
         rate = job_failure_rate(scenario, job)
         self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None
+        ideal = [t for t in ((job.steps * profile.step_time_s) if job.steps else None,
+                             job.run_for_s) if t is not None]
+        self.outcome.ideal_s = min(ideal) if ideal else None
         ck = job.checkpoint
         self.checkpoint = ck
         if ck is not None:
@@ -573,6 +767,10 @@ class _JobRun:
         self.pace_until = 0.0
         self.segment: tuple[float, float, float] | None = None
         self.interrupt_pending = False
+        self.step_time = profile.step_time_s  # for the current placement
+        self.queued_at = job.submit_s
+        self.granted: simpy.Event | None = None
+        self.end_at = job.submit_s + job.deadline_s if job.deadline_s is not None else None
 
     # ------------------------------------------------------------------ state accounting
     def set_state(self, state: str) -> None:
@@ -627,7 +825,7 @@ class _JobRun:
         return "the horizon came before the step target"
 
     def interrupt(self, component: str, lost: list[int]) -> None:
-        if self.state in ("queued", "done") or self.process is None:
+        if self.state in ("queued", "done") or self.process is None or not self.held_count:
             return
         self.pending.append((component, lost))
         if self.process.is_alive and not self.interrupt_pending:
@@ -647,25 +845,142 @@ class _JobRun:
         if self.job.submit_s > 0:
             yield env.timeout(self.job.submit_s)
         self.state_since = env.now
-        while True:
-            held = self.t.take(self.instances_needed, self.index, self.whole_ultraservers)
-            if held is not None:
-                break
-            yield self.t.hardware_event
-        self.add(held)
-        self.outcome.start_s = env.now
-        self.set_state("running")
+        first = True
         while True:
             try:
-                finished = yield from self._train()
-                if finished:
-                    self._finish()
-                    return
+                chosen = yield from self._queue()
+            except simpy.Interrupt as signal:  # only the end can come while queued
+                self.interrupt_pending = False
+                self._finish(*self._ending(signal.cause))
+                return
+            self.add(chosen)
+            self._placed()
+            try:
+                if first:
+                    first = False
+                    self.outcome.start_s = env.now
+                    if self.job.run_for_s is not None:
+                        env.process(self._watch(env.now + self.job.run_for_s, "run_for"))
+                else:  # back after a preemption: restart and restore first
+                    yield from self._guard(self._resume())
+                self.set_state("running")
+                yield from self._guard(self._training())
+                self._finish("done", "reached its step target")
+                return
+            except _Preempted:
+                continue
+            except _Ended as ended:
+                self._finish(*self._ending(("end", ended.why)))
+                return
+
+    def _queue(self):
+        """Wait in the scheduler's queue until granted instances."""
+        self.set_state("queued")
+        self.queued_at = self.t.env.now
+        self.granted = self.t.env.event()
+        self.t.scheduler.submit(self)
+        chosen = yield self.granted
+        return chosen
+
+    def grant(self, chosen: np.ndarray) -> None:
+        assert self.granted is not None
+        self.granted.succeed(chosen)
+
+    def _guard(self, body):
+        """Run a phase; turn preemption and the end into exceptions, recover from failures
+        (and re-plan on pace changes) inside it."""
+        while True:
+            try:
+                result = yield from body
+                return result
             except simpy.Interrupt as signal:
                 self.interrupt_pending = False
-                if signal.cause == "pace":
+                cause = signal.cause
+                if cause == "preempt":
+                    raise _Preempted() from None
+                if isinstance(cause, tuple) and cause[0] == "end":
+                    raise _Ended(cause[1]) from None
+                if cause == "pace":
+                    body = self._training()
                     continue
                 yield from self._recover()
+                body = self._training()
+
+    def _training(self):
+        while True:
+            finished = yield from self._train()
+            if finished:
+                return True
+
+    def _resume(self):
+        env = self.t.env
+        self.set_state("restarting")
+        yield env.timeout(self.t.scenario.failures.restart_s)
+        self.set_state("restoring")
+        yield env.timeout(self.checkpoint.restore_s if self.checkpoint else 0.0)
+
+    def _placed(self) -> None:
+        """The step time of the current placement (a job spread wider pays on the fabric)."""
+        model = self.t.step_model
+        if model is None or self.held_count != self.instances_needed:
+            return
+        profile = model.profile(self.job, self.job.name, instances=self.held)
+        self.step_time = profile.step_time_s
+        if self.outcome.placement_step_time_s is None:
+            self.outcome.placement_step_time_s = profile.step_time_s
+
+    def _watch(self, at: float, why: str):
+        yield self.t.env.timeout(max(0.0, at - self.t.env.now))
+        if self.state == "done" or self.process is None or not self.process.is_alive:
+            return
+        self.interrupt_pending = True
+        self.process.interrupt(("end", why))
+
+    def end_watch(self):
+        assert self.end_at is not None
+        yield from self._watch(self.end_at, "deadline")
+
+    def _ending(self, cause: Any) -> tuple[str, str]:
+        why = cause[1] if isinstance(cause, tuple) else str(cause)
+        if why == "run_for":
+            return "done", "ran for its run_for"
+        return "stopped at deadline", "its deadline came"
+
+    def evict(self) -> None:
+        """Preempted by the scheduler: give every instance back now; the process then loses
+        the work since the last checkpoint and queues again."""
+        if self.state in ("running", "checkpointing") and self.segment is not None:
+            start, wall, steps = self.segment
+            elapsed = self.t.env.now - start
+            self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, self.t.env.now)
+            self.segment = None
+        if self.state in ("running", "checkpointing"):
+            self._lose_work()
+        self.outcome.preemptions += 1
+        held = self.held
+        self.remove(held)
+        self.t.owner[held] = -1
+        if self.process is not None and self.process.is_alive:
+            self.interrupt_pending = True
+            self.process.interrupt("preempt")
+
+    def expected_duration(self) -> float:
+        """Run time alone, for backfill: the step target or run_for (infinite without)."""
+        candidates = []
+        if self.job.steps is not None:
+            candidates.append((self.job.steps - self.progress) * self.step_time)
+        if self.job.run_for_s is not None:
+            candidates.append(self.job.run_for_s)
+        return min(candidates) if candidates else math.inf
+
+    def expected_end(self) -> float:
+        now = self.t.env.now
+        end = now + self.expected_duration()
+        if self.job.run_for_s is not None and self.outcome.start_s is not None:
+            end = min(end, self.outcome.start_s + self.job.run_for_s)
+        if self.end_at is not None:
+            end = min(end, self.end_at)
+        return end
 
     @property
     def held(self) -> np.ndarray:
@@ -702,16 +1017,22 @@ class _JobRun:
             return 1.0
         return self.t.slowdown(self.held_mask)
 
-    def _finish(self) -> None:
-        env = self.t.env
+    def _finish(self, status: str, reason: str) -> None:
+        self.t.scheduler.withdraw(self)
+        if self.segment is not None:  # ended mid-segment: credit what was done
+            start, wall, steps = self.segment
+            elapsed = self.t.env.now - start
+            self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, self.t.env.now)
+            self.segment = None
         self.set_state("done")
         self.outcome.progress_steps = self.progress
-        self.outcome.status = "done"
-        self.outcome.end_s = env.now
-        self.outcome.reason = "reached its step target"
+        self.outcome.status = status
+        self.outcome.end_s = self.t.env.now
+        self.outcome.reason = reason
         held = self.held.tolist()
-        self.remove(held)
-        self.t._release(held)
+        if held:
+            self.remove(held)
+            self.t._release(held)
 
     def _collect_async(self, now: float) -> None:
         """Asynchronous checkpoints whose write has finished become the restore point."""
@@ -728,7 +1049,7 @@ class _JobRun:
         if self.t.scenario.stragglers.transient is not None:
             self.pace = self._pace()  # episodes come and go
         speed_factor = self.pace
-        step_s = self.profile.step_time_s * speed_factor
+        step_s = self.step_time * speed_factor
         remaining = math.inf if out.steps_target is None else out.steps_target - self.progress
         if remaining <= 1e-9:
             return True
@@ -816,15 +1137,20 @@ class _JobRun:
                     if extra is not None:
                         out.replacements += len(extra)
                         self.add(extra)
+                        self._placed()
                         break
                     yield self.t.hardware_event
                 self.set_state("restarting")
                 yield env.timeout(f.restart_s)
                 self.set_state("restoring")
                 yield env.timeout(restore)
-            except simpy.Interrupt:
-                self.interrupt_pending = False  # another failure: start the recovery again
-                continue
+            except simpy.Interrupt as signal:
+                self.interrupt_pending = False
+                if signal.cause == "preempt":
+                    raise _Preempted() from None
+                if isinstance(signal.cause, tuple) and signal.cause[0] == "end":
+                    raise _Ended(signal.cause[1]) from None
+                continue  # another failure (or a pace change): start the recovery again
             self.set_state("running")
             return
 

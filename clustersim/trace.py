@@ -47,7 +47,8 @@ JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarti
 UTILISATION_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
                       "restoring", "repairing", "idle", "inactive")
 EVENT_KINDS = ("failure", "repair", "checkpoint")
-TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation")
+TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation",
+          "cluster_state")
 
 _dict_string = pa.dictionary(pa.int8(), pa.string())
 SCHEMAS: dict[str, pa.Schema] = {
@@ -78,6 +79,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         [("bin_start_s", pa.float64()), ("bin_s", pa.float64()), ("level", _dict_string),
          ("key", pa.string())] + [(state, pa.float64()) for state in UTILISATION_STATES]
     ),
+    "cluster_state": pa.schema([
+        ("time_s", pa.float64()), ("free_instances", pa.int32()), ("queued_jobs", pa.int32()),
+        ("running_jobs", pa.int32()), ("fragmentation", pa.float64()),
+    ]),
 }
 
 COLUMNS: dict[str, dict[str, str]] = {
@@ -114,6 +119,12 @@ COLUMNS: dict[str, dict[str, str]] = {
         "job_id": "job holding the instance", "instance_id": "instance held",
         "start_s": "from, s", "end_s": "until, s (the horizon if still held)",
     },
+    "cluster_state": {
+        "time_s": "when the scheduler last changed something, s (a step function)",
+        "free_instances": "healthy instances held by no job",
+        "queued_jobs": "jobs waiting to start", "running_jobs": "jobs holding instances",
+        "fragmentation": "share of free instances outside wholly free leaf switches",
+    },
     "utilisation": {
         "bin_start_s": "bin start, s", "bin_s": "bin length, s",
         "level": "cluster, ultraserver, instance or job",
@@ -145,6 +156,7 @@ class MemoryRecorder:
         self.events: list[tuple] = []
         self.intervals: list[tuple] = []
         self.allocations: list[tuple] = []
+        self.states: list[tuple] = []
 
     def event(self, time_s: float, kind: str, component: str, chip: int, instance: int,
               job: int) -> None:
@@ -156,6 +168,10 @@ class MemoryRecorder:
 
     def allocation(self, job: int, instance: int, start_s: float, end_s: float) -> None:
         self.allocations.append((job, instance, start_s, end_s))
+
+    def cluster_state(self, time_s: float, free: int, queued: int, running: int,
+                      fragmentation: float) -> None:
+        self.states.append((time_s, free, queued, running, fragmentation))
 
 
 class ParquetRecorder(MemoryRecorder):
@@ -195,6 +211,10 @@ class ParquetRecorder(MemoryRecorder):
         super().allocation(*args)
         self._maybe_flush("allocations", self.allocations)
 
+    def cluster_state(self, *args: Any) -> None:
+        super().cluster_state(*args)
+        self._maybe_flush("cluster_state", self.states)
+
     def write_table(self, table: str, rows: Sequence[tuple] | pa.Table) -> None:
         """Write a whole table at once (dimension tables, utilisation)."""
         data = rows if isinstance(rows, pa.Table) else _rows_to_table(table, list(rows))
@@ -204,7 +224,7 @@ class ParquetRecorder(MemoryRecorder):
     def close_facts(self) -> None:
         """Flush and close the streamed tables (they exist even when empty)."""
         for table, rows in (("events", self.events), ("intervals", self.intervals),
-                            ("allocations", self.allocations)):
+                            ("allocations", self.allocations), ("cluster_state", self.states)):
             self._maybe_flush(table, rows, force=True)
             self._writer(table).close()
         self.writers.clear()

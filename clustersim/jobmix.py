@@ -1,0 +1,206 @@
+"""Job mixes: jobs drawn from templates with an arrival process, or read from a trace file.
+
+A scenario's `workload:` section adds jobs to its `jobs:` list, drawn with the scenario's
+seed (a stream of its own, so `--seed` on `run` varies failures, not the job mix):
+
+```yaml
+workload:
+  arrivals: {rate: 20/d, count: 120}      # Poisson arrivals; stop at `count` or `until`
+  templates:
+    - name: small
+      weight: 3                             # how often this template is drawn
+      instances: [1, 2, 4, 8]               # one drawn uniformly; or {min: 1, max: 64}:
+                                            # a power of two, log-uniform between them
+      run_for: {median: 6h, sigma: 1.0}     # log-normal run time (or steps: 5000)
+      microbatches: 8                       # per data-parallel replica and step
+      job: {model: llama3-8b, seq_len: 4096, parallelism: {tp: 8, pp: 1}, priority: 0,
+            recompute: selective, checkpoint: {interval: 1h, write: 30s}}
+  file: jobs.csv                            # optional: jobs from a trace, beside the scenario
+```
+
+Data parallelism follows from the size: dp = instances x ranks per instance / (tp x pp), and
+the global batch is dp x micro_batch x microbatches.
+
+Trace files (CSV or Parquet), one job a row, relative to the scenario file: `submit`
+(seconds, or a duration such as `2h`), `instances`, `template` (the template giving the
+model, parallelism and batch), and optionally `run_for` (seconds or a duration), `steps`,
+`priority`, `name`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from clustersim import units
+from clustersim.spec import Duration, Rate, Spec
+
+__all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
+
+
+class SizeRange(Spec):
+    min: int = Field(gt=0)
+    max: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SizeRange:
+        if self.max < self.min:
+            raise ValueError(f"max {self.max} is below min {self.min}")
+        return self
+
+
+class RunTime(Spec):
+    """A log-normal run time: its median and the sigma of its logarithm (0: fixed)."""
+
+    median_s: Duration = Field(alias="median")
+    sigma: float = Field(default=0.0, ge=0)
+
+
+class JobTemplate(Spec):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    weight: float = Field(default=1.0, gt=0)
+    instances: list[int] | SizeRange
+    run_for: RunTime | None = None
+    steps: int | None = Field(default=None, gt=0)
+    microbatches: int = Field(default=8, gt=0, description="per data-parallel replica per step")
+    job: dict[str, Any] = Field(description="the job's fields but name, instances, dp, batch")
+
+    @model_validator(mode="after")
+    def _check(self) -> JobTemplate:
+        if isinstance(self.instances, list) and (not self.instances or min(self.instances) < 1):
+            raise ValueError("instances: expected a non-empty list of positive counts")
+        for key in ("name", "instances", "global_batch", "submit"):
+            if key in self.job:
+                raise ValueError(f"job.{key} is set by the template; remove it")
+        return self
+
+
+class Arrivals(Spec):
+    rate_per_s: Rate = Field(alias="rate", description="Poisson arrivals per unit time")
+    count: int | None = Field(default=None, gt=0)
+    until_s: Duration | None = Field(default=None, alias="until")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Arrivals:
+        if self.count is None and self.until_s is None:
+            raise ValueError("give count or until (or both)")
+        return self
+
+
+class WorkloadSpec(Spec):
+    arrivals: Arrivals | None = None
+    templates: list[JobTemplate] = Field(default_factory=list)
+    file: str | None = Field(default=None, description="CSV or Parquet job trace")
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.arrivals is not None and not self.templates:
+            raise ValueError("arrivals need at least one template")
+        names = [t.name for t in self.templates]
+        if len(set(names)) != len(names):
+            raise ValueError("template names must be unique")
+        return self
+
+
+def _size(template: JobTemplate, rng: np.random.Generator) -> int:
+    if isinstance(template.instances, list):
+        return int(template.instances[rng.integers(len(template.instances))])
+    low = math.log2(template.instances.min)
+    high = math.log2(template.instances.max)
+    exponent = rng.uniform(low, high)
+    return int(min(template.instances.max, max(template.instances.min, 2 ** round(exponent))))
+
+
+def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: str,
+         submit_s: float, run_for_s: float | None, steps: int | None,
+         priority: int | None) -> dict[str, Any]:
+    job = copy.deepcopy(template.job)
+    parallelism = dict(job.get("parallelism") or {})
+    tp, pp = int(parallelism.get("tp", 1)), int(parallelism.get("pp", 1))
+    ranks = instances * ranks_per_instance
+    parallelism["dp"] = max(1, ranks // (tp * pp)) if ranks % (tp * pp) == 0 else ranks / (tp * pp)
+    micro = int(job.get("micro_batch", 1))
+    dp = parallelism["dp"]
+    job.update({
+        "name": name, "instances": instances, "parallelism": parallelism, "submit": submit_s,
+        "global_batch": int(dp * micro * template.microbatches) if isinstance(dp, int) else 1,
+    })
+    if run_for_s is not None:
+        job["run_for"] = run_for_s
+    if steps is not None:
+        job["steps"] = steps
+    if priority is not None:
+        job["priority"] = priority
+    return job
+
+
+def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
+                  base_dir: Path | None) -> list[dict[str, Any]]:
+    """Raw job mappings (validated later with the rest of the scenario)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
+    jobs: list[dict[str, Any]] = []
+    templates = {t.name: t for t in workload.templates}
+    if workload.arrivals is not None:
+        a = workload.arrivals
+        weights = np.array([t.weight for t in workload.templates])
+        weights = weights / weights.sum()
+        t = 0.0
+        while True:
+            t += rng.exponential(1.0 / a.rate_per_s)
+            if a.until_s is not None and t >= a.until_s:
+                break
+            if a.count is not None and len(jobs) >= a.count:
+                break
+            template = workload.templates[int(rng.choice(len(weights), p=weights))]
+            run_for = None
+            if template.run_for is not None:
+                run_for = float(template.run_for.median_s * math.exp(
+                    template.run_for.sigma * rng.standard_normal()))
+            jobs.append(_job(template, _size(template, rng), ranks_per_instance,
+                             f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None))
+    if workload.file is not None:
+        jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir)
+    return jobs
+
+
+def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_instance: int,
+               base_dir: Path | None) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    path = Path(path_text)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.exists():
+        raise ValueError(f"workload.file: no such file {path}")
+    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    missing = {"submit", "instances", "template"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"workload.file {path}: missing columns {', '.join(sorted(missing))}; "
+                         "expected submit, instances, template (run_for, steps, priority, name "
+                         "optional)")
+    jobs = []
+    for number, row in enumerate(frame.to_dict("records")):
+        template = templates.get(str(row["template"]))
+        if template is None:
+            raise ValueError(f"workload.file {path}, row {number + 1}: unknown template "
+                             f"{row['template']!r}; expected one of {', '.join(templates)}")
+
+        def value(key: str, row: dict = row) -> Any:
+            item = row.get(key)
+            return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
+
+        run_for = value("run_for")
+        jobs.append(_job(
+            template, int(row["instances"]), ranks_per_instance,
+            str(value("name") or f"{template.name}-trace-{number:04d}"),
+            units.parse_duration(row["submit"]),
+            units.parse_duration(run_for) if run_for is not None else (
+                float(template.run_for.median_s) if template.run_for else None),
+            int(value("steps")) if value("steps") is not None else template.steps,
+            int(value("priority")) if value("priority") is not None else None))
+    return jobs
