@@ -630,8 +630,13 @@ class Scheduler:
     def _backfill(self, head: _JobRun, rest: list[_JobRun], free: np.ndarray) -> None:
         now = self.t.env.now
         available = int(np.count_nonzero(free))
-        ends = sorted((r.expected_end(), r.held_count) for r in self.t.jobs
-                      if r.held_count and r.state != "done")
+        # Instances per job from the owner array: a job just granted holds them already,
+        # even before its process has taken them up.
+        owners = self.t.owner[self.t.owner >= 0]
+        held = np.bincount(owners, minlength=len(self.t.jobs)) if len(owners) else np.zeros(
+            len(self.t.jobs), dtype=np.int64)
+        ends = sorted((self.t.jobs[j].expected_end(), int(held[j]))
+                      for j in np.flatnonzero(held).tolist())
         shadow, extra = math.inf, available
         for end, count in ends:
             available += count
@@ -802,7 +807,7 @@ class _JobRun:
                                                horizon)
         out = self.outcome
         out.progress_steps = self.progress
-        if out.status != "done":
+        if self.state != "done":
             out.status = "running at horizon" if self.state == "running" else (
                 f"{STATE_LABELS.get(self.state, self.state)} at horizon")
             out.reason = self._why_not_done()
@@ -976,8 +981,9 @@ class _JobRun:
     def expected_end(self) -> float:
         now = self.t.env.now
         end = now + self.expected_duration()
-        if self.job.run_for_s is not None and self.outcome.start_s is not None:
-            end = min(end, self.outcome.start_s + self.job.run_for_s)
+        if self.job.run_for_s is not None:
+            started = self.outcome.start_s if self.outcome.start_s is not None else now
+            end = min(end, started + self.job.run_for_s)
         if self.end_at is not None:
             end = min(end, self.end_at)
         return end
