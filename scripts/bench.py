@@ -178,6 +178,39 @@ figures = {"trace_mib": round(sum(sizes.values()) / 2**20, 2),
 """,
         False,
     ),
+    "scheduler: a week of 120 jobs on 128 trn2 with failures (run, CLI)": (
+        """
+import json, subprocess, sys, tempfile, time
+out = tempfile.mkdtemp() + "/run"
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/mix-128-trn2.yaml",
+                "-o", out], capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+cluster = json.load(open(out + "/summary.json"))["cluster"]
+figures = {"run_wall_s": round(wall, 1), "jobs": cluster["jobs_by_status"],
+           "mean_queue_wait_h": round(cluster["mean_queue_wait_s"] / 3600, 1),
+           "utilisation": round(cluster["utilisation"], 3)}
+""",
+        True,
+    ),
+    "scheduler: a week of 2,000 jobs on 8,192 Trn2 UltraServers (run, CLI)": (
+        """
+import json, subprocess, sys, tempfile, time
+out = tempfile.mkdtemp() + "/run"
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/rainier-2000-jobs.yaml",
+                "-o", out], capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+summary = json.load(open(out + "/summary.json"))
+cluster = summary["cluster"]
+figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("done"),
+           "preemptions": sum(j["preemptions"] for j in summary["jobs"].values()),
+           "mean_queue_wait_h": round(cluster["mean_queue_wait_s"] / 3600, 1),
+           "utilisation": round(cluster["utilisation"], 3),
+           "fragmentation": round(cluster["fragmentation"], 3)}
+""",
+        False,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json
