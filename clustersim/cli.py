@@ -234,7 +234,7 @@ def validate(
             continue
         out_console.print(
             f"ok: {escape(str(path))} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
-            f"{len(spec.jobs)} job{'s' if len(spec.jobs) != 1 else ''})"
+            f"{len(spec.jobs):,} job{'s' if len(spec.jobs) != 1 else ''})"
         )
     if failed:
         raise typer.Exit(2)

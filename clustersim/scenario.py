@@ -593,6 +593,33 @@ def _deduplicate(issues: list[Issue]) -> list[Issue]:
     return list(merged.values())
 
 
+def _collapse_generated(issues: list[Issue], first: int | None) -> list[Issue]:
+    """One line per problem of the jobs a workload generated, with how many it hit."""
+    if first is None:
+        return issues
+    out: list[Issue] = []
+    seen: dict[tuple[str, str], list[int]] = {}
+    for issue in issues:
+        match = re.match(r"jobs\.(\d+)(.*)", issue.path)
+        if match is None or int(match.group(1)) < first:
+            out.append(issue)
+            continue
+        key = (match.group(2), issue.message)
+        if key not in seen:
+            seen[key] = []
+            out.append(issue)
+        seen[key].append(int(match.group(1)))
+    for index, issue in enumerate(out):
+        match = re.match(r"jobs\.(\d+)(.*)", issue.path)
+        if match is None or int(match.group(1)) < first:
+            continue
+        hit = seen[(match.group(2), issue.message)]
+        if len(hit) > 1:
+            out[index] = Issue(issue.path, f"{issue.message} (and {len(hit) - 1} more jobs the "
+                               f"workload generated)", issue.value, issue.has_value, issue.line)
+    return out
+
+
 def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
                      base_dir: Path | None) -> None:
     """Append the jobs of a `workload:` section (templates x arrivals, trace file)."""
@@ -615,6 +642,7 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
     except ValueError as error:
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []
+    resolved["_generated_from"] = len(jobs)
     resolved["jobs"] = list(jobs) + generated
     _, issues = _resolve_catalog_names({"jobs": resolved["jobs"]})
     if issues:
@@ -646,6 +674,7 @@ def scenario_from_dict(
     resolved, issues = _resolve_catalog_names(raw)
     if not issues:
         _expand_workload(raw, resolved, source, base_dir)
+    generated_from = resolved.pop("_generated_from", None)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
         scenario = Scenario.model_validate(resolved)
@@ -654,9 +683,10 @@ def scenario_from_dict(
             i for i in _pydantic_issues(error)
             if not any(i.path == r or i.path.startswith(r + ".") for r in failed_roots)
         ]
-        raise ScenarioError(source, issues) from None
+        raise ScenarioError(source, _collapse_generated(issues, generated_from)) from None
     except ScenarioCheckError as error:
-        raise ScenarioError(source, issues + error.issues) from None
+        raise ScenarioError(source, _collapse_generated(issues + error.issues,
+                                                        generated_from)) from None
     if issues:
         raise ScenarioError(source, issues)
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
