@@ -1,0 +1,118 @@
+"""Regression checks: re-run reference scenarios and compare with their golden summaries.
+
+Goldens are `results/<scenario name>/summary.json`, committed, with the volatile fields
+(`wall_s`, `clustersim_version`) removed and every float rounded to 6 significant digits.
+`clustersim check` re-runs each reference scenario (a file in `scenarios/` with a golden) and
+reports every figure that moved by more than 1e-5 relative (a readable diff; exit 1);
+`clustersim check --update` rewrites the goldens, deliberately. The quickstart scenario has no
+golden: its default output folder is where the README's first command writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clustersim.api import simulate
+from clustersim.scenario import load_scenario
+
+__all__ = ["SIGNIFICANT_DIGITS", "RELATIVE_TOLERANCE", "VOLATILE", "CheckResult", "normalise",
+           "differences", "golden_path", "reference_scenarios", "check_scenario"]
+
+SIGNIFICANT_DIGITS = 6
+RELATIVE_TOLERANCE = 1e-5
+VOLATILE = ("wall_s", "clustersim_version")
+NOT_REFERENCE = ("quickstart",)
+
+
+def _round(value: float) -> float:
+    if value == 0 or not math.isfinite(value):
+        return value
+    digits = SIGNIFICANT_DIGITS - 1 - int(math.floor(math.log10(abs(value))))
+    return round(value, digits)
+
+
+def normalise(summary: Any, top: bool = True) -> Any:
+    """Volatile fields out, floats rounded: what a golden holds."""
+    if isinstance(summary, dict):
+        return {k: normalise(v, False) for k, v in summary.items()
+                if not (top and k in VOLATILE)}
+    if isinstance(summary, list):
+        return [normalise(v, False) for v in summary]
+    if isinstance(summary, float):
+        return _round(summary)
+    return summary
+
+
+def differences(golden: Any, now: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """(path, golden, now) for every figure that differs beyond the tolerance."""
+    if isinstance(golden, dict) and isinstance(now, dict):
+        out = []
+        for key in list(dict.fromkeys(list(golden) + list(now))):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in golden:
+                out.append((where, "(absent)", now[key]))
+            elif key not in now:
+                out.append((where, golden[key], "(absent)"))
+            else:
+                out += differences(golden[key], now[key], where)
+        return out
+    if isinstance(golden, list) and isinstance(now, list) and len(golden) == len(now):
+        out = []
+        for index, (a, b) in enumerate(zip(golden, now, strict=True)):
+            out += differences(a, b, f"{path}.{index}")
+        return out
+    numbers = (int, float)
+    if (isinstance(golden, numbers) and isinstance(now, numbers)
+            and not isinstance(golden, bool) and not isinstance(now, bool)):
+        if golden == now or abs(golden - now) <= RELATIVE_TOLERANCE * max(abs(golden), abs(now)):
+            return []
+        return [(path, golden, now)]
+    return [] if golden == now else [(path, golden, now)]
+
+
+def golden_path(root: Path, name: str) -> Path:
+    return root / "results" / name / "summary.json"
+
+
+def reference_scenarios(root: Path) -> list[Path]:
+    """Scenarios of the library that have a golden."""
+    found = []
+    for path in sorted((root / "scenarios").glob("*.yaml")):
+        try:
+            name = load_scenario(path).name
+        except Exception:  # an invalid file is reported when it is checked by name
+            continue
+        if name not in NOT_REFERENCE and golden_path(root, name).exists():
+            found.append(path)
+    return found
+
+
+@dataclass
+class CheckResult:
+    scenario: Path
+    name: str
+    status: str  # ok, differs, missing, updated
+    differences: list[tuple[str, Any, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def check_scenario(path: Path, root: Path, update: bool = False) -> CheckResult:
+    """Re-run one scenario and compare (or rewrite) its golden."""
+    scenario = load_scenario(path)
+    result = simulate(scenario)
+    now = normalise(result.summary)
+    golden_file = golden_path(root, scenario.name)
+    wall = float(result.summary.get("wall_s", 0.0))
+    if update:
+        golden_file.parent.mkdir(parents=True, exist_ok=True)
+        golden_file.write_text(json.dumps(now, indent=2) + "\n", encoding="utf-8")
+        return CheckResult(path, scenario.name, "updated", wall_s=wall)
+    if not golden_file.exists():
+        return CheckResult(path, scenario.name, "missing", wall_s=wall)
+    golden = json.loads(golden_file.read_text(encoding="utf-8"))
+    found = differences(golden, now)
+    return CheckResult(path, scenario.name, "differs" if found else "ok", found, wall)

@@ -1,0 +1,257 @@
+"""Sweeps: a scenario's variants x grid x seeds, each a full run, on local processes or Ray.
+
+A sweep file (CONTRACT.md, extended with `variants`):
+
+```yaml
+scenario: ../compare-1024-chips.yaml      # relative to the sweep file
+grid:                                     # every combination is one variant
+  jobs.0.checkpoint.interval: [10min, 30min, 1h]
+  failures.scale: [0.5, 1, 2]
+variants:                                 # optional: named sets of overrides applied
+  - {name: trn2, set: {hardware: trn2, cluster.instances: 64}}   # together, crossed with grid
+  - {name: p5en, set: {hardware: p5en, cluster.instances: 128}}
+seeds: [0, 1, 2]                          # or `replications: 3` (the scenario's seed, +1, +2)
+```
+
+Results: `sweep.parquet`, one row per variant, grid point and seed, with the grid values as
+columns named by their path, `variant`, `seed`, `status` (ok or error), `error`, and every
+number of the summary as `<job>.<figure>` and `cluster.<figure>` (nested figures by dotted
+path); `sweep_summary.parquet`, per variant and grid point, the mean of each figure over the
+seeds with `<figure>_ci95`, the half-width of its 95% interval. A variant that fails is a row
+with its error; the others still run. The same rows come out of either engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from clustersim.api import simulate
+from clustersim.outputs import atomic_output_dir
+from clustersim.scenario import Issue, ScenarioError, _pydantic_issues, load_scenario
+from clustersim.spec import Spec
+
+__all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
+           "summarise", "write_sweep", "t_quantile"]
+
+
+class Variant(Spec):
+    name: str = Field(min_length=1)
+    set: dict[str, Any] = Field(default_factory=dict, description="path -> value overrides")
+
+
+class SweepSpec(Spec):
+    scenario: str
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    variants: list[Variant] = Field(default_factory=list)
+    seeds: list[int] | None = None
+    replications: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> SweepSpec:
+        if self.seeds is not None and self.replications is not None:
+            raise ValueError("give seeds or replications, not both")
+        for path, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid.{path}: expected at least one value")
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError("variant names must be unique")
+        return self
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of a sweep: which variant and grid point, its overrides, its seed."""
+
+    index: int
+    scenario_path: str
+    variant: str
+    grid: tuple[tuple[str, Any], ...]
+    overrides: tuple[str, ...]
+    seed: int
+
+
+def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
+    """Read and validate a sweep file; errors name the file and key path (exit 2)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScenarioError(str(path), [Issue("", "no such file")]) from None
+    except yaml.YAMLError as error:
+        raise ScenarioError(str(path), [Issue("", f"YAML syntax error: {error}")]) from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(str(path), [Issue("", "expected a mapping (scenario, grid, seeds)",
+                                              raw, True)])
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as error:
+        raise ScenarioError(str(path), _pydantic_issues(error)) from None
+    scenario = (path.parent / spec.scenario).resolve()
+    if not scenario.exists():
+        raise ScenarioError(str(path), [Issue("scenario", f"no such file {scenario}",
+                                              spec.scenario, True)])
+    return spec, scenario
+
+
+def _override(path: str, value: Any) -> str:
+    return f"{path}={json.dumps(value)}"
+
+
+def sweep_tasks(spec: SweepSpec, scenario_path: Path) -> list[Task]:
+    """Every run of the sweep, in a fixed order."""
+    if spec.seeds is not None:
+        seeds = list(spec.seeds)
+    else:
+        base = load_scenario(scenario_path).seed
+        seeds = [base + i for i in range(spec.replications or 1)]
+    variants = spec.variants or [Variant(name="base")]
+    paths = list(spec.grid)
+    tasks = []
+    for variant in variants:
+        for values in itertools.product(*(spec.grid[p] for p in paths)):
+            overrides = [_override(p, v) for p, v in variant.set.items()]
+            overrides += [_override(p, v) for p, v in zip(paths, values, strict=True)]
+            for seed in seeds:
+                tasks.append(Task(len(tasks), str(scenario_path), variant.name,
+                                  tuple(zip(paths, values, strict=True)), tuple(overrides), seed))
+    return tasks
+
+
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(node, bool):
+        out[prefix] = float(node)
+    elif isinstance(node, int | float):
+        out[prefix] = float(node)
+
+
+def run_task(task: Task) -> dict[str, Any]:
+    """Run one variant and seed; a failure becomes a row with its error."""
+    row: dict[str, Any] = {"task": task.index, "variant": task.variant, "seed": task.seed}
+    for path, value in task.grid:
+        row[path] = value if isinstance(value, int | float | str | bool) else json.dumps(value)
+    try:
+        scenario = load_scenario(task.scenario_path, list(task.overrides))
+        summary = simulate(scenario, seed=task.seed).summary
+    except Exception as error:  # a variant's failure is reported, the sweep goes on
+        row.update(status="error", error=f"{type(error).__name__}: {error}")
+        return row
+    figures: dict[str, Any] = {}
+    _flatten(summary["jobs"], "", figures)
+    _flatten({"cluster": {k: v for k, v in summary["cluster"].items()
+                          if k not in ("links", "per_chip_bandwidth_gbps", "peak_pflops")}},
+             "", figures)
+    row.update(status="ok", error="", **figures)
+    return row
+
+
+def _local(tasks: list[Task], workers: int | None) -> Iterator[dict[str, Any]]:
+    workers = workers or min(len(tasks), os.cpu_count() or 1)
+    if workers <= 1:
+        for task in tasks:
+            yield run_task(task)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_task, task) for task in tasks]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def _ray(tasks: list[Task], address: str | None) -> Iterator[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("the ray engine needs Ray: pip install -e '.[ray]'") from None
+    ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
+             log_to_driver=False)
+    remote = ray.remote(run_task)
+    pending = [remote.remote(task) for task in tasks]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            yield ray.get(ref)
+
+
+def run_sweep(path: str | Path, engine: str = "local", workers: int | None = None,
+              address: str | None = None,
+              progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame,
+                                                                          pd.DataFrame]:
+    """Run every task of a sweep file; return (rows, summary) DataFrames."""
+    spec, scenario_path = load_sweep(path)
+    tasks = sweep_tasks(spec, scenario_path)
+    if engine not in ("local", "ray"):
+        raise ValueError(f"unknown engine {engine!r}; expected local or ray")
+    results = _local(tasks, workers) if engine == "local" else _ray(tasks, address)
+    rows = []
+    for row in results:
+        rows.append(row)
+        if progress is not None:
+            progress(len(rows), len(tasks))
+    frame = pd.DataFrame(rows).sort_values("task", ignore_index=True)
+    return frame, summarise(frame, [p for p in spec.grid])
+
+
+# Student t quantiles (0.975), n - 1 degrees of freedom.
+_T = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+      10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t_quantile(dof: int) -> float:
+    if dof <= 0:
+        return math.nan
+    if dof in _T:
+        return _T[dof]
+    if dof > 30:
+        return 1.96
+    lower = max(k for k in _T if k < dof)
+    upper = min(k for k in _T if k > dof)
+    return _T[lower] + (_T[upper] - _T[lower]) * (dof - lower) / (upper - lower)
+
+
+def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
+    """Mean and 95% interval half-width of every figure per variant and grid point."""
+    keys = ["variant"] + grid_paths
+    ok = rows[rows["status"] == "ok"] if "status" in rows else rows
+    figures = [c for c in ok.columns if c not in keys + ["task", "seed", "status", "error"]
+               and pd.api.types.is_numeric_dtype(ok[c])]
+    out = []
+    for values, group in rows.groupby(keys, sort=False, dropna=False):
+        values = values if isinstance(values, tuple) else (values,)
+        record: dict[str, Any] = dict(zip(keys, values, strict=True))
+        good = group[group["status"] == "ok"]
+        record["runs"] = len(good)
+        record["failed"] = int((group["status"] != "ok").sum())
+        for figure in figures:
+            data = good[figure].dropna().to_numpy(dtype=float)
+            record[figure] = float(data.mean()) if len(data) else np.nan
+            record[f"{figure}_ci95"] = (float(t_quantile(len(data) - 1) * data.std(ddof=1)
+                                              / math.sqrt(len(data)))
+                                        if len(data) > 1 else np.nan)
+        out.append(record)
+    return pd.DataFrame(out)
+
+
+def write_sweep(rows: pd.DataFrame, summary: pd.DataFrame, sweep_path: str | Path,
+                out: str | Path, force: bool = False) -> Path:
+    """OUT/sweep.parquet, OUT/sweep_summary.parquet and a copy of the sweep file, atomically."""
+    with atomic_output_dir(Path(out), force=force) as staging:
+        rows.to_parquet(staging / "sweep.parquet", index=False)
+        summary.to_parquet(staging / "sweep_summary.parquet", index=False)
+        (staging / "sweep.yaml").write_text(Path(sweep_path).read_text(encoding="utf-8"))
+    return Path(out)
