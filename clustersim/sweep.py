@@ -204,6 +204,9 @@ def run_sweep(path: str | Path, engine: str = "local", workers: int | None = Non
         if progress is not None:
             progress(len(rows), len(tasks))
     frame = pd.DataFrame(rows).sort_values("task", ignore_index=True)
+    # Columns in a fixed order whichever run finished first: keys, then figures by name.
+    first = ["task", "variant", *spec.grid, "seed", "status", "error"]
+    frame = frame[[c for c in first if c in frame] + sorted(c for c in frame if c not in first)]
     return frame, summarise(frame, [p for p in spec.grid])
 
 
