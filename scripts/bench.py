@@ -211,6 +211,20 @@ figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("
 """,
         False,
     ),
+    "sweep: checkpoint-interval study, 6 intervals x 4 seeds of a 4,096-chip month (local)": (
+        """
+import time
+from clustersim.sweep import run_sweep
+t0 = time.perf_counter()
+rows, summary = run_sweep("scenarios/sweeps/checkpoint-interval.yaml")
+wall = time.perf_counter() - t0
+best = summary.sort_values("train.ettr").iloc[-1]
+figures = {"runs": len(rows), "runs_per_minute": round(60 * len(rows) / wall, 1),
+           "best_interval": str(best["jobs.0.checkpoint.interval"]),
+           "best_ettr": round(float(best["train.ettr"]), 4)}
+""",
+        True,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json
