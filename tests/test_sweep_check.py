@@ -124,7 +124,8 @@ def test_every_library_scenario_has_a_golden_but_quickstart():
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         name = yaml.safe_load(path.read_text())["name"]
         golden = ROOT / "results" / name / "summary.json"
-        assert golden.exists() == (name != "quickstart"), name
+        if name != "quickstart":  # quickstart's folder is the README command's output
+            assert golden.exists(), name
         assert path.read_text().startswith("# "), f"{path.name} needs its comment header"
 
 
