@@ -63,12 +63,15 @@ def plot_utilisation(run: Run, path: Path) -> Path:
 
 def plot_job_timelines(run: Run, path: Path) -> Path:
     intervals = run.intervals
-    jobs = run.jobs.sort_values("job_id")
+    shown = set(_largest_jobs(run))
+    jobs = run.jobs[run.jobs["name"].isin(shown)].sort_values("job_id")
     spans = intervals[intervals["entity"] == "job"]
     fig, ax = plt.subplots(figsize=(11, 1.8 + 0.6 * len(jobs)))
     for row, (job_id, _name) in enumerate(zip(jobs["job_id"], jobs["name"], strict=True)):
         mine = spans[spans["entity_id"] == job_id]
         for state, group in mine.groupby("state"):
+            if state == "done":
+                continue  # the bar ends where the job did
             bars = list(zip(_days(group["start_s"].to_numpy()),
                             _days((group["end_s"] - group["start_s"]).to_numpy()), strict=True))
             ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=STATE_COLOURS.get(state, "k"),
@@ -80,7 +83,7 @@ def plot_job_timelines(run: Run, path: Path) -> Path:
     ax.set_yticks(range(len(jobs)), jobs["name"].tolist())
     ax.set_xlabel("day")
     ax.set_xlim(0, _days(run.summary["simulated_s"]))
-    ax.set_title("job states over time")
+    ax.set_title("job states over time" + _of(run, shown))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -110,69 +113,79 @@ def plot_failures(run: Run, path: Path) -> Path:
     return path
 
 
+MAX_ROWS = 30  # jobs drawn per plot: the largest by chip-time when there are more
+
+
+def _largest_jobs(run: Run) -> dict[str, dict]:
+    jobs = run.summary["jobs"]
+    if len(jobs) <= MAX_ROWS:
+        return jobs
+    ranked = sorted(jobs, key=lambda n: -(jobs[n].get("chips", 0) * jobs[n].get("wall_s", 0)))
+    return {name: jobs[name] for name in ranked[:MAX_ROWS]}
+
+
+def _stacked_bars(rows: list[tuple[str, list[tuple[float, str, str]], str]], xlabel: str,
+                  title: str, path: Path) -> Path:
+    """One horizontal bar per row, stacked from (value, label, colour) segments, annotated."""
+    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(rows)))
+    for row, (_, segments, note) in enumerate(rows):
+        left = 0.0
+        for value, label, colour in segments:
+            if value > 0:
+                ax.barh(row, value, left=left, color=colour, label=label)
+                left += value
+        ax.text(left, row, f"  {note}", va="center", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_yticks(range(len(rows)), [name for name, _, _ in rows])
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_hours(run: Run, path: Path) -> Path:
     """Per job, one horizontal bar: useful hours then every cause of lost hours."""
-    jobs = run.summary["jobs"]
-    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(jobs)))
     palette = {"useful": STATE_COLOURS["running"], "lost_work": "#d84315",
                "checkpointing": STATE_COLOURS["checkpointing"],
                "detecting": STATE_COLOURS["down"], "waiting_for_hardware": STATE_COLOURS["waiting"],
                "restarting": STATE_COLOURS["restarting"], "restoring": STATE_COLOURS["restoring"],
                "queued": STATE_COLOURS["queued"]}
-    for row, (_name, job) in enumerate(jobs.items()):
-        left = 0.0
+    jobs = _largest_jobs(run)
+    rows = []
+    for name, job in jobs.items():
         parts = [("useful", job.get("useful_s", 0.0))] + [
             (k, v) for k, v in job.get("lost_time_s", {}).items() if not k.endswith("_ci95")]
-        for key, seconds in parts:
-            hours = seconds / 3600
-            if hours <= 0:
-                continue
-            label = "useful" if key == "useful" else LOST_LABELS.get(key, key)
-            ax.barh(row, hours, left=left, color=palette.get(key, "k"), label=label)
-            left += hours
-        ax.text(left, row, f"  ETTR {job.get('ettr', 0):.1%}", va="center", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
-    ax.set_yticks(range(len(jobs)), list(jobs))
-    ax.set_xlabel("hours since the job started")
-    ax.set_title("where the hours went")
-    ax.margins(x=0.12)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        segments = [(seconds / 3600, "useful" if key == "useful" else LOST_LABELS.get(key, key),
+                     palette.get(key, "k")) for key, seconds in parts]
+        rows.append((name, segments, f"ETTR {job.get('ettr', 0):.1%}"))
+    title = "where the hours went" + _of(run, jobs)
+    return _stacked_bars(rows, "hours since the job was submitted", title, path)
 
 
 def plot_step(run: Run, path: Path) -> Path:
-    jobs = run.summary["jobs"]
     parts = [("compute_s", "compute", "#2e7d32"), ("tp_comm_s", "TP comm", "#1565c0"),
              ("pp_comm_s", "PP comm", "#00838f"), ("dp_comm_s", "DP comm", "#8e24aa"),
              ("bubble_s", "pipeline bubble", "#9e9e9e"), ("optimizer_s", "optimizer", "#ef6c00")]
-    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(jobs)))
-    for row, (_name, job) in enumerate(jobs.items()):
+    jobs = _largest_jobs(run)
+    rows = []
+    for name, job in jobs.items():
         breakdown = job.get("step_breakdown", {})
-        left = 0.0
-        for key, label, colour in parts:
-            value = breakdown.get(key, 0.0)
-            if value > 0:
-                ax.barh(row, value, left=left, color=colour, label=label)
-                left += value
-        ax.text(left, row, f"  {job.get('step_time_s', 0):.2f} s, MFU {job.get('mfu', 0):.1%}",
-                va="center", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
-    ax.set_yticks(range(len(jobs)), list(jobs))
-    ax.set_xlabel("seconds per training step")
-    ax.set_title("one training step, by where its time goes")
-    ax.margins(x=0.18)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        segments = [(breakdown.get(key, 0.0), label, colour) for key, label, colour in parts]
+        rows.append((name, segments,
+                     f"{job.get('step_time_s', 0):.2f} s, MFU {job.get('mfu', 0):.1%}"))
+    title = "one training step, by where its time goes" + _of(run, jobs)
+    return _stacked_bars(rows, "seconds per training step", title, path)
+
+
+def _of(run: Run, shown: dict) -> str:
+    total = len(run.summary["jobs"])
+    return f" ({len(shown)} largest of {total} jobs)" if len(shown) < total else ""
 
 
 def write_report(run_dir: str | Path) -> Path:

@@ -695,10 +695,6 @@ class Scheduler:
             self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)
 
 
-class _Failure(Exception):
-    """What interrupts a job: the component and the instances it lost."""
-
-
 class _Preempted(Exception):
     """The scheduler evicted the job for a higher-priority one."""
 
