@@ -129,6 +129,7 @@ class JobOutcome:
     ultraservers_lost: int = 0
     preemptions: int = 0
     placement_step_time_s: float | None = None
+    contention_slowdown: float = 1.0  # worst slowdown of its uplink traffic by other jobs
     ideal_s: float | None = None  # run time alone, without failures or queueing
 
     @property
@@ -183,6 +184,7 @@ class JobOutcome:
                          if self.steps_completed > 0 else None),
             "placement_slowdown": (self.placement_step_time_s / self.step_time_s
                                    if self.placement_step_time_s else None),
+            "uplink_contention": self.contention_slowdown,
             "start_s": self.start_s,
             "end_s": self.end_s,
         }
@@ -604,6 +606,7 @@ class Scheduler:
                 self._pass()
         finally:
             self._busy = False
+        self.share_uplinks()
         self._record()
 
     def _pass(self) -> None:
@@ -675,6 +678,35 @@ class Scheduler:
         last_time, last_value = self._last
         total = self.fragmentation_s + (horizon - last_time) * last_value
         return total / horizon if horizon > 0 else 0.0
+
+    def share_uplinks(self) -> None:
+        """Jobs spread over several leaves send their data-parallel traffic through the leaf
+        uplinks. Each such job puts its instances' EFA bandwidth on every leaf it spans; where
+        that demand exceeds a leaf's uplink capacity (its instances' EFA over the
+        oversubscription) the crossing traffic is slowed by demand / capacity. A job's own
+        demand is already in its step profile (its collectives were costed on the uplinks),
+        so what sharing adds is the slowdown with everyone over the slowdown alone, at its
+        worst leaf. On a non-blocking fabric demand never exceeds capacity."""
+        t = self.t
+        if t.n_leaves <= 1:
+            return
+        fabric = t.scenario.cluster.fabric
+        efa = t.scenario.hardware.instance.efa_bytes_per_s
+        capacity = t.per_leaf * efa / fabric.oversubscription
+        spread = [r for r in t.jobs if r.held_count and r.state != "done" and r.spans_leaves]
+        if not spread:
+            return
+        demand = np.zeros(t.n_leaves)
+        per_job = {}
+        for run in spread:
+            counts = np.bincount(t.instance_leaf[run.held], minlength=t.n_leaves)
+            per_job[run.index] = counts
+            demand += counts * efa
+        together = np.maximum(1.0, demand / capacity)
+        for run in spread:
+            leaves = per_job[run.index] > 0
+            alone = np.maximum(1.0, per_job[run.index][leaves] * efa / capacity)
+            run.set_uplink_slowdown(float((together[leaves] / alone).max()))
 
     def _record(self) -> None:
         """Fragmentation: the share of free instances not in a wholly free leaf."""
@@ -769,6 +801,10 @@ class _JobRun:
         self.segment: tuple[float, float, float] | None = None
         self.interrupt_pending = False
         self.step_time = profile.step_time_s  # for the current placement
+        self.placed_step_time = profile.step_time_s
+        self.fabric_exposed_s = 0.0
+        self.spans_leaves = False
+        self.uplink_slowdown = 1.0
         self.queued_at = job.submit_s
         self.granted: simpy.Event | None = None
         self.end_at = job.submit_s + job.deadline_s if job.deadline_s is not None else None
@@ -926,9 +962,34 @@ class _JobRun:
         if model is None or self.held_count != self.instances_needed:
             return
         profile = model.profile(self.job, self.job.name, instances=self.held)
-        self.step_time = profile.step_time_s
+        self.placed_step_time = profile.step_time_s
+        leaves = np.unique(self.t.instance_leaf[self.held])
+        self.spans_leaves = len(leaves) > 1
+        # What crosses leaf uplinks: the exposed data- and pipeline-parallel communication of
+        # a job spread over several leaves (tensor parallelism stays inside instances).
+        self.fabric_exposed_s = (profile.exposed_comm_s.get("dp", 0.0)
+                                 + profile.exposed_comm_s.get("pp", 0.0)) if len(leaves) > 1 else 0.0
+        self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
+        self.t.scheduler.share_uplinks()  # its traffic now loads the leaves it spans
+
+    def fabric_factor_step(self) -> float:
+        """Step time multiplier from sharing leaf uplinks with other jobs (1 when alone)."""
+        if self.fabric_exposed_s <= 0 or self.placed_step_time <= 0:
+            return 1.0
+        extra = self.fabric_exposed_s * (self.uplink_slowdown - 1.0)
+        return (self.placed_step_time + extra) / self.placed_step_time
+
+    def set_uplink_slowdown(self, slowdown: float) -> None:
+        """The scheduler's verdict on this job's share of its leaves' uplinks."""
+        if abs(slowdown - self.uplink_slowdown) < 1e-9:
+            return
+        self.uplink_slowdown = slowdown
+        self.outcome.contention_slowdown = max(self.outcome.contention_slowdown, slowdown)
+        if self.placed_step_time > 0:
+            self.step_time = self.placed_step_time * self.fabric_factor_step()
+            self.pace_changed(self.t.env.now)  # re-plan the running segment at the new pace
 
     def _watch(self, at: float, why: str):
         yield self.t.env.timeout(max(0.0, at - self.t.env.now))

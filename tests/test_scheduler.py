@@ -240,3 +240,22 @@ def test_template_errors_are_reported_once():
     text = str(info.value)
     assert text.count("attention heads") == 1
     assert "more jobs the workload generated" in text
+
+
+def test_jobs_sharing_leaf_uplinks_slow_each_other():
+    """Three jobs spread over leaves of 4 instances (A: leaves 0-1, B: 2-3, C: 1 and 3). With
+    uplinks at half the leaves' EFA, leaf 1 carries A's and C's crossing traffic, twice its
+    capacity: their uplink traffic runs at half speed. On a non-blocking fabric nothing."""
+    jobs = [job("a", 6, run_for="2d"), job("b", 6, run_for="2d"), job("c", 4, run_for="2d")]
+
+    def run(oversubscription: float) -> dict:
+        s = scenario(jobs, instances=16, cluster={"instances": 16, "fabric": {
+            "instances_per_leaf": 4, "oversubscription": oversubscription}})
+        return outcomes(s)
+
+    shared = run(2.0)
+    assert shared["a"]["uplink_contention"] == pytest.approx(2.0)
+    assert shared["c"]["uplink_contention"] == pytest.approx(2.0)
+    open_fabric = run(1.0)
+    assert all(j["uplink_contention"] == 1.0 for j in open_fabric.values())
+    assert shared["a"]["steps_completed"] < open_fabric["a"]["steps_completed"]
