@@ -688,25 +688,26 @@ class Scheduler:
         so what sharing adds is the slowdown with everyone over the slowdown alone, at its
         worst leaf. On a non-blocking fabric demand never exceeds capacity."""
         t = self.t
-        if t.n_leaves <= 1:
-            return
         fabric = t.scenario.cluster.fabric
+        if t.n_leaves <= 1 or fabric.oversubscription <= 1.0:
+            return  # a leaf's uplinks carry all its instances' EFA: never oversubscribed
         efa = t.scenario.hardware.instance.efa_bytes_per_s
         capacity = t.per_leaf * efa / fabric.oversubscription
         spread = [r for r in t.jobs if r.held_count and r.state != "done" and r.spans_leaves]
-        if not spread:
-            return
-        demand = np.zeros(t.n_leaves)
+        demand: Counter = Counter()
         per_job = {}
         for run in spread:
-            counts = np.bincount(t.instance_leaf[run.held], minlength=t.n_leaves)
-            per_job[run.index] = counts
-            demand += counts * efa
-        together = np.maximum(1.0, demand / capacity)
+            leaves, counts = np.unique(t.instance_leaf[run.held], return_counts=True)
+            per_job[run.index] = dict(zip(leaves.tolist(), counts.tolist(), strict=True))
+            for leaf, count in per_job[run.index].items():
+                demand[leaf] += count * efa
         for run in spread:
-            leaves = per_job[run.index] > 0
-            alone = np.maximum(1.0, per_job[run.index][leaves] * efa / capacity)
-            run.set_uplink_slowdown(float((together[leaves] / alone).max()))
+            worst = 1.0
+            for leaf, count in per_job[run.index].items():
+                together = max(1.0, demand[leaf] / capacity)
+                alone = max(1.0, count * efa / capacity)
+                worst = max(worst, together / alone)
+            run.set_uplink_slowdown(worst)
 
     def _record(self) -> None:
         """Fragmentation: the share of free instances not in a wholly free leaf."""
