@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from clustersim.trace import TABLES, utilisation_rows
+from clustersim.trace import SCHEMA_VERSION, TABLES, utilisation_rows
 
 __all__ = ["Run", "load_run", "compare"]
 
@@ -88,6 +88,11 @@ class Run:
                        chips: Sequence[int] | None = None) -> pd.DataFrame:
         """Utilisation per bin at any level (`cluster`, `ultraserver`, `instance`, `job`, or
         `chip` for the chosen `chips`) and bin length, recomputed from the intervals."""
+        written = self.metadata("intervals").get("clustersim.schema")
+        if written != SCHEMA_VERSION:
+            raise ValueError(f"{self.path}: traces written with trace schema {written}, this "
+                             f"clustersim recomputes schema {SCHEMA_VERSION}: re-run the "
+                             f"scenario (the `utilisation` table as written is still valid)")
         hardware = self.summary["cluster"]
         horizon = float(self.summary["simulated_s"])
         bin_s = float(bin_s or self.utilisation["bin_s"].iloc[0])

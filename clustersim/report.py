@@ -26,7 +26,8 @@ __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
 
 STATE_COLOURS = {
     "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828", "waiting": "#ef6c00",
-    "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e", "repairing": "#6d4c41",
+    "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e",
+    "failed": "#b71c1c", "repairing": "#6d4c41",
     "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd",
 }
 LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
@@ -44,7 +45,7 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     if cluster.empty:
         cluster = run.utilisation_at("cluster")
     states = [s for s in ("running", "checkpointing", "down", "waiting", "restarting",
-                          "restoring", "repairing", "idle") if cluster[s].sum() > 0]
+                          "restoring", "failed", "repairing", "idle") if cluster[s].sum() > 0]
     fig, ax = plt.subplots(figsize=(11, 4.2))
     x = _days(cluster["bin_start_s"].to_numpy())
     ax.stackplot(x, [cluster[s].to_numpy() * 100 for s in states], labels=states,

@@ -417,10 +417,23 @@ class Timeline:
         self.in_repair -= 1
         self.repairs += 1
         if self.recorder is not None:
-            self.recorder.interval("instance", inst, "repairing",
-                                   float(self.instance_down_since[inst]), self.env.now)
+            self._record_down(inst, self.env.now)
             self.recorder.event(self.env.now, "repair", "", inst * self.cpi, inst, -1)
         self._release([inst])
+
+    def _record_down(self, inst: int, end_s: float) -> None:
+        """Chip intervals of a downed instance: `failed` until the failure is detected, then
+        `repairing` until it is back (or the horizon). The instance is the unit of repair, so
+        all its chips share the two intervals."""
+        assert self.recorder is not None
+        start = float(self.instance_down_since[inst])
+        detected = min(start + self.scenario.failures.detect_s, end_s)
+        first = inst * self.cpi
+        for chip in range(first, first + self.cpi):
+            if detected > start:
+                self.recorder.interval("chip", chip, "failed", start, detected)
+            if end_s > detected:
+                self.recorder.interval("chip", chip, "repairing", detected, end_s)
 
     # ------------------------------------------------------------------ the free pool
     def _release(self, instances: list[int]) -> None:
@@ -523,8 +536,7 @@ class Timeline:
             useful += run.outcome.useful_s * run.outcome.chips
         if self.recorder is not None:
             for inst in np.flatnonzero(~self.healthy).tolist():
-                self.recorder.interval("instance", inst, "repairing",
-                                       float(self.instance_down_since[inst]), horizon)
+                self._record_down(inst, horizon)
         return TimelineResult(
             horizon_s=horizon, jobs={r.outcome.name: r.outcome for r in self.jobs},
             failures=self.failures, failures_by_cause=self.failures_by_cause,

@@ -5,7 +5,7 @@ A run's traces are a star schema (DESIGN.md): small dimension tables (`chips`, `
 fact tables of what happened (`intervals`, `events`, `allocations`), from which
 `utilisation` is derived per time bin by interval arithmetic. Nothing is written per chip per
 time bin: per-chip state is the state of its instance's job (`allocations`) unless its
-instance is down (`intervals` of entity `instance`, state `repairing`).
+instance is down (`intervals` of entity `chip`, state `failed` then `repairing`).
 
 Every file is Parquet (zstd) and carries the key-value metadata `clustersim.version`,
 `clustersim.seed`, `clustersim.scenario` (the effective YAML), `clustersim.schema` (this
@@ -38,14 +38,15 @@ __all__ = [
     "table_metadata",
 ]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: down intervals per chip (failed, repairing); `failed` column
 JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
               "restoring", "done")
-# Utilisation columns: chip-time by the state of the job holding the chip, plus `repairing`
-# (instance down) and `idle` for hardware levels; job levels use the job states plus
+# Utilisation columns: chip-time by the state of the job holding the chip, plus `failed` (its
+# instance down, not yet detected), `repairing` (detected, being repaired or replaced) and
+# `idle` for hardware levels; job levels use the job states plus
 # `inactive` (before submission, or after the end). Every row's columns add up to 1.
 UTILISATION_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
-                      "restoring", "repairing", "idle", "inactive")
+                      "restoring", "failed", "repairing", "idle", "inactive")
 EVENT_KINDS = ("failure", "repair", "checkpoint")
 TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation",
           "cluster_state")
@@ -104,8 +105,9 @@ COLUMNS: dict[str, dict[str, str]] = {
         "step_time_s": "one step's time from the step model, s",
     },
     "intervals": {
-        "entity": "`job` or `instance`", "entity_id": "job_id or instance_id",
-        "state": "job: one of JOB_STATES; instance: `repairing` (down until repaired)",
+        "entity": "`job` or `chip`", "entity_id": "job_id or chip_id",
+        "state": ("job: one of JOB_STATES; chip: `failed` (its instance down, not yet detected)"
+                  " or `repairing` (detected, until repaired or replaced)"),
         "start_s": "start, s", "end_s": "end, s (the horizon if it was still going)",
     },
     "events": {
@@ -327,8 +329,8 @@ def utilisation_rows(
     """Utilisation per time bin for the levels asked for, by interval arithmetic.
 
     Hardware levels: the chip-time of each bin split by the state of the job holding the
-    chip (from `allocations` and the job's state intervals), `repairing` (from instance
-    intervals) and `idle` (the rest). Job level: the fraction of the bin the job spent in
+    chip (from `allocations` and the job's state intervals), `failed` and `repairing` (from
+    chip intervals) and `idle` (the rest). Job level: the fraction of the bin the job spent in
     each state, `inactive` when it did not exist. Rows add up to 1. `instances` restricts the
     instance level to those instances.
     """
@@ -337,7 +339,7 @@ def utilisation_rows(
     starts, widths = edges[:-1], np.diff(edges)
     entity = np.asarray(intervals["entity"].cast(pa.string()).to_pylist(), dtype=object)
     job_rows = intervals.filter(pa.array(entity == "job"))
-    repair_rows = intervals.filter(pa.array(entity == "instance"))
+    down_rows = intervals.filter(pa.array(entity == "chip"))
     functions = _job_state_functions(job_rows, job_ids)
     blocks: list[dict[str, Any]] = []
 
@@ -361,9 +363,17 @@ def utilisation_rows(
         a_inst = allocations["instance_id"].to_numpy().astype(np.int64)
         a_start = allocations["start_s"].to_numpy()
         a_end = allocations["end_s"].to_numpy()
-        r_inst = repair_rows["entity_id"].to_numpy().astype(np.int64)
-        r_start = repair_rows["start_s"].to_numpy()
-        r_end = repair_rows["end_s"].to_numpy()
+        # Chips of an instance share their down intervals: fold identical (instance, state,
+        # span) rows into one with a chip count, so the work scales with repairs, not chips.
+        d_state = np.asarray(down_rows["state"].cast(pa.string()).to_pylist(), dtype=object)
+        folded = np.column_stack([
+            down_rows["entity_id"].to_numpy().astype(np.float64) // chips_per_instance,
+            (d_state == "repairing").astype(np.float64),
+            down_rows["start_s"].to_numpy(), down_rows["end_s"].to_numpy()])
+        folded, r_chips = np.unique(folded.reshape(-1, 4), axis=0, return_counts=True)
+        r_inst = folded[:, 0].astype(np.int64)
+        r_state = np.where(folded[:, 1] == 1.0, "repairing", "failed")
+        r_start, r_end = folded[:, 2], folded[:, 3]
         for level in hardware_levels:
             if level == "cluster":
                 keys, a_key, r_key = 1, np.zeros_like(a_inst), np.zeros_like(r_inst)
@@ -408,12 +418,15 @@ def utilisation_rows(
                         c = _integrate(points, functions.cumulative[(job, state)], clipped)
                         per_bin = np.diff(c, axis=1) * chips_per_instance
                         np.add.at(chip_time[state], a_key[chunk], per_bin)
-            chosen_repairs = np.flatnonzero(r_key >= 0)
-            if len(chosen_repairs):
-                clipped = np.clip(edges[None, :], r_start[chosen_repairs, None],
-                                  r_end[chosen_repairs, None])
-                per_bin = np.diff(clipped, axis=1) * chips_per_instance
-                np.add.at(chip_time["repairing"], r_key[chosen_repairs], per_bin)
+            for state in ("failed", "repairing"):
+                chosen = np.flatnonzero((r_key >= 0) & (r_state == state))
+                # In chunks: a (rows x bins) block for every repair of a month is gigabytes.
+                for chunk in np.array_split(chosen, len(chosen) // 512 + 1):
+                    if len(chunk) == 0:
+                        continue
+                    clipped = np.clip(edges[None, :], r_start[chunk, None], r_end[chunk, None])
+                    per_bin = np.diff(clipped, axis=1) * r_chips[chunk, None]
+                    np.add.at(chip_time[state], r_key[chunk], per_bin)
             capacity = members[:, None] * chips_per_instance * widths[None, :]
             used = sum(chip_time[s] for s in UTILISATION_STATES if s not in ("idle", "inactive"))
             chip_time["idle"] = np.clip(capacity - used, 0.0, None)

@@ -94,6 +94,50 @@ def test_job_intervals_do_not_overlap_and_cover_the_life(run: Path):
         assert ends[-1] == pytest.approx(horizon)
 
 
+def test_downed_instances_have_failed_then_repairing_chip_intervals(run: Path):
+    """Every chip of a downed instance is `failed` for the detection delay from the failure,
+    then `repairing` for the rest of the repair time; no job holds it meanwhile."""
+    r = load_run(run)
+    detect_s = scenario_from_dict(SCENARIO).failures.detect_s
+    repair_s, horizon = 6 * 3600.0, r.summary["simulated_s"]
+    down = r.intervals[r.intervals["entity"] == "chip"].copy()
+    assert set(down["state"]) == {"failed", "repairing"}
+    down["instance"] = down["entity_id"] // 16
+    per_instance = down.groupby(["instance", "state", "start_s"])["entity_id"].nunique()
+    assert (per_instance == 16).all()  # the instance is the unit of repair
+    failed = down[down["state"] == "failed"].drop_duplicates(["instance", "start_s"])
+    repairing = down[down["state"] == "repairing"].drop_duplicates(["instance", "start_s"])
+    assert len(failed) == len(repairing) > 0
+    assert np.allclose(failed["end_s"] - failed["start_s"], detect_s)
+    merged = failed.merge(repairing, left_on=["instance", "end_s"],
+                          right_on=["instance", "start_s"], suffixes=("_f", "_r"))
+    assert len(merged) == len(failed)  # repairing starts where failed ends
+    assert np.allclose(np.minimum(merged["start_s_f"] + repair_s, horizon), merged["end_s_r"])
+    # Each failed interval starts at a failure event (one event may down several instances).
+    times = set(r.events[r.events["kind"] == "failure"]["time_s"].round(6))
+    assert set(failed["start_s"].round(6)) <= times
+    # No job holds a chip while it is failed or repairing.
+    alloc = r.allocations
+    for row in failed.itertuples():
+        held = alloc[(alloc["instance_id"] == row.instance) & (alloc["start_s"] < row.end_s - 1e-9)
+                     & (alloc["end_s"] > row.start_s + 1e-9)]
+        assert held.empty
+    cluster = r.utilisation[r.utilisation["level"] == "cluster"]
+    chips = r.summary["cluster"]["chips"]
+    for state in ("failed", "repairing"):
+        in_state = down[down["state"] == state]
+        assert (cluster[state] * chips * cluster["bin_s"]).sum() == pytest.approx(
+            (in_state["end_s"] - in_state["start_s"]).sum())
+
+
+def test_utilisation_at_refuses_traces_of_another_schema(run: Path, monkeypatch):
+    r = load_run(run)
+    monkeypatch.setattr(type(r), "metadata",
+                        lambda self, name="jobs": {"clustersim.schema": "1"})
+    with pytest.raises(ValueError, match="trace schema 1"):
+        r.utilisation_at("cluster")
+
+
 def test_allocations_never_double_book_an_instance(run: Path):
     allocations = load_run(run).allocations.sort_values(["instance_id", "start_s"])
     for _, group in allocations.groupby("instance_id"):
