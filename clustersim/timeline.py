@@ -440,10 +440,14 @@ class Timeline:
         """Instances back to the pool: wake waiting jobs and let the scheduler place more."""
         if len(instances):
             self.owner[np.asarray(instances, dtype=np.int64)] = -1
+        self.wake_waiting()
+        self.scheduler.schedule()
+
+    def wake_waiting(self) -> None:
+        """Wake the jobs waiting for hardware (each checks whether it has what it needs)."""
         if not self.hardware_event.triggered:
             self.hardware_event.succeed()
         self.hardware_event = self.env.event()
-        self.scheduler.schedule()
 
     def free_mask(self) -> np.ndarray:
         return self.healthy & (self.owner < 0)
@@ -471,15 +475,6 @@ class Timeline:
                 return None
             return (chosen_units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()[:count]
         return _pack(np.flatnonzero(free), self.instance_leaf, count)
-
-    def take(self, count: int, job: int, whole_ultraservers: bool) -> list[int] | None:
-        """Place and allocate `count` instances to `job`; None if they are not there."""
-        chosen = self.place(count, whole_ultraservers)
-        if chosen is None:
-            return None
-        self.owner[chosen] = job
-        self.min_free = min(self.min_free, int(np.count_nonzero(self.free_mask())))
-        return chosen.tolist()
 
     def slowdown(self, held: np.ndarray) -> float:
         """The slowest of a job's instances (a mask) sets its pace (synchronous training)."""
@@ -581,6 +576,11 @@ class Scheduler:
     now if they end before it or use only instances it will not need. With preemption, a job
     that does not fit evicts lower-priority running jobs (lowest priority, latest started
     first), which go back to the queue and lose the work since their last checkpoint.
+
+    Jobs that lost instances to a failure come first: freed instances are reserved for them
+    from the failure and granted when it is detected. One still waiting for hardware blocks
+    the queue like a head job (FIFO; backfill around its reservation), or under priority
+    only the queued jobs that do not outrank it.
     """
 
     def __init__(self, timeline: Timeline, policy: str, preemption: bool):
@@ -621,19 +621,42 @@ class Scheduler:
         self.share_uplinks()
         self._record()
 
+    @staticmethod
+    def _recovering_key(run: _JobRun) -> tuple:
+        """Recovering jobs go before every queued job, the highest priority first."""
+        return (-math.inf, -run.job.priority, run.index)
+
     def _pass(self) -> None:
-        order = sorted(self.queue, key=self._key)
+        # A job that lost instances has first claim on the instances freed, before every
+        # queued job (it holds the rest of its allocation idle meanwhile): they are reserved
+        # for it from the failure and granted once the failure is detected.
+        recovering = [(self._recovering_key(r), False, r) for r in self.t.jobs
+                      if r.state in ("down", "waiting") and r.held_count < r.instances_needed]
+        order = sorted([(self._key(r), True, r) for r in self.queue] + recovering,
+                       key=lambda entry: entry[0])
         free = self.t.free_mask()
-        for position, run in enumerate(order):
-            chosen = self.t.place(run.instances_needed, run.whole_ultraservers, free)
-            if chosen is None and self.preemption:
-                chosen = self._preempt_for(run, free)
+        floor = -math.inf  # priority policy: queued jobs at or below it wait for a recovery
+        for position, (_, queued, run) in enumerate(order):
+            if queued and run.job.priority <= floor:
+                return
+            need = run.instances_needed - (0 if queued else run.held_count)
+            chosen = self.t.place(need, run.whole_ultraservers, free)
+            if chosen is None and self.preemption and (queued or run.state == "waiting"):
+                chosen = self._preempt_for(run, free, need)
             if chosen is not None:
-                self._start(run, chosen)
-                free[chosen] = False
+                if queued:
+                    self._start(run, chosen)
+                elif run.state == "waiting":
+                    self._replace(run, chosen)
+                free[chosen] = False  # granted, or reserved until its failure is detected
                 continue
             if self.policy == "backfill":
-                self._backfill(run, order[position + 1:], free)
+                self._backfill(run, need, [r for _, q, r in order[position + 1:] if q],
+                               free)
+            elif self.policy == "priority" and not queued:
+                # A recovery blocked on hardware holds back only jobs that do not outrank it.
+                floor = max(floor, run.job.priority)
+                continue
             return
 
     def _start(self, run: _JobRun, chosen: np.ndarray) -> None:
@@ -642,7 +665,17 @@ class Scheduler:
         self.t.min_free = min(self.t.min_free, int(np.count_nonzero(self.t.free_mask())))
         run.grant(chosen)
 
-    def _backfill(self, head: _JobRun, rest: list[_JobRun], free: np.ndarray) -> None:
+    def _replace(self, run: _JobRun, chosen: np.ndarray) -> None:
+        """Replacement instances for a recovering job, held from now; its process wakes."""
+        self.t.owner[chosen] = run.index
+        self.t.min_free = min(self.t.min_free, int(np.count_nonzero(self.t.free_mask())))
+        run.outcome.replacements += len(chosen)
+        run.add(chosen)
+        run._placed()
+        self.t.wake_waiting()
+
+    def _backfill(self, head: _JobRun, need: int, rest: list[_JobRun], free: np.ndarray
+                  ) -> None:
         now = self.t.env.now
         available = int(np.count_nonzero(free))
         # Instances per job from the owner array: a job just granted holds them already,
@@ -650,13 +683,19 @@ class Scheduler:
         owners = self.t.owner[self.t.owner >= 0]
         held = np.bincount(owners, minlength=len(self.t.jobs)) if len(owners) else np.zeros(
             len(self.t.jobs), dtype=np.int64)
-        ends = sorted((self.t.jobs[j].expected_end(), int(held[j]))
-                      for j in np.flatnonzero(held).tolist())
+        ends = [(self.t.jobs[j].expected_end(), int(held[j]))
+                for j in np.flatnonzero(held).tolist() if j != head.index]
+        # Instances in repair come back at known times too.
+        down = np.flatnonzero(~self.t.healthy)
+        if len(down) and math.isfinite(self.t.repair_s):
+            back = self.t.instance_down_since[down] + self.t.repair_s
+            ends += [(float(t), 1) for t in back[self.t.owner[down] < 0].tolist()]
+        ends.sort()
         shadow, extra = math.inf, available
         for end, count in ends:
             available += count
-            if available >= head.instances_needed:
-                shadow, extra = end, available - head.instances_needed
+            if available >= need:
+                shadow, extra = end, available - need
                 break
         for run in rest:
             chosen = self.t.place(run.instances_needed, run.whole_ultraservers, free)
@@ -669,7 +708,7 @@ class Scheduler:
                 self._start(run, chosen)
                 free[chosen] = False
 
-    def _preempt_for(self, run: _JobRun, free: np.ndarray) -> np.ndarray | None:
+    def _preempt_for(self, run: _JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
         victims = sorted((r for r in self.t.jobs if r.held_count and r.state != "done"
                           and r.job.priority < run.job.priority),
                          key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0)))
@@ -678,7 +717,7 @@ class Scheduler:
         for victim in victims:
             trial[victim.held] = True
             chosen_victims.append(victim)
-            placement = self.t.place(run.instances_needed, run.whole_ultraservers, trial)
+            placement = self.t.place(need, run.whole_ultraservers, trial)
             if placement is not None:
                 for v in chosen_victims:
                     v.evict()
@@ -1207,14 +1246,10 @@ class _JobRun:
             try:
                 yield env.timeout(f.detect_s)
                 self.set_state("waiting")
+                # Replacements come from the scheduler, which serves recovering jobs before
+                # queued ones (Scheduler._pass) and adds them to this job as it grants them.
+                self.t.scheduler.schedule()
                 while self.held_count < self.instances_needed:
-                    needed = self.instances_needed - self.held_count
-                    extra = self.t.take(needed, self.index, self.whole_ultraservers)
-                    if extra is not None:
-                        out.replacements += len(extra)
-                        self.add(extra)
-                        self._placed()
-                        break
                     yield self.t.hardware_event
                 self.set_state("restarting")
                 yield env.timeout(f.restart_s)

@@ -1,6 +1,7 @@
 """Invariants of the timeline and its traces on generated scenarios (hypothesis): chip-time
 is conserved, no instance is held twice or while it is down, every time is monotone and
-inside the horizon, useful work never exceeds held work, and a seed gives the same run."""
+inside the horizon, useful work never exceeds held work, recovering jobs are served before
+queued ones, and a seed gives the same run."""
 
 from __future__ import annotations
 
@@ -94,6 +95,20 @@ def test_timeline_invariants(scenario, seed):
         assert spans[-1][1] == pytest.approx(horizon)
         assert all(st_ in JOB_STATES for _, _, st_ in spans)
         assert all(b[0] == pytest.approx(a[1]) for a, b in zip(spans, spans[1:], strict=False))
+
+    # A job waiting for replacement hardware comes before queued jobs of the same or lower
+    # priority: under FIFO and priority, none of them starts while it waits (backfill may
+    # start short jobs around it).
+    if scenario.scheduler.policy in ("fifo", "priority"):
+        waits = [(i, s, e) for ent, i, st_, s, e in rec.intervals
+                 if ent == "job" and st_ == "waiting"]
+        starts = [(i, e) for ent, i, st_, _, e in rec.intervals
+                  if ent == "job" and st_ == "queued" and e < horizon - eps]
+        for started, t in starts:
+            for waiting, s, e in waits:
+                if s < t - eps and e > t + eps and waiting != started:
+                    assert scenario.scheduler.policy == "priority" and (
+                        scenario.jobs[started].priority > scenario.jobs[waiting].priority)
 
     # An instance is held by at most one job at a time, and never while it is down.
     busy: dict[int, list[tuple[float, float]]] = {}

@@ -137,6 +137,21 @@ def test_priority_and_preemption():
     assert low["queue_wait_s"] == pytest.approx(4 * 3600, rel=0.01)  # queued while high ran
 
 
+def test_recovering_jobs_get_repaired_instances_before_queued_jobs():
+    """A job that holds the whole cluster and loses an instance gets it back when it is
+    repaired; the queued job behind it never starts (FIFO), and no wait for hardware is
+    longer than a repair."""
+    jobs = [job("whole", 4, run_for="10d"), job("behind", 1, submit="1h", run_for="1d")]
+    s = scenario(jobs, instances=4, failures={"preset": "llama3", "scale": 300,
+                                              "repair": "2h", "detect": "2min"})
+    whole, behind = (outcomes(s, seed=4)[name] for name in ("whole", "behind"))
+    failures = whole["interruptions"]
+    assert failures >= 3
+    assert behind["start_s"] is None  # every repaired instance went back to `whole`
+    waits = whole["lost_time_s"]["waiting_for_hardware"]
+    assert 0 < waits <= failures * (2 * 3600 - 120) + 1e-6
+
+
 def test_deadlines_stop_jobs():
     jobs = [job("late", 4, run_for=None, deadline="5h", submit="1h")]
     figures = outcomes(scenario(jobs))["late"]
