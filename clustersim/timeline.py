@@ -289,6 +289,7 @@ class Timeline:
         self.failures_by_cause: Counter = Counter()
         self.repairs = 0
         self.instance_down_since = np.zeros(self.n_instances)
+        self.recovering: set[_JobRun] = set()  # jobs that lost instances, until running again
         self.jobs: list[_JobRun] = []
         self._build_processes()
 
@@ -630,8 +631,8 @@ class Scheduler:
         # A job that lost instances has first claim on the instances freed, before every
         # queued job (it holds the rest of its allocation idle meanwhile): they are reserved
         # for it from the failure and granted once the failure is detected.
-        recovering = [(self._recovering_key(r), False, r) for r in self.t.jobs
-                      if r.state in ("down", "waiting") and r.held_count < r.instances_needed]
+        recovering = [(self._recovering_key(r), False, r) for r in self.t.recovering
+                      if r.held_count < r.instances_needed]
         order = sorted([(self._key(r), True, r) for r in self.queue] + recovering,
                        key=lambda entry: entry[0])
         free = self.t.free_mask()
@@ -870,6 +871,10 @@ class _JobRun:
         if self.t.recorder is not None and now > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
         self.state, self.state_since = state, now
+        if state in ("down", "waiting"):
+            self.t.recovering.add(self)
+        else:
+            self.t.recovering.discard(self)
 
     def close(self, horizon: float) -> None:
         """Close the books at the horizon: credit a running segment, count the last state."""
