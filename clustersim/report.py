@@ -27,7 +27,7 @@ __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
 STATE_COLOURS = {
     "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828", "waiting": "#ef6c00",
     "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e",
-    "failed": "#b71c1c", "repairing": "#6d4c41",
+    "failed": "#212121", "repairing": "#6d4c41",
     "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd",
 }
 LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
