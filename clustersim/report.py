@@ -62,33 +62,61 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     return path
 
 
-def plot_job_timelines(run: Run, path: Path) -> Path:
+def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | None = None,
+                       title: str = "job states over time") -> Path:
+    """A Gantt of job states: the whole run in days, or `window_s` in hours (minute-long
+    states such as detection and restarts are invisible at month scale)."""
     intervals = run.intervals
     shown = set(_largest_jobs(run))
     jobs = run.jobs[run.jobs["name"].isin(shown)].sort_values("job_id")
-    spans = intervals[intervals["entity"] == "job"]
+    spans = intervals[(intervals["entity"] == "job") & (intervals["state"] != "done")]
+    if window_s is not None:
+        lo, hi = window_s
+        spans = spans[(spans["end_s"] > lo) & (spans["start_s"] < hi)]
+        jobs = jobs[jobs["job_id"].isin(spans["entity_id"])]
+        origin, unit, xlabel = lo, 3600.0, f"hours from day {lo / 86400:,.2f}"
+    else:
+        origin, unit, xlabel = 0.0, 86400.0, "day"
     fig, ax = plt.subplots(figsize=(11, 1.8 + 0.6 * len(jobs)))
-    for row, (job_id, _name) in enumerate(zip(jobs["job_id"], jobs["name"], strict=True)):
+    for row, job_id in enumerate(jobs["job_id"]):
         mine = spans[spans["entity_id"] == job_id]
         for state, group in mine.groupby("state"):
-            if state == "done":
-                continue  # the bar ends where the job did
-            bars = list(zip(_days(group["start_s"].to_numpy()),
-                            _days((group["end_s"] - group["start_s"]).to_numpy()), strict=True))
-            ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=STATE_COLOURS.get(state, "k"),
-                           label=state)
+            starts = (group["start_s"].to_numpy() - origin) / unit
+            widths = (group["end_s"] - group["start_s"]).to_numpy() / unit
+            ax.broken_barh(list(zip(starts, widths, strict=True)), (row - 0.35, 0.7),
+                           facecolors=STATE_COLOURS.get(state, "k"), label=state)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
               bbox_to_anchor=(1.01, 1.0))
     ax.set_yticks(range(len(jobs)), jobs["name"].tolist())
-    ax.set_xlabel("day")
-    ax.set_xlim(0, _days(run.summary["simulated_s"]))
-    ax.set_title("job states over time" + _of(run, shown))
+    ax.set_xlabel(xlabel)
+    if window_s is not None:
+        ax.set_xlim(0, (window_s[1] - window_s[0]) / unit)
+    else:
+        ax.set_xlim(0, _days(run.summary["simulated_s"]))
+    ax.set_title(title + _of(run, shown))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def first_failure_window(run: Run) -> tuple[float, float] | None:
+    """From 30 minutes before the first failure that hit a job to 30 minutes after that job
+    runs again (at most a day), or None when no failure hit a job."""
+    events = run.events
+    hits = events[(events["kind"] == "failure") & (events["job_id"] >= 0)]
+    if hits.empty:
+        return None
+    first = hits.sort_values("time_s").iloc[0]
+    t0, job = float(first["time_s"]), int(first["job_id"])
+    spans = run.intervals
+    back = spans[(spans["entity"] == "job") & (spans["entity_id"] == job)
+                 & (spans["state"] == "running") & (spans["start_s"] > t0)]
+    resumed = float(back["start_s"].min()) if len(back) else t0 + 86400.0
+    horizon = float(run.summary["simulated_s"])
+    return max(0.0, t0 - 1800.0), min(horizon, min(resumed, t0 + 86400.0) + 1800.0)
 
 
 def plot_failures(run: Run, path: Path) -> Path:
@@ -197,6 +225,12 @@ def write_report(run_dir: str | Path) -> Path:
     plots = {
         "Cluster utilisation": plot_utilisation(run, folder / "utilisation.png"),
         "Job timelines": plot_job_timelines(run, folder / "jobs.png"),
+    }
+    window = first_failure_window(run)
+    if window is not None:
+        plots["Around the first failure"] = plot_job_timelines(
+            run, folder / "first_failure.png", window, "job states around the first failure")
+    plots |= {
         "Failures": plot_failures(run, folder / "failures.png"),
         "Where the hours went": plot_hours(run, folder / "hours.png"),
         "Training step": plot_step(run, folder / "step.png"),

@@ -13,7 +13,7 @@ import pytest
 import clustersim
 from clustersim.analysis import compare, load_run
 from clustersim.api import run_to
-from clustersim.report import draw_topology, write_report
+from clustersim.report import draw_topology, first_failure_window, write_report
 from clustersim.scenario import ScenarioError, scenario_from_dict
 from clustersim.topology import build_topology
 from clustersim.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
@@ -208,11 +208,26 @@ def test_compare_runs(run: Path):
 def test_report_draws_its_plots(run: Path):
     report = write_report(run)
     text = report.read_text()
-    for name in ("utilisation.png", "jobs.png", "failures.png", "hours.png", "step.png"):
+    for name in ("utilisation.png", "jobs.png", "first_failure.png", "failures.png",
+                 "hours.png", "step.png"):
         png = report.parent / name
         assert png.exists() and png.stat().st_size > 10_000, name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({name})" in text
+
+
+def test_the_zoomed_timeline_spans_the_first_failure_and_the_recovery(run: Path):
+    r = load_run(run)
+    lo, hi = first_failure_window(r)
+    hits = r.events[(r.events["kind"] == "failure") & (r.events["job_id"] >= 0)]
+    first = hits.sort_values("time_s").iloc[0]
+    assert lo == pytest.approx(first["time_s"] - 1800)
+    job = r.intervals[(r.intervals["entity"] == "job")
+                      & (r.intervals["entity_id"] == first["job_id"])]
+    resumed = job[(job["state"] == "running") & (job["start_s"] > first["time_s"])]
+    assert hi == pytest.approx(resumed["start_s"].min() + 1800)
+    down = job[(job["state"] == "down") & (job["start_s"] >= first["time_s"] - 1e-9)]
+    assert lo < down["start_s"].min() < hi  # the minute-long detection is inside the zoom
 
 
 def test_topology_drawing(tmp_path: Path):
