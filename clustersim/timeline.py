@@ -425,10 +425,12 @@ class Timeline:
     def _record_down(self, inst: int, end_s: float) -> None:
         """Chip intervals of a downed instance: `failed` until the failure is detected, then
         `repairing` until it is back (or the horizon). The instance is the unit of repair, so
-        all its chips share the two intervals."""
+        all its chips share the two intervals. Without repairs it stays `failed`."""
         assert self.recorder is not None
         start = float(self.instance_down_since[inst])
         detected = min(start + self.scenario.failures.detect_s, end_s)
+        if not math.isfinite(self.repair_s):
+            detected = end_s
         first = inst * self.cpi
         for chip in range(first, first + self.cpi):
             if detected > start:

@@ -107,7 +107,8 @@ COLUMNS: dict[str, dict[str, str]] = {
     "intervals": {
         "entity": "`job` or `chip`", "entity_id": "job_id or chip_id",
         "state": ("job: one of JOB_STATES; chip: `failed` (its instance down, not yet detected)"
-                  " or `repairing` (detected, until repaired or replaced)"),
+                  " or `repairing` (detected, until repaired or replaced; with repairs disabled, `failed`"
+                  " to the horizon)"),
         "start_s": "start, s", "end_s": "end, s (the horizon if it was still going)",
     },
     "events": {

@@ -110,6 +110,16 @@ def test_timeline_invariants(scenario, seed):
                     assert scenario.scheduler.policy == "priority" and (
                         scenario.jobs[started].priority > scenario.jobs[waiting].priority)
 
+    # Down chips are `failed` until detection, then `repairing`; without repairs, failed.
+    detect_s = scenario.failures.detect_s
+    for ent, _, st_, start, end in rec.intervals:
+        if ent != "chip":
+            continue
+        if scenario.failures.repair_s == "never":
+            assert st_ == "failed" and end == pytest.approx(horizon)
+        elif st_ == "failed":
+            assert end - start <= detect_s + eps
+
     # An instance is held by at most one job at a time, and never while it is down.
     busy: dict[int, list[tuple[float, float]]] = {}
     for _, inst, start, end in rec.allocations:
