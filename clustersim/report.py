@@ -63,19 +63,26 @@ def plot_utilisation(run: Run, path: Path) -> Path:
 
 
 def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | None = None,
-                       title: str = "job states over time") -> Path:
+                       title: str = "job states over time", first_job: int | None = None
+                       ) -> Path:
     """A Gantt of job states: the whole run in days, or `window_s` in hours (minute-long
-    states such as detection and restarts are invisible at month scale)."""
+    states such as detection and restarts are invisible at month scale), `first_job` on top
+    and then the largest jobs active in the window."""
     intervals = run.intervals
-    shown = set(_largest_jobs(run))
-    jobs = run.jobs[run.jobs["name"].isin(shown)].sort_values("job_id")
     spans = intervals[(intervals["entity"] == "job") & (intervals["state"] != "done")]
     if window_s is not None:
         lo, hi = window_s
         spans = spans[(spans["end_s"] > lo) & (spans["start_s"] < hi)]
-        jobs = jobs[jobs["job_id"].isin(spans["entity_id"])]
+        active = run.jobs[run.jobs["job_id"].isin(spans["entity_id"])]
+        ranked = sorted(active.itertuples(), key=lambda j: (
+            j.job_id != first_job, -run.summary["jobs"][j.name].get("chips", 0), j.job_id))
+        jobs = active.set_index("job_id").loc[[j.job_id for j in ranked[:MAX_ROWS]]]
+        jobs = jobs.reset_index()
+        shown = set(jobs["name"])
         origin, unit, xlabel = lo, 3600.0, f"hours from day {lo / 86400:,.2f}"
     else:
+        shown = set(_largest_jobs(run))
+        jobs = run.jobs[run.jobs["name"].isin(shown)].sort_values("job_id")
         origin, unit, xlabel = 0.0, 86400.0, "day"
     fig, ax = plt.subplots(figsize=(11, 1.8 + 0.6 * len(jobs)))
     for row, job_id in enumerate(jobs["job_id"]):
@@ -95,16 +102,21 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
         ax.set_xlim(0, (window_s[1] - window_s[0]) / unit)
     else:
         ax.set_xlim(0, _days(run.summary["simulated_s"]))
-    ax.set_title(title + _of(run, shown))
+    ax.invert_yaxis()  # the first job on top
+    total = len(run.summary["jobs"])
+    if window_s is not None and len(jobs) < total:
+        ax.set_title(f"{title} ({len(jobs)} of {total} jobs, the one hit first on top)")
+    else:
+        ax.set_title(title + _of(run, shown))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def first_failure_window(run: Run) -> tuple[float, float] | None:
+def first_failure_window(run: Run) -> tuple[float, float, int] | None:
     """From 30 minutes before the first failure that hit a job to 30 minutes after that job
-    runs again (at most a day), or None when no failure hit a job."""
+    runs again (at most a day), and the job; None when no failure hit a job."""
     events = run.events
     hits = events[(events["kind"] == "failure") & (events["job_id"] >= 0)]
     if hits.empty:
@@ -116,7 +128,7 @@ def first_failure_window(run: Run) -> tuple[float, float] | None:
                  & (spans["state"] == "running") & (spans["start_s"] > t0)]
     resumed = float(back["start_s"].min()) if len(back) else t0 + 86400.0
     horizon = float(run.summary["simulated_s"])
-    return max(0.0, t0 - 1800.0), min(horizon, min(resumed, t0 + 86400.0) + 1800.0)
+    return max(0.0, t0 - 1800.0), min(horizon, min(resumed, t0 + 86400.0) + 1800.0), job
 
 
 def plot_failures(run: Run, path: Path) -> Path:
@@ -228,8 +240,10 @@ def write_report(run_dir: str | Path) -> Path:
     }
     window = first_failure_window(run)
     if window is not None:
+        lo, hi, job = window
         plots["Around the first failure"] = plot_job_timelines(
-            run, folder / "first_failure.png", window, "job states around the first failure")
+            run, folder / "first_failure.png", (lo, hi), "job states around the first failure",
+            first_job=job)
     plots |= {
         "Failures": plot_failures(run, folder / "failures.png"),
         "Where the hours went": plot_hours(run, folder / "hours.png"),

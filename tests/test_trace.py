@@ -218,10 +218,11 @@ def test_report_draws_its_plots(run: Path):
 
 def test_the_zoomed_timeline_spans_the_first_failure_and_the_recovery(run: Path):
     r = load_run(run)
-    lo, hi = first_failure_window(r)
+    lo, hi, job_id = first_failure_window(r)
     hits = r.events[(r.events["kind"] == "failure") & (r.events["job_id"] >= 0)]
     first = hits.sort_values("time_s").iloc[0]
     assert lo == pytest.approx(first["time_s"] - 1800)
+    assert job_id == first["job_id"]
     job = r.intervals[(r.intervals["entity"] == "job")
                       & (r.intervals["entity_id"] == first["job_id"])]
     resumed = job[(job["state"] == "running") & (job["start_s"] > first["time_s"])]
