@@ -27,16 +27,32 @@ SMALL_JOB = {"model": "llama3-8b", "seq_len": 2048, "micro_batch": 1, "recompute
 HELD_STATES = [s for s in JOB_STATES if s != "done"]
 
 
+# Tensor parallelism across the four instances of a Trn2 UltraServer: the job holds whole
+# UltraServers and loses (and replaces) a whole one when an instance fails.
+WIDE_JOB = {"model": "llama3.1-405b", "seq_len": 2048, "micro_batch": 1, "global_batch": 4,
+            "recompute": "selective", "instances": 4,
+            "parallelism": {"tp": 128, "pp": 2, "dp": 1, "zero": 1, "sequence_parallel": True}}
+
+
 @st.composite
 def scenarios(draw):
-    instances = draw(st.integers(4, 16))
+    ultraservers = draw(st.booleans())
+    if ultraservers:
+        us = draw(st.integers(2, 4))
+        instances, hardware = 4 * us, "trn2u"
+        cluster = {"ultraservers": us, "spares": 4 * draw(st.integers(0, 1))}
+    else:
+        instances, hardware = draw(st.integers(4, 16)), "trn2"
+        cluster = {"instances": instances, "spares": draw(st.integers(0, 2))}
     jobs = []
     for k in range(draw(st.integers(1, 5))):
         size = draw(st.integers(1, instances))
-        body = dict(SMALL_JOB, name=f"j{k}", instances=size, global_batch=size * 8 * 4,
-                    submit=f"{draw(st.integers(0, 36))}h",
-                    priority=draw(st.integers(0, 2)),
-                    run_for=f"{draw(st.integers(1, 30))}h")
+        timing = {"submit": f"{draw(st.integers(0, 36))}h", "priority": draw(st.integers(0, 2)),
+                  "run_for": f"{draw(st.integers(1, 30))}h"}
+        if ultraservers and draw(st.booleans()):
+            jobs.append(dict(WIDE_JOB, name=f"j{k}", **timing))
+            continue
+        body = dict(SMALL_JOB, name=f"j{k}", instances=size, global_batch=size * 8 * 4, **timing)
         body["parallelism"] = dict(SMALL_JOB["parallelism"], dp=size * 8)
         if draw(st.booleans()):
             body["checkpoint"] = {"interval": f"{draw(st.integers(10, 180))}min",
@@ -46,9 +62,8 @@ def scenarios(draw):
     policy = draw(st.sampled_from(["fifo", "priority", "backfill"]))
     repair = draw(st.sampled_from(["30min", "6h", "2d", "never"]))
     return scenario_from_dict({
-        "name": "prop", "hardware": "trn2", "duration": "3d", "seed": draw(st.integers(0, 99)),
-        "cluster": {"instances": instances, "spares": draw(st.integers(0, 2)),
-                    "fabric": {"instances_per_leaf": 4}},
+        "name": "prop", "hardware": hardware, "duration": "3d",
+        "seed": draw(st.integers(0, 99)), "cluster": dict(cluster, fabric={"instances_per_leaf": 4}),
         "scheduler": {"policy": policy, "preemption": policy == "priority" and draw(
             st.booleans())},
         "jobs": jobs,
@@ -72,6 +87,8 @@ def test_timeline_invariants(scenario, seed):
     result, rec = run_recorded(scenario, seed)
     event(f"failures: {'some' if sum(result.failures.values()) else 'none'}")
     event(f"repairs: {'some' if result.repairs_completed else 'none'}")
+    wide = any(j.parallelism.tp == 128 for j in scenario.jobs)
+    event(f"whole-UltraServer jobs: {'some' if wide else 'none'}")
     horizon = scenario.duration_s
     cpi = scenario.hardware.chips_per_instance
     n_instances = scenario.total_instances
