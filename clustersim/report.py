@@ -45,7 +45,8 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     if cluster.empty:
         cluster = run.utilisation_at("cluster")
     states = [s for s in ("running", "checkpointing", "down", "waiting", "restarting",
-                          "restoring", "failed", "repairing", "idle") if cluster[s].sum() > 0]
+                          "restoring", "failed", "repairing", "idle")
+              if s in cluster and cluster[s].sum() > 0]  # traces of older schemas lack some
     fig, ax = plt.subplots(figsize=(11, 4.2))
     x = _days(cluster["bin_start_s"].to_numpy())
     ax.stackplot(x, [cluster[s].to_numpy() * 100 for s in states], labels=states,

@@ -216,6 +216,17 @@ def test_report_draws_its_plots(run: Path):
         assert f"({name})" in text
 
 
+def test_the_report_reads_traces_without_the_failed_column(run: Path, tmp_path: Path):
+    """Runs written before the `failed` state (trace schema 1) still get their report."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(run, old, ignore=shutil.ignore_patterns("report"))
+    table = pq.read_table(old / "utilisation.parquet")
+    pq.write_table(table.drop_columns(["failed"]), old / "utilisation.parquet")
+    assert (write_report(old).parent / "utilisation.png").stat().st_size > 10_000
+
+
 def test_the_zoomed_timeline_spans_the_first_failure_and_the_recovery(run: Path):
     r = load_run(run)
     lo, hi, job_id = first_failure_window(r)
