@@ -8,6 +8,7 @@ only with `force`.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,14 @@ def check_output_dir(out: Path, force: bool) -> None:
         raise OutputDirError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise OutputDirError(f"{out}: exists and is not empty; use --force to replace it")
+    # OUT is staged beside itself: the nearest existing ancestor must take new folders.
+    ancestor = out.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputDirError(f"{out}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{out}: cannot write in {ancestor} (permission denied)")
 
 
 @contextlib.contextmanager
@@ -33,8 +42,11 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out`."""
     out = Path(out)
     check_output_dir(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as error:
+        raise OutputDirError(f"{out}: cannot write there ({error.strerror})") from None
     try:
         yield staging
     except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,30 @@ def test_run_refuses_a_file_as_output(small: Path, tmp_path: Path):
     result = invoke("run", small, "-o", target, "--force")
     assert result.exit_code == 2
     assert "not a directory" in result.stderr
+
+
+def test_run_refuses_an_output_it_cannot_create(small: Path, tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    result = invoke("run", small, "-o", tmp_path / "file" / "out")
+    assert result.exit_code == 2
+    assert "is not a directory" in result.stderr and "Traceback" not in result.stderr
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        result = invoke("run", small, "-o", locked / "out")
+        if os.geteuid() != 0:  # root may write anywhere
+            assert result.exit_code == 2
+            assert "permission denied" in result.stderr
+    finally:
+        locked.chmod(0o700)
+    assert leftovers(tmp_path) == []
+
+
+def test_run_creates_missing_parent_folders(small: Path, tmp_path: Path):
+    result = invoke("run", small, "-o", tmp_path / "a" / "b" / "out")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "a" / "b" / "out" / "summary.json").exists()
 
 
 def test_bad_scenario_exits_2_and_writes_nothing(tmp_path: Path):
