@@ -220,7 +220,7 @@ def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
                                      / scenario.hardware.instances_per_ultraserver)}
     rows = sum(keys[level] for level in scenario.trace.levels) * bins
     if scenario.trace.enabled and rows > limit_rows:
-        raise ScenarioError("<scenario>", [Issue(
+        raise ScenarioError(scenario.source, [Issue(
             "trace.levels", f"utilisation at these levels would write {rows:,} rows "
             f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin or "
             f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])

@@ -226,6 +226,7 @@ class Scenario(Spec):
     trace: TraceSpec = TraceSpec()
 
     _source_yaml: str = PrivateAttr(default="")
+    _source: str = PrivateAttr(default="<scenario>")
 
     @model_validator(mode="after")
     def _check_together(self) -> Scenario:
@@ -256,6 +257,11 @@ class Scenario(Spec):
         if job.instances is not None:
             return job.instances
         return job.ranks // self.hardware.ranks_per_instance
+
+    @property
+    def source(self) -> str:
+        """Where the scenario came from (its file), for error messages."""
+        return self._source
 
     @property
     def source_yaml(self) -> str:
@@ -690,6 +696,7 @@ def scenario_from_dict(
     if issues:
         raise ScenarioError(source, issues)
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
+    scenario._source = source
     return scenario
 
 

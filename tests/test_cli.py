@@ -122,6 +122,14 @@ def test_run_refuses_an_output_it_cannot_create(small: Path, tmp_path: Path):
     assert leftovers(tmp_path) == []
 
 
+def test_an_oversized_trace_is_refused_naming_the_file(small: Path, tmp_path: Path):
+    result = invoke("run", small, "--set", "trace.bin=1ms", "--set", "trace.levels=[instance]",
+                    "-o", tmp_path / "out")
+    assert result.exit_code == 2
+    assert f"{small}: trace.levels" in result.stderr and "rows" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_creates_missing_parent_folders(small: Path, tmp_path: Path):
     result = invoke("run", small, "-o", tmp_path / "a" / "b" / "out")
     assert result.exit_code == 0, result.stderr
