@@ -259,6 +259,9 @@ def sweep(
         err_console.print(f"[red]failed:[/red] variant {escape(str(row.variant))}, seed "
                           f"{row.seed}: {escape(str(row.error))}", soft_wrap=True)
     _print_sweep(summary, list(spec.grid))
+    if len(rows) and len(failed) == len(rows):
+        err_console.print("[red]no run succeeded[/red]: check the grid's paths and values")
+        raise typer.Exit(1)
 
 
 def _print_sweep(summary: Any, grid_paths: list[str]) -> None:

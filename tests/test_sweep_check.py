@@ -97,6 +97,15 @@ def test_sweep_cli_writes_both_tables(tmp_path: Path):
     assert wrong.exit_code == 2
 
 
+def test_a_sweep_where_no_run_succeeds_exits_1(tmp_path: Path):
+    path = write_sweep(tmp_path, grid={"failures.scael": [1, 2]}, seeds=[0])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(path), "-o", str(out), "--workers", "1"])
+    assert result.exit_code == 1
+    assert "no run succeeded" in result.stderr and "scael" in result.stderr
+    assert len(pd.read_parquet(out / "sweep.parquet")) == 2
+
+
 def test_ray_gives_the_same_rows(tmp_path: Path):
     pytest.importorskip("ray")
     path = write_sweep(tmp_path, grid=GRID, seeds=[0, 1])
