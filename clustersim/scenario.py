@@ -351,6 +351,14 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
                 f"replicated across tp)",
                 par.tp, True,
             )
+        if par.ep > 1 and not model.moe:
+            yield Issue(f"{at}.parallelism.ep",
+                        f"expert parallelism needs a mixture-of-experts model; {model.name} "
+                        f"is dense (experts: 1)", par.ep, True)
+        elif par.ep > 1 and (par.dp % par.ep or model.experts % par.ep):
+            yield Issue(f"{at}.parallelism.ep",
+                        f"ep must divide both dp ({par.dp}) and the model's {model.experts} "
+                        f"experts", par.ep, True)
         stages = par.pp * par.interleave
         if model.layers % stages:
             yield Issue(

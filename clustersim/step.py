@@ -39,6 +39,7 @@ from clustersim.workload import (
     MemoryBreakdown,
     Op,
     TrainingJob,
+    expert_params_per_rank,
     hardware_flops_per_step,
     memory_per_rank,
     model_flops_per_step,
@@ -132,6 +133,8 @@ class _ChunkTimes:
     forward_tp: float
     backward_compute: float
     backward_tp: float
+    forward_ep: float = 0.0  # expert-parallel all-to-alls (mixture of experts)
+    backward_ep: float = 0.0
 
 
 class StepModel:
@@ -230,15 +233,18 @@ class StepModel:
         return max(op.flops / (peak * eff.matmul * quantisation), memory_time)
 
     def _chunk_times(self, job: TrainingJob, layers: int, first: bool, last: bool,
-                     tp_group: Group | None) -> _ChunkTimes:
+                     tp_group: Group | None, ep_group: tuple[Group, int] | None = None
+                     ) -> _ChunkTimes:
         shape = None
         if tp_group is not None:  # the TP group's shape: chips relative to its instance
             cpi = self.hardware.chips_per_instance
             base = int(tp_group.chips[0]) - int(tp_group.chips[0]) % cpi
             shape = (tuple((tp_group.chips - base).tolist()), tp_group.ranks_per_chip,
                      (base // cpi) % self.hardware.instances_per_ultraserver)
+        ep_shape = None if ep_group is None else (tuple(ep_group[0].chips.tolist()),
+                                                  ep_group[0].ranks_per_chip, ep_group[1])
         key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
-               job.recompute, layers, first, last, shape)
+               job.recompute, layers, first, last, shape, ep_shape)
         cached = self._chunk_cache.get(key)
         if cached is not None:
             return cached
@@ -253,8 +259,20 @@ class StepModel:
             return sum(self.collectives.cost(op, tp_group, size).time_s * n
                        for (op, size), n in counts.items())
 
+        def expert_comm(collectives: tuple[tuple[str, float], ...]) -> float:
+            if ep_group is None:
+                return 0.0
+            group, sharing = ep_group
+            counts = Counter(collectives)
+            # The expert groups of a chip's other ranks exchange at the same time through
+            # the same links: their bytes are counted together.
+            return sum(self.collectives.cost(op, group, size * sharing).time_s * n
+                       for (op, size), n in counts.items())
+
         cached = _ChunkTimes(fwd, comm(work.tp_collectives_forward), bwd,
-                             comm(work.tp_collectives_backward))
+                             comm(work.tp_collectives_backward),
+                             expert_comm(work.ep_collectives_forward),
+                             expert_comm(work.ep_collectives_backward))
         self._chunk_cache[key] = cached
         return cached
 
@@ -278,11 +296,16 @@ class StepModel:
         tp_group = None
         if par.tp > 1:
             tp_group, _ = self._group(all_ranks[: par.tp], placed)
+        ep_group = None
+        if model.moe and par.ep > 1:  # rank 0's expert group: dp ranks 0 .. ep-1
+            stride = par.tp * par.pp
+            ep_group = self._group(all_ranks[: par.ep * stride: stride], placed)
 
         # Per global chunk g (0 .. stages-1): forward and backward durations.
         kinds = {}
         for g in (0, stages - 1, 1 if stages > 2 else 0):
-            kinds[g] = self._chunk_times(job, layers_per_chunk, g == 0, g == stages - 1, tp_group)
+            kinds[g] = self._chunk_times(job, layers_per_chunk, g == 0, g == stages - 1, tp_group,
+                                         ep_group)
 
         def times(g: int) -> _ChunkTimes:
             return kinds[g] if g in kinds else kinds[1 if stages > 2 else 0]
@@ -303,7 +326,7 @@ class StepModel:
         env = simpy.Environment()
         done: dict[tuple[str, int, int], simpy.Event] = {}
         finished_at: dict[tuple[str, int, int], float] = {}
-        ledger = {d: {"compute": 0.0, "tp": 0.0, "pp": 0.0, "idle": 0.0, "end": 0.0,
+        ledger = {d: {"compute": 0.0, "tp": 0.0, "ep": 0.0, "pp": 0.0, "idle": 0.0, "end": 0.0,
                       "last_backward": 0.0, "last_backward_start": 0.0} for d in range(par.pp)}
 
         def event(key: tuple[str, int, int]) -> simpy.Event:
@@ -334,10 +357,12 @@ class StepModel:
                 t = times(g)
                 compute = t.forward_compute if kind == "F" else t.backward_compute
                 tp = t.forward_tp if kind == "F" else t.backward_tp
+                ep = t.forward_ep if kind == "F" else t.backward_ep
                 start = env.now
-                yield env.timeout(compute + tp)
+                yield env.timeout(compute + tp + ep)
                 ledger[d]["compute"] += compute
                 ledger[d]["tp"] += tp
+                ledger[d]["ep"] += ep
                 key = (kind, g, mb)
                 finished_at[key] = env.now
                 event(key).succeed()
@@ -358,7 +383,9 @@ class StepModel:
         ends = {}
         for d in range(par.pp):
             params = params_per_rank(job, d == 0, d == par.pp - 1)
-            shard = params / (par.dp if par.zero == 1 else 1)
+            experts = expert_params_per_rank(job)
+            shard = ((params - experts) / (par.dp if par.zero == 1 else 1)
+                     + experts / (par.dp // par.ep if par.zero == 1 else 1))
             optimizer[d] = shard * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
             reduce_time, gather_time = dp_times[d]
             led = ledger[d]
@@ -371,6 +398,8 @@ class StepModel:
         step_time = ends[critical]
         bubble = led["idle"] - led["pp"]
         exposed = {"tp": led["tp"], "pp": led["pp"], "dp": led["dp"]}
+        if model.moe and par.ep > 1:
+            exposed["ep"] = led["ep"]
 
         memory = self.memory(job)
         tokens = job.global_batch * job.sequence_length

@@ -1,4 +1,5 @@
-"""Dense decoder-only transformer shapes and their presets (Llama 2/3/3.1, GPT-3, Megatron).
+"""Decoder-only transformer shapes and their presets (Llama 2/3/3.1, GPT-3, Megatron, and the
+Mixtral mixture of experts).
 
 The shape is all the step model needs to count FLOPs, bytes and memory; the presets are data
 (`catalog/models.yaml`) with the paper or model card each came from.
@@ -17,7 +18,8 @@ __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "mod
 
 
 class TransformerShape(Spec):
-    """Shape of a dense decoder transformer."""
+    """Shape of a decoder transformer: dense, or a mixture of experts (`experts` FFNs per
+    layer, each token routed to `top_k` of them)."""
 
     name: str = "custom"
     layers: int = Field(gt=0)
@@ -28,11 +30,15 @@ class TransformerShape(Spec):
     vocab: int = Field(gt=0)
     seq_len: int = Field(default=2048, gt=0, description="default training sequence length")
     gated: bool = Field(default=False, description="SwiGLU-style FFN with three matrices")
+    experts: int = Field(default=1, gt=0, description="FFN experts per layer (1: dense)")
+    top_k: int = Field(default=1, gt=0, description="experts each token is routed to")
 
     @model_validator(mode="after")
     def _check(self) -> TransformerShape:
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k {self.top_k} is more than the {self.experts} experts")
         if self.heads % self.n_kv_heads:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.n_kv_heads}")
         return self
@@ -49,14 +55,29 @@ class TransformerShape(Spec):
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    def parameter_count(self, tied_embeddings: bool = False) -> int:
-        """Weights: attention (Q, K, V, O), FFN (2 or 3 matrices), 2 norms per layer, embeddings.
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def expert_parameters(self) -> int:
+        """Weights of one FFN expert of one layer (2 or 3 matrices)."""
+        return (3 if self.gated else 2) * self.hidden * self.ffn
+
+    @property
+    def router_parameters(self) -> int:
+        return self.hidden * self.experts if self.moe else 0
+
+    def parameter_count(self, tied_embeddings: bool = False, active: bool = False) -> int:
+        """Weights: attention (Q, K, V, O), FFN (2 or 3 matrices, per expert, plus the router),
+        2 norms per layer, embeddings; `active`: with only the top_k experts a token uses.
 
         Llama-style models have untied input and output embeddings; biases are not counted.
         """
         kv_width = self.n_kv_heads * self.head_dim
         attention = self.hidden * (self.hidden + 2 * kv_width) + self.hidden * self.hidden
-        ffn = (3 if self.gated else 2) * self.hidden * self.ffn
+        ffn = self.expert_parameters * (self.top_k if active else self.experts)
+        ffn += self.router_parameters
         norms = 2 * self.hidden
         embeddings = self.vocab * self.hidden * (1 if tied_embeddings else 2)
         return self.layers * (attention + ffn + norms) + embeddings + self.hidden

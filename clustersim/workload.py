@@ -43,6 +43,8 @@ __all__ = [
     "hardware_flops_per_step",
     "stage_work",
     "memory_per_rank",
+    "params_per_rank",
+    "expert_params_per_rank",
     "OPTIMIZER_BYTES_TOUCHED_PER_PARAM",
 ]
 
@@ -61,6 +63,8 @@ class ParallelismSpec(Spec):
     zero: Literal[0, 1] = Field(default=0, description="ZeRO stage: 1 shards optimizer state")
     sequence_parallel: bool = False
     interleave: int = Field(default=1, gt=0, description="virtual pipeline stages per rank")
+    ep: int = Field(default=1, gt=0, description="expert parallel: data-parallel ranks that "
+                    "split a layer's experts between them (mixture-of-experts models)")
 
     @property
     def ranks(self) -> int:
@@ -121,6 +125,7 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     d = model.head_dim
     ffn = model.ffn // tp
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
+    routed = tokens * model.top_k
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
@@ -131,9 +136,15 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
         _matmul("projection", tokens, heads * d, h, e),
         _vector("residual_attention", outside, e, passes=3),
         _vector("norm_mlp", outside, e, passes=2),
-        _matmul("mlp_in", tokens, h, ffn * (2 if model.gated else 1), e),
-        _vector("activation", tokens * ffn * (3 if model.gated else 2), e, passes=1),
-        _matmul("mlp_out", tokens, ffn, h, e),
+        # Mixture of experts: a router scores every token; each token then passes through
+        # top_k experts, so a rank's experts see top_k x its tokens when routing is balanced.
+        # The router is replicated over tensor parallelism (on the rank's sequence shard with
+        # sequence parallelism).
+        *([_matmul("router", tokens // (tp if sequence_parallel else 1), h, model.experts, e)]
+          if model.moe else []),
+        _matmul("mlp_in", routed, h, ffn * (2 if model.gated else 1), e),
+        _vector("activation", routed * ffn * (3 if model.gated else 2), e, passes=1),
+        _matmul("mlp_out", routed, ffn, h, e),
         _vector("residual_mlp", outside, e, passes=3),
     ]
     return ops
@@ -173,6 +184,8 @@ class StageWork:
     tp_collectives_backward: tuple[tuple[str, float], ...]
     first: bool
     last: bool
+    ep_collectives_forward: tuple[tuple[str, float], ...] = ()  # over the expert group
+    ep_collectives_backward: tuple[tuple[str, float], ...] = ()
 
 
 def _backward_of(ops: list[Op]) -> list[Op]:
@@ -207,6 +220,17 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool) -> StageW
     elif job.recompute == "selective":
         backward = _attention_core(layer) * layers + backward
     activation_bytes = float(b * s * model.hidden * BYTES_PER_ELEMENT[job.precision])
+    ep_fwd: list[tuple[str, float]] = []
+    ep_bwd: list[tuple[str, float]] = []
+    if model.moe and par.ep > 1:
+        # Per MoE layer: tokens dispatched to the ranks holding their experts and combined
+        # back, an all-to-all each way (forward; the same again backward), of each TP rank's
+        # share of the routed activations.
+        routed_bytes = activation_bytes * model.top_k / par.tp
+        ep_fwd = [("all-to-all", routed_bytes)] * 2 * layers
+        ep_bwd = [("all-to-all", routed_bytes)] * 2 * layers
+        if job.recompute == "full":
+            ep_bwd = ep_bwd + ep_fwd
     tp_fwd: list[tuple[str, float]] = []
     tp_bwd: list[tuple[str, float]] = []
     if par.tp > 1:
@@ -225,14 +249,15 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool) -> StageW
             tp_fwd.append(("reduce-scatter" if par.sequence_parallel else "all-reduce",
                            activation_bytes))
     return StageWork(tuple(forward + extra_forward), tuple(backward), layers, tuple(tp_fwd),
-                     tuple(tp_bwd), first, last)
+                     tuple(tp_bwd), first, last, tuple(ep_fwd), tuple(ep_bwd))
 
 
 def _matmul_weights(model: TransformerShape) -> int:
-    """Weights that take part in matrix multiplies: every layer's and the output layer."""
+    """Weights that take part in a token's matrix multiplies: every layer's (the top_k
+    experts of a mixture of experts, and its router) and the output layer."""
     kv = model.n_kv_heads * model.head_dim
     attention = model.hidden * (model.hidden + 2 * kv) + model.hidden * model.hidden
-    mlp = (3 if model.gated else 2) * model.hidden * model.ffn
+    mlp = model.expert_parameters * model.top_k + model.router_parameters
     return model.layers * (attention + mlp) + model.vocab * model.hidden
 
 
@@ -312,9 +337,22 @@ def weight_bytes_per_param(precision: str) -> tuple[int, int, int]:
 
 def params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
     """Parameters one rank of a (first/last) pipeline stage holds."""
+    return _dense_params_per_rank(job, first, last) + expert_params_per_rank(job)
+
+
+def expert_params_per_rank(job: TrainingJob) -> float:
+    """Expert weights one rank holds: its stage's layers' experts, split over tp and ep."""
     model, par = job.model, job.parallelism
+    if not model.moe:
+        return 0.0
+    return model.layers / par.pp * model.experts * model.expert_parameters / (par.tp * par.ep)
+
+
+def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
+    model, par = job.model, job.parallelism
+    experts = model.experts * model.expert_parameters if model.moe else 0
     per_layer = (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
-        model.layers)
+        model.layers) - experts
     layers = model.layers / par.pp
     count = layers * per_layer / par.tp
     if first:
@@ -338,7 +376,8 @@ def activation_bytes_per_layer(job: TrainingJob) -> float:
     # Kept whole without sequence parallelism: the two norms' inputs, the QKV and MLP inputs.
     replicated = e * sbh * 4  # 4 tensors of b x s x h
     split = e * sbh * (1 + 2 * kv + 1)  # Q, K, V (grouped), projection input
-    split += e * sbh * (f * (2 if model.gated else 1) + f)  # MLP intermediates
+    # MLP intermediates (of top_k experts per token with a mixture of experts).
+    split += e * sbh * (f * (2 if model.gated else 1) + f) * model.top_k
     if job.recompute == "none":
         # Without recompute the attention is not fused and keeps its scores and softmax
         # (Korthikanti's 5 a s^2 b bytes, dropout included: an upper bound).
@@ -356,7 +395,11 @@ def memory_per_rank(job: TrainingJob, in_flight_microbatches: int, hbm_bytes: fl
     first, last = True, par.pp == 1
     params = params_per_rank(job, first, last)
     w, g, o = weight_bytes_per_param(job.precision)
-    optimizer = params * o / (par.dp if par.zero == 1 else 1)
+    # ZeRO-1 shards optimizer state over the ranks that hold the same weights: all of data
+    # parallelism for dense weights, dp / ep for experts.
+    experts = expert_params_per_rank(job)
+    optimizer = ((params - experts) * o / (par.dp if par.zero == 1 else 1)
+                 + experts * o / (par.dp // par.ep if par.zero == 1 else 1))
     layers = job.model.layers / par.pp
     activations = activation_bytes_per_layer(job) * layers * in_flight_microbatches
     logits = 0.0

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from clustersim.api import step_profiles, topology_for
 from clustersim.calibration import STEP_MEASUREMENTS, predict_step
 from clustersim.hardware import catalog_entry
-from clustersim.scenario import scenario_from_dict
+from clustersim.scenario import ScenarioError, scenario_from_dict
 from clustersim.schedule import peak_in_flight, pipeline_order
 from clustersim.step import StepModel
 from clustersim.topology import build_topology
@@ -250,3 +250,90 @@ def test_energy_and_cost_use_the_catalog():
 def test_calibration_cases_within_15_percent(measurement):
     predicted = predict_step(measurement)
     assert predicted == pytest.approx(measurement.measured, rel=0.15)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts
+
+
+def test_mixtral_parameters_match_the_paper():
+    """Mixtral 8x7B: 46.7B parameters, 12.9B active per token (arXiv 2401.04088)."""
+    shape = TransformerShape(**model_preset_values("mixtral-8x7b"))
+    assert shape.parameter_count() == pytest.approx(46.7e9, rel=0.002)
+    assert shape.parameter_count(active=True) == pytest.approx(12.9e9, rel=0.002)
+
+
+def moe_scenario(instances=8, **parallelism):
+    par = {"tp": 8, "pp": 4, "dp": 16, "ep": 8, "zero": 1, "sequence_parallel": True}
+    par.update(parallelism)
+    return scenario("mixtral-8x7b", instances=instances, seq_len=4096, global_batch=128,
+                    parallelism=par)
+
+
+def test_moe_flops_count_the_active_experts():
+    """Model FLOPs are 6 x active matmul weights x tokens + attention, and the per-rank
+    operations add up to them: each token goes through top_k experts and the router."""
+    job = moe_scenario(tp=8, pp=1, dp=8, ep=1, sequence_parallel=False).jobs[0]
+    shape = job.model
+    tokens = job.global_batch * job.sequence_length
+    matmul_params = shape.parameter_count(active=True) - shape.vocab * shape.hidden - (
+        shape.hidden * (2 * shape.layers + 1))
+    expected = 6 * matmul_params * tokens + 12 * shape.layers * shape.hidden * (
+        job.sequence_length) * tokens
+    assert model_flops_per_step(job) == pytest.approx(expected, rel=1e-12)
+    # With sequence parallelism each TP rank routes its own tokens: the sum is exact.
+    job = moe_scenario(tp=8, pp=1, dp=8, ep=1).jobs[0].model_copy(update={"recompute": "none"})
+    work = stage_work(job, shape.layers, first=True, last=True)
+    forward = sum(op.flops for op in work.forward) * 8 * job.global_batch
+    assert forward == pytest.approx(model_flops_per_step(job) / 3, rel=1e-9)
+    # Without it every TP rank routes every token (7 extra router copies here).
+    job = job.model_copy(update={"parallelism": job.parallelism.model_copy(
+        update={"sequence_parallel": False})})
+    work = stage_work(job, shape.layers, first=True, last=True)
+    replicated = sum(op.flops for op in work.forward) * 8 * job.global_batch
+    router = 2.0 * tokens * shape.hidden * shape.experts * shape.layers
+    assert replicated - forward == pytest.approx(7 * router, rel=1e-9)
+    mlp = {op.name: op.flops for op in work.forward[:20]}
+    dense = TransformerShape(**{**model_preset_values("mixtral-8x7b"), "experts": 1, "top_k": 1})
+    dense_work = stage_work(job.model_copy(update={"model": dense}), 1, False, False)
+    dense_mlp = {op.name: op.flops for op in dense_work.forward}
+    assert mlp["mlp_in"] == pytest.approx(2 * dense_mlp["mlp_in"])  # top_k = 2
+    assert "router" in mlp and "router" not in dense_mlp
+
+
+def test_expert_parallelism_shards_experts_and_adds_all_to_alls():
+    model = StepModel(topology_for(moe_scenario()))
+    split = moe_scenario(ep=8).jobs[0]
+    whole = moe_scenario(ep=1).jobs[0]
+    shape = split.model
+    experts_per_rank = shape.layers / 4 * shape.experts * shape.expert_parameters / 8
+    assert params_per_rank(whole, True, False) - params_per_rank(split, True, False) == (
+        pytest.approx(experts_per_rank * (1 - 1 / 8)))
+    assert model.memory(split).weights < model.memory(whole).weights
+    sharded = model.profile(split)
+    replicated = model.profile(whole)
+    assert "ep" not in replicated.exposed_comm_s and sharded.exposed_comm_s["ep"] > 0
+    # Per micro-batch and MoE layer: two all-to-alls forward, two backward, of each rank's
+    # routed activations, times the expert groups that share a chip's links.
+    work = stage_work(split, shape.layers // 4, first=False, last=False)
+    assert work.ep_collectives_forward == (("all-to-all", 4096 * shape.hidden * 2 * 2 / 8),) * (
+        2 * shape.layers // 4)
+    assert len(work.ep_collectives_backward) == len(work.ep_collectives_forward)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": "llama3-8b"}, "needs a mixture-of-experts model"),
+    ({"parallelism": {"tp": 8, "pp": 4, "dp": 16, "ep": 3}}, "ep must divide"),
+    ({"parallelism": {"tp": 8, "pp": 4, "dp": 16, "ep": 16}}, "ep must divide"),
+])
+def test_expert_parallelism_is_checked(change, message):
+    raw_job = {"name": "train", "model": "mixtral-8x7b", "global_batch": 128,
+               "parallelism": {"tp": 8, "pp": 4, "dp": 16, "ep": 8}}
+    raw_job.update(change)
+    if "model" in change:
+        raw_job["parallelism"] = {"tp": 8, "pp": 4, "dp": 16, "ep": 8}
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict({"name": "t", "hardware": "trn2", "cluster": {"instances": 8},
+                            "jobs": [raw_job]})
+    with pytest.raises(ValueError, match="top_k 3 is more than the 2 experts"):
+        TransformerShape(layers=2, hidden=64, heads=4, vocab=100, experts=2, top_k=3)
