@@ -1024,10 +1024,12 @@ class _JobRun:
         self.placed_step_time = profile.step_time_s
         leaves = np.unique(self.t.instance_leaf[self.held])
         self.spans_leaves = len(leaves) > 1
-        # What crosses leaf uplinks: the exposed data- and pipeline-parallel communication of
-        # a job spread over several leaves (tensor parallelism stays inside instances).
-        self.fabric_exposed_s = (profile.exposed_comm_s.get("dp", 0.0)
-                                 + profile.exposed_comm_s.get("pp", 0.0)) if len(leaves) > 1 else 0.0
+        # What crosses leaf uplinks: the exposed data-, pipeline- and expert-parallel
+        # communication of a job spread over several leaves (tensor parallelism stays inside
+        # instances).
+        exposed = profile.exposed_comm_s
+        self.fabric_exposed_s = (exposed.get("dp", 0.0) + exposed.get("pp", 0.0)
+                                 + exposed.get("ep", 0.0)) if len(leaves) > 1 else 0.0
         self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
