@@ -118,7 +118,7 @@ def test_ray_gives_the_same_rows(tmp_path: Path):
 # Regression check
 
 FAST_REFERENCES = ["single-trn2", "one-ultraserver", "compare-1024-chips", "checkpoint-study",
-                   "llama3-16k-month", "mix-128-trn2"]
+                   "llama3-16k-month", "mix-128-trn2", "mixtral-trn2"]
 
 
 def test_the_fast_reference_scenarios_match_their_goldens(monkeypatch):
