@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -337,3 +338,20 @@ def test_expert_parallelism_is_checked(change, message):
                             "jobs": [raw_job]})
     with pytest.raises(ValueError, match="top_k 3 is more than the 2 experts"):
         TransformerShape(layers=2, hidden=64, heads=4, vocab=100, experts=2, top_k=3)
+
+
+def test_expert_all_to_alls_are_costed_on_their_group():
+    """One micro-batch, one stage: the exposed expert-parallel time is the 4 all-to-alls of
+    each layer (two forward, two backward), each costed by the collectives model on the
+    expert group (the ranks 0, 8, 16, ... of one data-parallel slice), with the other groups
+    on the same chips counted in its bytes."""
+    s = moe_scenario(tp=8, pp=1, dp=64, ep=8)
+    s = s.model_copy(update={"jobs": [s.jobs[0].model_copy(update={"global_batch": 64})]})
+    job = s.jobs[0]
+    model = StepModel(topology_for(s))
+    profile = model.profile(job)
+    group, sharing = model._group(np.arange(0, 8 * 8, 8), np.arange(8))
+    routed = 4096 * job.model.hidden * 2 * job.model.top_k / job.parallelism.tp
+    one = model.collectives.cost("all-to-all", group, routed * sharing).time_s
+    assert len(set(group.chips.tolist())) == 8 and sharing == 4
+    assert profile.exposed_comm_s["ep"] == pytest.approx(4 * job.model.layers * one, rel=1e-9)
