@@ -355,3 +355,18 @@ def test_expert_all_to_alls_are_costed_on_their_group():
     one = model.collectives.cost("all-to-all", group, routed * sharing).time_s
     assert len(set(group.chips.tolist())) == 8 and sharing == 4
     assert profile.exposed_comm_s["ep"] == pytest.approx(4 * job.model.layers * one, rel=1e-9)
+
+
+@settings(max_examples=10, deadline=None)
+@given(ep=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]),
+       recompute=st.sampled_from(["selective", "full"]))
+def test_moe_breakdown_adds_up_to_the_step(ep, pp, recompute):
+    s = moe_scenario(tp=8, pp=pp, dp=64 // pp, ep=ep)
+    s = s.model_copy(update={"jobs": [s.jobs[0].model_copy(update={
+        "global_batch": 64 // pp * 4, "recompute": recompute})]})
+    profile = step_profiles(s)["train"]
+    parts = (profile.compute_s + sum(profile.exposed_comm_s.values()) + profile.bubble_s
+             + profile.optimizer_s)
+    assert parts == pytest.approx(profile.step_time_s, rel=1e-9)
+    assert ("ep" in profile.exposed_comm_s) == (ep > 1)
+    assert 0 < profile.mfu <= profile.hfu < 1
