@@ -213,7 +213,8 @@ def plot_hours(run: Run, path: Path) -> Path:
 def plot_step(run: Run, path: Path) -> Path:
     parts = [("compute_s", "compute", "#2e7d32"), ("tp_comm_s", "TP comm", "#1565c0"),
              ("pp_comm_s", "PP comm", "#00838f"), ("dp_comm_s", "DP comm", "#8e24aa"),
-             ("bubble_s", "pipeline bubble", "#9e9e9e"), ("optimizer_s", "optimizer", "#ef6c00")]
+             ("ep_comm_s", "EP all-to-all", "#c62828"), ("bubble_s", "pipeline bubble", "#9e9e9e"),
+             ("optimizer_s", "optimizer", "#ef6c00")]
     jobs = _largest_jobs(run)
     rows = []
     for name, job in jobs.items():
