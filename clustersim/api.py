@@ -24,7 +24,7 @@ from clustersim.topology import Topology, build_topology
 from clustersim.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
-           "step_profiles", "run_timelines", "check_fit", "write_traces"]
+           "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile"]
 
 
 @dataclass
@@ -169,7 +169,11 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
 
 
-def _t975(dof: int) -> float:
+def t_quantile(dof: int) -> float:
+    """The 0.975 quantile of Student's t with `dof` degrees of freedom (nan below 1): the
+    95% interval of a mean of dof + 1 values is this x their standard deviation / sqrt(n)."""
+    if dof <= 0:
+        return math.nan
     if dof in _T975:
         return _T975[dof]
     if dof > 30:
@@ -208,7 +212,7 @@ def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
         array = np.asarray(numbers, dtype=float)
         out[key] = float(array.mean())
         if n > 1:
-            out[f"{key}_ci95"] = float(_t975(n - 1) * array.std(ddof=1) / math.sqrt(n))
+            out[f"{key}_ci95"] = float(t_quantile(n - 1) * array.std(ddof=1) / math.sqrt(n))
     return out
 
 

@@ -38,7 +38,7 @@ import pandas as pd
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from clustersim.api import simulate
+from clustersim.api import simulate, t_quantile
 from clustersim.outputs import atomic_output_dir
 from clustersim.scenario import Issue, ScenarioError, _pydantic_issues, load_scenario
 from clustersim.spec import Spec
@@ -208,23 +208,6 @@ def run_sweep(path: str | Path, engine: str = "local", workers: int | None = Non
     first = ["task", "variant", *spec.grid, "seed", "status", "error"]
     frame = frame[[c for c in first if c in frame] + sorted(c for c in frame if c not in first)]
     return frame, summarise(frame, [p for p in spec.grid])
-
-
-# Student t quantiles (0.975), n - 1 degrees of freedom.
-_T = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-      10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def t_quantile(dof: int) -> float:
-    if dof <= 0:
-        return math.nan
-    if dof in _T:
-        return _T[dof]
-    if dof > 30:
-        return 1.96
-    lower = max(k for k in _T if k < dof)
-    upper = min(k for k in _T if k > dof)
-    return _T[lower] + (_T[upper] - _T[lower]) * (dof - lower) / (upper - lower)
 
 
 def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:

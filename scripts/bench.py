@@ -21,7 +21,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# name -> (python code run in a subprocess that prints a JSON dict of figures, in --quick?)
+# name -> (python code run in a subprocess that sets a dict `figures`, in --quick?); the code
+# may call run_cli(scenario) -> (summary, wall_s), defined in run_one's wrapper.
 BENCHMARKS: dict[str, tuple[str, bool]] = {
     "topology: 1 Trn2 UltraServer (64 chips)": (
         """
@@ -142,13 +143,7 @@ figures = {"simulate_s": round(time.perf_counter() - t0, 3),
     ),
     "timeline: 30 days, 524,288 chips, one 512,000-chip job, llama3 failures (run, CLI)": (
         """
-import json, subprocess, sys, tempfile, time
-out = tempfile.mkdtemp() + "/run"
-t0 = time.perf_counter()
-subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/trn2-512k-month.yaml",
-                "-o", out], capture_output=True, text=True, check=True)
-wall = time.perf_counter() - t0
-summary = json.load(open(out + "/summary.json"))
+summary, wall = run_cli("scenarios/trn2-512k-month.yaml")
 job = summary["jobs"]["pretrain"]
 figures = {"run_wall_s": round(wall, 1), "interruptions": job["interruptions"],
            "ettr": round(job["ettr"], 4), "checkpoints": job["checkpoints_completed"],
@@ -180,13 +175,8 @@ figures = {"trace_mib": round(sum(sizes.values()) / 2**20, 2),
     ),
     "scheduler: a week of 120 jobs on 128 trn2 with failures (run, CLI)": (
         """
-import json, subprocess, sys, tempfile, time
-out = tempfile.mkdtemp() + "/run"
-t0 = time.perf_counter()
-subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/mix-128-trn2.yaml",
-                "-o", out], capture_output=True, text=True, check=True)
-wall = time.perf_counter() - t0
-cluster = json.load(open(out + "/summary.json"))["cluster"]
+summary, wall = run_cli("scenarios/mix-128-trn2.yaml")
+cluster = summary["cluster"]
 figures = {"run_wall_s": round(wall, 1), "jobs": cluster["jobs_by_status"],
            "mean_queue_wait_h": round(cluster["mean_queue_wait_s"] / 3600, 1),
            "utilisation": round(cluster["utilisation"], 3)}
@@ -195,13 +185,7 @@ figures = {"run_wall_s": round(wall, 1), "jobs": cluster["jobs_by_status"],
     ),
     "scheduler: a week of 2,000 jobs on 8,192 Trn2 UltraServers (run, CLI)": (
         """
-import json, subprocess, sys, tempfile, time
-out = tempfile.mkdtemp() + "/run"
-t0 = time.perf_counter()
-subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/rainier-2000-jobs.yaml",
-                "-o", out], capture_output=True, text=True, check=True)
-wall = time.perf_counter() - t0
-summary = json.load(open(out + "/summary.json"))
+summary, wall = run_cli("scenarios/rainier-2000-jobs.yaml")
 cluster = summary["cluster"]
 figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("done"),
            "preemptions": sum(j["preemptions"] for j in summary["jobs"].values()),
@@ -241,7 +225,20 @@ figures = {k: shown[k] for k in ("chips", "instances", "ultraservers", "build_s"
 
 def run_one(code: str) -> dict[str, Any]:
     wrapper = f"""
-import json, resource, time
+import json, resource, subprocess, sys, tempfile, time
+
+
+def run_cli(scenario):
+    # `clustersim run` end to end, as a user runs it: (summary, wall seconds).
+    out = tempfile.mkdtemp() + "/run"
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "clustersim", "run", scenario, "-o", out],
+                   capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    with open(out + "/summary.json") as file:
+        return json.load(file), wall
+
+
 start = time.perf_counter()
 {code}
 wall = time.perf_counter() - start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -175,3 +176,13 @@ def test_normalise_and_differences():
     moved = normalise(dict(summary, a=1.2346))
     assert differences(golden, moved) == [("a", 1.23457, 1.2346)]
     assert differences({"x": 1}, {"y": 1}) == [("x", 1, "(absent)"), ("y", "(absent)", 1)]
+
+
+def test_runs_and_sweeps_share_one_t_quantile():
+    from clustersim import sweep
+    from clustersim.api import t_quantile
+
+    assert sweep.t_quantile is t_quantile
+    assert t_quantile(1) == 12.706 and t_quantile(30) == 2.042
+    assert math.isnan(t_quantile(0))
+    assert 1.96 < t_quantile(31) < t_quantile(30)  # no drop to the normal quantile at 31
