@@ -880,11 +880,7 @@ class _JobRun:
 
     def close(self, horizon: float) -> None:
         """Close the books at the horizon: credit a running segment, count the last state."""
-        if self.segment is not None:
-            start, wall, steps = self.segment
-            elapsed = horizon - start
-            self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, horizon)
-            self.segment = None
+        self._credit_segment(horizon)
         self.outcome.time_in_state[self.state] += horizon - self.state_since
         if self.t.recorder is not None and horizon > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, horizon)
@@ -1072,12 +1068,8 @@ class _JobRun:
     def evict(self) -> None:
         """Preempted by the scheduler: give every instance back now; the process then loses
         the work since the last checkpoint and queues again."""
-        if self.state in ("running", "checkpointing") and self.segment is not None:
-            start, wall, steps = self.segment
-            elapsed = self.t.env.now - start
-            self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, self.t.env.now)
-            self.segment = None
         if self.state in ("running", "checkpointing"):
+            self._credit_segment(self.t.env.now)
             self._lose_work()
         self.outcome.preemptions += 1
         held = self.held
@@ -1143,11 +1135,7 @@ class _JobRun:
 
     def _finish(self, status: str, reason: str) -> None:
         self.t.scheduler.withdraw(self)
-        if self.segment is not None:  # ended mid-segment: credit what was done
-            start, wall, steps = self.segment
-            elapsed = self.t.env.now - start
-            self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, self.t.env.now)
-            self.segment = None
+        self._credit_segment(self.t.env.now)  # ended mid-segment: credit what was done
         self.set_state("done")
         self.outcome.progress_steps = self.progress
         self.outcome.status = status
@@ -1189,15 +1177,11 @@ class _JobRun:
         if jitter > 0 and steps_planned > 0:
             # Gamma steps: the sum of k of them is Gamma(k / cv^2, mean x cv^2).
             wall = float(self.t.rng_jobs.gamma(steps_planned / jitter**2, step_s * jitter**2))
-        start = env.now
-        self.segment = (start, wall, steps_planned)
+        self.segment = (env.now, wall, steps_planned)
         try:
             yield env.timeout(wall)
         except simpy.Interrupt:
-            self.segment = None
-            elapsed = env.now - start
-            self._advance(steps_planned * (elapsed / wall if wall > 0 else 1.0), elapsed,
-                          env.now)
+            self._credit_segment(env.now)  # unless evict() has credited it already
             raise
         self.segment = None
         self._advance(steps_planned, wall, env.now)
@@ -1207,6 +1191,16 @@ class _JobRun:
         if self.since_snapshot >= self.interval - 1e-9:
             yield from self._checkpoint()
         return False
+
+    def _credit_segment(self, now: float) -> None:
+        """Credit the part of the running segment done by `now`, once (a preemption credits
+        it, then the interrupted segment must not credit it again)."""
+        if self.segment is None:
+            return
+        start, wall, steps = self.segment
+        self.segment = None
+        elapsed = now - start
+        self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, now)
 
     def _advance(self, steps: float, wall: float, now: float) -> None:
         self.progress += steps

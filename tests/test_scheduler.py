@@ -152,6 +152,19 @@ def test_recovering_jobs_get_repaired_instances_before_queued_jobs():
     assert 0 < waits <= failures * (2 * 3600 - 120) + 1e-6
 
 
+def test_a_preempted_job_is_credited_its_work_once():
+    """Every hour of a preempted job since its submission is useful or lost, once: its
+    running time is its time in the running state, its useful time no more."""
+    jobs = [job("low", 12, run_for="2d", checkpoint={"interval": "1h", "write": "1min"}),
+            job("high", 8, submit="3h", run_for="4h", priority=5)]
+    low = outcomes(scenario(jobs, policy="priority", preemption=True))["low"]
+    assert low["preemptions"] == 1
+    assert low["useful_s"] + low["lost_work_s"] == pytest.approx(
+        low["time_by_state_s"]["running"])
+    lost = sum(low["lost_time_s"].values())
+    assert low["useful_s"] + lost == pytest.approx(low["end_s"] - 0.0)
+
+
 def test_deadlines_stop_jobs():
     jobs = [job("late", 4, run_for=None, deadline="5h", submit="1h")]
     figures = outcomes(scenario(jobs))["late"]
