@@ -639,7 +639,14 @@ class Scheduler:
                        key=lambda entry: entry[0])
         free = self.t.free_mask()
         floor = -math.inf  # priority policy: queued jobs at or below it wait for a recovery
+        blocked: tuple[_JobRun, int] | None = None  # the first recovery that did not fit
         for position, (_, queued, run) in enumerate(order):
+            if queued and blocked is not None and self.policy != "priority":
+                # Every recovery had its turn; a blocked one is the queue's head.
+                if self.policy == "backfill":
+                    self._backfill(blocked[0], blocked[1],
+                                   [r for _, q, r in order[position:] if q], free)
+                return
             if queued and run.job.priority <= floor:
                 return
             need = run.instances_needed - (0 if queued else run.held_count)
@@ -653,13 +660,16 @@ class Scheduler:
                     self._replace(run, chosen)
                 free[chosen] = False  # granted, or reserved until its failure is detected
                 continue
+            if not queued:
+                # A recovery blocked on hardware does not hold back the recoveries after it;
+                # under priority it holds back only the queued jobs it is not outranked by.
+                if blocked is None:
+                    blocked = (run, need)
+                floor = max(floor, run.job.priority)
+                continue
             if self.policy == "backfill":
                 self._backfill(run, need, [r for _, q, r in order[position + 1:] if q],
                                free)
-            elif self.policy == "priority" and not queued:
-                # A recovery blocked on hardware holds back only jobs that do not outrank it.
-                floor = max(floor, run.job.priority)
-                continue
             return
 
     def _start(self, run: _JobRun, chosen: np.ndarray) -> None:

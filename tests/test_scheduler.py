@@ -287,3 +287,25 @@ def test_jobs_sharing_leaf_uplinks_slow_each_other():
     open_fabric = run(1.0)
     assert all(j["uplink_contention"] == 1.0 for j in open_fabric.values())
     assert shared["a"]["steps_completed"] < open_fabric["a"]["steps_completed"]
+
+
+def test_a_blocked_recovery_does_not_hold_back_the_next_recovery():
+    """FIFO: the first recovering job needs more than is free; the second, which fits, still
+    gets its replacement, and the queued job waits behind both."""
+    from clustersim.api import step_profiles
+    from clustersim.timeline import Timeline, _JobRun
+
+    jobs = [job("big", 4), job("small", 1), job("queued", 1)]
+    s = scenario(jobs, instances=8)
+    profiles = step_profiles(s)
+    t = Timeline(s, profiles, np.random.SeedSequence(0))
+    t.jobs = [_JobRun(t, i, j, profiles[j.name]) for i, j in enumerate(s.jobs)]
+    big, small, queued = t.jobs
+    t.owner[:] = np.array([-1, -1, 2, 2, 2, 2, 2, 2])  # two free instances
+    for run in (big, small):
+        run.set_state("waiting")
+    t.scheduler.queue.append(queued)
+    t.scheduler._pass()
+    assert big.held_count == 0
+    assert small.held_count == 1 and int(t.owner[small.held[0]]) == small.index
+    assert queued.state != "running" and queued in t.scheduler.queue
