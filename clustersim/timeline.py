@@ -88,7 +88,10 @@ def job_failure_rate(scenario: Scenario, job: JobSpec) -> float:
     units = {
         "chip": chips,
         "instance": instances,
-        "ultraserver": math.ceil(instances / hw.instances_per_ultraserver),
+        # Without UltraServers there is nothing for a per-UltraServer rate to hit (as in
+        # the timeline, which has no such units then).
+        "ultraserver": math.ceil(instances / hw.instances_per_ultraserver) if hw.ultraserver
+        else 0,
         "leaf": math.ceil(instances / per_leaf),
         "job": 1,
     }
@@ -296,9 +299,6 @@ class Timeline:
     # ------------------------------------------------------------------ failure processes
     def _build_processes(self) -> None:
         scale = self.scenario.failures.scale
-        units = {"chip": self.n_chips, "instance": self.n_instances,
-                 "ultraserver": max(self.n_us, 0), "leaf": self.n_leaves,
-                 "job": len(self.scenario.jobs)}
         self.exp_processes: list[_Process] = []
         self.exp_weights: list[float] = []
         self.weibull_heap: list[tuple[float, int, int]] = []
@@ -309,7 +309,7 @@ class Timeline:
                 continue
             proc = _Process(spec.component, spec.cause or spec.component, spec.per, rate,
                             spec.shape if spec.distribution == "weibull" else None)
-            count = units[spec.per]
+            count = self._population(spec.per)
             if count == 0:
                 continue
             if proc.shape is None:

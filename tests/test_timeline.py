@@ -75,6 +75,16 @@ def test_job_mttf_is_one_over_n_times_rate():
     assert figures["job_mtbf_s"] == pytest.approx(86400 / (chips * rate_per_day))
 
 
+def test_per_ultraserver_rates_do_not_hit_hardware_without_ultraservers():
+    """trn2 has no UltraServers: a per-UltraServer rate has nothing to hit, in the job's
+    failure rate (MTBF, Daly) as in the timeline."""
+    s = make(jobs=[job_with()], instances=1, duration="30d", failures={
+        "rates": [{"component": "switch", "per": "ultraserver", "rate": "1/d"},
+                  {"component": "chip", "per": "chip", "rate": "0.01/d"}]})
+    assert job_failure_rate(s, s.jobs[0]) == pytest.approx(16 * 0.01 / 86400)
+    assert timeline(s, 0).jobs["train"].interruptions["switch"] == 0
+
+
 def test_ettr_with_asynchronous_checkpoints_matches_renewal_theory():
     """Derivation. Failures come at rate lambda (exponential), each followed by a fixed
     recovery R (detect + restart + restore; no hardware is lost, so nothing is waited for).
