@@ -142,6 +142,14 @@ class CheckpointSpec(Spec):
     restore_s: NonNegativeDuration = Field(default=300.0, alias="restore")
     async_write: bool = Field(default=False, alias="async")
 
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointSpec:
+        if self.interval_s == "auto" and self.write_s <= 0:
+            # Young/Daly's interval is sqrt(2 x write x MTBF): zero with a free write.
+            raise ValueError("interval auto needs a write time above zero (with a free write "
+                             "the Daly interval is zero); give the interval")
+        return self
+
 
 class JobSpec(Spec):
     name: str = Field(min_length=1)

@@ -382,6 +382,8 @@ MALFORMED = [
                  id="unknown-nested-key"),
     pytest.param({"cluster.instances": "four"}, [], "cluster.instances", "whole number",
                  id="string-for-instances"),
+    pytest.param({}, ["jobs.0.checkpoint={interval: auto, write: 0}"], "jobs.0.checkpoint",
+                 "write time above zero", id="auto-interval-with-a-free-write"),
     pytest.param({"cluster.instances": -4}, [], "cluster.instances", "greater than",
                  id="negative-instances"),
     pytest.param({"duration": "0s"}, [], "duration", "greater than zero", id="zero-duration"),
