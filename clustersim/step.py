@@ -43,6 +43,7 @@ from clustersim.workload import (
     hardware_flops_per_step,
     memory_per_rank,
     model_flops_per_step,
+    optimizer_params_per_rank,
     params_per_rank,
     stage_work,
     weight_bytes_per_param,
@@ -252,27 +253,21 @@ class StepModel:
         fwd = sum(self._op_time(op, job.precision) for op in work.forward)
         bwd = sum(self._op_time(op, job.precision) for op in work.backward)
 
-        def comm(collectives: tuple[tuple[str, float], ...]) -> float:
-            if tp_group is None:
+        def comm(collectives: tuple[tuple[str, float], ...], group: Group | None,
+                 sharing: int = 1) -> float:
+            if group is None:
                 return 0.0
             counts = Counter(collectives)  # the same collective, layer after layer
-            return sum(self.collectives.cost(op, tp_group, size).time_s * n
-                       for (op, size), n in counts.items())
-
-        def expert_comm(collectives: tuple[tuple[str, float], ...]) -> float:
-            if ep_group is None:
-                return 0.0
-            group, sharing = ep_group
-            counts = Counter(collectives)
-            # The expert groups of a chip's other ranks exchange at the same time through
-            # the same links: their bytes are counted together.
             return sum(self.collectives.cost(op, group, size * sharing).time_s * n
                        for (op, size), n in counts.items())
 
-        cached = _ChunkTimes(fwd, comm(work.tp_collectives_forward), bwd,
-                             comm(work.tp_collectives_backward),
-                             expert_comm(work.ep_collectives_forward),
-                             expert_comm(work.ep_collectives_backward))
+        # The expert groups of a chip's other ranks exchange at the same time through the
+        # same links: their bytes are counted together.
+        expert_group, sharing = ep_group if ep_group is not None else (None, 1)
+        cached = _ChunkTimes(fwd, comm(work.tp_collectives_forward, tp_group), bwd,
+                             comm(work.tp_collectives_backward, tp_group),
+                             comm(work.ep_collectives_forward, expert_group, sharing),
+                             comm(work.ep_collectives_backward, expert_group, sharing))
         self._chunk_cache[key] = cached
         return cached
 
@@ -382,10 +377,7 @@ class StepModel:
         hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
         ends = {}
         for d in range(par.pp):
-            params = params_per_rank(job, d == 0, d == par.pp - 1)
-            experts = expert_params_per_rank(job)
-            shard = ((params - experts) / (par.dp if par.zero == 1 else 1)
-                     + experts / (par.dp // par.ep if par.zero == 1 else 1))
+            shard = optimizer_params_per_rank(job, d == 0, d == par.pp - 1)
             optimizer[d] = shard * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
             reduce_time, gather_time = dp_times[d]
             led = ledger[d]
@@ -434,46 +426,59 @@ class StepModel:
         collective carrying all their gradients; groups on different chips of the same
         instances share the instance's links max-min fairly (`simultaneous`) when they have
         several chips per instance (one chip per instance each means their own NICs and Z
-        links: nothing shared).
+        links: nothing shared). A mixture of experts reduces its expert weights afterwards,
+        over the dp / ep ranks that hold the same experts.
         """
         par = job.parallelism
-        if par.dp == 1:
-            return {d: (0.0, 0.0) for d in range(par.pp)}
         stride = par.tp * par.pp
+        experts = expert_params_per_rank(job)
         out = {}
         for d in range(par.pp):
-            params = params_per_rank(job, d == 0, d == par.pp - 1)
-            by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
-            first_chips = self._rank_chips(d * par.tp + stride * np.arange(par.dp), placed)
-            one_per_instance = len(np.unique(first_chips // self.hardware.chips_per_instance)) == (
-                len(first_chips))
-            for t in range(par.tp):
-                ranks = d * par.tp + t + stride * np.arange(par.dp)
-                chips = self._rank_chips(ranks, placed)
-                key = chips.tobytes()
-                first, count = by_chips.get(key, (ranks, 0))
-                by_chips[key] = (first, count + 1)
-            if one_per_instance:
-                # Each group has its own chip per instance (own NIC, own Z links): the groups
-                # are translations of one another and share nothing; one stands for all.
-                first_key = next(iter(by_chips))
-                by_chips = {first_key: by_chips[first_key]}
-            reduces, gathers = [], []
-            for ranks, together in by_chips.values():
-                group = Group.from_rank_chips(self._rank_chips(ranks, placed).tolist())
-                grads = params * grad_bytes * together
-                if par.zero == 1:
-                    reduces.append(self.collectives.cost("reduce-scatter", group, grads))
-                    gathers.append(self.collectives.cost(
-                        "all-gather", group, params * weight_bytes * together))
-                else:
-                    reduces.append(self.collectives.cost("all-reduce", group, grads))
-            chips = reduces[0].group.chips
-            instances = len(np.unique(chips // self.hardware.chips_per_instance))
-            shared = len(chips) > instances  # several chips of one group in an instance
-            out[d] = (_slowest(self.collectives, reduces, shared),
-                      _slowest(self.collectives, gathers, shared))
+            dense = params_per_rank(job, d == 0, d == par.pp - 1) - experts
+            dp_ranks = [d * par.tp + t + stride * np.arange(par.dp) for t in range(par.tp)]
+            reduce_s, gather_s = self._reduction(par.zero, dp_ranks, dense, grad_bytes,
+                                                 weight_bytes, placed)
+            if experts and par.dp > par.ep:
+                replicas = np.arange(0, par.dp, par.ep)  # dp ranks holding the same experts
+                expert_ranks = [d * par.tp + t + stride * (r + replicas)
+                                for t in range(par.tp) for r in range(par.ep)]
+                more = self._reduction(par.zero, expert_ranks, experts, grad_bytes,
+                                       weight_bytes, placed)
+                reduce_s, gather_s = reduce_s + more[0], gather_s + more[1]
+            out[d] = (reduce_s, gather_s)
         return out
+
+    def _reduction(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
+                   weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:
+        """(reduction, gather) of `params` per rank over these groups of ranks at once."""
+        if len(groups[0]) == 1:
+            return 0.0, 0.0
+        by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
+        for ranks in groups:
+            key = self._rank_chips(ranks, placed).tobytes()
+            first, count = by_chips.get(key, (ranks, 0))
+            by_chips[key] = (first, count + 1)
+        first_chips = self._rank_chips(groups[0], placed)
+        if len(np.unique(first_chips // self.hardware.chips_per_instance)) == len(first_chips):
+            # Each group has its own chip per instance (own NIC, own Z links): the groups
+            # are translations of one another and share nothing; one stands for all.
+            first_key = next(iter(by_chips))
+            by_chips = {first_key: by_chips[first_key]}
+        reduces, gathers = [], []
+        for ranks, together in by_chips.values():
+            group = Group.from_rank_chips(self._rank_chips(ranks, placed).tolist())
+            grads = params * grad_bytes * together
+            if zero == 1:
+                reduces.append(self.collectives.cost("reduce-scatter", group, grads))
+                gathers.append(self.collectives.cost(
+                    "all-gather", group, params * weight_bytes * together))
+            else:
+                reduces.append(self.collectives.cost("all-reduce", group, grads))
+        chips = reduces[0].group.chips
+        instances = len(np.unique(chips // self.hardware.chips_per_instance))
+        shared = len(chips) > instances  # several chips of one group in an instance
+        return (_slowest(self.collectives, reduces, shared),
+                _slowest(self.collectives, gathers, shared))
 
 
 def _slowest(model: CollectiveModel, costs: list[CollectiveCost], shared: bool) -> float:

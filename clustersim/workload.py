@@ -45,6 +45,7 @@ __all__ = [
     "memory_per_rank",
     "params_per_rank",
     "expert_params_per_rank",
+    "optimizer_params_per_rank",
     "OPTIMIZER_BYTES_TOUCHED_PER_PARAM",
 ]
 
@@ -348,13 +349,25 @@ def expert_params_per_rank(job: TrainingJob) -> float:
     return model.layers / par.pp * model.experts * model.expert_parameters / (par.tp * par.ep)
 
 
+def optimizer_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
+    """Parameters whose optimizer state one rank keeps: with ZeRO-1, its share over the ranks
+    holding the same weights (all of dp for dense weights, dp / ep for experts)."""
+    par = job.parallelism
+    experts = expert_params_per_rank(job)
+    dense = params_per_rank(job, first, last) - experts
+    if par.zero != 1:
+        return dense + experts
+    return dense / par.dp + experts / (par.dp // par.ep)
+
+
 def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
     model, par = job.model, job.parallelism
     experts = model.experts * model.expert_parameters if model.moe else 0
     per_layer = (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
-        model.layers) - experts
+        model.layers) - experts - model.router_parameters
     layers = model.layers / par.pp
-    count = layers * per_layer / par.tp
+    # The router is replicated over tensor parallelism; the rest is split.
+    count = layers * (per_layer / par.tp + model.router_parameters)
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
@@ -395,11 +408,7 @@ def memory_per_rank(job: TrainingJob, in_flight_microbatches: int, hbm_bytes: fl
     first, last = True, par.pp == 1
     params = params_per_rank(job, first, last)
     w, g, o = weight_bytes_per_param(job.precision)
-    # ZeRO-1 shards optimizer state over the ranks that hold the same weights: all of data
-    # parallelism for dense weights, dp / ep for experts.
-    experts = expert_params_per_rank(job)
-    optimizer = ((params - experts) * o / (par.dp if par.zero == 1 else 1)
-                 + experts * o / (par.dp // par.ep if par.zero == 1 else 1))
+    optimizer = optimizer_params_per_rank(job, first, last) * o
     layers = job.model.layers / par.pp
     activations = activation_bytes_per_layer(job) * layers * in_flight_microbatches
     logits = 0.0

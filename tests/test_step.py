@@ -16,6 +16,7 @@ from clustersim.step import StepModel
 from clustersim.topology import build_topology
 from clustersim.transformer import TransformerShape, model_preset_values
 from clustersim.workload import (
+    expert_params_per_rank,
     hardware_flops_per_step,
     memory_per_rank,
     model_flops_per_step,
@@ -370,3 +371,28 @@ def test_moe_breakdown_adds_up_to_the_step(ep, pp, recompute):
     assert parts == pytest.approx(profile.step_time_s, rel=1e-9)
     assert ("ep" in profile.exposed_comm_s) == (ep > 1)
     assert 0 < profile.mfu <= profile.hfu < 1
+
+
+def test_expert_gradients_are_reduced_over_the_ranks_sharing_the_experts():
+    """Dense gradients over all dp ranks; expert gradients over the dp / ep ranks that hold
+    the same experts (ZeRO-1: reduce-scatter then all-gather), each with its own bytes."""
+    s = moe_scenario(tp=8, pp=1, dp=64, ep=8)
+    job = s.jobs[0]
+    model = StepModel(topology_for(s))
+    seen = []
+    real = model.collectives.cost
+
+    def spy(op, group, size, **kwargs):
+        seen.append((op, len(group.chips) * group.ranks_per_chip, size))
+        return real(op, group, size, **kwargs)
+
+    model.collectives.cost = spy
+    model._data_parallel_times(job, np.arange(8), 4, 2)
+    reduced = {(ranks, size) for op, ranks, size in seen if op == "reduce-scatter"}
+    experts = expert_params_per_rank(job)
+    dense = params_per_rank(job, True, True) - experts
+    sizes = {ranks: size for ranks, size in reduced}
+    assert set(sizes) == {64, 8}
+    for ranks, per_rank in ((64, dense * 4), (8, experts * 4)):  # groups on a chip add up
+        together = sizes[ranks] / per_rank
+        assert together == pytest.approx(round(together)) and round(together) >= 1
