@@ -15,6 +15,7 @@ README.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -335,8 +336,11 @@ def utilisation_rows(
     each state, `inactive` when it did not exist. Rows add up to 1. `instances` restricts the
     instance level to those instances.
     """
-    edges = np.arange(0.0, horizon_s, bin_s)
-    edges = np.append(edges, horizon_s)
+    # Whole bins, the last one cut at the horizon; an edge a rounding error short of the
+    # horizon would make a bin of width ~0 whose fractions mean nothing.
+    bins = max(1, math.ceil(horizon_s / bin_s - 1e-9))
+    edges = np.minimum(np.arange(bins + 1) * bin_s, horizon_s)
+    edges[-1] = horizon_s
     starts, widths = edges[:-1], np.diff(edges)
     entity = np.asarray(intervals["entity"].cast(pa.string()).to_pylist(), dtype=object)
     job_rows = intervals.filter(pa.array(entity == "job"))

@@ -264,3 +264,18 @@ def test_the_docs_page_lists_every_column():
         assert f"`{table}`" in page
         for name in schema.names:
             assert f"`{name}`" in page, (table, name)
+
+
+def test_bins_do_not_leave_a_sliver_at_the_horizon():
+    """1.1 h in 30 s bins is 132 whole bins: floating point must not add a 133rd of width
+    ~0 (its fractions would not add up to 1)."""
+    from clustersim.trace import _rows_to_table, utilisation_rows
+
+    table = utilisation_rows(
+        horizon_s=1.1 * 3600, bin_s=30.0, levels=["cluster"], n_instances=2,
+        chips_per_instance=16, instances_per_ultraserver=1, job_ids=[0], job_names=["a"],
+        intervals=_rows_to_table("intervals", [("job", 0, "running", 0.0, 1.1 * 3600)]),
+        allocations=_rows_to_table("allocations", [(0, 0, 0.0, 1.1 * 3600)])).to_pandas()
+    assert len(table) == 132 and (table["bin_s"] > 29.999).all()
+    assert np.allclose(table[list(UTILISATION_STATES)].sum(axis=1), 1.0)
+    assert table["running"].iloc[0] == pytest.approx(0.5)
