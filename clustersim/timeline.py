@@ -722,8 +722,12 @@ class Scheduler:
                 free[chosen] = False
 
     def _preempt_for(self, run: _JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
+        # A job whose own process runs this pass (releasing instances as it recovers) cannot
+        # be interrupted from inside itself: it is not a victim this time.
+        active = self.t.env.active_process
         victims = sorted((r for r in self.t.jobs if r.held_count and r.state != "done"
-                          and r.job.priority < run.job.priority),
+                          and r.job.priority < run.job.priority
+                          and (active is None or r.process is not active)),
                          key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0)))
         trial = free.copy()
         chosen_victims = []

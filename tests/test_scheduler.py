@@ -309,3 +309,24 @@ def test_a_blocked_recovery_does_not_hold_back_the_next_recovery():
     assert big.held_count == 0
     assert small.held_count == 1 and int(t.owner[small.held[0]]) == small.index
     assert queued.state != "running" and queued in t.scheduler.queue
+
+
+def test_a_recovering_job_is_not_preempted_from_inside_its_own_process():
+    """Found by the timeline properties: a whole-UltraServer job recovering (its own process
+    running the scheduler as it releases instances) was picked as the victim of its own pass,
+    and simpy refuses a process interrupting itself."""
+    from clustersim.api import step_profiles
+    from clustersim.timeline import Timeline
+
+    wide = {"model": "llama3.1-405b", "seq_len": 2048, "global_batch": 4, "instances": 4,
+            "recompute": "selective",
+            "parallelism": {"tp": 128, "pp": 2, "dp": 1, "zero": 1, "sequence_parallel": True}}
+    small = dict(job("j0", 4, submit="23h", run_for="1h", priority=1), global_batch=128)
+    s = scenario_from_dict({
+        "name": "p", "hardware": "trn2u", "duration": "3d",
+        "cluster": {"ultraservers": 2, "fabric": {"instances_per_leaf": 4}},
+        "scheduler": {"policy": "priority", "preemption": True},
+        "jobs": [small, dict(wide, name="j1", run_for="1d")],
+        "failures": {"preset": "llama3", "scale": 3000, "repair": "30min", "detect": "12min"}})
+    result = Timeline(s, step_profiles(s), np.random.SeedSequence(27188)).run()
+    assert sum(result.failures.values()) > 0
