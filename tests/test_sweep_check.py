@@ -160,6 +160,19 @@ def test_check_fails_on_a_changed_scenario(tmp_path: Path, monkeypatch):
     assert golden["jobs"]["finetune"]["global_batch"] == 128
 
 
+def test_check_after_a_run_into_the_golden_folder(tmp_path: Path, monkeypatch):
+    """`clustersim run X --force` writes the full summary (wall time, version) where the
+    golden lives; check still compares what a golden holds."""
+    (tmp_path / "scenarios").mkdir()
+    shutil.copy(ROOT / "scenarios" / "single-trn2.yaml", tmp_path / "scenarios")
+    monkeypatch.chdir(tmp_path)
+    ran = runner.invoke(app, ["run", "scenarios/single-trn2.yaml"])
+    assert ran.exit_code == 0, ran.stderr
+    assert "wall_s" in json.loads((tmp_path / "results/single-trn2/summary.json").read_text())
+    result = runner.invoke(app, ["check", "scenarios/single-trn2.yaml"])
+    assert result.exit_code == 0, result.stdout
+
+
 def test_check_without_a_golden_says_how_to_make_one(tmp_path: Path, monkeypatch):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(dict(BASE, name="nogolden")))
     monkeypatch.chdir(tmp_path)
