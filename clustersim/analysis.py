@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
+from clustersim.scenario import load_scenario
 from clustersim.trace import SCHEMA_VERSION, TABLES, utilisation_rows
 
 __all__ = ["Run", "load_run", "compare"]
@@ -95,7 +96,11 @@ class Run:
                              f"scenario (the `utilisation` table as written is still valid)")
         hardware = self.summary["cluster"]
         horizon = float(self.summary["simulated_s"])
-        bin_s = float(bin_s or self.utilisation["bin_s"].iloc[0])
+        if not bin_s:  # the run's own bin (from the scenario when no level was written)
+            written = self.utilisation["bin_s"]
+            bin_s = (written.iloc[0] if len(written)
+                     else load_scenario(self.path / "scenario.yaml").trace.bin_s)
+        bin_s = float(bin_s)
         chips_per_instance = int(hardware["chips_per_instance"])
         instances = None
         wanted = level

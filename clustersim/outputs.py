@@ -25,6 +25,10 @@ def check_output_dir(out: Path, force: bool) -> None:
     """Refuse before any work is done, so a long run does not fail at its end."""
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"{out}: exists and is not a directory")
+    here = Path.cwd().resolve()
+    if out.resolve() == here or out.resolve() in here.parents:
+        raise OutputDirError(f"{out}: is the current directory or holds it; expected a folder "
+                             "for this run's outputs, e.g. results/NAME")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise OutputDirError(f"{out}: exists and is not empty; use --force to replace it")
     # OUT is staged beside itself: the nearest existing ancestor must take new folders.
@@ -42,6 +46,7 @@ def atomic_output_dir(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out`."""
     out = Path(out)
     check_output_dir(out, force)
+    out = out.resolve()  # `a/..` and the like: stage beside the folder really meant
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

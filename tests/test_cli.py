@@ -130,6 +130,19 @@ def test_an_oversized_trace_is_refused_naming_the_file(small: Path, tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("out", [".", "..", "sub/.."])
+def test_run_refuses_the_current_directory_as_output(small: Path, tmp_path: Path,
+                                                     monkeypatch, out: str):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    result = invoke("run", small, "-o", out, "--force")
+    assert result.exit_code == 2 and "current directory" in result.stderr
+    assert (work / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]
+
+
 def test_run_creates_missing_parent_folders(small: Path, tmp_path: Path):
     result = invoke("run", small, "-o", tmp_path / "a" / "b" / "out")
     assert result.exit_code == 0, result.stderr

@@ -279,3 +279,15 @@ def test_bins_do_not_leave_a_sliver_at_the_horizon():
     assert len(table) == 132 and (table["bin_s"] > 29.999).all()
     assert np.allclose(table[list(UTILISATION_STATES)].sum(axis=1), 1.0)
     assert table["running"].iloc[0] == pytest.approx(0.5)
+
+
+def test_a_run_with_no_utilisation_levels_still_reports(tmp_path: Path):
+    """`trace.levels: []` writes an empty utilisation table; utilisation is recomputed from
+    the intervals at the scenario's bin."""
+    out = tmp_path / "bare"
+    run_to(scenario_from_dict({**SCENARIO, "trace": {"bin": "1h", "levels": []}}), out)
+    r = load_run(out)
+    assert r.utilisation.empty
+    cluster = r.utilisation_at("cluster")
+    assert (cluster["bin_s"] == 3600).all() and len(cluster) == 6 * 24
+    assert (write_report(out).parent / "utilisation.png").exists()
