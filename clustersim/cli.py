@@ -385,6 +385,8 @@ def topology(
     spec = load_scenario(scenario, overrides or [])
     if draw is not None and draw.suffix.lower() != ".png":
         raise UsageProblem(f"--draw {draw}: expected a .png path")
+    if draw is not None and (draw.is_dir() or not draw.parent.is_dir()):
+        raise UsageProblem(f"--draw {draw}: expected a .png file in an existing folder")
     started = time.perf_counter()
     topo = topology_for(spec)
     build_s = time.perf_counter() - started
@@ -583,11 +585,14 @@ def _parse_sizes(text: str) -> list[float]:
         factor = float(parts[2]) if len(parts) > 2 else 2.0
     except ValueError as error:
         raise UsageProblem(f"--sizes {text!r}: {error}") from None
-    if low <= 0 or high < low or factor <= 1:
-        raise UsageProblem(f"--sizes {text!r}: expected 0 < MIN <= MAX and FACTOR > 1")
+    if not (1 <= round(low) and low <= high and math.isfinite(high) and 1 < factor < math.inf):
+        raise UsageProblem(f"--sizes {text!r}: expected 1 byte <= MIN <= MAX and a finite "
+                           "FACTOR > 1")
+    if math.log(high / low) / math.log(factor) >= 200:
+        raise UsageProblem(f"--sizes {text!r}: more than 200 sizes; expected a larger FACTOR")
     sizes = []
     size = low
-    while size <= high * (1 + 1e-9) and len(sizes) < 200:
+    while size <= high * (1 + 1e-9):
         sizes.append(float(round(size)))
         size *= factor
     return sizes
@@ -613,7 +618,13 @@ def collective(
     json_out: JsonOption = False,
 ) -> None:
     """One collective across sizes, as nccom-test prints it (GB/s = 1e9 bytes/s)."""
-    from clustersim.collectives import CollectiveError, CollectiveModel, normalise_op, place_ranks
+    from clustersim.collectives import (
+        CollectiveError,
+        CollectiveModel,
+        check_rank_split,
+        normalise_op,
+        place_ranks,
+    )
     from clustersim.topology import build_topology
 
     if hardware_name not in catalog_names():
@@ -625,6 +636,7 @@ def collective(
     try:
         op_name = normalise_op(op)
         wanted = instances or max(1, -(-ranks // spec.ranks_per_instance))
+        check_rank_split(ranks, wanted)  # before the graph: --instances may be huge
         per_us = spec.instances_per_ultraserver
         topo = build_topology(spec, -(-wanted // per_us) * per_us)
         model = CollectiveModel(topo)
@@ -694,7 +706,10 @@ def schema(
     if out is None:
         sys.stdout.write(text)
     else:
-        out.write_text(text, encoding="utf-8")
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise UsageProblem(f"-o {out}: cannot write it ({error.strerror})") from None
         err_console.print(f"wrote {out}")
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "OPS",
     "ALGORITHMS",
     "CollectiveError",
+    "check_rank_split",
     "Group",
     "StageCost",
     "CollectiveCost",
@@ -132,17 +133,22 @@ class Group:
         return len(self.chips) * self.ranks_per_chip
 
 
+def check_rank_split(ranks: int, instances: int) -> None:
+    """Ranks spread evenly over instances (checkable before any graph is built)."""
+    if ranks < 1:
+        raise CollectiveError(f"ranks must be at least 1, got {ranks}")
+    if ranks % instances:
+        raise CollectiveError(f"{ranks} ranks do not split evenly over {instances} instances")
+
+
 def place_ranks(topology: Topology, ranks: int, instances: int | None = None) -> Group:
     """Place ranks as nccom-test and the Neuron runtime do: spread evenly over the first
     `instances` instances, filling each chip's ranks (cores) before the next chip."""
     hw = topology.hardware
-    if ranks < 1:
-        raise CollectiveError(f"ranks must be at least 1, got {ranks}")
-    instances = instances or max(1, math.ceil(ranks / hw.ranks_per_instance))
+    instances = instances or max(1, math.ceil(max(ranks, 1) / hw.ranks_per_instance))
+    check_rank_split(ranks, instances)
     if instances > topology.instances:
         raise CollectiveError(f"{instances} instances asked, the topology has {topology.instances}")
-    if ranks % instances:
-        raise CollectiveError(f"{ranks} ranks do not split evenly over {instances} instances")
     per_instance = ranks // instances
     if per_instance > hw.ranks_per_instance:
         raise CollectiveError(

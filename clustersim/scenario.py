@@ -736,6 +736,12 @@ class _StrictLoader(yaml.SafeLoader):
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     """Read, override, resolve and validate a scenario file."""
     path = Path(path)
+    return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent)
+
+
+def read_yaml_file(path: Path) -> Any:
+    """A YAML file's content; a missing or unreadable file, a directory, a syntax error or a
+    key written twice is a ScenarioError naming the file (and line)."""
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -755,7 +761,7 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         raise ScenarioError(
             source, [Issue("", f"YAML syntax error{column}: {problem}", line=line)]
         ) from None
-    return scenario_from_dict(raw, source, overrides, base_dir=path.parent)
+    return raw
 
 
 # ---------------------------------------------------------------------------------------------

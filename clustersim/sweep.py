@@ -31,16 +31,21 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from clustersim.api import simulate, t_quantile
 from clustersim.outputs import atomic_output_dir
-from clustersim.scenario import Issue, ScenarioError, _pydantic_issues, load_scenario
+from clustersim.scenario import (
+    Issue,
+    ScenarioError,
+    _pydantic_issues,
+    load_scenario,
+    read_yaml_file,
+)
 from clustersim.spec import Spec
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
@@ -56,7 +61,7 @@ class SweepSpec(Spec):
     scenario: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     variants: list[Variant] = Field(default_factory=list)
-    seeds: list[int] | None = None
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
     replications: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
@@ -87,12 +92,7 @@ class Task:
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     """Read and validate a sweep file; errors name the file and key path (exit 2)."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ScenarioError(str(path), [Issue("", "no such file")]) from None
-    except yaml.YAMLError as error:
-        raise ScenarioError(str(path), [Issue("", f"YAML syntax error: {error}")]) from None
+    raw = read_yaml_file(path)
     if not isinstance(raw, dict):
         raise ScenarioError(str(path), [Issue("", "expected a mapping (scenario, grid, seeds)",
                                               raw, True)])

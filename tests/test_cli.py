@@ -384,3 +384,31 @@ def test_collective_cli_on_the_calibration_cases(ranks, instances, size, busbw_g
     assert result.exit_code == 0, result.stderr
     busbw = json.loads(result.stdout)["rows"][0]["busbw_gbps"] * 1e9 / 2**30
     assert busbw == pytest.approx(busbw_gib_s, rel=0.35)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["collective", "--hardware", "trn2", "--op", "all-reduce", "--ranks", "64",
+      "--instances", "100000000"], "do not split evenly"),
+    (["collective", "--hardware", "trn2", "--op", "all-reduce", "--ranks", "64",
+      "--sizes", "0.1"], "1 byte <= MIN"),
+    (["collective", "--hardware", "trn2", "--op", "all-reduce", "--ranks", "64",
+      "--sizes", "1:2:nan"], "finite FACTOR"),
+    (["collective", "--hardware", "trn2", "--op", "all-reduce", "--ranks", "64",
+      "--sizes", "1:1e30:1.01"], "more than 200 sizes"),
+    (["schema", "-o", "{tmp}/missing/x.json"], "cannot write it"),
+    (["topology", str(QUICKSTART), "--draw", "{tmp}/missing/x.png"], "existing folder"),
+    (["sweep", "{tmp}"], "is a directory"),
+])
+def test_bad_command_arguments_exit_2(tmp_path: Path, args: list[str], words: str):
+    result = invoke(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert result.exit_code == 2, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("seeds, words", [("[]", "at least 1"), ("[-1]", "seeds.0")])
+def test_bad_sweep_seeds_exit_2(tmp_path: Path, seeds: str, words: str):
+    (tmp_path / "s.yaml").write_text(QUICKSTART.read_text())
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"scenario: s.yaml\ngrid: {{failures.scale: [1]}}\nseeds: {seeds}\n")
+    result = invoke("sweep", sweep, "-o", tmp_path / "out")
+    assert result.exit_code == 2 and words in result.stderr
