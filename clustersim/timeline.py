@@ -44,7 +44,6 @@ from clustersim.trace import JOB_STATES, MemoryRecorder
 
 __all__ = [
     "JOB_STATES",
-    "HARDWARE_COMPONENTS",
     "Timeline",
     "TimelineResult",
     "JobOutcome",
@@ -56,7 +55,6 @@ __all__ = [
 
 # What each state is called in summaries (the time a job spent in it).
 STATE_LABELS = {"down": "detecting", "waiting": "waiting_for_hardware"}
-HARDWARE_COMPONENTS = ("chip", "hbm", "neuronlink", "nic", "host", "switch", "node")
 
 
 def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
@@ -274,7 +272,6 @@ class Timeline:
         # Instance state.
         self.healthy = np.ones(self.n_instances, dtype=bool)
         self.owner = np.full(self.n_instances, -1, dtype=np.int32)
-        self.in_repair = 0
         self.min_free = self.n_instances
         self.hardware_event = self.env.event()
         self.instance_leaf = np.arange(self.n_instances) // self.per_leaf
@@ -387,7 +384,7 @@ class Timeline:
                 self.jobs[job].interrupt(proc.component, [])
             return
         hit_jobs: dict[int, list[int]] = {}
-        downed = False
+        downed = free_downed = False
         for inst in instances:
             if not self.healthy[inst]:
                 continue  # already down: this failure changes nothing
@@ -397,12 +394,15 @@ class Timeline:
             job = int(self.owner[inst])
             if job >= 0:
                 hit_jobs.setdefault(job, []).append(inst)
-            self.in_repair += 1  # a free instance stays in the heap and is skipped when popped
+            else:
+                free_downed = True
             if math.isfinite(self.repair_s):
                 self.env.process(self._repair(inst))
         if not downed:
             return
         self._count(proc, chip, instances[0], next(iter(hit_jobs), -1))
+        if free_downed:  # the free pool shrank with no job to tell: record it now
+            self.scheduler._record()
         for job, lost in hit_jobs.items():
             self.jobs[job].interrupt(proc.component, lost)
 
@@ -415,7 +415,6 @@ class Timeline:
     def _repair(self, inst: int):
         yield self.env.timeout(self.repair_s)
         self.healthy[inst] = True
-        self.in_repair -= 1
         self.repairs += 1
         if self.recorder is not None:
             self._record_down(inst, self.env.now)
@@ -675,13 +674,11 @@ class Scheduler:
     def _start(self, run: _JobRun, chosen: np.ndarray) -> None:
         self.queue.remove(run)
         self.t.owner[chosen] = run.index
-        self.t.min_free = min(self.t.min_free, int(np.count_nonzero(self.t.free_mask())))
         run.grant(chosen)
 
     def _replace(self, run: _JobRun, chosen: np.ndarray) -> None:
         """Replacement instances for a recovering job, held from now; its process wakes."""
         self.t.owner[chosen] = run.index
-        self.t.min_free = min(self.t.min_free, int(np.count_nonzero(self.t.free_mask())))
         run.outcome.replacements += len(chosen)
         run.add(chosen)
         run._placed()
@@ -791,7 +788,11 @@ class Scheduler:
         last_time, last_value = self._last
         self.fragmentation_s += (now - last_time) * last_value
         self._last = (now, fragmentation)
-        running = sum(1 for r in self.t.jobs if r.held_count and r.state != "done")
+        self.t.min_free = min(self.t.min_free, count)
+        # Jobs holding instances, from the owner array: a job granted instances in this pass
+        # holds them already, before its process has taken them up.
+        owners = self.t.owner[self.t.owner >= 0]
+        running = len(np.unique(owners))
         if self.t.recorder is not None:
             self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)
 

@@ -330,3 +330,23 @@ def test_a_recovering_job_is_not_preempted_from_inside_its_own_process():
         "failures": {"preset": "llama3", "scale": 3000, "repair": "30min", "detect": "12min"}})
     result = Timeline(s, step_profiles(s), np.random.SeedSequence(27188)).run()
     assert sum(result.failures.values()) > 0
+
+
+def test_cluster_state_counts_jobs_as_they_start_and_free_instances_as_they_fail():
+    from clustersim.api import step_profiles
+    from clustersim.timeline import Timeline
+
+    s = scenario([job("a", 2), job("b", 2, submit="2h")], instances=8)
+    recorder = MemoryRecorder()
+    Timeline(s, step_profiles(s), np.random.SeedSequence(0), recorder=recorder).run()
+    running = {time: count for time, _, _, count, _ in recorder.states}
+    assert running[0.0] == 1 and running[7200.0] == 2
+    # A free instance failing shrinks the free pool at once (min_free_instances sees it).
+    s = scenario([job("a", 2)], instances=8, failures={
+        "rates": [{"component": "host", "per": "instance", "rate": "20/d"}],
+        "repair": "never"}, duration="1d")
+    recorder = MemoryRecorder()
+    result = Timeline(s, step_profiles(s), np.random.SeedSequence(0), recorder=recorder).run()
+    free = [f for _, f, _, _, _ in recorder.states]
+    assert free == sorted(free, reverse=True) and free[-1] < 6
+    assert result.min_free_instances == free[-1]
