@@ -789,10 +789,11 @@ class Scheduler:
         self.fragmentation_s += (now - last_time) * last_value
         self._last = (now, fragmentation)
         self.t.min_free = min(self.t.min_free, count)
-        # Jobs holding instances, from the owner array: a job granted instances in this pass
-        # holds them already, before its process has taken them up.
-        owners = self.t.owner[self.t.owner >= 0]
-        running = len(np.unique(owners))
+        # Jobs holding instances, counting one granted them in this pass before its process
+        # has taken them up (O(jobs): this runs at every failure of a 500k-chip job).
+        running = sum(1 for r in self.t.jobs if r.state != "done" and (
+            r.held_count or (r.state == "queued" and r.granted is not None
+                             and r.granted.triggered)))
         if self.t.recorder is not None:
             self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)
 
