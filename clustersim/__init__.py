@@ -15,10 +15,10 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-from clustersim.api import RunResult, run_to, simulate, write_run  # noqa: E402
-from clustersim.hardware import HardwareSpec, catalog_entry, catalog_names  # noqa: E402
-from clustersim.scenario import Scenario, ScenarioError, load_scenario  # noqa: E402
-from clustersim.topology import Topology, build_topology  # noqa: E402
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names  # noqa: E402
+from clustersim.hardware.topology import Topology, build_topology  # noqa: E402
+from clustersim.runner.api import RunResult, run_to, simulate, write_run  # noqa: E402
+from clustersim.scenario.loader import Scenario, ScenarioError, load_scenario  # noqa: E402
 
 __all__ = [
     "__version__",

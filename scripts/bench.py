@@ -72,7 +72,7 @@ figures = {"ring_first_ms": round((t1 - t0) * 1e3, 1), "ring_cached_ms": round((
 import time
 import numpy as np
 from clustersim import catalog_entry, build_topology
-from clustersim.collectives import CollectiveModel, Group
+from clustersim.collectives.model import CollectiveModel, Group
 topo = build_topology(catalog_entry("trn2u"), 8192 * 4)
 model = CollectiveModel(topo)
 t0 = time.perf_counter()
@@ -92,7 +92,7 @@ figures = {"eval_first_ms": round((t1 - t0) * 1e3, 1), "eval_cached_ms": round((
         """
 import time
 from clustersim import catalog_entry, build_topology
-from clustersim.collectives import CollectiveModel, place_ranks
+from clustersim.collectives.model import CollectiveModel, place_ranks
 topo = build_topology(catalog_entry("trn1"), 2)
 model = CollectiveModel(topo)
 group = place_ranks(topo, 64, 2)
@@ -106,9 +106,9 @@ figures = {"sweep_ms": round((time.perf_counter() - t0) * 1e3, 1),
     "step: 1T parameters on 3,072 A100 (PP 64, 512 micro-batches)": (
         """
 import time
-from clustersim.calibration import STEP_MEASUREMENTS, step_scenario
-from clustersim.api import topology_for
-from clustersim.step import StepModel
+from clustersim.calibration.collectives import STEP_MEASUREMENTS, step_scenario
+from clustersim.runner.api import topology_for
+from clustersim.training.step import StepModel
 case = [m for m in STEP_MEASUREMENTS if m.model == "megatron-1t"][0]
 scenario = step_scenario(case)
 topology = topology_for(scenario)
@@ -123,9 +123,9 @@ figures = {"simulate_s": round(time.perf_counter() - t0, 3),
     "step: 1T parameters on Trn2, PP 64 interleaved x2, 512 micro-batches": (
         """
 import time
-from clustersim.scenario import scenario_from_dict
-from clustersim.api import topology_for
-from clustersim.step import StepModel
+from clustersim.scenario.loader import scenario_from_dict
+from clustersim.runner.api import topology_for
+from clustersim.training.step import StepModel
 raw = {"name": "b", "hardware": "trn2", "cluster": {"instances": 256},
        "jobs": [{"name": "j", "model": "megatron-1t", "global_batch": 4096,
                  "parallelism": {"tp": 32, "pp": 64, "dp": 8, "interleave": 2,
@@ -155,7 +155,7 @@ figures = {"run_wall_s": round(wall, 1), "interruptions": job["interruptions"],
         """
 import pathlib, tempfile, time
 from clustersim import load_scenario
-from clustersim.api import run_to
+from clustersim.runner.api import run_to
 scenario = load_scenario("scenarios/trn2-512k-month.yaml")
 quiet = load_scenario("scenarios/trn2-512k-month.yaml", ["trace.enabled=false"])
 t0 = time.perf_counter()
@@ -198,7 +198,7 @@ figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("
     "sweep: checkpoint-interval study, 6 intervals x 4 seeds of a 4,096-chip month (local)": (
         """
 import time
-from clustersim.sweep import run_sweep
+from clustersim.runner.sweep import run_sweep
 t0 = time.perf_counter()
 rows, summary = run_sweep("scenarios/sweeps/checkpoint-interval.yaml")
 wall = time.perf_counter() - t0

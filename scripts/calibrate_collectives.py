@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clustersim.calibration import MEASUREMENTS, predict_times  # noqa: E402
-from clustersim.hardware import catalog_entry  # noqa: E402
+from clustersim.calibration.collectives import MEASUREMENTS, predict_times  # noqa: E402
+from clustersim.hardware.catalog import catalog_entry  # noqa: E402
 
 LARGE_BYTES = 2**20  # weigh the bandwidth-dominated points 3x
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clustersim.calibration import STEP_MEASUREMENTS, predict_step  # noqa: E402
-from clustersim.hardware import HardwareSpec, catalog_entry  # noqa: E402
+from clustersim.calibration.collectives import STEP_MEASUREMENTS, predict_step  # noqa: E402
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry  # noqa: E402
 
 FAMILIES = {"trn1": ("matmul", "vector"), "p4d": ("matmul",)}
 

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 import clustersim
-from clustersim.cli import app
-from clustersim.outputs import atomic_output_dir
+from clustersim.cli.app import app
+from clustersim.runner.outputs import atomic_output_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -248,7 +248,7 @@ def test_internal_errors_exit_1_without_traceback(small: Path, tmp_path: Path, m
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr("clustersim.cli.run_to", broken)
+    monkeypatch.setattr("clustersim.cli.app.run_to", broken)
     monkeypatch.delenv("CLUSTERSIM_DEBUG", raising=False)
     result = invoke("run", small, "-o", tmp_path / "out")
     assert result.exit_code == 1

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clustersim.calibration import LARGE_MESSAGE_BYTES, MEASUREMENTS, predict_times
-from clustersim.collectives import (
+from clustersim.calibration.collectives import LARGE_MESSAGE_BYTES, MEASUREMENTS, predict_times
+from clustersim.collectives.model import (
     CollectiveError,
     CollectiveModel,
     Group,
@@ -20,8 +20,8 @@ from clustersim.collectives import (
     place_ranks,
     simultaneous,
 )
-from clustersim.hardware import HardwareSpec, catalog_entry, neighbours_per_dimension
-from clustersim.topology import FabricSpec, build_topology
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry, neighbours_per_dimension
+from clustersim.hardware.topology import FabricSpec, build_topology
 
 LINK = 100e9  # bytes/s per link per direction on the uniform test hardware
 HOP = 2e-6

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from clustersim.hardware import (
+from clustersim.hardware.catalog import (
     PRECISIONS,
     HardwareSpec,
     catalog_entry,

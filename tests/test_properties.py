@@ -10,17 +10,17 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from clustersim.api import step_profiles, topology_for
-from clustersim.scenario import scenario_from_dict
-from clustersim.step import StepModel
-from clustersim.timeline import Timeline
-from clustersim.trace import (
+from clustersim.analysis.trace import (
     JOB_STATES,
     UTILISATION_STATES,
     MemoryRecorder,
     _rows_to_table,
     utilisation_rows,
 )
+from clustersim.cluster.timeline import Timeline
+from clustersim.runner.api import step_profiles, topology_for
+from clustersim.scenario.loader import scenario_from_dict
+from clustersim.training.step import StepModel
 
 SMALL_JOB = {"model": "llama3-8b", "seq_len": 2048, "micro_batch": 1, "recompute": "selective",
              "parallelism": {"tp": 8, "pp": 1, "zero": 1, "sequence_parallel": True}}

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from clustersim.hardware import catalog_entry, catalog_names
-from clustersim.scenario import (
+from clustersim.hardware.catalog import catalog_entry, catalog_names
+from clustersim.scenario.loader import (
     Scenario,
     ScenarioError,
     load_scenario,
     scenario_from_dict,
     scenario_json_schema,
 )
-from clustersim.transformer import model_preset_names
+from clustersim.training.transformer import model_preset_names
 
 GiB = 2**30
 DAY = 86400.0

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clustersim.api import run_to, simulate
-from clustersim.scenario import ScenarioError, load_scenario, scenario_from_dict
-from clustersim.timeline import _pack
-from clustersim.trace import MemoryRecorder
+from clustersim.analysis.trace import MemoryRecorder
+from clustersim.cluster.timeline import _pack
+from clustersim.runner.api import run_to, simulate
+from clustersim.scenario.loader import ScenarioError, load_scenario, scenario_from_dict
 
 SMALL_JOB = {"model": "llama3-8b", "seq_len": 2048, "micro_batch": 1, "recompute": "selective",
              "parallelism": {"tp": 8, "pp": 1, "zero": 1, "sequence_parallel": True}}
@@ -192,8 +192,8 @@ def test_ultraserver_jobs_get_whole_ultraservers():
     s = scenario_from_dict({"name": "us", "hardware": "trn2u", "duration": "1d",
                             "cluster": {"ultraservers": 3}, "jobs": jobs})
     recorder = MemoryRecorder()
-    from clustersim.api import step_profiles
-    from clustersim.timeline import Timeline
+    from clustersim.cluster.timeline import Timeline
+    from clustersim.runner.api import step_profiles
 
     Timeline(s, step_profiles(s), np.random.SeedSequence(0), recorder=recorder).run()
     held = {}
@@ -292,8 +292,8 @@ def test_jobs_sharing_leaf_uplinks_slow_each_other():
 def test_a_blocked_recovery_does_not_hold_back_the_next_recovery():
     """FIFO: the first recovering job needs more than is free; the second, which fits, still
     gets its replacement, and the queued job waits behind both."""
-    from clustersim.api import step_profiles
-    from clustersim.timeline import Timeline, _JobRun
+    from clustersim.cluster.timeline import Timeline, _JobRun
+    from clustersim.runner.api import step_profiles
 
     jobs = [job("big", 4), job("small", 1), job("queued", 1)]
     s = scenario(jobs, instances=8)
@@ -315,8 +315,8 @@ def test_a_recovering_job_is_not_preempted_from_inside_its_own_process():
     """Found by the timeline properties: a whole-UltraServer job recovering (its own process
     running the scheduler as it releases instances) was picked as the victim of its own pass,
     and simpy refuses a process interrupting itself."""
-    from clustersim.api import step_profiles
-    from clustersim.timeline import Timeline
+    from clustersim.cluster.timeline import Timeline
+    from clustersim.runner.api import step_profiles
 
     wide = {"model": "llama3.1-405b", "seq_len": 2048, "global_batch": 4, "instances": 4,
             "recompute": "selective",
@@ -333,8 +333,8 @@ def test_a_recovering_job_is_not_preempted_from_inside_its_own_process():
 
 
 def test_cluster_state_counts_jobs_as_they_start_and_free_instances_as_they_fail():
-    from clustersim.api import step_profiles
-    from clustersim.timeline import Timeline
+    from clustersim.cluster.timeline import Timeline
+    from clustersim.runner.api import step_profiles
 
     s = scenario([job("a", 2), job("b", 2, submit="2h")], instances=8)
     recorder = MemoryRecorder()

@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clustersim.api import step_profiles, topology_for
-from clustersim.calibration import STEP_MEASUREMENTS, predict_step
-from clustersim.hardware import catalog_entry
-from clustersim.scenario import ScenarioError, scenario_from_dict
-from clustersim.schedule import peak_in_flight, pipeline_order
-from clustersim.step import StepModel
-from clustersim.topology import build_topology
-from clustersim.transformer import TransformerShape, model_preset_values
-from clustersim.workload import (
+from clustersim.calibration.collectives import STEP_MEASUREMENTS, predict_step
+from clustersim.hardware.catalog import catalog_entry
+from clustersim.hardware.topology import build_topology
+from clustersim.runner.api import step_profiles, topology_for
+from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+from clustersim.training.schedule import peak_in_flight, pipeline_order
+from clustersim.training.step import StepModel
+from clustersim.training.transformer import TransformerShape, model_preset_values
+from clustersim.training.workload import (
     expert_params_per_rank,
     hardware_flops_per_step,
     memory_per_rank,
@@ -178,7 +178,7 @@ def test_activation_memory_follows_korthikanti():
     """GPT-style layer (no GQA, 4h MLP): 32 s b h bytes without parallelism and recompute
     (Korthikanti et al.'s 34 less the two dropout masks) plus 5 a s^2 b; with TP t and SP,
     divided by t; full recompute keeps only the layer input."""
-    from clustersim.workload import activation_bytes_per_layer
+    from clustersim.training.workload import activation_bytes_per_layer
 
     s = scenario("gpt3-175b", hardware="p5", instances=8, recompute="none",
                  parallelism={"tp": 1, "pp": 1, "dp": 64})

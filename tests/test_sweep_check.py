@@ -12,9 +12,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from clustersim.check import differences, normalise
-from clustersim.cli import app
-from clustersim.sweep import run_sweep
+from clustersim.cli.app import app
+from clustersim.runner.check import differences, normalise
+from clustersim.runner.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -192,8 +192,8 @@ def test_normalise_and_differences():
 
 
 def test_runs_and_sweeps_share_one_t_quantile():
-    from clustersim import sweep
-    from clustersim.api import t_quantile
+    from clustersim.runner import sweep
+    from clustersim.runner.api import t_quantile
 
     assert sweep.t_quantile is t_quantile
     assert t_quantile(1) == 12.706 and t_quantile(30) == 2.042

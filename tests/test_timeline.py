@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from clustersim.api import simulate, step_profiles
-from clustersim.scenario import scenario_from_dict
-from clustersim.step import JobDoesNotFit
-from clustersim.timeline import Timeline, daly_interval, job_failure_rate, young_interval
+from clustersim.cluster.timeline import Timeline, daly_interval, job_failure_rate, young_interval
+from clustersim.runner.api import simulate, step_profiles
+from clustersim.scenario.loader import scenario_from_dict
+from clustersim.training.step import JobDoesNotFit
 
 JOB = {"name": "train", "model": "llama2-7b", "seq_len": 2048, "global_batch": 64,
        "parallelism": {"tp": 8, "pp": 1, "dp": 8}, "recompute": "selective"}

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import clustersim
-from clustersim.analysis import compare, load_run
-from clustersim.api import run_to
-from clustersim.report import draw_topology, first_failure_window, write_report
-from clustersim.scenario import ScenarioError, scenario_from_dict
-from clustersim.topology import build_topology
-from clustersim.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
+from clustersim.analysis.report import draw_topology, first_failure_window, write_report
+from clustersim.analysis.runs import compare, load_run
+from clustersim.analysis.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
+from clustersim.hardware.topology import build_topology
+from clustersim.runner.api import run_to
+from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 
 SCENARIO = {
     "name": "traced", "hardware": "trn2", "seed": 3, "duration": "6d",
@@ -50,7 +50,7 @@ def test_every_table_matches_its_schema_and_carries_metadata(run: Path):
         assert metadata[b"clustersim.seed"] == b"3"
         assert metadata[b"clustersim.schema"] == SCHEMA_VERSION.encode()
         assert metadata[b"clustersim.table"] == table.encode()
-        assert b"name: traced" in metadata[b"clustersim.scenario"]
+        assert b"name: traced" in metadata[b"clustersim.scenario.loader"]
 
 
 def test_utilisation_rows_add_up_to_one(run: Path):
@@ -269,7 +269,7 @@ def test_the_docs_page_lists_every_column():
 def test_bins_do_not_leave_a_sliver_at_the_horizon():
     """1.1 h in 30 s bins is 132 whole bins: floating point must not add a 133rd of width
     ~0 (its fractions would not add up to 1)."""
-    from clustersim.trace import _rows_to_table, utilisation_rows
+    from clustersim.analysis.trace import _rows_to_table, utilisation_rows
 
     table = utilisation_rows(
         horizon_s=1.1 * 3600, bin_s=30.0, levels=["cluster"], n_instances=2,

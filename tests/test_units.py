@@ -1,4 +1,4 @@
-"""Units: parsing and printing sizes, bandwidths, durations, rates and power (clustersim.units)."""
+"""Units: parsing and printing sizes, bandwidths, durations, rates and power (clustersim.hardware.units)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clustersim import units
-from clustersim.units import (
+from clustersim.hardware import units
+from clustersim.hardware.units import (
     BANDWIDTH_UNITS,
     BYTE_UNITS,
     DURATION_UNITS,

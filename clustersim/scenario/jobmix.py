@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from clustersim import units
-from clustersim.spec import Duration, Rate, Spec
+from clustersim.hardware import units
+from clustersim.hardware.spec import Duration, Rate, Spec
 
 __all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
 

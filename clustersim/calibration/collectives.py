@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clustersim.collectives import CollectiveModel, place_ranks
-from clustersim.hardware import HardwareSpec, catalog_entry
-from clustersim.topology import build_topology
+from clustersim.collectives.model import CollectiveModel, place_ranks
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry
+from clustersim.hardware.topology import build_topology
 
 __all__ = ["Measurement", "MEASUREMENTS", "LARGE_MESSAGE_BYTES", "predict_times", "StepMeasurement",
            "STEP_MEASUREMENTS", "predict_step", "step_scenario"]
@@ -110,7 +110,7 @@ STEP_MEASUREMENTS: tuple[StepMeasurement, ...] = (
 
 def step_scenario(m: StepMeasurement, hardware: HardwareSpec | None = None):
     """The measurement as a scenario (hardware may carry trial constants)."""
-    from clustersim.scenario import scenario_from_dict  # the scenario layer sits above
+    from clustersim.scenario.loader import scenario_from_dict  # the scenario layer sits above
 
     raw = {
         "name": "calibration",
@@ -127,7 +127,7 @@ def step_scenario(m: StepMeasurement, hardware: HardwareSpec | None = None):
 
 def predict_step(m: StepMeasurement, hardware: HardwareSpec | None = None) -> float:
     """The model's figure for a measurement (sequences/s or HFU)."""
-    from clustersim.step import StepModel
+    from clustersim.training.step import StepModel
 
     scenario = step_scenario(m, hardware)
     topology = build_topology(scenario.hardware, scenario.total_instances,

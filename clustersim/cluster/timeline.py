@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from clustersim.failures import FailureRateSpec, failure_preset_rates, weibull_scale
-from clustersim.scenario import JobSpec, Scenario
-from clustersim.step import StepModel, StepProfile
-from clustersim.trace import JOB_STATES, MemoryRecorder
+from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
+from clustersim.hardware.failures import FailureRateSpec, failure_preset_rates, weibull_scale
+from clustersim.scenario.loader import JobSpec, Scenario
+from clustersim.training.step import StepModel, StepProfile
 
 __all__ = [
     "JOB_STATES",

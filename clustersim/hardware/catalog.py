@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
-from clustersim.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
+from clustersim.hardware.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 
 __all__ = [
     "PRECISIONS",
@@ -73,7 +73,7 @@ class Efficiency(Spec):
 
 
 class CollectiveConstants(Spec):
-    """Calibrated constants of the collectives model (see clustersim.collectives).
+    """Calibrated constants of the collectives model (see clustersim.collectives.model).
 
     The physical hop latencies and link bandwidths come from the topology; these add what
     the hardware figures leave out: the fraction of link and HBM bandwidth a collective

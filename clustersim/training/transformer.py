@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
-from clustersim.spec import Spec
+from clustersim.hardware.spec import Spec
 
 __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source"]
 

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from clustersim.collectives import CollectiveCost, CollectiveModel, Group, simultaneous
-from clustersim.schedule import peak_in_flight, pipeline_order
-from clustersim.topology import Topology
-from clustersim.workload import (
+from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
+from clustersim.hardware.topology import Topology
+from clustersim.training.schedule import peak_in_flight, pipeline_order
+from clustersim.training.workload import (
     BYTES_PER_ELEMENT,
     OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
     MemoryBreakdown,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustersim.api import simulate
-from clustersim.scenario import load_scenario
+from clustersim.runner.api import simulate
+from clustersim.scenario.loader import load_scenario
 
 __all__ = ["SIGNIFICANT_DIGITS", "RELATIVE_TOLERANCE", "VOLATILE", "CheckResult", "normalise",
            "differences", "golden_path", "reference_scenarios", "check_scenario"]

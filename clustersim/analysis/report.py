@@ -19,8 +19,8 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from clustersim.analysis import Run, load_run  # noqa: E402
-from clustersim.topology import Topology  # noqa: E402
+from clustersim.analysis.runs import Run, load_run  # noqa: E402
+from clustersim.hardware.topology import Topology  # noqa: E402
 
 __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
 

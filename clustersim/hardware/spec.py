@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
 
-from clustersim import units
+from clustersim.hardware import units
 
 __all__ = [
     "Spec",

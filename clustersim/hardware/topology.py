@@ -19,7 +19,7 @@ Edges, by ``kind`` (bandwidth per direction, bytes/s; latency per hop, s):
 - ``uplink``: a leaf switch to each spine switch; a leaf's uplinks carry its instances' EFA
   bandwidth divided by the oversubscription, split evenly over the spines.
 
-Link bandwidths follow the reading documented in :mod:`clustersim.hardware`. EFA figures are
+Link bandwidths follow the reading documented in :mod:`clustersim.hardware.catalog`. EFA figures are
 line rates, per direction. The fabric latency (one EFA message, HBM to HBM) is split evenly
 over the two ``efa`` edges of a path; switch-to-switch hops add none.
 """
@@ -35,8 +35,8 @@ import networkx as nx
 import numpy as np
 from pydantic import Field
 
-from clustersim.hardware import HardwareSpec
-from clustersim.spec import Duration, Spec
+from clustersim.hardware.catalog import HardwareSpec
+from clustersim.hardware.spec import Duration, Spec
 
 __all__ = [
     "EDGE_KINDS",

@@ -1,12 +1,12 @@
 """Reading runs back in pandas: `load_run(OUT)` and what to ask of a run.
 
-    run = clustersim.analysis.load_run("results/quickstart")
+    run = clustersim.analysis.runs.load_run("results/quickstart")
     run.jobs                           # the tables, as DataFrames, read on first use
     run.utilisation_at("cluster", bin_s=3600)   # any level and bin, from the intervals
     run.utilisation_at("chip", chips=[0, 17])   # per chip, for chosen chips
     run.goodput()                      # useful and lost hours per job, by cause
     run.failure_stats()                # failures by component
-    clustersim.analysis.compare(["results/a", "results/b"])
+    clustersim.analysis.runs.compare(["results/a", "results/b"])
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from clustersim.scenario import load_scenario
-from clustersim.trace import SCHEMA_VERSION, TABLES, utilisation_rows
+from clustersim.analysis.trace import SCHEMA_VERSION, TABLES, utilisation_rows
+from clustersim.scenario.loader import load_scenario
 
 __all__ = ["Run", "load_run", "compare"]
 

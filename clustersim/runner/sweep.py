@@ -37,16 +37,16 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, ValidationError, model_validator
 
-from clustersim.api import simulate, t_quantile
-from clustersim.outputs import atomic_output_dir
-from clustersim.scenario import (
+from clustersim.hardware.spec import Spec
+from clustersim.runner.api import simulate, t_quantile
+from clustersim.runner.outputs import atomic_output_dir
+from clustersim.scenario.loader import (
     Issue,
     ScenarioError,
     _pydantic_issues,
     load_scenario,
     read_yaml_file,
 )
-from clustersim.spec import Spec
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
            "summarise", "write_sweep", "t_quantile"]

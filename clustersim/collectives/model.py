@@ -39,7 +39,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from clustersim.topology import Topology
+from clustersim.hardware.topology import Topology
 
 __all__ = [
     "OPS",

@@ -25,12 +25,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import clustersim
-from clustersim import units
-from clustersim.api import run_to, step_profiles, topology_for
-from clustersim.hardware import catalog_entry, catalog_names, catalog_source_refs
-from clustersim.outputs import OutputDirError, check_output_dir
-from clustersim.scenario import ScenarioError, load_scenario, scenario_json_schema
-from clustersim.step import JobDoesNotFit
+from clustersim.hardware import units
+from clustersim.hardware.catalog import catalog_entry, catalog_names, catalog_source_refs
+from clustersim.runner.api import run_to, step_profiles, topology_for
+from clustersim.runner.outputs import OutputDirError, check_output_dir
+from clustersim.scenario.loader import ScenarioError, load_scenario, scenario_json_schema
+from clustersim.training.step import JobDoesNotFit
 
 app = typer.Typer(
     name="clustersim",
@@ -234,7 +234,7 @@ def sweep(
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """A grid of scenario variants x seeds, each a full run, in parallel."""
-    from clustersim.sweep import load_sweep, run_sweep, sweep_tasks, write_sweep
+    from clustersim.runner.sweep import load_sweep, run_sweep, sweep_tasks, write_sweep
 
     if engine not in ("local", "ray"):
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
@@ -306,7 +306,7 @@ def check(
 ) -> None:
     """Re-run reference scenarios and compare with results/<name>/summary.json (exit 1 on a
     difference)."""
-    from clustersim.check import RELATIVE_TOLERANCE, check_scenario, reference_scenarios
+    from clustersim.runner.check import RELATIVE_TOLERANCE, check_scenario, reference_scenarios
 
     root = Path.cwd()
     paths = list(scenarios or reference_scenarios(root))
@@ -391,7 +391,7 @@ def topology(
     topo = topology_for(spec)
     build_s = time.perf_counter() - started
     if draw is not None:
-        from clustersim.report import draw_topology
+        from clustersim.analysis.report import draw_topology
 
         draw_topology(topo, draw)
         err_console.print(f"drew {escape(str(draw))}")
@@ -618,14 +618,14 @@ def collective(
     json_out: JsonOption = False,
 ) -> None:
     """One collective across sizes, as nccom-test prints it (GB/s = 1e9 bytes/s)."""
-    from clustersim.collectives import (
+    from clustersim.collectives.model import (
         CollectiveError,
         CollectiveModel,
         check_rank_split,
         normalise_op,
         place_ranks,
     )
-    from clustersim.topology import build_topology
+    from clustersim.hardware.topology import build_topology
 
     if hardware_name not in catalog_names():
         raise UsageProblem(
@@ -682,7 +682,7 @@ def report(
                                             show_default=False)],
 ) -> None:
     """Plots (PNG) and a short Markdown report of a finished run, in RUN_DIR/report/."""
-    from clustersim.report import write_report
+    from clustersim.analysis.report import write_report
 
     if not (run_dir / "summary.json").exists():
         raise UsageProblem(f"{run_dir}: not a run folder (no summary.json); expected the OUT "

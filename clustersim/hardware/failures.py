@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from clustersim import units
 from clustersim.catalog import read_catalog
-from clustersim.spec import Duration, Rate, Spec
+from clustersim.hardware import units
+from clustersim.hardware.spec import Duration, Rate, Spec
 
 __all__ = [
     "COMPONENTS",

@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 
 import clustersim
-from clustersim.outputs import atomic_output_dir
-from clustersim.scenario import Issue, Scenario, ScenarioError
-from clustersim.step import JobDoesNotFit, StepModel, StepProfile
-from clustersim.timeline import Timeline, TimelineResult
-from clustersim.topology import Topology, build_topology
-from clustersim.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
+from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
+from clustersim.cluster.timeline import Timeline, TimelineResult
+from clustersim.hardware.topology import Topology, build_topology
+from clustersim.runner.outputs import atomic_output_dir
+from clustersim.scenario.loader import Issue, Scenario, ScenarioError
+from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
            "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile"]

@@ -19,19 +19,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from clustersim import units
-from clustersim.failures import FailureRateSpec, StragglerSpec, failure_preset_names
-from clustersim.hardware import (
+from clustersim.hardware import units
+from clustersim.hardware.catalog import (
     HardwareSpec,
     catalog_names,
     deep_merge,
     resolve_hardware_mapping,
 )
-from clustersim.jobmix import WorkloadSpec, generate_jobs
-from clustersim.spec import Duration, NonNegativeDuration, Spec
-from clustersim.topology import FabricSpec
-from clustersim.transformer import TransformerShape, model_preset_names, model_preset_values
-from clustersim.workload import ParallelismSpec
+from clustersim.hardware.failures import FailureRateSpec, StragglerSpec, failure_preset_names
+from clustersim.hardware.spec import Duration, NonNegativeDuration, Spec
+from clustersim.hardware.topology import FabricSpec
+from clustersim.scenario.jobmix import WorkloadSpec, generate_jobs
+from clustersim.training.transformer import TransformerShape, model_preset_names, model_preset_values
+from clustersim.training.workload import ParallelismSpec
 
 __all__ = [
     "Issue",

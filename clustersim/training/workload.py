@@ -28,8 +28,8 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
-from clustersim.spec import Spec
-from clustersim.transformer import TransformerShape
+from clustersim.hardware.spec import Spec
+from clustersim.training.transformer import TransformerShape
 
 __all__ = [
     "BYTES_PER_ELEMENT",

@@ -1,0 +1,2 @@
+"""Calibration data (published measurements) and the model's predictions for them.
+"""
