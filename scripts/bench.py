@@ -106,7 +106,7 @@ figures = {"sweep_ms": round((time.perf_counter() - t0) * 1e3, 1),
     "step: 1T parameters on 3,072 A100 (PP 64, 512 micro-batches)": (
         """
 import time
-from clustersim.calibration.collectives import STEP_MEASUREMENTS, step_scenario
+from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario
 from clustersim.runner.api import topology_for
 from clustersim.training.step import StepModel
 case = [m for m in STEP_MEASUREMENTS if m.model == "megatron-1t"][0]

@@ -36,6 +36,7 @@ __all__ = [
     "ChipSpec",
     "CollectiveConstants",
     "Efficiency",
+    "Framework",
     "InterconnectSpec",
     "InstanceSpec",
     "UltraServerSpec",
@@ -58,7 +59,14 @@ def neighbours_per_dimension(size: int) -> int:
 
 
 class Efficiency(Spec):
-    """Achievable fraction of peak, the compute model's calibrated hardware constants."""
+    """How much of peak a chip's operations reach: the compute model's hardware constants.
+
+    Three are fitted per chip family (scripts/calibrate_step.py): `matmul`, `vector` and
+    `kernel_overhead`. The others are physical and not fitted: the tile a matrix multiply is
+    padded to (the 128 x 128 systolic array of a NeuronCore; a tensor-core thread-block tile
+    on a GPU), the contraction granularity, and the units output tiles are spread over (a
+    GPU's SMs, whose last wave may run partly empty). See clustersim.training.step.
+    """
 
     matmul: float = Field(
         gt=0, le=1, description="fraction of dense peak TFLOPS large matrix multiplications reach"
@@ -66,10 +74,45 @@ class Efficiency(Spec):
     vector: float = Field(
         gt=0, le=1, description="fraction of peak HBM bandwidth memory-bound vector work reaches"
     )
+    kernel_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="kernel_overhead",
+        description="fixed time per operation (kernel launch, instruction and DMA set-up)",
+    )
     tile: int = Field(
         default=128, gt=0,
-        description="matrix dimensions are padded to this tile (a 128 x 128 systolic array)",
+        description="the rows and columns of a matrix multiply are padded to this tile",
     )
+    k_tile: int = Field(
+        default=128, gt=0, description="the contraction dimension is padded to this step"
+    )
+    wave_units: int = Field(
+        default=1, gt=0,
+        description="units that output tiles are spread over in waves (SMs; 1: no waves)",
+    )
+    step_error_band: tuple[float, float] = Field(
+        default=(0.0, 0.0),
+        description="largest under- and over-prediction of step time over the family's "
+        "calibration rows (fractions; from scripts/validate_model.py)",
+    )
+
+    @model_validator(mode="after")
+    def _check_band(self) -> Efficiency:
+        low, high = self.step_error_band
+        if not (-1 < low <= 0 <= high):
+            raise ValueError("step_error_band: expected [low, high] with -1 < low <= 0 <= high")
+        return self
+
+
+class Framework(Spec):
+    """What the usual training stack of a chip family does, where it changes the model.
+
+    `attention`: flash (the s x s scores stay on chip) or unfused (scores, softmax and
+    dropout go through HBM); a job's `attention` overrides it. `gradients`: the precision in
+    which gradients are kept and reduced with 16-bit training.
+    """
+
+    attention: Literal["flash", "unfused"] = "flash"
+    gradients: Literal["bf16", "fp32"] = "fp32"
 
 
 class CollectiveConstants(Spec):
@@ -125,6 +168,10 @@ class ChipSpec(Spec):
     efficiency: Efficiency = Field(
         default=Efficiency(matmul=0.804, vector=0.692),
         description="default: the Trn1 fit of the catalog (scripts/calibrate_step.py)",
+    )
+    framework: Framework = Field(
+        default=Framework(), description="the family's usual training stack (attention kernel, "
+        "gradient precision)",
     )
 
     @model_validator(mode="after")

@@ -160,6 +160,10 @@ class JobSpec(Spec):
     parallelism: ParallelismSpec = ParallelismSpec()
     precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
+    attention: Literal["flash", "unfused"] | None = Field(
+        default=None, description="attention kernel: flash (scores stay on chip) or unfused "
+        "(scores, softmax and dropout through HBM); default: the hardware's framework.attention",
+    )
     instances: int | None = Field(default=None, gt=0)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
     steps: int | None = Field(default=None, gt=0, description="default: run to the horizon")

@@ -15,9 +15,20 @@ Every collective therefore runs on a real group of the graph:
   shared by the data-parallel groups that run at once on the same links;
 - the optimizer step, memory-bound.
 
-Compute time per operation is a roofline: matrix work at the chip's peak x its matmul
-efficiency x the tile quantisation of the shape (dimensions padded to the tile), vector work
-at HBM bandwidth x its vector efficiency (the calibrated constants of the catalog).
+Compute time per operation is a roofline whose achievable fraction depends on the shape
+(`_op_time`): a matrix multiply reaches the chip's peak x `matmul` (the fraction large GEMMs
+reach) x its tile quantisation (rows and columns padded to the `tile`, the contraction to
+`k_tile`: the 128 x 128 systolic array of a NeuronCore, a thread-block tile on a GPU) x its
+wave quantisation (output tiles spread over `wave_units`, a GPU's SMs: a last wave that is
+partly empty costs a whole one), or is bound by HBM traffic; vector work runs at HBM
+bandwidth x `vector`; each operation adds a fixed `kernel_overhead`. `matmul`, `vector` and
+`kernel_overhead` are the three fitted constants of a chip family; the rest are physical
+(NVIDIA's "Matrix Multiplication Background" guide describes tile and wave quantisation).
+Small or tensor-parallel-sliced matrices therefore reach a lower fraction of peak.
+
+The step time carries an error band (`step_time_s_band`): the largest under- and
+over-prediction of the chip family's calibration rows (`efficiency.step_error_band`),
+applied to the step time.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from clustersim.training.workload import (
     MemoryBreakdown,
     Op,
     TrainingJob,
+    attention_of,
     expert_params_per_rank,
     hardware_flops_per_step,
     memory_per_rank,
@@ -49,7 +61,7 @@ from clustersim.training.workload import (
     weight_bytes_per_param,
 )
 
-__all__ = ["StepProfile", "StepModel", "JobDoesNotFit"]
+__all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation"]
 
 
 class JobDoesNotFit(Exception):
@@ -78,6 +90,15 @@ class StepProfile:
     energy_per_token_j: float | None
     cost_per_million_tokens_usd: float | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Largest under- and over-prediction of the chip family's calibration rows (fractions).
+    error_band: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def step_time_s_band(self) -> tuple[float, float]:
+        """[low, high] step time from the family's calibration residuals: the measured step
+        of a calibration row was between (1 + low) and (1 + high) times the model's."""
+        low, high = self.error_band
+        return (self.step_time_s * (1 + low), self.step_time_s * (1 + high))
 
     @property
     def tokens_per_s(self) -> float:
@@ -104,6 +125,7 @@ class StepProfile:
         return {
             "name": self.name,
             "step_time_s": self.step_time_s,
+            "step_time_s_band": list(self.step_time_s_band),
             "tokens_per_s": self.tokens_per_s,
             "sequences_per_s": self.sequences_per_s,
             "mfu": self.mfu,
@@ -167,13 +189,19 @@ class StepModel:
             self._cache[key] = cached
         return cached if cached.name == name else _renamed(cached, name)
 
+    def attention(self, job: TrainingJob) -> str:
+        """The job's attention kernel, or the hardware family's usual one."""
+        return attention_of(job, self.hardware.chip.framework.attention)
+
     def memory(self, job: TrainingJob) -> MemoryBreakdown:
         par = job.parallelism
         microbatches = self._microbatches(job)
         orders = pipeline_order(par.pp, microbatches, par.interleave)
         in_flight = peak_in_flight(orders[0]) / par.interleave
-        return memory_per_rank(job, in_flight, self.hardware.chip.hbm_bytes,
-                               min(self.hardware.chip.ranks, par.ranks))
+        chip = self.hardware.chip
+        return memory_per_rank(job, in_flight, chip.hbm_bytes, min(chip.ranks, par.ranks),
+                               attention=self.attention(job),
+                               gradients=chip.framework.gradients)
 
     # ------------------------------------------------------------------ placement
     def _shape(self, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
@@ -190,8 +218,8 @@ class StepModel:
         us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
         offset = int(placed[0] % ipu)
         key = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-               job.precision, job.recompute, hw.name, len(placed), offset, leaf_counts,
-               us_counts)
+               job.precision, job.recompute, self.attention(job), hw.name, len(placed), offset,
+               leaf_counts, us_counts)
         if np.array_equal(placed, np.arange(placed[0], placed[0] + len(placed))):
             return key, placed
         canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
@@ -219,19 +247,17 @@ class StepModel:
 
     # ------------------------------------------------------------------ compute
     def _op_time(self, op: Op, precision: str) -> float:
+        """Time of one operation on one rank (see the module docstring)."""
         hw = self.hardware
-        k = hw.chip.ranks
+        ranks = hw.chip.ranks
         eff = hw.chip.efficiency
-        hbm = hw.chip.hbm_bandwidth_bytes_per_s / k * eff.vector
+        hbm = hw.chip.hbm_bandwidth_bytes_per_s / ranks * eff.vector
         memory_time = op.bytes / hbm
         if op.kind == "vector":
-            return memory_time
-        peak = hw.chip.peak_flops(precision) / k
-        tile = eff.tile
-        padded = (math.ceil(op.m / tile) * tile * math.ceil(op.n / tile) * tile
-                  * math.ceil(op.k / tile) * tile)
-        quantisation = op.m * op.n * op.k / padded if padded else 1.0
-        return max(op.flops / (peak * eff.matmul * quantisation), memory_time)
+            return memory_time + eff.kernel_overhead_s
+        peak = hw.chip.peak_flops(precision) / ranks
+        return (max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
+                + eff.kernel_overhead_s)
 
     def _chunk_times(self, job: TrainingJob, layers: int, first: bool, last: bool,
                      tp_group: Group | None, ep_group: tuple[Group, int] | None = None
@@ -244,12 +270,13 @@ class StepModel:
                      (base // cpi) % self.hardware.instances_per_ultraserver)
         ep_shape = None if ep_group is None else (tuple(ep_group[0].chips.tolist()),
                                                   ep_group[0].ranks_per_chip, ep_group[1])
+        attention = self.attention(job)
         key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
-               job.recompute, layers, first, last, shape, ep_shape)
+               job.recompute, attention, layers, first, last, shape, ep_shape)
         cached = self._chunk_cache.get(key)
         if cached is not None:
             return cached
-        work = stage_work(job, layers, first, last)
+        work = stage_work(job, layers, first, last, attention)
         fwd = sum(self._op_time(op, job.precision) for op in work.forward)
         bwd = sum(self._op_time(op, job.precision) for op in work.backward)
 
@@ -371,7 +398,7 @@ class StepModel:
         env.run()
 
         # Data-parallel reduction and optimizer, per pipeline rank.
-        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision)
+        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision, hw.chip.framework.gradients)
         dp_times = self._data_parallel_times(job, placed, g_bytes, w_bytes)
         optimizer = {}
         hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
@@ -416,6 +443,7 @@ class StepModel:
             peak_flops=chips * hw.chip.peak_flops(job.precision), memory=memory, chips=chips,
             instances=instances, microbatches=microbatches, energy_per_token_j=energy,
             cost_per_million_tokens_usd=cost, notes=tuple(notes),
+            error_band=tuple(hw.chip.efficiency.step_error_band),
         )
 
     def _data_parallel_times(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
@@ -479,6 +507,23 @@ class StepModel:
         shared = len(chips) > instances  # several chips of one group in an instance
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
+
+
+def matmul_quantisation(op: Op, eff: Any) -> float:
+    """Fraction of the array's work that is useful for this shape: rows and columns padded
+    to the tile and the contraction to k_tile (tile quantisation), and the output tiles of
+    all `count` products spread over `wave_units` in whole waves (wave quantisation)."""
+    def padded(size: int, step: int) -> int:
+        return math.ceil(size / step) * step
+
+    if not (op.m and op.n and op.k):
+        return 1.0
+    tiles = padded(op.m, eff.tile) * padded(op.n, eff.tile) * padded(op.k, eff.k_tile)
+    quantisation = op.m * op.n * op.k / tiles
+    if eff.wave_units > 1:
+        blocks = math.ceil(op.m / eff.tile) * math.ceil(op.n / eff.tile) * op.count
+        quantisation *= blocks / (math.ceil(blocks / eff.wave_units) * eff.wave_units)
+    return quantisation
 
 
 def _slowest(model: CollectiveModel, costs: list[CollectiveCost], shared: bool) -> float:

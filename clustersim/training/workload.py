@@ -10,14 +10,28 @@ following Megatron-LM's layout (Narayanan et al. 2021; Korthikanti et al. 2022):
 - backward is twice the forward matrix work; recompute adds the attention core (selective)
   or the whole forward (full) to the backward pass.
 
-Attention is taken as a fused (flash) kernel: the s x s scores are not written to HBM, as
-Neuron's and Megatron's training kernels do, so its memory traffic is Q, K, V and output.
+The attention kernel is a property of the job (`attention`, defaulting to the hardware
+family's usual stack, `framework.attention` in the catalog); FLOPs are the same either way:
 
-Memory (bytes per rank): weights, gradients and optimizer state by precision (bf16 mixed
-precision: 2-byte weights, 4-byte gradient accumulation, 12 bytes of fp32 master weights and
-Adam moments, the last sharded over data parallel by ZeRO-1), activations per layer after
-Korthikanti et al. with tensor and sequence parallelism and recompute, times the micro-batches
-a pipeline stage holds at once.
+- `flash` (FlashAttention, Dao et al. 2022; NeuronX Distributed's NKI kernel; Megatron-Core
+  and Transformer Engine on GPUs): the s x s scores stay on chip, so HBM sees Q, K, V and the
+  output only, and nothing of size s x s is kept for the backward pass;
+- `unfused` (Megatron-LM of 2021-22: a QK^T GEMM, the fused scale-mask-softmax kernel,
+  dropout, then the attention-over-values GEMM): the scores are written, read and written by
+  softmax, read and written by dropout with a 1-byte mask, and read by the second GEMM; the
+  softmax output, the dropout mask and output are kept for backward (Korthikanti et al.'s
+  5as/h term per layer) unless recompute drops them.
+
+Selective recompute recomputes the attention core (Korthikanti et al. 2022): the two GEMMs,
+and with `unfused` also softmax and dropout and their HBM traffic; with `flash` the kernel's
+forward.
+
+Memory (bytes per rank): weights, gradients and optimizer state by precision (16-bit mixed
+precision: 2-byte weights; gradients in the family's `framework.gradients` precision, 4 bytes
+for Megatron-LM's fp32 main gradients, 2 for NeuronX Distributed, whose gradients take the
+bf16 parameters' type; 12 bytes of fp32 master weights and Adam moments, sharded over data
+parallelism by ZeRO-1), activations per layer after Korthikanti et al. with tensor and
+sequence parallelism and recompute, times the micro-batches a pipeline stage holds at once.
 """
 
 from __future__ import annotations
@@ -47,6 +61,10 @@ __all__ = [
     "expert_params_per_rank",
     "optimizer_params_per_rank",
     "OPTIMIZER_BYTES_TOUCHED_PER_PARAM",
+    "ATTENTION_KERNELS",
+    "attention_of",
+    "activation_bytes_per_layer",
+    "weight_bytes_per_param",
 ]
 
 BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -81,9 +99,21 @@ class TrainingJob(Protocol):
     parallelism: ParallelismSpec
     precision: str
     recompute: str
+    # `attention: "flash" | "unfused" | None` may also be given (None: the hardware's default).
 
     @property
     def sequence_length(self) -> int: ...
+
+
+ATTENTION_KERNELS = ("flash", "unfused")
+
+
+def attention_of(job: TrainingJob, default: str = "flash") -> str:
+    """The job's attention kernel, or `default` (the hardware family's) when it names none."""
+    kernel = getattr(job, "attention", None) or default
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention {kernel!r}: expected one of {', '.join(ATTENTION_KERNELS)}")
+    return kernel
 
 
 @dataclass(frozen=True)
@@ -98,6 +128,7 @@ class Op:
     n: int = 0
     k: int = 0
     count: int = 1  # identical operations (e.g. the heads of a batched matmul)
+    grad_traffic: float = 2.0  # backward HBM traffic of vector work, relative to forward
 
 
 def _matmul(name: str, m: int, k: int, n: int, element: int, count: int = 1) -> Op:
@@ -106,18 +137,40 @@ def _matmul(name: str, m: int, k: int, n: int, element: int, count: int = 1) -> 
     return Op(name, "matmul", flops, traffic, m, n, k, count)
 
 
-def _vector(name: str, elements: float, element: int, passes: float = 2.0) -> Op:
+def _vector(name: str, elements: float, element: float, passes: float = 2.0,
+            grad_traffic: float = 2.0) -> Op:
     """Elementwise work reading and writing `elements` values `passes` times in all."""
-    return Op(name, "vector", 0.0, passes * elements * element)
+    return Op(name, "vector", 0.0, passes * elements * element, grad_traffic=grad_traffic)
+
+
+def _attention_ops(b: int, s: int, heads: int, kv_heads: int, d: int, e: int, attention: str
+                   ) -> list[Op]:
+    """The attention core of one layer (after the QKV projection, before the output one)."""
+    if attention == "flash":
+        # One kernel: both GEMMs on chip; HBM sees Q, K, V read and the output written.
+        flops = 4.0 * b * heads * s * s * d
+        traffic = float(e * b * s * (2 * heads + 2 * kv_heads) * d)
+        return [Op("attention", "matmul", flops, traffic, s, s, d, b * heads)]
+    scores = float(b) * heads * s * s
+    return [
+        _matmul("scores", s, d, s, e, count=b * heads),  # writes the scores
+        # Fused scale-mask-softmax: reads the scores, writes the probabilities; backward
+        # reads the output and its gradient and writes one (3 passes for 2).
+        _vector("softmax", scores, e, passes=2, grad_traffic=1.5),
+        # Dropout: reads, writes and writes a 1-byte mask; backward reads the gradient and
+        # the mask and writes one (as many bytes as forward).
+        _vector("dropout", scores, e, passes=2 + 1 / e, grad_traffic=1.0),
+        _matmul("attend", s, s, d, e, count=b * heads),  # reads them back
+    ]
 
 
 def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
-                      sequence_parallel: bool, precision: str, fused_attention: bool = True
+                      sequence_parallel: bool, precision: str, attention: str = "flash"
                       ) -> list[Op]:
     """Forward operations of one transformer layer on one tensor-parallel rank.
 
-    With `fused_attention` (flash attention, used with recompute) the scores never reach HBM;
-    without it they are written, softmaxed and read back (b x heads x s x s values)."""
+    With `flash` attention the scores never reach HBM; with `unfused` they are written,
+    softmaxed, dropped out and read back (b x heads x s x s values, see the module)."""
     e = BYTES_PER_ELEMENT[precision]
     b, s, h = micro_batch, seq, model.hidden
     tokens = b * s
@@ -130,10 +183,7 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
-        _matmul("scores", s, d, s, e, count=b * heads),
-        _matmul("attend", s, s, d, e, count=b * heads),
-        _vector("attention_io", tokens * (heads + 2 * kv_heads) * d, e, passes=1),
-        *([] if fused_attention else [_vector("softmax", float(b) * heads * s * s, e, passes=4)]),
+        *_attention_ops(b, s, heads, kv_heads, d, e, attention),
         _matmul("projection", tokens, heads * d, h, e),
         _vector("residual_attention", outside, e, passes=3),
         _vector("norm_mlp", outside, e, passes=2),
@@ -152,7 +202,10 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
 
 
 def _attention_core(ops: list[Op]) -> list[Op]:
-    return [op for op in ops if op.name in ("scores", "attend", "attention_io", "softmax")]
+    return [op for op in ops if op.name in ATTENTION_CORE]
+
+
+ATTENTION_CORE = ("attention", "scores", "softmax", "dropout", "attend")
 
 
 def _output_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int, precision: str
@@ -199,16 +252,18 @@ def _backward_of(ops: list[Op]) -> list[Op]:
             out.append(Op(op.name + "_wgrad", "matmul", op.flops, op.bytes, op.k, op.n, op.m,
                           op.count))
         else:
-            out.append(Op(op.name + "_grad", "vector", 0.0, 2 * op.bytes))
+            out.append(Op(op.name + "_grad", "vector", 0.0, op.grad_traffic * op.bytes))
     return out
 
 
-def stage_work(job: TrainingJob, layers: int, first: bool, last: bool) -> StageWork:
-    """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank."""
+def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
+               attention: str | None = None) -> StageWork:
+    """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank
+    (`attention`: the kernel, default the job's own or flash)."""
     par = job.parallelism
     model, b, s = job.model, job.micro_batch, job.sequence_length
     layer = layer_forward_ops(model, b, s, par.tp, par.sequence_parallel, job.precision,
-                              fused_attention=job.recompute != "none")
+                              attention=attention or attention_of(job))
     forward = layer * layers
     extra_forward: list[Op] = []
     if first:
@@ -329,11 +384,16 @@ class MemoryBreakdown:
         }
 
 
-def weight_bytes_per_param(precision: str) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer state) bytes per parameter for mixed precision Adam."""
+def weight_bytes_per_param(precision: str, gradients: str = "fp32") -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) bytes per parameter for mixed precision Adam.
+
+    `gradients`: the precision gradients are kept and reduced in with 16-bit training (fp32
+    in Megatron-LM's main-gradient buffers; bf16 in NeuronX Distributed, where they take the
+    parameters' type and ZeRO-1 upcasts only the optimizer's shard)."""
     if precision in ("fp32", "tf32"):
         return 4, 4, 8  # the weights are the master copy; Adam m and v
-    return BYTES_PER_ELEMENT[precision] if precision != "fp8" else 2, 4, 12
+    return BYTES_PER_ELEMENT[precision] if precision != "fp8" else 2, BYTES_PER_ELEMENT[
+        gradients], 12
 
 
 def params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
@@ -375,9 +435,13 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
     return count
 
 
-def activation_bytes_per_layer(job: TrainingJob) -> float:
+def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -> float:
     """Activation memory of one layer for one micro-batch on one rank (Korthikanti et al.
-    2022, generalised to grouped-query attention and gated MLPs; no dropout masks)."""
+    2022, generalised to grouped-query attention and gated MLPs; no dropout masks outside
+    attention). The 5as/h term (softmax output, dropout mask and output: 5 a s^2 b bytes) is
+    kept only with `unfused` attention and no recompute: flash attention never stores it,
+    selective recompute recomputes it."""
+    attention = attention or attention_of(job)
     model, par = job.model, job.parallelism
     b, s, h, t = job.micro_batch, job.sequence_length, model.hidden, par.tp
     e = BYTES_PER_ELEMENT[job.precision]
@@ -391,26 +455,25 @@ def activation_bytes_per_layer(job: TrainingJob) -> float:
     split = e * sbh * (1 + 2 * kv + 1)  # Q, K, V (grouped), projection input
     # MLP intermediates (of top_k experts per token with a mixture of experts).
     split += e * sbh * (f * (2 if model.gated else 1) + f) * model.top_k
-    if job.recompute == "none":
-        # Without recompute the attention is not fused and keeps its scores and softmax
-        # (Korthikanti's 5 a s^2 b bytes, dropout included: an upper bound).
+    if job.recompute == "none" and attention == "unfused":
         split += 5.0 * model.heads * s * s * b
     if par.sequence_parallel:
         return (replicated + split) / t
     return replicated + split / t
 
 
-def memory_per_rank(job: TrainingJob, in_flight_microbatches: int, hbm_bytes: float,
-                    ranks_per_chip: int) -> MemoryBreakdown:
+def memory_per_rank(job: TrainingJob, in_flight_microbatches: float, hbm_bytes: float,
+                    ranks_per_chip: int, attention: str | None = None,
+                    gradients: str = "fp32") -> MemoryBreakdown:
     """Memory of the busiest rank (the first pipeline stage, which holds the most
-    micro-batches and the embedding) of a job."""
+    micro-batches and the embedding) of a job (`gradients`: see weight_bytes_per_param)."""
     par = job.parallelism
     first, last = True, par.pp == 1
     params = params_per_rank(job, first, last)
-    w, g, o = weight_bytes_per_param(job.precision)
+    w, g, o = weight_bytes_per_param(job.precision, gradients)
     optimizer = optimizer_params_per_rank(job, first, last) * o
     layers = job.model.layers / par.pp
-    activations = activation_bytes_per_layer(job) * layers * in_flight_microbatches
+    activations = activation_bytes_per_layer(job, attention) * layers * in_flight_microbatches
     logits = 0.0
     if last:  # fp32 logits of the vocabulary shard for one micro-batch
         logits = 4.0 * job.micro_batch * job.sequence_length * math.ceil(job.model.vocab / par.tp)
