@@ -30,7 +30,7 @@ class UsageProblem(Exception):
 def _user_error_types() -> tuple[type[Exception], ...]:
     """The exceptions that mean bad input, not a bug (imported only once something failed)."""
     from clustersim.runner.outputs import OutputDirError
-    from clustersim.scenario.loader import ScenarioError
+    from clustersim.scenario.errors import ScenarioError
     from clustersim.training.step import JobDoesNotFit
 
     return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit)

@@ -211,7 +211,7 @@ def schema(
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Write to a file.")] = None,
 ) -> None:
     """Print the JSON Schema of scenario files (for editors' completion and checks)."""
-    from clustersim.scenario.loader import scenario_json_schema
+    from clustersim.scenario.schema import scenario_json_schema
 
     text = json.dumps(scenario_json_schema(), indent=2) + "\n"
     if out is None:
