@@ -6,8 +6,8 @@
 Per family, only its calibration rows are used (clustersim/calibration/step.py): Trainium on
 the Trn1 rows, the GPU family on Megatron-LM's six A100 rows. The fitted constants are
 `efficiency.matmul` (fraction of peak large GEMMs reach), `efficiency.vector` (fraction of
-HBM bandwidth memory-bound work reaches) and `efficiency.kernel_overhead` (fixed time per
-operation); the fit minimises the squared log errors. It prints the values to put in
+HBM bandwidth memory-bound work reaches) and `efficiency.pass_overhead` (fixed time per
+forward or backward pass of a micro-batch through a stage); the fit minimises the squared log errors. It prints the values to put in
 clustersim/catalog/hardware.yaml (the family's entry and those that take its constants) and
 the error band (`step_error_band`); `python scripts/validate_model.py` then reports every row.
 Nothing is fitted per case.
@@ -38,13 +38,13 @@ def main() -> None:
         entry, _ = FAMILIES[family]
         eff = catalog_entry(entry).chip.efficiency
         start = {"matmul": eff.matmul, "vector": eff.vector,
-                 "kernel_overhead": max(eff.kernel_overhead_s, 5e-6)}
+                 "pass_overhead": max(eff.pass_overhead_s, 1e-3)}
         values, schedules = fit_family(family, start)
         rows = family_errors(family, values, schedules)
         low, high = error_band([e for _, _, e in rows])
         print(f"{family} ({entry}): matmul = {values['matmul']:.3f}, "
               f"vector = {values['vector']:.3f}, "
-              f"kernel_overhead = {values['kernel_overhead'] * 1e6:.1f}us, "
+              f"pass_overhead = {values['pass_overhead'] * 1e3:.2f}ms, "
               f"step_error_band = [{low:.3f}, {high:.3f}]")
         for m, predicted, err in rows:
             micro, v = schedules[m.name]

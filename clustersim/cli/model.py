@@ -56,10 +56,13 @@ def _print_step(job: Any, profile: Any, spec: Any) -> None:
         table.add_row(label, f"{value:,.3f}", f"{value / profile.step_time_s:.1%}")
     table.add_row("step time", f"{profile.step_time_s:,.3f}", "100%", style="bold")
     out_console.print(table)
+    low, high = profile.step_time_s_band
     memory = profile.memory.as_gib()
     facts = Table(show_header=False)
     facts.add_column(style="bold")
     facts.add_column()
+    facts.add_row("expected band", f"{low:,.3f} to {high:,.3f} s per step (the largest under- "
+                  "and over-prediction of this chip family's calibration rows)")
     facts.add_row("throughput", f"{profile.tokens_per_s:,.0f} tokens/s, "
                   f"{profile.sequences_per_s:,.2f} sequences/s")
     facts.add_row("MFU / HFU", f"{profile.mfu:.1%} / {profile.hfu:.1%} of {job.precision} peak")

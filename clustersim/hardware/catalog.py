@@ -62,7 +62,7 @@ class Efficiency(Spec):
     """How much of peak a chip's operations reach: the compute model's hardware constants.
 
     Three are fitted per chip family (scripts/calibrate_step.py): `matmul`, `vector` and
-    `kernel_overhead`. The others are physical and not fitted: the tile a matrix multiply is
+    `pass_overhead`. The others are physical and not fitted: the tile a matrix multiply is
     padded to (the 128 x 128 systolic array of a NeuronCore; a tensor-core thread-block tile
     on a GPU), the contraction granularity, and the units output tiles are spread over (a
     GPU's SMs, whose last wave may run partly empty). See clustersim.training.step.
@@ -74,9 +74,10 @@ class Efficiency(Spec):
     vector: float = Field(
         gt=0, le=1, description="fraction of peak HBM bandwidth memory-bound vector work reaches"
     )
-    kernel_overhead_s: NonNegativeDuration = Field(
-        default=0.0, alias="kernel_overhead",
-        description="fixed time per operation (kernel launch, instruction and DMA set-up)",
+    pass_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="pass_overhead",
+        description="fixed time per forward or backward pass of a micro-batch through a "
+        "pipeline stage (launching its compiled graph or kernels, synchronising its transfers)",
     )
     tile: int = Field(
         default=128, gt=0,

@@ -108,6 +108,7 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
         figures = profile.as_dict()
         jobs[job.name].update({
             "step_time_s": profile.step_time_s,
+            "step_time_s_band": list(profile.step_time_s_band),
             "tokens_per_s": profile.tokens_per_s,
             "sequences_per_s": profile.sequences_per_s,
             "mfu": profile.mfu,

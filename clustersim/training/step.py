@@ -21,8 +21,11 @@ reach) x its tile quantisation (rows and columns padded to the `tile`, the contr
 `k_tile`: the 128 x 128 systolic array of a NeuronCore, a thread-block tile on a GPU) x its
 wave quantisation (output tiles spread over `wave_units`, a GPU's SMs: a last wave that is
 partly empty costs a whole one), or is bound by HBM traffic; vector work runs at HBM
-bandwidth x `vector`; each operation adds a fixed `kernel_overhead`. `matmul`, `vector` and
-`kernel_overhead` are the three fitted constants of a chip family; the rest are physical
+bandwidth x `vector`; each forward or backward pass of a micro-batch through a stage adds a
+fixed `pass_overhead` (launching the stage's compiled graph or kernels and synchronising its
+transfers: per pass, so it weighs on many small micro-batches and deep pipelines). `matmul`,
+`vector` and `pass_overhead` are the three fitted constants of a chip family; the rest are
+physical
 (NVIDIA's "Matrix Multiplication Background" guide describes tile and wave quantisation).
 Small or tensor-parallel-sliced matrices therefore reach a lower fraction of peak.
 
@@ -254,10 +257,9 @@ class StepModel:
         hbm = hw.chip.hbm_bandwidth_bytes_per_s / ranks * eff.vector
         memory_time = op.bytes / hbm
         if op.kind == "vector":
-            return memory_time + eff.kernel_overhead_s
+            return memory_time
         peak = hw.chip.peak_flops(precision) / ranks
-        return (max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
-                + eff.kernel_overhead_s)
+        return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
 
     def _chunk_times(self, job: TrainingJob, layers: int, first: bool, last: bool,
                      tp_group: Group | None, ep_group: tuple[Group, int] | None = None
@@ -277,8 +279,9 @@ class StepModel:
         if cached is not None:
             return cached
         work = stage_work(job, layers, first, last, attention)
-        fwd = sum(self._op_time(op, job.precision) for op in work.forward)
-        bwd = sum(self._op_time(op, job.precision) for op in work.backward)
+        overhead = self.hardware.chip.efficiency.pass_overhead_s
+        fwd = overhead + sum(self._op_time(op, job.precision) for op in work.forward)
+        bwd = overhead + sum(self._op_time(op, job.precision) for op in work.backward)
 
         def comm(collectives: tuple[tuple[str, float], ...], group: Group | None,
                  sharing: int = 1) -> float:

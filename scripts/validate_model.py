@@ -1,0 +1,110 @@
+"""The model against every published figure it is calibrated on or checked against.
+
+    python scripts/validate_model.py            # every row: published, model, error
+    python scripts/validate_model.py --steps    # training steps only (skip collectives)
+
+Training steps (clustersim/calibration/step.py): per chip family, the calibration rows (the
+family's three constants were fitted to these) and the unseen rows (published runs the
+constants were not fitted to), each with the published figure, the model's and the error
+(model throughput / published throughput - 1, equal to published step time / model step time
+- 1: positive means the model is too fast), then the family's fitted constants with their
+meaning and the step-time error band that `clustersim step` and summary.json carry.
+Collectives (clustersim/calibration/collectives.py): every nccom-test point, published and
+model time. Everything is computed here from the catalog's constants; nothing is cached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clustersim.calibration.step import (  # noqa: E402
+    FAMILIES,
+    choose_schedule,
+    error,
+    error_band,
+    family_rows,
+    predict_step,
+)
+from clustersim.hardware.catalog import Efficiency, catalog_entry  # noqa: E402
+
+_UNITS = {"sequences_per_s": "seq/s", "hfu": "HFU", "step_time_s": "s/step"}
+
+
+def step_rows(family: str, visible: bool) -> list[tuple[str, float, float, float, str]]:
+    out = []
+    for m in family_rows(family, visible):
+        schedule = choose_schedule(m)
+        predicted, _ = predict_step(m, schedule=schedule)
+        note = f"micro-batch {schedule[0]}, interleave {schedule[1]}"
+        out.append((m.name, m.measured, predicted, error(m, predicted),
+                    f"{_UNITS[m.metric]}; {note}; {m.source}"))
+    return out
+
+
+def print_steps() -> None:
+    for family, (entry, members) in FAMILIES.items():
+        hardware = catalog_entry(entry)
+        eff = hardware.chip.efficiency
+        print(f"\n== {family} family (fitted on {entry}; used by {', '.join(members)})")
+        for visible, title in ((True, "calibration rows"), (False, "unseen rows (not fitted)")):
+            rows = step_rows(family, visible)
+            if not rows:
+                continue
+            print(f"-- {title}")
+            print(f"  {'row':36s} {'published':>10s} {'model':>10s} {'error':>7s}")
+            for name, published, predicted, err, note in rows:
+                print(f"  {name:36s} {published:10.3f} {predicted:10.3f} {err:+7.1%}  {note}")
+            errors = [r[3] for r in rows]
+            mean = sum(abs(e) for e in errors) / len(errors)
+            low, high = error_band(errors)
+            print(f"  mean absolute error {mean:.1%}; largest {max(abs(e) for e in errors):.1%}; "
+                  f"band [{low:+.1%}, {high:+.1%}]")
+        print("-- constants (clustersim/catalog/hardware.yaml)")
+        fields = Efficiency.model_fields
+        for key, value in (("matmul", eff.matmul), ("vector", eff.vector),
+                           ("pass_overhead", f"{eff.pass_overhead_s * 1e3:.2f} ms"),
+                           ("tile", eff.tile), ("k_tile", eff.k_tile),
+                           ("wave_units", eff.wave_units),
+                           ("step_error_band", list(eff.step_error_band))):
+            name = key if key in fields else f"{key}_s"
+            fitted = "fitted" if key in ("matmul", "vector", "pass_overhead") else "physical"
+            if key == "step_error_band":
+                fitted = "from the residuals"
+            print(f"  {key:16s} {value!s:>14s}  ({fitted}) {fields[name].description}")
+        framework = hardware.chip.framework
+        print(f"  framework: attention {framework.attention}, gradients {framework.gradients}")
+
+
+def print_collectives() -> None:
+    try:
+        from clustersim.calibration.collectives import MEASUREMENTS, predict_times
+    except ImportError as exc:  # the collectives calibration is being reshaped
+        print(f"\n== collectives: not available ({exc})")
+        return
+    print("\n== collectives (trn1, nccom-test all-reduce; time in microseconds)")
+    print(f"  {'ranks':>5s} {'instances':>9s} {'size':>12s} {'published':>10s} {'model':>10s} "
+          f"{'error':>7s}")
+    errors = []
+    for m, predicted in zip(MEASUREMENTS, predict_times()):
+        err = predicted * 1e6 / m.time_us - 1
+        errors.append(err)
+        print(f"  {m.ranks:5d} {m.instances:9d} {m.size_bytes:12.0f} {m.time_us:10.0f} "
+              f"{predicted * 1e6:10.0f} {err:+7.1%}  {m.source}")
+    print(f"  mean absolute error {sum(abs(e) for e in errors) / len(errors):.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", action="store_true", help="training steps only")
+    args = parser.parse_args()
+    print_steps()
+    if not args.steps:
+        print_collectives()
+
+
+if __name__ == "__main__":
+    main()
