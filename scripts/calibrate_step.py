@@ -7,10 +7,11 @@ Per family, only its calibration rows are used (clustersim/calibration/step.py):
 the Trn1 rows, the GPU family on Megatron-LM's six A100 rows. The fitted constants are
 `efficiency.matmul` (fraction of peak large GEMMs reach), `efficiency.vector` (fraction of
 HBM bandwidth memory-bound work reaches) and `efficiency.pass_overhead` (fixed time per
-forward or backward pass of a micro-batch through a stage); the fit minimises the squared log errors. It prints the values to put in
-clustersim/catalog/hardware.yaml (the family's entry and those that take its constants) and
-the error band (`step_error_band`); `python scripts/validate_model.py` then reports every row.
-Nothing is fitted per case.
+forward or backward pass of a micro-batch through a stage); the fit minimises the squared
+log errors. It prints the values to put in clustersim/catalog/hardware.yaml (the family's
+entry and those that take its constants) and the error band (`step_error_band`, over the
+family's calibration and unseen rows); `python scripts/validate_model.py` then reports every
+row. Nothing is fitted per case.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main() -> None:
                  "pass_overhead": max(eff.pass_overhead_s, 1e-3)}
         values, schedules = fit_family(family, start)
         rows = family_errors(family, values, schedules)
-        low, high = error_band([e for _, _, e in rows])
+        unseen = family_errors(family, values, visible=False)
+        low, high = error_band([e for _, _, e in rows + unseen])
         print(f"{family} ({entry}): matmul = {values['matmul']:.3f}, "
               f"vector = {values['vector']:.3f}, "
               f"pass_overhead = {values['pass_overhead'] * 1e3:.2f}ms, "
@@ -52,6 +54,9 @@ def main() -> None:
                   f"error {err:+.1%}  (micro-batch {micro}, interleave {v})")
         mean = sum(abs(e) for _, _, e in rows) / len(rows)
         print(f"  mean absolute error {mean:.1%}")
+        for m, predicted, err in unseen:
+            print(f"  unseen: {m.name:28s} published {m.measured:8.3f} model {predicted:8.3f} "
+                  f"error {err:+.1%}")
 
 
 if __name__ == "__main__":

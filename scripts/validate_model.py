@@ -2,13 +2,15 @@
 
     python scripts/validate_model.py            # every row: published, model, error
     python scripts/validate_model.py --steps    # training steps only (skip collectives)
+    python scripts/validate_model.py --steps --markdown   # the step tables of docs/calibration.md
 
 Training steps (clustersim/calibration/step.py): per chip family, the calibration rows (the
 family's three constants were fitted to these) and the unseen rows (published runs the
 constants were not fitted to), each with the published figure, the model's and the error
 (model throughput / published throughput - 1, equal to published step time / model step time
 - 1: positive means the model is too fast), then the family's fitted constants with their
-meaning and the step-time error band that `clustersim step` and summary.json carry.
+meaning and the step-time error band that `clustersim step` and summary.json carry (the
+largest under- and over-prediction over all the family's rows).
 Collectives (clustersim/calibration/collectives.py): every nccom-test point, published and
 model time. Everything is computed here from the catalog's constants; nothing is cached.
 """
@@ -79,6 +81,27 @@ def print_steps() -> None:
         print(f"  framework: attention {framework.attention}, gradients {framework.gradients}")
 
 
+def print_markdown() -> None:
+    """The step rows as the markdown tables of docs/calibration.md."""
+    for family, (entry, _) in FAMILIES.items():
+        eff = catalog_entry(entry).chip.efficiency
+        for visible in (True, False):
+            rows = step_rows(family, visible)
+            if not rows:
+                continue
+            kind = "calibration" if visible else "unseen"
+            print(f"\n{family}, {kind} rows:\n")
+            print("| row | published | model | error | unit; schedule; source |")
+            print("|---|---|---|---|---|")
+            for name, published, predicted, err, note in rows:
+                print(f"| {name} | {published:.3f} | {predicted:.3f} | {err:+.1%} | {note} |")
+            errors = [r[3] for r in rows]
+            print(f"\nMean absolute error {sum(abs(e) for e in errors) / len(errors):.1%}, "
+                  f"largest {max(abs(e) for e in errors):.1%}.")
+        print(f"\n{family} constants: matmul {eff.matmul}, vector {eff.vector}, pass_overhead "
+              f"{eff.pass_overhead_s * 1e3:.2f} ms, band {list(eff.step_error_band)}")
+
+
 def print_collectives() -> None:
     try:
         from clustersim.calibration.collectives import MEASUREMENTS, predict_times
@@ -89,7 +112,7 @@ def print_collectives() -> None:
     print(f"  {'ranks':>5s} {'instances':>9s} {'size':>12s} {'published':>10s} {'model':>10s} "
           f"{'error':>7s}")
     errors = []
-    for m, predicted in zip(MEASUREMENTS, predict_times()):
+    for m, predicted in zip(MEASUREMENTS, predict_times(), strict=True):
         err = predicted * 1e6 / m.time_us - 1
         errors.append(err)
         print(f"  {m.ranks:5d} {m.instances:9d} {m.size_bytes:12.0f} {m.time_us:10.0f} "
@@ -100,7 +123,11 @@ def print_collectives() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", action="store_true", help="training steps only")
+    parser.add_argument("--markdown", action="store_true", help="step rows as markdown tables")
     args = parser.parse_args()
+    if args.markdown:
+        print_markdown()
+        return
     print_steps()
     if not args.steps:
         print_collectives()

@@ -104,13 +104,16 @@ def test_in_flight_micro_batches():
 
 
 def free_communication_hardware():
-    """Trn2 whose communication and memory traffic cost nothing: only matmuls take time."""
+    """Trn2 whose communication, memory traffic and per-pass overhead cost nothing: only
+    matmuls take time."""
     base = catalog_entry("trn2")
     collectives = base.collectives.model_copy(update={"step_latency_s": 0.0,
                                                       "efa_step_latency_s": 0.0})
     link = base.instance.interconnect.model_copy(update={"latency_s": 0.0,
                                                          "bandwidth_bytes_per_s": 1e30})
-    chip = base.chip.model_copy(update={"hbm_bandwidth_bytes_per_s": 1e30})
+    chip = base.chip.model_copy(update={
+        "hbm_bandwidth_bytes_per_s": 1e30,
+        "efficiency": base.chip.efficiency.model_copy(update={"pass_overhead_s": 0.0})})
     return base.model_copy(update={
         "collectives": collectives, "chip": chip,
         "instance": base.instance.model_copy(update={"interconnect": link}),

@@ -62,7 +62,7 @@ def _print_step(job: Any, profile: Any, spec: Any) -> None:
     facts.add_column(style="bold")
     facts.add_column()
     facts.add_row("expected band", f"{low:,.3f} to {high:,.3f} s per step (the largest under- "
-                  "and over-prediction of this chip family's calibration rows)")
+                  "and over-prediction of this chip family's published rows)")
     facts.add_row("throughput", f"{profile.tokens_per_s:,.0f} tokens/s, "
                   f"{profile.sequences_per_s:,.2f} sequences/s")
     facts.add_row("MFU / HFU", f"{profile.mfu:.1%} / {profile.hfu:.1%} of {job.precision} peak")

@@ -93,7 +93,7 @@ class Efficiency(Spec):
     step_error_band: tuple[float, float] = Field(
         default=(0.0, 0.0),
         description="largest under- and over-prediction of step time over the family's "
-        "calibration rows (fractions; from scripts/validate_model.py)",
+        "published rows, calibration and unseen (fractions; scripts/validate_model.py)",
     )
 
     @model_validator(mode="after")
@@ -109,11 +109,16 @@ class Framework(Spec):
 
     `attention`: flash (the s x s scores stay on chip) or unfused (scores, softmax and
     dropout go through HBM); a job's `attention` overrides it. `gradients`: the precision in
-    which gradients are kept and reduced with 16-bit training.
+    which gradients are kept and reduced with 16-bit training. `tp_overlap`: whether the
+    backward pass hides its tensor-parallel collectives behind the weight-gradient GEMMs.
     """
 
     attention: Literal["flash", "unfused"] = "flash"
     gradients: Literal["bf16", "fp32"] = "fp32"
+    tp_overlap: bool = Field(
+        default=False, description="the backward pass's tensor-parallel collectives run during "
+        "the weight-gradient GEMMs (Megatron-LM from 2022)",
+    )
 
 
 class CollectiveConstants(Spec):

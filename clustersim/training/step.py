@@ -30,8 +30,8 @@ physical
 Small or tensor-parallel-sliced matrices therefore reach a lower fraction of peak.
 
 The step time carries an error band (`step_time_s_band`): the largest under- and
-over-prediction of the chip family's calibration rows (`efficiency.step_error_band`),
-applied to the step time.
+over-prediction of the chip family's published rows, those it was fitted to and those it was
+not (`efficiency.step_error_band`), applied to the step time.
 """
 
 from __future__ import annotations
@@ -93,13 +93,13 @@ class StepProfile:
     energy_per_token_j: float | None
     cost_per_million_tokens_usd: float | None
     notes: tuple[str, ...] = field(default_factory=tuple)
-    # Largest under- and over-prediction of the chip family's calibration rows (fractions).
+    # Largest under- and over-prediction of the chip family's published rows (fractions).
     error_band: tuple[float, float] = (0.0, 0.0)
 
     @property
     def step_time_s_band(self) -> tuple[float, float]:
-        """[low, high] step time from the family's calibration residuals: the measured step
-        of a calibration row was between (1 + low) and (1 + high) times the model's."""
+        """[low, high] step time from the family's residuals: the published step of every
+        row of the family was between (1 + low) and (1 + high) times the model's."""
         low, high = self.error_band
         return (self.step_time_s * (1 + low), self.step_time_s * (1 + high))
 
@@ -294,8 +294,15 @@ class StepModel:
         # The expert groups of a chip's other ranks exchange at the same time through the
         # same links: their bytes are counted together.
         expert_group, sharing = ep_group if ep_group is not None else (None, 1)
+        tp_backward = comm(work.tp_collectives_backward, tp_group)
+        if self.hardware.chip.framework.tp_overlap and tp_group is not None:
+            # Hidden behind the weight-gradient GEMMs of the linear layers (Korthikanti et
+            # al. 2022, section 6.2): as much as those take.
+            wgrad = sum(self._op_time(op, job.precision) for op in work.backward
+                        if op.name in _TP_WGRADS)
+            tp_backward -= min(comm(work.tp_collectives_overlappable, tp_group), wgrad)
         cached = _ChunkTimes(fwd, comm(work.tp_collectives_forward, tp_group), bwd,
-                             comm(work.tp_collectives_backward, tp_group),
+                             tp_backward,
                              comm(work.ep_collectives_forward, expert_group, sharing),
                              comm(work.ep_collectives_backward, expert_group, sharing))
         self._chunk_cache[key] = cached
@@ -510,6 +517,9 @@ class StepModel:
         shared = len(chips) > instances  # several chips of one group in an instance
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
+
+
+_TP_WGRADS = ("qkv_wgrad", "projection_wgrad", "mlp_in_wgrad", "mlp_out_wgrad")
 
 
 def matmul_quantisation(op: Op, eff: Any) -> float:

@@ -240,6 +240,9 @@ class StageWork:
     last: bool
     ep_collectives_forward: tuple[tuple[str, float], ...] = ()  # over the expert group
     ep_collectives_backward: tuple[tuple[str, float], ...] = ()
+    # The backward pass proper's TP collectives (not the recomputed forward's): those a
+    # framework can run during the weight-gradient GEMMs.
+    tp_collectives_overlappable: tuple[tuple[str, float], ...] = ()
 
 
 def _backward_of(ops: list[Op]) -> list[Op]:
@@ -304,8 +307,9 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
         if first:
             tp_fwd.append(("reduce-scatter" if par.sequence_parallel else "all-reduce",
                            activation_bytes))
+    overlappable = tuple(per_layer * layers) if par.tp > 1 else ()
     return StageWork(tuple(forward + extra_forward), tuple(backward), layers, tuple(tp_fwd),
-                     tuple(tp_bwd), first, last, tuple(ep_fwd), tuple(ep_bwd))
+                     tuple(tp_bwd), first, last, tuple(ep_fwd), tuple(ep_bwd), overlappable)
 
 
 def _matmul_weights(model: TransformerShape) -> int:
