@@ -175,8 +175,10 @@ def test_nothing_in_the_repository_points_outside_it():
 # Documentation that runs
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-_FRAGMENT_BASE = {"name": "doc-fragment", "duration": "1d", "hardware": "trn2",
-                  "cluster": {"instances": 16, "spares": 1}}
+# A YAML block without `name` is a fragment of a scenario: it runs merged into this base (the
+# size of scenarios/mix-128-trn2.yaml, which the README's workload fragment comes from).
+_FRAGMENT_BASE = {"name": "doc-fragment", "duration": "7d", "hardware": "trn2",
+                  "cluster": {"instances": 128, "spares": 2}}
 
 
 def doc_blocks(page: Path) -> list[tuple[str, str]]:

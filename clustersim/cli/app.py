@@ -1,4 +1,4 @@
-"""`clustersim` command line: a thin shell over the Python API (see CONTRACT.md).
+"""`clustersim` command line: a thin shell over the Python API (docs/cli.md).
 
 Exit status: 0 success; 2 bad scenario, bad arguments or refused output directory (a message
 on stderr naming the file, key path, value and what was expected, never a traceback);
@@ -115,7 +115,7 @@ def run(
     """Simulate a scenario and write summary.json (and traces) to OUT."""
     spec = load_scenario(scenario, overrides or [])
     out_dir = out if out is not None else Path("results") / spec.name
-    check_output_dir(out_dir, force)
+    check_output_dir(out_dir, force, replaces=spec.name)
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
                         workers=workers, progress=progress)
@@ -169,8 +169,8 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
                   + (f", {cluster['ultraservers']:,} UltraServers" if cluster["ultraservers"] else ""))
     table.add_row("switches", f"{cluster['leaf_switches']:,} leaf, {cluster['spine_switches']:,} spine")
     table.add_row("peak BF16", f"{cluster['peak_pflops']['bf16']:,.1f} PFLOPS")
-    table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbps']:,.1f} TB/s")
-    table.add_row("EFA bisection", f"{cluster['bisection_gbps']:,.0f} GB/s")
+    table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbyte_per_s']:,.1f} TB/s")
+    table.add_row("EFA bisection", f"{cluster['bisection_gbyte_per_s']:,.0f} GB/s")
     if cluster["price_per_hour_usd"] is not None:
         table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
     if cluster["chip_power_kw"] is not None:
@@ -400,7 +400,7 @@ def topology(
     figures["nodes"] = topo.graph.number_of_nodes()
     figures["edges"] = topo.graph.number_of_edges()
     if json_out:
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(_without_float_noise(figures), indent=2))
         return
     table = Table(title=f"{spec.name}: topology of {figures['hardware']}", title_justify="left",
                   show_header=False)
@@ -413,15 +413,15 @@ def topology(
                   f"{figures['spines']:,} spine")
     table.add_row("graph", f"{figures['nodes']:,} nodes, {figures['edges']:,} edges, "
                   f"built in {build_s:.2f} s")
-    table.add_row("fabric bisection", f"{figures['bisection_gbps']:,.0f} GB/s per direction")
+    table.add_row("fabric bisection", f"{figures['bisection_gbyte_per_s']:,.0f} GB/s per direction")
     out_console.print(table)
     links = Table(title="links by kind", title_justify="left")
     for column in ("kind", "count", "per link, each way", "latency", "per chip (as quoted)"):
         links.add_column(column, justify="right" if column != "kind" else "left")
     for kind, count in figures["links"].items():
-        per_chip = figures["per_chip_bandwidth_gbps"].get(kind)
+        per_chip = figures["per_chip_bandwidth_gbyte_per_s"].get(kind)
         links.add_row(
-            kind, f"{count:,}", f"{figures['link_bandwidth_gbps'][kind]:,.2f} GB/s",
+            kind, f"{count:,}", f"{figures['link_bandwidth_gbyte_per_s'][kind]:,.2f} GB/s",
             units.format_duration(figures["link_latency_us"][kind] / 1e6),
             "" if per_chip is None else f"{per_chip:,.1f} GB/s",
         )
@@ -430,26 +430,66 @@ def topology(
 
 @app.command()
 @_user_errors
-def step(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOption = False) -> None:
-    """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit."""
+def step(
+    scenario: ScenarioArg,
+    overrides: SetOption = None,
+    json_out: JsonOption = False,
+    ignore_memory: Annotated[bool, typer.Option(
+        "--ignore-memory", help="Show the step figures of a job that does not fit in memory "
+                                "(and exit 0).")] = False,
+) -> None:
+    """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit.
+    Exit 2 when a job does not fit in its chips' memory, unless --ignore-memory."""
     spec = load_scenario(scenario, overrides or [])
     if not spec.jobs:
         raise UsageProblem(f"{scenario}: the scenario has no jobs")
     profiles = step_profiles(spec)
+    too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
     if json_out:
         print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2))
+    else:
+        for job in spec.jobs:
+            _print_step(job, profiles[job.name], spec, ignore_memory)
+    if too_big and not ignore_memory:
+        err_console.print(f"[bold red]error: {escape(', '.join(too_big))} "
+                          f"{'does' if len(too_big) == 1 else 'do'} not fit in memory[/bold red]"
+                          " (exit 2; --ignore-memory shows the step figures anyway)",
+                          soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def _print_memory(job: Any, profile: Any, spec: Any) -> None:
+    """Where a chip's memory goes, adding up to its total, against its HBM."""
+    memory = profile.memory.as_gib()
+    out_console.print(f"[bold]{escape(profile.name)}[/bold]: memory per "
+                      f"{spec.hardware.chip.name} chip (the busiest)")
+    table = Table()
+    table.add_column("part", style="bold")
+    table.add_column("GiB", justify="right")
+    for part in ("weights", "gradients", "optimizer", "activations", "logits"):
+        table.add_row(part, f"{memory[part]:,.1f}")
+    table.add_row("total", f"{memory['total']:,.1f}", style="bold")
+    table.add_row("HBM", f"{memory['hbm']:,.0f}")
+    out_console.print(table)
+    if not profile.fits_memory:
+        out_console.print(f"[bold red]DOES NOT FIT: job {escape(profile.name)} needs "
+                          f"{memory['total']:,.1f} GiB per chip, the chip has "
+                          f"{memory['hbm']:,.0f} GiB[/bold red] (more tensor or pipeline "
+                          "parallelism, ZeRO-1, sequence parallelism or recompute would help)",
+                          soft_wrap=True)
+
+
+def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) -> None:
+    _print_memory(job, profile, spec)
+    if not profile.fits_memory and not ignore_memory:
         return
-    for job in spec.jobs:
-        _print_step(job, profiles[job.name], spec)
-
-
-def _print_step(job: Any, profile: Any, spec: Any) -> None:
     par = job.parallelism
     title = (f"{profile.name}: {job.model.name} on {profile.chips:,} {spec.hardware.chip.name} "
              f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
              f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
              f" x dp {par.dp}, {profile.microbatches} micro-batches of {job.micro_batch}")
-    table = Table(title=escape(title), title_justify="left")
+    out_console.print(escape(title), soft_wrap=False)
+    table = Table()
     table.add_column("step", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
@@ -468,11 +508,9 @@ def _print_step(job: Any, profile: Any, spec: Any) -> None:
     facts.add_row("throughput", f"{profile.tokens_per_s:,.0f} tokens/s, "
                   f"{profile.sequences_per_s:,.2f} sequences/s")
     facts.add_row("MFU / HFU", f"{profile.mfu:.1%} / {profile.hfu:.1%} of {job.precision} peak")
-    fit = "[green]fits[/green]" if profile.fits_memory else "[red]does not fit[/red]"
-    facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit} "
-                  f"(weights {memory['weights']:.1f}, gradients {memory['gradients']:.1f}, "
-                  f"optimizer {memory['optimizer']:.1f}, activations {memory['activations']:.1f},"
-                  f" logits {memory['logits']:.1f})")
+    fit = "[green]fits[/green]" if profile.fits_memory else (
+        "[bold red]DOES NOT FIT (figures shown with --ignore-memory)[/bold red]")
+    facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit}")
     if profile.energy_per_token_j is not None:
         facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token")
     if profile.cost_per_million_tokens_usd is not None:
@@ -524,7 +562,7 @@ def _list_hardware(json_out: bool) -> None:
             "bf16_tflops": spec.chip.tflops["bf16"],
             "hbm_gib": spec.chip.hbm_bytes / 2**30,
             "interconnect": spec.instance.interconnect.topology,
-            "efa_gbps": spec.instance.efa_bytes_per_s * 8 / 1e9,
+            "efa_gbit_per_s": spec.instance.efa_bytes_per_s * 8 / 1e9,
             "price_per_hour_usd": spec.instance.price_per_hour_usd,
         })
     if json_out:
@@ -541,10 +579,22 @@ def _list_hardware(json_out: bool) -> None:
             chips += f" x {row['instances_per_ultraserver']}"
         table.add_row(
             row["name"], row["instance"], row["chip"], chips, f"{row['bf16_tflops']:g}",
-            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbps']:,.0f} Gbps",
+            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbit_per_s']:,.0f} Gbps",
             "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}",
         )
     out_console.print(table)
+
+
+def _without_float_noise(node: Any) -> Any:
+    """Floats to 12 significant digits: 15 us / 2 in microseconds is 7.5, not
+    7.499999999999999 (binary rounding noise, far below any figure's precision)."""
+    if isinstance(node, dict):
+        return {k: _without_float_noise(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_float_noise(v) for v in node]
+    if isinstance(node, float) and math.isfinite(node) and node:
+        return float(f"{node:.12g}")
+    return node
 
 
 def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -649,8 +699,8 @@ def collective(
         "bytes": int(c.size_bytes),
         "algorithm": c.algorithm,
         "time_us": c.time_s * 1e6,
-        "algbw_gbps": c.algbw_bytes_per_s / 1e9,
-        "busbw_gbps": c.busbw_bytes_per_s / 1e9,
+        "algbw_gbyte_per_s": c.algbw_bytes_per_s / 1e9,
+        "busbw_gbyte_per_s": c.busbw_bytes_per_s / 1e9,
         "steps": c.steps,
     } for c in costs]
     if json_out:
@@ -668,10 +718,10 @@ def collective(
                          no_wrap=column in ("size(B)", "algorithm"))
     for row in rows:
         table.add_row(f"{row['bytes']:,}", row["algorithm"], str(row["steps"]),
-                      f"{row['time_us']:,.1f}", f"{row['algbw_gbps']:.2f}",
-                      f"{row['busbw_gbps']:.2f}")
+                      f"{row['time_us']:,.1f}", f"{row['algbw_gbyte_per_s']:.2f}",
+                      f"{row['busbw_gbyte_per_s']:.2f}")
     out_console.print(table)
-    average = sum(r["busbw_gbps"] for r in rows) / len(rows)
+    average = sum(r["busbw_gbyte_per_s"] for r in rows) / len(rows)
     out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
 
 
@@ -683,6 +733,7 @@ def report(
 ) -> None:
     """Plots (PNG) and a short Markdown report of a finished run, in RUN_DIR/report/."""
     from clustersim.analysis.report import write_report
+    from clustersim.analysis.runs import TraceSchemaError
 
     if not (run_dir / "summary.json").exists():
         raise UsageProblem(f"{run_dir}: not a run folder (no summary.json); expected the OUT "
@@ -692,7 +743,10 @@ def report(
     if missing:
         raise UsageProblem(f"{run_dir}: no traces ({', '.join(missing)}.parquet missing); "
                            "run again with trace.enabled: true")
-    path = write_report(run_dir)
+    try:
+        path = write_report(run_dir)
+    except TraceSchemaError as error:
+        raise UsageProblem(str(error)) from None
     out_console.print(f"wrote {escape(str(path))} and its plots")
 
 

@@ -53,8 +53,6 @@ __all__ = [
     "effective_rates",
 ]
 
-# What each state is called in summaries (the time a job spent in it).
-STATE_LABELS = {"down": "detecting", "waiting": "waiting_for_hardware"}
 
 
 def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
@@ -147,12 +145,12 @@ class JobOutcome:
         end = self.end_s if self.end_s is not None else horizon_s
         wall = max(0.0, end - start)
         since_submit = max(0.0, end - self.submit_s)
-        states = {STATE_LABELS.get(s, s): self.time_in_state.get(s, 0.0) for s in JOB_STATES
+        states = {s: self.time_in_state.get(s, 0.0) for s in JOB_STATES
                   if s != "done"}
         lost = {
             "queued": states["queued"],
             "checkpointing": states["checkpointing"],
-            "detecting": states["detecting"],
+            "down": states["down"],
             "waiting_for_hardware": states["waiting_for_hardware"],
             "restarting": states["restarting"],
             "restoring": states["restoring"],
@@ -650,12 +648,12 @@ class Scheduler:
                 return
             need = run.instances_needed - (0 if queued else run.held_count)
             chosen = self.t.place(need, run.whole_ultraservers, free)
-            if chosen is None and self.preemption and (queued or run.state == "waiting"):
+            if chosen is None and self.preemption and (queued or run.state == "waiting_for_hardware"):
                 chosen = self._preempt_for(run, free, need)
             if chosen is not None:
                 if queued:
                     self._start(run, chosen)
-                elif run.state == "waiting":
+                elif run.state == "waiting_for_hardware":
                     self._replace(run, chosen)
                 free[chosen] = False  # granted, or reserved until its failure is detected
                 continue
@@ -889,7 +887,7 @@ class _JobRun:
         if self.t.recorder is not None and now > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
         self.state, self.state_since = state, now
-        if state in ("down", "waiting"):
+        if state in ("down", "waiting_for_hardware"):
             self.t.recovering.add(self)
         else:
             self.t.recovering.discard(self)
@@ -912,14 +910,14 @@ class _JobRun:
         out.progress_steps = self.progress
         if self.state != "done":
             out.status = "running at horizon" if self.state == "running" else (
-                f"{STATE_LABELS.get(self.state, self.state)} at horizon")
+                f"{self.state} at horizon")
             out.reason = self._why_not_done()
 
     def _why_not_done(self) -> str:
         out = self.outcome
         if self.state == "queued":
             return "never started: not enough healthy instances"
-        if self.state == "waiting":
+        if self.state == "waiting_for_hardware":
             if not math.isfinite(self.t.repair_s):
                 return "waiting for hardware: no spare left and repairs are disabled"
             return "waiting for hardware: no spare instances until repairs finish"
@@ -1264,7 +1262,7 @@ class _JobRun:
             self._drop(lost_instances)
             try:
                 yield env.timeout(f.detect_s)
-                self.set_state("waiting")
+                self.set_state("waiting_for_hardware")
                 # Replacements come from the scheduler, which serves recovering jobs before
                 # queued ones (Scheduler._pass) and adds them to this job as it grants them.
                 self.t.scheduler.schedule()

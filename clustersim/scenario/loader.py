@@ -1,4 +1,4 @@
-"""Scenario files: the YAML format of CONTRACT.md as immutable pydantic specs, validated once.
+"""Scenario files: the YAML format of docs/scenario.md as immutable pydantic specs, validated once.
 
 `load_scenario(path, overrides)` reads a file, applies `--set PATH=VALUE` overrides, resolves
 catalog names (hardware, model presets), validates every field and the rules that tie them
@@ -218,7 +218,7 @@ class TraceSpec(Spec):
 
 
 class Scenario(Spec):
-    """A whole scenario, validated; see CONTRACT.md for the file format."""
+    """A whole scenario, validated; see docs/scenario.md for the file format."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)
     description: str = ""
