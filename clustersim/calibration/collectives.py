@@ -1,6 +1,6 @@
 """Published collective measurements the collectives model is calibrated against.
 
-The rows of CALIBRATION.md and the full curves of the same nccom-test page (Neuron docs,
+The rows of docs/calibration.md and the full curves of the same nccom-test page (Neuron docs,
 tools/neuron-sys-tools/nccom-test, fp32 all-reduce): 2 ranks on one instance from 1 KiB to
 1 GiB, and 64 ranks on two instances from 8 B to 1 GiB. The page names no instance type; its
 32 ranks per instance and its date make it trn1.32xlarge, as which they are evaluated here
@@ -40,13 +40,13 @@ _CURVE_64_RANKS = [(16, 520), (64, 525), (256, 709), (1024, 840), (4096, 916), (
                    (536870912, 21803)]
 
 MEASUREMENTS: tuple[Measurement, ...] = (
-    Measurement(2, 1, 1 * GIB, 18930, 52.8, "CALIBRATION.md"),
-    Measurement(16, 1, 2e6, 686, 5.7, "CALIBRATION.md (RDH)"),
-    Measurement(16, 1, 32e6, 2754, 22.8, "CALIBRATION.md (KangaRing)"),
-    Measurement(16, 1, 512e6, 9690, 103.9, "CALIBRATION.md (KangaRing)"),
-    Measurement(64, 2, 8, 520, None, "CALIBRATION.md"),
-    Measurement(64, 2, 32 * 2**20, 2711, 22.7, "CALIBRATION.md"),
-    Measurement(64, 2, 1 * GIB, 41806, 47.1, "CALIBRATION.md"),
+    Measurement(2, 1, 1 * GIB, 18930, 52.8, "docs/calibration.md"),
+    Measurement(16, 1, 2e6, 686, 5.7, "docs/calibration.md (RDH)"),
+    Measurement(16, 1, 32e6, 2754, 22.8, "docs/calibration.md (KangaRing)"),
+    Measurement(16, 1, 512e6, 9690, 103.9, "docs/calibration.md (KangaRing)"),
+    Measurement(64, 2, 8, 520, None, "docs/calibration.md"),
+    Measurement(64, 2, 32 * 2**20, 2711, 22.7, "docs/calibration.md"),
+    Measurement(64, 2, 1 * GIB, 41806, 47.1, "docs/calibration.md"),
 ) + tuple(Measurement(2, 1, s, t, None, "nccom-test page, 2-rank curve") for s, t in _CURVE_2_RANKS
           ) + tuple(Measurement(64, 2, s, t, None, "nccom-test page, 64-rank curve")
                     for s, t in _CURVE_64_RANKS)

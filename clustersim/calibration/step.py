@@ -61,8 +61,8 @@ class StepMeasurement:
 
 
 _NXD = "NeuronX Distributed Llama scripts: TP, sequence parallel, selective checkpoint, ZeRO-1"
-_TRN1 = "Neuron docs, Trn1/Trn1n Training Performance (CALIBRATION.md)"
-# DGX A100 80 GB: 8 x 200 Gb/s InfiniBand per node (CALIBRATION.md). Megatron-LM of 2021 ran
+_TRN1 = "Neuron docs, Trn1/Trn1n Training Performance (docs/calibration.md)"
+# DGX A100 80 GB: 8 x 200 Gb/s InfiniBand per node (docs/calibration.md). Megatron-LM of 2021 ran
 # its tensor-parallel all-reduces after the backward GEMMs; by 2022 it overlapped them with
 # the weight-gradient GEMM (Korthikanti et al. 2022, section 6.2).
 _DGX_A100 = {"base": "p4de", "instance": {"efa": "1600Gbps", "efa_devices": 8},
@@ -71,7 +71,7 @@ _DGX_A100_2022 = {"base": "p4de", "instance": {"efa": "1600Gbps", "efa_devices":
                   "chip": {"framework": {"tp_overlap": True}}}
 _NARAYANAN = "Narayanan et al. 2021 (SC21), table 1"
 _KORTHIKANTI = "Korthikanti et al. 2022, tables 3 and 5"
-# Megatron-LM 2021: mixed precision, full recompute, attention not fused (CALIBRATION.md).
+# Megatron-LM 2021: mixed precision, full recompute, attention not fused (docs/calibration.md).
 _MEGATRON_ROWS = (  # name, model, GPUs, tp, pp, dp, global batch, teraFLOP/s per GPU
     ("1.7B", "megatron-1.7b", 32, 1, 1, 32, 512, 137),
     ("7.5B", "megatron-7.5b", 128, 4, 1, 32, 512, 142),
