@@ -7,7 +7,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,14 @@ import clustersim
 from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
 from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware.topology import Topology, build_topology
+from clustersim.runner.interrupts import worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
-           "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile"]
+           "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile",
+           "capped_workers"]
 
 
 @dataclass
@@ -122,12 +123,13 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
 
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
     """Refuse a run with a job that does not fit in its chips' HBM."""
-    for job in scenario.jobs:
+    for index, job in enumerate(scenario.jobs):
         profile = steps[job.name]
         if not profile.fits_memory:
             gib = profile.memory.as_gib()
             raise JobDoesNotFit(
-                f"job {job.name!r} does not fit: it needs {gib['total']:.1f} GiB per "
+                f"{scenario.source}: jobs.{index} (job {job.name!r}) does not fit: it needs "
+                f"{gib['total']:.1f} GiB per "
                 f"{scenario.hardware.chip.name} chip, which has {gib['hbm']:.0f} GiB (weights "
                 f"{gib['weights']:.1f}, gradients {gib['gradients']:.1f}, optimizer "
                 f"{gib['optimizer']:.1f}, activations {gib['activations']:.1f}); use more "
@@ -151,7 +153,7 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
     parallel local processes. With several jobs, step times follow each job's placement."""
     children = np.random.SeedSequence(seed).spawn(replications)
     rest = [(scenario, steps, child) for child in children[1:]]
-    workers = workers or min(replications, os.cpu_count() or 1)
+    workers = capped_workers(workers, replications)
     model = step_model if len(scenario.jobs) > 1 else None
 
     def first() -> TimelineResult:
@@ -159,9 +161,18 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
 
     if not rest or workers <= 1:
         return [first()] + [_one_timeline(args) for args in rest]
-    with ProcessPoolExecutor(max_workers=max(1, workers - 1)) as pool:
-        futures = [pool.submit(_one_timeline, args) for args in rest]
-        return [first()] + [f.result() for f in futures]
+    # The first replication runs here while workers - 1 processes run the rest; Ctrl-C or
+    # SIGTERM terminates them (no queued replication runs on after the parent stopped).
+    with worker_pool(max(1, workers - 1)) as pool:
+        others = pool.map_async(_one_timeline, rest)
+        head = first()
+        return [head] + others.get()
+
+
+def capped_workers(workers: int | None, tasks: int) -> int:
+    """Processes worth starting: at most one per task and per core (`workers` or not)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(workers or cores, tasks, cores))
 
 
 # Student t quantiles (0.975) for the 95% interval of a mean of n replications (n - 1 dof).
@@ -334,6 +345,8 @@ def write_run(result: RunResult, out: str | Path, force: bool = False) -> Path:
 
 
 def _write_summary(result: RunResult, folder: Path) -> None:
-    text = json.dumps(result.summary, indent=2, sort_keys=False) + "\n"
+    # Strict JSON: a NaN or an infinity here is a bug (inputs are bounded and finite), and a
+    # bare `Infinity` would make summary.json unreadable to strict parsers.
+    text = json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
     (folder / "summary.json").write_text(text, encoding="utf-8")
     (folder / "scenario.yaml").write_text(result.scenario.source_yaml, encoding="utf-8")
