@@ -17,7 +17,9 @@ import pyarrow as pa
 import clustersim
 from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
 from clustersim.cluster.timeline import Timeline, TimelineResult
+from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
+from clustersim.runner.budget import check_run_budget
 from clustersim.runner.interrupts import worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
@@ -26,7 +28,7 @@ from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
            "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile",
-           "capped_workers"]
+           "capped_workers", "check_run_arguments"]
 
 
 @dataclass
@@ -242,6 +244,16 @@ def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
             f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])
 
 
+def check_run_arguments(seed: int | None, replications: int) -> str | None:
+    """What is wrong with a run's seed or replications (their limits), or None."""
+    if seed is not None and not 0 <= seed <= limits.MAX_SEED:
+        return f"--seed {seed}: expected 0 to {limits.MAX_SEED:,} (docs/limits.md)"
+    if not 1 <= replications <= limits.MAX_REPLICATIONS:
+        return (f"--replications {replications}: expected 1 to {limits.MAX_REPLICATIONS:,} "
+                "(docs/limits.md)")
+    return None
+
+
 def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
              workers: int | None = None,
              progress: Callable[[float, float], None] | None = None,
@@ -252,12 +264,14 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
-    if replications < 1:
-        raise ValueError(f"replications must be at least 1, got {replications}")
+    problem = check_run_arguments(seed, replications)
+    if problem:
+        raise ValueError(problem.removeprefix("--"))
     started = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     if trace_dir is not None:
         check_trace_size(scenario)
+    check_run_budget(scenario, replications)
     topology = topology_for(scenario)
     model = StepModel(topology)
     steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}

@@ -23,8 +23,12 @@ class Interrupted(KeyboardInterrupt):
     """Stopped by a signal; `signum` says which (SIGINT for Ctrl-C)."""
 
     def __init__(self, signum: int = signal.SIGINT):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        # args is (signum,): simpy and pickling rebuild an exception as type(e)(*e.args).
+        super().__init__(int(signum))
+        self.signum = int(signum)
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def exit_status(interrupt: BaseException) -> int:

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, ValidationError, model_validator
 
+from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 from clustersim.runner.api import capped_workers, simulate, t_quantile
 from clustersim.runner.interrupts import Interrupted, worker_pool
@@ -60,8 +61,9 @@ class SweepSpec(Spec):
     scenario: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     variants: list[Variant] = Field(default_factory=list)
-    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
-    replications: int | None = Field(default=None, gt=0)
+    seeds: list[Annotated[int, Field(ge=0, le=limits.MAX_SEED)]] | None = Field(
+        default=None, min_length=1)
+    replications: int | None = Field(default=None, gt=0, le=limits.MAX_REPLICATIONS)
 
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:
@@ -98,7 +100,13 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as error:
-        raise ScenarioError(str(path), pydantic_issues(error)) from None
+        raise ScenarioError(str(path), pydantic_issues(error, SweepSpec)) from None
+    runs = (max(1, len(spec.variants)) * math.prod(len(v) for v in spec.grid.values())
+            * (len(spec.seeds) if spec.seeds is not None else spec.replications or 1))
+    if runs > limits.MAX_SWEEP_RUNS:
+        raise ScenarioError(str(path), [Issue(
+            "grid", f"the sweep would make {runs:,} runs (variants x grid points x seeds); "
+            f"expected at most {limits.MAX_SWEEP_RUNS:,} (docs/limits.md)")])
     scenario = (path.parent / spec.scenario).resolve()
     if not scenario.exists():
         raise ScenarioError(str(path), [Issue("scenario", f"no such file {scenario}",
@@ -190,10 +198,11 @@ def _ray(tasks: list[Task], address: str | None) -> Iterator[dict[str, Any]]:
 class SweepInterrupted(Interrupted):
     """A sweep stopped by Ctrl-C or SIGTERM: `rows` and `summary` hold the finished runs."""
 
-    def __init__(self, signum: int, rows: pd.DataFrame, summary: pd.DataFrame, total: int):
+    def __init__(self, signum: int, rows: pd.DataFrame | None = None,
+                 summary: pd.DataFrame | None = None, total: int = 0):
         super().__init__(signum)
-        self.rows = rows
-        self.summary = summary
+        self.rows = rows if rows is not None else pd.DataFrame()
+        self.summary = summary if summary is not None else pd.DataFrame()
         self.total = total
 
 
