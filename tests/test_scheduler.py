@@ -82,7 +82,7 @@ def test_utilisation_never_exceeds_one_and_hours_are_attributed(mixed_run):
     import pandas as pd
 
     utilisation = pd.read_parquet(out / "utilisation.parquet")
-    held = utilisation[["queued", "running", "checkpointing", "down", "waiting", "restarting",
+    held = utilisation[["queued", "running", "checkpointing", "down", "waiting_for_hardware", "restarting",
                         "restoring"]].sum(axis=1)
     assert (held <= 1 + 1e-9).all()
     for spec in s.jobs:
@@ -304,7 +304,7 @@ def test_a_blocked_recovery_does_not_hold_back_the_next_recovery():
     big, small, queued = t.jobs
     t.owner[:] = np.array([-1, -1, 2, 2, 2, 2, 2, 2])  # two free instances
     for run in (big, small):
-        run.set_state("waiting")
+        run.set_state("waiting_for_hardware")
     t.scheduler.queue.append(queued)
     t.scheduler._pass()
     assert big.held_count == 0

@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from clustersim.cluster.outcomes import STATE_LABELS
-
 __all__ = ["JobAccounting"]
 
 
@@ -27,7 +25,7 @@ class JobAccounting:
         if self.t.recorder is not None and now > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
         self.state, self.state_since = state, now
-        if state in ("down", "waiting"):
+        if state in ("down", "waiting_for_hardware"):
             self.t.recovering.add(self)
         else:
             self.t.recovering.discard(self)
@@ -50,14 +48,14 @@ class JobAccounting:
         out.progress_steps = self.progress
         if self.state != "done":
             out.status = "running at horizon" if self.state == "running" else (
-                f"{STATE_LABELS.get(self.state, self.state)} at horizon")
+                f"{self.state} at horizon")
             out.reason = self._why_not_done()
 
     def _why_not_done(self) -> str:
         out = self.outcome
         if self.state == "queued":
             return "never started: not enough healthy instances"
-        if self.state == "waiting":
+        if self.state == "waiting_for_hardware":
             if not math.isfinite(self.t.repair_s):
                 return "waiting for hardware: no spare left and repairs are disabled"
             return "waiting for hardware: no spare instances until repairs finish"

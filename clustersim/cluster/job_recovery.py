@@ -96,7 +96,7 @@ class JobRecovery:
             self._drop(lost_instances)
             try:
                 yield env.timeout(f.detect_s)
-                self.set_state("waiting")
+                self.set_state("waiting_for_hardware")
                 # Replacements come from the scheduler, which serves recovering jobs before
                 # queued ones (Scheduler._pass) and adds them to this job as it grants them.
                 self.t.scheduler.schedule()

@@ -12,10 +12,8 @@ import numpy as np
 
 from clustersim.analysis.trace import JOB_STATES
 
-__all__ = ["STATE_LABELS", "JobOutcome", "TimelineResult"]
+__all__ = ["JobOutcome", "TimelineResult"]
 
-# What each state is called in summaries (the time a job spent in it).
-STATE_LABELS = {"down": "detecting", "waiting": "waiting_for_hardware"}
 
 @dataclass
 class JobOutcome:
@@ -63,12 +61,12 @@ class JobOutcome:
         end = self.end_s if self.end_s is not None else horizon_s
         wall = max(0.0, end - start)
         since_submit = max(0.0, end - self.submit_s)
-        states = {STATE_LABELS.get(s, s): self.time_in_state.get(s, 0.0) for s in JOB_STATES
+        states = {s: self.time_in_state.get(s, 0.0) for s in JOB_STATES
                   if s != "done"}
         lost = {
             "queued": states["queued"],
             "checkpointing": states["checkpointing"],
-            "detecting": states["detecting"],
+            "down": states["down"],
             "waiting_for_hardware": states["waiting_for_hardware"],
             "restarting": states["restarting"],
             "restoring": states["restoring"],

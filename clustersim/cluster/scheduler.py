@@ -89,12 +89,12 @@ class Scheduler:
                 return
             need = run.instances_needed - (0 if queued else run.held_count)
             chosen = self.t.place(need, run.whole_ultraservers, free)
-            if chosen is None and self.preemption and (queued or run.state == "waiting"):
+            if chosen is None and self.preemption and (queued or run.state == "waiting_for_hardware"):
                 chosen = preempt_for(self.t, run, free, need)
             if chosen is not None:
                 if queued:
                     self.start(run, chosen)
-                elif run.state == "waiting":
+                elif run.state == "waiting_for_hardware":
                     self._replace(run, chosen)
                 free[chosen] = False  # granted, or reserved until its failure is detected
                 continue

@@ -2,7 +2,9 @@
 
 A run writes into a temporary sibling of OUT and renames it into place at the end, so a
 failed or interrupted run leaves no half-written OUT. An existing non-empty OUT is replaced
-only with `force`.
+only with `force`, or when it holds nothing but an earlier clustersim run of the same
+scenario (`replaces`: so the README's tour works in order on a fresh clone). Folders are
+created with the permissions the umask allows, as `mkdir` would.
 
 Every check is made on the resolved path (`precious/typo/..` is `precious`), while holding
 a lock on OUT (an `flock` on `.OUT.lock` beside it), so two runs into the same OUT cannot
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -24,15 +27,36 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_output_dir",
-           "output_lock", "remove_stale_temporaries", "resolve_output_dir"]
+           "earlier_run_of", "output_lock", "remove_stale_temporaries", "resolve_output_dir"]
 
 # A folder name of at most 255 bytes is what Linux and macOS file systems hold; the staging
 # sibling `.NAME.tmp-PID-XXXXXXXX` needs about 30 more.
 MAX_NAME_BYTES = 200
 
 
+# What `clustersim run` writes into OUT (and `clustersim report` adds): a folder holding only
+# these, with a summary.json and scenario.yaml of the same scenario, is an earlier run.
+RUN_FILES = frozenset({"summary.json", "scenario.yaml", "report"} | {
+    f"{table}.parquet" for table in ("chips", "jobs", "intervals", "events", "allocations",
+                                     "utilisation", "cluster_state", "requests")})
+
+
 class OutputDirError(Exception):
     """OUT cannot be used (exists and is not empty without force, is a file, is locked...)."""
+
+
+def earlier_run_of(out: Path, scenario: str | None) -> bool:
+    """Whether `out` holds only the outputs of an earlier `clustersim run` of `scenario`."""
+    if scenario is None or not out.is_dir():
+        return False
+    names = {p.name for p in out.iterdir()}
+    if not names <= RUN_FILES or not {"summary.json", "scenario.yaml"} <= names:
+        return False
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("scenario") == scenario
 
 
 def resolve_output_dir(out: str | Path) -> Path:
@@ -60,9 +84,10 @@ def _nearest_existing(path: Path) -> Path:
     return ancestor
 
 
-def check_output_dir(out: str | Path, force: bool) -> Path:
+def check_output_dir(out: str | Path, force: bool, replaces: str | None = None) -> Path:
     """Refuse before any work is done, so a long run does not fail at its end; returns the
-    resolved OUT. A non-empty OUT needs `force`."""
+    resolved OUT. A non-empty OUT needs `force`, unless it holds only an earlier run of the
+    scenario `replaces` names."""
     given = out
     out = resolve_output_dir(out)
     if out.exists() and not out.is_dir():
@@ -71,9 +96,12 @@ def check_output_dir(out: str | Path, force: bool) -> Path:
     if out == here or out in here.parents:
         raise OutputDirError(f"{given}: is the current directory or holds it; expected a folder "
                              "for this run's outputs, e.g. results/NAME")
-    if out.is_dir() and not force and _has_entries(out):
-        shown = "" if str(given) == str(out) else f" (resolves to {out})"
-        raise OutputDirError(f"{given}: exists and is not empty{shown}; use --force to replace it")
+    if out.is_dir() and not force and _has_entries(out) and not earlier_run_of(out, replaces):
+        what = (f"holds more than an earlier run of {replaces}" if replaces
+                else "exists and is not empty")
+        shown = "" if str(given) == str(out) else f" (it resolves to {out})"
+        raise OutputDirError(f"{given}: {what}{shown}; use --force to replace it, or -o "
+                             "elsewhere")
     # OUT is staged beside itself: the nearest existing ancestor must take new folders.
     ancestor = _nearest_existing(out.parent)
     if not ancestor.is_dir():
@@ -225,17 +253,19 @@ def _temporary(out: Path, kind: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: str | Path, force: bool = False) -> Iterator[Path]:
+def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None
+                      ) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out`. OUT is locked
     for the whole time, checked again under the lock, and stale temporaries of earlier runs
     into it are removed first."""
     given = out
-    check_output_dir(given, force)  # before the lock: a refusal leaves nothing behind
+    check_output_dir(given, force, replaces)  # before the lock: a refusal leaves nothing
     with output_lock(out) as resolved:
-        check_output_dir(given, force)  # again: another run may have written OUT meanwhile
+        check_output_dir(given, force, replaces)  # again: another run may have written OUT
         remove_stale_temporaries(resolved)
         try:
             staging = _temporary(resolved, "tmp")
+            staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700 whatever the umask
         except OSError as error:
             raise OutputDirError(f"{given}: cannot write there ({error.strerror})") from None
         try:
@@ -261,3 +291,9 @@ def _swap_into_place(staging: Path, out: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
