@@ -51,8 +51,9 @@ class ClusterSpec(Spec):
 
 
 class CheckpointSpec(Spec):
-    interval_s: Duration | Literal["auto"] = Field(
-        default="auto", alias="interval", description="time between checkpoints, or auto (Daly)"
+    interval_s: Duration | Literal["auto", "never"] = Field(
+        default="auto", alias="interval",
+        description="time between checkpoints, auto (Daly), or never (no checkpoints at all)"
     )
     write_s: NonNegativeDuration = Field(default=60.0, alias="write")
     restore_s: NonNegativeDuration = Field(default=300.0, alias="restore")
