@@ -9,6 +9,7 @@ went (useful and lost, by cause), and the breakdown of one training step per job
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -40,6 +41,27 @@ def _days(seconds: np.ndarray | float) -> np.ndarray | float:
     return np.asarray(seconds) / 86400.0
 
 
+def _legend_outside(ax: plt.Axes, extra: dict[str, Any] | None = None) -> None:
+    """One legend entry per label (bars drawn in pieces repeat theirs), right of the axes;
+    `extra` adds entries (label: handle) for what was drawn without a label, e.g. markers."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True)) | (extra or {})
+    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
+              bbox_to_anchor=(1.01, 1.0))
+
+
+def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
+    """Write the figure as a PNG and free it: laid out tightly, or cropped to what is drawn
+    (`tight=False`, for drawings without axes)."""
+    if tight:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    else:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_utilisation(run: Run, path: Path) -> Path:
     frame = run.utilisation
     cluster = frame[frame["level"] == "cluster"].sort_values("bin_start_s")
@@ -68,11 +90,8 @@ def plot_utilisation(run: Run, path: Path) -> Path:
                            + ", ".join(f"{s} {cluster[s].mean():.3%}" for s in thin)))
     ax.set_ylabel("% of cluster chip-time")
     ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state" + _replication(run))
-    ax.legend(loc="upper left", fontsize=8, bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _legend_outside(ax)
+    return _save(fig, path)
 
 
 def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | None = None,
@@ -127,16 +146,14 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
                            marker="|" if checkpoint else "v", s=28 if checkpoint else 22,
                            color=STATE_COLOURS.get(state, "k"), linewidths=0.8, zorder=3)
                 marked[state] = marked.get(state, 0) + int(narrow.sum())
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
     what = {"checkpointing": "checkpoint", "down": "interruption (down, then restart, restore)"}
+    unique = {}
     for state, count in marked.items():  # listed only when drawn, with what the mark means
         unique[f"{what[state]}: {count:,} too short to draw, marked "
                f"{'|' if state == 'checkpointing' else '▼'}"] = plt.Line2D(
             [], [], color=STATE_COLOURS.get(state, "k"), linestyle="none",
             marker="|" if state == "checkpointing" else "v")
-    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
-              bbox_to_anchor=(1.01, 1.0))
+    _legend_outside(ax, unique)
     ax.set_yticks(range(len(jobs)), jobs["name"].tolist())
     ax.set_xlabel(xlabel)
     if window_s is not None:
@@ -150,10 +167,7 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
                      + _replication(run))
     else:
         ax.set_title(title + _of(run, shown) + _replication(run))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def first_failure_window(run: Run) -> tuple[float, float, int] | None:
@@ -190,10 +204,7 @@ def plot_failures(run: Run, path: Path) -> Path:
     ax.set_xlabel("day")
     ax.set_ylabel("failures per day")
     ax.set_title(f"failures by component ({len(failures):,} in all)" + _replication(run))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 MAX_ROWS = 30  # jobs drawn per plot: the largest by chip-time when there are more
@@ -226,18 +237,12 @@ def _stacked_bars(rows: list[tuple[str, list[tuple[float, str, str]], str]], xla
                     hidden.append(f"{label} {value:.2g}")
         tail = f" (too small to see: {', '.join(hidden)})" if hidden else ""
         ax.text(left, row, f"  {note}{tail}", va="center", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
+    _legend_outside(ax)
     ax.set_yticks(range(len(rows)), [name for name, _, _ in rows])
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.margins(x=0.15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_hours(run: Run, path: Path) -> Path:
@@ -454,6 +459,4 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
     bow = 0.6 * (max(xs) - min(xs)) * 0.18 if "zring" in drawn_kinds else 1.0
     ax.set_xlim(min(xs) - 1.2, max(xs) + 1.2)
     ax.set_ylim(min(ys) - max(1.2, bow), max(ys) + 1.2)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path, tight=False)
