@@ -30,6 +30,7 @@ from clustersim.hardware.failures import FailureRateSpec, StragglerSpec, failure
 from clustersim.hardware.spec import Duration, NonNegativeDuration, Spec
 from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.jobmix import WorkloadSpec, generate_jobs
+from clustersim.scenario.serving import DeploymentSpec, resolve_serve_models, serve_cross_checks
 from clustersim.training.transformer import TransformerShape, model_preset_names, model_preset_values
 from clustersim.training.workload import ParallelismSpec
 
@@ -227,6 +228,8 @@ class Scenario(Spec):
     hardware: HardwareSpec
     cluster: ClusterSpec
     jobs: list[JobSpec] = Field(default_factory=list)
+    serve: list[DeploymentSpec] = Field(default_factory=list, description="inference "
+                                        "deployments (clustersim.scenario.serving)")
     failures: FailuresSpec = FailuresSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     workload: WorkloadSpec | None = None
@@ -405,6 +408,10 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
             yield Issue(f"{at}.submit", f"at or after the end of the scenario "
                         f"({units.format_duration(s.duration_s)})",
                         units.format_duration(job.submit_s), True)
+    largest_job = max((s.job_instances(job) for job in s.jobs), default=0)
+    for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
+                                                    largest_job):
+        yield Issue(path, message, value, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,33 +495,38 @@ def _resolve_catalog_names(raw: dict[str, Any]) -> tuple[dict[str, Any], list[Is
     jobs = resolved.get("jobs")
     if isinstance(jobs, list):
         for index, job in enumerate(jobs):
-            if not isinstance(job, Mapping):
-                continue
-            model = job.get("model")
-            base = model if isinstance(model, str) else (
-                model.get("base") if isinstance(model, Mapping) else None
-            )
-            if base is None:
-                continue
-            where = f"jobs.{index}.model" + ("" if isinstance(model, str) else ".base")
-            try:
-                values = model_preset_values(base) if isinstance(base, str) else None
-            except KeyError:
-                values = None
-            if values is None:
-                issues.append(Issue(
-                    where, f"unknown model preset; expected one of "
-                    f"{', '.join(model_preset_names())}, or a mapping of the shape",
-                    base, True,
-                ))
-                continue
-            if isinstance(model, Mapping):
-                extra = {k: v for k, v in model.items() if k != "base"}
-                values = deep_merge(values, extra)
-                if "name" not in extra:
-                    values["name"] = f"{base}+custom" if extra else base
-            job["model"] = values
+            if isinstance(job, Mapping):
+                issues += _resolve_model(job, "model", f"jobs.{index}.model")
+    issues += resolve_serve_models(resolved, _resolve_model)
     return resolved, issues
+
+
+def _resolve_model(holder: dict[str, Any], key: str, where: str) -> list[Issue]:
+    """Expand a model preset name (or a `base:` mapping) at holder[key] into its shape."""
+    model = holder.get(key)
+    base = model if isinstance(model, str) else (
+        model.get("base") if isinstance(model, Mapping) else None
+    )
+    if base is None:
+        return []
+    where = where + ("" if isinstance(model, str) else ".base")
+    try:
+        values = model_preset_values(base) if isinstance(base, str) else None
+    except KeyError:
+        values = None
+    if values is None:
+        return [Issue(
+            where, f"unknown model preset; expected one of "
+            f"{', '.join(model_preset_names())}, or a mapping of the shape",
+            base, True,
+        )]
+    if isinstance(model, Mapping):
+        extra = {k: v for k, v in model.items() if k != "base"}
+        values = deep_merge(values, extra)
+        if "name" not in extra:
+            values["name"] = f"{base}+custom" if extra else base
+    holder[key] = values
+    return []
 
 
 def _allowed_keys(model: type[Spec], loc: Sequence[Any]) -> list[str] | None:
@@ -690,7 +702,7 @@ def scenario_from_dict(
         except OverrideError as error:
             where = error.path or text.partition("=")[0].strip()
             raise ScenarioError(source, [Issue(where, f"--set {text!r}: {error}")]) from None
-    for section in ("jobs", "failures", "trace"):  # `jobs:` with nothing after it: absent
+    for section in ("jobs", "serve", "failures", "trace"):  # `jobs:` with nothing after it: absent
         if section in raw and raw[section] is None:
             del raw[section]
     resolved, issues = _resolve_catalog_names(raw)
