@@ -25,12 +25,12 @@ import simpy
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.topology import build_topology
-from clustersim.scenario.loader import Scenario
+from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.replica import DecodeCost
-from clustersim.serving.requests import generate_requests
+from clustersim.serving.requests import TraceError, generate_requests
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
            "requests_table", "replica_series_table"]
@@ -129,7 +129,13 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
     streams = seed.spawn(len(scenario.serve))
     for d, stream in zip(scenario.serve, streams, strict=True):
         request_seed, failure_seed = stream.spawn(2)
-        requests = generate_requests(d.workload, horizon - d.start_s, request_seed, base_dir)
+        try:
+            requests = generate_requests(d.workload, horizon - d.start_s, request_seed,
+                                         base_dir)
+        except TraceError as error:
+            index = scenario.serve.index(d)
+            raise ScenarioError(scenario.source, [Issue(
+                f"serve.{index}.workload.trace", str(error), d.workload.trace, True)]) from None
         if d.start_s:
             requests = type(requests)(requests.arrival_s + d.start_s, requests.input_tokens,
                                       requests.output_tokens)
