@@ -18,7 +18,7 @@ from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.training.transformer import TransformerShape
 
-__all__ = ["resolve_serve_models", "serve_cross_checks", "LengthSpec", "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec",
+__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec", "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec",
            "SpeculativeSpec", "SloSpec", "DeploymentSpec"]
 
 
@@ -188,6 +188,12 @@ def resolve_serve_models(resolved: dict, resolve: Callable[[dict, str, str], lis
     return issues
 
 
+def deployment_instances(deployment: DeploymentSpec, hardware: HardwareSpec) -> int:
+    """Instances a deployment's replicas take: replicas smaller than an instance share one."""
+    ranks = deployment.tp * deployment.pp * deployment.replicas
+    return -(-ranks // hardware.ranks_per_instance)
+
+
 def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
                        working_instances: int, job_instances: int) -> Iterable[tuple]:
     """(path, message, value) for deployments that do not fit the cluster or each other."""
@@ -207,7 +213,7 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
             yield (f"serve.{index}.parallelism.tp", f"tensor parallelism stays in one "
                    f"NeuronLink domain: expected at most "
                    f"{per_instance * hardware.instances_per_ultraserver} ranks", deployment.tp)
-        used += deployment.replicas * max(1, -(-ranks // per_instance))
+        used += deployment_instances(deployment, hardware)
         if deployment.precision not in hardware.chip.tflops and deployment.precision != "fp8":
             yield (f"serve.{index}.precision", f"{hardware.chip.name} has no "
                    f"{deployment.precision} peak", deployment.precision)

@@ -26,7 +26,7 @@ from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
-from clustersim.scenario.serving import DeploymentSpec
+from clustersim.scenario.serving import DeploymentSpec, deployment_instances
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.replica import DecodeCost
@@ -187,7 +187,7 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
         tokens = float(outputs.sum())
         meets = (ttft <= d.slo.ttft_s) & np.where(
             decoding, (finish - first) / np.maximum(outputs - 1, 1) <= d.slo.tpot_s, True)
-        instances = per * d.replicas
+        instances = deployment_instances(d, hw)
         price = hw.instance.price_per_hour_usd
         cost_mtok = None
         if price is not None and tokens > 0:
