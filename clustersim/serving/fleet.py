@@ -55,9 +55,13 @@ class Fleet:
         self.transfer_s = transfer_s
         self.replicas = [Replica(self, i, cost, capacity, role)
                          for i, (cost, capacity, role) in enumerate(replicas)]
-        self.entry = [r for r in self.replicas if r.role != "decode"]
-        self.decode_pool = [r for r in self.replicas if r.role == "decode"]
-        self._next = 0
+        self.entry = np.array([r.index for r in self.replicas if r.role != "decode"])
+        self.decode_pool = np.array([r.index for r in self.replicas if r.role == "decode"])
+        # Router load per replica (outstanding requests, or KV tokens held and owed over the
+        # KV capacity); infinite while a replica is down.
+        self.load = np.zeros(len(self.replicas))
+        self._capacity = np.array([max(1, r.kv_capacity) for r in self.replicas], dtype=float)
+        self._next = {"entry": 0, "decode": 0}
         self.pending: deque[int] = deque()
         self.done = env.event()
         if n == 0:
@@ -82,36 +86,41 @@ class Fleet:
                 yield env.timeout(time_s - env.now)
             self.route(request)
 
-    def _choose(self, pool: list[Replica]) -> Replica | None:
-        up = [r for r in pool if r.up] if self.failures else pool
-        if not up:
+    def _choose(self, pool: str) -> Replica | None:
+        indices = self.entry if pool == "entry" else self.decode_pool
+        if self.spec.router == "round_robin":
+            for _ in range(len(indices)):
+                self._next[pool] = (self._next[pool] + 1) % len(indices)
+                replica = self.replicas[int(indices[self._next[pool] - 1])]
+                if replica.up:
+                    return replica
             return None
-        policy = self.spec.router
-        if policy == "round_robin":
-            self._next = (self._next + 1) % len(up)
-            return up[self._next]
-        if policy == "least_outstanding":
-            return min(up, key=lambda r: r.outstanding)
-        return min(up, key=lambda r: r.outstanding_tokens / max(1, r.kv_capacity))
+        load = self.load if len(indices) == len(self.replicas) else self.load[indices]
+        best = int(np.argmin(load))
+        if not math.isfinite(load[best]):
+            return None
+        return self.replicas[int(indices[best])]
 
-    def route(self, request: int, pool: list[Replica] | None = None) -> None:
-        replica = self._choose(pool or self.entry)
+    def route(self, request: int, pool: str = "entry") -> None:
+        replica = self._choose(pool)
         if replica is None:
             self.pending.append(request)
             return
         self._assign(replica, request)
 
+    def _weight(self, replica: Replica, request: int) -> float:
+        if self.spec.router == "kv_aware":
+            return float(self.input_tokens[request] + self.output_tokens[request]) \
+                / self._capacity[replica.index]
+        return 1.0
+
     def _assign(self, replica: Replica, request: int) -> None:
         self.replica_of[request] = replica.index
-        replica.outstanding += 1
-        replica.outstanding_tokens += float(self.input_tokens[request]
-                                            + self.output_tokens[request])
+        self.load[replica.index] += self._weight(replica, request)
         replica.offer(request)
 
     def _release(self, replica: Replica, request: int) -> None:
-        replica.outstanding -= 1
-        replica.outstanding_tokens -= float(self.input_tokens[request]
-                                            + self.output_tokens[request])
+        self.load[replica.index] -= self._weight(replica, request)
 
     def first_token(self, replica: Replica, request: int) -> None:
         if math.isnan(self.first_token_s[request]):
@@ -125,10 +134,10 @@ class Fleet:
         self._release(replica, request)
         delay = self.transfer_s(self.prompt_tokens(request)) if self.transfer_s else 0.0
         event = self.env.timeout(delay)
-        event.callbacks.append(lambda _: self.route(request, self.decode_pool))
+        event.callbacks.append(lambda _: self.route(request, "decode"))
 
     def complete(self, replica: Replica, request: int) -> None:
-        self.finish_s[request] = self.env.now
+        self.finish_s[request] = self.env.now + replica.delay  # at its iteration's end
         self.status[request] = 1
         self.generated[request] = self.output_tokens[request]
         self._release(replica, request)
@@ -158,27 +167,29 @@ class Fleet:
             return
         self.failures += 1
         lost = replica.fail()
+        self.load[replica.index] = math.inf
         self.record(replica, down_s, batch=0, kv=0.0)
         for request in lost:
             self.retries[request] += 1
             self.generated[request] = 0
             self.prefilled[request] = 0
             self.first_token_s[request] = np.nan
-            self.route(request, self.decode_pool if replica.role == "decode" else None)
+            self.route(request, "decode" if replica.role == "decode" else "entry")
         if math.isfinite(down_s):
             self.env.timeout(down_s).callbacks.append(lambda _: self._restore(replica))
 
     def _restore(self, replica: Replica) -> None:
         replica.restore()
+        self.load[replica.index] = 0.0
         while self.pending:
             self.route(self.pending.popleft())
 
     # ------------------------------------------------------------------ series
     def record(self, replica: Replica, duration_s: float, batch: int | None = None,
-               kv: float | None = None) -> None:
+               kv: float | None = None, offset: float = 0.0) -> None:
         s = self.series
         s["replica"].append(replica.index)
-        s["start_s"].append(self.env.now)
+        s["start_s"].append(self.env.now + offset)
         s["duration_s"].append(duration_s)
         s["batch"].append(replica.n + len(replica.prefilling) if batch is None else batch)
         s["kv_tokens"].append(replica.kv_used if kv is None else kv)

@@ -48,6 +48,7 @@ from clustersim.training.workload import (
 __all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
 
 _ATTENTION_CORE = ("scores", "attend", "attention_io", "softmax")
+_GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,6 @@ class IterationModel:
         # Compute precision: fp8 weights run fp8 matmuls where the chip has them.
         self.compute_precision = shape.precision if shape.precision in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
-        self._linear = lru_cache(maxsize=65536)(self._linear_uncached)
 
     # ------------------------------------------------------------------ memory
     def weight_bytes_per_chip(self) -> float:
@@ -141,10 +141,28 @@ class IterationModel:
     def _op_s(self, ops: list[Op]) -> float:
         return sum(self.steps.op_time(op, self.compute_precision) for op in ops)
 
-    def _linear_uncached(self, tokens: int, outputs: int) -> float:
-        """Everything but attention-over-context for `tokens` tokens, `outputs` of which need
-        logits: per stage the layers' matmuls and vector work and their TP all-reduces, the
-        embedding and output layer, the sends between stages, the fixed overhead."""
+    def _linear(self, tokens: int, outputs: int) -> float:
+        """Everything but attention over context for `tokens` tokens, `outputs` of which
+        need logits, plus the fixed overhead. Exact up to 256 tokens and at multiples of 32,
+        linear in between (the work is linear in tokens within a tile)."""
+        if tokens <= 256 or tokens % _GRID == 0:
+            body = self._body_s(tokens)
+        else:
+            low = tokens - tokens % _GRID
+            weight = (tokens - low) / _GRID
+            body = (1 - weight) * self._body_s(low) + weight * self._body_s(low + _GRID)
+        return self.overhead_s + body + (self._outputs_s(outputs) if outputs else 0.0)
+
+    @lru_cache(maxsize=65536)  # noqa: B019 - one model per replica shape, kept for the run
+    def _outputs_s(self, outputs: int) -> float:
+        """Final norm, output layer and sampling for the sequences emitting a token."""
+        s = self.shape
+        return self._op_s(_output_ops(s.model, 1, outputs, s.tp, self.compute_precision))
+
+    @lru_cache(maxsize=65536)  # noqa: B019
+    def _body_s(self, tokens: int) -> float:
+        """The layers' matmuls and vector work and their TP all-reduces, the embedding, and
+        the sends between stages, for `tokens` tokens."""
         s = self.shape
         layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
                                                 self.compute_precision)
@@ -156,15 +174,13 @@ class IterationModel:
             comm_s = 2 * self.collectives.cost("all-reduce", self.tp_group, activation).time_s
         stages_s = s.model.layers * (layer_s + comm_s)
         ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, self.compute_precision))
-        if outputs:
-            ends_s += self._op_s(_output_ops(s.model, 1, outputs, s.tp, self.compute_precision))
         send_s = 0.0
         for d in range(s.pp - 1):
             shards = min(s.tp, self.hardware.chip.ranks)
             send_s += self.collectives.cost(
                 "send-recv", Group(np.array([self.stage_chips[d]]), 1),
                 activation / s.tp * shards, peer=self.stage_chips[d + 1]).time_s
-        return self.overhead_s + stages_s + ends_s + send_s
+        return stages_s + ends_s + send_s
 
     def _kv_seconds_per_token(self) -> float:
         """Seconds a decoding sequence's attention costs per token of its context: reading
@@ -180,6 +196,7 @@ class IterationModel:
         # Operand traffic: the keys and values themselves (the matmul counts add the query).
         return m.layers * self._op_s(ops) / context
 
+    @lru_cache(maxsize=65536)  # noqa: B019
     def _prefill_attention_s(self, chunk: int, context: int) -> float:
         """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
         itself: the quadratic term (scores and values), with fused (flash) attention."""

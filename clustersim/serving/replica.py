@@ -12,12 +12,12 @@ arrays: nothing is per token.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import simpy
 
 from clustersim.serving.iteration import IterationModel
@@ -105,16 +105,16 @@ class Replica:
         self.kv_used = 0.0  # tokens reserved in the KV cache (whole blocks)
         self.queue: deque[int] = deque()
         self.prefilling: list[int] = []  # admitted, prompt not finished (in order)
-        cap = self.max_batch
-        self.ids = np.zeros(cap, dtype=np.int64)
-        self.context = np.zeros(cap, dtype=np.float64)
-        self.left = np.zeros(cap, dtype=np.float64)
-        self.reserved = np.zeros(cap, dtype=np.float64)
-        self.n = 0
+        # The decode batch: a token clock (tokens each sequence has emitted since the
+        # replica started), each sequence's clock at its end in a heap, its clock and
+        # context when it joined; the batch's total context kept as one sum.
+        self.clock = 0.0
+        self.ends: list[tuple[float, int]] = []
+        self.active: dict[int, tuple[float, float]] = {}  # request -> (clock, context) at join
+        self.context_sum = 0.0
         self.up = True
-        self.outstanding = 0
-        self.outstanding_tokens = 0.0
         self.interruptible = False
+        self.delay = 0.0  # until the iteration in progress ends (after an interrupt)
         self.idle: simpy.Event | None = None
         self.process = self.env.process(self.run())
 
@@ -124,23 +124,29 @@ class Replica:
         self.queue.append(request)
         if self.idle is not None and not self.idle.triggered:
             self.idle.succeed()
-        elif self.interruptible and self.n + len(self.prefilling) < self.max_batch:
+        elif self.interruptible and len(self.active) + len(self.prefilling) < self.max_batch:
             self.interruptible = False
             self.process.interrupt("arrival")
 
     def fail(self) -> list[int]:
         """Take the replica down; return its in-flight requests (queued, prefilling, active)."""
-        lost = list(self.queue) + self.prefilling + self.ids[: self.n].tolist()
+        lost = list(self.queue) + self.prefilling + list(self.active)
         self.queue.clear()
         self.prefilling = []
-        self.n = 0
+        self.active = {}
+        self.ends = []
+        self.context_sum = 0.0
         self.kv_used = 0.0
         self.up = False
-        self.outstanding = 0
-        self.outstanding_tokens = 0.0
+        self.delay = 0.0
         if self.process.is_alive:
             self.process.interrupt("failure")
         return lost
+
+    @property
+    def n(self) -> int:
+        """Sequences decoding."""
+        return len(self.active)
 
     def restore(self) -> None:
         self.up = True
@@ -152,19 +158,17 @@ class Replica:
         env = self.env
         try:
             while True:
-                if self.n == 0 and not self.queue and not self.prefilling:
-                    self.idle = env.event()
-                    fleet.record(self, 0.0)
-                    yield self.idle
-                    self.idle = None
+                if not self.active and not self.queue and not self.prefilling:
+                    yield from self._wait()
                 chunks = self._schedule_prefill()
                 if chunks:
-                    context = float(self.context[: self.n].sum())
                     ending = [r for r, c, p, last in chunks if last]
-                    duration = self.cost.prefill_s([(c, p) for _, c, p, _ in chunks], self.n,
-                                                   context, len(ending))
-                    fleet.record(self, duration)
-                    yield env.timeout(duration)
+                    duration = self.cost.prefill_s([(c, p) for _, c, p, _ in chunks],
+                                                   len(self.active), self.context_sum,
+                                                   len(ending))
+                    fleet.record(self, duration, offset=self.delay)
+                    yield env.timeout(self.delay + duration)
+                    self.delay = 0.0
                     self._advance(1)
                     for request, c, _, last in chunks:
                         fleet.prefilled[request] += c
@@ -172,18 +176,26 @@ class Replica:
                             self.prefilling.remove(request)
                             fleet.first_token(self, request)
                     continue
-                if self.n == 0:
-                    # Nothing to decode and nothing admissible: wait for a change.
-                    self.idle = env.event()
-                    fleet.record(self, 0.0)
-                    yield self.idle
-                    self.idle = None
+                if not self.active:
+                    yield from self._wait()  # nothing admissible: wait for a change
                     continue
                 yield from self._decode_run()
         except simpy.Interrupt as interrupt:
             if interrupt.cause != "failure":
                 raise
             return
+
+    def _wait(self):
+        """Sleep until a request is offered (after the iteration in progress ends)."""
+        if self.delay:
+            yield self.env.timeout(self.delay)
+            self.delay = 0.0
+            if self.queue:
+                return
+        self.idle = self.env.event()
+        self.fleet.record(self, 0.0)
+        yield self.idle
+        self.idle = None
 
     def _schedule_prefill(self) -> list[tuple[int, int, int, bool]]:
         """Prompt chunks for the next iteration: (request, tokens, earlier context, last)."""
@@ -252,48 +264,47 @@ class Replica:
     def join(self, request: int) -> None:
         """A request with its prompt in the KV cache joins the decode batch."""
         fleet = self.fleet
-        i = self.n
-        self.ids[i] = request
-        self.context[i] = fleet.prompt_tokens(request)  # prompt + tokens generated so far
-        self.left[i] = fleet.remaining(request)
-        self.reserved[i] = fleet.kv_reserved[request]
-        self.n += 1
-        if self.left[i] <= 0:
+        context = float(fleet.prompt_tokens(request))  # prompt + tokens generated so far
+        left = float(fleet.remaining(request))
+        self.active[request] = (self.clock, context)
+        self.context_sum += context
+        heapq.heappush(self.ends, (self.clock + left, request))
+        if left <= 1e-9:
             self._finish()
 
     def _decode_run(self):
-        """Decode in bulk until the next completion, KV limit or an admissible arrival."""
+        """Decode in bulk until the next completion, KV limit or an admissible arrival.
+
+        An arrival interrupts the run: the iteration in progress still ends (at `delay`
+        from now), and the next iteration, with the newcomer's prompt, starts after it."""
         env = self.env
-        n = self.n
+        n = len(self.active)
         cost = self.cost
-        per_iteration = cost.tokens_per_iteration
-        context = float(self.context[:n].sum())
-        iterations = max(1, math.ceil(float(self.left[:n].min()) / per_iteration - 1e-9))
+        context = self.context_sum
+        iterations = max(1, math.ceil((self.ends[0][0] - self.clock)
+                                      / cost.tokens_per_iteration - 1e-9))
         if not self.queue_policy:
             room = self.kv_capacity - self.kv_used
-            grow = n * per_iteration
+            grow = n * cost.tokens_per_iteration
             fits = int(room // grow) if grow > 0 else iterations
             if fits < 1:
                 self._preempt()
                 return
             iterations = min(iterations, fits)
         duration = cost.run_s(n, context, iterations)
-        start = env.now
-        self.fleet.record(self, duration)
-        can_join = n < self.max_batch and self.role != "prefill"
-        self.interruptible = can_join
+        start = env.now + self.delay
+        self.fleet.record(self, duration, offset=self.delay)
+        self.interruptible = n < self.max_batch and self.role != "prefill"
         try:
-            yield env.timeout(duration)
+            yield env.timeout(self.delay + duration)
             self.interruptible = False
+            self.delay = 0.0
         except simpy.Interrupt as interrupt:
             if interrupt.cause == "failure":
                 raise
-            done = cost.iterations_within(n, context, env.now - start)
+            done = cost.iterations_within(n, context, max(0.0, env.now - start))
             iterations = min(iterations, done + 1)
-            boundary = start + cost.run_s(n, context, iterations)
-            self.fleet.record(self, boundary - env.now)
-            if boundary > env.now:
-                yield env.timeout(boundary - env.now)
+            self.delay = start + cost.run_s(n, context, iterations) - env.now
         self._advance(iterations)
 
     def _advance(self, iterations: int) -> None:
@@ -301,35 +312,46 @@ class Replica:
         if n == 0:
             return
         tokens = iterations * self.cost.tokens_per_iteration
-        self.context[:n] += tokens
-        self.left[:n] -= tokens
+        self.clock += tokens
+        self.context_sum += n * tokens
         if not self.queue_policy:
             self.kv_used += n * tokens
-        if float(self.left[:n].min()) <= 1e-9:
+        if self.ends[0][0] <= self.clock + 1e-9:
             self._finish()
 
+    def _context(self, request: int) -> float:
+        joined, context = self.active[request]
+        return context + self.clock - joined
+
     def _finish(self) -> None:
-        n = self.n
-        done = self.left[:n] <= 1e-9
+        """Sequences whose last token came: free their KV, report them."""
         fleet = self.fleet
-        for i in np.flatnonzero(done):
-            request = int(self.ids[i])
-            freed = self.reserved[i] if self.queue_policy else self._blocks(self.context[i])
+        ends = self.ends
+        while ends and ends[0][0] <= self.clock + 1e-9:
+            _, request = heapq.heappop(ends)
+            if request not in self.active:
+                continue  # preempted earlier (a stale heap entry)
+            context = self._context(request)
+            freed = fleet.kv_reserved[request] if self.queue_policy else self._blocks(context)
             self.kv_used -= freed
+            self.context_sum -= context
+            del self.active[request]
             fleet.complete(self, request)
-        keep = ~done
-        m = int(keep.sum())
-        for array in (self.ids, self.context, self.left, self.reserved):
-            array[:m] = array[:n][keep]
-        self.n = m
         if self.kv_used < 1e-6:
             self.kv_used = 0.0
+        if not self.active:
+            self.context_sum = 0.0
+            self.ends = []
 
     def _preempt(self) -> None:
         """KV full (preempt policy): evict the newest sequence; it is recomputed later."""
-        i = self.n - 1
-        request = int(self.ids[i])
-        self.kv_used -= self._blocks(self.context[i])
-        self.n -= 1
-        self.fleet.preempted(self, request, float(self.left[i]))
+        request = next(reversed(self.active))
+        context = self._context(request)
+        joined, _ = self.active.pop(request)
+        end = next(e for e, r in self.ends if r == request)
+        self.kv_used -= self._blocks(context)
+        self.context_sum -= context
+        self.ends = [(e, r) for e, r in self.ends if r != request]
+        heapq.heapify(self.ends)
+        self.fleet.preempted(self, request, end - self.clock)
         self.queue.appendleft(request)
