@@ -122,9 +122,10 @@ class ServingConstants(Spec):
         "scheduling the next batch",
     )
     hbm_efficiency: float = Field(
-        default=0.692, gt=0, le=1,
+        default=0.9, gt=0, le=1,
         description="fraction of peak HBM bandwidth inference kernels reach streaming weights "
-        "and the KV cache (in place of the training fit's efficiency.vector)",
+        "and the KV cache (in place of the training fit's efficiency.vector); default: the "
+        "Trn1 serving fit",
     )
 
 

@@ -96,7 +96,7 @@ class Fleet:
                     return replica
             return None
         load = self.load if len(indices) == len(self.replicas) else self.load[indices]
-        best = int(np.argmin(load))
+        best = int(load.argmin())
         if not math.isfinite(load[best]):
             return None
         return self.replicas[int(indices[best])]
@@ -191,5 +191,6 @@ class Fleet:
         s["replica"].append(replica.index)
         s["start_s"].append(self.env.now + offset)
         s["duration_s"].append(duration_s)
-        s["batch"].append(replica.n + len(replica.prefilling) if batch is None else batch)
+        s["batch"].append(len(replica.active) + len(replica.prefilling) if batch is None
+                          else batch)
         s["kv_tokens"].append(replica.kv_used if kv is None else kv)

@@ -109,6 +109,7 @@ class IterationModel:
         # Compute precision: fp8 weights run fp8 matmuls where the chip has them.
         self.compute_precision = shape.precision if shape.precision in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
+        self._known: dict[tuple[int, int], float] = {}
 
     # ------------------------------------------------------------------ memory
     def weight_bytes_per_chip(self) -> float:
@@ -145,13 +146,19 @@ class IterationModel:
         """Everything but attention over context for `tokens` tokens, `outputs` of which
         need logits, plus the fixed overhead. Exact up to 256 tokens and at multiples of 32,
         linear in between (the work is linear in tokens within a tile)."""
+        key = (tokens, outputs)
+        known = self._known.get(key)
+        if known is not None:
+            return known
         if tokens <= 256 or tokens % _GRID == 0:
             body = self._body_s(tokens)
         else:
             low = tokens - tokens % _GRID
             weight = (tokens - low) / _GRID
             body = (1 - weight) * self._body_s(low) + weight * self._body_s(low + _GRID)
-        return self.overhead_s + body + (self._outputs_s(outputs) if outputs else 0.0)
+        time_s = self.overhead_s + body + (self._outputs_s(outputs) if outputs else 0.0)
+        self._known[key] = time_s
+        return time_s
 
     @lru_cache(maxsize=65536)  # noqa: B019 - one model per replica shape, kept for the run
     def _outputs_s(self, outputs: int) -> float:

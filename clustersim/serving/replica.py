@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
@@ -28,36 +27,36 @@ if TYPE_CHECKING:
 __all__ = ["DecodeCost", "Replica"]
 
 
-@dataclass(frozen=True)
 class DecodeCost:
     """Decode iterations of a replica: time = base(batch) + kv x context tokens, each
     iteration emitting `tokens_per_iteration` tokens per sequence (more than one with
     speculative decoding) and adding as many to its context."""
 
-    target: IterationModel
-    draft: IterationModel | None = None
-    proposed: int = 0
-    acceptance: float = 0.0
-
-    @property
-    def tokens_per_iteration(self) -> float:
-        if self.draft is None:
-            return 1.0
-        a, k = self.acceptance, self.proposed
-        return (1.0 - a ** (k + 1)) / (1.0 - a)  # expected accepted + the verifier's own
-
-    @property
-    def kv_s(self) -> float:
-        kv = self.target.kv_coefficient_s
-        if self.draft is not None:
-            kv += self.proposed * self.draft.kv_coefficient_s
-        return kv
+    def __init__(self, target: IterationModel, draft: IterationModel | None = None,
+                 proposed: int = 0, acceptance: float = 0.0):
+        self.target = target
+        self.draft = draft
+        self.proposed = proposed
+        self.acceptance = acceptance
+        if draft is None:
+            self.tokens_per_iteration = 1.0
+            self.kv_s = target.kv_coefficient_s
+        else:  # expected accepted proposals plus the verifier's own token
+            a, k = acceptance, proposed
+            self.tokens_per_iteration = (1.0 - a ** (k + 1)) / (1.0 - a)
+            self.kv_s = target.kv_coefficient_s + k * draft.kv_coefficient_s
+        self._base: dict[int, float] = {}
 
     def base_s(self, batch: int) -> float:
-        if self.draft is None:
-            return self.target.decode_base_s(batch)
-        verify = self.target.iteration_s([], batch * (self.proposed + 1), 0.0)
-        return verify + self.proposed * self.draft.decode_base_s(batch)
+        base = self._base.get(batch)
+        if base is None:
+            if self.draft is None:
+                base = self.target.decode_base_s(batch)
+            else:
+                base = (self.target.iteration_s([], batch * (self.proposed + 1), 0.0)
+                        + self.proposed * self.draft.decode_base_s(batch))
+            self._base[batch] = base
+        return base
 
     def run_s(self, batch: int, context: float, n: float) -> float:
         """Time of the next n iterations of a fixed batch holding `context` KV tokens."""
@@ -203,7 +202,7 @@ class Replica:
             self._admit_prefilled()
             return []
         fleet = self.fleet
-        budget = self.budget - self.n
+        budget = self.budget - len(self.active)
         chunks = []
         for request in self.prefilling:
             if budget <= 0:
@@ -212,12 +211,12 @@ class Replica:
             if chunk:
                 chunks.append((request, chunk, done, done + chunk >= total))
                 budget -= chunk
-        while self.queue and budget > 0 and self.n + len(self.prefilling) < self.max_batch:
+        while self.queue and budget > 0 and len(self.active) + len(self.prefilling) < self.max_batch:
             request = self.queue[0]
             need = self._blocks(fleet.prompt_tokens(request) + (
                 fleet.remaining(request) if self.queue_policy else 1))
             if self.kv_used + need > self.kv_capacity:
-                if self.n == 0 and not self.prefilling and need > self.kv_capacity:
+                if len(self.active) == 0 and not self.prefilling and need > self.kv_capacity:
                     self.queue.popleft()
                     fleet.reject(self, request)  # can never fit
                     continue
@@ -240,14 +239,14 @@ class Replica:
         rest = total - done
         if self.chunked:
             return min(rest, budget), done, total
-        if rest <= budget or budget == self.budget - self.n and not self.prefilling:
+        if rest <= budget or budget == self.budget - len(self.active) and not self.prefilling:
             return rest, done, total  # a prompt longer than the budget runs alone
         return 0, done, total
 
     def _admit_prefilled(self) -> None:
         """Decode pool: requests whose KV arrived join the batch while it has room."""
         fleet = self.fleet
-        while self.queue and self.n < self.max_batch:
+        while self.queue and len(self.active) < self.max_batch:
             request = self.queue[0]
             need = self._blocks(fleet.prompt_tokens(request) + (
                 fleet.remaining(request) if self.queue_policy else 1))
@@ -308,7 +307,7 @@ class Replica:
         self._advance(iterations)
 
     def _advance(self, iterations: int) -> None:
-        n = self.n
+        n = len(self.active)
         if n == 0:
             return
         tokens = iterations * self.cost.tokens_per_iteration
