@@ -20,8 +20,8 @@ from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisati
 from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware.topology import Topology, build_topology
 from clustersim.runner.outputs import atomic_output_dir
-<<<<<<< HEAD
-from clustersim.scenario.loader import Issue, Scenario, ScenarioError
+from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.models import Scenario
 from clustersim.serving import (
     ServingResult,
     deployment_figures,
@@ -29,10 +29,6 @@ from clustersim.serving import (
     requests_table,
     simulate_serving,
 )
-=======
-from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.models import Scenario
->>>>>>> main
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",

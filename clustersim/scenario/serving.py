@@ -18,8 +18,9 @@ from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.training.transformer import TransformerShape
 
-__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec", "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec",
-           "SpeculativeSpec", "SloSpec", "DeploymentSpec"]
+__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
+           "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec", "SpeculativeSpec",
+           "SloSpec", "DeploymentSpec"]
 
 
 class LengthSpec(Spec):

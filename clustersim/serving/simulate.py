@@ -71,7 +71,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
         capacity -= int(draft.weight_bytes_per_chip() / max(1.0, kv_bytes_per_token(
             d.model, d.server.kv_precision) / target.chips))
     kv_per_chip = kv_bytes_per_token(d.model, d.server.kv_precision) / target.chips
-    source = int(0)
+    source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
     cache: dict[int, float] = {}
 
