@@ -151,6 +151,7 @@ def run_task(task: Task) -> dict[str, Any]:
         return row
     figures: dict[str, Any] = {}
     _flatten(summary["jobs"], "", figures)
+    _flatten(summary.get("deployments", {}), "", figures)  # serving: <deployment>.<figure>
     _flatten({"cluster": {k: v for k, v in summary["cluster"].items()
                           if k not in ("links", "per_chip_bandwidth_gbps", "peak_pflops")}},
              "", figures)
