@@ -19,13 +19,14 @@ from collections import deque
 import numpy as np
 import simpy
 
+from clustersim.analysis.trace import REQUEST_STATUSES
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.replica import Replica
 from clustersim.serving.requests import Requests
 
 __all__ = ["Fleet", "STATUS"]
 
-STATUS = ("unfinished", "completed", "rejected")
+STATUS = REQUEST_STATUSES  # status codes 0, 1, 2 of the requests table
 
 
 class Fleet:

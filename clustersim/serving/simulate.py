@@ -27,6 +27,7 @@ from clustersim.collectives.model import Group
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
+from clustersim.analysis.trace import SCHEMAS
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.replica import DecodeCost
@@ -234,7 +235,8 @@ def requests_table(scenario: Scenario, result: ServingResult) -> pa.Table:
                 pa.array(f.status), pa.array(list(STATUS))).cast(status_type),
             "retries": f.retries,
         }))
-    return pa.concat_tables(parts) if parts else pa.table({})
+    return (pa.concat_tables(parts) if parts else SCHEMAS["requests"].empty_table()).cast(
+        SCHEMAS["requests"])
 
 
 def replica_series_table(scenario: Scenario, result: ServingResult) -> pa.Table:
@@ -253,4 +255,5 @@ def replica_series_table(scenario: Scenario, result: ServingResult) -> pa.Table:
             "batch": np.frombuffer(s["batch"], dtype=np.float64).astype(np.int32),
             "kv_tokens": kv, "kv_occupancy": kv / capacity,
         }))
-    return pa.concat_tables(parts) if parts else pa.table({})
+    return (pa.concat_tables(parts) if parts else SCHEMAS["replicas"].empty_table()).cast(
+        SCHEMAS["replicas"])
