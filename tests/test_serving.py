@@ -276,3 +276,30 @@ def test_trn1_serving_rows_within_their_errors() -> None:
         assert abs(row["tpot_error"]) < 0.16, row
         if row["tokens"].startswith("2048"):
             assert abs(row["ttft_error"]) < 0.16, row
+
+
+def test_report_draws_the_serving_plots(tmp_path: Path) -> None:
+    raw = scenario(2.0, "120s", 256, 32)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    from clustersim.analysis.report import write_report
+    from clustersim.scenario import load_scenario
+    run_to(load_scenario(path), tmp_path / "out")
+    report = write_report(tmp_path / "out")
+    for name in ("latency.png", "serving.png", "kv.png"):
+        assert (tmp_path / "out" / "report" / name).stat().st_size > 10_000
+    text = report.read_text()
+    assert "| chat |" in text and "Serving latency" in text
+
+
+def test_find_rate_brackets_the_slo() -> None:
+    from clustersim.serving.capacity import find_rate
+    raw = scenario(2.0, "300s", 512, 64)
+    raw["serve"][0]["slo"] = {"ttft": "0.5s", "tpot": "50ms"}
+    s = scenario_from_dict(raw)
+    search = find_rate(s, goodput=0.95, bisections=4)
+    assert search.rate_per_s is not None
+    rates = dict(search.tried)
+    assert rates[search.rate_per_s] >= 0.95
+    above = [r for r in rates if r > search.rate_per_s]
+    assert above and all(rates[r] < 0.95 for r in above if r <= min(above))

@@ -20,6 +20,7 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
+from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
 
 __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
@@ -251,6 +252,7 @@ def write_report(run_dir: str | Path) -> Path:
         "Where the hours went": plot_hours(run, folder / "hours.png"),
         "Training step": plot_step(run, folder / "step.png"),
     }
+    plots |= serving_plots(run, folder)
     summary = run.summary
     cluster = summary["cluster"]
     lines = [
@@ -272,6 +274,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines.append(f"| {name} | {job.get('status', '')} | {job.get('steps_completed', 0):,.0f} "
                      f"| {job.get('ettr', 0):.1%} | {job.get('interruptions', 0):,.0f} | "
                      f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} |")
+    lines += serving_lines(summary)
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
     report = folder / "report.md"
