@@ -26,6 +26,7 @@ from clustersim.serving.requests import Requests
 
 __all__ = ["Fleet", "STATUS"]
 
+SERIES = ("replica", "start_s", "duration_s", "batch", "kv_tokens")
 STATUS = REQUEST_STATUSES  # status codes 0, 1, 2 of the requests table
 
 
@@ -42,6 +43,8 @@ class Fleet:
         self.arrival_s = requests.arrival_s
         self.input_tokens = requests.input_tokens
         self.output_tokens = requests.output_tokens
+        self._inputs = requests.input_tokens.tolist()  # plain ints for the hot paths
+        self._outputs = requests.output_tokens.tolist()
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
         self.replica_of = np.full(n, -1, dtype=np.int32)
@@ -67,18 +70,18 @@ class Fleet:
         self.done = env.event()
         if n == 0:
             self.done.succeed()
-        # Batch size and KV occupancy over time: one row per iteration group.
-        self.series = {k: array("d") for k in ("replica", "start_s", "duration_s", "batch",
-                                               "kv_tokens")}
+        # Batch size and KV occupancy over time: one row per iteration group, the five
+        # columns of SERIES interleaved in one flat array.
+        self.rows = array("d")
         env.process(self._arrivals())
 
     # ------------------------------------------------------------------ requests
     def prompt_tokens(self, request: int) -> int:
         """Tokens to prefill: the prompt plus what was generated before a preemption."""
-        return int(self.input_tokens[request] + self.generated[request])
+        return self._inputs[request] + int(self.generated[request])
 
     def remaining(self, request: int) -> int:
-        return int(self.output_tokens[request] - self.generated[request])
+        return self._outputs[request] - int(self.generated[request])
 
     def _arrivals(self):
         env = self.env
@@ -111,7 +114,7 @@ class Fleet:
 
     def _weight(self, replica: Replica, request: int) -> float:
         if self.spec.router == "kv_aware":
-            return float(self.input_tokens[request] + self.output_tokens[request]) \
+            return (self._inputs[request] + self._outputs[request]) \
                 / self._capacity[replica.index]
         return 1.0
 
@@ -188,10 +191,12 @@ class Fleet:
     # ------------------------------------------------------------------ series
     def record(self, replica: Replica, duration_s: float, batch: int | None = None,
                kv: float | None = None, offset: float = 0.0) -> None:
-        s = self.series
-        s["replica"].append(replica.index)
-        s["start_s"].append(self.env.now + offset)
-        s["duration_s"].append(duration_s)
-        s["batch"].append(len(replica.active) + len(replica.prefilling) if batch is None
-                          else batch)
-        s["kv_tokens"].append(replica.kv_used if kv is None else kv)
+        self.rows.extend((replica.index, self.env.now + offset, duration_s,
+                          len(replica.active) + len(replica.prefilling) if batch is None
+                          else batch, replica.kv_used if kv is None else kv))
+
+    @property
+    def series(self) -> dict[str, np.ndarray]:
+        """The recorded rows as columns (SERIES)."""
+        flat = np.frombuffer(self.rows, dtype=np.float64).reshape(-1, len(SERIES))
+        return {name: flat[:, i] for i, name in enumerate(SERIES)}

@@ -114,6 +114,7 @@ class Replica:
         self.up = True
         self.interruptible = False
         self.delay = 0.0  # until the iteration in progress ends (after an interrupt)
+        self.last_iteration_s = 0.0  # when the last iteration of the decode run starts
         self.idle: simpy.Event | None = None
         self.process = self.env.process(self.run())
 
@@ -123,7 +124,9 @@ class Replica:
         self.queue.append(request)
         if self.idle is not None and not self.idle.triggered:
             self.idle.succeed()
-        elif self.interruptible and len(self.active) + len(self.prefilling) < self.max_batch:
+        elif (self.interruptible and len(self.active) + len(self.prefilling) < self.max_batch
+              and self.env.now < self.last_iteration_s):
+            # (in the run's last iteration the run's end is the iteration's end: no need)
             self.interruptible = False
             self.process.interrupt("arrival")
 
@@ -198,6 +201,8 @@ class Replica:
 
     def _schedule_prefill(self) -> list[tuple[int, int, int, bool]]:
         """Prompt chunks for the next iteration: (request, tokens, earlier context, last)."""
+        if not self.queue and not self.prefilling:
+            return []
         if self.role == "decode":
             self._admit_prefilled()
             return []
@@ -292,6 +297,7 @@ class Replica:
             iterations = min(iterations, fits)
         duration = cost.run_s(n, context, iterations)
         start = env.now + self.delay
+        self.last_iteration_s = start + cost.run_s(n, context, iterations - 1)
         self.fleet.record(self, duration, offset=self.delay)
         self.interruptible = n < self.max_batch and self.role != "prefill"
         try:

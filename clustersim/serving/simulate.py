@@ -246,13 +246,13 @@ def replica_series_table(scenario: Scenario, result: ServingResult) -> pa.Table:
         s = result.fleets[d.name].series
         n = len(s["start_s"])
         capacity = max(1, result.models[d.name][1])
-        kv = np.frombuffer(s["kv_tokens"], dtype=np.float64)
+        kv = np.ascontiguousarray(s["kv_tokens"])
         parts.append(pa.table({
             "deployment_id": np.full(n, index, dtype=np.int16),
-            "replica": np.frombuffer(s["replica"], dtype=np.float64).astype(np.int32),
-            "start_s": np.frombuffer(s["start_s"], dtype=np.float64),
-            "duration_s": np.frombuffer(s["duration_s"], dtype=np.float64),
-            "batch": np.frombuffer(s["batch"], dtype=np.float64).astype(np.int32),
+            "replica": s["replica"].astype(np.int32),
+            "start_s": np.ascontiguousarray(s["start_s"]),
+            "duration_s": np.ascontiguousarray(s["duration_s"]),
+            "batch": s["batch"].astype(np.int32),
             "kv_tokens": kv, "kv_occupancy": kv / capacity,
         }))
     return (pa.concat_tables(parts) if parts else SCHEMAS["replicas"].empty_table()).cast(
