@@ -285,19 +285,24 @@ class Replica:
         n = len(self.active)
         cost = self.cost
         context = self.context_sum
-        iterations = max(1, math.ceil((self.ends[0][0] - self.clock)
-                                      / cost.tokens_per_iteration - 1e-9))
+        per_iteration = cost.tokens_per_iteration
+        iterations = max(1, math.ceil((self.ends[0][0] - self.clock) / per_iteration - 1e-9))
         if not self.queue_policy:
             room = self.kv_capacity - self.kv_used
-            grow = n * cost.tokens_per_iteration
+            grow = n * per_iteration
             fits = int(room // grow) if grow > 0 else iterations
             if fits < 1:
                 self._preempt()
                 return
             iterations = min(iterations, fits)
-        duration = cost.run_s(n, context, iterations)
+        # cost.run_s inline (this is the hot path): n x base + kv x (n x context + growth).
+        base = cost.base_s(n)
+        kv_growth = cost.kv_s * n * per_iteration
+        duration = iterations * (base + cost.kv_s * context) + kv_growth * iterations * (
+            iterations - 1) / 2.0
         start = env.now + self.delay
-        self.last_iteration_s = start + cost.run_s(n, context, iterations - 1)
+        self.last_iteration_s = start + duration - (
+            base + cost.kv_s * context + kv_growth * (iterations - 1))
         self.fleet.record(self, duration, offset=self.delay)
         self.interruptible = n < self.max_batch and self.role != "prefill"
         try:
