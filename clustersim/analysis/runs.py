@@ -1,19 +1,18 @@
 """Reading runs back in pandas: `load_run(OUT)` and what to ask of a run.
 
-    run = clustersim.analysis.runs.load_run("results/quickstart")
-    run.jobs                           # the tables, as DataFrames, read on first use
+    run = clustersim.analysis.load_run("results/quickstart")
+    run.jobs, run.cluster_state        # the tables, as DataFrames, read on first use
     run.utilisation_at("cluster", bin_s=3600)   # any level and bin, from the intervals
     run.utilisation_at("chip", chips=[0, 17])   # per chip, for chosen chips
     run.goodput()                      # useful and lost hours per job, by cause
     run.failure_stats()                # failures by component
-    clustersim.analysis.runs.compare(["results/a", "results/b"])
+    clustersim.analysis.compare(["results/a", "results/b"])
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,25 @@ import yaml
 from clustersim.analysis.trace import SCHEMA_VERSION, SERVING_TABLES, TABLES, utilisation_rows
 from clustersim.scenario.loader import load_scenario
 
-__all__ = ["Run", "load_run", "compare"]
+__all__ = ["Run", "TraceSchemaError", "load_run", "compare"]
+
+
+class TraceSchemaError(ValueError):
+    """Traces written by a clustersim whose trace schema this one does not read."""
+
+
+class _Table:
+    """A run's table of the same name as a DataFrame attribute, read on first use and kept."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, run: Run | None, owner: type | None = None) -> Any:
+        if run is None:
+            return self
+        frame = run.table(self.name)
+        run.__dict__[self.name] = frame  # later reads find it before this descriptor
+        return frame
 
 
 class Run:
@@ -40,6 +57,20 @@ class Run:
         scenario = self.path / "scenario.yaml"
         self.scenario: dict[str, Any] = yaml.safe_load(scenario.read_text()) if (
             scenario.exists()) else {}
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        """Refuse traces of another schema with a message, not a KeyError later: schema 3
+        renamed the job state `waiting` to `waiting_for_hardware` (one name everywhere)."""
+        if not (self.path / "intervals.parquet").exists():
+            return
+        written = self.metadata("intervals").get("clustersim.schema")
+        if written != SCHEMA_VERSION:
+            raise TraceSchemaError(
+                f"{self.path}: traces written with trace schema {written} (clustersim "
+                f"{self.summary.get('clustersim_version', '?')}); this clustersim reads schema "
+                f"{SCHEMA_VERSION} (job states renamed: see docs/outputs.md): re-run the "
+                f"scenario to write them again")
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
@@ -61,40 +92,20 @@ class Run:
         raw = pq.read_schema(self.path / f"{name}.parquet").metadata or {}
         return {k.decode(): v.decode() for k, v in raw.items() if k.startswith(b"clustersim.")}
 
-    @cached_property
-    def chips(self) -> pd.DataFrame:
-        return self.table("chips")
-
-    @cached_property
-    def jobs(self) -> pd.DataFrame:
-        return self.table("jobs")
-
-    @cached_property
-    def intervals(self) -> pd.DataFrame:
-        return self.table("intervals")
-
-    @cached_property
-    def events(self) -> pd.DataFrame:
-        return self.table("events")
-
-    @cached_property
-    def allocations(self) -> pd.DataFrame:
-        return self.table("allocations")
-
-    @cached_property
-    def utilisation(self) -> pd.DataFrame:
-        return self.table("utilisation")
+    # The tables as attributes, each read on first use: run.jobs, run.events, ...
+    chips = _Table()
+    jobs = _Table()
+    intervals = _Table()
+    events = _Table()
+    allocations = _Table()
+    utilisation = _Table()
+    cluster_state = _Table()
 
     # ------------------------------------------------------------------ questions
     def utilisation_at(self, level: str = "cluster", bin_s: float | None = None,
                        chips: Sequence[int] | None = None) -> pd.DataFrame:
         """Utilisation per bin at any level (`cluster`, `ultraserver`, `instance`, `job`, or
         `chip` for the chosen `chips`) and bin length, recomputed from the intervals."""
-        written = self.metadata("intervals").get("clustersim.schema")
-        if written != SCHEMA_VERSION:
-            raise ValueError(f"{self.path}: traces written with trace schema {written}, this "
-                             f"clustersim recomputes schema {SCHEMA_VERSION}: re-run the "
-                             f"scenario (the `utilisation` table as written is still valid)")
         hardware = self.summary["cluster"]
         horizon = float(self.summary["simulated_s"])
         if not bin_s:  # the run's own bin (from the scenario when no level was written)
@@ -141,7 +152,8 @@ class Run:
             row = {"job": name, "wall_h": job.get("wall_s", 0) / 3600,
                    "useful_h": job.get("useful_s", 0) / 3600, "ettr": job.get("ettr"),
                    "goodput": job.get("goodput")}
-            row.update({f"lost_{k}_h": v / 3600 for k, v in lost.items()})
+            # lost_work_h, lost_down_h, lost_queued_h, ...: one `lost_` prefix each
+            row.update({f"lost_{k.removeprefix('lost_')}_h": v / 3600 for k, v in lost.items()})
             rows.append(row)
         return pd.DataFrame(rows)
 

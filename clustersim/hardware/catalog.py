@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
+from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 
 __all__ = [
@@ -392,15 +393,6 @@ def catalog_sources(name: str) -> dict[str, str]:
     return dict(_resolved_entry(name)[1])
 
 
-def _paths(node: Any, prefix: str = "") -> list[str]:
-    if isinstance(node, Mapping):
-        out: list[str] = []
-        for key, value in node.items():
-            out.extend(_paths(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return [prefix]
-
-
 def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any]:
     """Turn a catalog name or a (`base:`-derived) mapping into the full mapping to validate.
 
@@ -412,7 +404,7 @@ def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any
     mapping = dict(hardware)
     base = mapping.pop("base", None)
     if base is None:
-        mapping.setdefault("sources", {p: "scenario" for p in _paths(mapping)})
+        mapping.setdefault("sources", {p: "scenario" for p in flatten(mapping)})
         return mapping
     if not isinstance(base, str):
         raise KeyError(base)
@@ -420,8 +412,8 @@ def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any
     merged = deep_merge(values, mapping)
     if "name" not in mapping:
         merged["name"] = f"{base}+custom"
-    overridden = {p: "scenario override" for p in _paths(mapping) if p != "name"}
-    removed = [p for p in _paths(mapping) if _get(mapping, p) is None]
+    overridden = {p: "scenario override" for p in flatten(mapping) if p != "name"}
+    removed = [p for p in flatten(mapping) if _get(mapping, p) is None]
     kept = {
         path: cited for path, cited in sources.items()
         if not any(path == r or path.startswith(r + ".") for r in removed)

@@ -1,6 +1,6 @@
 """Sweeps: a scenario's variants x grid x seeds, each a full run, on local processes or Ray.
 
-A sweep file (CONTRACT.md, extended with `variants`):
+A sweep file (docs/scenario.md, with `variants`):
 
 ```yaml
 scenario: ../compare-1024-chips.yaml      # relative to the sweep file
@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, ValidationError, model_validator
 
+from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Spec
 from clustersim.runner.api import simulate, t_quantile
 from clustersim.runner.outputs import atomic_output_dir
@@ -128,16 +129,6 @@ def sweep_tasks(spec: SweepSpec, scenario_path: Path) -> list[Task]:
     return tasks
 
 
-def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
-    elif isinstance(node, bool):
-        out[prefix] = float(node)
-    elif isinstance(node, int | float):
-        out[prefix] = float(node)
-
-
 def run_task(task: Task) -> dict[str, Any]:
     """Run one variant and seed; a failure becomes a row with its error."""
     row: dict[str, Any] = {"task": task.index, "variant": task.variant, "seed": task.seed}
@@ -149,12 +140,12 @@ def run_task(task: Task) -> dict[str, Any]:
     except Exception as error:  # a variant's failure is reported, the sweep goes on
         row.update(status="error", error=f"{type(error).__name__}: {error}")
         return row
-    figures: dict[str, Any] = {}
-    _flatten(summary["jobs"], "", figures)
-    _flatten(summary.get("deployments", {}), "", figures)  # serving: <deployment>.<figure>
-    _flatten({"cluster": {k: v for k, v in summary["cluster"].items()
-                          if k not in ("links", "per_chip_bandwidth_gbps", "peak_pflops")}},
-             "", figures)
+    cluster = {k: v for k, v in summary["cluster"].items()
+               if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}
+    leaves = {**flatten(summary["jobs"]), **flatten(summary.get("deployments", {})),
+              **flatten({"cluster": cluster})}  # serving: <deployment>.<figure>
+    figures = {path: float(value) for path, value in leaves.items()
+               if isinstance(value, int | float)}  # numbers only (true and false as 1 and 0)
     row.update(status="ok", error="", **figures)
     return row
 
