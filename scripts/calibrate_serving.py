@@ -18,7 +18,8 @@ from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.replica import DecodeCost
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
-# model, batch, input, output, TTFT ms, TPOT ms (CALIBRATION.md, "Serving on Trn1").
+# model, batch, input, output, TTFT ms, TPOT ms: AWS Neuron docs, trn1 inference performance
+# page (transformers-neuronx, SDK 2.18).
 ROWS = [
     ("llama2-7b", 1, 128, 8064, 13.32, 6.70),
     ("llama2-70b", 1, 128, 128, 53.91, 25.18),

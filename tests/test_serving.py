@@ -262,7 +262,7 @@ def test_json_schema_covers_serve() -> None:
 
 
 def test_trn1_serving_rows_within_their_errors() -> None:
-    # The published Trn1 rows (CALIBRATION.md) against the model with the catalog's trn1
+    # The published Trn1 rows (scripts/calibrate_serving.py) against the model with the catalog's trn1
     # serving constants: every TPOT and the long-prompt TTFTs within 16%; the short-prompt
     # TTFTs are known to be over (the README lists every row's error).
     import importlib.util
