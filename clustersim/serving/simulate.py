@@ -22,12 +22,12 @@ import numpy as np
 import pyarrow as pa
 import simpy
 
+from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
-from clustersim.analysis.trace import SCHEMAS
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.replica import DecodeCost
