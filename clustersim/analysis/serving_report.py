@@ -81,15 +81,19 @@ def plot_over_time(requests: pd.DataFrame, title: str, path: Path) -> Path:
         p99 = [np.quantile(g, 0.99) if len(g) else np.nan for g in groups]
         bottom.plot(centres, p50, label=f"{name} TTFT p50")
         bottom.plot(centres, p99, linestyle="--", label=f"{name} TTFT p99")
-    top.set_ylabel("output tokens/s (by finish)")
-    top.legend(fontsize=8)
-    top.grid(alpha=0.3)
     bottom.set_yscale("log")
-    bottom.set_ylabel("TTFT (s, by arrival)")
-    bottom.set_xlabel("time (s)")
-    bottom.legend(fontsize=8)
-    bottom.grid(alpha=0.3)
-    fig.suptitle(f"{title}: throughput and latency over time")
+    return _over_time_done(fig, ("output tokens/s (by finish)", "TTFT (s, by arrival)"),
+                           f"{title}: throughput and latency over time", path)
+
+
+def _over_time_done(fig: plt.Figure, ylabels: tuple[str, str], title: str, path: Path) -> Path:
+    """Label, title and save a figure of two panels over time."""
+    for ax, label in zip(fig.axes, ylabels, strict=True):
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.axes[-1].set_xlabel("time (s)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -124,19 +128,9 @@ def plot_kv(replicas: pd.DataFrame, names: list[str], title: str, path: Path) ->
         top.plot(times, kv.max(axis=0), color=colour, linestyle="--",
                  label=f"{name} fullest replica")
         bottom.plot(times, batch.mean(axis=0), color=colour, label=f"{name} mean batch")
-    top.set_ylabel("KV cache occupancy (%)")
     top.set_ylim(0, 100)
-    top.legend(fontsize=8)
-    top.grid(alpha=0.3)
-    bottom.set_ylabel("sequences per iteration")
-    bottom.set_xlabel("time (s)")
-    bottom.legend(fontsize=8)
-    bottom.grid(alpha=0.3)
-    fig.suptitle(f"{title}: KV cache and batch over time (sampled per replica)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _over_time_done(fig, ("KV cache occupancy (%)", "sequences per iteration"),
+                           f"{title}: KV cache and batch over time (sampled per replica)", path)
 
 
 def serving_plots(run: Run, folder: Path) -> dict[str, Path]:
