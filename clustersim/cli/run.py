@@ -215,35 +215,8 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
         _summarise_many_jobs(table, summary)
         jobs = {}
     for name, job in jobs.items():
-        table.add_row(
-            f"job {name}",
-            f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
-            f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, "
-            f"{job['tokens_per_step']:,} tokens/step",
-        )
-        table.add_row(
-            "",
-            f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
-            f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip",
-        )
-        ci = f" ± {job['ettr_ci95']:.1%}" if "ettr_ci95" in job else ""
-        table.add_row(
-            "",
-            f"{job['status']}: {job['steps_completed']:,.0f} steps, ETTR {job['ettr']:.1%}{ci}, "
-            f"{job['interruptions']:,.0f} interruptions",
-        )
-        lost = {k: v for k, v in job["lost_time_s"].items()
-                if isinstance(v, float | int) and v and not k.endswith("_ci95")}
-        if lost:
-            hours = ", ".join(f"{k.replace('_', ' ')} {v / 3600:,.1f} h"
-                              for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
-            table.add_row("", f"lost: {hours}")
-        if job.get("reason"):
-            table.add_row("", escape(job["reason"]))
-    _deployment_rows(table, summary)
-
-
         _job_rows(table, name, job)
+    _deployment_rows(table, summary)
     failures = cluster.get("failures") or {}
     if failures:
         table.add_row("failures", ", ".join(
