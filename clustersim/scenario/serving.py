@@ -14,8 +14,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.hardware.spec import Duration, Rate, Spec
+from clustersim.hardware.spec import Duration, RequestRate, Spec
 from clustersim.training.transformer import TransformerShape
 
 __all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
@@ -60,11 +61,11 @@ class RequestWorkloadSpec(Spec):
     (CSV or Parquet with arrival_s, input_tokens, output_tokens)."""
 
     arrival: Literal["poisson", "gamma", "trace"] = "poisson"
-    rate_per_s: Rate | None = Field(default=None, alias="rate", description="requests per second")
+    rate_per_s: RequestRate | None = Field(default=None, alias="rate", description="requests per second")
     cv: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False,
                       description="gamma: coefficient of variation of the gaps (1: Poisson)")
     trace: str | None = Field(default=None, description="trace file, relative to the scenario")
-    requests: int | None = Field(default=None, gt=0, le=100_000_000,
+    requests: int | None = Field(default=None, gt=0, le=limits.MAX_REQUESTS,
                                  description="stop after this many (default: to the horizon)")
     input_tokens: LengthSpec = Field(default=LengthSpec(value=512))
     output_tokens: LengthSpec = Field(default=LengthSpec(value=256))
@@ -136,7 +137,7 @@ class DeploymentSpec(Spec):
     model: TransformerShape
     precision: Literal["bf16", "fp16", "fp8"] = Field(default="bf16", description="weights")
     parallelism: dict[Literal["tp", "pp"], int] = Field(default_factory=lambda: {"tp": 1})
-    replicas: int = Field(default=1, gt=0, le=100_000)
+    replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
     server: ServerSpec = ServerSpec()
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = "round_robin"
     workload: RequestWorkloadSpec
