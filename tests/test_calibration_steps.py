@@ -145,6 +145,9 @@ def test_small_matrices_reach_a_lower_fraction_of_peak():
     spill = Op("b", "matmul", 0, 0, 128 * 109, 128, 4096)
     assert matmul_quantisation(full, eff) == pytest.approx(1.0)
     assert matmul_quantisation(spill, eff) == pytest.approx(109 / 216)
+    few = Op("d", "matmul", 0, 0, 1, 128 * 10, 8192)  # 10 tiles: split-K fills 130 of 132
+    h100 = catalog_entry("p5").chip.efficiency
+    assert matmul_quantisation(few, h100) == pytest.approx(1 / 128 * 130 / 132)
     trn = catalog_entry("trn1").chip.efficiency
     sliced = Op("c", "matmul", 0, 0, 4096, 448, 4096)  # Llama 3.1 8B FFN over TP 32
     assert matmul_quantisation(sliced, trn) == pytest.approx(448 / 512)

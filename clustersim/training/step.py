@@ -529,7 +529,8 @@ _TP_WGRADS = ("qkv_wgrad", "projection_wgrad", "mlp_in_wgrad", "mlp_out_wgrad")
 def matmul_quantisation(op: Op, eff: Any) -> float:
     """Fraction of the array's work that is useful for this shape: rows and columns padded
     to the tile and the contraction to k_tile (tile quantisation), and the output tiles of
-    all `count` products spread over `wave_units` in whole waves (wave quantisation)."""
+    all `count` products spread over `wave_units` in whole waves (wave quantisation; when
+    they are fewer than the units, split along the contraction)."""
     def padded(size: int, step: int) -> int:
         return math.ceil(size / step) * step
 
@@ -539,6 +540,10 @@ def matmul_quantisation(op: Op, eff: Any) -> float:
     quantisation = op.m * op.n * op.k / tiles
     if eff.wave_units > 1:
         blocks = math.ceil(op.m / eff.tile) * math.ceil(op.n / eff.tile) * op.count
+        if blocks < eff.wave_units:
+            # Too few output tiles to fill the units: the contraction is split between them
+            # (split-K / stream-K in cuBLAS and CUTLASS), in chunks of at least 4 k-steps.
+            blocks *= max(1, min(eff.wave_units // blocks, math.ceil(op.k / (4 * eff.k_tile))))
         quantisation *= blocks / (math.ceil(blocks / eff.wave_units) * eff.wave_units)
     return quantisation
 

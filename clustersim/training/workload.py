@@ -62,6 +62,7 @@ __all__ = [
     "optimizer_params_per_rank",
     "OPTIMIZER_BYTES_TOUCHED_PER_PARAM",
     "ATTENTION_KERNELS",
+    "ATTENTION_CORE",
     "attention_of",
     "activation_bytes_per_layer",
     "weight_bytes_per_param",
