@@ -53,7 +53,13 @@ class JobOutcome:
 
     @property
     def useful_s(self) -> float:
-        return self.running_s - self.lost_work_s
+        """Running time that produced completed steps: the time of work later lost is not,
+        nor the share spent on a step still unfinished at the end (a job whose steps never
+        complete, at a step time of years, has no useful time)."""
+        worked = max(0.0, self.running_s - self.lost_work_s)
+        if self.progress_steps <= 0:
+            return 0.0
+        return worked * min(1.0, self.steps_completed / self.progress_steps)
 
     def figures(self, horizon_s: float) -> dict[str, Any]:
         """The contract's job figures and where the lost hours went."""
