@@ -21,6 +21,7 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
+from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
 
 __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
@@ -132,7 +133,7 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
             # Every span is drawn (short running spans between checkpoints add up to a
             # visible bar); the legend lists a state only if some of it can be seen.
             seen = wide.any() or (state not in ("checkpointing", "down")
-                                  and widths.sum() >= pixel)
+                                  and _merged_widest(starts, widths, pixel) >= pixel)
             ax.broken_barh(list(zip(starts, widths, strict=True)), (row - 0.35, 0.7),
                            facecolors=STATE_COLOURS.get(state, "k"),
                            label=state if seen else None)
@@ -281,6 +282,20 @@ def plot_step(run: Run, path: Path) -> Path:
     return _stacked_bars(rows, "seconds per training step", title, path)
 
 
+def _merged_widest(starts: np.ndarray, widths: np.ndarray, gap: float) -> float:
+    """The widest run of spans once gaps narrower than `gap` are closed: what the eye sees
+    of spans drawn side by side (running between checkpoints), not their sum."""
+    order = np.argsort(starts)
+    begin, end, widest = None, None, 0.0
+    for start, width in zip(starts[order], widths[order], strict=True):
+        if begin is None or start - end >= gap:
+            begin, end = start, start + width
+        else:
+            end = max(end, start + width)
+        widest = max(widest, end - begin)
+    return widest
+
+
 def _means(run: Run) -> str:
     """Plots drawn from summary.json show means over the replications: say so."""
     n = run.summary.get("replications", 1)
@@ -324,6 +339,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
         "Where the hours went": plot_hours(run, folder / "hours.png"),
         "Training step": plot_step(run, folder / "step.png"),
     }
+    plots |= serving_plots(run, folder)
     summary = run.summary
     cluster = summary["cluster"]
     lines = [
@@ -352,6 +368,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
                      f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} | "
                      f"{_pair(job, 'cost_per_million_tokens_usd', '${:,.3f}')} | "
                      f"{_pair(job, 'energy_per_token_j', '{:,.3f}')} |")
+    lines += serving_lines(summary)
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
     report = folder / "report.md"
