@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import fuzz  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="cases run in forked processes")
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=75, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 
 
