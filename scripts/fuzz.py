@@ -102,7 +102,7 @@ def _value(draw: Any, current: Any) -> Any:
         return draw(st.integers(-(2**80), 2**80))
     if choice == 3:
         return draw(st.text(max_size=12))
-    return draw(st.sampled_from(INTERESTING))
+    return copy.deepcopy(draw(st.sampled_from(INTERESTING)))  # never the shared constant
 
 
 @st.composite
