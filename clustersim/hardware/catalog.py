@@ -94,6 +94,11 @@ class CollectiveConstants(Spec):
         default=31.2e-6, alias="step_latency",
         description="fixed time per algorithm step inside the chip-to-chip domain",
     )
+    chip_step_latency_s: NonNegativeDuration | None = Field(
+        default=None, alias="chip_step_latency",
+        description="fixed time per algorithm step that stays on one chip (its ranks "
+        "exchanging through HBM, no link crossed); step_latency when not given",
+    )
     efa_step_latency_s: NonNegativeDuration = Field(
         default=660e-6, alias="efa_step_latency",
         description="fixed time per algorithm step over EFA, beyond the fabric latency",
