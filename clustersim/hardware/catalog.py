@@ -81,18 +81,18 @@ class CollectiveConstants(Spec):
     """
 
     link_efficiency: float = Field(
-        default=0.977, gt=0, le=1, description="fraction of chip-to-chip link bandwidth reached"
+        default=0.666, gt=0, le=1, description="fraction of chip-to-chip link bandwidth reached"
     )
     efa_efficiency: float = Field(
-        default=0.726, gt=0, le=1, description="fraction of EFA (NIC and fabric) bandwidth reached"
+        default=0.890, gt=0, le=1, description="fraction of EFA (NIC and fabric) bandwidth reached"
     )
     hbm_efficiency: float = Field(
-        default=0.343, gt=0, le=1,
+        default=0.338, gt=0, le=1,
         description="fraction of HBM bandwidth collective data movement reaches",
     )
     step_latency_s: NonNegativeDuration = Field(
-        default=31.2e-6, alias="step_latency",
-        description="fixed time per algorithm step inside the chip-to-chip domain",
+        default=49.9e-6, alias="step_latency",
+        description="fixed time per algorithm step that crosses a chip-to-chip link",
     )
     chip_step_latency_s: NonNegativeDuration | None = Field(
         default=None, alias="chip_step_latency",
@@ -100,7 +100,7 @@ class CollectiveConstants(Spec):
         "exchanging through HBM, no link crossed); step_latency when not given",
     )
     efa_step_latency_s: NonNegativeDuration = Field(
-        default=660e-6, alias="efa_step_latency",
+        default=582e-6, alias="efa_step_latency",
         description="fixed time per algorithm step over EFA, beyond the fabric latency",
     )
     fabric_mesh_max_nodes: int = Field(
