@@ -298,3 +298,72 @@ def test_tables_fold_or_wrap_at_80_columns(tmp_path: Path, monkeypatch):
                    tmp_path / "sw", "--workers", "1")
     assert sweep.exit_code == 0, sweep.output
     assert "…" not in sweep.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots that tell the truth at any scale
+
+
+@pytest.fixture(scope="module")
+def month_run(tmp_path_factory) -> Path:
+    """A month of checkpoint-study with traces, two replications."""
+    out = tmp_path_factory.mktemp("month") / "cs"
+    result = invoke("run", ROOT / "scenarios" / "checkpoint-study.yaml", "-o", out,
+                    "--replications", "2", "--workers", "1", "--set", "trace.enabled=true")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _captured_figures(monkeypatch) -> dict[str, Any]:
+    from clustersim.analysis import report
+
+    figures: dict[str, Any] = {}
+    original = report._save
+
+    def keep(fig, path, tight=True):
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        figures[Path(path).name] = {
+            "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+            "title": ax.get_title(),
+            "texts": [t.get_text() for t in ax.texts],
+        }
+        return original(fig, path, tight)
+
+    monkeypatch.setattr(report, "_save", keep)
+    return figures
+
+
+def test_month_scale_timelines_mark_every_interruption_and_checkpoint(month_run, monkeypatch):
+    from clustersim.analysis.report import write_report
+    from clustersim.analysis.runs import load_run
+
+    figures = _captured_figures(monkeypatch)
+    report = write_report(month_run).read_text()
+    run = load_run(month_run)
+    job = run.intervals[run.intervals["entity"] == "job"]
+    downs = int((job["state"] == "down").sum())
+    checkpoints = int((job["state"] == "checkpointing").sum())
+    assert downs > 10 and checkpoints > 300
+    legend = figures["jobs.png"]["legend"]
+    assert f"checkpoint: {checkpoints:,} too short to draw, marked |" in legend
+    assert any(label.startswith(f"interruption (down, then restart, restore): {downs:,}")
+               for label in legend)
+    # states that cannot be seen at a month's scale are not in the legend as bars
+    assert "restoring" not in legend and "down" not in legend and "running" in legend
+    # the replicated run says which replication its plots show, and that the text is means
+    assert "replication 1 of 2" in figures["jobs.png"]["title"]
+    assert "replication 1 of 2" in figures["utilisation.png"]["title"]
+    assert "means over 2 replications" in figures["hours.png"]["title"]
+    assert "plots show replication 1" in report
+    assert "ideal / effective" in report
+
+
+def test_the_ultraserver_drawing_labels_its_instances(tmp_path: Path, monkeypatch):
+    figures = _captured_figures(monkeypatch)
+    result = invoke("topology", ROOT / "scenarios" / "quickstart.yaml", "--draw",
+                    tmp_path / "us.png")
+    assert result.exit_code == 0, result.output
+    texts = figures["us.png"]["texts"]
+    assert all(f"instance {i}" in texts for i in range(4))
+    assert any("Z rings" in label for label in figures["us.png"]["legend"])

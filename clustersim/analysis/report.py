@@ -132,7 +132,7 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
             # Every span is drawn (short running spans between checkpoints add up to a
             # visible bar); the legend lists a state only if some of it can be seen.
             seen = wide.any() or (state not in ("checkpointing", "down")
-                                  and widths.sum() >= pixel)
+                                  and _merged_widest(starts, widths, pixel) >= pixel)
             ax.broken_barh(list(zip(starts, widths, strict=True)), (row - 0.35, 0.7),
                            facecolors=STATE_COLOURS.get(state, "k"),
                            label=state if seen else None)
@@ -279,6 +279,20 @@ def plot_step(run: Run, path: Path) -> Path:
                      f"{job.get('step_time_s', 0):.2f} s, MFU {job.get('mfu', 0):.1%}"))
     title = "one training step, by where its time goes" + _of(run, jobs)
     return _stacked_bars(rows, "seconds per training step", title, path)
+
+
+def _merged_widest(starts: np.ndarray, widths: np.ndarray, gap: float) -> float:
+    """The widest run of spans once gaps narrower than `gap` are closed: what the eye sees
+    of spans drawn side by side (running between checkpoints), not their sum."""
+    order = np.argsort(starts)
+    begin, end, widest = None, None, 0.0
+    for start, width in zip(starts[order], widths[order], strict=True):
+        if begin is None or start - end >= gap:
+            begin, end = start, start + width
+        else:
+            end = max(end, start + width)
+        widest = max(widest, end - begin)
+    return widest
 
 
 def _means(run: Run) -> str:
