@@ -319,10 +319,10 @@ def _pair(job: dict, key: str, form: str) -> str:
     return " / ".join("-" if v is None else form.format(v) for v in values)
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Draw the plots into RUN_DIR/report/ and write RUN_DIR/report/report.md."""
+def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
+    """Draw the plots into RUN_DIR/report/ (or `folder`) and write report.md there."""
     run = load_run(run_dir)
-    folder = run.path / "report"
+    folder = Path(folder) if folder is not None else run.path / "report"
     folder.mkdir(exist_ok=True)
     plots = {
         "Cluster utilisation": plot_utilisation(run, folder / "utilisation.png"),
