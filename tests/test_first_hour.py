@@ -370,7 +370,7 @@ def test_the_ultraserver_drawing_labels_its_instances(tmp_path: Path, monkeypatc
 
 
 def test_a_finished_job_without_checkpoints_says_why_it_took_so_long():
-    never = dict(SEVENTY_B, jobs=[dict(SEVENTY_B["jobs"][0], steps=3000,
+    never = dict(SEVENTY_B, jobs=[dict(SEVENTY_B["jobs"][0], steps=2000,
                                        checkpoint={"interval": "never"})],
                  failures={"preset": "llama3", "scale": 10})
     job = _simulate(never)["jobs"]["pretrain"]
