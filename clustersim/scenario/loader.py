@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from clustersim.hardware import units
 from clustersim.hardware.catalog import (
@@ -237,8 +244,9 @@ class Scenario(Spec):
     _source: str = PrivateAttr(default="<scenario>")
 
     @model_validator(mode="after")
-    def _check_together(self) -> Scenario:
-        issues = list(_cross_checks(self))
+    def _check_together(self, info: ValidationInfo) -> Scenario:
+        planning = bool(info.context and info.context.get("planning"))
+        issues = list(_cross_checks(self, planning))
         if issues:
             raise ScenarioCheckError(issues)
         return self
@@ -277,7 +285,7 @@ class Scenario(Spec):
         return self._source_yaml
 
 
-def _cross_checks(s: Scenario) -> Iterable[Issue]:
+def _cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     hw = s.hardware
     per_us = hw.instances_per_ultraserver
     if s.cluster.ultraservers is not None and hw.ultraserver is None:
@@ -319,6 +327,12 @@ def _cross_checks(s: Scenario) -> Iterable[Issue]:
         if job.name in seen:
             yield Issue(f"{at}.name", "job names must be unique", job.name, True)
         seen.add(job.name)
+        if "parallelism" not in job.model_fields_set:
+            # `clustersim plan` chooses the first job's parallelism; a run needs it written.
+            if not (planning and index == 0):
+                yield Issue(f"{at}.parallelism", "required key is missing: give {tp, pp, dp} "
+                            "or let `clustersim plan SCENARIO --write-scenario FILE` choose it")
+            continue
         shown = f"tp {par.tp} x pp {par.pp} x dp {par.dp} = {par.ranks} ranks"
         if job.instances is not None:
             if par.ranks != job.instances * rpi:
@@ -674,7 +688,7 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
 
 def scenario_from_dict(
     raw: Any, source: str = "<scenario>", overrides: Sequence[str] = (),
-    base_dir: Path | None = None,
+    base_dir: Path | None = None, planning: bool = False,
 ) -> Scenario:
     """Validate a raw scenario mapping (as read from YAML), after applying overrides."""
     if not isinstance(raw, dict):
@@ -699,7 +713,7 @@ def scenario_from_dict(
     generated_from = resolved.pop("_generated_from", None)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
-        scenario = Scenario.model_validate(resolved)
+        scenario = Scenario.model_validate(resolved, context={"planning": planning})
     except ValidationError as error:
         issues += [
             i for i in _pydantic_issues(error)
@@ -733,10 +747,13 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
-    """Read, override, resolve and validate a scenario file."""
+def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: bool = False
+                  ) -> Scenario:
+    """Read, override, resolve and validate a scenario file (`planning`: the first job's
+    parallelism may be omitted, for `clustersim plan` to choose)."""
     path = Path(path)
-    return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent)
+    return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent,
+                              planning=planning)
 
 
 def read_yaml_file(path: Path) -> Any:
