@@ -8,17 +8,31 @@ The command line is a thin shell over this API, which notebooks use directly::
     result.summary["cluster"]["chips"]
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("clustersim")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names  # noqa: E402
-from clustersim.hardware.topology import Topology, build_topology  # noqa: E402
-from clustersim.runner.api import RunResult, run_to, simulate, write_run  # noqa: E402
-from clustersim.scenario.loader import Scenario, ScenarioError, load_scenario  # noqa: E402
+# The public names are imported on first use (PEP 562), so that `import clustersim` (and the
+# command line's `--version` and `--help`) does not pay for numpy, pandas, networkx and pydantic.
+_EXPORTS = {
+    "HardwareSpec": "clustersim.hardware.catalog",
+    "catalog_entry": "clustersim.hardware.catalog",
+    "catalog_names": "clustersim.hardware.catalog",
+    "Topology": "clustersim.hardware.topology",
+    "build_topology": "clustersim.hardware.topology",
+    "RunResult": "clustersim.runner.api",
+    "run_to": "clustersim.runner.api",
+    "simulate": "clustersim.runner.api",
+    "write_run": "clustersim.runner.api",
+    "Scenario": "clustersim.scenario.loader",
+    "ScenarioError": "clustersim.scenario.loader",
+    "load_scenario": "clustersim.scenario.loader",
+}
 
 __all__ = [
     "__version__",
@@ -35,3 +49,15 @@ __all__ = [
     "simulate",
     "write_run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'clustersim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

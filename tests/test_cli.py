@@ -248,7 +248,7 @@ def test_internal_errors_exit_1_without_traceback(small: Path, tmp_path: Path, m
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr("clustersim.cli.app.run_to", broken)
+    monkeypatch.setattr("clustersim.runner.api.run_to", broken)
     monkeypatch.delenv("CLUSTERSIM_DEBUG", raising=False)
     result = invoke("run", small, "-o", tmp_path / "out")
     assert result.exit_code == 1

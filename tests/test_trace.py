@@ -50,7 +50,7 @@ def test_every_table_matches_its_schema_and_carries_metadata(run: Path):
         assert metadata[b"clustersim.seed"] == b"3"
         assert metadata[b"clustersim.schema"] == SCHEMA_VERSION.encode()
         assert metadata[b"clustersim.table"] == table.encode()
-        assert b"name: traced" in metadata[b"clustersim.scenario.loader"]
+        assert b"name: traced" in metadata[b"clustersim.scenario"]
 
 
 def test_utilisation_rows_add_up_to_one(run: Path):

@@ -8,7 +8,7 @@ time bin: per-chip state is the state of its instance's job (`allocations`) unle
 instance is down (`intervals` of entity `chip`, state `failed` then `repairing`).
 
 Every file is Parquet (zstd) and carries the key-value metadata `clustersim.version`,
-`clustersim.seed`, `clustersim.scenario.loader` (the effective YAML), `clustersim.schema` (this
+`clustersim.seed`, `clustersim.scenario` (the effective YAML), `clustersim.schema` (this
 module's version) and `clustersim.table`. Column documentation: `COLUMNS` below, also in the
 README.
 """
@@ -143,7 +143,7 @@ def table_metadata(table: str, version: str, seed: int, scenario_yaml: str) -> d
     return {
         b"clustersim.version": version.encode(),
         b"clustersim.seed": str(seed).encode(),
-        b"clustersim.scenario.loader": scenario_yaml.encode(),
+        b"clustersim.scenario": scenario_yaml.encode(),
         b"clustersim.schema": SCHEMA_VERSION.encode(),
         b"clustersim.table": table.encode(),
     }

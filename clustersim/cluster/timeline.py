@@ -39,7 +39,7 @@ import simpy
 
 from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
 from clustersim.hardware.failures import FailureRateSpec, failure_preset_rates, weibull_scale
-from clustersim.scenario.loader import JobSpec, Scenario
+from clustersim.scenario.models import JobSpec, Scenario
 from clustersim.training.step import StepModel, StepProfile
 
 __all__ = [

@@ -20,7 +20,8 @@ from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisati
 from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware.topology import Topology, build_topology
 from clustersim.runner.outputs import atomic_output_dir
-from clustersim.scenario.loader import Issue, Scenario, ScenarioError
+from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.models import Scenario
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",

@@ -40,13 +40,10 @@ from pydantic import Field, ValidationError, model_validator
 from clustersim.hardware.spec import Spec
 from clustersim.runner.api import simulate, t_quantile
 from clustersim.runner.outputs import atomic_output_dir
-from clustersim.scenario.loader import (
-    Issue,
-    ScenarioError,
-    _pydantic_issues,
-    load_scenario,
-    read_yaml_file,
-)
+from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.loader import load_scenario
+from clustersim.scenario.messages import pydantic_issues
+from clustersim.scenario.reading import read_yaml_file
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
            "summarise", "write_sweep", "t_quantile"]
@@ -99,7 +96,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as error:
-        raise ScenarioError(str(path), _pydantic_issues(error)) from None
+        raise ScenarioError(str(path), pydantic_issues(error)) from None
     scenario = (path.parent / spec.scenario).resolve()
     if not scenario.exists():
         raise ScenarioError(str(path), [Issue("scenario", f"no such file {scenario}",

@@ -1,25 +1,27 @@
-"""Scenario files: the validated, immutable description of a simulation, its loader and rules.
+"""Scenario files: the validated, immutable description of a simulation.
+
+`models` holds the sections as pydantic specs, `rules` the checks that span sections,
+`reading` the strict YAML reader and `--set` overrides, `errors` and `messages` the issues a
+user sees, `schema` the JSON Schema for editors, `jobmix` the generated job mixes, and
+`loader` puts them together in `load_scenario`.
 """
 
-from clustersim.scenario.loader import (
+from clustersim.hardware.failures import StragglerSpec
+from clustersim.hardware.topology import FabricSpec
+from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.loader import load_scenario, scenario_from_dict
+from clustersim.scenario.models import (
     CheckpointSpec,
     ClusterSpec,
-    FabricSpec,
     FailuresSpec,
-    Issue,
     JobSpec,
-    ParallelismSpec,
     Scenario,
-    ScenarioError,
     SchedulerSpec,
-    StragglerSpec,
     TraceSpec,
-    apply_override,
-    load_scenario,
-    parse_override,
-    scenario_from_dict,
-    scenario_json_schema,
 )
+from clustersim.scenario.reading import apply_override, parse_override
+from clustersim.scenario.schema import scenario_json_schema
+from clustersim.training.workload import ParallelismSpec
 
 __all__ = [
     "Issue",

@@ -1,0 +1,69 @@
+"""What every command shares: the consoles, the error handling (exit 2 for the user's mistakes,
+1 for anything else) and the options several commands take.
+
+Nothing heavy is imported here: `clustersim --version` and `--help` should not pay for numpy,
+pandas or pydantic. Commands import the layers they use inside their bodies.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+out_console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UsageProblem(Exception):
+    """A bad argument the command itself found (exit 2)."""
+
+
+def _user_error_types() -> tuple[type[Exception], ...]:
+    """The exceptions that mean bad input, not a bug (imported only once something failed)."""
+    from clustersim.runner.outputs import OutputDirError
+    from clustersim.scenario.errors import ScenarioError
+    from clustersim.training.step import JobDoesNotFit
+
+    return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit)
+
+
+def user_errors(command: F) -> F:
+    """Turn user mistakes into a message and exit 2, and anything else into exit 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as error:
+            if isinstance(error, _user_error_types()):
+                err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
+                raise typer.Exit(2) from None
+            if os.environ.get("CLUSTERSIM_DEBUG"):  # a bug or an environment problem
+                raise
+            err_console.print(
+                f"[red]internal error:[/red] {type(error).__name__}: {escape(str(error))}\n"
+                "(set CLUSTERSIM_DEBUG=1 for a traceback)", soft_wrap=True,
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.", show_default=False)]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a scenario key: PATH=VALUE (repeatable).",
+                 show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead.")]

@@ -1,0 +1,147 @@
+"""`clustersim sweep` and `clustersim check`: grids of runs, and golden summaries re-run."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from clustersim.cli.common import UsageProblem, err_console, out_console, user_errors
+
+
+@user_errors
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP", help="Sweep YAML file.",
+                                               show_default=False)],
+    engine: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
+    workers: Annotated[int | None, typer.Option(help="Local processes [default: cores].",
+                                                min=1)] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join (ray engine); "
+                                                     "default: start a local one.")] = None,
+    out: Annotated[Path | None, typer.Option("-o", "--out",
+                                             help="Output directory [default: results/NAME/].")
+                   ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+) -> None:
+    """A grid of scenario variants x seeds, each a full run, in parallel."""
+    from clustersim.runner.outputs import check_output_dir
+    from clustersim.runner.sweep import load_sweep, run_sweep, sweep_tasks, write_sweep
+
+    if engine not in ("local", "ray"):
+        raise UsageProblem(f"--engine {engine!r}: expected local or ray")
+    spec, scenario_path = load_sweep(sweep_file)
+    tasks = sweep_tasks(spec, scenario_path)
+    out_dir = out if out is not None else Path("results") / sweep_file.stem
+    check_output_dir(out_dir, force)
+    if engine == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'") from None
+    with _task_progress(len(tasks)) as progress:
+        rows, summary = run_sweep(sweep_file, engine=engine, workers=workers, address=address,
+                                  progress=progress)
+    write_sweep(rows, summary, sweep_file, out_dir, force=force)
+    failed = rows[rows["status"] != "ok"]
+    out_console.print(f"{len(rows):,} runs ({len(failed):,} failed) of {len(summary):,} "
+                      f"variants; wrote {escape(str(out_dir))}/sweep.parquet and "
+                      "sweep_summary.parquet")
+    for row in failed.itertuples():
+        err_console.print(f"[red]failed:[/red] variant {escape(str(row.variant))}, seed "
+                          f"{row.seed}: {escape(str(row.error))}", soft_wrap=True)
+    _print_sweep(summary, list(spec.grid))
+    if len(rows) and len(failed) == len(rows):
+        err_console.print("[red]no run succeeded[/red]: check the grid's paths and values")
+        raise typer.Exit(1)
+
+
+def _print_sweep(summary: Any, grid_paths: list[str]) -> None:
+    """Per variant and grid point: the headline figures of each job, mean ± 95% interval."""
+    headline = (".step_time_s", ".tokens_per_s", ".cost_per_million_tokens_usd", ".ettr")
+    figures = [c for c in summary.columns if c.endswith(headline) and c.count(".") == 1]
+    keys = ["variant"] + grid_paths
+    table = Table(title="sweep summary (mean ± 95% interval over seeds)", title_justify="left")
+    for column in keys + figures[:8]:
+        table.add_column(column, overflow="fold")
+    for row in summary.to_dict("records"):
+        cells = [str(row[c]) for c in keys]
+        for column in figures[:8]:
+            value, ci = row[column], row.get(f"{column}_ci95")
+            text = "-" if value is None or (isinstance(value, float) and math.isnan(value)) else (
+                f"{value:,.4g}")
+            if isinstance(ci, float) and not math.isnan(ci) and ci > 0:
+                text += f" ± {ci:,.2g}"
+            cells.append(text)
+        table.add_row(*cells)
+    out_console.print(table)
+
+
+@contextlib.contextmanager
+def _task_progress(total: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar of finished runs on stderr, when it is a terminal."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not err_console.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn("sweep"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
+
+
+@user_errors
+def check(
+    scenarios: Annotated[list[Path] | None, typer.Argument(
+        help="Scenarios to check [default: every scenario with a golden].",
+        show_default=False)] = None,
+    update: Annotated[bool, typer.Option("--update", help="Rewrite the goldens.")] = False,
+) -> None:
+    """Re-run reference scenarios and compare with results/<name>/summary.json (exit 1 on a
+    difference)."""
+    from clustersim.runner.check import RELATIVE_TOLERANCE, check_scenario, reference_scenarios
+
+    root = Path.cwd()
+    paths = list(scenarios or reference_scenarios(root))
+    if not paths:
+        raise UsageProblem("no reference scenarios: no scenarios/*.yaml has a golden in "
+                           "results/<name>/summary.json (run from the project folder)")
+    differing = missing = 0
+    for path in paths:
+        result = check_scenario(path, root, update=update)
+        label = {"ok": "[green]ok[/green]", "updated": "[blue]updated[/blue]",
+                 "missing": "[red]no golden[/red]", "differs": "[red]differs[/red]"}[result.status]
+        out_console.print(f"{label} {escape(result.name)} ({escape(str(path))}, "
+                          f"{result.wall_s:.1f} s)")
+        if result.status == "missing":
+            missing += 1
+            err_console.print(f"  {escape(str(path))}: no results/{escape(result.name)}/"
+                              "summary.json; create it with clustersim check --update "
+                              f"{escape(str(path))}", soft_wrap=True)
+        if result.status == "differs":
+            differing += 1
+            table = Table(show_header=True, box=None, padding=(0, 2))
+            for column in ("figure", "golden", "now", "change"):
+                table.add_column(column, overflow="fold")
+            for where, old, new in result.differences[:40]:
+                change = ""
+                if isinstance(old, int | float) and isinstance(new, int | float) and old:
+                    change = f"{(new - old) / abs(old):+.3%}"
+                table.add_row(escape(where), escape(str(old)), escape(str(new)), change)
+            out_console.print(table)
+            if len(result.differences) > 40:
+                out_console.print(f"  ... and {len(result.differences) - 40} more")
+    if missing:
+        raise typer.Exit(2)
+    if differing:
+        err_console.print(f"{differing} of {len(paths)} scenarios moved beyond the tolerance "
+                          f"({RELATIVE_TOLERANCE:g} relative); if that is intended, run "
+                          "clustersim check --update and say why in the commit", soft_wrap=True)
+        raise typer.Exit(1)
+

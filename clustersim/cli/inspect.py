@@ -1,0 +1,226 @@
+"""Looking without simulating: `validate`, `topology`, `hardware` and `schema`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from clustersim.cli.common import (
+    JsonOption,
+    ScenarioArg,
+    SetOption,
+    UsageProblem,
+    err_console,
+    out_console,
+    user_errors,
+)
+
+
+@user_errors
+def validate(
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario files.", show_default=False)],
+    overrides: SetOption = None,
+) -> None:
+    """Check scenario files without simulating."""
+    from clustersim.scenario.loader import ScenarioError, load_scenario
+
+    failed = 0
+    for path in scenarios:
+        try:
+            spec = load_scenario(path, overrides or [])
+        except ScenarioError as error:
+            failed += 1
+            err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
+            continue
+        out_console.print(
+            f"ok: {escape(str(path))} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
+            f"{len(spec.jobs):,} job{'s' if len(spec.jobs) != 1 else ''})"
+        )
+    if failed:
+        raise typer.Exit(2)
+
+
+@user_errors
+def topology(
+    scenario: ScenarioArg,
+    overrides: SetOption = None,
+    json_out: JsonOption = False,
+    draw: Annotated[
+        Path | None, typer.Option("--draw", help="Draw the first UltraServer (or instance) "
+                                                 "as a PNG to this path.")
+    ] = None,
+) -> None:
+    """Chips, instances, UltraServers, links by kind, per-chip bandwidths, fabric bisection."""
+    from clustersim.hardware import units
+    from clustersim.runner.api import topology_for
+    from clustersim.scenario.loader import load_scenario
+
+    spec = load_scenario(scenario, overrides or [])
+    if draw is not None and draw.suffix.lower() != ".png":
+        raise UsageProblem(f"--draw {draw}: expected a .png path")
+    if draw is not None and (draw.is_dir() or not draw.parent.is_dir()):
+        raise UsageProblem(f"--draw {draw}: expected a .png file in an existing folder")
+    started = time.perf_counter()
+    topo = topology_for(spec)
+    build_s = time.perf_counter() - started
+    if draw is not None:
+        from clustersim.analysis.report import draw_topology
+
+        draw_topology(topo, draw)
+        err_console.print(f"drew {escape(str(draw))}")
+    figures = topo.summary()
+    figures["build_s"] = round(build_s, 3)
+    figures["nodes"] = topo.graph.number_of_nodes()
+    figures["edges"] = topo.graph.number_of_edges()
+    if json_out:
+        print(json.dumps(figures, indent=2))
+        return
+    table = Table(title=f"{spec.name}: topology of {figures['hardware']}", title_justify="left",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("chips", f"{figures['chips']:,} ({figures['ranks']:,} ranks)")
+    table.add_row("instances", f"{figures['instances']:,}")
+    table.add_row("UltraServers", f"{figures['ultraservers']:,}")
+    table.add_row("switches", f"{figures['switches']:,} chip switches, {figures['leaves']:,} leaf, "
+                  f"{figures['spines']:,} spine")
+    table.add_row("graph", f"{figures['nodes']:,} nodes, {figures['edges']:,} edges, "
+                  f"built in {build_s:.2f} s")
+    table.add_row("fabric bisection", f"{figures['bisection_gbps']:,.0f} GB/s per direction")
+    out_console.print(table)
+    links = Table(title="links by kind", title_justify="left")
+    for column in ("kind", "count", "per link, each way", "latency", "per chip (as quoted)"):
+        links.add_column(column, justify="right" if column != "kind" else "left")
+    for kind, count in figures["links"].items():
+        per_chip = figures["per_chip_bandwidth_gbps"].get(kind)
+        links.add_row(
+            kind, f"{count:,}", f"{figures['link_bandwidth_gbps'][kind]:,.2f} GB/s",
+            units.format_duration(figures["link_latency_us"][kind] / 1e6),
+            "" if per_chip is None else f"{per_chip:,.1f} GB/s",
+        )
+    out_console.print(links)
+
+
+@user_errors
+def hardware(
+    name: Annotated[str | None, typer.Argument(help="Catalog entry to print.")] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """List the hardware catalog, or print one entry with its sources."""
+    from clustersim.hardware.catalog import catalog_entry, catalog_names, catalog_source_refs
+
+    if name is None:
+        _list_hardware(json_out)
+        return
+    if name not in catalog_names():
+        raise UsageProblem(f"unknown hardware {name!r}; expected one of {', '.join(catalog_names())}")
+    spec = catalog_entry(name)
+    if json_out:
+        print(spec.model_dump_json(by_alias=True, indent=2))
+        return
+    out_console.print(f"[bold]{name}[/bold]: {spec.description}")
+    table = Table(show_header=True, title_justify="left")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    for path, value in _flatten(spec.model_dump(by_alias=True, exclude={"sources"})):
+        table.add_row(path, _show(path, value), spec.sources.get(path, ""))
+    out_console.print(table)
+    refs = catalog_source_refs()
+    used = sorted({s.split(":")[0] for s in spec.sources.values()} & set(refs))
+    for ref in used:
+        out_console.print(f"[bold]{ref}[/bold]: {refs[ref]}", soft_wrap=True)
+
+
+def _list_hardware(json_out: bool) -> None:
+    from clustersim.hardware.catalog import catalog_entry, catalog_names
+
+    rows = []
+    for entry in catalog_names():
+        spec = catalog_entry(entry)
+        rows.append({
+            "name": entry,
+            "instance": spec.instance.name,
+            "chip": spec.chip.name,
+            "chips_per_instance": spec.chips_per_instance,
+            "instances_per_ultraserver": spec.instances_per_ultraserver,
+            "bf16_tflops": spec.chip.tflops["bf16"],
+            "hbm_gib": spec.chip.hbm_bytes / 2**30,
+            "interconnect": spec.instance.interconnect.topology,
+            "efa_gbps": spec.instance.efa_bytes_per_s * 8 / 1e9,
+            "price_per_hour_usd": spec.instance.price_per_hour_usd,
+        })
+    if json_out:
+        print(json.dumps({"hardware": rows}, indent=2))
+        return
+    table = Table(title="hardware catalog (prices are assumptions: override them)",
+                  title_justify="left")
+    for column in ("name", "instance", "chip", "chips", "BF16 TFLOPS", "HBM", "links", "EFA",
+                   "$/h"):
+        table.add_column(column, no_wrap=column == "name")
+    for row in rows:
+        chips = str(row["chips_per_instance"])
+        if row["instances_per_ultraserver"] > 1:
+            chips += f" x {row['instances_per_ultraserver']}"
+        table.add_row(
+            row["name"], row["instance"], row["chip"], chips, f"{row['bf16_tflops']:g}",
+            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbps']:,.0f} Gbps",
+            "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}",
+        )
+    out_console.print(table)
+
+
+def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, dict):
+        items: list[tuple[str, Any]] = []
+        for key, value in node.items():
+            items.extend(_flatten(value, f"{prefix}.{key}" if prefix else key))
+        return items
+    return [(prefix, node)]
+
+
+def _show(path: str, value: Any) -> str:
+    """Values with their units, read off the field name."""
+    from clustersim.hardware import units
+
+    if value is None:
+        return "-"
+    leaf = path.rsplit(".", 1)[-1]
+    if leaf in ("hbm", "sram", "host_memory"):
+        return units.format_bytes(value)
+    if leaf == "efa":
+        return units.format_bandwidth(value, bits=True)
+    if leaf in ("hbm_bandwidth", "bandwidth"):
+        return units.format_bandwidth(value)
+    if leaf == "latency":
+        return units.format_duration(value)
+    if leaf == "power":
+        return units.format_power(value)
+    return str(value)
+
+
+@user_errors
+def schema(
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="Write to a file.")] = None,
+) -> None:
+    """Print the JSON Schema of scenario files (for editors' completion and checks)."""
+    from clustersim.scenario.schema import scenario_json_schema
+
+    text = json.dumps(scenario_json_schema(), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise UsageProblem(f"-o {out}: cannot write it ({error.strerror})") from None
+        err_console.print(f"wrote {out}")
+
+

@@ -1,0 +1,181 @@
+"""The models on their own, without the timeline: `step` (one training step per job) and
+`collective` (one collective across sizes, as nccom-test prints it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from clustersim.cli.common import (
+    JsonOption,
+    ScenarioArg,
+    SetOption,
+    UsageProblem,
+    out_console,
+    user_errors,
+)
+
+
+@user_errors
+def step(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOption = False) -> None:
+    """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit."""
+    from clustersim.runner.api import step_profiles
+    from clustersim.scenario.loader import load_scenario
+
+    spec = load_scenario(scenario, overrides or [])
+    if not spec.jobs:
+        raise UsageProblem(f"{scenario}: the scenario has no jobs")
+    profiles = step_profiles(spec)
+    if json_out:
+        print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2))
+        return
+    for job in spec.jobs:
+        _print_step(job, profiles[job.name], spec)
+
+
+def _print_step(job: Any, profile: Any, spec: Any) -> None:
+    par = job.parallelism
+    title = (f"{profile.name}: {job.model.name} on {profile.chips:,} {spec.hardware.chip.name} "
+             f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
+             f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
+             f" x dp {par.dp}, {profile.microbatches} micro-batches of {job.micro_batch}")
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("step", style="bold")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    rows = [("compute", profile.compute_s)]
+    rows += [(f"exposed {kind} communication", value)
+             for kind, value in profile.exposed_comm_s.items()]
+    rows += [("pipeline bubble", profile.bubble_s), ("optimizer", profile.optimizer_s)]
+    for label, value in rows:
+        table.add_row(label, f"{value:,.3f}", f"{value / profile.step_time_s:.1%}")
+    table.add_row("step time", f"{profile.step_time_s:,.3f}", "100%", style="bold")
+    out_console.print(table)
+    memory = profile.memory.as_gib()
+    facts = Table(show_header=False)
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row("throughput", f"{profile.tokens_per_s:,.0f} tokens/s, "
+                  f"{profile.sequences_per_s:,.2f} sequences/s")
+    facts.add_row("MFU / HFU", f"{profile.mfu:.1%} / {profile.hfu:.1%} of {job.precision} peak")
+    fit = "[green]fits[/green]" if profile.fits_memory else "[red]does not fit[/red]"
+    facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit} "
+                  f"(weights {memory['weights']:.1f}, gradients {memory['gradients']:.1f}, "
+                  f"optimizer {memory['optimizer']:.1f}, activations {memory['activations']:.1f},"
+                  f" logits {memory['logits']:.1f})")
+    if profile.energy_per_token_j is not None:
+        facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token")
+    if profile.cost_per_million_tokens_usd is not None:
+        facts.add_row("cost", f"${profile.cost_per_million_tokens_usd:,.3f} per million tokens "
+                      "(on-demand price, an assumption)")
+    out_console.print(facts)
+
+
+def _parse_sizes(text: str) -> list[float]:
+    """`32MB`, `1KiB:1GiB` (doubling) or `1KiB:1GiB:4` (factor 4), as nccom-test's -b/-e/-f."""
+    from clustersim.hardware import units
+
+    parts = text.split(":")
+    if len(parts) > 3 or not all(parts):
+        raise UsageProblem(f"--sizes {text!r}: expected SIZE, MIN:MAX or MIN:MAX:FACTOR")
+    try:
+        low = units.parse_bytes(parts[0])
+        high = units.parse_bytes(parts[1]) if len(parts) > 1 else low
+        factor = float(parts[2]) if len(parts) > 2 else 2.0
+    except ValueError as error:
+        raise UsageProblem(f"--sizes {text!r}: {error}") from None
+    if not (1 <= round(low) and low <= high and math.isfinite(high) and 1 < factor < math.inf):
+        raise UsageProblem(f"--sizes {text!r}: expected 1 byte <= MIN <= MAX and a finite "
+                           "FACTOR > 1")
+    if math.log(high / low) / math.log(factor) >= 200:
+        raise UsageProblem(f"--sizes {text!r}: more than 200 sizes; expected a larger FACTOR")
+    sizes = []
+    size = low
+    while size <= high * (1 + 1e-9):
+        sizes.append(float(round(size)))
+        size *= factor
+    return sizes
+
+
+@user_errors
+def collective(
+    hardware_name: Annotated[str, typer.Option("--hardware", help="Catalog entry, e.g. trn2.")],
+    op: Annotated[str, typer.Option(help="all-reduce, all-gather, reduce-scatter, all-to-all, "
+                                         "broadcast or send-recv (nccom-test names work too).")],
+    ranks: Annotated[int, typer.Option(help="Ranks taking part.", min=1)],
+    instances: Annotated[
+        int | None, typer.Option(help="Instances to spread them over [default: as few as fit].",
+                                 min=1)
+    ] = None,
+    sizes: Annotated[str, typer.Option(help="SIZE, MIN:MAX (doubling) or MIN:MAX:FACTOR.")] = (
+        "1KiB:1GiB:4"),
+    algorithm: Annotated[str, typer.Option(help="auto, ring, biring, mesh, mesh1, rdh, kangaring, "
+                                                "or hierarchical.")] = "auto",
+    intra: Annotated[str, typer.Option(help="Algorithm inside the instance (multi-node).")] = "auto",
+    inter: Annotated[str, typer.Option(help="Algorithm over EFA (multi-node).")] = "auto",
+    json_out: JsonOption = False,
+) -> None:
+    """One collective across sizes, as nccom-test prints it (GB/s = 1e9 bytes/s)."""
+    from clustersim.collectives.model import (
+        CollectiveError,
+        CollectiveModel,
+        check_rank_split,
+        normalise_op,
+        place_ranks,
+    )
+    from clustersim.hardware.catalog import catalog_entry, catalog_names
+    from clustersim.hardware.topology import build_topology
+
+    if hardware_name not in catalog_names():
+        raise UsageProblem(
+            f"--hardware {hardware_name!r}: unknown; expected one of {', '.join(catalog_names())}"
+        )
+    size_list = _parse_sizes(sizes)
+    spec = catalog_entry(hardware_name)
+    try:
+        op_name = normalise_op(op)
+        wanted = instances or max(1, -(-ranks // spec.ranks_per_instance))
+        check_rank_split(ranks, wanted)  # before the graph: --instances may be huge
+        per_us = spec.instances_per_ultraserver
+        topo = build_topology(spec, -(-wanted // per_us) * per_us)
+        model = CollectiveModel(topo)
+        group = place_ranks(topo, ranks, wanted)
+        costs = [model.cost(op_name, group, size, algorithm=algorithm, intra=intra, inter=inter)
+                 for size in size_list]
+    except CollectiveError as error:
+        raise UsageProblem(str(error)) from None
+    rows = [{
+        "bytes": int(c.size_bytes),
+        "algorithm": c.algorithm,
+        "time_us": c.time_s * 1e6,
+        "algbw_gbps": c.algbw_bytes_per_s / 1e9,
+        "busbw_gbps": c.busbw_bytes_per_s / 1e9,
+        "steps": c.steps,
+    } for c in costs]
+    if json_out:
+        print(json.dumps({"hardware": hardware_name, "op": op_name, "ranks": ranks,
+                          "instances": wanted, "ranks_per_chip": group.ranks_per_chip,
+                          "rows": rows}, indent=2))
+        return
+    table = Table(
+        title=f"{op_name} over {ranks} ranks on {wanted} {spec.instance.name} "
+              f"({len(group.chips)} chips, {group.ranks_per_chip} ranks each)",
+        title_justify="left",
+    )
+    for column in ("size(B)", "algorithm", "steps", "time(us)", "algbw(GB/s)", "busbw(GB/s)"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right",
+                         no_wrap=column in ("size(B)", "algorithm"))
+    for row in rows:
+        table.add_row(f"{row['bytes']:,}", row["algorithm"], str(row["steps"]),
+                      f"{row['time_us']:,.1f}", f"{row['algbw_gbps']:.2f}",
+                      f"{row['busbw_gbps']:.2f}")
+    out_console.print(table)
+    average = sum(r["busbw_gbps"] for r in rows) / len(rows)
+    out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
+
+

@@ -1,0 +1,142 @@
+"""`clustersim run`: simulate a scenario, write its outputs and print the headline figures."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from clustersim.cli.common import ScenarioArg, SetOption, err_console, out_console, user_errors
+
+
+@user_errors
+def run(
+    scenario: ScenarioArg,
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", help="Output directory [default: results/NAME/].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed instead of the scenario's.", min=0)] = None,
+    replications: Annotated[int, typer.Option(help="Independent seeds to run.", min=1)] = 1,
+    workers: Annotated[
+        int | None, typer.Option(help="Processes for replications [default: cores].", min=1)
+    ] = None,
+    overrides: SetOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+) -> None:
+    """Simulate a scenario and write summary.json (and traces) to OUT."""
+    from clustersim.runner.api import run_to
+    from clustersim.runner.outputs import check_output_dir
+    from clustersim.scenario.loader import load_scenario
+
+    spec = load_scenario(scenario, overrides or [])
+    out_dir = out if out is not None else Path("results") / spec.name
+    check_output_dir(out_dir, force)
+    with _simulated_time_progress(True) as progress:
+        result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
+                        workers=workers, progress=progress)
+    _print_run(result.summary, out_dir)
+
+
+@contextlib.contextmanager
+def _simulated_time_progress(enabled: bool) -> Iterator[Callable[[float, float], None] | None]:
+    """A progress bar of simulated time on stderr, when it is a terminal."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn("simulating"), BarColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=1.0)
+
+        def update(now: float, horizon: float) -> None:
+            bar.update(task, completed=now / horizon,
+                       description=f"day {now / 86400:,.1f} of {horizon / 86400:,.1f}")
+
+        yield update
+
+
+def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
+    jobs = list(summary["jobs"].values())
+    cluster = summary["cluster"]
+    statuses = cluster.get("jobs_by_status", {})
+    table.add_row("jobs", f"{len(jobs):,}: " + ", ".join(
+        f"{count:,.0f} {status}" for status, count in statuses.items()
+        if not status.endswith("_ci95")))
+    ettr = [j["ettr"] for j in jobs if j.get("start_s") is not None]
+    if ettr:
+        table.add_row("", f"ETTR mean {sum(ettr) / len(ettr):.1%} over started jobs; queue wait "
+                      f"mean {cluster.get('mean_queue_wait_s', 0) / 3600:,.1f} h; fragmentation "
+                      f"{cluster.get('fragmentation', 0):.0%}")
+    slowdowns = [j["slowdown"] for j in jobs if j.get("slowdown")]
+    if slowdowns:
+        table.add_row("", f"slowdown versus alone: median {sorted(slowdowns)[len(slowdowns) // 2]:.2f}"
+                      f", worst {max(slowdowns):.2f}")
+
+
+def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
+    cluster = summary["cluster"]
+    table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
+                  show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("hardware", f"{cluster['hardware']} ({cluster['instance_type']})")
+    table.add_row("instances", f"{cluster['instances']:,} ({cluster['spare_instances']} spare)"
+                  + (f", {cluster['ultraservers']:,} UltraServers" if cluster["ultraservers"] else ""))
+    table.add_row("switches", f"{cluster['leaf_switches']:,} leaf, {cluster['spine_switches']:,} spine")
+    table.add_row("peak BF16", f"{cluster['peak_pflops']['bf16']:,.1f} PFLOPS")
+    table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbps']:,.1f} TB/s")
+    table.add_row("EFA bisection", f"{cluster['bisection_gbps']:,.0f} GB/s")
+    if cluster["price_per_hour_usd"] is not None:
+        table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
+    if cluster["chip_power_kw"] is not None:
+        table.add_row("chip power", f"{cluster['chip_power_kw']:,.1f} kW")
+    jobs = summary["jobs"]
+    if len(jobs) > 8:
+        _summarise_many_jobs(table, summary)
+        jobs = {}
+    for name, job in jobs.items():
+        table.add_row(
+            f"job {name}",
+            f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
+            f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, "
+            f"{job['tokens_per_step']:,} tokens/step",
+        )
+        table.add_row(
+            "",
+            f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
+            f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip",
+        )
+        ci = f" ± {job['ettr_ci95']:.1%}" if "ettr_ci95" in job else ""
+        table.add_row(
+            "",
+            f"{job['status']}: {job['steps_completed']:,.0f} steps, ETTR {job['ettr']:.1%}{ci}, "
+            f"{job['interruptions']:,.0f} interruptions",
+        )
+        lost = {k: v for k, v in job["lost_time_s"].items()
+                if isinstance(v, float | int) and v and not k.endswith("_ci95")}
+        if lost:
+            hours = ", ".join(f"{k.replace('_', ' ')} {v / 3600:,.1f} h"
+                              for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
+            table.add_row("", f"lost: {hours}")
+        if job.get("reason"):
+            table.add_row("", escape(job["reason"]))
+    failures = cluster.get("failures") or {}
+    if failures:
+        table.add_row("failures", ", ".join(f"{k} {v:,.1f}".replace(".0 ", " ").removesuffix(".0")
+                                            for k, v in failures.items()
+                                            if not k.endswith("_ci95") and v))
+    if "utilisation" in cluster:
+        table.add_row("utilisation", f"{cluster['utilisation']:.1%} of chip-time allocated, "
+                      f"{cluster['useful_utilisation']:.1%} useful")
+    out_console.print(table)
+    out_console.print(f"simulated {summary['simulated_s'] / 86400:,.1f} days; wrote "
+                      f"{out_dir}/summary.json in {summary['wall_s']:.2f} s")
+
+

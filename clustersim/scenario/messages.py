@@ -1,0 +1,144 @@
+"""Pydantic's validation errors turned into Issues a user can act on: the key path as written
+(aliases, list indices), the value, and a plain message; union alternatives joined with 'or'
+and the same problem of many generated jobs said once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from clustersim.hardware.spec import Spec
+from clustersim.scenario.errors import Issue, path_text
+from clustersim.scenario.models import Scenario
+
+__all__ = ["pydantic_issues", "collapse_generated"]
+
+
+def _allowed_keys(model: type[Spec], loc: Sequence[Any]) -> list[str] | None:
+    """Keys the spec at `loc` (a path of field aliases and list indices) accepts."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, Spec)):
+            return None
+        field = next(
+            (f for name, f in current.model_fields.items() if (f.alias or name) == part), None
+        )
+        if field is None:
+            return None
+        current = _spec_in(field.annotation)
+    if isinstance(current, type) and issubclass(current, Spec):
+        return [f.alias or name for name, f in current.model_fields.items()]
+    return None
+
+
+def _spec_in(annotation: Any) -> Any:
+    """The Spec class inside an annotation such as `list[JobSpec]` or `CheckpointSpec | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, Spec):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _spec_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+_MESSAGES = {
+    "missing": "required key is missing",
+    "int_type": "expected a whole number",
+    "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "tuple_type": "expected a list",
+}
+
+
+def pydantic_issues(error: ValidationError) -> list[Issue]:
+    """One Issue per key path that failed validation."""
+    issues = []
+    for detail in error.errors(include_url=False):
+        loc = [part for part in detail["loc"] if not _is_union_tag(part)]
+        kind = detail["type"]
+        value = detail.get("input")
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(Scenario, loc[:-1])
+            hint = f"; expected one of {', '.join(allowed)}" if allowed else ""
+            issues.append(Issue(path_text(loc), f"unknown key{hint}"))
+            continue
+        if kind in _MESSAGES:
+            message = _MESSAGES[kind]
+        else:
+            message = detail["msg"].removeprefix("Value error, ")
+            message = message.replace("Input should be", "expected").replace(
+                "String should match pattern", "expected letters, digits, '.', '_' or '-', "
+                "matching"
+            )
+        if kind == "missing":
+            issues.append(Issue(path_text(loc), message))
+        else:
+            shown = not isinstance(value, Mapping)
+            issues.append(Issue(path_text(loc), message, value, shown))
+    return _deduplicate(issues)
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Pydantic names union members in error locations (`float`, `literal['auto']`)."""
+    return isinstance(part, str) and (
+        part in {"float", "int", "str", "function-after[positive(), float]"}
+        or part.startswith(("literal[", "function-", "lax-", "constrained-"))
+    )
+
+
+def _deduplicate(issues: list[Issue]) -> list[Issue]:
+    """One line per key path: the alternatives of a union are joined with 'or'."""
+    merged: dict[str, Issue] = {}
+    for issue in issues:
+        earlier = merged.get(issue.path)
+        if earlier is None:
+            merged[issue.path] = issue
+        elif issue.message not in earlier.message:
+            merged[issue.path] = Issue(
+                issue.path, f"{earlier.message}; or {issue.message}", earlier.value,
+                earlier.has_value, earlier.line,
+            )
+    return list(merged.values())
+
+
+def collapse_generated(issues: list[Issue], first: int | None) -> list[Issue]:
+    """One line per problem of the jobs a workload generated, with how many it hit."""
+    if first is None:
+        return issues
+    out: list[Issue] = []
+    seen: dict[tuple[str, str], list[int]] = {}
+    for issue in issues:
+        match = re.match(r"jobs\.(\d+)(.*)", issue.path)
+        if match is None or int(match.group(1)) < first:
+            out.append(issue)
+            continue
+        key = (match.group(2), issue.message)
+        if key not in seen:
+            seen[key] = []
+            out.append(issue)
+        seen[key].append(int(match.group(1)))
+    for index, issue in enumerate(out):
+        match = re.match(r"jobs\.(\d+)(.*)", issue.path)
+        if match is None or int(match.group(1)) < first:
+            continue
+        hit = seen[(match.group(2), issue.message)]
+        if len(hit) > 1:
+            out[index] = Issue(issue.path, f"{issue.message} (and {len(hit) - 1} more jobs the "
+                               f"workload generated)", issue.value, issue.has_value, issue.line)
+    return out

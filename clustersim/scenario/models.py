@@ -1,0 +1,194 @@
+"""The sections of a scenario file as immutable pydantic specs (CONTRACT.md has the format).
+
+Each spec checks its own fields; the rules that tie sections together (tp x pp x dp equals a
+job's ranks, heads divisible by tp, ...) are in `clustersim.scenario.rules`, run once the
+whole scenario is read.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+
+from clustersim.hardware.catalog import HardwareSpec
+from clustersim.hardware.failures import FailureRateSpec, StragglerSpec, failure_preset_names
+from clustersim.hardware.spec import Duration, NonNegativeDuration, Spec
+from clustersim.hardware.topology import FabricSpec
+from clustersim.scenario.errors import ScenarioCheckError
+from clustersim.scenario.jobmix import WorkloadSpec
+from clustersim.scenario.rules import cross_checks
+from clustersim.training.transformer import TransformerShape
+from clustersim.training.workload import ParallelismSpec
+
+__all__ = [
+    "TRACE_LEVELS",
+    "ClusterSpec",
+    "CheckpointSpec",
+    "JobSpec",
+    "FailuresSpec",
+    "SchedulerSpec",
+    "TraceSpec",
+    "Scenario",
+]
+
+TRACE_LEVELS = ("cluster", "job", "ultraserver", "instance")
+
+
+class ClusterSpec(Spec):
+    """How many instances (or UltraServers) the cluster has, its hot spares and fabric."""
+
+    instances: int | None = Field(default=None, gt=0)
+    ultraservers: int | None = Field(default=None, gt=0)
+    spares: int = Field(default=0, ge=0, description="hot-spare instances, beyond the rest")
+    fabric: FabricSpec = FabricSpec()
+
+    @model_validator(mode="after")
+    def _one_size(self) -> ClusterSpec:
+        if (self.instances is None) == (self.ultraservers is None):
+            raise ValueError("give exactly one of instances or ultraservers")
+        return self
+
+
+class CheckpointSpec(Spec):
+    interval_s: Duration | Literal["auto"] = Field(
+        default="auto", alias="interval", description="time between checkpoints, or auto (Daly)"
+    )
+    write_s: NonNegativeDuration = Field(default=60.0, alias="write")
+    restore_s: NonNegativeDuration = Field(default=300.0, alias="restore")
+    async_write: bool = Field(default=False, alias="async")
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointSpec:
+        if self.interval_s == "auto" and self.write_s <= 0:
+            # Young/Daly's interval is sqrt(2 x write x MTBF): zero with a free write.
+            raise ValueError("interval auto needs a write time above zero (with a free write "
+                             "the Daly interval is zero); give the interval")
+        return self
+
+
+class JobSpec(Spec):
+    name: str = Field(min_length=1)
+    model: TransformerShape
+    seq_len: int | None = Field(default=None, gt=0, description="defaults to the model's")
+    global_batch: int = Field(gt=0, description="sequences per step")
+    micro_batch: int = Field(default=1, gt=0)
+    parallelism: ParallelismSpec = ParallelismSpec()
+    precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
+    recompute: Literal["none", "selective", "full"] = "none"
+    instances: int | None = Field(default=None, gt=0)
+    submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
+    steps: int | None = Field(default=None, gt=0, description="default: run to the horizon")
+    run_for_s: Duration | None = Field(
+        default=None, alias="run_for", description="ends after this long since it started"
+    )
+    deadline_s: Duration | None = Field(
+        default=None, alias="deadline", description="stopped this long after submission"
+    )
+    priority: int = Field(default=0, description="higher runs first (priority, backfill)")
+    checkpoint: CheckpointSpec | None = None
+
+    @property
+    def ranks(self) -> int:
+        return self.parallelism.ranks
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq_len if self.seq_len is not None else self.model.seq_len
+
+
+class FailuresSpec(Spec):
+    preset: str = "none"
+    scale: float = Field(default=1.0, ge=0, description="multiplies every rate")
+    rates: list[FailureRateSpec] = Field(default_factory=list)
+    detect_s: NonNegativeDuration = Field(default=120.0, alias="detect")
+    repair_s: NonNegativeDuration | Literal["never"] = Field(
+        default=4 * 3600.0, alias="repair", description="time to repair an instance, or never"
+    )
+    restart_s: NonNegativeDuration = Field(default=600.0, alias="restart")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in failure_preset_names():
+            raise ValueError(
+                f"unknown failure preset; expected one of {', '.join(failure_preset_names())}"
+            )
+        return value
+
+
+class SchedulerSpec(Spec):
+    """How queued jobs start: fifo, priority or backfill (EASY); preemption of lower
+    priorities by a job that does not fit."""
+
+    policy: Literal["fifo", "priority", "backfill"] = "fifo"
+    preemption: bool = False
+
+
+class TraceSpec(Spec):
+    enabled: bool = True
+    bin_s: Duration = Field(default=60.0, alias="bin", description="utilisation time bin")
+    levels: list[Literal["cluster", "job", "ultraserver", "instance"]] = Field(
+        default_factory=lambda: ["cluster", "job"]
+    )
+
+
+class Scenario(Spec):
+    """A whole scenario, validated; see CONTRACT.md for the file format."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)
+    description: str = ""
+    seed: int = Field(default=0, ge=0)
+    duration_s: Duration = Field(default=30 * 86400.0, alias="duration")
+    hardware: HardwareSpec
+    cluster: ClusterSpec
+    jobs: list[JobSpec] = Field(default_factory=list)
+    failures: FailuresSpec = FailuresSpec()
+    scheduler: SchedulerSpec = SchedulerSpec()
+    workload: WorkloadSpec | None = None
+    stragglers: StragglerSpec = StragglerSpec()
+    trace: TraceSpec = TraceSpec()
+
+    _source_yaml: str = PrivateAttr(default="")
+    _source: str = PrivateAttr(default="<scenario>")
+
+    @model_validator(mode="after")
+    def _check_together(self, info: ValidationInfo) -> Scenario:
+        planning = bool(info.context and info.context.get("planning"))
+        issues = list(cross_checks(self, planning))
+        if issues:
+            raise ScenarioCheckError(issues)
+        return self
+
+    # Derived figures.
+    @property
+    def working_instances(self) -> int:
+        """Instances available to jobs (not counting hot spares)."""
+        if self.cluster.instances is not None:
+            return self.cluster.instances
+        assert self.cluster.ultraservers is not None
+        return self.cluster.ultraservers * self.hardware.instances_per_ultraserver
+
+    @property
+    def total_instances(self) -> int:
+        return self.working_instances + self.cluster.spares
+
+    @property
+    def total_chips(self) -> int:
+        return self.total_instances * self.hardware.chips_per_instance
+
+    def job_instances(self, job: JobSpec) -> int:
+        """Instances a job holds: as written, or its ranks over ranks per instance."""
+        if job.instances is not None:
+            return job.instances
+        return job.ranks // self.hardware.ranks_per_instance
+
+    @property
+    def source(self) -> str:
+        """Where the scenario came from (its file), for error messages."""
+        return self._source
+
+    @property
+    def source_yaml(self) -> str:
+        """The effective scenario (file plus overrides) as YAML, for trace metadata."""
+        return self._source_yaml

@@ -1,0 +1,157 @@
+"""The rules that tie a scenario's sections together, checked once every section is valid.
+
+Each rule yields an Issue naming the key path, the value and what was expected, so that one
+ScenarioError lists every problem of the file at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from clustersim.hardware import units
+from clustersim.scenario.errors import Issue
+
+if TYPE_CHECKING:
+    from clustersim.scenario.models import Scenario
+
+__all__ = ["cross_checks"]
+
+
+def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
+    """Every problem that spans sections: cluster sizes against UltraServers and leaves, each
+    job's parallelism against its instances, the model and the batch, times against the
+    duration. With `planning`, the first job's parallelism may be omitted (plan chooses it)."""
+    hw = s.hardware
+    per_us = hw.instances_per_ultraserver
+    if s.cluster.ultraservers is not None and hw.ultraserver is None:
+        yield Issue(
+            "cluster.ultraservers", f"hardware {hw.name} has no UltraServer; give instances",
+            s.cluster.ultraservers, True,
+        )
+    if hw.ultraserver is not None:
+        if s.cluster.instances is not None and s.cluster.instances % per_us:
+            yield Issue(
+                "cluster.instances",
+                f"{hw.name} instances come in UltraServers of {per_us}; expected a multiple "
+                f"of {per_us} (or give ultraservers)",
+                s.cluster.instances, True,
+            )
+        if s.cluster.spares % per_us:
+            yield Issue(
+                "cluster.spares",
+                f"spares of {hw.name} are whole UltraServers; expected a multiple of {per_us}",
+                s.cluster.spares, True,
+            )
+    per_leaf = s.cluster.fabric.instances_per_leaf
+    if per_leaf is not None and per_leaf % per_us:
+        yield Issue(
+            "cluster.fabric.instances_per_leaf",
+            f"a leaf holds whole UltraServers; expected a multiple of {per_us}",
+            per_leaf, True,
+        )
+    if s.trace.bin_s > s.duration_s:
+        yield Issue("trace.bin", f"longer than the scenario's duration "
+                    f"({units.format_duration(s.duration_s)})",
+                    units.format_duration(s.trace.bin_s), True)
+
+    seen: set[str] = set()
+    rpi = hw.ranks_per_instance
+    for index, job in enumerate(s.jobs):
+        at = f"jobs.{index}"
+        par = job.parallelism
+        if job.name in seen:
+            yield Issue(f"{at}.name", "job names must be unique", job.name, True)
+        seen.add(job.name)
+        if "parallelism" not in job.model_fields_set:
+            # `clustersim plan` chooses the first job's parallelism; a run needs it written.
+            if not (planning and index == 0):
+                yield Issue(f"{at}.parallelism", "required key is missing: give {tp, pp, dp} "
+                            "or let `clustersim plan SCENARIO --write-scenario FILE` choose it")
+            continue
+        shown = f"tp {par.tp} x pp {par.pp} x dp {par.dp} = {par.ranks} ranks"
+        if job.instances is not None:
+            if par.ranks != job.instances * rpi:
+                yield Issue(
+                    f"{at}.parallelism",
+                    f"{shown}; expected {job.instances * rpi} = {job.instances} instances x "
+                    f"{rpi} ranks per {hw.instance.name}",
+                    {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
+                )
+        elif par.ranks % rpi:
+            yield Issue(
+                f"{at}.parallelism",
+                f"{shown} is not a whole number of {hw.instance.name} instances "
+                f"({rpi} ranks each); expected a multiple of {rpi}",
+                {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
+            )
+        instances = s.job_instances(job)
+        if instances > s.working_instances:
+            written = job.instances is not None
+            yield Issue(
+                f"{at}.instances" if written else f"{at}.parallelism",
+                f"the job needs {instances} instances but the cluster has "
+                f"{s.working_instances} (plus {s.cluster.spares} spares)",
+                instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
+            )
+        model = job.model
+        if model.heads % par.tp:
+            yield Issue(
+                f"{at}.parallelism.tp",
+                f"the model's {model.heads} attention heads are not divisible by tp",
+                par.tp, True,
+            )
+        kv = model.n_kv_heads
+        if kv % par.tp and par.tp % kv:
+            yield Issue(
+                f"{at}.parallelism.tp",
+                f"kv_heads {kv} and tp must divide one another (KV heads are split or "
+                f"replicated across tp)",
+                par.tp, True,
+            )
+        if par.ep > 1 and not model.moe:
+            yield Issue(f"{at}.parallelism.ep",
+                        f"expert parallelism needs a mixture-of-experts model; {model.name} "
+                        f"is dense (experts: 1)", par.ep, True)
+        elif par.ep > 1 and (par.dp % par.ep or model.experts % par.ep):
+            yield Issue(f"{at}.parallelism.ep",
+                        f"ep must divide both dp ({par.dp}) and the model's {model.experts} "
+                        f"experts", par.ep, True)
+        stages = par.pp * par.interleave
+        if model.layers % stages:
+            yield Issue(
+                f"{at}.parallelism",
+                f"the model's {model.layers} layers do not split into pp x interleave = "
+                f"{stages} equal stages",
+                {"pp": par.pp, "interleave": par.interleave}, True,
+            )
+        if par.interleave > 1 and par.pp == 1:
+            yield Issue(
+                f"{at}.parallelism.interleave",
+                "interleaved schedules need pp greater than 1", par.interleave, True,
+            )
+        microbatches = job.global_batch // (job.micro_batch * par.dp)
+        if par.interleave > 1 and microbatches % par.pp:
+            yield Issue(
+                f"{at}.parallelism.interleave",
+                f"the interleaved schedule needs the {microbatches} micro-batches per step "
+                f"(global_batch / (micro_batch x dp)) to be a multiple of pp = {par.pp}",
+                par.interleave, True,
+            )
+        if job.global_batch % (job.micro_batch * par.dp):
+            yield Issue(
+                f"{at}.global_batch",
+                f"not divisible by micro_batch x dp = {job.micro_batch} x {par.dp}",
+                job.global_batch, True,
+            )
+        if job.precision not in hw.chip.tflops:
+            yield Issue(
+                f"{at}.precision",
+                f"{hw.chip.name} has no {job.precision} figure; expected one of "
+                f"{', '.join(hw.chip.tflops)}",
+                job.precision, True,
+            )
+        if job.submit_s >= s.duration_s:
+            yield Issue(f"{at}.submit", f"at or after the end of the scenario "
+                        f"({units.format_duration(s.duration_s)})",
+                        units.format_duration(job.submit_s), True)
