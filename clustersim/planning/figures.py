@@ -173,4 +173,4 @@ def _nothing_fits(scenario: Scenario, job: JobSpec, options: PlanOptions, groups
         else:
             hints.append(f"{name}: it fits on no size up to 2M chips")
     return (f"{job.model.name} fits nowhere: " + "; ".join(lines) + ". What would make it "
-            f"feasible: " + "; ".join(hints))
+            "feasible: " + "; ".join(hints))

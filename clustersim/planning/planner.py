@@ -5,9 +5,11 @@ For each hardware and chip count (a group) the planner lists the search space
 bounds the rest from below (`simulate.step_lower_bound`) and simulates the step of the
 candidates in order of their bound, in rounds of a fixed size, until the bound of every
 candidate left is no faster than the group's best simulated step: the best is exact (the
-bound is a true lower bound), and the result does not depend on the engine or its workers. Within a group every candidate shares the same failure rates,
-so the fastest step is also the shortest time to train, the cheapest and the most frugal;
-across groups the failure-aware figures (ETTR, time to train, cost, energy) rank them.
+bound is a true lower bound), and the result does not depend on the engine or its workers.
+Within a group the candidates share their failure rates (except that tensor parallelism across
+a Z ring makes a fault cost a whole UltraServer), so the fastest step is also, nearly always,
+the shortest time to train, the cheapest and the most frugal; across groups the
+failure-aware figures (ETTR, time to train, cost, energy) rank them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pandas as pd
 from clustersim.cluster.timeline import effective_rates, job_failure_rate
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
 from clustersim.planning.engine import Engine
-from clustersim.planning.ettr import Recovery, renewal_ettr, stops_paying_chips
+from clustersim.planning.ettr import Recovery
 from clustersim.planning.simulate import GroupKey, op_model, simulate_task, step_lower_bound
 from clustersim.planning.space import (
     Candidate,
