@@ -24,7 +24,14 @@ from clustersim.cluster.timeline import effective_rates, job_failure_rate
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
 from clustersim.planning.engine import Engine
 from clustersim.planning.ettr import Recovery
-from clustersim.planning.simulate import GroupKey, op_model, simulate_task, step_lower_bound
+from clustersim.planning.simulate import (
+    GroupKey,
+    op_model,
+    quick_bound,
+    simulate_task,
+    step_lower_bound,
+    step_model,
+)
 from clustersim.planning.space import (
     Candidate,
     enumerate_space,
@@ -287,9 +294,17 @@ def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: En
                 if bound >= best[id(g)]:
                     break
                 position[id(g)] += 1
-                if not row["reference"]:
-                    batch.append((g, row, cjob))
-                    taken += 1
+                if row["reference"]:
+                    continue
+                tighter = quick_bound(step_model(g.key), cjob, bound)
+                row["bound_s"] = tighter
+                if tighter >= best[id(g)]:
+                    row["status"] = "pruned"
+                    row["why"] = (f"bound: at least {tighter:.4g} s per step, no faster than "
+                                  f"the best simulated ({best[id(g)]:.4g} s)")
+                    continue
+                batch.append((g, row, cjob))
+                taken += 1
         if not batch:
             break
         tasks = [(g.key, [cjob]) for g, _, cjob in batch]

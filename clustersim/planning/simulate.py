@@ -4,8 +4,9 @@ The bound is a lower bound of the simulated step time from the same roofline the
 uses (its per-operation time), with no communication: the busiest pipeline rank must run
 every forward and backward chunk of every micro-batch one after another, and the last rank
 cannot start before a forward chunk has passed through each rank before it. Candidates are
-simulated in order of their bound; one whose bound is already slower than the best found so
-far needs no simulation.
+taken in order of that bound; one that could still win gets the tighter `quick_bound` (the
+same chunks with their collectives, and the exposed ZeRO-1 gather, from the step model),
+and only one that could still win after that is simulated.
 
 Simulation runs the step model (simpy, one process per pipeline stage) on the candidate's
 own cluster (its instances plus the scenario's spares, as `clustersim run` builds it), one
@@ -19,12 +20,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec, build_topology
 from clustersim.training.step import StepModel
-from clustersim.training.workload import TrainingJob, stage_work
+from clustersim.training.workload import TrainingJob, stage_work, weight_bytes_per_param
 
-__all__ = ["GroupKey", "step_model", "op_model", "step_lower_bound", "simulate_task"]
+__all__ = ["GroupKey", "step_model", "op_model", "step_lower_bound", "quick_bound",
+           "simulate_task"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,46 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
     fill = (par.pp - 1) * layers * mid_f
     return max(microbatches * first_rank, fill + microbatches * last_rank,
                microbatches * par.interleave * mid)
+
+
+def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
+    """A tighter lower bound on the group's own step model: each pipeline rank's chunks with
+    their tensor- (and expert-) parallel collectives, plus the ZeRO-1 parameter gather that
+    follows the last backward pass, as the step model costs them (its chunk and data-parallel
+    times, without the simpy pipeline). Falls back to `fallback` if the model's internals
+    are not as expected."""
+    try:
+        par = job.parallelism
+        hw = model.hardware
+        placed = np.arange(math.ceil(par.ranks / hw.ranks_per_instance))
+        ranks = np.arange(par.ranks)
+        tp_group = model._group(ranks[: par.tp], placed)[0] if par.tp > 1 else None
+        ep_group = None
+        if job.model.moe and par.ep > 1:
+            stride = par.tp * par.pp
+            ep_group = model._group(ranks[: par.ep * stride: stride], placed)
+        stages = par.pp * par.interleave
+        layers = job.model.layers // stages
+
+        def chunk(first: bool, last: bool) -> float:
+            t = model._chunk_times(job, layers, first, last, tp_group, ep_group)
+            return (t.forward_compute + t.forward_tp + t.forward_ep + t.backward_compute
+                    + t.backward_tp + t.backward_ep)
+
+        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision)
+        dp = model._data_parallel_times(job, placed, g_bytes, w_bytes)
+        microbatches = job.global_batch // (job.micro_batch * par.dp)
+        if stages == 1:
+            return max(fallback, microbatches * chunk(True, True) + dp[0][1])
+        mid = chunk(False, False)
+        first_rank = microbatches * (chunk(True, False) + (par.interleave - 1) * mid)
+        last_rank = microbatches * (chunk(False, True) + (par.interleave - 1) * mid)
+        bound = max(first_rank + dp[0][1], last_rank + dp[par.pp - 1][1])
+        if par.pp > 2:
+            bound = max(bound, microbatches * par.interleave * mid + dp[1][1])
+        return max(fallback, bound)
+    except (AttributeError, TypeError, KeyError, ValueError):
+        return fallback
 
 
 def simulate_task(task: tuple[GroupKey, list[Any]]) -> list[dict[str, Any]]:
