@@ -62,7 +62,7 @@ again = topo.ring(range(4096, 8192))
 t2 = time.perf_counter()
 path = topo.path(0, 524287)
 figures = {"ring_first_ms": round((t1 - t0) * 1e3, 1), "ring_cached_ms": round((t2 - t1) * 1e3, 1),
-           "ring_bottleneck_gbps": ring.bottleneck_bytes_per_s / 1e9, "path_hops": path.hops,
+           "ring_bottleneck_gbyte_per_s": ring.bottleneck_bytes_per_s / 1e9, "path_hops": path.hops,
            "query_only": True}
 """,
         False,
@@ -84,7 +84,7 @@ t2 = time.perf_counter()
 figures = {"eval_first_ms": round((t1 - t0) * 1e3, 1), "eval_cached_ms": round((t2 - t1) * 1e3, 2),
            "ranks": cost.ranks, "algorithm": cost.algorithm,
            "time_ms": round(cost.time_s * 1e3, 2),
-           "busbw_gbps": round(cost.busbw_bytes_per_s / 1e9, 1), "query_only": True}
+           "busbw_gbyte_per_s": round(cost.busbw_bytes_per_s / 1e9, 1), "query_only": True}
 """,
         False,
     ),
@@ -99,7 +99,7 @@ group = place_ranks(topo, 64, 2)
 t0 = time.perf_counter()
 costs = model.sweep("all-reduce", group, [8 * 2 ** i for i in range(28)])
 figures = {"sweep_ms": round((time.perf_counter() - t0) * 1e3, 1),
-           "busbw_1gib_gbps": round(costs[-1].busbw_bytes_per_s / 1e9, 1)}
+           "busbw_1gib_gbyte_per_s": round(costs[-1].busbw_bytes_per_s / 1e9, 1)}
 """,
         True,
     ),

@@ -3,7 +3,7 @@
     python scripts/calibrate_collectives.py            # fit, print every point's error
     python scripts/calibrate_collectives.py --check    # only print errors of the catalog values
 
-Data: the rows of ../shared/CALIBRATION.md and the full curves of the nccom-test page they
+Data: the rows of docs/calibration.md and the full curves of the nccom-test page they
 come from (Neuron docs, tools/neuron-sys-tools/nccom-test: fp32 all-reduce, 2 ranks on one
 instance from 1 KiB to 1 GiB, and 64 ranks on two instances from 8 B to 1 GiB). The page
 names no instance type; 32 ranks per instance and the page's date make them trn1.32xlarge,

@@ -4,7 +4,7 @@
     python scripts/calibrate_step.py --check    # errors with the catalog's values only
 
 Only hardware-level constants are fitted, per chip family: Trainium (trn1) matmul and vector
-efficiency, to the three Trn1 rows of CALIBRATION.md; the A100 (p4d) matmul efficiency, to
+efficiency, to the three Trn1 rows of docs/calibration.md; the A100 (p4d) matmul efficiency, to
 Megatron-LM's 1T-parameter run (52% of peak on 3,072 GPUs). The fit minimises squared log
 errors. Nothing is fitted per case; the cases and their assumptions are in
 clustersim/calibration.py.

@@ -1,4 +1,4 @@
-"""Rewrite the column tables of docs/traces.md from the schema in clustersim/trace.py.
+"""Rewrite the column tables of docs/traces.md from the schema in clustersim/analysis/trace.py.
 
     python scripts/trace_docs.py
 """

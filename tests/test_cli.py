@@ -201,7 +201,7 @@ def test_topology_json(small: Path):
     assert figures["instances"] == 5
     assert figures["ultraservers"] == 0
     assert figures["links"] == {"torus": 160, "efa": 80}
-    assert figures["per_chip_bandwidth_gbps"]["torus"] == pytest.approx(1024)
+    assert figures["per_chip_bandwidth_gbyte_per_s"]["torus"] == pytest.approx(1024)
 
 
 def test_topology_table(small: Path):
@@ -305,8 +305,8 @@ def test_collective_json_rows():
     rows = shown["rows"]
     assert [r["bytes"] for r in rows] == [8 * 8**i for i in range(10)]
     for row in rows:
-        assert set(row) >= {"bytes", "algorithm", "time_us", "algbw_gbps", "busbw_gbps"}
-        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 63 / 64, rel=1e-3)
+        assert set(row) >= {"bytes", "algorithm", "time_us", "algbw_gbyte_per_s", "busbw_gbyte_per_s"}
+        assert row["busbw_gbyte_per_s"] == pytest.approx(row["algbw_gbyte_per_s"] * 2 * 63 / 64, rel=1e-3)
     assert rows[-1]["algorithm"].startswith("hierarchical(")
     assert shown["ranks_per_chip"] == 2
 
@@ -340,10 +340,10 @@ def test_step_json_has_the_contract_fields(small: Path):
     assert len(jobs) == 1
     job = jobs[0]
     for key in ("name", "step_time_s", "tokens_per_s", "sequences_per_s", "mfu",
-                "memory_per_chip_gib", "fits_memory", "breakdown"):
+                "memory_per_chip_gib", "fits_memory", "step_breakdown"):
         assert key in job
     for key in ("compute_s", "exposed_comm_s", "bubble_s"):
-        assert key in job["breakdown"]
+        assert key in job["step_breakdown"]
     assert job["name"] == "train"
     assert job["fits_memory"] is True
     # without ZeRO-1, sequence parallelism and recompute it does not fit in 96 GiB
@@ -382,7 +382,7 @@ def test_collective_cli_on_the_calibration_cases(ranks, instances, size, busbw_g
     result = invoke("collective", "--hardware", "trn1", "--op", "allr", "--ranks", ranks,
                     "--instances", instances, "--sizes", size, "--json")
     assert result.exit_code == 0, result.stderr
-    busbw = json.loads(result.stdout)["rows"][0]["busbw_gbps"] * 1e9 / 2**30
+    busbw = json.loads(result.stdout)["rows"][0]["busbw_gbyte_per_s"] * 1e9 / 2**30
     assert busbw == pytest.approx(busbw_gib_s, rel=0.35)
 
 

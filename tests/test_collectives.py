@@ -105,7 +105,7 @@ def test_kangaring_uses_two_hamiltonian_cycles_both_ways(size):
     p = 16
     expected = 2 * (p - 1) * (STEP + HOP) + 2 * (p - 1) / p * size / (4 * LINK)
     assert cost.time_s == pytest.approx(expected, rel=1e-9)
-    cycles = model._hamiltonian_cycles(list(range(16)))
+    cycles = model.levels.cycles.hamiltonian(list(range(16)))
     assert len(cycles) == 2
     edges = [{frozenset(e) for e in zip(c, c[1:] + c[:1], strict=True)} for c in cycles]
     assert not edges[0] & edges[1]

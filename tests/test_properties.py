@@ -118,7 +118,7 @@ def test_timeline_invariants(scenario, seed):
     # start short jobs around it).
     if scenario.scheduler.policy in ("fifo", "priority"):
         waits = [(i, s, e) for ent, i, st_, s, e in rec.intervals
-                 if ent == "job" and st_ == "waiting"]
+                 if ent == "job" and st_ == "waiting_for_hardware"]
         # A start is a queued interval followed by anything but `done` (a job can also end
         # while queued, its run time or deadline spent).
         after = {(i, s): st_ for ent, i, st_, s, _ in rec.intervals if ent == "job"}

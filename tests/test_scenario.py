@@ -23,7 +23,7 @@ from clustersim.training.transformer import model_preset_names
 GiB = 2**30
 DAY = 86400.0
 
-# The example scenario of CONTRACT.md, verbatim.
+# The complete example scenario of the interface contract (docs/scenario.md has it too), verbatim.
 CONTRACT_EXAMPLE = """\
 name: llama3-70b-trn2            # required; output folder name
 description: free text

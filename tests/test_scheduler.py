@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from clustersim.analysis.trace import MemoryRecorder
-from clustersim.cluster.timeline import _pack
+from clustersim.cluster.placement import pack
 from clustersim.runner.api import run_to, simulate
 from clustersim.scenario.loader import ScenarioError, load_scenario, scenario_from_dict
 
@@ -82,7 +82,7 @@ def test_utilisation_never_exceeds_one_and_hours_are_attributed(mixed_run):
     import pandas as pd
 
     utilisation = pd.read_parquet(out / "utilisation.parquet")
-    held = utilisation[["queued", "running", "checkpointing", "down", "waiting", "restarting",
+    held = utilisation[["queued", "running", "checkpointing", "down", "waiting_for_hardware", "restarting",
                         "restoring"]].sum(axis=1)
     assert (held <= 1 + 1e-9).all()
     for spec in s.jobs:
@@ -175,11 +175,11 @@ def test_deadlines_stop_jobs():
 def test_placement_packs_under_few_leaves():
     free = np.arange(32)
     leaf = free // 8
-    tight = _pack(np.array([1, 2, 3, 9, 10, 11, 12, 13, 14, 15, 16]), leaf, 3)
+    tight = pack(np.array([1, 2, 3, 9, 10, 11, 12, 13, 14, 15, 16]), leaf, 3)
     assert tight.tolist() == [1, 2, 3]  # the leaf that fits most tightly
-    spread = _pack(free[[0, 1, 8, 9, 10, 16, 17, 18, 19]], leaf, 7)
+    spread = pack(free[[0, 1, 8, 9, 10, 16, 17, 18, 19]], leaf, 7)
     assert sorted(set((spread // 8).tolist())) == [1, 2]  # the emptiest leaves first
-    assert _pack(free[:3], leaf, 4) is None
+    assert pack(free[:3], leaf, 4) is None
 
 
 def test_ultraserver_jobs_get_whole_ultraservers():
@@ -292,18 +292,19 @@ def test_jobs_sharing_leaf_uplinks_slow_each_other():
 def test_a_blocked_recovery_does_not_hold_back_the_next_recovery():
     """FIFO: the first recovering job needs more than is free; the second, which fits, still
     gets its replacement, and the queued job waits behind both."""
-    from clustersim.cluster.timeline import Timeline, _JobRun
+    from clustersim.cluster.jobrun import JobRun
+    from clustersim.cluster.timeline import Timeline
     from clustersim.runner.api import step_profiles
 
     jobs = [job("big", 4), job("small", 1), job("queued", 1)]
     s = scenario(jobs, instances=8)
     profiles = step_profiles(s)
     t = Timeline(s, profiles, np.random.SeedSequence(0))
-    t.jobs = [_JobRun(t, i, j, profiles[j.name]) for i, j in enumerate(s.jobs)]
+    t.jobs = [JobRun(t, i, j, profiles[j.name]) for i, j in enumerate(s.jobs)]
     big, small, queued = t.jobs
     t.owner[:] = np.array([-1, -1, 2, 2, 2, 2, 2, 2])  # two free instances
     for run in (big, small):
-        run.set_state("waiting")
+        run.set_state("waiting_for_hardware")
     t.scheduler.queue.append(queued)
     t.scheduler._pass()
     assert big.held_count == 0

@@ -9,11 +9,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 import clustersim
 from clustersim.analysis.report import draw_topology, first_failure_window, write_report
 from clustersim.analysis.runs import compare, load_run
 from clustersim.analysis.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
+from clustersim.cli.app import app
 from clustersim.hardware.topology import build_topology
 from clustersim.runner.api import run_to
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
@@ -130,12 +132,23 @@ def test_downed_instances_have_failed_then_repairing_chip_intervals(run: Path):
             (in_state["end_s"] - in_state["start_s"]).sum())
 
 
-def test_utilisation_at_refuses_traces_of_another_schema(run: Path, monkeypatch):
-    r = load_run(run)
-    monkeypatch.setattr(type(r), "metadata",
-                        lambda self, name="jobs": {"clustersim.schema": "1"})
-    with pytest.raises(ValueError, match="trace schema 1"):
-        r.utilisation_at("cluster")
+def test_traces_of_another_schema_are_refused_with_a_message(run: Path, tmp_path: Path):
+    """Schema 2 traces (job state `waiting`, now `waiting_for_hardware`) are refused when
+    loaded, by the API and by `clustersim report` (exit 2, no traceback)."""
+    import shutil
+
+    from clustersim.analysis.runs import TraceSchemaError
+
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    table = pq.read_table(old / "intervals.parquet")
+    metadata = {**table.schema.metadata, b"clustersim.schema": b"2"}
+    pq.write_table(table.replace_schema_metadata(metadata), old / "intervals.parquet")
+    with pytest.raises(TraceSchemaError, match="trace schema 2.*re-run"):
+        load_run(old)
+    result = CliRunner().invoke(app, ["report", str(old)])
+    assert result.exit_code == 2 and "trace schema 2" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_allocations_never_double_book_an_instance(run: Path):

@@ -25,13 +25,14 @@ from clustersim.hardware.topology import Topology  # noqa: E402
 __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
 
 STATE_COLOURS = {
-    "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828", "waiting": "#ef6c00",
+    "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828",
+    "waiting_for_hardware": "#ef6c00",
     "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e",
     "failed": "#212121", "repairing": "#6d4c41",
     "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd",
 }
 LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
-               "detecting": "detecting", "waiting_for_hardware": "waiting for hardware",
+               "down": "down", "waiting_for_hardware": "waiting for hardware",
                "restarting": "restarting", "restoring": "restoring", "queued": "queued"}
 
 
@@ -44,7 +45,7 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     cluster = frame[frame["level"] == "cluster"].sort_values("bin_start_s")
     if cluster.empty:
         cluster = run.utilisation_at("cluster")
-    states = [s for s in ("running", "checkpointing", "down", "waiting", "restarting",
+    states = [s for s in ("running", "checkpointing", "down", "waiting_for_hardware", "restarting",
                           "restoring", "failed", "repairing", "idle")
               if s in cluster and cluster[s].sum() > 0]  # traces of older schemas lack some
     fig, ax = plt.subplots(figsize=(11, 4.2))
@@ -195,7 +196,8 @@ def plot_hours(run: Run, path: Path) -> Path:
     """Per job, one horizontal bar: useful hours then every cause of lost hours."""
     palette = {"useful": STATE_COLOURS["running"], "lost_work": "#d84315",
                "checkpointing": STATE_COLOURS["checkpointing"],
-               "detecting": STATE_COLOURS["down"], "waiting_for_hardware": STATE_COLOURS["waiting"],
+               "down": STATE_COLOURS["down"],
+               "waiting_for_hardware": STATE_COLOURS["waiting_for_hardware"],
                "restarting": STATE_COLOURS["restarting"], "restoring": STATE_COLOURS["restoring"],
                "queued": STATE_COLOURS["queued"]}
     jobs = _largest_jobs(run)

@@ -25,7 +25,11 @@ import yaml
 from clustersim.analysis.trace import SCHEMA_VERSION, TABLES, utilisation_rows
 from clustersim.scenario.loader import load_scenario
 
-__all__ = ["Run", "load_run", "compare"]
+__all__ = ["Run", "TraceSchemaError", "load_run", "compare"]
+
+
+class TraceSchemaError(ValueError):
+    """Traces written by a clustersim whose trace schema this one does not read."""
 
 
 class Run:
@@ -40,6 +44,20 @@ class Run:
         scenario = self.path / "scenario.yaml"
         self.scenario: dict[str, Any] = yaml.safe_load(scenario.read_text()) if (
             scenario.exists()) else {}
+        self._check_schema()
+
+    def _check_schema(self) -> None:
+        """Refuse traces of another schema with a message, not a KeyError later: schema 3
+        renamed the job state `waiting` to `waiting_for_hardware` (one name everywhere)."""
+        if not (self.path / "intervals.parquet").exists():
+            return
+        written = self.metadata("intervals").get("clustersim.schema")
+        if written != SCHEMA_VERSION:
+            raise TraceSchemaError(
+                f"{self.path}: traces written with trace schema {written} (clustersim "
+                f"{self.summary.get('clustersim_version', '?')}); this clustersim reads schema "
+                f"{SCHEMA_VERSION} (job states renamed: see docs/outputs.md): re-run the "
+                f"scenario to write them again")
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
@@ -89,11 +107,6 @@ class Run:
                        chips: Sequence[int] | None = None) -> pd.DataFrame:
         """Utilisation per bin at any level (`cluster`, `ultraserver`, `instance`, `job`, or
         `chip` for the chosen `chips`) and bin length, recomputed from the intervals."""
-        written = self.metadata("intervals").get("clustersim.schema")
-        if written != SCHEMA_VERSION:
-            raise ValueError(f"{self.path}: traces written with trace schema {written}, this "
-                             f"clustersim recomputes schema {SCHEMA_VERSION}: re-run the "
-                             f"scenario (the `utilisation` table as written is still valid)")
         hardware = self.summary["cluster"]
         horizon = float(self.summary["simulated_s"])
         if not bin_s:  # the run's own bin (from the scenario when no level was written)
@@ -140,7 +153,8 @@ class Run:
             row = {"job": name, "wall_h": job.get("wall_s", 0) / 3600,
                    "useful_h": job.get("useful_s", 0) / 3600, "ettr": job.get("ettr"),
                    "goodput": job.get("goodput")}
-            row.update({f"lost_{k}_h": v / 3600 for k, v in lost.items()})
+            # lost_work_h, lost_down_h, lost_queued_h, ...: one `lost_` prefix each
+            row.update({f"lost_{k.removeprefix('lost_')}_h": v / 3600 for k, v in lost.items()})
             rows.append(row)
         return pd.DataFrame(rows)
 

@@ -39,14 +39,17 @@ __all__ = [
     "table_metadata",
 ]
 
-SCHEMA_VERSION = "2"  # 2: down intervals per chip (failed, repairing); `failed` column
-JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
+# 2: down intervals per chip (failed, repairing); `failed` column. 3: the job state `waiting`
+# is `waiting_for_hardware`, as in summary.json (one name per state everywhere).
+SCHEMA_VERSION = "3"
+JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting_for_hardware", "restarting",
               "restoring", "done")
 # Utilisation columns: chip-time by the state of the job holding the chip, plus `failed` (its
 # instance down, not yet detected), `repairing` (detected, being repaired or replaced) and
 # `idle` for hardware levels; job levels use the job states plus
 # `inactive` (before submission, or after the end). Every row's columns add up to 1.
-UTILISATION_STATES = ("queued", "running", "checkpointing", "down", "waiting", "restarting",
+UTILISATION_STATES = ("queued", "running", "checkpointing", "down", "waiting_for_hardware",
+                      "restarting",
                       "restoring", "failed", "repairing", "idle", "inactive")
 EVENT_KINDS = ("failure", "repair", "checkpoint")
 TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation",

@@ -1,6 +1,6 @@
 """Published collective measurements the collectives model is calibrated against.
 
-The rows of CALIBRATION.md and the full curves of the same nccom-test page (Neuron docs,
+The rows of docs/calibration.md and the full curves of the same nccom-test page (Neuron docs,
 tools/neuron-sys-tools/nccom-test, fp32 all-reduce): 2 ranks on one instance from 1 KiB to
 1 GiB, and 64 ranks on two instances from 8 B to 1 GiB. The page names no instance type; its
 32 ranks per instance and its date make it trn1.32xlarge, as which they are evaluated here
@@ -41,13 +41,13 @@ _CURVE_64_RANKS = [(16, 520), (64, 525), (256, 709), (1024, 840), (4096, 916), (
                    (536870912, 21803)]
 
 MEASUREMENTS: tuple[Measurement, ...] = (
-    Measurement(2, 1, 1 * GIB, 18930, 52.8, "CALIBRATION.md"),
-    Measurement(16, 1, 2e6, 686, 5.7, "CALIBRATION.md (RDH)"),
-    Measurement(16, 1, 32e6, 2754, 22.8, "CALIBRATION.md (KangaRing)"),
-    Measurement(16, 1, 512e6, 9690, 103.9, "CALIBRATION.md (KangaRing)"),
-    Measurement(64, 2, 8, 520, None, "CALIBRATION.md"),
-    Measurement(64, 2, 32 * 2**20, 2711, 22.7, "CALIBRATION.md"),
-    Measurement(64, 2, 1 * GIB, 41806, 47.1, "CALIBRATION.md"),
+    Measurement(2, 1, 1 * GIB, 18930, 52.8, "docs/calibration.md"),
+    Measurement(16, 1, 2e6, 686, 5.7, "docs/calibration.md (RDH)"),
+    Measurement(16, 1, 32e6, 2754, 22.8, "docs/calibration.md (KangaRing)"),
+    Measurement(16, 1, 512e6, 9690, 103.9, "docs/calibration.md (KangaRing)"),
+    Measurement(64, 2, 8, 520, None, "docs/calibration.md"),
+    Measurement(64, 2, 32 * 2**20, 2711, 22.7, "docs/calibration.md"),
+    Measurement(64, 2, 1 * GIB, 41806, 47.1, "docs/calibration.md"),
 ) + tuple(Measurement(2, 1, s, t, None, "nccom-test page, 2-rank curve") for s, t in _CURVE_2_RANKS
           ) + tuple(Measurement(64, 2, s, t, None, "nccom-test page, 64-rank curve")
                     for s, t in _CURVE_64_RANKS)
@@ -87,7 +87,7 @@ class StepMeasurement:
     source: str
 
 
-# CALIBRATION.md (Neuron docs, Trn1/Trn1n training performance): AdamW, micro-batch 1, global
+# docs/calibration.md (Neuron docs, Trn1/Trn1n training performance): AdamW, micro-batch 1, global
 # batch 1,024, BF16 autocast. Not stated there and assumed here as NeuronX Distributed's
 # Llama recipes run them: sequence parallelism with TP and selective recompute.
 # Megatron-LM (Narayanan et al. 2021, table 1): the 1T model on 3,072 A100s reached 163
@@ -95,13 +95,13 @@ class StepMeasurement:
 STEP_MEASUREMENTS: tuple[StepMeasurement, ...] = (
     StepMeasurement("llama2-7b trn1 x16", "trn1", 16, "llama2-7b", 4096, 1024, 1,
                     {"tp": 8, "pp": 1, "dp": 64, "sequence_parallel": True}, "selective",
-                    95.14, "sequences_per_s", "CALIBRATION.md (SDK 2.21)"),
+                    95.14, "sequences_per_s", "docs/calibration.md (SDK 2.21)"),
     StepMeasurement("llama2-13b trn1 x32", "trn1", 32, "llama2-13b", 4096, 1024, 1,
                     {"tp": 8, "pp": 8, "dp": 16, "sequence_parallel": True}, "selective",
-                    80.33, "sequences_per_s", "CALIBRATION.md (SDK 2.21)"),
+                    80.33, "sequences_per_s", "docs/calibration.md (SDK 2.21)"),
     StepMeasurement("llama3.1-8b trn1 x32", "trn1", 32, "llama3.1-8b", 8192, 1024, 1,
                     {"tp": 32, "pp": 1, "dp": 32, "zero": 1, "sequence_parallel": True},
-                    "selective", 47.95, "sequences_per_s", "CALIBRATION.md (SDK 2.24)"),
+                    "selective", 47.95, "sequences_per_s", "docs/calibration.md (SDK 2.24)"),
     StepMeasurement("megatron-1t p4d x384", "p4d", 384, "megatron-1t", 2048, 3072, 1,
                     {"tp": 8, "pp": 64, "dp": 6}, "full", 0.52, "hfu",
                     "Narayanan et al. 2021, table 1 (163 of 312 TFLOPS per A100)"),

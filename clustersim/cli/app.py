@@ -1,4 +1,4 @@
-"""`clustersim` command line: a thin shell over the Python API (see CONTRACT.md).
+"""`clustersim` command line: a thin shell over the Python API (docs/cli.md).
 
 One module per command group, registered here in the order `--help` lists them: `run`;
 `sweep` and `check` (experiments); `validate`, `topology`, `hardware` and `schema` (inspect);

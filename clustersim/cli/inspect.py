@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -80,7 +81,7 @@ def topology(
     figures["nodes"] = topo.graph.number_of_nodes()
     figures["edges"] = topo.graph.number_of_edges()
     if json_out:
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(_without_float_noise(figures), indent=2))
         return
     table = Table(title=f"{spec.name}: topology of {figures['hardware']}", title_justify="left",
                   show_header=False)
@@ -93,15 +94,15 @@ def topology(
                   f"{figures['spines']:,} spine")
     table.add_row("graph", f"{figures['nodes']:,} nodes, {figures['edges']:,} edges, "
                   f"built in {build_s:.2f} s")
-    table.add_row("fabric bisection", f"{figures['bisection_gbps']:,.0f} GB/s per direction")
+    table.add_row("fabric bisection", f"{figures['bisection_gbyte_per_s']:,.0f} GB/s per direction")
     out_console.print(table)
     links = Table(title="links by kind", title_justify="left")
     for column in ("kind", "count", "per link, each way", "latency", "per chip (as quoted)"):
         links.add_column(column, justify="right" if column != "kind" else "left")
     for kind, count in figures["links"].items():
-        per_chip = figures["per_chip_bandwidth_gbps"].get(kind)
+        per_chip = figures["per_chip_bandwidth_gbyte_per_s"].get(kind)
         links.add_row(
-            kind, f"{count:,}", f"{figures['link_bandwidth_gbps'][kind]:,.2f} GB/s",
+            kind, f"{count:,}", f"{figures['link_bandwidth_gbyte_per_s'][kind]:,.2f} GB/s",
             units.format_duration(figures["link_latency_us"][kind] / 1e6),
             "" if per_chip is None else f"{per_chip:,.1f} GB/s",
         )
@@ -154,7 +155,7 @@ def _list_hardware(json_out: bool) -> None:
             "bf16_tflops": spec.chip.tflops["bf16"],
             "hbm_gib": spec.chip.hbm_bytes / 2**30,
             "interconnect": spec.instance.interconnect.topology,
-            "efa_gbps": spec.instance.efa_bytes_per_s * 8 / 1e9,
+            "efa_gbit_per_s": spec.instance.efa_bytes_per_s * 8 / 1e9,
             "price_per_hour_usd": spec.instance.price_per_hour_usd,
         })
     if json_out:
@@ -171,7 +172,7 @@ def _list_hardware(json_out: bool) -> None:
             chips += f" x {row['instances_per_ultraserver']}"
         table.add_row(
             row["name"], row["instance"], row["chip"], chips, f"{row['bf16_tflops']:g}",
-            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbps']:,.0f} Gbps",
+            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbit_per_s']:,.0f} Gbps",
             "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}",
         )
     out_console.print(table)
@@ -224,3 +225,13 @@ def schema(
         err_console.print(f"wrote {out}")
 
 
+def _without_float_noise(node: Any) -> Any:
+    """Floats to 12 significant digits: 15 us / 2 in microseconds is 7.5, not
+    7.499999999999999 (binary rounding noise, far below any figure's precision)."""
+    if isinstance(node, dict):
+        return {k: _without_float_noise(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_float_noise(v) for v in node]
+    if isinstance(node, float) and math.isfinite(node) and node:
+        return float(f"{node:.12g}")
+    return node

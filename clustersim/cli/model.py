@@ -16,14 +16,23 @@ from clustersim.cli.common import (
     ScenarioArg,
     SetOption,
     UsageProblem,
+    err_console,
     out_console,
     user_errors,
 )
 
 
 @user_errors
-def step(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOption = False) -> None:
-    """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit."""
+def step(
+    scenario: ScenarioArg,
+    overrides: SetOption = None,
+    json_out: JsonOption = False,
+    ignore_memory: Annotated[bool, typer.Option(
+        "--ignore-memory", help="Show the step figures of a job that does not fit in memory "
+                                "(and exit 0).")] = False,
+) -> None:
+    """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit.
+    Exit 2 when a job does not fit in its chips' memory, unless --ignore-memory."""
     from clustersim.runner.api import step_profiles
     from clustersim.scenario.loader import load_scenario
 
@@ -31,20 +40,52 @@ def step(scenario: ScenarioArg, overrides: SetOption = None, json_out: JsonOptio
     if not spec.jobs:
         raise UsageProblem(f"{scenario}: the scenario has no jobs")
     profiles = step_profiles(spec)
+    too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
     if json_out:
         print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2))
+    else:
+        for job in spec.jobs:
+            _print_step(job, profiles[job.name], spec, ignore_memory)
+    if too_big and not ignore_memory:
+        err_console.print(f"[bold red]error: {escape(', '.join(too_big))} "
+                          f"{'does' if len(too_big) == 1 else 'do'} not fit in memory[/bold red]"
+                          " (exit 2; --ignore-memory shows the step figures anyway)",
+                          soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def _print_memory(job: Any, profile: Any, spec: Any) -> None:
+    """Where a chip's memory goes, adding up to its total, against its HBM."""
+    memory = profile.memory.as_gib()
+    out_console.print(f"[bold]{escape(profile.name)}[/bold]: memory per "
+                      f"{spec.hardware.chip.name} chip (the busiest)")
+    table = Table()
+    table.add_column("part", style="bold")
+    table.add_column("GiB", justify="right")
+    for part in ("weights", "gradients", "optimizer", "activations", "logits"):
+        table.add_row(part, f"{memory[part]:,.1f}")
+    table.add_row("total", f"{memory['total']:,.1f}", style="bold")
+    table.add_row("HBM", f"{memory['hbm']:,.0f}")
+    out_console.print(table)
+    if not profile.fits_memory:
+        out_console.print(f"[bold red]DOES NOT FIT: job {escape(profile.name)} needs "
+                          f"{memory['total']:,.1f} GiB per chip, the chip has "
+                          f"{memory['hbm']:,.0f} GiB[/bold red] (more tensor or pipeline "
+                          "parallelism, ZeRO-1, sequence parallelism or recompute would help)",
+                          soft_wrap=True)
+
+
+def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) -> None:
+    _print_memory(job, profile, spec)
+    if not profile.fits_memory and not ignore_memory:
         return
-    for job in spec.jobs:
-        _print_step(job, profiles[job.name], spec)
-
-
-def _print_step(job: Any, profile: Any, spec: Any) -> None:
     par = job.parallelism
     title = (f"{profile.name}: {job.model.name} on {profile.chips:,} {spec.hardware.chip.name} "
              f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
              f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
              f" x dp {par.dp}, {profile.microbatches} micro-batches of {job.micro_batch}")
-    table = Table(title=escape(title), title_justify="left")
+    out_console.print(escape(title), soft_wrap=False)
+    table = Table()
     table.add_column("step", style="bold")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
@@ -63,11 +104,9 @@ def _print_step(job: Any, profile: Any, spec: Any) -> None:
     facts.add_row("throughput", f"{profile.tokens_per_s:,.0f} tokens/s, "
                   f"{profile.sequences_per_s:,.2f} sequences/s")
     facts.add_row("MFU / HFU", f"{profile.mfu:.1%} / {profile.hfu:.1%} of {job.precision} peak")
-    fit = "[green]fits[/green]" if profile.fits_memory else "[red]does not fit[/red]"
-    facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit} "
-                  f"(weights {memory['weights']:.1f}, gradients {memory['gradients']:.1f}, "
-                  f"optimizer {memory['optimizer']:.1f}, activations {memory['activations']:.1f},"
-                  f" logits {memory['logits']:.1f})")
+    fit = "[green]fits[/green]" if profile.fits_memory else (
+        "[bold red]DOES NOT FIT (figures shown with --ignore-memory)[/bold red]")
+    facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit}")
     if profile.energy_per_token_j is not None:
         facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token")
     if profile.cost_per_million_tokens_usd is not None:
@@ -153,8 +192,8 @@ def collective(
         "bytes": int(c.size_bytes),
         "algorithm": c.algorithm,
         "time_us": c.time_s * 1e6,
-        "algbw_gbps": c.algbw_bytes_per_s / 1e9,
-        "busbw_gbps": c.busbw_bytes_per_s / 1e9,
+        "algbw_gbyte_per_s": c.algbw_bytes_per_s / 1e9,
+        "busbw_gbyte_per_s": c.busbw_bytes_per_s / 1e9,
         "steps": c.steps,
     } for c in costs]
     if json_out:
@@ -172,10 +211,10 @@ def collective(
                          no_wrap=column in ("size(B)", "algorithm"))
     for row in rows:
         table.add_row(f"{row['bytes']:,}", row["algorithm"], str(row["steps"]),
-                      f"{row['time_us']:,.1f}", f"{row['algbw_gbps']:.2f}",
-                      f"{row['busbw_gbps']:.2f}")
+                      f"{row['time_us']:,.1f}", f"{row['algbw_gbyte_per_s']:.2f}",
+                      f"{row['busbw_gbyte_per_s']:.2f}")
     out_console.print(table)
-    average = sum(r["busbw_gbps"] for r in rows) / len(rows)
+    average = sum(r["busbw_gbyte_per_s"] for r in rows) / len(rows)
     out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
 
 

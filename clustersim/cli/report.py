@@ -18,6 +18,7 @@ def report(
 ) -> None:
     """Plots (PNG) and a short Markdown report of a finished run, in RUN_DIR/report/."""
     from clustersim.analysis.report import write_report
+    from clustersim.analysis.runs import TraceSchemaError
 
     if not (run_dir / "summary.json").exists():
         raise UsageProblem(f"{run_dir}: not a run folder (no summary.json); expected the OUT "
@@ -27,7 +28,10 @@ def report(
     if missing:
         raise UsageProblem(f"{run_dir}: no traces ({', '.join(missing)}.parquet missing); "
                            "run again with trace.enabled: true")
-    path = write_report(run_dir)
+    try:
+        path = write_report(run_dir)
+    except TraceSchemaError as error:
+        raise UsageProblem(str(error)) from None
     out_console.print(f"wrote {escape(str(path))} and its plots")
 
 

@@ -35,7 +35,7 @@ def run(
 
     spec = load_scenario(scenario, overrides or [])
     out_dir = out if out is not None else Path("results") / spec.name
-    check_output_dir(out_dir, force)
+    check_output_dir(out_dir, force, replaces=spec.name)
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
                         workers=workers, progress=progress)
@@ -91,8 +91,8 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
                   + (f", {cluster['ultraservers']:,} UltraServers" if cluster["ultraservers"] else ""))
     table.add_row("switches", f"{cluster['leaf_switches']:,} leaf, {cluster['spine_switches']:,} spine")
     table.add_row("peak BF16", f"{cluster['peak_pflops']['bf16']:,.1f} PFLOPS")
-    table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbps']:,.1f} TB/s")
-    table.add_row("EFA bisection", f"{cluster['bisection_gbps']:,.0f} GB/s")
+    table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbyte_per_s']:,.1f} TB/s")
+    table.add_row("EFA bisection", f"{cluster['bisection_gbyte_per_s']:,.0f} GB/s")
     if cluster["price_per_hour_usd"] is not None:
         table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
     if cluster["chip_power_kw"] is not None:

@@ -1,19 +1,22 @@
 """The network layer: collective operations costed on the topology graph, by algorithm and level.
+
+Modules: `ops` (names, errors, bus factors), `groups` (groups, placement, the level layout),
+`costs` (step, stage and collective costs), `links` (costing steps on the graph), one module
+per algorithm family (`ring`, `mesh`, `rdh`, `kangaring`, `zring` for the UltraServer's Z
+rings, `fabric` for EFA), `levels` (each level's algorithms and auto choice), `model` (the
+level planner, `CollectiveModel`) and `contention` (collectives sharing links at once).
 """
 
-from clustersim.collectives.model import (
+from clustersim.collectives.contention import simultaneous
+from clustersim.collectives.costs import CollectiveCost, StageCost
+from clustersim.collectives.groups import Group, check_rank_split, place_ranks
+from clustersim.collectives.model import CollectiveModel
+from clustersim.collectives.ops import (
     ALGORITHMS,
     OPS,
-    CollectiveCost,
     CollectiveError,
-    CollectiveModel,
-    Group,
-    StageCost,
     bus_factor,
-    check_rank_split,
     normalise_op,
-    place_ranks,
-    simultaneous,
 )
 
 __all__ = [

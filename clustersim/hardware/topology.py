@@ -414,10 +414,10 @@ class Topology:
             "leaves": self.leaves,
             "spines": self.spines,
             "links": dict(self.edge_counts),
-            "link_bandwidth_gbps": {k: v / 1e9 for k, v in self.link_bandwidth.items()},
+            "link_bandwidth_gbyte_per_s": {k: v / 1e9 for k, v in self.link_bandwidth.items()},
             "link_latency_us": {k: v * 1e6 for k, v in self.link_latency.items()},
-            "per_chip_bandwidth_gbps": {k: v / 1e9 for k, v in per_chip.items()},
-            "bisection_gbps": self.bisection_bytes_per_s() / 1e9,
+            "per_chip_bandwidth_gbyte_per_s": {k: v / 1e9 for k, v in per_chip.items()},
+            "bisection_gbyte_per_s": self.bisection_bytes_per_s() / 1e9,
             "ranks": self.chips * hw.chip.ranks,
         }
 

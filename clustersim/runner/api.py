@@ -65,13 +65,13 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "leaf_switches": topology.leaves,
         "spine_switches": topology.spines,
         "links": dict(topology.edge_counts),
-        "per_chip_bandwidth_gbps": {
+        "per_chip_bandwidth_gbyte_per_s": {
             k: round(v / 1e9, 6) for k, v in topology.chip_bandwidth_bytes_per_s(0).items()
         },
-        "bisection_gbps": topology.bisection_bytes_per_s() / 1e9,
+        "bisection_gbyte_per_s": topology.bisection_bytes_per_s() / 1e9,
         "peak_pflops": {p: chips * t / 1e3 for p, t in hw.chip.tflops.items()},
         "hbm_tib": chips * hw.chip.hbm_bytes / 2**40,
-        "hbm_bandwidth_tbps": chips * hw.chip.hbm_bandwidth_bytes_per_s / 1e12,
+        "hbm_bandwidth_tbyte_per_s": chips * hw.chip.hbm_bandwidth_bytes_per_s / 1e12,
         "price_per_hour_usd": None if price is None else price * topology.instances,
         "chip_power_kw": None if power is None else chips * power / 1e3,
     }
@@ -114,7 +114,7 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
             "hfu": profile.hfu,
             "fits_memory": profile.fits_memory,
             "memory_per_chip_gib": figures["memory_per_chip_gib"],
-            "step_breakdown": figures["breakdown"],
+            "step_breakdown": figures["step_breakdown"],
             "energy_per_token_j": profile.energy_per_token_j,
             "cost_per_million_tokens_usd": profile.cost_per_million_tokens_usd,
         })
@@ -131,7 +131,8 @@ def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
                 f"job {job.name!r} does not fit: it needs {gib['total']:.1f} GiB per "
                 f"{scenario.hardware.chip.name} chip, which has {gib['hbm']:.0f} GiB (weights "
                 f"{gib['weights']:.1f}, gradients {gib['gradients']:.1f}, optimizer "
-                f"{gib['optimizer']:.1f}, activations {gib['activations']:.1f}); use more "
+                f"{gib['optimizer']:.1f}, activations {gib['activations']:.1f}, logits "
+                f"{gib['logits']:.1f}); use more "
                 f"tensor or pipeline parallelism, ZeRO-1, sequence parallelism or recompute"
             )
 
@@ -319,7 +320,7 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
            progress: Callable[[float, float], None] | None = None) -> RunResult:
     """Simulate and write OUT whole or not at all: traces stream into a temporary sibling,
     summary.json and the effective scenario join them, then the folder is renamed."""
-    with atomic_output_dir(Path(out), force=force) as staging:
+    with atomic_output_dir(Path(out), force=force, replaces=scenario.name) as staging:
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging)
         _write_summary(result, staging)

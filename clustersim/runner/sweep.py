@@ -1,6 +1,6 @@
 """Sweeps: a scenario's variants x grid x seeds, each a full run, on local processes or Ray.
 
-A sweep file (CONTRACT.md, extended with `variants`):
+A sweep file (docs/scenario.md, with `variants`):
 
 ```yaml
 scenario: ../compare-1024-chips.yaml      # relative to the sweep file
@@ -152,7 +152,7 @@ def run_task(task: Task) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     _flatten(summary["jobs"], "", figures)
     _flatten({"cluster": {k: v for k, v in summary["cluster"].items()
-                          if k not in ("links", "per_chip_bandwidth_gbps", "peak_pflops")}},
+                          if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}},
              "", figures)
     row.update(status="ok", error="", **figures)
     return row

@@ -1,4 +1,4 @@
-"""Loading a scenario: the YAML format of CONTRACT.md into an immutable, validated Scenario.
+"""Loading a scenario: the YAML format of docs/scenario.md into an immutable, validated Scenario.
 
 `load_scenario(path, overrides)` reads a file, applies `--set PATH=VALUE` overrides, resolves
 catalog names (hardware, model presets), validates every field and the rules that tie them

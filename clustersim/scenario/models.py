@@ -1,4 +1,4 @@
-"""The sections of a scenario file as immutable pydantic specs (CONTRACT.md has the format).
+"""The sections of a scenario file as immutable pydantic specs (docs/scenario.md has the format).
 
 Each spec checks its own fields; the rules that tie sections together (tp x pp x dp equals a
 job's ranks, heads divisible by tp, ...) are in `clustersim.scenario.rules`, run once the
@@ -134,7 +134,7 @@ class TraceSpec(Spec):
 
 
 class Scenario(Spec):
-    """A whole scenario, validated; see CONTRACT.md for the file format."""
+    """A whole scenario, validated; see docs/scenario.md for the file format."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)
     description: str = ""

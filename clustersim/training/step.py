@@ -110,7 +110,7 @@ class StepProfile:
             "hfu": self.hfu,
             "memory_per_chip_gib": self.memory.per_chip / 2**30,
             "fits_memory": self.fits_memory,
-            "breakdown": {
+            "step_breakdown": {
                 "compute_s": self.compute_s,
                 "exposed_comm_s": sum(self.exposed_comm_s.values()),
                 "bubble_s": self.bubble_s,

@@ -1,0 +1,190 @@
+"""Failures and repairs: every failure process of the scenario as one superposed stream, the
+blast radius of each fault, and the repair of downed instances.
+
+Every exponential process of every component (chip, HBM, NeuronLink, NIC, host, leaf
+switch, software, ...), per chip, instance, UltraServer or leaf, is one superposed Poisson
+stream: one exponential draw for the next failure, then which process and which unit.
+Weibull processes keep a heap of per-unit next-failure times, drawn vectorised.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from clustersim.cluster.rates import effective_rates
+from clustersim.hardware.failures import weibull_scale
+
+if TYPE_CHECKING:
+    from clustersim.cluster.timeline import Timeline
+
+__all__ = ["FailureProcess", "FailureSource"]
+
+
+@dataclass(frozen=True)
+class FailureProcess:
+    """One failure process over a population of units."""
+
+    component: str
+    cause: str
+    per: str
+    rate_per_s: float  # per unit
+    shape: float | None  # Weibull shape, None for exponential
+
+
+class FailureSource:
+    """The failures of one timeline: which unit fails when, what goes down, repairs."""
+
+    def __init__(self, timeline: Timeline):
+        self.t = timeline
+        self.rng = timeline.rng_failures
+        self.failures: Counter = Counter()
+        self.failures_by_cause: Counter = Counter()
+        self.repairs = 0
+        scale = self.t.scenario.failures.scale
+        self.exp_processes: list[FailureProcess] = []
+        self.exp_weights: list[float] = []
+        self.weibull_heap: list[tuple[float, int, int]] = []
+        self.weibull_processes: list[FailureProcess] = []
+        for spec in effective_rates(self.t.scenario):
+            rate = spec.events_per_s * scale
+            if rate <= 0:
+                continue
+            proc = FailureProcess(spec.component, spec.cause or spec.component, spec.per, rate,
+                                  spec.shape if spec.distribution == "weibull" else None)
+            count = self.population(spec.per)
+            if count == 0:
+                continue
+            if proc.shape is None:
+                self.exp_processes.append(proc)
+                self.exp_weights.append(rate * count)
+            else:
+                index = len(self.weibull_processes)
+                self.weibull_processes.append(proc)
+                scale_s = weibull_scale(1.0 / rate, proc.shape)
+                times = scale_s * self.rng.weibull(proc.shape, count)
+                self.weibull_heap.extend(zip(times.tolist(), [index] * count, range(count),
+                                             strict=True))
+        heapq.heapify(self.weibull_heap)
+        self.exp_total = float(sum(self.exp_weights))
+        self.exp_cumulative = np.cumsum(self.exp_weights) / self.exp_total if self.exp_total else (
+            np.array([]))
+
+    def run(self):
+        """The simpy process: the next failure of every process, one at a time."""
+        env = self.t.env
+        next_exp = env.now + (self.rng.exponential(1.0 / self.exp_total)
+                              if self.exp_total > 0 else math.inf)
+        while True:
+            next_weibull = self.weibull_heap[0][0] if self.weibull_heap else math.inf
+            when = min(next_exp, next_weibull)
+            if not math.isfinite(when):
+                return
+            yield env.timeout(max(0.0, when - env.now))
+            if next_exp <= next_weibull:
+                index = int(np.searchsorted(self.exp_cumulative, self.rng.random(),
+                                            side="right"))
+                proc = self.exp_processes[min(index, len(self.exp_processes) - 1)]
+                unit = int(self.rng.integers(self.population(proc.per)))
+                next_exp = env.now + self.rng.exponential(1.0 / self.exp_total)
+            else:
+                _, index, unit = heapq.heappop(self.weibull_heap)
+                proc = self.weibull_processes[index]
+                # Renewal: the unit's next failure is drawn from its return to service.
+                back = env.now + (self.t.repair_s if proc.component != "software" else 0.0)
+                if math.isfinite(back):
+                    gap = weibull_scale(1.0 / proc.rate_per_s, proc.shape) * (
+                        self.rng.weibull(proc.shape))
+                    heapq.heappush(self.weibull_heap, (back + gap, index, unit))
+            self.fail(proc, unit)
+
+    def population(self, per: str) -> int:
+        return {"chip": self.t.n_chips, "instance": self.t.n_instances, "ultraserver": self.t.n_us,
+                "leaf": self.t.n_leaves, "job": len(self.t.scenario.jobs)}[per]
+
+    def _instances_of(self, per: str, unit: int) -> range:
+        if per == "chip":
+            first = unit // self.t.cpi
+            return range(first, first + 1)
+        if per == "instance":
+            return range(unit, unit + 1)
+        if per == "ultraserver":
+            return range(unit * self.t.ipu, min(self.t.n_instances, (unit + 1) * self.t.ipu))
+        return range(unit * self.t.per_leaf, min(self.t.n_instances, (unit + 1) * self.t.per_leaf))
+
+    def fail(self, proc: FailureProcess, unit: int) -> None:
+        """Apply one failure: down the hardware it hits and interrupt the jobs on it."""
+        now = self.t.env.now
+        if proc.per == "job":  # a job-level fault (software): no hardware goes down
+            run = self.t.jobs[unit]
+            if run.state in ("running", "checkpointing"):  # software fails while it trains
+                first = int(np.argmax(run.held_mask))
+                self._count(proc, first * self.t.cpi, first, unit)
+                run.interrupt(proc.component, [])
+            return
+        instances = self._instances_of(proc.per, unit)
+        chip = unit if proc.per == "chip" else instances[0] * self.t.cpi
+        if proc.component == "software":
+            job = int(self.t.owner[instances[0]])
+            if job >= 0 and self.t.jobs[job].state in ("running", "checkpointing"):
+                self._count(proc, chip, instances[0], job)
+                self.t.jobs[job].interrupt(proc.component, [])
+            return
+        hit_jobs: dict[int, list[int]] = {}
+        downed = free_downed = False
+        for inst in instances:
+            if not self.t.healthy[inst]:
+                continue  # already down: this failure changes nothing
+            downed = True
+            self.t.healthy[inst] = False
+            self.t.instance_down_since[inst] = now
+            job = int(self.t.owner[inst])
+            if job >= 0:
+                hit_jobs.setdefault(job, []).append(inst)
+            else:
+                free_downed = True
+            if math.isfinite(self.t.repair_s):
+                self.t.env.process(self._repair(inst))
+        if not downed:
+            return
+        self._count(proc, chip, instances[0], next(iter(hit_jobs), -1))
+        if free_downed:  # the free pool shrank with no job to tell: record it now
+            self.t.scheduler.record_state()
+        for job, lost in hit_jobs.items():
+            self.t.jobs[job].interrupt(proc.component, lost)
+
+    def _count(self, proc: FailureProcess, chip: int, instance: int, job: int) -> None:
+        self.failures[proc.component] += 1
+        self.failures_by_cause[proc.cause] += 1
+        if self.t.recorder is not None:
+            self.t.recorder.event(self.t.env.now, "failure", proc.component, chip, instance, job)
+
+    def _repair(self, inst: int):
+        yield self.t.env.timeout(self.t.repair_s)
+        self.t.healthy[inst] = True
+        self.repairs += 1
+        if self.t.recorder is not None:
+            self.record_down(inst, self.t.env.now)
+            self.t.recorder.event(self.t.env.now, "repair", "", inst * self.t.cpi, inst, -1)
+        self.t.release([inst])
+
+    def record_down(self, inst: int, end_s: float) -> None:
+        """Chip intervals of a downed instance: `failed` until the failure is detected, then
+        `repairing` until it is back (or the horizon). The instance is the unit of repair, so
+        all its chips share the two intervals. Without repairs it stays `failed`."""
+        assert self.t.recorder is not None
+        start = float(self.t.instance_down_since[inst])
+        detected = min(start + self.t.scenario.failures.detect_s, end_s)
+        if not math.isfinite(self.t.repair_s):
+            detected = end_s
+        first = inst * self.t.cpi
+        for chip in range(first, first + self.t.cpi):
+            if detected > start:
+                self.t.recorder.interval("chip", chip, "failed", start, detected)
+            if end_s > detected:
+                self.t.recorder.interval("chip", chip, "repairing", detected, end_s)

@@ -1,0 +1,139 @@
+"""A job's books: time in each state, instances held and the chip-time they amount to, and
+progress (steps done, work credited, work lost back to the last checkpoint).
+
+A part of JobRun (`clustersim.cluster.jobrun`), which holds the state these methods keep.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["JobAccounting"]
+
+
+class JobAccounting:
+    """Bookkeeping of a job run: states, held instances, progress."""
+
+    def set_state(self, state: str) -> None:
+        now = self.t.env.now
+        if state == self.state:
+            return
+        self.outcome.time_in_state[self.state] += now - self.state_since
+        if self.t.recorder is not None and now > self.state_since:
+            self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
+        self.state, self.state_since = state, now
+        if state in ("down", "waiting_for_hardware"):
+            self.t.recovering.add(self)
+        else:
+            self.t.recovering.discard(self)
+
+    def close(self, horizon: float) -> None:
+        """Close the books at the horizon: credit a running segment, count the last state."""
+        self._credit_segment(horizon)
+        self.outcome.time_in_state[self.state] += horizon - self.state_since
+        if self.t.recorder is not None and horizon > self.state_since:
+            self.t.recorder.interval("job", self.index, self.state, self.state_since, horizon)
+        self.state_since = horizon
+        if self.held_count:
+            self.allocated_chip_s += (horizon - self.held_since) * self.held_count * self.t.cpi
+            self.held_since = horizon
+            if self.t.recorder is not None:
+                for inst in self.held.tolist():
+                    self.t.recorder.allocation(self.index, inst, float(self.t.taken_at[inst]),
+                                               horizon)
+        out = self.outcome
+        out.progress_steps = self.progress
+        if self.state != "done":
+            out.status = "running at horizon" if self.state == "running" else (
+                f"{self.state} at horizon")
+            out.reason = self._why_not_done()
+
+    def _why_not_done(self) -> str:
+        out = self.outcome
+        if self.state == "queued":
+            return "never started: not enough healthy instances"
+        if self.state == "waiting_for_hardware":
+            if not math.isfinite(self.t.repair_s):
+                return "waiting for hardware: no spare left and repairs are disabled"
+            return "waiting for hardware: no spare instances until repairs finish"
+        f = self.t.scenario.failures
+        recovery = f.detect_s + f.restart_s + (self.checkpoint.restore_s if self.checkpoint else 0)
+        if out.mtbf_s is not None and out.mtbf_s < recovery:
+            return (f"little progress: the job's mean time between failures ({out.mtbf_s:,.0f} s)"
+                    f" is shorter than its recovery ({recovery:,.0f} s)")
+        if out.steps_target is None:
+            return "no step target: ran to the horizon"
+        return "the horizon came before the step target"
+
+    @property
+    def held(self) -> np.ndarray:
+        return np.flatnonzero(self.held_mask)
+
+    def _account(self) -> None:
+        now = self.t.env.now
+        self.allocated_chip_s += (now - self.held_since) * self.held_count * self.t.cpi
+        self.held_since = now
+
+    def add(self, instances: Any) -> None:
+        """Start holding these instances."""
+        added = np.asarray(instances, dtype=np.int64)
+        self._account()
+        self.held_mask[added] = True
+        self.held_count += len(added)
+        self.t.taken_at[added] = self.t.env.now
+        self.pace = self._pace()
+
+    def remove(self, instances: Any) -> None:
+        """Stop holding these instances (an allocation row each)."""
+        removed = np.asarray(instances, dtype=np.int64)
+        self._account()
+        if self.t.recorder is not None:
+            for inst in removed.tolist():
+                self.t.recorder.allocation(self.index, inst, float(self.t.taken_at[inst]),
+                                           self.t.env.now)
+        self.held_mask[removed] = False
+        self.held_count -= len(removed)
+        self.pace = self._pace()
+
+    def _pace(self) -> float:
+        if self.held_count == 0:
+            return 1.0
+        return self.t.slowdown(self.held_mask)
+
+    def _collect_async(self, now: float) -> None:
+        """Asynchronous checkpoints whose write has finished become the restore point."""
+        while self.async_pending and self.async_pending[0][0] <= now:
+            _, progress, running = self.async_pending.pop(0)
+            self.saved = (progress, running)
+            self.outcome.checkpoints_completed += 1
+
+    def _credit_segment(self, now: float) -> None:
+        """Credit the part of the running segment done by `now`, once (a preemption credits
+        it, then the interrupted segment must not credit it again)."""
+        if self.segment is None:
+            return
+        start, wall, steps = self.segment
+        self.segment = None
+        elapsed = now - start
+        self._advance(steps * (elapsed / wall if wall > 0 else 1.0), elapsed, now)
+
+    def _advance(self, steps: float, wall: float, now: float) -> None:
+        self.progress += steps
+        if self.outcome.steps_target is not None:
+            self.progress = min(self.progress, float(self.outcome.steps_target))
+        self.outcome.running_s += wall
+        self.since_snapshot += wall
+        self._collect_async(now)
+
+    def _lose_work(self) -> None:
+        """Back to the last completed checkpoint: the work since it is lost."""
+        progress, running = self.saved
+        self.outcome.lost_work_s += self.outcome.running_s - running
+        self.progress = progress
+        # Training resumes from that checkpoint: the lost stretch is counted once.
+        self.saved = (progress, self.outcome.running_s)
+        self.async_pending.clear()
+        self.since_snapshot = 0.0

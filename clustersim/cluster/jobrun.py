@@ -1,0 +1,259 @@
+"""One job over the timeline: a simpy process that queues, trains in bulk between events,
+checkpoints and finishes, with its books (`job_accounting`) and recovery (`job_recovery`).
+
+A job advances its steps in bulk between discrete events (failure, repair, checkpoint,
+restart, end). With step-time jitter, a run of k Gamma-distributed steps is one Gamma draw
+of their sum. Checkpoints are blocking (training pauses for the write) or asynchronous (a
+snapshot is taken and written while training goes on; it counts once written).
+`interval: auto` is Daly's optimum for the job's failure rate (asynchronous: back to back, as
+each write costs no training time).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from clustersim.cluster.job_accounting import JobAccounting
+from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
+from clustersim.cluster.outcomes import JobOutcome
+from clustersim.cluster.rates import checkpoint_intervals, job_failure_rate
+from clustersim.cluster.uplinks import UplinkPacing
+from clustersim.scenario.models import JobSpec
+from clustersim.training.step import StepProfile
+
+if TYPE_CHECKING:
+    from clustersim.cluster.timeline import Timeline
+
+__all__ = ["JobRun"]
+
+
+class JobRun(JobAccounting, JobRecovery, UplinkPacing):
+    """One job's process: queued, running in bulk, checkpointing, recovering.
+
+    Its books are kept by JobAccounting, its interruptions and recovery by JobRecovery, its
+    step time on its placement and shared uplinks by UplinkPacing; this class holds the
+    state and the life cycle: queue, train, checkpoint, finish."""
+
+    def __init__(self, timeline: Timeline, index: int, job: JobSpec, profile: StepProfile):
+        self.t = timeline
+        self.index = index
+        self.job = job
+        self.profile = profile
+        scenario = timeline.scenario
+        hw = scenario.hardware
+        self.instances_needed = scenario.job_instances(job)
+        self.whole_ultraservers = (hw.ultraserver is not None
+                                   and hw.ultraserver.interconnect.topology == "ring"
+                                   and job.parallelism.tp > hw.ranks_per_instance)
+        self.outcome = JobOutcome(
+            name=job.name, instances=self.instances_needed,
+            chips=self.instances_needed * hw.chips_per_instance,
+            step_time_s=profile.step_time_s, tokens_per_step=profile.tokens_per_step,
+            steps_target=job.steps, submit_s=job.submit_s,
+        )
+        rate = job_failure_rate(scenario, job)
+        self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None
+        ideal = [t for t in ((job.steps * profile.step_time_s) if job.steps else None,
+                             job.run_for_s) if t is not None]
+        self.outcome.ideal_s = min(ideal) if ideal else None
+        self.checkpoint = job.checkpoint
+        self.interval, self.outcome.young_interval_s, self.outcome.daly_interval_s = (
+            checkpoint_intervals(job.checkpoint, self.outcome.mtbf_s))
+        if math.isfinite(self.interval):
+            self.outcome.checkpoint_interval_s = self.interval
+        # Instances held: a mask over the cluster, changed incrementally (no O(n) per change).
+        self.held_mask = np.zeros(timeline.n_instances, dtype=bool)
+        self.held_count = 0
+        self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
+        self.state = "queued"
+        self.state_since = job.submit_s
+        self.allocated_chip_s = 0.0
+        self.held_since = 0.0
+        self.pending: list[tuple[str, list[int]]] = []
+        self.process: simpy.Process | None = None
+        # Progress: steps done (float), and running wall time.
+        self.progress = 0.0
+        self.saved = (0.0, 0.0)  # (progress, running time) of the last completed checkpoint
+        self.async_pending: list[tuple[float, float, float]] = []  # (done at, progress, running)
+        self.since_snapshot = 0.0  # running time since the last checkpoint snapshot
+        self.pace_until = 0.0
+        self.segment: tuple[float, float, float] | None = None
+        self.interrupt_pending = False
+        self.step_time = profile.step_time_s  # for the current placement
+        self.placed_step_time = profile.step_time_s
+        self.fabric_exposed_s = 0.0
+        self.spans_leaves = False
+        self.uplink_slowdown = 1.0
+        self.queued_at = job.submit_s
+        self.granted: simpy.Event | None = None
+        self.end_at = job.submit_s + job.deadline_s if job.deadline_s is not None else None
+
+    def pace_changed(self, until: float) -> None:
+        self.pace_until = max(self.pace_until, until)
+        if (self.state == "running" and self.process is not None and self.process.is_alive
+                and not self.interrupt_pending):
+            self.interrupt_pending = True
+            self.process.interrupt("pace")
+
+    def main(self):
+        env = self.t.env
+        if self.job.submit_s > 0:
+            yield env.timeout(self.job.submit_s)
+        self.state_since = env.now
+        first = True
+        while True:
+            try:
+                chosen = yield from self._queue()
+            except simpy.Interrupt as signal:  # only the end can come while queued
+                self.interrupt_pending = False
+                self._finish(*self._ending(signal.cause))
+                return
+            self.add(chosen)
+            self._placed()
+            try:
+                if first:
+                    first = False
+                    self.outcome.start_s = env.now
+                    if self.job.run_for_s is not None:
+                        env.process(self._watch(env.now + self.job.run_for_s, "run_for"))
+                else:  # back after a preemption: restart and restore first
+                    yield from self._guard(self._resume())
+                self.set_state("running")
+                yield from self._guard(self._training())
+                self._finish("done", "reached its step target")
+                return
+            except Preempted:
+                continue
+            except Ended as ended:
+                self._finish(*self._ending(("end", ended.why)))
+                return
+
+    def _queue(self):
+        """Wait in the scheduler's queue until granted instances."""
+        self.set_state("queued")
+        self.queued_at = self.t.env.now
+        self.granted = self.t.env.event()
+        self.t.scheduler.submit(self)
+        chosen = yield self.granted
+        return chosen
+
+    def grant(self, chosen: np.ndarray) -> None:
+        assert self.granted is not None
+        self.granted.succeed(chosen)
+
+    def _training(self):
+        while True:
+            finished = yield from self._train()
+            if finished:
+                return True
+
+    def _watch(self, at: float, why: str):
+        yield self.t.env.timeout(max(0.0, at - self.t.env.now))
+        if self.state == "done" or self.process is None or not self.process.is_alive:
+            return
+        self.interrupt_pending = True
+        self.process.interrupt(("end", why))
+
+    def end_watch(self):
+        assert self.end_at is not None
+        yield from self._watch(self.end_at, "deadline")
+
+    def _ending(self, cause: Any) -> tuple[str, str]:
+        why = cause[1] if isinstance(cause, tuple) else str(cause)
+        if why == "run_for":
+            return "done", "ran for its run_for"
+        return "stopped at deadline", "its deadline came"
+
+    def expected_duration(self) -> float:
+        """Run time alone, for backfill: the step target or run_for (infinite without)."""
+        candidates = []
+        if self.job.steps is not None:
+            candidates.append((self.job.steps - self.progress) * self.step_time)
+        if self.job.run_for_s is not None:
+            candidates.append(self.job.run_for_s)
+        return min(candidates) if candidates else math.inf
+
+    def expected_end(self) -> float:
+        now = self.t.env.now
+        end = now + self.expected_duration()
+        if self.job.run_for_s is not None:
+            started = self.outcome.start_s if self.outcome.start_s is not None else now
+            end = min(end, started + self.job.run_for_s)
+        if self.end_at is not None:
+            end = min(end, self.end_at)
+        return end
+
+    def _finish(self, status: str, reason: str) -> None:
+        self.t.scheduler.withdraw(self)
+        self._credit_segment(self.t.env.now)  # ended mid-segment: credit what was done
+        self.set_state("done")
+        self.outcome.progress_steps = self.progress
+        self.outcome.status = status
+        self.outcome.end_s = self.t.env.now
+        self.outcome.reason = reason
+        held = self.held.tolist()
+        if held:
+            self.remove(held)
+            self.t.release(held)
+
+    def _train(self):
+        """Run until the next checkpoint, the step target or a pace change. Returns True when
+        the step target is reached."""
+        env = self.t.env
+        out = self.outcome
+        if self.t.scenario.stragglers.transient is not None:
+            self.pace = self._pace()  # episodes come and go
+        speed_factor = self.pace
+        step_s = self.step_time * speed_factor
+        remaining = math.inf if out.steps_target is None else out.steps_target - self.progress
+        if remaining <= 1e-9:
+            return True
+        to_checkpoint = self.interval - self.since_snapshot
+        duration = min(remaining * step_s, to_checkpoint)
+        if self.pace_until > env.now:  # a transient episode ends: re-plan then
+            duration = min(duration, self.pace_until - env.now)
+        # Never plan past the horizon (no checkpoints and no target would plan forever).
+        duration = max(min(duration, self.t.scenario.duration_s - env.now), 0.0)
+        steps_planned = duration / step_s
+        jitter = self.t.scenario.stragglers.jitter
+        wall = duration
+        if jitter > 0 and steps_planned > 0:
+            # Gamma steps: the sum of k of them is Gamma(k / cv^2, mean x cv^2).
+            wall = float(self.t.rng_jobs.gamma(steps_planned / jitter**2, step_s * jitter**2))
+        self.segment = (env.now, wall, steps_planned)
+        try:
+            yield env.timeout(wall)
+        except simpy.Interrupt:
+            self._credit_segment(env.now)  # unless evict() has credited it already
+            raise
+        self.segment = None
+        self._advance(steps_planned, wall, env.now)
+        if out.steps_target is not None and self.progress >= out.steps_target - 1e-9:
+            self.progress = float(out.steps_target)
+            return True
+        if self.since_snapshot >= self.interval - 1e-9:
+            yield from self._checkpoint()
+        return False
+
+    def _checkpoint(self):
+        env = self.t.env
+        ck = self.checkpoint
+        assert ck is not None
+        snapshot = (self.progress, self.outcome.running_s)
+        self.since_snapshot = 0.0
+        if ck.async_write:
+            self.async_pending.append((env.now + ck.write_s, *snapshot))
+            if self.t.recorder is not None:
+                self.t.recorder.event(env.now, "checkpoint", "async", -1, -1, self.index)
+            return
+        self.set_state("checkpointing")
+        yield env.timeout(ck.write_s)  # an interrupt here loses this checkpoint
+        self.saved = snapshot
+        self.outcome.checkpoints_completed += 1
+        if self.t.recorder is not None:
+            self.t.recorder.event(env.now, "checkpoint", "blocking", -1, -1, self.index)
+        self.set_state("running")

@@ -1,0 +1,143 @@
+"""What a run of the timeline produced: per job (JobOutcome, with the contract's figures) and
+for the cluster (TimelineResult)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clustersim.analysis.trace import JOB_STATES
+
+__all__ = ["JobOutcome", "TimelineResult"]
+
+
+@dataclass
+class JobOutcome:
+    """What happened to one job over the horizon."""
+
+    name: str
+    instances: int
+    chips: int
+    step_time_s: float
+    tokens_per_step: int
+    steps_target: int | None
+    submit_s: float
+    start_s: float | None = None
+    end_s: float | None = None
+    progress_steps: float = 0.0
+    time_in_state: Counter = field(default_factory=Counter)
+    interruptions: Counter = field(default_factory=Counter)
+    lost_work_s: float = 0.0
+    running_s: float = 0.0
+    checkpoints_completed: int = 0
+    checkpoint_interval_s: float | None = None
+    young_interval_s: float | None = None
+    daly_interval_s: float | None = None
+    mtbf_s: float | None = None
+    status: str = "queued"
+    reason: str = ""
+    replacements: int = 0
+    ultraservers_lost: int = 0
+    preemptions: int = 0
+    placement_step_time_s: float | None = None
+    contention_slowdown: float = 1.0  # worst slowdown of its uplink traffic by other jobs
+    ideal_s: float | None = None  # run time alone, without failures or queueing
+
+    @property
+    def steps_completed(self) -> int:
+        return int(math.floor(self.progress_steps + 1e-9))
+
+    @property
+    def useful_s(self) -> float:
+        return self.running_s - self.lost_work_s
+
+    def figures(self, horizon_s: float) -> dict[str, Any]:
+        """The contract's job figures and where the lost hours went."""
+        start = self.start_s if self.start_s is not None else horizon_s
+        end = self.end_s if self.end_s is not None else horizon_s
+        wall = max(0.0, end - start)
+        since_submit = max(0.0, end - self.submit_s)
+        states = {s: self.time_in_state.get(s, 0.0) for s in JOB_STATES
+                  if s != "done"}
+        lost = {
+            "queued": states["queued"],
+            "checkpointing": states["checkpointing"],
+            "down": states["down"],
+            "waiting_for_hardware": states["waiting_for_hardware"],
+            "restarting": states["restarting"],
+            "restoring": states["restoring"],
+            "lost_work": self.lost_work_s,
+        }
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "steps_completed": self.steps_completed,
+            "tokens_trained": self.steps_completed * self.tokens_per_step,
+            "interruptions": int(sum(self.interruptions.values())),
+            "interruptions_by_cause": dict(sorted(self.interruptions.items())),
+            "ettr": self.useful_s / wall if wall > 0 else 0.0,
+            "goodput": self.useful_s / since_submit if since_submit > 0 else 0.0,
+            "useful_s": self.useful_s,
+            "lost_work_s": self.lost_work_s,
+            "wall_s": wall,
+            "time_by_state_s": states,
+            "lost_time_s": lost,
+            "checkpoints_completed": self.checkpoints_completed,
+            "checkpoint_interval_s": self.checkpoint_interval_s,
+            "young_interval_s": self.young_interval_s,
+            "daly_interval_s": self.daly_interval_s,
+            "job_mtbf_s": self.mtbf_s,
+            "instances_replaced": self.replacements,
+            "ultraservers_lost": self.ultraservers_lost,
+            "preemptions": self.preemptions,
+            "queue_wait_s": states["queued"],
+            "slowdown": ((end - self.submit_s) / (self.steps_completed * self.step_time_s)
+                         if self.steps_completed > 0 else None),
+            "placement_slowdown": (self.placement_step_time_s / self.step_time_s
+                                   if self.placement_step_time_s else None),
+            "uplink_contention": self.contention_slowdown,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+        }
+
+
+@dataclass
+class TimelineResult:
+    """Everything a run of the timeline produced."""
+
+    horizon_s: float
+    jobs: dict[str, JobOutcome]
+    failures: Counter
+    failures_by_cause: Counter
+    repairs_completed: int
+    allocated_chip_s: float
+    useful_chip_s: float
+    total_chips: int
+    min_free_instances: int
+    event_count: int
+    fragmentation_mean: float = 0.0
+
+    def cluster_figures(self) -> dict[str, Any]:
+        chip_time = self.total_chips * self.horizon_s
+        statuses = Counter(outcome.status for outcome in self.jobs.values())
+        waits = [outcome.time_in_state.get("queued", 0.0) for outcome in self.jobs.values()]
+        return {
+            "jobs": len(self.jobs),
+            "jobs_by_status": dict(sorted(statuses.items())),
+            "mean_queue_wait_s": float(np.mean(waits)) if waits else 0.0,
+            "fragmentation": self.fragmentation_mean,
+            "utilisation": self.allocated_chip_s / chip_time if chip_time else 0.0,
+            "useful_utilisation": self.useful_chip_s / chip_time if chip_time else 0.0,
+            "failures": dict(sorted(self.failures.items())),
+            "failures_by_cause": dict(sorted(self.failures_by_cause.items())),
+            "repairs_completed": self.repairs_completed,
+            "min_free_instances": self.min_free_instances,
+            "discrete_events": self.event_count,
+        }
+
+
+# ---------------------------------------------------------------------------------------------

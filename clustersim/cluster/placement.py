@@ -1,0 +1,68 @@
+"""Placement: which free healthy instances a job gets, topology-aware (few leaf switches,
+whole UltraServers when its tensor parallelism spans them)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["pack", "Placer"]
+
+
+def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | None:
+    """`count` of the free ids under as few leaves as possible: the leaf that holds them most
+    tightly, else the emptiest leaves first (ids ascending within a leaf)."""
+    if len(free_ids) < count:
+        return None
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    leaves = leaf_of[free_ids]
+    _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
+    fits = np.flatnonzero(counts >= count)
+    if len(fits):
+        best = fits[np.argmin(counts[fits])]
+        return free_ids[starts[best]: starts[best] + count]
+    chosen, got = [], 0
+    for i in np.argsort(-counts, kind="stable").tolist():
+        take = min(int(counts[i]), count - got)
+        chosen.append(free_ids[starts[i]: starts[i] + take])
+        got += take
+        if got == count:
+            break
+    return np.sort(np.concatenate(chosen))
+
+
+class Placer:
+    """Chooses instances on one cluster's geometry (instances per UltraServer and per leaf)."""
+
+    def __init__(self, ipu: int, n_us: int, per_leaf: int, instance_leaf: np.ndarray,
+                 ring: bool):
+        self.ipu = ipu
+        self.n_us = n_us
+        self.per_leaf = per_leaf
+        self.instance_leaf = instance_leaf
+        self.ring = ring  # UltraServers joined by NeuronLink rings (Trn2 Z rings)
+
+    def place(self, count: int, whole_ultraservers: bool, free: np.ndarray
+              ) -> np.ndarray | None:
+        """Choose `count` free healthy instances, topology-aware: under as few leaf switches
+        as possible (the leaf that fits it most tightly, else the emptiest leaves first),
+        whole UltraServers when the job needs them; None when they are not there."""
+        if (not whole_ultraservers and self.n_us and count % self.ipu == 0
+                and self.ring):
+            # A job the size of whole UltraServers takes whole ones when it can: its groups
+            # then sit evenly on the Z rings.
+            aligned = self.place(count, True, free)
+            if aligned is not None:
+                return aligned
+        if whole_ultraservers:
+            ipu = self.ipu
+            units = free[: self.n_us * ipu].reshape(self.n_us, ipu).all(axis=1)
+            need = math.ceil(count / ipu)
+            chosen_units = pack(np.flatnonzero(units), (np.arange(self.n_us) * ipu
+                                                         // self.per_leaf), need)
+            if chosen_units is None:
+                return None
+            return (chosen_units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()[:count]
+        return pack(np.flatnonzero(free), self.instance_leaf, count)

@@ -1,0 +1,151 @@
+"""The scheduler: starts queued jobs and serves recovering ones, pass by pass, with the
+policies of `clustersim.cluster.policies`; records the free pool's fragmentation."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
+from clustersim.cluster.uplinks import share_uplinks
+
+if TYPE_CHECKING:
+    from clustersim.cluster.jobrun import JobRun
+    from clustersim.cluster.timeline import Timeline
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler:
+    """Starts queued jobs: FIFO, priority, or EASY backfill; optional preemption.
+
+    FIFO and priority start jobs strictly in order (the first that does not fit blocks the
+    rest). Backfill (EASY) gives the first waiting job a reservation (the earliest time enough
+    instances are expected free, from running jobs' expected ends) and lets later jobs start
+    now if they end before it or use only instances it will not need. With preemption, a job
+    that does not fit evicts lower-priority running jobs (lowest priority, latest started
+    first), which go back to the queue and lose the work since their last checkpoint.
+
+    Jobs that lost instances to a failure come first: freed instances are reserved for them
+    from the failure and granted when it is detected. One still waiting for hardware blocks
+    the queue like a head job (FIFO; backfill around its reservation), or under priority
+    only the queued jobs that do not outrank it.
+    """
+
+    def __init__(self, timeline: Timeline, policy: str, preemption: bool):
+        self.t = timeline
+        self.policy = policy
+        self.preemption = preemption
+        self.queue: list[JobRun] = []
+        self._busy = False
+        self._again = False
+        self.fragmentation_s = 0.0  # time integral of fragmentation
+        self._last = (0.0, 0.0)
+
+    def submit(self, run: JobRun) -> None:
+        self.queue.append(run)
+        self.schedule()
+
+    def withdraw(self, run: JobRun) -> None:
+        if run in self.queue:
+            self.queue.remove(run)
+
+    def schedule(self) -> None:
+        if self._busy:  # a start or an eviction changed the pool: pass again afterwards
+            self._again = True
+            return
+        self._busy = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self._pass()
+        finally:
+            self._busy = False
+        share_uplinks(self.t)
+        self.record_state()
+
+    def _pass(self) -> None:
+        # A job that lost instances has first claim on the instances freed, before every
+        # queued job (it holds the rest of its allocation idle meanwhile): they are reserved
+        # for it from the failure and granted once the failure is detected.
+        recovering = [(recovering_key(r), False, r) for r in self.t.recovering
+                      if r.held_count < r.instances_needed]
+        order = sorted([(queue_key(self.policy, r), True, r) for r in self.queue] + recovering,
+                       key=lambda entry: entry[0])
+        free = self.t.free_mask()
+        floor = -math.inf  # priority policy: queued jobs at or below it wait for a recovery
+        blocked: tuple[JobRun, int] | None = None  # the first recovery that did not fit
+        for position, (_, queued, run) in enumerate(order):
+            if queued and blocked is not None and self.policy != "priority":
+                # Every recovery had its turn; a blocked one is the queue's head.
+                if self.policy == "backfill":
+                    easy_backfill(self, blocked[0], blocked[1],
+                                   [r for _, q, r in order[position:] if q], free)
+                return
+            if queued and run.job.priority <= floor:
+                return
+            need = run.instances_needed - (0 if queued else run.held_count)
+            chosen = self.t.place(need, run.whole_ultraservers, free)
+            if chosen is None and self.preemption and (queued or run.state == "waiting_for_hardware"):
+                chosen = preempt_for(self.t, run, free, need)
+            if chosen is not None:
+                if queued:
+                    self.start(run, chosen)
+                elif run.state == "waiting_for_hardware":
+                    self._replace(run, chosen)
+                free[chosen] = False  # granted, or reserved until its failure is detected
+                continue
+            if not queued:
+                # A recovery blocked on hardware does not hold back the recoveries after it;
+                # under priority it holds back only the queued jobs it is not outranked by.
+                if blocked is None:
+                    blocked = (run, need)
+                floor = max(floor, run.job.priority)
+                continue
+            if self.policy == "backfill":
+                easy_backfill(self, run, need, [r for _, q, r in order[position + 1:] if q],
+                               free)
+            return
+
+    def start(self, run: JobRun, chosen: np.ndarray) -> None:
+        self.queue.remove(run)
+        self.t.owner[chosen] = run.index
+        run.grant(chosen)
+
+    def _replace(self, run: JobRun, chosen: np.ndarray) -> None:
+        """Replacement instances for a recovering job, held from now; its process wakes."""
+        self.t.owner[chosen] = run.index
+        run.outcome.replacements += len(chosen)
+        run.add(chosen)
+        run._placed()
+        self.t.wake_waiting()
+
+    def fragmentation_mean(self, horizon: float) -> float:
+        last_time, last_value = self._last
+        total = self.fragmentation_s + (horizon - last_time) * last_value
+        return total / horizon if horizon > 0 else 0.0
+    def record_state(self) -> None:
+        """Fragmentation: the share of free instances not in a wholly free leaf."""
+        now = self.t.env.now
+        free = self.t.free_mask()
+        count = int(np.count_nonzero(free))
+        whole = 0
+        if count:
+            per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
+            size = np.bincount(self.t.instance_leaf, minlength=self.t.n_leaves)
+            whole = int(per_leaf[per_leaf == size].sum())
+        fragmentation = 1.0 - whole / count if count else 0.0
+        last_time, last_value = self._last
+        self.fragmentation_s += (now - last_time) * last_value
+        self._last = (now, fragmentation)
+        self.t.min_free = min(self.t.min_free, count)
+        # Jobs holding instances, counting one granted them in this pass before its process
+        # has taken them up (O(jobs): this runs at every failure of a 500k-chip job).
+        running = sum(1 for r in self.t.jobs if r.state != "done" and (
+            r.held_count or (r.state == "queued" and r.granted is not None
+                             and r.granted.triggered)))
+        if self.t.recorder is not None:
+            self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)

@@ -1,0 +1,88 @@
+"""Sharing leaf uplinks: jobs spread over several leaves slow one another's crossing traffic
+on an oversubscribed fabric."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from clustersim.cluster.timeline import Timeline
+
+__all__ = ["share_uplinks", "UplinkPacing"]
+
+
+def share_uplinks(t: Timeline) -> None:
+    """Jobs spread over several leaves send their data-parallel traffic through the leaf
+    uplinks. Each such job puts its instances' EFA bandwidth on every leaf it spans; where
+    that demand exceeds a leaf's uplink capacity (its instances' EFA over the
+    oversubscription) the crossing traffic is slowed by demand / capacity. A job's own
+    demand is already in its step profile (its collectives were costed on the uplinks),
+    so what sharing adds is the slowdown with everyone over the slowdown alone, at its
+    worst leaf. On a non-blocking fabric demand never exceeds capacity."""
+    fabric = t.scenario.cluster.fabric
+    if t.n_leaves <= 1 or fabric.oversubscription <= 1.0:
+        return  # a leaf's uplinks carry all its instances' EFA: never oversubscribed
+    efa = t.scenario.hardware.instance.efa_bytes_per_s
+    capacity = t.per_leaf * efa / fabric.oversubscription
+    spread = [r for r in t.jobs if r.held_count and r.state != "done" and r.spans_leaves]
+    demand: Counter = Counter()
+    per_job = {}
+    for run in spread:
+        leaves, counts = np.unique(t.instance_leaf[run.held], return_counts=True)
+        per_job[run.index] = dict(zip(leaves.tolist(), counts.tolist(), strict=True))
+        for leaf, count in per_job[run.index].items():
+            demand[leaf] += count * efa
+    for run in spread:
+        worst = 1.0
+        for leaf, count in per_job[run.index].items():
+            together = max(1.0, demand[leaf] / capacity)
+            alone = max(1.0, count * efa / capacity)
+            worst = max(worst, together / alone)
+        run.set_uplink_slowdown(worst)
+
+
+class UplinkPacing:
+    """A job's step time on its placement, and its share of the leaf uplinks it spans.
+
+    A part of JobRun (`clustersim.cluster.jobrun`), which holds the state these methods keep.
+    """
+
+    def _placed(self) -> None:
+        """The step time of the current placement (a job spread wider pays on the fabric)."""
+        model = self.t.step_model
+        if model is None or self.held_count != self.instances_needed:
+            return
+        profile = model.profile(self.job, self.job.name, instances=self.held)
+        self.placed_step_time = profile.step_time_s
+        leaves = np.unique(self.t.instance_leaf[self.held])
+        self.spans_leaves = len(leaves) > 1
+        # What crosses leaf uplinks: the exposed data-, pipeline- and expert-parallel
+        # communication of a job spread over several leaves (tensor parallelism stays inside
+        # instances).
+        exposed = profile.exposed_comm_s
+        self.fabric_exposed_s = (exposed.get("dp", 0.0) + exposed.get("pp", 0.0)
+                                 + exposed.get("ep", 0.0)) if len(leaves) > 1 else 0.0
+        self.step_time = self.placed_step_time * self.fabric_factor_step()
+        if self.outcome.placement_step_time_s is None:
+            self.outcome.placement_step_time_s = profile.step_time_s
+        share_uplinks(self.t)  # its traffic now loads the leaves it spans
+
+    def fabric_factor_step(self) -> float:
+        """Step time multiplier from sharing leaf uplinks with other jobs (1 when alone)."""
+        if self.fabric_exposed_s <= 0 or self.placed_step_time <= 0:
+            return 1.0
+        extra = self.fabric_exposed_s * (self.uplink_slowdown - 1.0)
+        return (self.placed_step_time + extra) / self.placed_step_time
+
+    def set_uplink_slowdown(self, slowdown: float) -> None:
+        """The scheduler's verdict on this job's share of its leaves' uplinks."""
+        if abs(slowdown - self.uplink_slowdown) < 1e-9:
+            return
+        self.uplink_slowdown = slowdown
+        self.outcome.contention_slowdown = max(self.outcome.contention_slowdown, slowdown)
+        if self.placed_step_time > 0:
+            self.step_time = self.placed_step_time * self.fabric_factor_step()
+            self.pace_changed(self.t.env.now)  # re-plan the running segment at the new pace

@@ -1,0 +1,115 @@
+"""Collectives running at the same time: the resources each one uses and their max-min fair
+share (links, HBM, EFA)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from clustersim.collectives.costs import CollectiveCost
+
+if TYPE_CHECKING:
+    from clustersim.collectives.model import CollectiveModel
+
+__all__ = ["resource_rates", "capacity", "simultaneous"]
+
+
+def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, float]:
+    """Peak rate at which the collective uses each resource while it transfers.
+
+    Resources: directed links (`("link", u, v)`, bytes/s) and chips' HBM (`("hbm", chip)`,
+    bytes/s) of its instance and UltraServer levels, for every instance of the group; and
+    each domain's EFA (`("efa", first chip)`, as a fraction of it: 1 when a fabric stage
+    runs). The rate of a resource is the highest over the stages that use it, so collectives
+    sharing it are assumed to meet in their busiest phases.
+    """
+    if cost.group is None or cost.transfer_s <= 0:
+        return {}
+    layout = model.layout(cost.group)
+    topology = model.topology
+    rates: dict[tuple, float] = {}
+
+    def peak(key: tuple, rate: float) -> None:
+        if rate > rates.get(key, 0.0):
+            rates[key] = rate
+
+    for stage in cost.stages:
+        if stage.transfer_s <= 0:
+            continue
+        if stage.level == "fabric":
+            for domain in layout.domains.tolist():
+                peak(("efa", domain), 1.0)
+            continue
+        chips, steps, span = model.stage_steps(stage, layout)
+        link_bytes: Counter[tuple[int, int]] = Counter()
+        hbm_bytes = 0.0
+        for step in steps:
+            hbm_bytes += step.count * step.hbm_bytes_per_chip
+            for a, b in step.flows:
+                nodes = topology.route(a, b)
+                for u, v in zip(nodes, nodes[1:], strict=False):
+                    link_bytes[(u, v)] += step.count * step.flow_bytes
+        rep_base = chips[0] - chips[0] % span
+        bases = (np.unique(cost.group.chips // span) * span).tolist()
+        for base in bases:
+            shift = base - rep_base
+            for (u, v), count in link_bytes.items():
+                su, sv = _translate(model, u, v, shift), _translate(model, v, u, shift)
+                peak(("link", su, sv), count / stage.transfer_s)
+            for chip in chips:
+                peak(("hbm", chip + shift), hbm_bytes / stage.transfer_s)
+    return rates
+
+
+def _translate(model: CollectiveModel, node: int, other: int, shift: int) -> int:
+    """A node of the representative's links, moved to another instance: chips shift,
+    a chip switch becomes the switch of the shifted chip at the link's other end."""
+    if node < model.topology.chips:
+        return node + shift
+    return model.topology._switch_of(other + shift)
+
+
+def capacity(model: CollectiveModel, key: tuple) -> float:
+    """What a resource of `resource_rates` can carry."""
+    if key[0] == "link":
+        data = model.topology.graph.edges[key[1], key[2]]
+        return data["bandwidth_bytes_per_s"] * model.coster.efficiency(data["kind"])
+    if key[0] == "hbm":
+        return model.coster.hbm_rate()
+    return 1.0
+
+
+def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> list[CollectiveCost]:
+    """Collectives running at the same time, sharing links, HBM and EFA max-min fairly.
+
+    Each collective alone uses each resource at some peak rate. Run together, each one's
+    transfer runs at a speed found by progressive filling: every speed rises together until
+    some shared resource is full; the collectives using it are frozen there, the others go on
+    rising (to at most their speed alone). Two identical collectives on the same links each
+    get half the bandwidth. Only the transfer part slows; latency does not.
+    """
+    rates = [model.resource_rates(c) for c in costs]
+    keys = {key for r in rates for key in r}
+    limit = {key: model.capacity(key) for key in keys}
+    speed = [0.0 if r else 1.0 for r in rates]
+    frozen = [not r for r in rates]
+    while not all(frozen):
+        active = [i for i in range(len(costs)) if not frozen[i]]
+        step = min(1.0 - speed[i] for i in active)
+        for key in keys:
+            growth = sum(rates[i].get(key, 0.0) for i in active)
+            if growth > 0:
+                load = sum(speed[i] * rates[i].get(key, 0.0) for i in range(len(costs)))
+                step = min(step, max(0.0, limit[key] - load) / growth)
+        for i in active:
+            speed[i] += step
+        full = {key for key in keys
+                if sum(speed[i] * rates[i].get(key, 0.0) for i in range(len(costs)))
+                >= limit[key] * (1 - 1e-9)}
+        for i in active:
+            if speed[i] >= 1.0 - 1e-12 or any(rates[i].get(key, 0.0) > 0 for key in full):
+                frozen[i] = True
+    return [c.scaled(1.0 / s) if 0 < s < 1 else c for c, s in zip(costs, speed, strict=True)]

@@ -1,0 +1,163 @@
+"""One level's stage of a collective: which algorithms apply there, which one `auto` takes,
+and what it costs.
+
+- ``instance``: chips of one instance (NeuronLink torus, an instance ring, or a switch); a
+  Trn3 UltraServer's NeuronSwitch makes its whole UltraServer this level;
+- ``ultraserver``: the instances of a Trn2 UltraServer, over the Z rings;
+- ``fabric``: NeuronLink domains (instances, or UltraServers) over EFA.
+"""
+
+from __future__ import annotations
+
+from clustersim.collectives.costs import StageCost, Step
+from clustersim.collectives.fabric import fabric_algorithms, fabric_cost
+from clustersim.collectives.groups import Layout
+from clustersim.collectives.kangaring import CycleFinder, kangaring_steps
+from clustersim.collectives.links import StepCoster
+from clustersim.collectives.mesh import mesh1_steps, mesh_steps
+from clustersim.collectives.ops import CollectiveError
+from clustersim.collectives.rdh import rdh_steps
+from clustersim.collectives.ring import ring_steps
+from clustersim.collectives.zring import z_algorithms, z_columns, z_steps
+from clustersim.hardware.topology import Topology
+
+__all__ = ["LevelCoster"]
+
+
+class LevelCoster:
+    """Stages at each level of one topology (instance, UltraServer Z rings, EFA fabric)."""
+
+    def __init__(self, topology: Topology, coster: StepCoster):
+        self.topology = topology
+        self.hardware = topology.hardware
+        self.constants = topology.hardware.collectives
+        self.coster = coster
+        self.cycles = CycleFinder(topology)
+
+    def stage(self, level: str, op: str, layout: Layout, buffer: float, algorithm: str
+              ) -> StageCost:
+        """One level running `op` on a per-rank buffer of `buffer` bytes.
+
+        `buffer` is the buffer each rank holds for all-reduce and reduce-scatter (input) and
+        for all-gather (output), as nccl-tests counts sizes.
+        """
+        if level == "fabric":
+            return self.fabric_stage(op, layout, buffer, algorithm)
+        if level == "ultraserver":
+            return self.ultraserver_stage(op, layout, buffer, algorithm)
+        return self.instance_stage(op, layout, buffer, algorithm)
+
+    # ------------------------------------------------------------------ instance level
+    def instance_candidates(self, op: str, layout: Layout) -> list[str]:
+        chips = len(layout.instance_chips)
+        k = layout.ranks_per_chip
+        if chips * k == 1:
+            return ["ring"]
+        names = ["ring", "biring", "mesh"]
+        if op == "all-reduce":
+            names.append("mesh1")
+        if chips > 1 and chips & (chips - 1) == 0 and op != "broadcast":
+            names.append("rdh")
+        # KangaRing pairs the ranks of a chip: all of them must be in the group (Neuron docs).
+        if (k >= 2 and k == self.hardware.chip.ranks and chips > 1
+                and op in ("all-reduce", "all-gather", "reduce-scatter")):
+            names.append("kangaring")
+        return names
+
+    def auto_instance(self, op: str, layout: Layout, buffer: float) -> str:
+        """Neuron's choice by size: mesh under ~1 MB, RDH to ~56 MB, KangaRing above (ring
+        when KangaRing does not apply); on a switch, the faster of mesh and ring."""
+        names = self.instance_candidates(op, layout)
+        if len(names) == 1:
+            return names[0]
+        if self.hardware.instance.interconnect.topology == "switch":
+            return min(("mesh", "ring"),
+                       key=lambda n: self.instance_cost(op, layout, buffer, n)[0])
+        c = self.constants
+        if op == "broadcast":
+            return "ring"
+        if buffer < c.mesh_max_bytes:
+            return "mesh1" if op == "all-reduce" and self._mesh1_wins(layout, buffer) else "mesh"
+        if buffer < c.rdh_max_bytes and "rdh" in names:
+            return "rdh"
+        return "kangaring" if "kangaring" in names else "biring"
+
+    def _mesh1_wins(self, layout: Layout, buffer: float) -> bool:
+        one = self.instance_cost("all-reduce", layout, buffer, "mesh1")
+        two = self.instance_cost("all-reduce", layout, buffer, "mesh")
+        return one[0] + one[1] < two[0] + two[1]
+
+    def instance_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
+                       ) -> StageCost:
+        if algorithm in ("auto", "hierarchical"):
+            algorithm = self.auto_instance(op, layout, buffer)
+        if algorithm not in self.instance_candidates(op, layout):
+            raise CollectiveError(
+                f"{algorithm} does not apply to {op} over {len(layout.instance_chips)} chips x "
+                f"{layout.ranks_per_chip} ranks; expected one of "
+                f"{', '.join(self.instance_candidates(op, layout))}"
+            )
+        latency, transfer, steps = self.instance_cost(op, layout, buffer, algorithm)
+        members = len(layout.instance_chips) * layout.ranks_per_chip
+        return StageCost("instance", op, algorithm, members, buffer, steps, latency, transfer)
+
+    def instance_cost(self, op: str, layout: Layout, buffer: float, algorithm: str
+                      ) -> tuple[float, float, int]:
+        chips = [int(c) for c in layout.instance_chips]
+        steps = self.instance_steps(op, chips, layout.ranks_per_chip, buffer, algorithm)
+        return self.coster.run(steps, self.constants.step_latency_s)
+
+    def instance_steps(self, op: str, chips: list[int], k: int, buffer: float, algorithm: str
+                       ) -> list[Step]:
+        if algorithm in ("ring", "biring"):
+            return ring_steps(self.topology, op, chips, k, buffer,
+                              directions=1 if algorithm == "ring" else 2)
+        if algorithm == "kangaring":
+            return kangaring_steps(op, self.cycles.cycles(chips), chips, k, buffer)
+        if algorithm == "rdh":
+            return rdh_steps(self.topology, op, chips, k, buffer)
+        if algorithm == "mesh1":
+            return mesh1_steps(chips, k, buffer)
+        if algorithm == "mesh":
+            return mesh_steps(op, chips, k, buffer)
+        raise CollectiveError(f"{algorithm} is not an instance-level algorithm")
+
+    # ------------------------------------------------------------------ UltraServer (Z) level
+    def ultraserver_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
+                          ) -> StageCost:
+        """Instances of an UltraServer over the Z rings: each chip position runs its own
+        group along its Z ring, with every rank of the chip in a parallel group."""
+        m = layout.ultraserver_members
+        k = layout.ranks_per_chip
+        chips = [int(c) for c in layout.ultraserver_chips]
+        columns = z_columns(chips, len(layout.instance_chips))
+        names = z_algorithms(op)
+        if algorithm in ("auto", "hierarchical"):
+            algorithm = min(names, key=lambda n: sum(self.z_cost(op, columns, k, buffer, n)[:2]))
+        if algorithm not in names:
+            raise CollectiveError(f"{algorithm} does not apply on the Z rings; expected {names}")
+        latency, transfer, steps = self.z_cost(op, columns, k, buffer, algorithm)
+        return StageCost("ultraserver", op, algorithm, m, buffer, steps, latency, transfer)
+
+    def z_cost(self, op: str, columns: list[list[int]], k: int, buffer: float, algorithm: str
+               ) -> tuple[float, float, int]:
+        return self.coster.run(z_steps(op, columns, k, buffer, algorithm),
+                               self.constants.step_latency_s)
+
+    # ------------------------------------------------------------------ fabric (EFA) level
+    def fabric_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
+                     ) -> StageCost:
+        """Domains over EFA, one group per local rank, run in parallel."""
+        x = len(layout.domains)
+        names = fabric_algorithms(op, x, self.constants.fabric_mesh_max_nodes, algorithm)
+        if algorithm in ("auto", "hierarchical"):
+            algorithm = min(names, key=lambda n: sum(
+                fabric_cost(self.topology, op, layout, buffer, n)[:2]))
+        if algorithm == "biring":
+            algorithm = "ring"  # EFA links are full duplex per flow; a ring already uses both
+        if algorithm not in names:
+            raise CollectiveError(
+                f"{algorithm} does not apply over EFA for {x} nodes; expected one of {names}"
+            )
+        latency, transfer, steps = fabric_cost(self.topology, op, layout, buffer, algorithm)
+        return StageCost("fabric", op, algorithm, x, buffer, steps, latency, transfer)

@@ -1,0 +1,258 @@
+"""The documentation is part of the program: it is checked against the code and run.
+
+- docs/scenario.md's key table is the one the scenario models generate;
+- docs/cli.md names every command and option, docs/outputs.md every figure of summary.json;
+- no link or path mention points at a missing file, or outside the repository;
+- every YAML block and every `console` command of the README and docs/ runs (doc test),
+  in a temporary copy of the repository's scenarios and goldens, in order, and exits 0.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+from typer.testing import CliRunner
+
+from clustersim.cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import scenario_docs  # noqa: E402
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference pages checked against the code
+
+
+def test_scenario_key_table_is_generated_from_the_models():
+    page = _text(DOCS / "scenario.md")
+    assert scenario_docs.MARKER in page
+    assert page == scenario_docs.page_text(page), (
+        "docs/scenario.md is out of date: run python scripts/scenario_docs.py")
+
+
+def test_every_documented_scenario_key_exists_and_every_key_is_documented():
+    rows = {path for path, *_ in scenario_docs.key_rows()}
+    page = _text(DOCS / "scenario.md")
+    table = page.split(scenario_docs.MARKER)[1]
+    documented = set(re.findall(r"^\| `([^`]+)`", table, re.M))
+    assert documented == rows
+    # Spot checks that the walk reaches nested models, lists and aliases.
+    for key in ("jobs[].checkpoint.interval", "failures.rates[].mtbf", "hardware.chip.hbm",
+                "cluster.fabric.oversubscription", "workload.templates[].run_for.median"):
+        assert key in rows
+
+
+def test_every_command_and_option_is_in_the_cli_reference():
+    page = _text(DOCS / "cli.md")
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        match = re.search(rf"^## {re.escape(name)}\n(.*?)(?=^## |\Z)", page, re.M | re.S)
+        assert match, f"docs/cli.md has no section `## {name}`"
+        section = match.group(1)
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert any(opt in section for opt in param.opts), (
+                    f"{name} {'/'.join(param.opts)} is not in docs/cli.md")
+
+
+def _summary_keys(node: Any, prefix: str, out: set[str]) -> None:
+    dynamic = {"failures", "failures_by_cause", "interruptions_by_cause", "jobs_by_status",
+               "links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops"}
+    placeholder = {"failures": "<component>", "interruptions_by_cause": "<component>",
+                   "failures_by_cause": "<cause>", "jobs_by_status": "<status>",
+                   "links": "<kind>", "per_chip_bandwidth_gbyte_per_s": "<kind>",
+                   "peak_pflops": "<precision>"}
+    if not isinstance(node, dict):
+        out.add(prefix)
+        return
+    leaf = prefix.rsplit(".", 1)[-1]
+    if leaf in dynamic:
+        out.add(f"{prefix}.{placeholder[leaf]}")
+        return
+    if leaf == "memory_gib":
+        out.add(prefix)
+        return
+    for key, value in node.items():
+        if key.endswith("_ci95"):
+            continue
+        _summary_keys(value, f"{prefix}.{key}" if prefix else key, out)
+
+
+def documented_summary_keys(summary: dict[str, Any]) -> set[str]:
+    keys: set[str] = set()
+    for key, value in summary.items():
+        if key == "jobs":
+            for job in value.values():
+                _summary_keys(job, "", keys)
+        elif key == "cluster":
+            _summary_keys(value, "cluster", keys)
+        else:
+            keys.add(key)
+    return keys
+
+
+@pytest.fixture(scope="module")
+def summaries() -> list[dict[str, Any]]:
+    """Every golden, plus a fresh run with replications (the _ci95 keys) and prices."""
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import load_scenario
+
+    found = [json.loads(_text(p)) for p in sorted(ROOT.glob("results/*/summary.json"))]
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["duration=3d"])
+    found.append(simulate(scenario, replications=2, workers=1).summary)
+    return found
+
+
+def test_every_summary_figure_is_documented(summaries):
+    page = _text(DOCS / "outputs.md")
+    documented = set(re.findall(r"`([^`]+)`", page))
+    missing = set()
+    for summary in summaries:
+        missing |= documented_summary_keys(summary) - documented
+    assert not missing, f"summary.json keys not in docs/outputs.md: {sorted(missing)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Links and pointers
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_PATH = re.compile(r"`((?:docs|scenarios|clustersim|scripts|tests)/[^`\s*<>]+)`")
+
+
+def test_links_and_path_mentions_point_at_files_in_the_repository():
+    problems = []
+    for page in PAGES:
+        text = _text(page)
+        for target in _LINK.findall(text):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            if not path.exists() or ROOT not in [path, *path.parents]:
+                problems.append(f"{page.name}: link {target}")
+        for mention in _PATH.findall(text):
+            if not (ROOT / mention.rstrip("/")).exists():
+                problems.append(f"{page.name}: path {mention}")
+    assert not problems, problems
+
+
+def test_nothing_in_the_repository_points_outside_it():
+    """Users only have the repository: no ../shared, no CALIBRATION.md (the calibration
+    data with its sources is docs/calibration.md)."""
+    files = [ROOT / "README.md", ROOT / "pyproject.toml"]
+    for folder, pattern in (("docs", "*.md"), ("clustersim", "*.py"), ("clustersim", "*.yaml"),
+                            ("scripts", "*.py"), ("scenarios", "*.yaml"), ("tests", "*.py")):
+        files += sorted((ROOT / folder).rglob(pattern))
+    bad = []
+    for path in files:
+        if path == Path(__file__).resolve():
+            continue
+        for number, line in enumerate(_text(path).splitlines(), 1):
+            if "../shared" in line or "CALIBRATION.md" in line or "CONTRACT.md" in line:
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not bad, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# Documentation that runs
+
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+# A YAML block without `name` is a fragment of a scenario: it runs merged into this base (the
+# size of scenarios/mix-128-trn2.yaml, which the README's workload fragment comes from).
+_FRAGMENT_BASE = {"name": "doc-fragment", "duration": "7d", "hardware": "trn2",
+                  "cluster": {"instances": 128, "spares": 2}}
+
+
+def doc_blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, text) of every fenced block, in order; the README's set-up (indented, as
+    it holds `pip install`) runs its `clustersim` command first."""
+    blocks = []
+    text = _text(page)
+    if page.name == "README.md":
+        setup = re.search(r"## Set-up\n.*?\n\n((?:    .*\n)+)", text, re.S)
+        assert setup, "README: no set-up block"
+        commands = [part.strip() for line in setup.group(1).splitlines()
+                    for part in line.split("&&") if part.strip().startswith("clustersim ")]
+        assert commands, "README set-up: no clustersim command"
+        blocks.append(("console", "\n".join(f"$ {c}" for c in commands)))
+    blocks += [(lang, body) for lang, body in _FENCE.findall(text)]
+    return blocks
+
+
+def _run_command(runner: CliRunner, line: str, where: str) -> None:
+    words = shlex.split(line, comments=True)
+    if words[:3] == ["python", "-m", "clustersim"]:
+        words = ["clustersim", *words[3:]]
+    assert words and words[0] == "clustersim", f"{where}: not a clustersim command: {line}"
+    args: list[str] = []
+    for word in words[1:]:
+        args += sorted(glob.glob(word)) if any(c in word for c in "*?[") else [word]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (f"{where}: `{line}` exited {result.exit_code}:\n"
+                                   f"{result.output[-3000:]}\n{result.exception!r}")
+
+
+def _run_yaml(runner: CliRunner, text: str, where: str, index: int) -> None:
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict), f"{where}: a YAML block that is not a mapping"
+    if "grid" in data or "variants" in data:
+        from clustersim.runner.sweep import load_sweep
+
+        path = Path(f"doc-sweep-{index}.yaml")
+        path.write_text(text, encoding="utf-8")
+        load_sweep(path)
+        return
+    if "name" not in data:  # a fragment: merged into a small base scenario
+        data = {**_FRAGMENT_BASE, **data}
+    path = Path(f"doc-scenario-{index}.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    _run_command(runner, f"clustersim validate {path}", where)
+    _run_command(runner, f"clustersim run {path} -o results/doc-{index}", where)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_documentation_runs(page, tmp_path, monkeypatch):
+    """Every YAML block is validated and run; every console command runs and exits 0; every
+    Python block runs; all in order, in a fresh copy of scenarios/ and the goldens."""
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    for golden in ROOT.glob("results/*/summary.json"):
+        target = tmp_path / golden.relative_to(ROOT)
+        target.parent.mkdir(parents=True)
+        shutil.copy(golden, target)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "100")
+    runner = CliRunner()
+    blocks = doc_blocks(page)
+    for index, (lang, body) in enumerate(blocks):
+        where = f"{page.name} block {index + 1}"
+        if lang == "console":
+            for line in body.splitlines():
+                if line.startswith("$ "):
+                    _run_command(runner, line[2:], where)
+        elif lang == "yaml":
+            _run_yaml(runner, body, where, index)
+        elif lang == "python":
+            exec(compile(body, where, "exec"), {"__name__": "__doc__"})  # noqa: S102
+        elif lang not in ("json", "text", ""):
+            pytest.fail(f"{where}: a ```{lang} block the doc test does not know how to run")
+    stray = sorted(p.name for p in Path(".").iterdir()
+                   if p.name not in ("scenarios", "results") and not p.name.startswith("doc-"))
+    assert not stray, f"{page.name}: examples wrote outside results/: {stray}"
