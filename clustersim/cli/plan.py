@@ -197,7 +197,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
                                f"{result.simulated:,} simulated"), title_justify="left")
     for name in ("#", "hardware", "chips", "tp pp dp ep v", "mb", "recompute", "sp z1",
                  "step s", "MFU", "GiB/chip", "ETTR",
-                 "time to train" if tokens else "h per 1M tok",
+                 "time to train" if tokens else "s per 1M tok",
                  "cost" if tokens else "$ per 1M tok",
                  "energy" if tokens else "kWh per 1M tok"):
         table.add_column(name, justify="left" if name in ("hardware", "recompute") else "right",
@@ -211,7 +211,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
             r["recompute"], f"{'y' if r['sequence_parallel'] else 'n'} "
             f"{'y' if r['zero1'] else 'n'}",
             f"{r['step_time_s']:,.3f}", f"{r['mfu']:.1%}", f"{r['memory_per_chip_gib']:.1f}",
-            f"{r['ettr']:.3f}", _fmt(wall, "days") if tokens else f"{wall / 3600:,.3f}",
+            f"{r['ettr']:.3f}", _fmt(wall, "days") if tokens else f"{wall:,.1f}",
             _fmt(r["cost_usd"], "usd"),
             _fmt(r["energy_j"], "energy") if tokens else (
                 "-" if r["energy_j"] is None else f"{r['energy_j'] / 3.6e6:,.2f}"),
@@ -229,12 +229,12 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
     if len(reference):
         ref = reference.iloc[0]
         best = result.best
+        same = best["hardware"] == ref["hardware"] and best["chips"] == ref["chips"]
+        fit = f" (pruned: {ref['why']})" if ref["why"] else ""
+        gain = (f"; the best takes {best['step_time_s']:,.3f} s, "
+                f"{1 - best['step_time_s'] / ref['step_time_s']:.1%} less" if same else "")
         out_console.print(f"the scenario's own configuration: {ref['step_time_s']:,.3f} s per "
-                          f"step{' (does not fit: ' + ref['why'] + ')' if ref['why'] else ''}; "
-                          f"the best is {ref['step_time_s'] / best['step_time_s'] - 1:+.1%} "
-                          f"faster per step" if best["hardware"] == ref["hardware"] and
-                          best["chips"] == ref["chips"] else
-                          f"the scenario's own configuration: {ref['step_time_s']:,.3f} s per step")
+                          f"step{fit}{gain}")
     for group in result.groups:
         rec = group.recovery[False]
         out_console.print(
