@@ -123,7 +123,8 @@ def test_run_refuses_an_output_it_cannot_create(small: Path, tmp_path: Path):
 
 
 def test_an_oversized_trace_is_refused_naming_the_file(small: Path, tmp_path: Path):
-    result = invoke("run", small, "--set", "trace.bin=1ms", "--set", "trace.levels=[instance]",
+    result = invoke("run", small, "--set", "trace.bin=1s", "--set", "duration=1y",
+                    "--set", "trace.levels=[instance]",
                     "-o", tmp_path / "out")
     assert result.exit_code == 2
     assert f"{small}: trace.levels" in result.stderr and "rows" in result.stderr

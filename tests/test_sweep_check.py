@@ -98,13 +98,15 @@ def test_sweep_cli_writes_both_tables(tmp_path: Path):
     assert wrong.exit_code == 2
 
 
-def test_a_sweep_where_no_run_succeeds_exits_1(tmp_path: Path):
+def test_a_sweep_where_no_run_succeeds_writes_nothing_and_exits_2(tmp_path: Path):
     path = write_sweep(tmp_path, grid={"failures.scael": [1, 2]}, seeds=[0])
     out = tmp_path / "out"
     result = runner.invoke(app, ["sweep", str(path), "-o", str(out), "--workers", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no run succeeded" in result.stderr and "scael" in result.stderr
-    assert len(pd.read_parquet(out / "sweep.parquet")) == 2
+    assert "nothing written" in result.stderr
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "sweep.yaml"]
 
 
 def test_ray_gives_the_same_rows(tmp_path: Path):

@@ -176,6 +176,20 @@ def test_load_run_round_trips(run: Path):
         goodput["wall_h"].to_numpy())
 
 
+def test_every_table_is_an_attribute_read_once(run: Path):
+    """run.<table> for every table (cluster_state too), equal to run.table(name), and read
+    from disk only the first time."""
+    r = load_run(run)
+    for table in TABLES:
+        frame = getattr(r, table)
+        assert frame.equals(r.table(table)), table
+        assert getattr(r, table) is frame, table
+    states = r.cluster_state
+    assert list(states.columns) == SCHEMAS["cluster_state"].names
+    assert len(states) > 0 and (states["free_instances"] >= 0).all()
+    assert states["time_s"].is_monotonic_increasing
+
+
 def test_utilisation_at_any_bin_and_per_chip(run: Path):
     r = load_run(run)
     stored = r.utilisation[r.utilisation["level"] == "cluster"]

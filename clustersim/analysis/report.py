@@ -40,6 +40,26 @@ def _days(seconds: np.ndarray | float) -> np.ndarray | float:
     return np.asarray(seconds) / 86400.0
 
 
+def _legend_outside(ax: plt.Axes) -> None:
+    """One legend entry per label (bars drawn in pieces repeat theirs), right of the axes."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
+              bbox_to_anchor=(1.01, 1.0))
+
+
+def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
+    """Write the figure as a PNG and free it: laid out tightly, or cropped to what is drawn
+    (`tight=False`, for drawings without axes)."""
+    if tight:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    else:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_utilisation(run: Run, path: Path) -> Path:
     frame = run.utilisation
     cluster = frame[frame["level"] == "cluster"].sort_values("bin_start_s")
@@ -57,11 +77,8 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     ax.set_xlabel("day")
     ax.set_ylabel("% of cluster chip-time")
     ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state")
-    ax.legend(loc="upper left", fontsize=8, bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _legend_outside(ax)
+    return _save(fig, path)
 
 
 def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | None = None,
@@ -94,10 +111,7 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
             widths = (group["end_s"] - group["start_s"]).to_numpy() / unit
             ax.broken_barh(list(zip(starts, widths, strict=True)), (row - 0.35, 0.7),
                            facecolors=STATE_COLOURS.get(state, "k"), label=state)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
-              bbox_to_anchor=(1.01, 1.0))
+    _legend_outside(ax)
     ax.set_yticks(range(len(jobs)), jobs["name"].tolist())
     ax.set_xlabel(xlabel)
     if window_s is not None:
@@ -110,10 +124,7 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
         ax.set_title(f"{title} ({len(jobs)} of {total} jobs, the one hit first on top)")
     else:
         ax.set_title(title + _of(run, shown))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def first_failure_window(run: Run) -> tuple[float, float, int] | None:
@@ -150,10 +161,7 @@ def plot_failures(run: Run, path: Path) -> Path:
     ax.set_xlabel("day")
     ax.set_ylabel("failures per day")
     ax.set_title(f"failures by component ({len(failures):,} in all)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 MAX_ROWS = 30  # jobs drawn per plot: the largest by chip-time when there are more
@@ -178,18 +186,12 @@ def _stacked_bars(rows: list[tuple[str, list[tuple[float, str, str]], str]], xla
                 ax.barh(row, value, left=left, color=colour, label=label)
                 left += value
         ax.text(left, row, f"  {note}", va="center", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
+    _legend_outside(ax)
     ax.set_yticks(range(len(rows)), [name for name, _, _ in rows])
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.margins(x=0.15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_hours(run: Run, path: Path) -> Path:
@@ -359,6 +361,4 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
     bow = 0.6 * (max(xs) - min(xs)) * 0.18 if "zring" in drawn_kinds else 1.0
     ax.set_xlim(min(xs) - 1.2, max(xs) + 1.2)
     ax.set_ylim(min(ys) - max(1.2, bow), max(ys) + 1.2)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path, tight=False)

@@ -1,19 +1,18 @@
 """Reading runs back in pandas: `load_run(OUT)` and what to ask of a run.
 
-    run = clustersim.analysis.runs.load_run("results/quickstart")
-    run.jobs                           # the tables, as DataFrames, read on first use
+    run = clustersim.analysis.load_run("results/quickstart")
+    run.jobs, run.cluster_state        # the tables, as DataFrames, read on first use
     run.utilisation_at("cluster", bin_s=3600)   # any level and bin, from the intervals
     run.utilisation_at("chip", chips=[0, 17])   # per chip, for chosen chips
     run.goodput()                      # useful and lost hours per job, by cause
     run.failure_stats()                # failures by component
-    clustersim.analysis.runs.compare(["results/a", "results/b"])
+    clustersim.analysis.compare(["results/a", "results/b"])
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,20 @@ __all__ = ["Run", "TraceSchemaError", "load_run", "compare"]
 
 class TraceSchemaError(ValueError):
     """Traces written by a clustersim whose trace schema this one does not read."""
+
+
+class _Table:
+    """A run's table of the same name as a DataFrame attribute, read on first use and kept."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, run: Run | None, owner: type | None = None) -> Any:
+        if run is None:
+            return self
+        frame = run.table(self.name)
+        run.__dict__[self.name] = frame  # later reads find it before this descriptor
+        return frame
 
 
 class Run:
@@ -78,29 +91,14 @@ class Run:
         raw = pq.read_schema(self.path / f"{name}.parquet").metadata or {}
         return {k.decode(): v.decode() for k, v in raw.items() if k.startswith(b"clustersim.")}
 
-    @cached_property
-    def chips(self) -> pd.DataFrame:
-        return self.table("chips")
-
-    @cached_property
-    def jobs(self) -> pd.DataFrame:
-        return self.table("jobs")
-
-    @cached_property
-    def intervals(self) -> pd.DataFrame:
-        return self.table("intervals")
-
-    @cached_property
-    def events(self) -> pd.DataFrame:
-        return self.table("events")
-
-    @cached_property
-    def allocations(self) -> pd.DataFrame:
-        return self.table("allocations")
-
-    @cached_property
-    def utilisation(self) -> pd.DataFrame:
-        return self.table("utilisation")
+    # The tables as attributes, each read on first use: run.jobs, run.events, ...
+    chips = _Table()
+    jobs = _Table()
+    intervals = _Table()
+    events = _Table()
+    allocations = _Table()
+    utilisation = _Table()
+    cluster_state = _Table()
 
     # ------------------------------------------------------------------ questions
     def utilisation_at(self, level: str = "cluster", bin_s: float | None = None,

@@ -167,18 +167,27 @@ class MemoryRecorder:
 
     def event(self, time_s: float, kind: str, component: str, chip: int, instance: int,
               job: int) -> None:
-        self.events.append((time_s, kind, component, chip, instance, job))
+        self._append("events", self.events, (time_s, kind, component, chip, instance, job))
 
     def interval(self, entity: str, entity_id: int, state: str, start_s: float,
                  end_s: float) -> None:
-        self.intervals.append((entity, entity_id, state, start_s, end_s))
+        self._append("intervals", self.intervals, (entity, entity_id, state, start_s, end_s))
 
     def allocation(self, job: int, instance: int, start_s: float, end_s: float) -> None:
-        self.allocations.append((job, instance, start_s, end_s))
+        self._append("allocations", self.allocations, (job, instance, start_s, end_s))
 
     def cluster_state(self, time_s: float, free: int, queued: int, running: int,
                       fragmentation: float) -> None:
-        self.states.append((time_s, free, queued, running, fragmentation))
+        self._append("cluster_state", self.states, (time_s, free, queued, running, fragmentation))
+
+    def _append(self, table: str, rows: list[tuple], row: tuple) -> None:
+        """One row of a fact table (a streaming recorder may write the rows out here)."""
+        rows.append(row)
+
+    def _facts(self) -> tuple[tuple[str, list[tuple]], ...]:
+        """The fact tables and their rows kept so far."""
+        return (("events", self.events), ("intervals", self.intervals),
+                ("allocations", self.allocations), ("cluster_state", self.states))
 
 
 class ParquetRecorder(MemoryRecorder):
@@ -194,11 +203,13 @@ class ParquetRecorder(MemoryRecorder):
         self.metadata = metadata
         self.writers: dict[str, pq.ParquetWriter] = {}
 
+    def _schema(self, table: str) -> pa.Schema:
+        return SCHEMAS[table].with_metadata(table_metadata(table, **self.metadata))
+
     def _writer(self, table: str) -> pq.ParquetWriter:
         if table not in self.writers:
-            schema = SCHEMAS[table].with_metadata(table_metadata(table, **self.metadata))
-            self.writers[table] = pq.ParquetWriter(self.folder / f"{table}.parquet", schema,
-                                                   compression="zstd")
+            self.writers[table] = pq.ParquetWriter(self.folder / f"{table}.parquet",
+                                                   self._schema(table), compression="zstd")
         return self.writers[table]
 
     def _maybe_flush(self, table: str, rows: list[tuple], force: bool = False) -> None:
@@ -206,32 +217,19 @@ class ParquetRecorder(MemoryRecorder):
             self._writer(table).write_table(_rows_to_table(table, rows))
             rows.clear()
 
-    def event(self, *args: Any) -> None:
-        super().event(*args)
-        self._maybe_flush("events", self.events)
-
-    def interval(self, *args: Any) -> None:
-        super().interval(*args)
-        self._maybe_flush("intervals", self.intervals)
-
-    def allocation(self, *args: Any) -> None:
-        super().allocation(*args)
-        self._maybe_flush("allocations", self.allocations)
-
-    def cluster_state(self, *args: Any) -> None:
-        super().cluster_state(*args)
-        self._maybe_flush("cluster_state", self.states)
+    def _append(self, table: str, rows: list[tuple], row: tuple) -> None:
+        rows.append(row)
+        self._maybe_flush(table, rows)
 
     def write_table(self, table: str, rows: Sequence[tuple] | pa.Table) -> None:
         """Write a whole table at once (dimension tables, utilisation)."""
         data = rows if isinstance(rows, pa.Table) else _rows_to_table(table, list(rows))
-        schema = SCHEMAS[table].with_metadata(table_metadata(table, **self.metadata))
-        pq.write_table(data.cast(schema), self.folder / f"{table}.parquet", compression="zstd")
+        pq.write_table(data.cast(self._schema(table)), self.folder / f"{table}.parquet",
+                       compression="zstd")
 
     def close_facts(self) -> None:
         """Flush and close the streamed tables (they exist even when empty)."""
-        for table, rows in (("events", self.events), ("intervals", self.intervals),
-                            ("allocations", self.allocations), ("cluster_state", self.states)):
+        for table, rows in self._facts():
             self._maybe_flush(table, rows, force=True)
             self._writer(table).close()
         self.writers.clear()

@@ -29,21 +29,30 @@ class UsageProblem(Exception):
 
 def _user_error_types() -> tuple[type[Exception], ...]:
     """The exceptions that mean bad input, not a bug (imported only once something failed)."""
+    from clustersim.hardware.topology import TopologyTooLarge
     from clustersim.runner.outputs import OutputDirError
     from clustersim.scenario.errors import ScenarioError
     from clustersim.training.step import JobDoesNotFit
 
-    return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit)
+    return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit, TopologyTooLarge)
 
 
 def user_errors(command: F) -> F:
-    """Turn user mistakes into a message and exit 2, and anything else into exit 1."""
+    """Turn user mistakes into a message and exit 2, and anything else into exit 1. Ctrl-C
+    and SIGTERM (raised as KeyboardInterrupt) say so and exit 130 and 143; outputs are
+    written whole or not at all, so nothing was written."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from clustersim.runner.interrupts import exit_status, interruptible
+
         try:
-            return command(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            with interruptible():
+                return command(*args, **kwargs)
+        except KeyboardInterrupt as interrupt:
+            err_console.print("[red]interrupted[/red], nothing written")
+            raise typer.Exit(exit_status(interrupt)) from None
+        except (typer.Exit, typer.Abort):
             raise
         except Exception as error:
             if isinstance(error, _user_error_types()):

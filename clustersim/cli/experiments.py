@@ -20,18 +20,19 @@ def sweep(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP", help="Sweep YAML file.",
                                                show_default=False)],
     engine: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
-    workers: Annotated[int | None, typer.Option(help="Local processes [default: cores].",
+    workers: Annotated[int | None, typer.Option(help="Local processes.", show_default="cores",
                                                 min=1)] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join (ray engine); "
                                                      "default: start a local one.")] = None,
     out: Annotated[Path | None, typer.Option("-o", "--out",
-                                             help="Output directory [default: results/NAME/].")
+                                             help="Output directory.", show_default="results/NAME/")
                    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
-    """A grid of scenario variants x seeds, each a full run, in parallel."""
-    from clustersim.runner.outputs import check_output_dir
-    from clustersim.runner.sweep import load_sweep, run_sweep, sweep_tasks, write_sweep
+    """A grid of scenario variants x seeds, each a full run, in parallel. Ctrl-C or SIGTERM
+    stops it at once and writes the finished runs as a table marked partial."""
+    from clustersim.runner.outputs import check_output_dir, output_lock
+    from clustersim.runner.sweep import load_sweep, sweep_tasks
 
     if engine not in ("local", "ray"):
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
@@ -44,21 +45,58 @@ def sweep(
             import ray  # noqa: F401
         except ImportError:
             raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'") from None
-    with _task_progress(len(tasks)) as progress:
-        rows, summary = run_sweep(sweep_file, engine=engine, workers=workers, address=address,
-                                  progress=progress)
-    write_sweep(rows, summary, sweep_file, out_dir, force=force)
-    failed = rows[rows["status"] != "ok"]
+    with output_lock(out_dir):  # held from the first run to the write: one sweep per OUT
+        rows, summary = _run_or_write_partial(sweep_file, engine, workers, address, out_dir,
+                                              force, len(tasks))
+        failed = rows[rows["status"] != "ok"]
+        for row in failed.itertuples():
+            err_console.print(f"[red]failed:[/red] variant {escape(str(row.variant))}, seed "
+                              f"{row.seed}: {escape(str(row.error))}", soft_wrap=True)
+        if len(rows) and len(failed) == len(rows):
+            _no_run_succeeded(failed)
+        from clustersim.runner.sweep import write_sweep
+
+        write_sweep(rows, summary, sweep_file, out_dir, force=force)
     out_console.print(f"{len(rows):,} runs ({len(failed):,} failed) of {len(summary):,} "
                       f"variants; wrote {escape(str(out_dir))}/sweep.parquet and "
                       "sweep_summary.parquet")
-    for row in failed.itertuples():
-        err_console.print(f"[red]failed:[/red] variant {escape(str(row.variant))}, seed "
-                          f"{row.seed}: {escape(str(row.error))}", soft_wrap=True)
     _print_sweep(summary, list(spec.grid))
-    if len(rows) and len(failed) == len(rows):
-        err_console.print("[red]no run succeeded[/red]: check the grid's paths and values")
-        raise typer.Exit(1)
+
+
+def _run_or_write_partial(sweep_file: Path, engine: str, workers: int | None,
+                          address: str | None, out_dir: Path, force: bool, total: int
+                          ) -> tuple[Any, Any]:
+    """Run the sweep; interrupted, write the finished runs marked partial and exit 130/143
+    (or, with none finished, let the interruption say nothing was written)."""
+    from clustersim.runner.interrupts import exit_status
+    from clustersim.runner.sweep import SweepInterrupted, run_sweep, write_sweep
+
+    try:
+        with _task_progress(total) as progress:
+            return run_sweep(sweep_file, engine=engine, workers=workers, address=address,
+                             progress=progress)
+    except SweepInterrupted as interrupted:
+        done = len(interrupted.rows)
+        if not done:
+            raise
+        note = (f"partial: the sweep was interrupted ({interrupted}) after {done:,} of "
+                f"{interrupted.total:,} runs; these tables hold the finished runs only")
+        write_sweep(interrupted.rows, interrupted.summary, sweep_file, out_dir, force=force,
+                    partial=note)
+        err_console.print(f"[red]interrupted[/red]: wrote the {done:,} finished runs of "
+                          f"{interrupted.total:,} to {escape(str(out_dir))} (partial: see "
+                          "PARTIAL.txt)", soft_wrap=True)
+        raise typer.Exit(exit_status(interrupted)) from None
+
+
+def _no_run_succeeded(failed: Any) -> None:
+    """Every run failed: nothing is written; exit 2 when the sweep's values are at fault."""
+    from clustersim.runner.sweep import INPUT_FAULTS
+
+    input_faults = failed["error"].astype(str).str.startswith(INPUT_FAULTS).all()
+    err_console.print("[red]no run succeeded[/red], nothing written: check the grid's paths "
+                      "and values", soft_wrap=True)
+    raise typer.Exit(2 if input_faults else 1)
 
 
 def _print_sweep(summary: Any, grid_paths: list[str]) -> None:
@@ -99,8 +137,7 @@ def _task_progress(total: int) -> Iterator[Callable[[int, int], None] | None]:
 @user_errors
 def check(
     scenarios: Annotated[list[Path] | None, typer.Argument(
-        help="Scenarios to check [default: every scenario with a golden].",
-        show_default=False)] = None,
+        help="Scenarios to check.", show_default="every scenario with a golden")] = None,
     update: Annotated[bool, typer.Option("--update", help="Rewrite the goldens.")] = False,
 ) -> None:
     """Re-run reference scenarios and compare with results/<name>/summary.json (exit 1 on a

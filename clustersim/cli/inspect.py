@@ -120,6 +120,7 @@ def hardware(
 ) -> None:
     """List the hardware catalog, or print one entry with its sources."""
     from clustersim.hardware.catalog import catalog_entry, catalog_names, catalog_source_refs
+    from clustersim.hardware.paths import flatten
 
     if name is None:
         _list_hardware(json_out)
@@ -135,7 +136,7 @@ def hardware(
     table.add_column("field")
     table.add_column("value", justify="right")
     table.add_column("source")
-    for path, value in _flatten(spec.model_dump(by_alias=True, exclude={"sources"})):
+    for path, value in flatten(spec.model_dump(by_alias=True, exclude={"sources"})).items():
         table.add_row(path, _show(path, value), spec.sources.get(path, ""))
     out_console.print(table)
     refs = catalog_source_refs()
@@ -180,15 +181,6 @@ def _list_hardware(json_out: bool) -> None:
             "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}",
         )
     out_console.print(table)
-
-
-def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(node, dict):
-        items: list[tuple[str, Any]] = []
-        for key, value in node.items():
-            items.extend(_flatten(value, f"{prefix}.{key}" if prefix else key))
-        return items
-    return [(prefix, node)]
 
 
 def _show(path: str, value: Any) -> str:

@@ -148,7 +148,7 @@ def collective(
                                          "broadcast or send-recv (nccom-test names work too).")],
     ranks: Annotated[int, typer.Option(help="Ranks taking part.", min=1)],
     instances: Annotated[
-        int | None, typer.Option(help="Instances to spread them over [default: as few as fit].",
+        int | None, typer.Option(help="Instances to spread them over.", show_default="as few as fit",
                                  min=1)
     ] = None,
     sizes: Annotated[str, typer.Option(help="SIZE, MIN:MAX (doubling) or MIN:MAX:FACTOR.")] = (

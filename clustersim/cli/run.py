@@ -11,27 +11,39 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from clustersim.cli.common import ScenarioArg, SetOption, err_console, out_console, user_errors
+from clustersim.cli.common import (
+    ScenarioArg,
+    SetOption,
+    UsageProblem,
+    err_console,
+    out_console,
+    user_errors,
+)
 
 
 @user_errors
 def run(
     scenario: ScenarioArg,
     out: Annotated[
-        Path | None, typer.Option("-o", "--out", help="Output directory [default: results/NAME/].")
+        Path | None, typer.Option("-o", "--out", help="Output directory.",
+                                  show_default="results/NAME/")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed instead of the scenario's.", min=0)] = None,
     replications: Annotated[int, typer.Option(help="Independent seeds to run.", min=1)] = 1,
     workers: Annotated[
-        int | None, typer.Option(help="Processes for replications [default: cores].", min=1)
+        int | None, typer.Option(help="Processes for replications.", show_default="cores", min=1)
     ] = None,
     overrides: SetOption = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
 ) -> None:
     """Simulate a scenario and write summary.json (and traces) to OUT."""
-    from clustersim.runner.api import run_to
+    from clustersim.runner.api import check_run_arguments, run_to
     from clustersim.runner.outputs import check_output_dir
     from clustersim.scenario.loader import load_scenario
+
+    problem = check_run_arguments(seed, replications)
+    if problem:
+        raise UsageProblem(problem)
 
     spec = load_scenario(scenario, overrides or [])
     out_dir = out if out is not None else Path("results") / spec.name

@@ -24,11 +24,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
+from clustersim.hardware import limits
+from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 
 __all__ = [
@@ -61,13 +63,15 @@ class Efficiency(Spec):
     """Achievable fraction of peak, the compute model's calibrated hardware constants."""
 
     matmul: float = Field(
-        gt=0, le=1, description="fraction of dense peak TFLOPS large matrix multiplications reach"
+        ge=limits.MIN_EFFICIENCY, le=1,
+        description="fraction of dense peak TFLOPS large matrix multiplications reach"
     )
     vector: float = Field(
-        gt=0, le=1, description="fraction of peak HBM bandwidth memory-bound vector work reaches"
+        ge=limits.MIN_EFFICIENCY, le=1,
+        description="fraction of peak HBM bandwidth memory-bound vector work reaches"
     )
     tile: int = Field(
-        default=128, gt=0,
+        default=128, gt=0, le=65_536,
         description="matrix dimensions are padded to this tile (a 128 x 128 systolic array)",
     )
 
@@ -81,25 +85,27 @@ class CollectiveConstants(Spec):
     """
 
     link_efficiency: float = Field(
-        default=0.977, gt=0, le=1, description="fraction of chip-to-chip link bandwidth reached"
+        default=0.977, ge=limits.MIN_EFFICIENCY, le=1,
+        description="fraction of chip-to-chip link bandwidth reached"
     )
     efa_efficiency: float = Field(
-        default=0.726, gt=0, le=1, description="fraction of EFA (NIC and fabric) bandwidth reached"
+        default=0.726, ge=limits.MIN_EFFICIENCY, le=1,
+        description="fraction of EFA (NIC and fabric) bandwidth reached"
     )
     hbm_efficiency: float = Field(
-        default=0.343, gt=0, le=1,
+        default=0.343, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of HBM bandwidth collective data movement reaches",
     )
     step_latency_s: NonNegativeDuration = Field(
-        default=31.2e-6, alias="step_latency",
+        default=31.2e-6, alias="step_latency", le=limits.MAX_LATENCY_S,
         description="fixed time per algorithm step inside the chip-to-chip domain",
     )
     efa_step_latency_s: NonNegativeDuration = Field(
-        default=660e-6, alias="efa_step_latency",
+        default=660e-6, alias="efa_step_latency", le=limits.MAX_LATENCY_S,
         description="fixed time per algorithm step over EFA, beyond the fabric latency",
     )
     fabric_mesh_max_nodes: int = Field(
-        default=16, gt=0,
+        default=16, gt=0, le=limits.MAX_INSTANCES,
         description="auto: mesh over EFA only up to this many nodes (Neuron: mesh suits small "
         "groups; its ingress congestion grows with peers)",
     )
@@ -115,12 +121,14 @@ class ChipSpec(Spec):
     """One accelerator chip (a Trainium chip or a GPU)."""
 
     name: str
-    cores: int | None = Field(default=None, gt=0, description="NeuronCores (or SMs) per chip")
+    cores: int | None = Field(default=None, gt=0, le=1_000_000,
+                              description="NeuronCores (or SMs) per chip")
     tflops: dict[str, float] = Field(description="dense peak TFLOPS per precision")
     hbm_bytes: Bytes = Field(alias="hbm")
     hbm_bandwidth_bytes_per_s: Bandwidth = Field(alias="hbm_bandwidth")
     sram_bytes: Bytes | None = Field(default=None, alias="sram", description="on-chip SRAM")
-    ranks: int = Field(default=1, gt=0, description="ranks per chip (Trn2 at LNC=2: 4)")
+    ranks: int = Field(default=1, gt=0, le=limits.MAX_RANKS_PER_CHIP,
+                       description="ranks per chip (Trn2 at LNC=2: 4)")
     power_w: Power | None = Field(default=None, alias="power", description="chip power")
     efficiency: Efficiency = Field(
         default=Efficiency(matmul=0.804, vector=0.692),
@@ -136,6 +144,9 @@ class ChipSpec(Spec):
                 )
             if value <= 0:
                 raise ValueError(f"tflops.{precision}: must be greater than zero, got {value:g}")
+            if value > limits.MAX_TFLOPS:
+                raise ValueError(f"tflops.{precision}: at most {limits.MAX_TFLOPS:g} per chip "
+                                 f"(docs/limits.md), got {value:g}")
         if "bf16" not in self.tflops:
             raise ValueError("tflops: needs at least a bf16 figure")
         return self
@@ -149,7 +160,7 @@ class InterconnectSpec(Spec):
     """Chip-to-chip links: inside an instance, or between the instances of an UltraServer."""
 
     topology: Literal["torus2d", "ring", "switch"]
-    shape: tuple[int, ...] | None = Field(
+    shape: tuple[Annotated[int, Field(gt=0, le=limits.MAX_CHIPS_PER_INSTANCE)], ...] | None = Field(
         default=None, description="torus2d only: chips along each dimension, e.g. [4, 4]"
     )
     bandwidth_bytes_per_s: Bandwidth | None = Field(
@@ -159,7 +170,7 @@ class InterconnectSpec(Spec):
         default=True, description="the per-chip bandwidth counts both directions"
     )
     latency_s: NonNegativeDuration = Field(
-        default=1.5e-6, alias="latency",
+        default=1.5e-6, alias="latency", le=limits.MAX_LATENCY_S,
         description="per hop; default 1.5 us, the midpoint of Neuron's 1-2 us per NeuronLink hop",
     )
 
@@ -195,15 +206,16 @@ class InstanceSpec(Spec):
     """One server: its chips, their interconnect, its EFA bandwidth and its price."""
 
     name: str = "custom instance"
-    chips: int = Field(gt=0)
+    chips: int = Field(gt=0, le=limits.MAX_CHIPS_PER_INSTANCE)
     interconnect: InterconnectSpec
     efa_bytes_per_s: Bandwidth = Field(alias="efa", description="EFA bandwidth per instance")
-    efa_devices: int | None = Field(default=None, gt=0)
-    vcpus: int | None = Field(default=None, gt=0)
+    efa_devices: int | None = Field(default=None, gt=0, le=1_024)
+    vcpus: int | None = Field(default=None, gt=0, le=1_000_000)
     host_memory_bytes: Bytes | None = Field(default=None, alias="host_memory")
     price_per_hour_usd: float | None = Field(
         default=None,
         ge=0,
+        le=limits.MAX_PRICE_PER_HOUR_USD,
         alias="price_per_hour",
         description="on-demand USD per instance-hour: an assumption, override it",
     )
@@ -225,7 +237,7 @@ class UltraServerSpec(Spec):
     """Instances joined by chip-to-chip links (Trn2 UltraServer: a Z ring; Trn3: NeuronSwitch)."""
 
     name: str | None = None
-    instances: int = Field(gt=1)
+    instances: int = Field(gt=1, le=limits.MAX_INSTANCES_PER_ULTRASERVER)
     interconnect: InterconnectSpec
 
 
@@ -373,15 +385,6 @@ def catalog_sources(name: str) -> dict[str, str]:
     return dict(_resolved_entry(name)[1])
 
 
-def _paths(node: Any, prefix: str = "") -> list[str]:
-    if isinstance(node, Mapping):
-        out: list[str] = []
-        for key, value in node.items():
-            out.extend(_paths(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return [prefix]
-
-
 def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any]:
     """Turn a catalog name or a (`base:`-derived) mapping into the full mapping to validate.
 
@@ -393,7 +396,7 @@ def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any
     mapping = dict(hardware)
     base = mapping.pop("base", None)
     if base is None:
-        mapping.setdefault("sources", {p: "scenario" for p in _paths(mapping)})
+        mapping.setdefault("sources", {p: "scenario" for p in flatten(mapping)})
         return mapping
     if not isinstance(base, str):
         raise KeyError(base)
@@ -401,8 +404,8 @@ def resolve_hardware_mapping(hardware: str | Mapping[str, Any]) -> dict[str, Any
     merged = deep_merge(values, mapping)
     if "name" not in mapping:
         merged["name"] = f"{base}+custom"
-    overridden = {p: "scenario override" for p in _paths(mapping) if p != "name"}
-    removed = [p for p in _paths(mapping) if _get(mapping, p) is None]
+    overridden = {p: "scenario override" for p in flatten(mapping) if p != "name"}
+    removed = [p for p in flatten(mapping) if _get(mapping, p) is None]
     kept = {
         path: cited for path, cited in sources.items()
         if not any(path == r or path.startswith(r + ".") for r in removed)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
-from clustersim.hardware import units
+from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
 
 __all__ = [
@@ -39,13 +39,17 @@ class FailureRateSpec(Spec):
     rate_per_s: Rate | None = Field(default=None, alias="rate", description="events per unit")
     mtbf_s: Duration | None = Field(default=None, alias="mtbf", description="mean time between")
     distribution: Literal["exponential", "weibull"] = "exponential"
-    shape: float | None = Field(default=None, gt=0, description="Weibull shape")
+    shape: float | None = Field(default=None, ge=limits.MIN_WEIBULL_SHAPE,
+                                le=limits.MAX_WEIBULL_SHAPE, description="Weibull shape")
     cause: str | None = Field(default=None, description="what the preset calls it")
 
     @model_validator(mode="after")
     def _check(self) -> FailureRateSpec:
         if (self.rate_per_s is None) == (self.mtbf_s is None):
             raise ValueError("give exactly one of rate (e.g. 0.0065/d) or mtbf (e.g. 40000h)")
+        if self.mtbf_s is not None and self.mtbf_s < limits.MIN_MTBF_S:
+            raise ValueError(f"mtbf: at least {limits.MIN_MTBF_S:g}s per unit (docs/limits.md), "
+                             f"got {self.mtbf_s:g}s")
         if self.distribution == "weibull" and self.shape is None:
             raise ValueError("a weibull distribution needs shape (e.g. 0.8)")
         if self.distribution == "exponential" and self.shape is not None:
@@ -66,7 +70,8 @@ class TransientSlowdownSpec(Spec):
 
     rate_per_s: Rate = Field(alias="rate", description="episodes per instance per unit time")
     duration_s: Duration = Field(alias="duration")
-    slowdown: float = Field(gt=1.0, description="step time multiplier while an episode lasts")
+    slowdown: float = Field(gt=1.0, le=limits.MAX_SLOWDOWN,
+                            description="step time multiplier while an episode lasts")
 
 
 class StragglerSpec(Spec):
@@ -79,7 +84,8 @@ class StragglerSpec(Spec):
     """
 
     fraction: float = Field(default=0.0, ge=0, le=1, description="persistently slow instances")
-    slowdown: float = Field(default=1.0, ge=1.0, description="their step time multiplier")
+    slowdown: float = Field(default=1.0, ge=1.0, le=limits.MAX_SLOWDOWN,
+                            description="their step time multiplier")
     transient: TransientSlowdownSpec | None = None
     jitter: float = Field(default=0.0, ge=0, le=1, description="coefficient of variation of a step")
 

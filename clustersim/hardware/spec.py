@@ -7,11 +7,19 @@ write are the short aliases of the contract (`hbm`, `latency`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
-from clustersim.hardware import units
+from clustersim.hardware import limits, units
 
 __all__ = [
     "Spec",
@@ -23,13 +31,55 @@ __all__ = [
     "Power",
     "positive",
     "non_negative",
+    "at_most",
+    "at_least",
+    "show_duration",
 ]
 
 
 class Spec(BaseModel):
-    """Frozen, strict-keyed model: unknown keys are errors, values never change after checks."""
+    """Frozen, strict-keyed model: unknown keys are errors, values never change after checks.
+    NaN and infinity are refused wherever a number is meant, and so is a boolean (`dp: true`
+    is not 1)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _boolean_where_number(value, field.annotation):
+            raise ValueError("expected a number, not true or false")
+        return value
+
+
+def _boolean_where_number(value: Any, annotation: Any) -> bool:
+    """A boolean given for a number (also inside a mapping or list of numbers)."""
+    if annotation is bool or annotation is Any:
+        return False
+    args = get_args(annotation)
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _boolean_where_number(value, args[0])
+    if isinstance(value, bool):
+        if origin is Literal:
+            return False
+        if args:  # a union: a boolean is fine if one member takes it
+            return not any(a is bool or get_origin(a) is Literal or a is Any for a in args) and (
+                any(_takes_number(a) for a in args))
+        return _takes_number(annotation)
+    if isinstance(value, dict) and origin is dict and len(args) == 2:
+        return any(_boolean_where_number(v, args[1]) for v in value.values())
+    if isinstance(value, list | tuple) and origin in (list, tuple) and args:
+        return any(_boolean_where_number(v, args[0]) for v in value)
+    return False
+
+
+def _takes_number(annotation: Any) -> bool:
+    if get_origin(annotation) is Annotated:
+        return _takes_number(get_args(annotation)[0])
+    return annotation in (int, float)
 
 
 def positive(value: float) -> float:
@@ -44,24 +94,62 @@ def non_negative(value: float) -> float:
     return value
 
 
-def _unit_type(parser: Any, check: Any, pattern_doc: str, example: str) -> Any:
+def at_most(limit: float, show: Any) -> Any:
+    """A check that a value is at most `limit` (shown with `show`, in the value's units)."""
+
+    def check(value: float) -> float:
+        if value > limit:
+            raise ValueError(f"at most {show(limit)} (docs/limits.md), got {show(value)}")
+        return value
+
+    return check
+
+
+def at_least(limit: float, show: Any) -> Any:
+    def check(value: float) -> float:
+        if value < limit:
+            raise ValueError(f"at least {show(limit)} (docs/limits.md), got {show(value)}")
+        return value
+
+    return check
+
+
+def _unit_type(parser: Any, checks: list[Any], pattern_doc: str, example: str) -> Any:
     schema = {
         "anyOf": [{"type": "number"}, {"type": "string"}],
         "description": pattern_doc,
         "examples": [example],
     }
-    return Annotated[float, BeforeValidator(parser), AfterValidator(check), WithJsonSchema(schema)]
+    return Annotated[float, BeforeValidator(parser), *map(AfterValidator, checks),
+                     WithJsonSchema(schema)]
 
 
-Bytes = _unit_type(units.parse_bytes, positive, "size: bytes, or a string with a unit", "96GiB")
+def show_duration(seconds: float) -> str:
+    """A duration for a message: in years from a year up (format_duration stops at days)."""
+    if seconds >= limits.YEAR_S:
+        return f"{seconds / limits.YEAR_S:,.4g}y"
+    return units.format_duration(seconds)
+
+
+_duration_cap = at_most(limits.MAX_ANY_DURATION_S, show_duration)
+Bytes = _unit_type(units.parse_bytes, [positive, at_most(limits.MAX_BYTES, units.format_bytes)],
+                   "size: bytes, or a string with a unit", "96GiB")
 Bandwidth = _unit_type(
-    units.parse_bandwidth, positive, "bandwidth: bytes/s, or a string with a unit", "200Gbps"
+    units.parse_bandwidth,
+    [positive, at_least(limits.MIN_BANDWIDTH_BYTES_PER_S, units.format_bandwidth),
+     at_most(limits.MAX_BANDWIDTH_BYTES_PER_S, units.format_bandwidth)],
+    "bandwidth: bytes/s, or a string with a unit", "200Gbps"
 )
 Duration = _unit_type(
-    units.parse_duration, positive, "duration: seconds, or a string with a unit", "30min"
+    units.parse_duration, [positive, _duration_cap], "duration: seconds, or a string with a unit",
+    "30min"
 )
 NonNegativeDuration = _unit_type(
-    units.parse_duration, non_negative, "duration: seconds, or a string with a unit", "60s"
+    units.parse_duration, [non_negative, _duration_cap],
+    "duration: seconds, or a string with a unit", "60s"
 )
-Rate = _unit_type(units.parse_rate, positive, "events per second, or events/time", "0.0065/d")
-Power = _unit_type(units.parse_power, positive, "power: watts, or a string with a unit", "500W")
+Rate = _unit_type(units.parse_rate,
+                  [positive, at_most(limits.MAX_RATE_PER_S, lambda r: f"{r:g}/s")],
+                  "events per second, or events/time", "0.0065/d")
+Power = _unit_type(units.parse_power, [positive, at_most(limits.MAX_POWER_W, units.format_power)],
+                   "power: watts, or a string with a unit", "500W")

@@ -35,6 +35,7 @@ import networkx as nx
 import numpy as np
 from pydantic import Field
 
+from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, Spec
 
@@ -45,6 +46,9 @@ __all__ = [
     "PathSummary",
     "Ring",
     "FabricSpec",
+    "TopologyTooLarge",
+    "topology_elements",
+    "check_topology_size",
     "build_topology",
     "torus_edges",
     "ring_edges",
@@ -59,14 +63,18 @@ class FabricSpec(Spec):
 
     topology: Literal["clos"] = "clos"
     oversubscription: float = Field(
-        default=1.0, gt=0, description="leaf downlink over uplink bandwidth; 1 is non-blocking"
+        default=1.0, ge=limits.MIN_OVERSUBSCRIPTION, le=limits.MAX_OVERSUBSCRIPTION,
+        description="leaf downlink over uplink bandwidth; 1 is non-blocking"
     )
     instances_per_leaf: int | None = Field(
-        default=None, gt=0, description="default: 16, or whole UltraServers of at least 16"
+        default=None, gt=0, le=limits.MAX_INSTANCES_PER_LEAF,
+        description="default: 16, or whole UltraServers of at least 16"
     )
-    spines: int = Field(default=16, gt=0, description="spine switches; each leaf uplinks to all")
+    spines: int = Field(default=16, gt=0, le=limits.MAX_SPINES,
+                        description="spine switches; each leaf uplinks to all")
     latency_s: Duration = Field(
-        default=15e-6, alias="latency", description="one EFA message HBM to HBM"
+        default=15e-6, alias="latency", le=limits.MAX_LATENCY_S,
+        description="one EFA message HBM to HBM"
     )
 
 
@@ -432,12 +440,52 @@ def _ring_step(a: int, b: int, size: int) -> int:
     return 1 if d <= size - d else -1
 
 
+class TopologyTooLarge(ValueError):
+    """A topology beyond what one machine builds in reasonable memory (docs/limits.md)."""
+
+
+def topology_elements(hardware: HardwareSpec, instances: int,
+                      fabric: FabricSpec | None = None) -> int:
+    """Nodes plus links the graph of `instances` instances would have (about 420 bytes each
+    in memory), counted without building it."""
+    fabric = fabric or FabricSpec()
+    hw = hardware
+    ipu = hw.instances_per_ultraserver
+    chips = instances * hw.chips_per_instance
+    link = hw.instance.interconnect
+    leaves = math.ceil(instances / fabric.leaf_size(ipu))
+    spines = fabric.spines if leaves > 1 else 0
+    switches = 0
+    if link.topology == "switch":
+        switches = instances // ipu if hw.switch_spans_ultraserver else instances
+        intra = chips
+    else:
+        intra = chips * link.links_per_chip(hw.chips_per_instance) // 2
+    zring = chips if hw.ultraserver is not None and hw.ultraserver.interconnect.topology == (
+        "ring") else 0
+    return chips + switches + leaves + spines + intra + zring + chips + leaves * spines
+
+
+def check_topology_size(hardware: HardwareSpec, instances: int,
+                        fabric: FabricSpec | None = None) -> None:
+    """Refuse a topology over limits.MAX_TOPOLOGY_ELEMENTS nodes and links."""
+    elements = topology_elements(hardware, instances, fabric)
+    if elements > limits.MAX_TOPOLOGY_ELEMENTS:
+        raise TopologyTooLarge(
+            f"{instances:,} {hardware.instance.name} instances would make a graph of "
+            f"{elements:,} nodes and links (about {elements * 420 / 2**30:,.0f} GiB); expected "
+            f"at most {limits.MAX_TOPOLOGY_ELEMENTS:,} (docs/limits.md): fewer instances or "
+            "spines")
+
+
 def build_topology(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None = None
                    ) -> Topology:
-    """Build the graph of `instances` instances of `hardware` on an EFA Clos fabric."""
+    """Build the graph of `instances` instances of `hardware` on an EFA Clos fabric (refused
+    with TopologyTooLarge beyond the limit)."""
     if instances < 1:
         raise ValueError(f"a topology needs at least one instance, got {instances}")
     fabric = fabric or FabricSpec()
+    check_topology_size(hardware, instances, fabric)
     hw = hardware
     cpi = hw.chips_per_instance
     ipu = hw.instances_per_ultraserver

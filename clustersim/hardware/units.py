@@ -67,9 +67,14 @@ DURATION_UNITS: dict[str, float] = {
 
 POWER_UNITS: dict[str, float] = {"W": 1.0, "kW": 1e3, "MW": 1e6}
 
+# ASCII digits only: Python's \d and float() also read other scripts' digits ('١٢' is 12).
+_NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _NUMBER_UNIT = re.compile(
-    r"^\s*(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>[^\s\d.+-][^\s]*)?\s*$"
+    rf"^[ \t]*(?P<num>{_NUMBER})[ \t]*(?P<unit>[^\s0-9.+-][^\s]*)?[ \t]*$", re.ASCII
 )
+_COUNT = re.compile(rf"^[ \t]*{_NUMBER}[ \t]*$", re.ASCII)
+# A plain number beyond this is no physical quantity (and a 400-digit integer is no float).
+LARGEST = 1e300
 
 
 def _split(text: str, kind: str, example: str) -> tuple[float, str]:
@@ -83,6 +88,9 @@ def _plain_number(value: object, kind: str) -> float | None:
     """Numbers pass through as base units; booleans and other types are refused."""
     if isinstance(value, bool):
         raise UnitError(f"expected a {kind}, got the boolean {value!r}")
+    if isinstance(value, int) and abs(value) > LARGEST:
+        raise UnitError(f"expected a {kind}, got an integer of {value.bit_length()} bits (too "
+                        "large)")
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise UnitError(f"expected a finite {kind}, got {value!r}")
@@ -143,6 +151,8 @@ def parse_rate(value: object) -> float:
             f"cannot read {value!r} as a rate; expected events per time, e.g. 0.0065/d, 2/y or 1/1000h"
         )
     try:
+        if not _COUNT.match(count_text):
+            raise ValueError(count_text)
         count = float(count_text)
     except ValueError:
         raise UnitError(f"cannot read the count {count_text.strip()!r} of the rate {value!r}") from None

@@ -7,7 +7,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,18 @@ import pyarrow as pa
 import clustersim
 from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
 from clustersim.cluster.timeline import Timeline, TimelineResult
+from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
+from clustersim.runner.budget import check_run_budget
+from clustersim.runner.interrupts import worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
-           "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile"]
+           "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile",
+           "capped_workers", "check_run_arguments"]
 
 
 @dataclass
@@ -123,12 +126,13 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
 
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
     """Refuse a run with a job that does not fit in its chips' HBM."""
-    for job in scenario.jobs:
+    for index, job in enumerate(scenario.jobs):
         profile = steps[job.name]
         if not profile.fits_memory:
             gib = profile.memory.as_gib()
             raise JobDoesNotFit(
-                f"job {job.name!r} does not fit: it needs {gib['total']:.1f} GiB per "
+                f"{scenario.source}: jobs.{index} (job {job.name!r}) does not fit: it needs "
+                f"{gib['total']:.1f} GiB per "
                 f"{scenario.hardware.chip.name} chip, which has {gib['hbm']:.0f} GiB (weights "
                 f"{gib['weights']:.1f}, gradients {gib['gradients']:.1f}, optimizer "
                 f"{gib['optimizer']:.1f}, activations {gib['activations']:.1f}, logits "
@@ -153,7 +157,7 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
     parallel local processes. With several jobs, step times follow each job's placement."""
     children = np.random.SeedSequence(seed).spawn(replications)
     rest = [(scenario, steps, child) for child in children[1:]]
-    workers = workers or min(replications, os.cpu_count() or 1)
+    workers = capped_workers(workers, replications)
     model = step_model if len(scenario.jobs) > 1 else None
 
     def first() -> TimelineResult:
@@ -161,9 +165,18 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
 
     if not rest or workers <= 1:
         return [first()] + [_one_timeline(args) for args in rest]
-    with ProcessPoolExecutor(max_workers=max(1, workers - 1)) as pool:
-        futures = [pool.submit(_one_timeline, args) for args in rest]
-        return [first()] + [f.result() for f in futures]
+    # The first replication runs here while workers - 1 processes run the rest; Ctrl-C or
+    # SIGTERM terminates them (no queued replication runs on after the parent stopped).
+    with worker_pool(max(1, workers - 1)) as pool:
+        others = pool.map_async(_one_timeline, rest)
+        head = first()
+        return [head] + others.get()
+
+
+def capped_workers(workers: int | None, tasks: int) -> int:
+    """Processes worth starting: at most one per task and per core (`workers` or not)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(workers or cores, tasks, cores))
 
 
 # Student t quantiles (0.975) for the 95% interval of a mean of n replications (n - 1 dof).
@@ -232,6 +245,16 @@ def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
             f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])
 
 
+def check_run_arguments(seed: int | None, replications: int) -> str | None:
+    """What is wrong with a run's seed or replications (their limits), or None."""
+    if seed is not None and not 0 <= seed <= limits.MAX_SEED:
+        return f"--seed {seed}: expected 0 to {limits.MAX_SEED:,} (docs/limits.md)"
+    if not 1 <= replications <= limits.MAX_REPLICATIONS:
+        return (f"--replications {replications}: expected 1 to {limits.MAX_REPLICATIONS:,} "
+                "(docs/limits.md)")
+    return None
+
+
 def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
              workers: int | None = None,
              progress: Callable[[float, float], None] | None = None,
@@ -242,12 +265,14 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
-    if replications < 1:
-        raise ValueError(f"replications must be at least 1, got {replications}")
+    problem = check_run_arguments(seed, replications)
+    if problem:
+        raise ValueError(problem.removeprefix("--"))
     started = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     if trace_dir is not None:
         check_trace_size(scenario)
+    check_run_budget(scenario, replications)
     topology = topology_for(scenario)
     model = StepModel(topology)
     steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
@@ -336,6 +361,8 @@ def write_run(result: RunResult, out: str | Path, force: bool = False) -> Path:
 
 
 def _write_summary(result: RunResult, folder: Path) -> None:
-    text = json.dumps(result.summary, indent=2, sort_keys=False) + "\n"
+    # Strict JSON: a NaN or an infinity here is a bug (inputs are bounded and finite), and a
+    # bare `Infinity` would make summary.json unreadable to strict parsers.
+    text = json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
     (folder / "summary.json").write_text(text, encoding="utf-8")
     (folder / "scenario.yaml").write_text(result.scenario.source_yaml, encoding="utf-8")

@@ -3,24 +3,29 @@
 Goldens are `results/<scenario name>/summary.json`, committed, with the volatile fields
 (`wall_s`, `clustersim_version`) removed and every float rounded to 6 significant digits.
 `clustersim check` re-runs each reference scenario (a file in `scenarios/` with a golden) and
-reports every figure that moved by more than 1e-5 relative (a readable diff; exit 1);
+reports every figure that moved by more than 1e-5 relative (a readable diff; exit 1); a
+golden that cannot be read or written is exit 2;
 `clustersim check --update` rewrites the goldens, deliberately. The quickstart scenario has no
 golden: its default output folder is where the README's first command writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clustersim.runner.api import simulate
-from clustersim.scenario.loader import load_scenario
+from clustersim.runner.outputs import OutputDirError
+from clustersim.scenario.loader import Issue, ScenarioError, load_scenario
 
 __all__ = ["SIGNIFICANT_DIGITS", "RELATIVE_TOLERANCE", "VOLATILE", "CheckResult", "normalise",
-           "differences", "golden_path", "reference_scenarios", "check_scenario"]
+           "differences", "golden_path", "reference_scenarios", "check_scenario", "read_golden",
+           "write_golden"]
 
 SIGNIFICANT_DIGITS = 6
 RELATIVE_TOLERANCE = 1e-5
@@ -91,6 +96,42 @@ def reference_scenarios(root: Path) -> list[Path]:
     return found
 
 
+def read_golden(path: Path) -> dict[str, Any]:
+    """A golden summary; an unreadable or corrupt one is a ScenarioError naming it (exit 2,
+    where a figure that moved is exit 1)."""
+    try:
+        golden = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ScenarioError(str(path), [Issue("", f"cannot read the golden summary ({error}); "
+                                              "restore it from git or rewrite it with "
+                                              "clustersim check --update")]) from None
+    if not isinstance(golden, dict):
+        raise ScenarioError(str(path), [Issue("", "the golden summary is not a JSON object; "
+                                              "restore it from git or rewrite it with "
+                                              "clustersim check --update")])
+    return golden
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def write_golden(path: Path, summary: dict[str, Any]) -> None:
+    """Write a golden whole (a temporary file renamed over it); a folder that cannot take it
+    is an OutputDirError (exit 2)."""
+    text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise OutputDirError(f"{path}: cannot write the golden summary "
+                             f"({error.strerror})") from None
+
+
 @dataclass
 class CheckResult:
     scenario: Path
@@ -106,15 +147,14 @@ def check_scenario(path: Path, root: Path, update: bool = False) -> CheckResult:
     golden_file = golden_path(root, scenario.name)
     if not update and not golden_file.exists():
         return CheckResult(path, scenario.name, "missing")  # nothing to compare: no run
+    golden = None if update else normalise(read_golden(golden_file))  # before simulating
     result = simulate(scenario)
     now = normalise(result.summary)
     wall = float(result.summary.get("wall_s", 0.0))
     if update:
-        golden_file.parent.mkdir(parents=True, exist_ok=True)
-        golden_file.write_text(json.dumps(now, indent=2) + "\n", encoding="utf-8")
+        write_golden(golden_file, now)
         return CheckResult(path, scenario.name, "updated", wall_s=wall)
     # The golden's folder is also `run`'s default OUT: a summary written there by
     # `clustersim run --force` compares as the golden it replaced would.
-    golden = normalise(json.loads(golden_file.read_text(encoding="utf-8")))
     found = differences(golden, now)
     return CheckResult(path, scenario.name, "differs" if found else "ok", found, wall)

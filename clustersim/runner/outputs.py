@@ -1,23 +1,38 @@
-"""Output directories written whole or not at all.
+"""Output directories written whole or not at all, by one run at a time.
 
 A run writes into a temporary sibling of OUT and renames it into place at the end, so a
 failed or interrupted run leaves no half-written OUT. An existing non-empty OUT is replaced
 only with `force`, or when it holds nothing but an earlier clustersim run of the same
 scenario (`replaces`: so the README's tour works in order on a fresh clone). Folders are
 created with the permissions the umask allows, as `mkdir` would.
+
+Every check is made on the resolved path (`precious/typo/..` is `precious`), while holding
+a lock on OUT (an `flock` on `.OUT.lock` beside it), so two runs into the same OUT cannot
+both write it: the second is refused with the first one's process id. Temporaries are named
+`.OUT.tmp-PID-XXXX` (and `.OUT.old-PID-XXXX` while an old OUT is swapped out); a later run
+into the same OUT removes those whose process is gone (killed with SIGKILL, or power lost).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["OutputDirError", "atomic_output_dir", "check_output_dir", "earlier_run_of"]
+__all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_output_dir",
+           "earlier_run_of", "output_lock", "remove_stale_temporaries", "resolve_output_dir"]
+
+# A folder name of at most 255 bytes is what Linux and macOS file systems hold; the staging
+# sibling `.NAME.tmp-PID-XXXXXXXX` needs about 30 more.
+MAX_NAME_BYTES = 200
+
 
 # What `clustersim run` writes into OUT (and `clustersim report` adds): a folder holding only
 # these, with a summary.json and scenario.yaml of the same scenario, is an earlier run.
@@ -27,7 +42,7 @@ RUN_FILES = frozenset({"summary.json", "scenario.yaml", "report"} | {
 
 
 class OutputDirError(Exception):
-    """OUT cannot be used (exists and is not empty without force, or is a file)."""
+    """OUT cannot be used (exists and is not empty without force, is a file, is locked...)."""
 
 
 def earlier_run_of(out: Path, scenario: str | None) -> bool:
@@ -44,53 +59,236 @@ def earlier_run_of(out: Path, scenario: str | None) -> bool:
     return isinstance(summary, dict) and summary.get("scenario") == scenario
 
 
-def check_output_dir(out: Path, force: bool, replaces: str | None = None) -> None:
-    """Refuse before any work is done, so a long run does not fail at its end. `replaces`
-    names the scenario whose earlier run OUT may hold without `force`."""
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"{out}: exists and is not a directory")
-    here = Path.cwd().resolve()
-    if out.resolve() == here or out.resolve() in here.parents:
-        raise OutputDirError(f"{out}: is the current directory or holds it; expected a folder "
-                             "for this run's outputs, e.g. results/NAME")
-    if out.is_dir() and any(out.iterdir()) and not force and not earlier_run_of(out, replaces):
-        what = (f"holds more than an earlier run of {replaces}" if replaces
-                else "exists and is not empty")
-        raise OutputDirError(f"{out}: {what}; use --force to replace it, or -o elsewhere")
-    # OUT is staged beside itself: the nearest existing ancestor must take new folders.
-    ancestor = out.absolute().parent
+def resolve_output_dir(out: str | Path) -> Path:
+    """OUT as an absolute path with `..`, `.` and symbolic links resolved, so that every check
+    is made on the folder really meant; refuses a name no file system can hold."""
+    try:
+        resolved = Path(os.path.realpath(Path(out).expanduser()))
+    except (OSError, ValueError) as error:
+        raise OutputDirError(f"{out}: not a usable path ({error})") from None
+    if resolved == resolved.parent:
+        raise OutputDirError(f"{out}: is the root folder; expected a folder for this run's "
+                             "outputs, e.g. results/NAME")
+    if len(os.fsencode(resolved.name)) > MAX_NAME_BYTES:
+        raise OutputDirError(f"{out}: the folder name is {len(os.fsencode(resolved.name))} "
+                             f"bytes long; expected at most {MAX_NAME_BYTES}")
+    if len(os.fsencode(str(resolved))) > 3800:
+        raise OutputDirError(f"{out}: the path is longer than 3,800 bytes")
+    return resolved
+
+
+def _nearest_existing(path: Path) -> Path:
+    ancestor = path
     while not ancestor.exists():
         ancestor = ancestor.parent
+    return ancestor
+
+
+def check_output_dir(out: str | Path, force: bool, replaces: str | None = None) -> Path:
+    """Refuse before any work is done, so a long run does not fail at its end; returns the
+    resolved OUT. A non-empty OUT needs `force`, unless it holds only an earlier run of the
+    scenario `replaces` names."""
+    given = out
+    out = resolve_output_dir(out)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{given}: exists and is not a directory")
+    here = Path.cwd().resolve()
+    if out == here or out in here.parents:
+        raise OutputDirError(f"{given}: is the current directory or holds it; expected a folder "
+                             "for this run's outputs, e.g. results/NAME")
+    if out.is_dir() and not force and _has_entries(out) and not earlier_run_of(out, replaces):
+        what = (f"holds more than an earlier run of {replaces}" if replaces
+                else "exists and is not empty")
+        shown = "" if str(given) == str(out) else f" (it resolves to {out})"
+        raise OutputDirError(f"{given}: {what}{shown}; use --force to replace it, or -o "
+                             "elsewhere")
+    # OUT is staged beside itself: the nearest existing ancestor must take new folders.
+    ancestor = _nearest_existing(out.parent)
     if not ancestor.is_dir():
-        raise OutputDirError(f"{out}: {ancestor} is not a directory")
+        raise OutputDirError(f"{given}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise OutputDirError(f"{out}: cannot write in {ancestor} (permission denied)")
+        raise OutputDirError(f"{given}: cannot write in {ancestor} (permission denied)")
+    return out
+
+
+def _has_entries(folder: Path) -> bool:
+    try:
+        return any(folder.iterdir())
+    except OSError as error:
+        raise OutputDirError(f"{folder}: cannot read it ({error.strerror})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock
+
+_held: dict[Path, int] = {}  # resolved OUT -> how many times this process holds its lock
+
+
+def _lock_path(out: Path) -> Path:
+    return out.parent / f".{out.name}.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: Path, force: bool = False, replaces: str | None = None
-                      ) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; on success it becomes `out`."""
-    out = Path(out)
-    check_output_dir(out, force, replaces)
-    out = out.resolve()  # `a/..` and the like: stage beside the folder really meant
+def output_lock(out: str | Path) -> Iterator[Path]:
+    """Hold the lock on OUT (re-entrant within a process); yields the resolved OUT. A second
+    process asking for it is refused at once, with the holder's process id. Missing parent
+    folders are created (and removed again if the run writes nothing)."""
+    out = resolve_output_dir(out)
+    if out in _held:
+        _held[out] += 1
+        try:
+            yield out
+        finally:
+            _held[out] -= 1
+        return
+    created = _make_parents(out)
+    try:
+        fd = _acquire(out)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    _held[out] = 1
+    try:
+        yield out
+    finally:
+        del _held[out]
+        # Unlink before unlocking: a process waiting on this file then sees it replaced.
+        with contextlib.suppress(OSError):
+            os.unlink(_lock_path(out))
+        os.close(fd)
+        if not out.exists():
+            _remove_empty(created)
+
+
+def _make_parents(out: Path) -> list[Path]:
+    missing = []
+    parent = out.parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700 whatever the umask
     except OSError as error:
-        raise OutputDirError(f"{out}: cannot write there ({error.strerror})") from None
+        raise OutputDirError(f"{out}: cannot create {out.parent} ({error.strerror})") from None
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _acquire(out: Path) -> int:
+    path = _lock_path(out)
+    for _ in range(20):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise OutputDirError(f"{out}: cannot lock it in {out.parent} "
+                                 f"({error.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                who = f" (process {holder})" if holder.isdigit() else ""
+                raise OutputDirError(f"{out}: another clustersim run{who} is writing it; wait "
+                                     "for it to finish or choose another -o") from None
+            raise OutputDirError(f"{out}: cannot lock it ({error.strerror})") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its last holder unlinked as we opened it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
+        os.close(fd)
+    raise OutputDirError(f"{out}: cannot lock it (its lock file keeps being replaced)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Temporaries
+
+
+def _temporary_pattern(out: Path) -> re.Pattern[str]:
+    return re.compile(rf"^\.{re.escape(out.name)}\.(?:tmp|old)-(\d+)-[^/]+$")
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Remove `.OUT.tmp-PID-*` and `.OUT.old-PID-*` beside OUT whose process is gone (call
+    with OUT's lock held); returns what was removed."""
+    pattern = _temporary_pattern(out)
+    removed = []
     try:
-        yield staging
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return removed
+    for path in siblings:
+        match = pattern.match(path.name)
+        if match is None or not path.is_dir() or path.is_symlink():
+            continue
+        pid = int(match.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _temporary(out: Path, kind: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.{kind}-{os.getpid()}-", dir=out.parent))
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None
+                      ) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it becomes `out`. OUT is locked
+    for the whole time, checked again under the lock, and stale temporaries of earlier runs
+    into it are removed first."""
+    given = out
+    check_output_dir(given, force, replaces)  # before the lock: a refusal leaves nothing
+    with output_lock(out) as resolved:
+        check_output_dir(given, force, replaces)  # again: another run may have written OUT
+        remove_stale_temporaries(resolved)
+        try:
+            staging = _temporary(resolved, "tmp")
+            staging.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700 whatever the umask
+        except OSError as error:
+            raise OutputDirError(f"{given}: cannot write there ({error.strerror})") from None
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _swap_into_place(staging, resolved)
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    old = None
+    try:
+        if out.exists():
+            old = _temporary(out, "old")
+            old.rmdir()
+            out.rename(old)
+        staging.rename(out)
     except BaseException:
+        if old is not None and old.exists() and not out.exists():
+            old.rename(out)  # put the previous OUT back
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        old.rmdir()
-        out.rename(old)
-    staging.rename(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -26,19 +26,23 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
+import signal
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import Field, ValidationError, model_validator
 
+from clustersim.hardware import limits
+from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Spec
-from clustersim.runner.api import simulate, t_quantile
+from clustersim.runner.api import capped_workers, simulate, t_quantile
+from clustersim.runner.interrupts import Interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.loader import load_scenario
@@ -46,7 +50,7 @@ from clustersim.scenario.messages import pydantic_issues
 from clustersim.scenario.reading import read_yaml_file
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
-           "summarise", "write_sweep", "t_quantile"]
+           "summarise", "write_sweep", "t_quantile", "SweepInterrupted", "INPUT_FAULTS"]
 
 
 class Variant(Spec):
@@ -58,8 +62,9 @@ class SweepSpec(Spec):
     scenario: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     variants: list[Variant] = Field(default_factory=list)
-    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
-    replications: int | None = Field(default=None, gt=0)
+    seeds: list[Annotated[int, Field(ge=0, le=limits.MAX_SEED)]] | None = Field(
+        default=None, min_length=1)
+    replications: int | None = Field(default=None, gt=0, le=limits.MAX_REPLICATIONS)
 
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:
@@ -96,7 +101,13 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as error:
-        raise ScenarioError(str(path), pydantic_issues(error)) from None
+        raise ScenarioError(str(path), pydantic_issues(error, SweepSpec)) from None
+    runs = (max(1, len(spec.variants)) * math.prod(len(v) for v in spec.grid.values())
+            * (len(spec.seeds) if spec.seeds is not None else spec.replications or 1))
+    if runs > limits.MAX_SWEEP_RUNS:
+        raise ScenarioError(str(path), [Issue(
+            "grid", f"the sweep would make {runs:,} runs (variants x grid points x seeds); "
+            f"expected at most {limits.MAX_SWEEP_RUNS:,} (docs/limits.md)")])
     scenario = (path.parent / spec.scenario).resolve()
     if not scenario.exists():
         raise ScenarioError(str(path), [Issue("scenario", f"no such file {scenario}",
@@ -128,16 +139,6 @@ def sweep_tasks(spec: SweepSpec, scenario_path: Path) -> list[Task]:
     return tasks
 
 
-def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            _flatten(value, f"{prefix}.{key}" if prefix else str(key), out)
-    elif isinstance(node, bool):
-        out[prefix] = float(node)
-    elif isinstance(node, int | float):
-        out[prefix] = float(node)
-
-
 def run_task(task: Task) -> dict[str, Any]:
     """Run one variant and seed; a failure becomes a row with its error."""
     row: dict[str, Any] = {"task": task.index, "variant": task.variant, "seed": task.seed}
@@ -149,25 +150,25 @@ def run_task(task: Task) -> dict[str, Any]:
     except Exception as error:  # a variant's failure is reported, the sweep goes on
         row.update(status="error", error=f"{type(error).__name__}: {error}")
         return row
-    figures: dict[str, Any] = {}
-    _flatten(summary["jobs"], "", figures)
-    _flatten({"cluster": {k: v for k, v in summary["cluster"].items()
-                          if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}},
-             "", figures)
+    cluster = {k: v for k, v in summary["cluster"].items()
+               if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}
+    leaves = {**flatten(summary["jobs"]), **flatten({"cluster": cluster})}
+    figures = {path: float(value) for path, value in leaves.items()
+               if isinstance(value, int | float)}  # numbers only (true and false as 1 and 0)
     row.update(status="ok", error="", **figures)
     return row
 
 
 def _local(tasks: list[Task], workers: int | None) -> Iterator[dict[str, Any]]:
-    workers = workers or min(len(tasks), os.cpu_count() or 1)
+    workers = capped_workers(workers, len(tasks))
     if workers <= 1:
         for task in tasks:
             yield run_task(task)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_task, task) for task in tasks]
-        for future in as_completed(futures):
-            yield future.result()
+    # Leaving this generator early (Ctrl-C, SIGTERM) terminates the workers: queued runs are
+    # dropped, not waited for.
+    with worker_pool(workers) as pool:
+        yield from pool.imap_unordered(run_task, tasks)
 
 
 def _ray(tasks: list[Task], address: str | None) -> Iterator[dict[str, Any]]:
@@ -185,26 +186,54 @@ def _ray(tasks: list[Task], address: str | None) -> Iterator[dict[str, Any]]:
             yield ray.get(ref)
 
 
+class SweepInterrupted(Interrupted):
+    """A sweep stopped by Ctrl-C or SIGTERM: `rows` and `summary` hold the finished runs."""
+
+    def __init__(self, signum: int, rows: pd.DataFrame | None = None,
+                 summary: pd.DataFrame | None = None, total: int = 0):
+        super().__init__(signum)
+        self.rows = rows if rows is not None else pd.DataFrame()
+        self.summary = summary if summary is not None else pd.DataFrame()
+        self.total = total
+
+
+# Errors that are the sweep's input at fault (a grid value the scenario refuses), not a bug.
+INPUT_FAULTS = ("ScenarioError", "JobDoesNotFit", "OutputDirError")
+
+
 def run_sweep(path: str | Path, engine: str = "local", workers: int | None = None,
               address: str | None = None,
               progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame,
                                                                           pd.DataFrame]:
-    """Run every task of a sweep file; return (rows, summary) DataFrames."""
+    """Run every task of a sweep file; return (rows, summary) DataFrames. Interrupted, it
+    stops its workers at once and raises SweepInterrupted with the rows finished so far."""
     spec, scenario_path = load_sweep(path)
     tasks = sweep_tasks(spec, scenario_path)
     if engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}; expected local or ray")
     results = _local(tasks, workers) if engine == "local" else _ray(tasks, address)
-    rows = []
-    for row in results:
-        rows.append(row)
-        if progress is not None:
-            progress(len(rows), len(tasks))
+    rows: list[dict[str, Any]] = []
+    try:
+        for row in results:
+            rows.append(row)
+            if progress is not None:
+                progress(len(rows), len(tasks))
+    except KeyboardInterrupt as interrupt:
+        results.close()  # terminates the workers before the partial tables are built
+        frame = _frame(rows, spec)
+        raise SweepInterrupted(getattr(interrupt, "signum", signal.SIGINT), frame,
+                               summarise(frame, list(spec.grid)), len(tasks)) from None
+    frame = _frame(rows, spec)
+    return frame, summarise(frame, list(spec.grid))
+
+
+def _frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
+    first = ["task", "variant", *spec.grid, "seed", "status", "error"]
+    if not rows:
+        return pd.DataFrame(columns=first)
     frame = pd.DataFrame(rows).sort_values("task", ignore_index=True)
     # Columns in a fixed order whichever run finished first: keys, then figures by name.
-    first = ["task", "variant", *spec.grid, "seed", "status", "error"]
-    frame = frame[[c for c in first if c in frame] + sorted(c for c in frame if c not in first)]
-    return frame, summarise(frame, [p for p in spec.grid])
+    return frame[[c for c in first if c in frame] + sorted(c for c in frame if c not in first)]
 
 
 def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
@@ -231,10 +260,22 @@ def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
 
 
 def write_sweep(rows: pd.DataFrame, summary: pd.DataFrame, sweep_path: str | Path,
-                out: str | Path, force: bool = False) -> Path:
-    """OUT/sweep.parquet, OUT/sweep_summary.parquet and a copy of the sweep file, atomically."""
+                out: str | Path, force: bool = False, partial: str | None = None) -> Path:
+    """OUT/sweep.parquet, OUT/sweep_summary.parquet and a copy of the sweep file, atomically.
+    A `partial` note (an interrupted sweep) goes into both tables' metadata
+    (`clustersim.partial`) and into OUT/PARTIAL.txt."""
     with atomic_output_dir(Path(out), force=force) as staging:
-        rows.to_parquet(staging / "sweep.parquet", index=False)
-        summary.to_parquet(staging / "sweep_summary.parquet", index=False)
+        _to_parquet(rows, staging / "sweep.parquet", partial)
+        _to_parquet(summary, staging / "sweep_summary.parquet", partial)
         (staging / "sweep.yaml").write_text(Path(sweep_path).read_text(encoding="utf-8"))
+        if partial is not None:
+            (staging / "PARTIAL.txt").write_text(partial + "\n", encoding="utf-8")
     return Path(out)
+
+
+def _to_parquet(frame: pd.DataFrame, path: Path, partial: str | None) -> None:
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if partial is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               b"clustersim.partial": partial.encode()})
+    pq.write_table(table, path)

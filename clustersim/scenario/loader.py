@@ -125,7 +125,7 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         workload = WorkloadSpec.model_validate(spec)
     except ValidationError as error:
         issues = [Issue(f"workload.{i.path}" if i.path else "workload", i.message, i.value,
-                        i.has_value) for i in pydantic_issues(error)]
+                        i.has_value) for i in pydantic_issues(error, WorkloadSpec)]
         raise ScenarioError(source, issues) from None
     hardware = resolved.get("hardware")
     try:

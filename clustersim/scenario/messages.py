@@ -66,15 +66,16 @@ _MESSAGES = {
 }
 
 
-def pydantic_issues(error: ValidationError) -> list[Issue]:
-    """One Issue per key path that failed validation."""
+def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> list[Issue]:
+    """One Issue per key path that failed validation; an unknown key lists the keys `root`
+    (default: Scenario) accepts there."""
     issues = []
     for detail in error.errors(include_url=False):
         loc = [part for part in detail["loc"] if not _is_union_tag(part)]
         kind = detail["type"]
         value = detail.get("input")
         if kind == "extra_forbidden":
-            allowed = _allowed_keys(Scenario, loc[:-1])
+            allowed = _allowed_keys(root or Scenario, loc[:-1])
             hint = f"; expected one of {', '.join(allowed)}" if allowed else ""
             issues.append(Issue(path_text(loc), f"unknown key{hint}"))
             continue
@@ -86,6 +87,9 @@ def pydantic_issues(error: ValidationError) -> list[Issue]:
                 "String should match pattern", "expected letters, digits, '.', '_' or '-', "
                 "matching"
             )
+        if kind in ("less_than_equal", "too_long") or (
+                kind == "greater_than_equal" and not message.endswith(" 0")):
+            message += " (docs/limits.md)"
         if kind == "missing":
             issues.append(Issue(path_text(loc), message))
         else:

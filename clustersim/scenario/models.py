@@ -11,9 +11,17 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.failures import FailureRateSpec, StragglerSpec, failure_preset_names
-from clustersim.hardware.spec import Duration, NonNegativeDuration, Spec
+from clustersim.hardware.spec import (
+    Duration,
+    NonNegativeDuration,
+    Spec,
+    at_least,
+    at_most,
+    show_duration,
+)
 from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.errors import ScenarioCheckError
 from clustersim.scenario.jobmix import WorkloadSpec
@@ -38,9 +46,10 @@ TRACE_LEVELS = ("cluster", "job", "ultraserver", "instance")
 class ClusterSpec(Spec):
     """How many instances (or UltraServers) the cluster has, its hot spares and fabric."""
 
-    instances: int | None = Field(default=None, gt=0)
-    ultraservers: int | None = Field(default=None, gt=0)
-    spares: int = Field(default=0, ge=0, description="hot-spare instances, beyond the rest")
+    instances: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
+    ultraservers: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
+    spares: int = Field(default=0, ge=0, le=limits.MAX_INSTANCES,
+                        description="hot-spare instances, beyond the rest")
     fabric: FabricSpec = FabricSpec()
 
     @model_validator(mode="after")
@@ -54,7 +63,8 @@ class CheckpointSpec(Spec):
     interval_s: Duration | Literal["auto"] = Field(
         default="auto", alias="interval", description="time between checkpoints, or auto (Daly)"
     )
-    write_s: NonNegativeDuration = Field(default=60.0, alias="write")
+    write_s: NonNegativeDuration = Field(default=60.0, alias="write",
+                                         le=limits.MAX_DURATION_S)
     restore_s: NonNegativeDuration = Field(default=300.0, alias="restore")
     async_write: bool = Field(default=False, alias="async")
 
@@ -64,28 +74,39 @@ class CheckpointSpec(Spec):
             # Young/Daly's interval is sqrt(2 x write x MTBF): zero with a free write.
             raise ValueError("interval auto needs a write time above zero (with a free write "
                              "the Daly interval is zero); give the interval")
+        if 0 < self.write_s < limits.MIN_CHECKPOINT_WRITE_S:
+            raise ValueError(f"write: at least {show_duration(limits.MIN_CHECKPOINT_WRITE_S)} "
+                             f"(or 0 for a free write; docs/limits.md), got "
+                             f"{show_duration(self.write_s)}")
+        if self.interval_s != "auto" and self.interval_s < limits.MIN_CHECKPOINT_INTERVAL_S:
+            raise ValueError(f"interval: at least "
+                             f"{show_duration(limits.MIN_CHECKPOINT_INTERVAL_S)} "
+                             f"(docs/limits.md), got {show_duration(self.interval_s)}")
         return self
 
 
 class JobSpec(Spec):
     name: str = Field(min_length=1)
     model: TransformerShape
-    seq_len: int | None = Field(default=None, gt=0, description="defaults to the model's")
-    global_batch: int = Field(gt=0, description="sequences per step")
-    micro_batch: int = Field(default=1, gt=0)
+    seq_len: int | None = Field(default=None, gt=0, le=limits.MAX_SEQ_LEN,
+                                description="defaults to the model's")
+    global_batch: int = Field(gt=0, le=limits.MAX_GLOBAL_BATCH, description="sequences per step")
+    micro_batch: int = Field(default=1, gt=0, le=limits.MAX_MICRO_BATCH)
     parallelism: ParallelismSpec = ParallelismSpec()
     precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
-    instances: int | None = Field(default=None, gt=0)
+    instances: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
-    steps: int | None = Field(default=None, gt=0, description="default: run to the horizon")
+    steps: int | None = Field(default=None, gt=0, le=limits.MAX_STEPS,
+                              description="default: run to the horizon")
     run_for_s: Duration | None = Field(
         default=None, alias="run_for", description="ends after this long since it started"
     )
     deadline_s: Duration | None = Field(
         default=None, alias="deadline", description="stopped this long after submission"
     )
-    priority: int = Field(default=0, description="higher runs first (priority, backfill)")
+    priority: int = Field(default=0, ge=-limits.MAX_PRIORITY, le=limits.MAX_PRIORITY,
+                          description="higher runs first (priority, backfill)")
     checkpoint: CheckpointSpec | None = None
 
     @property
@@ -99,7 +120,8 @@ class JobSpec(Spec):
 
 class FailuresSpec(Spec):
     preset: str = "none"
-    scale: float = Field(default=1.0, ge=0, description="multiplies every rate")
+    scale: float = Field(default=1.0, ge=0, le=limits.MAX_FAILURE_SCALE,
+                         description="multiplies every rate")
     rates: list[FailureRateSpec] = Field(default_factory=list)
     detect_s: NonNegativeDuration = Field(default=120.0, alias="detect")
     repair_s: NonNegativeDuration | Literal["never"] = Field(
@@ -132,22 +154,33 @@ class TraceSpec(Spec):
         default_factory=lambda: ["cluster", "job"]
     )
 
+    @field_validator("bin_s")
+    @classmethod
+    def _bin_bounds(cls, value: float) -> float:
+        return at_least(limits.MIN_TRACE_BIN_S, show_duration)(value)
+
 
 class Scenario(Spec):
     """A whole scenario, validated; see docs/scenario.md for the file format."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)
     description: str = ""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=limits.MAX_SEED)
     duration_s: Duration = Field(default=30 * 86400.0, alias="duration")
     hardware: HardwareSpec
     cluster: ClusterSpec
-    jobs: list[JobSpec] = Field(default_factory=list)
+    jobs: list[JobSpec] = Field(default_factory=list, max_length=limits.MAX_JOBS)
     failures: FailuresSpec = FailuresSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     workload: WorkloadSpec | None = None
     stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()
+
+    @field_validator("duration_s")
+    @classmethod
+    def _duration_bounds(cls, value: float) -> float:
+        at_least(limits.MIN_DURATION_S, show_duration)(value)
+        return at_most(limits.MAX_DURATION_S, show_duration)(value)
 
     _source_yaml: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="<scenario>")

@@ -1,0 +1,121 @@
+"""What a run will cost, estimated before it starts, and the refusal of one that would not end.
+
+The timeline's work grows with its discrete events: failures (each with its detection,
+repair and the restarts of the jobs it hits), checkpoints (one write and one resume each),
+transient slowdowns, job arrivals. Their expected number follows from the scenario's rates
+and intervals, so a scenario that would run for days (a rate of 1e30, an MTBF of a
+nanosecond, a checkpoint every microsecond) is refused with the reason, as the trace-size
+check refuses a trace too large to write. Limits: clustersim.hardware.limits, docs/limits.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from clustersim.cluster.timeline import daly_interval, effective_rates, job_failure_rate
+from clustersim.hardware import limits
+from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.models import JobSpec, Scenario
+
+__all__ = ["EventEstimate", "estimate_events", "check_run_budget"]
+
+# Events one failure costs: the failure, its repair, and the detection, restart and restore
+# of the job it interrupts.
+EVENTS_PER_FAILURE = 5
+EVENTS_PER_CHECKPOINT = 2  # the write, then training again
+EVENTS_PER_JOB = 10  # submission, placement, start, end, watchers
+
+
+@dataclass(frozen=True)
+class EventEstimate:
+    """Expected discrete events of one replication, by source (and the biggest source's key
+    path, for the message)."""
+
+    failures: float
+    checkpoints: float
+    transients: float
+    jobs: float
+    checkpoint_path: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.failures + self.checkpoints + self.transients + self.jobs + 100
+
+
+def _cluster_failures_per_s(scenario: Scenario) -> float:
+    hw = scenario.hardware
+    instances = scenario.total_instances
+    per_leaf = scenario.cluster.fabric.leaf_size(hw.instances_per_ultraserver)
+    population = {
+        "chip": instances * hw.chips_per_instance,
+        "instance": instances,
+        "ultraserver": math.ceil(instances / hw.instances_per_ultraserver) if hw.ultraserver
+        else 0,
+        "leaf": math.ceil(instances / per_leaf),
+        "job": len(scenario.jobs),
+    }
+    scale = scenario.failures.scale
+    return sum(r.events_per_s * scale * population[r.per] for r in effective_rates(scenario))
+
+
+def _checkpoint_interval(scenario: Scenario, job: JobSpec) -> float:
+    ck = job.checkpoint
+    if ck is None:
+        return math.inf
+    if ck.interval_s != "auto":
+        return float(ck.interval_s)
+    if ck.async_write:
+        return max(ck.write_s, 1e-9)
+    rate = job_failure_rate(scenario, job)
+    return daly_interval(ck.write_s, 1.0 / rate) if rate > 0 else math.inf
+
+
+def estimate_events(scenario: Scenario) -> EventEstimate:
+    """Expected discrete events of one replication of the scenario."""
+    horizon = scenario.duration_s
+    failures = _cluster_failures_per_s(scenario) * horizon * EVENTS_PER_FAILURE
+    checkpoints = 0.0
+    worst, worst_path = 0.0, ""
+    for index, job in enumerate(scenario.jobs):
+        span = horizon - job.submit_s
+        if job.run_for_s is not None:
+            span = min(span, job.run_for_s)
+        interval = _checkpoint_interval(scenario, job)
+        count = span / interval * EVENTS_PER_CHECKPOINT if interval > 0 else math.inf
+        checkpoints += count
+        if count > worst:
+            worst, worst_path = count, f"jobs.{index}.checkpoint"
+    transients = 0.0
+    spec = scenario.stragglers.transient
+    if spec is not None:
+        transients = 2 * spec.rate_per_s * scenario.total_instances * horizon
+    return EventEstimate(failures, checkpoints, transients, EVENTS_PER_JOB * len(scenario.jobs),
+                         worst_path)
+
+
+def check_run_budget(scenario: Scenario, replications: int = 1) -> EventEstimate:
+    """Refuse a scenario whose expected events exceed limits.MAX_EVENTS per replication (or
+    ten times that over all replications), naming the biggest source."""
+    estimate = estimate_events(scenario)
+    total = estimate.total
+    if total <= limits.MAX_EVENTS and total * replications <= 10 * limits.MAX_EVENTS:
+        return estimate
+    sources = {"failures": estimate.failures, "checkpoints": estimate.checkpoints,
+               "transient slowdowns": estimate.transients, "jobs": estimate.jobs}
+    biggest = max(sources, key=lambda k: sources[k])
+    path = {"failures": "failures", "checkpoints": estimate.checkpoint_path or "jobs",
+            "transient slowdowns": "stragglers.transient", "jobs": "jobs"}[biggest]
+    hint = {"failures": "lower the rates or failures.scale, or shorten duration",
+            "checkpoints": "a longer checkpoint interval (or write time, with interval auto)",
+            "transient slowdowns": "a lower stragglers.transient.rate",
+            "jobs": "fewer jobs"}[biggest]
+    if total <= limits.MAX_EVENTS:
+        what = (f"{replications:,} replications of about {total:,.0f} events each; expected "
+                f"at most {10 * limits.MAX_EVENTS:,} in all (docs/limits.md): fewer "
+                "replications")
+    else:
+        what = (f"about {total:,.0f} discrete events ({sources[biggest]:,.0f} from "
+                f"{biggest}); expected at most {limits.MAX_EVENTS:,} per run "
+                f"(docs/limits.md): {hint}")
+    raise ScenarioError(scenario.source, [Issue(path, f"the run would take {what}")])

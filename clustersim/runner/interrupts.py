@@ -1,0 +1,77 @@
+"""Interruption: SIGINT and SIGTERM stop a run the same way, and worker pools stop at once.
+
+`interruptible()` turns SIGTERM into :class:`Interrupted` (a KeyboardInterrupt, as Ctrl-C
+raises), so every `except BaseException` clean-up (the staging folder of an output, the
+workers of a pool) runs for both. `worker_pool()` is a process pool whose workers ignore
+Ctrl-C (the parent decides) and are terminated, queued work dropped, when the parent is
+interrupted or stops reading results; none is left alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import signal
+import threading
+from collections.abc import Iterator
+from multiprocessing.pool import Pool
+
+__all__ = ["Interrupted", "interruptible", "exit_status", "worker_pool"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Stopped by a signal; `signum` says which (SIGINT for Ctrl-C)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        # args is (signum,): simpy and pickling rebuild an exception as type(e)(*e.args).
+        super().__init__(int(signum))
+        self.signum = int(signum)
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def exit_status(interrupt: BaseException) -> int:
+    """128 + the signal's number, as a shell reports a process a signal stopped (130, 143)."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While inside, SIGTERM (and SIGHUP) raise Interrupted in the main thread; the previous
+    handlers come back on the way out. Elsewhere than the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_interrupted)
+                for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _worker_start() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # terminate() from the parent ends it
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[Pool]:
+    """A pool of `workers` processes, closed normally on success and terminated (queued
+    tasks dropped, running ones killed) on any exception, Ctrl-C and SIGTERM included."""
+    pool = multiprocessing.get_context().Pool(workers, initializer=_worker_start)
+    try:
+        yield pool
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    pool.close()
+    pool.join()
