@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clustersim.cluster.timeline import daly_interval
+from clustersim.cluster.rates import daly_interval
 
 __all__ = ["Recovery", "renewal_ettr", "hardware_wait_s", "stops_paying_chips"]
 

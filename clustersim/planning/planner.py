@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from clustersim.cluster.timeline import effective_rates, job_failure_rate
+from clustersim.cluster.rates import effective_rates, job_failure_rate
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
 from clustersim.planning.engine import Engine
 from clustersim.planning.ettr import Recovery
