@@ -235,6 +235,22 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
                 f"{1 - best['step_time_s'] / ref['step_time_s']:.1%} less" if same else "")
         out_console.print(f"the scenario's own configuration: {ref['step_time_s']:,.3f} s per "
                           f"step{fit}{gain}")
+    names = list(dict.fromkeys(g.name for g in result.groups))
+    if len(names) > 1:
+        for name in names:
+            mine = [r for r in result.ranked if r["hardware"] == name]
+            if not mine:
+                out_console.print(f"{name}: no feasible candidate")
+                continue
+            r = mine[0]
+            band = r.get("step_time_s_band")
+            out_console.print(
+                f"{name} at its best: {r['chips']:,} chips, tp {r['tp']} pp {r['pp']} dp "
+                f"{r['dp']}, {r['step_time_s']:,.3f} s per step"
+                + (f" (band {band[0]:,.3f}-{band[1]:,.3f} s)" if band else "")
+                + f", ETTR {r['ettr']:.3f}"
+                + (f", ${r['cost_per_million_tokens_usd']:,.3f} per million tokens"
+                   if r.get("cost_per_million_tokens_usd") is not None else ""))
     for group in result.groups:
         rec = group.recovery[False]
         out_console.print(

@@ -66,6 +66,13 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
                     simulated.append(row)
     considered = len(rows)
     pruned = sum(1 for r in rows if r["status"] == "pruned")
+    for g in groups:
+        if not any(r["status"] == "simulated" for r in g.rows):
+            needed = [r["memory_per_chip_gib"] for r in g.rows if r.get("memory_per_chip_gib")]
+            least = (f"the least memory a candidate needs is {min(needed):.1f} GiB per chip, "
+                     f"{g.hw.chip.hbm_bytes / 2**30:.0f} GiB available" if needed
+                     else "no candidate passes divisibility and placement")
+            notes.append(f"{g.name} x {g.chips:,} chips: nothing fits ({least})")
     if not simulated:
         raise PlanError(_nothing_fits(scenario, job, options, groups))
     metric = OBJECTIVES[options.objective]

@@ -95,8 +95,8 @@ def plot_pareto(result: PlanResult, path: Path) -> Path:
                        edgecolors="red", linewidths=1.5, label=f"best ({result.options.objective})")
         for i in front:
             r = rows[i]
-            ax.annotate(f"{r['chips']:,} chips tp{r['tp']} pp{r['pp']}", points[i], fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
+            ax.annotate(f"{r['hardware']} {r['chips']:,} chips tp{r['tp']} pp{r['pp']}",
+                        points[i], fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.legend(fontsize=8)
     what = f"{tokens:.3g} tokens" if tokens is not None else "one million tokens"
     ax.set_xlabel(f"cost of {what}, failures included (USD)")
