@@ -9,16 +9,11 @@ The command line is a thin shell over this API, which notebooks use directly::
 """
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-try:
-    __version__ = version("clustersim")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
-
-# The public names are imported on first use (PEP 562), so that `import clustersim` (and the
-# command line's `--version` and `--help`) does not pay for numpy, pandas, networkx and pydantic.
+# The public names (and the version, read from the installed metadata) are looked up on first
+# use (PEP 562), so that `import clustersim` (and the command line's `--version` and `--help`)
+# does not pay for numpy, pandas, networkx and pydantic.
 _EXPORTS = {
     "HardwareSpec": "clustersim.hardware.catalog",
     "catalog_entry": "clustersim.hardware.catalog",
@@ -51,7 +46,19 @@ __all__ = [
 ]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("clustersim")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = _version()
+        return globals()[name]
     if name in _EXPORTS:
         value = getattr(import_module(_EXPORTS[name]), name)
         globals()[name] = value  # later look-ups skip this function

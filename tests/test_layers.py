@@ -1,11 +1,13 @@
 """The layering rule is enforced: the import-linter contract in pyproject.toml holds on the
-package, and breaks as soon as a lower layer imports a higher one."""
+package, and breaks as soon as a lower layer imports a higher one (skipped without
+import-linter). The command-line shell stays light."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = shutil.which("lint-imports")
 
-pytestmark = pytest.mark.skipif(LINT_IMPORTS is None,
+needs_linter = pytest.mark.skipif(LINT_IMPORTS is None,
                                 reason="import-linter is not installed (pip install -e '.[dev]')")
 
 
@@ -34,12 +36,14 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@needs_linter
 def test_the_package_keeps_its_layers(tree: Path):
     result = lint_imports(tree)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 kept, 0 broken" in result.stdout
 
 
+@needs_linter
 @pytest.mark.parametrize(("module", "upward"), [
     ("hardware/units.py", "clustersim.cli"),  # the bottom importing the top
     ("scenario/models.py", "clustersim.cluster.timeline"),  # one layer reaching up two
@@ -58,3 +62,16 @@ def test_an_upward_import_breaks_the_contract(tree: Path, module: str, upward: s
 
 def test_lint_imports_runs_in_ci():
     assert "lint-imports" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_the_command_line_shell_loads_no_heavy_layer():
+    """`clustersim --version` and `--help` import the CLI modules only: the layers (and numpy,
+    pandas, pydantic, networkx, simpy) are imported inside the commands that use them."""
+    code = ("import sys, clustersim, clustersim.cli.app; "
+            "print(sorted(m for m in ('numpy', 'pandas', 'pydantic', 'networkx', 'simpy', "
+            "'clustersim.runner', 'clustersim.scenario', 'clustersim.hardware') "
+            "if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
