@@ -145,6 +145,11 @@ def plan(
             sets.append(f"jobs.0.global_batch={int(batch_tokens // length)}")
     if engine not in ("local", "ray"):
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'")
     spec = load_scenario(scenario, sets, planning=True)
     options = PlanOptions(
         hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
