@@ -195,3 +195,175 @@ def test_floats_are_rounded_for_display_only():
     figures = json.loads(invoke("topology", ROOT / "scenarios" / "quickstart.yaml",
                                 "--json").stdout)
     assert figures["link_latency_us"]["efa"] == 7.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Defaults that cannot silently mislead: checkpoints, reasons, cost both ways
+
+SEVENTY_B = {
+    "name": "seventy", "duration": "30d", "hardware": "trn2",
+    "cluster": {"instances": 64, "spares": 2},
+    "jobs": [{"name": "pretrain", "model": "llama3.1-70b", "seq_len": 8192, "global_batch": 1024,
+              "parallelism": {"tp": 32, "pp": 8, "dp": 16, "zero": 1, "sequence_parallel": True},
+              "recompute": "selective"}],
+    "failures": {"preset": "llama3"},
+}
+
+
+def _simulate(raw: dict, replications: int = 1) -> dict:
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import scenario_from_dict
+
+    return simulate(scenario_from_dict(raw), replications=replications, workers=1).summary
+
+
+def test_a_month_with_failures_and_no_checkpoint_block_checkpoints_by_default():
+    """The issue's case: a 70B month with failures and no `checkpoint:` ran to ETTR 1.9%.
+    Now it gets Daly's interval with a write time from its checkpoint's size over the
+    catalog's storage bandwidth (FSx for Lustre, 100 Gbps per instance)."""
+    from clustersim.cluster.rates import (
+        checkpoint_bytes,
+        daly_interval,
+        storage_bandwidth_per_instance,
+    )
+    from clustersim.scenario.loader import scenario_from_dict
+
+    job = _simulate(SEVENTY_B)["jobs"]["pretrain"]
+    assert job["checkpoint_default"] is True
+    spec = scenario_from_dict(SEVENTY_B).jobs[0]
+    assert storage_bandwidth_per_instance() == pytest.approx(100e9 / 8)
+    assert checkpoint_bytes(spec) == pytest.approx(spec.model.parameter_count() * 14)
+    write = checkpoint_bytes(spec) / (64 * 100e9 / 8)
+    assert job["checkpoint_write_s"] == pytest.approx(write)
+    assert job["checkpoint_interval_s"] == pytest.approx(daly_interval(write, job["job_mtbf_s"]))
+    assert job["interruptions"] > 5 and job["checkpoints_completed"] > 100
+    assert job["ettr"] > 0.9
+    # a job given a block keeps it; a job on hardware that never fails gets none
+    given = dict(SEVENTY_B, jobs=[dict(SEVENTY_B["jobs"][0],
+                                       checkpoint={"interval": "1h", "write": "60s"})])
+    assert _simulate(given)["jobs"]["pretrain"]["checkpoint_default"] is False
+    calm = dict(SEVENTY_B, failures={"preset": "none"})
+    assert _simulate(calm)["jobs"]["pretrain"]["checkpoint_interval_s"] is None
+
+
+def test_the_reason_names_the_real_cause_of_a_low_ettr():
+    never = dict(SEVENTY_B, jobs=[dict(SEVENTY_B["jobs"][0], checkpoint={"interval": "never"})])
+    job = _simulate(never)["jobs"]["pretrain"]
+    assert job["ettr"] < 0.2 and job["checkpoint_default"] is False
+    assert job["reason"].startswith("no checkpoints")
+    assert f"{job['interruptions']:,}" in job["reason"]
+    # failures faster than the job recovers: the reason says so, with both times
+    storm = dict(SEVENTY_B, cluster={"instances": 64, "spares": 64},
+                 failures={"preset": "llama3", "scale": 300, "restart": "30min", "repair": "1min"})
+    job = _simulate(storm)["jobs"]["pretrain"]
+    assert job["job_mtbf_s"] < 1800 + 120
+    assert "mean time between failures" in job["reason"] and "recovery" in job["reason"]
+
+
+def test_cost_and_energy_per_token_both_ways():
+    """Ideal: one step's chip-time over its tokens. Effective: the chip-hours held over the
+    tokens trained, about the ideal over the ETTR."""
+    never = dict(SEVENTY_B, jobs=[dict(SEVENTY_B["jobs"][0], checkpoint={"interval": "never"})])
+    for raw in (SEVENTY_B, never):
+        job = _simulate(raw)["jobs"]["pretrain"]
+        price_chip_h = 35.76 / 16
+        assert job["effective_cost_per_million_tokens_usd"] == pytest.approx(
+            job["held_chip_s"] / 3600 * price_chip_h / job["tokens_trained"] * 1e6)
+        assert job["effective_cost_per_million_tokens_usd"] == pytest.approx(
+            job["cost_per_million_tokens_usd"] / job["ettr"], rel=0.02)
+        assert job["effective_energy_per_token_j"] == pytest.approx(
+            job["energy_per_token_j"] / job["ettr"], rel=0.02)
+    assert job["effective_cost_per_million_tokens_usd"] > 5 * job["cost_per_million_tokens_usd"]
+
+
+def test_replications_print_the_interval_of_every_figure(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # one line per row, to find each figure's interval
+    result = invoke("run", ROOT / "scenarios" / "quickstart.yaml", "--replications", "3",
+                    "--workers", "1", "-o", tmp_path / "r3", *QUICK, "--set", "duration=7d")
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "mean ± 95% interval over 3 replications" in text
+    for figure in ("steps, ETTR", "utilisation", "over the run"):
+        line = next(line for line in text.splitlines() if figure in line)
+        assert "±" in line, line
+    assert "1,024.0" not in text  # integers that are the same in every replication stay so
+
+
+def test_tables_fold_or_wrap_at_80_columns(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    text = invoke("hardware").output
+    assert "…" not in text and "trn2u.48xlarge" in text and "$35.76/h" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    sweep = invoke("sweep", ROOT / "scenarios" / "sweeps" / "trn2-vs-p5en.yaml", "-o",
+                   tmp_path / "sw", "--workers", "1")
+    assert sweep.exit_code == 0, sweep.output
+    assert "…" not in sweep.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots that tell the truth at any scale
+
+
+@pytest.fixture(scope="module")
+def month_run(tmp_path_factory) -> Path:
+    """A month of checkpoint-study with traces, two replications."""
+    out = tmp_path_factory.mktemp("month") / "cs"
+    result = invoke("run", ROOT / "scenarios" / "checkpoint-study.yaml", "-o", out,
+                    "--replications", "2", "--workers", "1", "--set", "trace.enabled=true")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _captured_figures(monkeypatch) -> dict[str, Any]:
+    from clustersim.analysis import report
+
+    figures: dict[str, Any] = {}
+    original = report._save
+
+    def keep(fig, path, tight=True):
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        figures[Path(path).name] = {
+            "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+            "title": ax.get_title(),
+            "texts": [t.get_text() for t in ax.texts],
+        }
+        return original(fig, path, tight)
+
+    monkeypatch.setattr(report, "_save", keep)
+    return figures
+
+
+def test_month_scale_timelines_mark_every_interruption_and_checkpoint(month_run, monkeypatch):
+    from clustersim.analysis.report import write_report
+    from clustersim.analysis.runs import load_run
+
+    figures = _captured_figures(monkeypatch)
+    report = write_report(month_run).read_text()
+    run = load_run(month_run)
+    job = run.intervals[run.intervals["entity"] == "job"]
+    downs = int((job["state"] == "down").sum())
+    checkpoints = int((job["state"] == "checkpointing").sum())
+    assert downs > 10 and checkpoints > 300
+    legend = figures["jobs.png"]["legend"]
+    assert f"checkpoint: {checkpoints:,} too short to draw, marked |" in legend
+    assert any(label.startswith(f"interruption (down, then restart, restore): {downs:,}")
+               for label in legend)
+    # states that cannot be seen at a month's scale are not in the legend as bars
+    assert "restoring" not in legend and "down" not in legend and "running" in legend
+    # the replicated run says which replication its plots show, and that the text is means
+    assert "replication 1 of 2" in figures["jobs.png"]["title"]
+    assert "replication 1 of 2" in figures["utilisation.png"]["title"]
+    assert "means over 2 replications" in figures["hours.png"]["title"]
+    assert "plots show replication 1" in report
+    assert "ideal / effective" in report
+
+
+def test_the_ultraserver_drawing_labels_its_instances(tmp_path: Path, monkeypatch):
+    figures = _captured_figures(monkeypatch)
+    result = invoke("topology", ROOT / "scenarios" / "quickstart.yaml", "--draw",
+                    tmp_path / "us.png")
+    assert result.exit_code == 0, result.output
+    texts = figures["us.png"]["texts"]
+    assert all(f"instance {i}" in texts for i in range(4))
+    assert any("Z rings" in label for label in figures["us.png"]["legend"])

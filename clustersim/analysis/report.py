@@ -9,6 +9,7 @@ went (useful and lost, by cause), and the breakdown of one training step per job
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -40,10 +41,11 @@ def _days(seconds: np.ndarray | float) -> np.ndarray | float:
     return np.asarray(seconds) / 86400.0
 
 
-def _legend_outside(ax: plt.Axes) -> None:
-    """One legend entry per label (bars drawn in pieces repeat theirs), right of the axes."""
+def _legend_outside(ax: plt.Axes, extra: dict[str, Any] | None = None) -> None:
+    """One legend entry per label (bars drawn in pieces repeat theirs), right of the axes;
+    `extra` adds entries (label: handle) for what was drawn without a label, e.g. markers."""
     handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
+    unique = dict(zip(labels, handles, strict=True)) | (extra or {})
     ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
               bbox_to_anchor=(1.01, 1.0))
 
@@ -63,20 +65,31 @@ def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
 def plot_utilisation(run: Run, path: Path) -> Path:
     frame = run.utilisation
     cluster = frame[frame["level"] == "cluster"].sort_values("bin_start_s")
-    if cluster.empty:
-        cluster = run.utilisation_at("cluster")
-    states = [s for s in ("running", "checkpointing", "down", "waiting_for_hardware", "restarting",
-                          "restoring", "failed", "repairing", "idle")
-              if s in cluster and cluster[s].sum() > 0]  # traces of older schemas lack some
+    horizon = float(run.summary["simulated_s"])
+    if cluster.empty or len(cluster) > 800:
+        # About a bin per pixel: finer bins alias at this scale (a one-minute bin of a
+        # month is a twentieth of a pixel), so they are recomputed from the intervals.
+        bin_s = float(cluster["bin_s"].iloc[0]) if len(cluster) else None
+        if bin_s is not None:
+            bin_s = max(bin_s, horizon / 800)
+        cluster = run.utilisation_at("cluster", bin_s=bin_s)
+    # Only the states thick enough to see (a peak of 0.3% of the axis, about a pixel) are
+    # stacked and listed; the others are named under the plot with their share.
+    present = [s for s in ("running", "checkpointing", "down", "waiting_for_hardware",
+                           "restarting", "restoring", "failed", "repairing", "idle")
+               if s in cluster and cluster[s].sum() > 0]
+    states = [s for s in present if cluster[s].max() >= 0.003]
+    thin = [s for s in present if s not in states]
     fig, ax = plt.subplots(figsize=(11, 4.2))
     x = _days(cluster["bin_start_s"].to_numpy())
     ax.stackplot(x, [cluster[s].to_numpy() * 100 for s in states], labels=states,
                  colors=[STATE_COLOURS[s] for s in states], step="post")
     ax.set_xlim(x.min(), x.max() + _days(cluster["bin_s"].iloc[0]))
     ax.set_ylim(0, 100)
-    ax.set_xlabel("day")
+    ax.set_xlabel("day" + ("" if not thin else "\ntoo thin to see at this scale (mean share): "
+                           + ", ".join(f"{s} {cluster[s].mean():.3%}" for s in thin)))
     ax.set_ylabel("% of cluster chip-time")
-    ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state")
+    ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state" + _replication(run))
     _legend_outside(ax)
     return _save(fig, path)
 
@@ -104,14 +117,43 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
         jobs = run.jobs[run.jobs["name"].isin(shown)].sort_values("job_id")
         origin, unit, xlabel = 0.0, 86400.0, "day"
     fig, ax = plt.subplots(figsize=(11, 1.8 + 0.6 * len(jobs)))
+    span_units = ((window_s[1] - window_s[0]) if window_s is not None
+                  else float(run.summary["simulated_s"])) / unit
+    # A span narrower than this (about a pixel of the axes) cannot be seen as a bar: it is
+    # drawn as a marker instead, so every interruption and checkpoint shows at any scale.
+    pixel = span_units / 800
+    marked: dict[str, int] = {}
     for row, job_id in enumerate(jobs["job_id"]):
         mine = spans[spans["entity_id"] == job_id]
         for state, group in mine.groupby("state"):
             starts = (group["start_s"].to_numpy() - origin) / unit
             widths = (group["end_s"] - group["start_s"]).to_numpy() / unit
+            wide = widths >= pixel
+            # Every span is drawn (short running spans between checkpoints add up to a
+            # visible bar); the legend lists a state only if some of it can be seen.
+            seen = wide.any() or (state not in ("checkpointing", "down")
+                                  and _merged_widest(starts, widths, pixel) >= pixel)
             ax.broken_barh(list(zip(starts, widths, strict=True)), (row - 0.35, 0.7),
-                           facecolors=STATE_COLOURS.get(state, "k"), label=state)
-    _legend_outside(ax)
+                           facecolors=STATE_COLOURS.get(state, "k"),
+                           label=state if seen else None)
+            # Marked: checkpoints, and interruptions at their start (down; the restart and
+            # restore after it are part of the same mark).
+            narrow = ~wide if state in ("checkpointing", "down") else np.zeros_like(wide)
+            if narrow.any():
+                checkpoint = state == "checkpointing"
+                ax.scatter(starts[narrow], np.full(narrow.sum(), row + (0.3 if checkpoint
+                                                                        else -0.45)),
+                           marker="|" if checkpoint else "v", s=28 if checkpoint else 22,
+                           color=STATE_COLOURS.get(state, "k"), linewidths=0.8, zorder=3)
+                marked[state] = marked.get(state, 0) + int(narrow.sum())
+    what = {"checkpointing": "checkpoint", "down": "interruption (down, then restart, restore)"}
+    unique = {}
+    for state, count in marked.items():  # listed only when drawn, with what the mark means
+        unique[f"{what[state]}: {count:,} too short to draw, marked "
+               f"{'|' if state == 'checkpointing' else '▼'}"] = plt.Line2D(
+            [], [], color=STATE_COLOURS.get(state, "k"), linestyle="none",
+            marker="|" if state == "checkpointing" else "v")
+    _legend_outside(ax, unique)
     ax.set_yticks(range(len(jobs)), jobs["name"].tolist())
     ax.set_xlabel(xlabel)
     if window_s is not None:
@@ -121,9 +163,10 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
     ax.invert_yaxis()  # the first job on top
     total = len(run.summary["jobs"])
     if window_s is not None and len(jobs) < total:
-        ax.set_title(f"{title} ({len(jobs)} of {total} jobs, the one hit first on top)")
+        ax.set_title(f"{title} ({len(jobs)} of {total} jobs, the one hit first on top)"
+                     + _replication(run))
     else:
-        ax.set_title(title + _of(run, shown))
+        ax.set_title(title + _of(run, shown) + _replication(run))
     return _save(fig, path)
 
 
@@ -160,7 +203,7 @@ def plot_failures(run: Run, path: Path) -> Path:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("day")
     ax.set_ylabel("failures per day")
-    ax.set_title(f"failures by component ({len(failures):,} in all)")
+    ax.set_title(f"failures by component ({len(failures):,} in all)" + _replication(run))
     return _save(fig, path)
 
 
@@ -179,13 +222,21 @@ def _stacked_bars(rows: list[tuple[str, list[tuple[float, str, str]], str]], xla
                   title: str, path: Path) -> Path:
     """One horizontal bar per row, stacked from (value, label, colour) segments, annotated."""
     fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(rows)))
+    longest = max((sum(v for v, _, _ in segments) for _, segments, _ in rows), default=0.0)
     for row, (_, segments, note) in enumerate(rows):
         left = 0.0
+        hidden = []
         for value, label, colour in segments:
             if value > 0:
-                ax.barh(row, value, left=left, color=colour, label=label)
+                # A segment under about a pixel is drawn but not listed in the legend (it
+                # cannot be seen); the bar's note names it instead.
+                seen = value >= longest / 700
+                ax.barh(row, value, left=left, color=colour, label=label if seen else None)
                 left += value
-        ax.text(left, row, f"  {note}", va="center", fontsize=9)
+                if not seen:
+                    hidden.append(f"{label} {value:.2g}")
+        tail = f" (too small to see: {', '.join(hidden)})" if hidden else ""
+        ax.text(left, row, f"  {note}{tail}", va="center", fontsize=9)
     _legend_outside(ax)
     ax.set_yticks(range(len(rows)), [name for name, _, _ in rows])
     ax.set_xlabel(xlabel)
@@ -210,7 +261,7 @@ def plot_hours(run: Run, path: Path) -> Path:
         segments = [(seconds / 3600, "useful" if key == "useful" else LOST_LABELS.get(key, key),
                      palette.get(key, "k")) for key, seconds in parts]
         rows.append((name, segments, f"ETTR {job.get('ettr', 0):.1%}"))
-    title = "where the hours went" + _of(run, jobs)
+    title = "where the hours went" + _of(run, jobs) + _means(run)
     return _stacked_bars(rows, "hours since the job was submitted", title, path)
 
 
@@ -230,9 +281,41 @@ def plot_step(run: Run, path: Path) -> Path:
     return _stacked_bars(rows, "seconds per training step", title, path)
 
 
+def _merged_widest(starts: np.ndarray, widths: np.ndarray, gap: float) -> float:
+    """The widest run of spans once gaps narrower than `gap` are closed: what the eye sees
+    of spans drawn side by side (running between checkpoints), not their sum."""
+    order = np.argsort(starts)
+    begin, end, widest = None, None, 0.0
+    for start, width in zip(starts[order], widths[order], strict=True):
+        if begin is None or start - end >= gap:
+            begin, end = start, start + width
+        else:
+            end = max(end, start + width)
+        widest = max(widest, end - begin)
+    return widest
+
+
+def _means(run: Run) -> str:
+    """Plots drawn from summary.json show means over the replications: say so."""
+    n = run.summary.get("replications", 1)
+    return f" (means over {n} replications)" if n > 1 else ""
+
+
+def _replication(run: Run) -> str:
+    """Plots drawn from traces show one replication: say which when there were several."""
+    n = run.summary.get("replications", 1)
+    return f"\nreplication 1 of {n} (the traces' seed stream)" if n > 1 else ""
+
+
 def _of(run: Run, shown: dict) -> str:
     total = len(run.summary["jobs"])
     return f" ({len(shown)} largest of {total} jobs)" if len(shown) < total else ""
+
+
+def _pair(job: dict, key: str, form: str) -> str:
+    """The ideal (per step) and effective (over the run) figure, `-` where unknown."""
+    values = [job.get(key), job.get(f"effective_{key}")]
+    return " / ".join("-" if v is None else form.format(v) for v in values)
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -269,13 +352,20 @@ def write_report(run_dir: str | Path) -> Path:
         + (", ".join(f"{k} {v:,.0f}" for k, v in cluster.get("failures", {}).items()
                      if not k.endswith("_ci95")) or "none") + ".",
         "",
-        "| job | status | steps | ETTR | interruptions | step time | MFU |",
-        "|---|---|---|---|---|---|---|",
+        "| job | status | steps | ETTR | interruptions | step time | MFU | $/M tokens, "
+        "ideal / effective | J/token, ideal / effective |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    if summary.get("replications", 1) > 1:
+        lines[2:2] = [f"The figures are means over the {summary['replications']} replications; "
+                      "the plots show replication 1 of them (the first seed stream, whose "
+                      "traces the run wrote).", ""]
     for name, job in summary["jobs"].items():
         lines.append(f"| {name} | {job.get('status', '')} | {job.get('steps_completed', 0):,.0f} "
                      f"| {job.get('ettr', 0):.1%} | {job.get('interruptions', 0):,.0f} | "
-                     f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} |")
+                     f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} | "
+                     f"{_pair(job, 'cost_per_million_tokens_usd', '${:,.3f}')} | "
+                     f"{_pair(job, 'energy_per_token_j', '{:,.3f}')} |")
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
     report = folder / "report.md"
@@ -294,6 +384,7 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
     positions: dict[int, tuple[float, float]] = {}
     colours = {"torus": "#1565c0", "ring": "#1565c0", "zring": "#ef6c00", "switch": "#9e9e9e"}
     switches: dict[int, tuple[float, float]] = {}
+    instance_corner: dict[int, list[float]] = {}  # top-left chip of each instance drawn
     if link.topology == "switch":
         # Chips on a circle around their switch.
         for chip in chips:
@@ -304,11 +395,18 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
     else:
         width = link.shape[0] if link.shape else hw.chips_per_instance
         height = link.shape[1] if link.shape else 1
+        # Four instances (a Trn2 UltraServer) on a square in Z-ring order, so each Z link runs
+        # to the next grid along a side of it; otherwise rows of six.
+        square = [(0, 0), (1, 0), (1, 1), (0, 1)]
         for chip in chips:
             x, y = int(topology.chip_x[chip]), int(topology.chip_y[chip])
             instance = int(topology.chip_instance[chip])
-            positions[chip] = ((instance % 6) * (width + 2.5) + x,
-                               -(instance // 6) * (height + 2.5) - y)
+            col, row = (square[instance] if hw.instances_per_ultraserver == 4
+                        else (instance % 6, instance // 6))
+            positions[chip] = (col * (width + 2.5) + x, -row * (height + 2.5) - y)
+            corner = instance_corner.setdefault(instance, [positions[chip][0], positions[chip][1]])
+            corner[0] = min(corner[0], positions[chip][0])
+            corner[1] = max(corner[1], positions[chip][1])
     xs, ys = zip(*positions.values(), strict=True)
     span_x, span_y = max(xs) - min(xs) + 2, max(ys) - min(ys) + 3
     scale = min(1.0, 16 / (0.55 * span_x))
@@ -328,7 +426,17 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
             continue
         (x1, y1), (x2, y2) = positions[u], positions[v]
         wrap = kind != "zring" and (abs(x1 - x2) > 1.5 or abs(y1 - y2) > 1.5)
-        if kind == "zring" or wrap:
+        if kind == "zring":
+            # One Z ring (the chips at x = y = 0) drawn bold; the other fifteen faint, so the
+            # rings stay legible.
+            first = topology.chip_x[u] == 0 and topology.chip_y[u] == 0
+            ax.add_patch(FancyArrowPatch(
+                (x1, y1), (x2, y2), arrowstyle="-", color=colours[kind],
+                connectionstyle="arc3,rad=0.12", linewidth=2.2 if first else 0.6,
+                alpha=0.95 if first else 0.22, zorder=1.5 if first else 1))
+            drawn_kinds.add(kind)
+            continue
+        if wrap:
             # Z links and torus wrap-arounds bow, so they do not run over other chips.
             ax.add_patch(FancyArrowPatch(
                 (x1, y1), (x2, y2), arrowstyle="-", color=colours[kind],
@@ -338,7 +446,8 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
         else:
             ax.plot([x1, x2], [y1, y2], color=colours[kind], linewidth=1.4, zorder=1)
         drawn_kinds.add(kind)
-    labels = {"zring": "Z ring (between instances)", "torus": "torus (dotted: wrap-around)",
+    labels = {"zring": "Z rings between instances (bold: the ring of the chips at x = y = 0)",
+              "torus": "torus (dotted: wrap-around)",
               "ring": "ring", "switch": "link to the switch"}
     for kind in sorted(drawn_kinds):
         ax.plot([], [], color=colours[kind], label=labels[kind])
@@ -350,6 +459,9 @@ def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) ->
     for chip, (x, y) in positions.items():
         ax.annotate(str(chip), (x, y), ha="center", va="center", fontsize=6, color="white",
                     zorder=3)
+    for instance, (x, y) in sorted(instance_corner.items()):
+        ax.annotate(f"instance {instance}", (x - 0.35, y + 0.75), fontsize=8, fontweight="bold",
+                    ha="left", va="bottom")
     title = f"{hw.name} ({hw.instance.name}): {shown} chips"
     if hw.ultraserver is not None:
         title += f", {hw.instances_per_ultraserver} instances per UltraServer"

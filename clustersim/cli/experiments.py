@@ -101,7 +101,8 @@ def _no_run_succeeded(failed: Any) -> None:
 
 def _print_sweep(summary: Any, grid_paths: list[str]) -> None:
     """Per variant and grid point: the headline figures of each job, mean ± 95% interval."""
-    headline = (".step_time_s", ".tokens_per_s", ".cost_per_million_tokens_usd", ".ettr")
+    headline = (".step_time_s", ".tokens_per_s", ".cost_per_million_tokens_usd",
+                ".effective_cost_per_million_tokens_usd", ".ettr")
     figures = [c for c in summary.columns if c.endswith(headline) and c.count(".") == 1]
     keys = ["variant"] + grid_paths
     table = Table(title="sweep summary (mean ± 95% interval over seeds)", title_justify="left")

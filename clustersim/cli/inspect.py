@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from clustersim.cli.common import (
@@ -102,7 +103,8 @@ def topology(
     out_console.print(table)
     links = Table(title="links by kind", title_justify="left")
     for column in ("kind", "count", "per link, each way", "latency", "per chip (as quoted)"):
-        links.add_column(column, justify="right" if column != "kind" else "left")
+        links.add_column(column, justify="right" if column != "kind" else "left",
+                         overflow="fold")
     for kind, count in figures["links"].items():
         per_chip = figures["per_chip_bandwidth_gbyte_per_s"].get(kind)
         links.add_row(
@@ -133,9 +135,9 @@ def hardware(
         return
     out_console.print(f"[bold]{name}[/bold]: {spec.description}")
     table = Table(show_header=True, title_justify="left")
-    table.add_column("field")
-    table.add_column("value", justify="right")
-    table.add_column("source")
+    table.add_column("field", overflow="fold")
+    table.add_column("value", justify="right", overflow="fold")
+    table.add_column("source", overflow="fold")
     for path, value in flatten(spec.model_dump(by_alias=True, exclude={"sources"})).items():
         table.add_row(path, _show(path, value), spec.sources.get(path, ""))
     out_console.print(table)
@@ -170,16 +172,28 @@ def _list_hardware(json_out: bool) -> None:
                   title_justify="left")
     for column in ("name", "instance", "chip", "chips", "BF16 TFLOPS", "HBM", "links", "EFA",
                    "$/h"):
-        table.add_column(column, no_wrap=column == "name")
+        table.add_column(column, no_wrap=True)
+    lines = []
     for row in rows:
         chips = str(row["chips_per_instance"])
         if row["instances_per_ultraserver"] > 1:
             chips += f" x {row['instances_per_ultraserver']}"
-        table.add_row(
-            row["name"], row["instance"], row["chip"], chips, f"{row['bf16_tflops']:g}",
-            f"{row['hbm_gib']:.3g} GiB", row["interconnect"], f"{row['efa_gbit_per_s']:,.0f} Gbps",
-            "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}",
-        )
+        cells = (row["name"], row["instance"], row["chip"], chips, f"{row['bf16_tflops']:g}",
+                 f"{row['hbm_gib']:.3g} GiB", row["interconnect"],
+                 f"{row['efa_gbit_per_s']:,.0f} Gbps",
+                 "-" if row["price_per_hour_usd"] is None else f"{row['price_per_hour_usd']:.2f}")
+        table.add_row(*cells)
+        lines.append(f"[bold]{cells[0]}[/bold]: {cells[1]}, {cells[3]} {cells[2]} chips, "
+                     f"{cells[4]} BF16 TFLOPS and {cells[5]} HBM each, {cells[6]} links, "
+                     f"{cells[7]} EFA, "
+                     + ("no price" if cells[8] == "-" else f"${cells[8]}/h"))
+    wide = Measurement.get(out_console, out_console.options.update(max_width=10_000), table)
+    if wide.maximum > out_console.width:
+        # Narrower than the table: one wrapped line per entry rather than cut cells.
+        out_console.print("hardware catalog (prices are assumptions: override them)")
+        for line in lines:
+            out_console.print(line)
+        return
     out_console.print(table)
 
 

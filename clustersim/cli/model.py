@@ -108,11 +108,15 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
         "[bold red]DOES NOT FIT (figures shown with --ignore-memory)[/bold red]")
     facts.add_row("memory per chip", f"{memory['total']:,.1f} of {memory['hbm']:,.0f} GiB, {fit}")
     if profile.energy_per_token_j is not None:
-        facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token")
+        facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token per step (ideal)")
     if profile.cost_per_million_tokens_usd is not None:
         facts.add_row("cost", f"${profile.cost_per_million_tokens_usd:,.3f} per million tokens "
-                      "(on-demand price, an assumption)")
+                      "per step (ideal; on-demand price, an assumption)")
     out_console.print(facts)
+    if profile.cost_per_million_tokens_usd is not None or profile.energy_per_token_j is not None:
+        out_console.print("Ideal: a step's chip-time over its tokens. `clustersim run` adds the "
+                          "effective figures over the run (chip-hours held over tokens trained, "
+                          "lost time included).")
 
 
 def _parse_sizes(text: str) -> list[float]:

@@ -92,6 +92,58 @@ def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
                       f", worst {max(slowdowns):.2f}")
 
 
+def _percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def _with_ci(figures: dict[str, Any], key: str, show: Callable[[float], str]) -> str:
+    """A figure, and its 95% interval when replications gave it one (a figure that is the
+    same in every replication has none)."""
+    text = show(figures[key])
+    ci = figures.get(f"{key}_ci95")
+    if isinstance(ci, float | int) and ci > 0:
+        text += f" ± {show(ci)}"
+    return text
+
+
+def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
+    """A job's rows of the run table: shape, step, outcome, lost hours, cost, why."""
+    table.add_row(
+        f"job {escape(name)}",
+        f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
+        f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, {job['tokens_per_step']:,} tokens/step")
+    table.add_row("", f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
+                      f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip")
+    table.add_row("", f"{job['status']}: {_with_ci(job, 'steps_completed', lambda v: f'{v:,.0f}')}"
+                      f" steps, ETTR {_with_ci(job, 'ettr', _percent)}, "
+                      f"{_with_ci(job, 'interruptions', lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
+                      " interruptions")
+    lost_s = job["lost_time_s"]
+    lost = {k: v for k, v in lost_s.items()
+            if isinstance(v, float | int) and v and not k.endswith("_ci95")}
+    if lost:
+        hours = ", ".join(f"{k.replace('_', ' ')} {_with_ci(lost_s, k, lambda v: f'{v / 3600:,.1f}')}"
+                          " h" for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
+        table.add_row("", f"lost: {hours}")
+    if job.get("checkpoint_default"):
+        table.add_row("", f"[bold yellow]no checkpoint block: given the default[/bold yellow], "
+                          f"every {_with_ci(job, 'checkpoint_interval_s', _minutes)} (Daly), "
+                          f"{job['checkpoint_write_s']:,.1f} s writes of the model and optimizer "
+                          "state to FSx for Lustre (docs/scenario.md#checkpoints)")
+    cost = job.get("cost_per_million_tokens_usd")
+    if cost is not None:
+        effective = job.get("effective_cost_per_million_tokens_usd")
+        table.add_row("", f"cost per million tokens: ${cost:,.3f} per step (ideal), " + (
+            f"${_with_ci(job, 'effective_cost_per_million_tokens_usd', lambda v: f'{v:,.3f}')} "
+            "over the run (chip-hours held)" if effective is not None else "none trained"))
+    if job.get("reason"):
+        table.add_row("", escape(job["reason"]))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:,.1f} min"
+
+
 def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
     cluster = summary["cluster"]
     table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
@@ -114,39 +166,19 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
         _summarise_many_jobs(table, summary)
         jobs = {}
     for name, job in jobs.items():
-        table.add_row(
-            f"job {name}",
-            f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
-            f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, "
-            f"{job['tokens_per_step']:,} tokens/step",
-        )
-        table.add_row(
-            "",
-            f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
-            f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip",
-        )
-        ci = f" ± {job['ettr_ci95']:.1%}" if "ettr_ci95" in job else ""
-        table.add_row(
-            "",
-            f"{job['status']}: {job['steps_completed']:,.0f} steps, ETTR {job['ettr']:.1%}{ci}, "
-            f"{job['interruptions']:,.0f} interruptions",
-        )
-        lost = {k: v for k, v in job["lost_time_s"].items()
-                if isinstance(v, float | int) and v and not k.endswith("_ci95")}
-        if lost:
-            hours = ", ".join(f"{k.replace('_', ' ')} {v / 3600:,.1f} h"
-                              for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
-            table.add_row("", f"lost: {hours}")
-        if job.get("reason"):
-            table.add_row("", escape(job["reason"]))
+        _job_rows(table, name, job)
     failures = cluster.get("failures") or {}
     if failures:
-        table.add_row("failures", ", ".join(f"{k} {v:,.1f}".replace(".0 ", " ").removesuffix(".0")
-                                            for k, v in failures.items()
-                                            if not k.endswith("_ci95") and v))
+        table.add_row("failures", ", ".join(
+            f"{k} {_with_ci(failures, k, lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
+            for k, v in failures.items() if not k.endswith("_ci95") and v))
     if "utilisation" in cluster:
-        table.add_row("utilisation", f"{cluster['utilisation']:.1%} of chip-time allocated, "
-                      f"{cluster['useful_utilisation']:.1%} useful")
+        table.add_row("utilisation", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
+                      f"allocated, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
+    if summary.get("replications", 1) > 1:
+        table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
+                         "figure without ± is the same in every replication")
+        table.caption_justify = "left"
     out_console.print(table)
     out_console.print(f"simulated {summary['simulated_s'] / 86400:,.1f} days; wrote "
                       f"{out_dir}/summary.json in {summary['wall_s']:.2f} s")

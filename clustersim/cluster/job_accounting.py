@@ -46,6 +46,7 @@ class JobAccounting:
                                                horizon)
         out = self.outcome
         out.progress_steps = self.progress
+        out.held_chip_s = self.allocated_chip_s
         if self.state != "done":
             out.status = "running at horizon" if self.state == "running" else (
                 f"{self.state} at horizon")
@@ -63,7 +64,12 @@ class JobAccounting:
         recovery = f.detect_s + f.restart_s + (self.checkpoint.restore_s if self.checkpoint else 0)
         if out.mtbf_s is not None and out.mtbf_s < recovery:
             return (f"little progress: the job's mean time between failures ({out.mtbf_s:,.0f} s)"
-                    f" is shorter than its recovery ({recovery:,.0f} s)")
+                    f" is shorter than its recovery ({recovery:,.0f} s: detect, restart, restore)")
+        interrupted = sum(out.interruptions.values())
+        if self.checkpoint is None and interrupted:
+            return (f"no checkpoints: each of its {interrupted:,} interruptions lost all the work "
+                    f"since the start ({out.lost_work_s / 3600:,.1f} h lost in all); give the job a "
+                    "checkpoint block (interval: auto)")
         if out.steps_target is None:
             return "no step target: ran to the horizon"
         return "the horizon came before the step target"

@@ -20,7 +20,7 @@ import simpy
 from clustersim.cluster.job_accounting import JobAccounting
 from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
-from clustersim.cluster.rates import checkpoint_intervals, job_failure_rate
+from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint, job_failure_rate
 from clustersim.cluster.uplinks import UplinkPacing
 from clustersim.scenario.models import JobSpec
 from clustersim.training.step import StepProfile
@@ -61,10 +61,16 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
                              job.run_for_s) if t is not None]
         self.outcome.ideal_s = min(ideal) if ideal else None
         self.checkpoint = job.checkpoint
+        if self.checkpoint is None and rate > 0:  # failures and no block: never silently none
+            self.checkpoint = default_checkpoint(scenario, job)
+            self.outcome.checkpoint_default = True
+        elif self.checkpoint is not None and self.checkpoint.interval_s == "never":
+            self.checkpoint = None  # asked for: a failure loses everything since the start
         self.interval, self.outcome.young_interval_s, self.outcome.daly_interval_s = (
-            checkpoint_intervals(job.checkpoint, self.outcome.mtbf_s))
+            checkpoint_intervals(self.checkpoint, self.outcome.mtbf_s))
         if math.isfinite(self.interval):
             self.outcome.checkpoint_interval_s = self.interval
+            self.outcome.checkpoint_write_s = self.checkpoint.write_s
         # Instances held: a mask over the cluster, changed incrementally (no O(n) per change).
         self.held_mask = np.zeros(timeline.n_instances, dtype=bool)
         self.held_count = 0

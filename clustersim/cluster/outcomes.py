@@ -35,6 +35,9 @@ class JobOutcome:
     running_s: float = 0.0
     checkpoints_completed: int = 0
     checkpoint_interval_s: float | None = None
+    checkpoint_write_s: float | None = None
+    held_chip_s: float = 0.0  # chip-time of the instances it held (for the effective cost)
+    checkpoint_default: bool = False  # no checkpoint block: given Daly's (rates.default_checkpoint)
     young_interval_s: float | None = None
     daly_interval_s: float | None = None
     mtbf_s: float | None = None
@@ -84,10 +87,13 @@ class JobOutcome:
             "useful_s": self.useful_s,
             "lost_work_s": self.lost_work_s,
             "wall_s": wall,
+            "held_chip_s": self.held_chip_s,
             "time_by_state_s": states,
             "lost_time_s": lost,
             "checkpoints_completed": self.checkpoints_completed,
             "checkpoint_interval_s": self.checkpoint_interval_s,
+            "checkpoint_write_s": self.checkpoint_write_s,
+            "checkpoint_default": self.checkpoint_default,
             "young_interval_s": self.young_interval_s,
             "daly_interval_s": self.daly_interval_s,
             "job_mtbf_s": self.mtbf_s,

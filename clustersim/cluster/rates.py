@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import math
 
+from clustersim.catalog import read_catalog
+from clustersim.hardware import units
 from clustersim.hardware.failures import FailureRateSpec, failure_preset_rates
 from clustersim.scenario.models import CheckpointSpec, JobSpec, Scenario
+from clustersim.training.workload import weight_bytes_per_param
 
 __all__ = [
     "young_interval",
     "daly_interval",
     "checkpoint_intervals",
+    "checkpoint_bytes",
+    "default_checkpoint",
+    "storage_bandwidth_per_instance",
     "effective_rates",
     "job_failure_rate",
 ]
@@ -59,12 +65,34 @@ def job_failure_rate(scenario: Scenario, job: JobSpec) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+def storage_bandwidth_per_instance() -> float:
+    """Bytes/s one instance writes or reads a checkpoint at (catalog/storage.yaml, sourced)."""
+    figure = read_catalog("storage")["storage"]["per_instance_bandwidth"]
+    return units.parse_bandwidth(figure["value"])
+
+
+def checkpoint_bytes(job: JobSpec) -> float:
+    """A checkpoint of the whole model: its weights and optimizer state (mixed-precision Adam:
+    2 + 12 bytes per parameter in bf16), as the step model's memory counts them."""
+    weights, _, optimizer = weight_bytes_per_param(job.precision)
+    return job.model.parameter_count() * (weights + optimizer)
+
+
+def default_checkpoint(scenario: Scenario, job: JobSpec) -> CheckpointSpec:
+    """What a job without a `checkpoint:` block is given when failures can hit it: Daly's
+    interval, and a write (and restore) time of its checkpoint's bytes over the storage
+    bandwidth of its instances (each writes its shard)."""
+    bandwidth = storage_bandwidth_per_instance() * scenario.job_instances(job)
+    seconds = checkpoint_bytes(job) / bandwidth
+    return CheckpointSpec(interval="auto", write=seconds, restore=seconds)
+
+
 def checkpoint_intervals(checkpoint: CheckpointSpec | None, mtbf_s: float | None
                          ) -> tuple[float, float | None, float | None]:
     """(interval, Young's, Daly's) of a job: the interval it checkpoints at (infinite without
     checkpoints; `auto` is Daly's, or back to back for asynchronous writes, which cost no
     training), and the two optima for its MTBF (None without checkpoints or failures)."""
-    if checkpoint is None:
+    if checkpoint is None or checkpoint.interval_s == "never":
         return math.inf, None, None
     mtbf = mtbf_s or math.inf
     young = daly = None

@@ -124,6 +124,25 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
     return jobs
 
 
+def effective_figures(scenario: Scenario, job: dict[str, Any]) -> dict[str, float | None]:
+    """Cost and energy per token over the run: the chip-time the job held (wall time on its
+    instances, lost and waiting hours included) at the on-demand price and at the chips'
+    power, over the tokens it trained. The step figures are the ideal; these, about the ideal
+    over the ETTR, are what the run paid. None without a price, a power or any token."""
+    hw = scenario.hardware
+    tokens = job["tokens_trained"]
+    held_chip_h = job["held_chip_s"] / 3600
+    price = hw.instance.price_per_hour_usd
+    power = hw.chip.power_w
+    return {
+        "effective_cost_per_million_tokens_usd": (
+            held_chip_h * price / hw.chips_per_instance / tokens * 1e6
+            if tokens and price is not None else None),
+        "effective_energy_per_token_j": (
+            job["held_chip_s"] * power / tokens if tokens and power is not None else None),
+    }
+
+
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
     """Refuse a run with a job that does not fit in its chips' HBM."""
     for index, job in enumerate(scenario.jobs):
@@ -225,7 +244,8 @@ def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = value
             continue
         array = np.asarray(numbers, dtype=float)
-        out[key] = float(array.mean())
+        same_int = all(isinstance(x, int) and x == numbers[0] for x in numbers)
+        out[key] = numbers[0] if same_int else float(array.mean())  # 1,024 chips, not 1,024.0
         if n > 1:
             out[f"{key}_ci95"] = float(t_quantile(n - 1) * array.std(ddof=1) / math.sqrt(n))
     return out
@@ -289,8 +309,10 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     shapes = _job_figures(scenario, steps)
     per_replication = []
     for result in timelines:
-        jobs = {name: {**shapes[name], **outcome.figures(result.horizon_s)}
-                for name, outcome in result.jobs.items()}
+        jobs = {}
+        for name, outcome in result.jobs.items():
+            jobs[name] = {**shapes[name], **outcome.figures(result.horizon_s)}
+            jobs[name].update(effective_figures(scenario, jobs[name]))
         per_replication.append({"jobs": jobs, "cluster": result.cluster_figures()})
     combined = _combine(per_replication)
     cluster = cluster_figures(scenario, topology)

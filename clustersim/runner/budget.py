@@ -13,7 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clustersim.cluster.timeline import daly_interval, effective_rates, job_failure_rate
+from clustersim.cluster.rates import (
+    checkpoint_intervals,
+    default_checkpoint,
+    effective_rates,
+    job_failure_rate,
+)
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import JobSpec, Scenario
@@ -60,15 +65,13 @@ def _cluster_failures_per_s(scenario: Scenario) -> float:
 
 
 def _checkpoint_interval(scenario: Scenario, job: JobSpec) -> float:
-    ck = job.checkpoint
-    if ck is None:
-        return math.inf
-    if ck.interval_s != "auto":
-        return float(ck.interval_s)
-    if ck.async_write:
-        return max(ck.write_s, 1e-9)
+    """The interval the timeline will use (rates.checkpoint_intervals), the default
+    checkpoint of a job without a block included."""
     rate = job_failure_rate(scenario, job)
-    return daly_interval(ck.write_s, 1.0 / rate) if rate > 0 else math.inf
+    ck = job.checkpoint
+    if ck is None and rate > 0:
+        ck = default_checkpoint(scenario, job)
+    return checkpoint_intervals(ck, 1.0 / rate if rate > 0 else None)[0]
 
 
 def estimate_events(scenario: Scenario) -> EventEstimate:

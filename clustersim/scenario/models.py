@@ -60,8 +60,9 @@ class ClusterSpec(Spec):
 
 
 class CheckpointSpec(Spec):
-    interval_s: Duration | Literal["auto"] = Field(
-        default="auto", alias="interval", description="time between checkpoints, or auto (Daly)"
+    interval_s: Duration | Literal["auto", "never"] = Field(
+        default="auto", alias="interval",
+        description="time between checkpoints, auto (Daly), or never (no checkpoints at all)"
     )
     write_s: NonNegativeDuration = Field(default=60.0, alias="write",
                                          le=limits.MAX_DURATION_S)
@@ -78,7 +79,8 @@ class CheckpointSpec(Spec):
             raise ValueError(f"write: at least {show_duration(limits.MIN_CHECKPOINT_WRITE_S)} "
                              f"(or 0 for a free write; docs/limits.md), got "
                              f"{show_duration(self.write_s)}")
-        if self.interval_s != "auto" and self.interval_s < limits.MIN_CHECKPOINT_INTERVAL_S:
+        if (self.interval_s not in ("auto", "never")
+                and self.interval_s < limits.MIN_CHECKPOINT_INTERVAL_S):
             raise ValueError(f"interval: at least "
                              f"{show_duration(limits.MIN_CHECKPOINT_INTERVAL_S)} "
                              f"(docs/limits.md), got {show_duration(self.interval_s)}")
