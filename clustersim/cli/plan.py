@@ -258,10 +258,18 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
                    if r.get("cost_per_million_tokens_usd") is not None else ""))
     for group in result.groups:
         rec = group.recovery[False]
+        mine = [r for r in result.ranked if r["hardware"] == group.name
+                and r["chips"] == group.chips]
+        best_here = ""
+        if mine:
+            r = mine[0]
+            best_here = f", ETTR {r['ettr']:.3f}" + (
+                f", time to train {r['time_to_train_s'] / 86400:,.1f} d at best"
+                if r["time_to_train_s"] is not None else "")
         out_console.print(
             f"{group.name} x {group.chips:,} chips: job MTBF "
             f"{units.format_duration(rec.mtbf_s) if math.isfinite(rec.mtbf_s) else 'none'}, "
-            f"recovery {units.format_duration(rec.recovery_s)} per failure"
+            f"recovery {units.format_duration(rec.recovery_s)} per failure{best_here}"
             f"{' (MTBF below recovery: more chips do not pay)' if rec.mtbf_s < rec.recovery_s else ''}")
     for name, chips in result.stops_paying.items():
         if chips is not None:
