@@ -257,6 +257,27 @@ for m in STEP_MEASUREMENTS:
 """,
         False,
     ),
+    "serving: 1,000,000 requests over 64 replicas, per-request Parquet (run, CLI)": (
+        """
+summary, wall = run_cli("scenarios/serving-1m-requests.yaml")
+d = summary["deployments"]["chat"]
+figures = {"run_wall_s": round(wall, 1), "requests": d["requests"],
+           "requests_completed": d["requests_completed"],
+           "requests_simulated_per_s": round(d["requests"] / wall),
+           "ttft_p99_s": round(d["ttft_p99_s"], 3), "tpot_p99_s": round(d["tpot_p99_s"], 4),
+           "slo_goodput": round(d["slo_goodput"], 4)}
+""",
+        False,
+    ),
+    "serving: Llama 3.1 70B and 405B on trn2, 10 minutes (run, CLI)": (
+        """
+summary, wall = run_cli("scenarios/serving-llama-trn2.yaml")
+figures = {"run_wall_s": round(wall, 1), **{
+    name: {"requests": d["requests"], "tpot_p50_s": round(d["tpot_p50_s"], 4)}
+    for name, d in summary["deployments"].items()}}
+""",
+        True,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json

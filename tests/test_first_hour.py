@@ -367,3 +367,12 @@ def test_the_ultraserver_drawing_labels_its_instances(tmp_path: Path, monkeypatc
     texts = figures["us.png"]["texts"]
     assert all(f"instance {i}" in texts for i in range(4))
     assert any("Z rings" in label for label in figures["us.png"]["legend"])
+
+
+def test_a_finished_job_without_checkpoints_says_why_it_took_so_long():
+    never = dict(SEVENTY_B, jobs=[dict(SEVENTY_B["jobs"][0], steps=3000,
+                                       checkpoint={"interval": "never"})],
+                 failures={"preset": "llama3", "scale": 10})
+    job = _simulate(never)["jobs"]["pretrain"]
+    assert job["status"] == "done" and job["interruptions"] > 0
+    assert job["reason"].startswith("reached its step target; no checkpoints")

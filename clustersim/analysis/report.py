@@ -21,6 +21,7 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
+from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
 
 __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
@@ -338,6 +339,7 @@ def write_report(run_dir: str | Path) -> Path:
         "Where the hours went": plot_hours(run, folder / "hours.png"),
         "Training step": plot_step(run, folder / "step.png"),
     }
+    plots |= serving_plots(run, folder)
     summary = run.summary
     cluster = summary["cluster"]
     lines = [
@@ -366,6 +368,7 @@ def write_report(run_dir: str | Path) -> Path:
                      f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} | "
                      f"{_pair(job, 'cost_per_million_tokens_usd', '${:,.3f}')} | "
                      f"{_pair(job, 'energy_per_token_j', '{:,.3f}')} |")
+    lines += serving_lines(summary)
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
     report = folder / "report.md"

@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from clustersim.analysis.trace import SCHEMA_VERSION, TABLES, utilisation_rows
+from clustersim.analysis.trace import SCHEMA_VERSION, SERVING_TABLES, TABLES, utilisation_rows
 from clustersim.scenario.loader import load_scenario
 
 __all__ = ["Run", "TraceSchemaError", "load_run", "compare"]
@@ -76,8 +76,9 @@ class Run:
         return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
 
     def table(self, name: str) -> pd.DataFrame:
-        if name not in TABLES:
-            raise KeyError(f"unknown table {name!r}; expected one of {', '.join(TABLES)}")
+        if name not in TABLES + SERVING_TABLES:
+            raise KeyError(f"unknown table {name!r}; expected one of "
+                           f"{', '.join(TABLES + SERVING_TABLES)}")
         path = self.path / f"{name}.parquet"
         if not path.exists():
             raise FileNotFoundError(f"{path}: this run has no {name} table (traces disabled?)")

@@ -30,6 +30,8 @@ __all__ = [
     "JOB_STATES",
     "UTILISATION_STATES",
     "TABLES",
+    "SERVING_TABLES",
+    "REQUEST_STATUSES",
     "SCHEMAS",
     "COLUMNS",
     "EVENT_KINDS",
@@ -54,6 +56,9 @@ UTILISATION_STATES = ("queued", "running", "checkpointing", "down", "waiting_for
 EVENT_KINDS = ("failure", "repair", "checkpoint")
 TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation",
           "cluster_state")
+# Written only by scenarios with `serve:` deployments.
+SERVING_TABLES = ("requests", "replicas")
+REQUEST_STATUSES = ("unfinished", "completed", "rejected")
 
 _dict_string = pa.dictionary(pa.int8(), pa.string())
 SCHEMAS: dict[str, pa.Schema] = {
@@ -87,6 +92,17 @@ SCHEMAS: dict[str, pa.Schema] = {
     "cluster_state": pa.schema([
         ("time_s", pa.float64()), ("free_instances", pa.int32()), ("queued_jobs", pa.int32()),
         ("running_jobs", pa.int32()), ("fragmentation", pa.float64()),
+    ]),
+    "requests": pa.schema([
+        ("deployment", _dict_string), ("deployment_id", pa.int16()), ("request", pa.int64()),
+        ("arrival_s", pa.float64()), ("first_token_s", pa.float64()),
+        ("finish_s", pa.float64()), ("input_tokens", pa.int32()), ("output_tokens", pa.int32()),
+        ("replica", pa.int32()), ("status", _dict_string), ("retries", pa.int16()),
+    ]),
+    "replicas": pa.schema([
+        ("deployment_id", pa.int16()), ("replica", pa.int32()), ("start_s", pa.float64()),
+        ("duration_s", pa.float64()), ("batch", pa.int32()), ("kv_tokens", pa.float64()),
+        ("kv_occupancy", pa.float64()),
     ]),
 }
 
@@ -131,6 +147,28 @@ COLUMNS: dict[str, dict[str, str]] = {
         "free_instances": "healthy instances held by no job",
         "queued_jobs": "jobs waiting to start", "running_jobs": "jobs holding instances",
         "fragmentation": "share of free instances outside wholly free leaf switches",
+    },
+    "requests": {
+        "deployment": "deployment name (`serve:` entry)",
+        "deployment_id": "index of the deployment in the scenario",
+        "request": "request index within its deployment, in arrival order",
+        "arrival_s": "arrival, s", "first_token_s": "first output token (end of the prompt's "
+        "prefill on the attempt that completed), s; null if never",
+        "finish_s": "last output token, s; null if unfinished",
+        "input_tokens": "prompt tokens", "output_tokens": "output tokens asked for",
+        "replica": "replica that served it last (-1: never routed)",
+        "status": "completed, unfinished (in flight when the run ended) or rejected (its KV "
+                  "cache can never fit a replica)",
+        "retries": "times it was resent after its replica failed",
+    },
+    "replicas": {
+        "deployment_id": "index of the deployment", "replica": "replica index",
+        "start_s": "start of a run of iterations with a fixed batch (or an idle or down "
+                   "spell), s",
+        "duration_s": "its length, s (0: idle from here until the next row)",
+        "batch": "sequences in the batch (decoding and prefilling)",
+        "kv_tokens": "KV cache tokens held at the start (whole blocks)",
+        "kv_occupancy": "kv_tokens over the replica's KV capacity",
     },
     "utilisation": {
         "bin_start_s": "bin start, s", "bin_s": "bin length, s",

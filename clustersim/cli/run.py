@@ -35,6 +35,12 @@ def run(
     ] = None,
     overrides: SetOption = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
+    find_rate: Annotated[bool, typer.Option(
+        "--find-rate", help="Serving: search the highest arrival rate of each deployment "
+        "meeting its SLO (print it; write nothing).")] = False,
+    goodput: Annotated[float, typer.Option(
+        help="With --find-rate: share of requests that must meet the SLO.", min=0.01,
+        max=1.0)] = 0.99,
 ) -> None:
     """Simulate a scenario and write summary.json (and traces) to OUT."""
     from clustersim.runner.api import check_run_arguments, run_to
@@ -46,6 +52,9 @@ def run(
         raise UsageProblem(problem)
 
     spec = load_scenario(scenario, overrides or [])
+    if find_rate:
+        _find_rates(spec, Path(scenario).parent, goodput, seed)
+        return
     out_dir = out if out is not None else Path("results") / spec.name
     check_output_dir(out_dir, force, replaces=spec.name)
     with _simulated_time_progress(True) as progress:
@@ -90,6 +99,46 @@ def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
     if slowdowns:
         table.add_row("", f"slowdown versus alone: median {sorted(slowdowns)[len(slowdowns) // 2]:.2f}"
                       f", worst {max(slowdowns):.2f}")
+
+
+def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> None:
+    from clustersim.cli.common import UsageProblem
+    from clustersim.serving.capacity import find_rate
+
+    if not spec.serve:
+        raise UsageProblem("--find-rate: the scenario has no serve: deployments")
+    for deployment in spec.serve:
+        try:
+            search = find_rate(spec, deployment.name, goodput, seed, base_dir=base_dir)
+        except ValueError as error:
+            raise UsageProblem(f"--find-rate: {error}") from None
+        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" for r, g in search.tried)
+        if search.rate_per_s is None:
+            out_console.print(f"{deployment.name}: no rate found meeting {goodput:.0%} of the "
+                              f"SLO (tried {tried})")
+            continue
+        f = search.figures or {}
+        out_console.print(
+            f"{deployment.name}: {search.rate_per_s:,.3g} requests/s within the SLO (ttft "
+            f"{deployment.slo.ttft_s:g} s, tpot {deployment.slo.tpot_s:g} s) for "
+            f"{goodput:.0%} of requests; {f['output_tokens_per_s']:,.0f} output tokens/s, "
+            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s")
+        out_console.print(f"  tried {tried}")
+
+
+def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
+    for name, d in summary.get("deployments", {}).items():
+        table.add_row(f"serve {name}", f"{d['model']}: {d['replicas']} replicas of tp {d['tp']}"
+                      f" x pp {d['pp']} on {d['instances']} instances")
+        if d["requests_completed"]:
+            table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
+                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s; SLO goodput "
+                          f"{d['slo_goodput']:.1%}")
+            table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
+                          f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+        if d["cost_per_million_output_tokens_usd"] is not None:
+            table.add_row("", f"${d['cost_per_million_output_tokens_usd']:,.2f} per million "
+                          f"output tokens")
 
 
 def _percent(value: float) -> str:
@@ -167,6 +216,7 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
         jobs = {}
     for name, job in jobs.items():
         _job_rows(table, name, job)
+    _deployment_rows(table, summary)
     failures = cluster.get("failures") or {}
     if failures:
         table.add_row("failures", ", ".join(

@@ -60,6 +60,17 @@ class JobAccounting:
             if not math.isfinite(self.t.repair_s):
                 return "waiting for hardware: no spare left and repairs are disabled"
             return "waiting for hardware: no spare instances until repairs finish"
+        cause = self.low_ettr_cause()
+        if cause:
+            return cause
+        if out.steps_target is None:
+            return "no step target: ran to the horizon"
+        return "the horizon came before the step target"
+
+    def low_ettr_cause(self) -> str:
+        """What keeps the job's ETTR low, if something does: failures faster than its
+        recovery, or no checkpoints to recover from; empty otherwise."""
+        out = self.outcome
         f = self.t.scenario.failures
         recovery = f.detect_s + f.restart_s + (self.checkpoint.restore_s if self.checkpoint else 0)
         if out.mtbf_s is not None and out.mtbf_s < recovery:
@@ -70,9 +81,7 @@ class JobAccounting:
             return (f"no checkpoints: each of its {interrupted:,} interruptions lost all the work "
                     f"since the start ({out.lost_work_s / 3600:,.1f} h lost in all); give the job a "
                     "checkpoint block (interval: auto)")
-        if out.steps_target is None:
-            return "no step target: ran to the horizon"
-        return "the horizon came before the step target"
+        return ""
 
     @property
     def held(self) -> np.ndarray:

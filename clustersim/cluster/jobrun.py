@@ -200,7 +200,8 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         self.outcome.progress_steps = self.progress
         self.outcome.status = status
         self.outcome.end_s = self.t.env.now
-        self.outcome.reason = reason
+        cause = self.low_ettr_cause()
+        self.outcome.reason = f"{reason}; {cause}" if cause else reason
         held = self.held.tolist()
         if held:
             self.remove(held)

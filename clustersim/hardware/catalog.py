@@ -37,6 +37,7 @@ __all__ = [
     "PRECISIONS",
     "ChipSpec",
     "CollectiveConstants",
+    "ServingConstants",
     "Efficiency",
     "InterconnectSpec",
     "InstanceSpec",
@@ -114,6 +115,23 @@ class CollectiveConstants(Spec):
     )
     rdh_max_bytes: Bytes = Field(
         default=56e6, alias="rdh_max", description="auto: RDH below this size (Neuron: 56 MB)"
+    )
+
+
+class ServingConstants(Spec):
+    """Calibrated constants of the serving iteration model (clustersim.serving.iteration),
+    per chip family: what the hardware figures leave out of one inference iteration."""
+
+    iteration_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="iteration_overhead",
+        description="fixed host time per iteration: launching the compiled graph, sampling, "
+        "scheduling the next batch",
+    )
+    hbm_efficiency: float = Field(
+        default=0.9, gt=0, le=1,
+        description="fraction of peak HBM bandwidth inference kernels reach streaming weights "
+        "and the KV cache (in place of the training fit's efficiency.vector); default: the "
+        "Trn1 serving fit",
     )
 
 
@@ -250,6 +268,7 @@ class HardwareSpec(Spec):
     instance: InstanceSpec
     ultraserver: UltraServerSpec | None = None
     collectives: CollectiveConstants = CollectiveConstants()
+    serving: ServingConstants = ServingConstants()
     sources: dict[str, str] = Field(
         default_factory=dict, description="dotted field path -> where the figure comes from"
     )

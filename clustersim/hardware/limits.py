@@ -67,6 +67,11 @@ MIN_WEIBULL_SHAPE = 0.1
 MAX_WEIBULL_SHAPE = 20.0
 MAX_SLOWDOWN = 100.0
 
+# Serving (clustersim.scenario.serving)
+MAX_REQUEST_RATE_PER_S = 1e5  # requests per second to one deployment
+MAX_REQUESTS = 100_000_000  # per deployment (a million run in about a minute)
+MAX_REPLICAS = 100_000
+
 # Runs
 MAX_EVENTS = 2_000_000  # estimated per replication before it starts
 MAX_REPLICATIONS = 1_000

@@ -28,6 +28,7 @@ __all__ = [
     "Duration",
     "NonNegativeDuration",
     "Rate",
+    "RequestRate",
     "Power",
     "positive",
     "non_negative",
@@ -151,5 +152,8 @@ NonNegativeDuration = _unit_type(
 Rate = _unit_type(units.parse_rate,
                   [positive, at_most(limits.MAX_RATE_PER_S, lambda r: f"{r:g}/s")],
                   "events per second, or events/time", "0.0065/d")
+RequestRate = _unit_type(units.parse_rate,
+                         [positive, at_most(limits.MAX_REQUEST_RATE_PER_S, lambda r: f"{r:g}/s")],
+                         "requests per second, or requests/time", "10/s")
 Power = _unit_type(units.parse_power, [positive, at_most(limits.MAX_POWER_W, units.format_power)],
                    "power: watts, or a string with a unit", "500W")

@@ -24,6 +24,13 @@ from clustersim.runner.interrupts import worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
+from clustersim.serving import (
+    ServingResult,
+    deployment_figures,
+    replica_series_table,
+    requests_table,
+    simulate_serving,
+)
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
@@ -40,6 +47,7 @@ class RunResult:
     summary: dict[str, Any]
     steps: dict[str, StepProfile]
     timelines: list[TimelineResult] = field(default_factory=list)
+    serving: ServingResult | None = None
 
 
 def topology_for(scenario: Scenario) -> Topology:
@@ -328,9 +336,45 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
         "jobs": combined["jobs"],
         "cluster": cluster,
     }
+    serving = None
+    if scenario.serve:
+        serving = run_serving(scenario, seed, trace_dir)
+        summary["deployments"] = deployment_figures(scenario, serving)
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
-                     timelines=timelines)
+                     timelines=timelines, serving=serving)
+
+
+# The serving fleets' own seed stream: fixed apart from the timeline's replications.
+SERVING_STREAM = 16
+
+
+def run_serving(scenario: Scenario, seed: int, trace_dir: Path | None = None) -> ServingResult:
+    """Simulate the scenario's deployments; with `trace_dir`, write `requests.parquet` and
+    `replicas.parquet` there (the first replication's seed; serving is not replicated)."""
+    source = Path(scenario.source)
+    base_dir = source.parent if source.is_file() else None
+    stream = np.random.SeedSequence(seed, spawn_key=(SERVING_STREAM,))
+    result = simulate_serving(scenario, stream, base_dir)
+    if trace_dir is not None and scenario.trace.enabled:
+        metadata = {"version": clustersim.__version__, "seed": seed,
+                    "scenario_yaml": scenario.source_yaml}
+        write_serving_table(Path(trace_dir), "requests", requests_table(scenario, result),
+                            metadata)
+        write_serving_table(Path(trace_dir), "replicas",
+                            replica_series_table(scenario, result), metadata)
+    return result
+
+
+def write_serving_table(folder: Path, name: str, table: pa.Table, metadata: dict) -> None:
+    """One serving table as Parquet (zstd) with the trace metadata."""
+    import pyarrow.parquet as pq
+
+    from clustersim.analysis.trace import table_metadata
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = table.replace_schema_metadata(table_metadata(name, **metadata))
+    pq.write_table(table, folder / f"{name}.parquet", compression="zstd")
 
 
 def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topology,

@@ -152,7 +152,8 @@ def run_task(task: Task) -> dict[str, Any]:
         return row
     cluster = {k: v for k, v in summary["cluster"].items()
                if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}
-    leaves = {**flatten(summary["jobs"]), **flatten({"cluster": cluster})}
+    leaves = {**flatten(summary["jobs"]), **flatten(summary.get("deployments", {})),
+              **flatten({"cluster": cluster})}  # serving: <deployment>.<figure>
     figures = {path: float(value) for path, value in leaves.items()
                if isinstance(value, int | float)}  # numbers only (true and false as 1 and 0)
     row.update(status="ok", error="", **figures)

@@ -40,6 +40,7 @@ from clustersim.scenario.reading import (
     read_yaml_file,
 )
 from clustersim.scenario.schema import scenario_json_schema
+from clustersim.scenario.serving import resolve_serve_models
 from clustersim.training.transformer import model_preset_names, model_preset_values
 from clustersim.training.workload import ParallelismSpec
 
@@ -86,33 +87,38 @@ def _resolve_catalog_names(raw: dict[str, Any]) -> tuple[dict[str, Any], list[Is
     jobs = resolved.get("jobs")
     if isinstance(jobs, list):
         for index, job in enumerate(jobs):
-            if not isinstance(job, Mapping):
-                continue
-            model = job.get("model")
-            base = model if isinstance(model, str) else (
-                model.get("base") if isinstance(model, Mapping) else None
-            )
-            if base is None:
-                continue
-            where = f"jobs.{index}.model" + ("" if isinstance(model, str) else ".base")
-            try:
-                values = model_preset_values(base) if isinstance(base, str) else None
-            except KeyError:
-                values = None
-            if values is None:
-                issues.append(Issue(
-                    where, f"unknown model preset; expected one of "
-                    f"{', '.join(model_preset_names())}, or a mapping of the shape",
-                    base, True,
-                ))
-                continue
-            if isinstance(model, Mapping):
-                extra = {k: v for k, v in model.items() if k != "base"}
-                values = deep_merge(values, extra)
-                if "name" not in extra:
-                    values["name"] = f"{base}+custom" if extra else base
-            job["model"] = values
+            if isinstance(job, Mapping):
+                issues += _resolve_model(job, "model", f"jobs.{index}.model")
+    issues += resolve_serve_models(resolved, _resolve_model)
     return resolved, issues
+
+
+def _resolve_model(holder: dict[str, Any], key: str, where: str) -> list[Issue]:
+    """Expand a model preset name (or a `base:` mapping) at holder[key] into its shape."""
+    model = holder.get(key)
+    base = model if isinstance(model, str) else (
+        model.get("base") if isinstance(model, Mapping) else None
+    )
+    if base is None:
+        return []
+    where = where + ("" if isinstance(model, str) else ".base")
+    try:
+        values = model_preset_values(base) if isinstance(base, str) else None
+    except KeyError:
+        values = None
+    if values is None:
+        return [Issue(
+            where, f"unknown model preset; expected one of "
+            f"{', '.join(model_preset_names())}, or a mapping of the shape",
+            base, True,
+        )]
+    if isinstance(model, Mapping):
+        extra = {k: v for k, v in model.items() if k != "base"}
+        values = deep_merge(values, extra)
+        if "name" not in extra:
+            values["name"] = f"{base}+custom" if extra else base
+    holder[key] = values
+    return []
 
 
 def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
@@ -163,7 +169,7 @@ def scenario_from_dict(
         except OverrideError as error:
             where = error.path or text.partition("=")[0].strip()
             raise ScenarioError(source, [Issue(where, f"--set {text!r}: {error}")]) from None
-    for section in ("jobs", "failures", "trace"):  # `jobs:` with nothing after it: absent
+    for section in ("jobs", "serve", "failures", "trace"):  # `jobs:` with nothing after it: absent
         if section in raw and raw[section] is None:
             del raw[section]
     resolved, issues = _resolve_catalog_names(raw)

@@ -26,6 +26,7 @@ from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.errors import ScenarioCheckError
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
+from clustersim.scenario.serving import DeploymentSpec
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import ParallelismSpec
 
@@ -172,6 +173,8 @@ class Scenario(Spec):
     hardware: HardwareSpec
     cluster: ClusterSpec
     jobs: list[JobSpec] = Field(default_factory=list, max_length=limits.MAX_JOBS)
+    serve: list[DeploymentSpec] = Field(default_factory=list, description="inference "
+                                        "deployments (clustersim.scenario.serving)")
     failures: FailuresSpec = FailuresSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     workload: WorkloadSpec | None = None

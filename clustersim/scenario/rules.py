@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from clustersim.hardware import units
 from clustersim.scenario.errors import Issue
+from clustersim.scenario.serving import serve_cross_checks
 
 if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
@@ -155,3 +156,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
             yield Issue(f"{at}.submit", f"at or after the end of the scenario "
                         f"({units.format_duration(s.duration_s)})",
                         units.format_duration(job.submit_s), True)
+    largest_job = max((s.job_instances(job) for job in s.jobs), default=0)
+    for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
+                                                    largest_job):
+        yield Issue(path, message, value, True)

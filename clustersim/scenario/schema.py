@@ -36,6 +36,12 @@ def scenario_json_schema() -> dict[str, Any]:
         "anyOf": [{"enum": model_preset_names()}, {"$ref": "#/$defs/ModelMapping"}],
         "description": "a model preset name, or a mapping of the shape",
     }
+    for name, key in (("DeploymentSpec", "model"), ("SpeculativeSpec", "draft")):
+        defs[name]["properties"][key] = dict(defs["JobSpec"]["properties"]["model"])
+    for key in ("input_tokens", "output_tokens"):  # a count or `trace` as shorthand
+        defs["RequestWorkloadSpec"]["properties"][key] = {"anyOf": [
+            {"type": "integer", "minimum": 1}, {"const": "trace"},
+            {"$ref": "#/$defs/LengthSpec"}]}
     defs["FailuresSpec"]["properties"]["preset"]["enum"] = failure_preset_names()
     schema["title"] = "clustersim scenario"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

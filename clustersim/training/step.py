@@ -218,6 +218,10 @@ class StepModel:
         return group, max(1, self.hardware.chip.ranks // group.ranks_per_chip)
 
     # ------------------------------------------------------------------ compute
+    def op_time(self, op: Op, precision: str) -> float:
+        """Roofline time of one operation of one rank (the serving model times its ops here)."""
+        return self._op_time(op, precision)
+
     def _op_time(self, op: Op, precision: str) -> float:
         hw = self.hardware
         k = hw.chip.ranks

@@ -1,0 +1,164 @@
+"""Serving plots of a finished run (scenarios with `serve:` deployments): latency CDFs,
+throughput and latency over time, batch size and KV cache occupancy over time.
+
+Everything is computed from `requests.parquet` and `replicas.parquet` with numpy (binned or
+sampled, never per token), so a million-request run plots in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
+
+from clustersim.analysis.runs import Run  # noqa: E402
+
+__all__ = ["serving_plots", "serving_lines"]
+
+_BINS = 60
+
+
+def _latencies(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    done = frame[frame["status"] == "completed"]
+    arrival = done["arrival_s"].to_numpy()
+    first = done["first_token_s"].to_numpy()
+    finish = done["finish_s"].to_numpy()
+    outputs = done["output_tokens"].to_numpy()
+    decoding = outputs > 1
+    return {"TTFT": first - arrival,
+            "TPOT": (finish[decoding] - first[decoding]) / (outputs[decoding] - 1),
+            "end to end": finish - arrival}
+
+
+def plot_latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name, group in requests.groupby("deployment", observed=True, sort=True):
+        for ax, (kind, values) in zip(axes, _latencies(group).items(), strict=True):
+            if len(values) == 0:
+                continue
+            x = np.sort(values)
+            y = np.arange(1, len(x) + 1) / len(x)
+            step = max(1, len(x) // 2000)  # at most ~2,000 points per curve
+            ax.plot(x[::step], y[::step], label=str(name))
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel(f"{kind} (s)")
+            ax.set_ylim(0, 1)
+            ax.grid(alpha=0.3)
+    axes[0].set_ylabel("share of completed requests")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(f"{title}: latency distributions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_over_time(requests: pd.DataFrame, title: str, path: Path) -> Path:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    end = float(np.nanmax(requests["finish_s"].to_numpy(), initial=1.0))
+    edges = np.linspace(0.0, max(end, 1e-9), _BINS + 1)
+    width = edges[1] - edges[0]
+    centres = (edges[:-1] + edges[1:]) / 2
+    for name, group in requests.groupby("deployment", observed=True, sort=True):
+        done = group[group["status"] == "completed"]
+        finish = done["finish_s"].to_numpy()
+        tokens, _ = np.histogram(finish, edges, weights=done["output_tokens"].to_numpy())
+        top.plot(centres, tokens / width, label=f"{name} output tokens/s")
+        ttft = done["first_token_s"].to_numpy() - done["arrival_s"].to_numpy()
+        which = np.clip(np.searchsorted(edges, done["arrival_s"].to_numpy(), "right") - 1, 0,
+                        _BINS - 1)
+        order = np.argsort(which, kind="stable")
+        groups = np.split(ttft[order], np.searchsorted(which[order], np.arange(1, _BINS)))
+        p50 = [np.quantile(g, 0.5) if len(g) else np.nan for g in groups]
+        p99 = [np.quantile(g, 0.99) if len(g) else np.nan for g in groups]
+        bottom.plot(centres, p50, label=f"{name} TTFT p50")
+        bottom.plot(centres, p99, linestyle="--", label=f"{name} TTFT p99")
+    bottom.set_yscale("log")
+    return _over_time_done(fig, ("output tokens/s (by finish)", "TTFT (s, by arrival)"),
+                           f"{title}: throughput and latency over time", path)
+
+
+def _over_time_done(fig: plt.Figure, ylabels: tuple[str, str], title: str, path: Path) -> Path:
+    """Label, title and save a figure of two panels over time."""
+    for ax, label in zip(fig.axes, ylabels, strict=True):
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.axes[-1].set_xlabel("time (s)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _sampled(frame: pd.DataFrame, column: str, times: np.ndarray) -> np.ndarray:
+    """Each replica's value of `column` at `times` (its latest row at or before): replicas x
+    times."""
+    out = []
+    for _, rows in frame.groupby(["deployment_id", "replica"], sort=True):
+        starts = rows["start_s"].to_numpy()
+        order = np.argsort(starts, kind="stable")
+        index = np.searchsorted(starts[order], times, "right") - 1
+        values = rows[column].to_numpy()[order]
+        out.append(np.where(index >= 0, values[np.clip(index, 0, None)], 0.0))
+    return np.array(out)
+
+
+def plot_kv(replicas: pd.DataFrame, names: list[str], title: str, path: Path) -> Path:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    end = float((replicas["start_s"] + replicas["duration_s"]).max())
+    times = np.linspace(0.0, max(end, 1e-9), 400)
+    for index, name in enumerate(names):
+        mine = replicas[replicas["deployment_id"] == index]
+        if mine.empty:
+            continue
+        kv = _sampled(mine, "kv_occupancy", times) * 100
+        batch = _sampled(mine, "batch", times)
+        colour = f"C{index}"
+        top.plot(times, kv.mean(axis=0), color=colour, label=f"{name} mean")
+        top.plot(times, kv.max(axis=0), color=colour, linestyle="--",
+                 label=f"{name} fullest replica")
+        bottom.plot(times, batch.mean(axis=0), color=colour, label=f"{name} mean batch")
+    top.set_ylim(0, 100)
+    return _over_time_done(fig, ("KV cache occupancy (%)", "sequences per iteration"),
+                           f"{title}: KV cache and batch over time (sampled per replica)", path)
+
+
+def serving_plots(run: Run, folder: Path) -> dict[str, Path]:
+    """The serving plots of a run with a requests table (none without)."""
+    if not (run.path / "requests.parquet").exists():
+        return {}
+    requests = run.table("requests")
+    title = run.summary["scenario"]
+    plots = {"Serving latency": plot_latency_cdfs(requests, title, folder / "latency.png"),
+             "Serving over time": plot_over_time(requests, title, folder / "serving.png")}
+    if (run.path / "replicas.parquet").exists():
+        names = list(run.summary.get("deployments", {}))
+        plots["KV cache"] = plot_kv(run.table("replicas"), names, title, folder / "kv.png")
+    return plots
+
+
+def serving_lines(summary: dict) -> list[str]:
+    """Report rows: one per deployment."""
+    deployments = summary.get("deployments") or {}
+    if not deployments:
+        return []
+    lines = ["", "| deployment | requests/s | output tokens/s | TTFT p50 / p99 | TPOT p50 / p99 "
+             "| SLO goodput | $ per M output tokens |", "|---|---|---|---|---|---|---|"]
+    for name, d in deployments.items():
+        cost = d.get("cost_per_million_output_tokens_usd")
+        lines.append(
+            f"| {name} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
+            f"{d['ttft_p50_s'] or 0:.3g} / {d['ttft_p99_s'] or 0:.3g} s | "
+            f"{d['tpot_p50_s'] or 0:.3g} / {d['tpot_p99_s'] or 0:.3g} s | "
+            f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} |")
+    return lines

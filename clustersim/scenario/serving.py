@@ -1,0 +1,224 @@
+"""The `serve:` section of a scenario: inference deployments beside training jobs.
+
+A deployment is a model served by `replicas` copies, each on `tp x pp` ranks, with a
+server policy (continuous batching, chunked prefill, a paged KV cache), optionally split into
+prefill and decode pools (disaggregated) and with speculative decoding; a request workload
+(Poisson, gamma-bursty or a trace file; lengths fixed, log-normal or from the trace); a
+router; and latency objectives. Validated once here; the simulator trusts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from clustersim.hardware import limits
+from clustersim.hardware.catalog import HardwareSpec
+from clustersim.hardware.spec import Duration, RequestRate, Spec
+from clustersim.training.transformer import TransformerShape
+
+__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
+           "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec", "SpeculativeSpec",
+           "SloSpec", "DeploymentSpec"]
+
+
+class LengthSpec(Spec):
+    """Token counts of requests: fixed, log-normal (median and spread sigma of the log), or
+    read from the workload's trace file."""
+
+    distribution: Literal["fixed", "lognormal", "trace"] = "fixed"
+    value: int | None = Field(default=None, gt=0, description="fixed: the token count")
+    median: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                 description="lognormal: median tokens")
+    sigma: float | None = Field(default=None, gt=0, le=5, allow_inf_nan=False,
+                                description="lognormal: standard deviation of ln(tokens)")
+    min: int = Field(default=1, gt=0, description="draws are clipped to [min, max]")
+    max: int = Field(default=131072, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthSpec:
+        if self.distribution == "fixed" and self.value is None:
+            raise ValueError("fixed lengths need value (e.g. 512)")
+        if self.distribution == "lognormal" and (self.median is None or self.sigma is None):
+            raise ValueError("lognormal lengths need median and sigma (e.g. 512 and 0.8)")
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}")
+        return self
+
+
+def _length(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"distribution": "fixed", "value": value}
+    if value == "trace":
+        return {"distribution": "trace"}
+    return value
+
+
+class RequestWorkloadSpec(Spec):
+    """Requests arriving at the deployment: Poisson or gamma (bursty) at `rate`, or a trace
+    (CSV or Parquet with arrival_s, input_tokens, output_tokens)."""
+
+    arrival: Literal["poisson", "gamma", "trace"] = "poisson"
+    rate_per_s: RequestRate | None = Field(default=None, alias="rate", description="requests per second")
+    cv: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False,
+                      description="gamma: coefficient of variation of the gaps (1: Poisson)")
+    trace: str | None = Field(default=None, description="trace file, relative to the scenario")
+    requests: int | None = Field(default=None, gt=0, le=limits.MAX_REQUESTS,
+                                 description="stop after this many (default: to the horizon)")
+    input_tokens: LengthSpec = Field(default=LengthSpec(value=512))
+    output_tokens: LengthSpec = Field(default=LengthSpec(value=256))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: object) -> object:
+        if isinstance(data, dict):
+            data = dict(data)
+            for key in ("input_tokens", "output_tokens"):
+                if key in data:
+                    data[key] = _length(data[key])
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> RequestWorkloadSpec:
+        if self.arrival == "trace":
+            if self.trace is None:
+                raise ValueError("arrival trace needs trace: a CSV or Parquet file")
+        elif self.rate_per_s is None:
+            raise ValueError(f"arrival {self.arrival} needs rate (requests per second, "
+                             "e.g. 10/s)")
+        uses_trace = "trace" in (self.input_tokens.distribution, self.output_tokens.distribution)
+        if uses_trace and self.trace is None:
+            raise ValueError("lengths from the trace need trace: a CSV or Parquet file")
+        return self
+
+
+class ServerSpec(Spec):
+    """The serving engine's policy on each replica."""
+
+    max_batch: int = Field(default=64, gt=0, le=4096, description="sequences per iteration")
+    max_tokens_per_iteration: int = Field(default=8192, gt=0, le=1_048_576,
+                                          description="token budget of one iteration")
+    chunked_prefill: bool = Field(default=True, description="split long prompts over "
+                                  "iterations, mixed with decodes")
+    kv_block_tokens: int = Field(default=16, gt=0, le=4096, description="paged KV block size")
+    kv_full: Literal["preempt", "queue"] = Field(
+        default="queue", description="queue: admit only when the whole request's KV fits; "
+        "preempt: admit on the prompt's blocks, evict the newest (recomputed later) when full")
+    kv_reserve: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False,
+                              description="share of HBM kept for activations and the runtime")
+    kv_precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+
+
+class DisaggregationSpec(Spec):
+    """Separate prefill and decode replicas; the KV cache moves over the fabric."""
+
+    prefill_replicas: int = Field(gt=0)
+    decode_replicas: int = Field(gt=0)
+
+
+class SpeculativeSpec(Spec):
+    """Speculative decoding: a draft model proposes `tokens`, the target verifies them in one
+    pass, each accepted with probability `acceptance` (independently)."""
+
+    draft: TransformerShape
+    tokens: int = Field(default=4, gt=0, le=32)
+    acceptance: float = Field(gt=0, lt=1, allow_inf_nan=False)
+
+
+class SloSpec(Spec):
+    ttft_s: Duration = Field(default=1.0, alias="ttft", description="time to first token bound")
+    tpot_s: Duration = Field(default=0.1, alias="tpot", description="time per output token bound")
+
+
+class DeploymentSpec(Spec):
+    name: str = Field(min_length=1, max_length=128)
+    model: TransformerShape
+    precision: Literal["bf16", "fp16", "fp8"] = Field(default="bf16", description="weights")
+    parallelism: dict[Literal["tp", "pp"], int] = Field(default_factory=lambda: {"tp": 1})
+    replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
+    server: ServerSpec = ServerSpec()
+    router: Literal["round_robin", "least_outstanding", "kv_aware"] = "round_robin"
+    workload: RequestWorkloadSpec
+    disaggregated: DisaggregationSpec | None = None
+    speculative: SpeculativeSpec | None = None
+    slo: SloSpec = SloSpec()
+    start_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, alias="start")
+
+    @model_validator(mode="after")
+    def _check(self) -> DeploymentSpec:
+        for key, value in self.parallelism.items():
+            if value < 1:
+                raise ValueError(f"parallelism.{key} must be at least 1, got {value}")
+        if self.model.layers % self.pp:
+            raise ValueError(f"the model's {self.model.layers} layers do not split into "
+                             f"pp {self.pp} stages")
+        if self.model.heads % self.tp and self.tp % self.model.heads:
+            raise ValueError(f"tp {self.tp} does not divide the model's {self.model.heads} "
+                             "heads")
+        if self.disaggregated is not None:
+            pools = self.disaggregated.prefill_replicas + self.disaggregated.decode_replicas
+            if pools != self.replicas:
+                raise ValueError(f"disaggregated pools ({pools} replicas) must add up to "
+                                 f"replicas ({self.replicas})")
+        return self
+
+    @property
+    def tp(self) -> int:
+        return self.parallelism.get("tp", 1)
+
+    @property
+    def pp(self) -> int:
+        return self.parallelism.get("pp", 1)
+
+
+def resolve_serve_models(resolved: dict, resolve: Callable[[dict, str, str], list]) -> list:
+    """Expand model preset names of the `serve:` entries (model, speculative draft) with the
+    loader's resolver; returns its issues."""
+    issues: list = []
+    serve = resolved.get("serve")
+    if not isinstance(serve, list):
+        return issues
+    for index, entry in enumerate(serve):
+        if not isinstance(entry, dict):
+            continue
+        issues += resolve(entry, "model", f"serve.{index}.model")
+        speculative = entry.get("speculative")
+        if isinstance(speculative, dict):
+            issues += resolve(speculative, "draft", f"serve.{index}.speculative.draft")
+    return issues
+
+
+def deployment_instances(deployment: DeploymentSpec, hardware: HardwareSpec) -> int:
+    """Instances a deployment's replicas take: replicas smaller than an instance share one."""
+    ranks = deployment.tp * deployment.pp * deployment.replicas
+    return -(-ranks // hardware.ranks_per_instance)
+
+
+def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
+                       working_instances: int, job_instances: int) -> Iterable[tuple]:
+    """(path, message, value) for deployments that do not fit the cluster or each other."""
+    seen: set[str] = set()
+    used = 0
+    for index, deployment in enumerate(serve):
+        if deployment.name in seen:
+            yield (f"serve.{index}.name", "deployment names must be unique", deployment.name)
+        seen.add(deployment.name)
+        ranks = deployment.tp * deployment.pp
+        per_instance = hardware.ranks_per_instance
+        if ranks > per_instance and ranks % per_instance:
+            yield (f"serve.{index}.parallelism", f"tp x pp = {ranks} ranks spans instances: "
+                   f"expected a multiple of {per_instance} ranks per instance",
+                   dict(deployment.parallelism))
+        if deployment.tp > per_instance * hardware.instances_per_ultraserver:
+            yield (f"serve.{index}.parallelism.tp", f"tensor parallelism stays in one "
+                   f"NeuronLink domain: expected at most "
+                   f"{per_instance * hardware.instances_per_ultraserver} ranks", deployment.tp)
+        used += deployment_instances(deployment, hardware)
+        if deployment.precision not in hardware.chip.tflops and deployment.precision != "fp8":
+            yield (f"serve.{index}.precision", f"{hardware.chip.name} has no "
+                   f"{deployment.precision} peak", deployment.precision)
+    if used + job_instances > working_instances:
+        yield ("serve", f"the deployments' replicas need {used} instances and the jobs "
+               f"{job_instances}; the cluster has {working_instances}", used)

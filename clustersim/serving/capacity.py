@@ -1,0 +1,99 @@
+"""Capacity: the highest arrival rate a deployment holds within its latency objectives.
+
+The share of requests meeting both the TTFT and TPOT bounds (`slo_goodput`) falls as the rate
+grows past what the replicas can batch. `find_rate` brackets the rate where it crosses the
+target (doubling or halving from a first guess), then bisects; every rate tried is simulated
+over the scenario's horizon with the same seed, so the answer is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clustersim.scenario.models import Scenario
+from clustersim.serving.simulate import deployment_figures, simulate_serving
+
+__all__ = ["RateSearch", "find_rate"]
+
+
+@dataclass
+class RateSearch:
+    """The answer and every rate tried, with its figures."""
+
+    deployment: str
+    target_goodput: float
+    rate_per_s: float | None  # the highest rate tried that met the target
+    figures: dict[str, Any] | None
+    tried: list[tuple[float, float]] = field(default_factory=list)  # (rate, slo_goodput)
+
+
+def _with_rate(scenario: Scenario, index: int, rate: float) -> Scenario:
+    serve = list(scenario.serve)
+    d = serve[index]
+    serve[index] = d.model_copy(update={"workload": d.workload.model_copy(
+        update={"rate_per_s": rate})})
+    changed = scenario.model_copy(update={"serve": serve})
+    changed._source = scenario.source
+    return changed
+
+
+def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float = 0.99,
+              seed: int | None = None, bisections: int = 6, base_dir: Path | None = None
+              ) -> RateSearch:
+    """Highest Poisson/gamma arrival rate of `deployment` (default: the first) at which at
+    least `goodput` of its requests meet the scenario's TTFT and TPOT bounds."""
+    names = [d.name for d in scenario.serve]
+    if not names:
+        raise ValueError("the scenario has no serve: deployments")
+    name = deployment or names[0]
+    if name not in names:
+        raise ValueError(f"no deployment {name!r}; expected one of {', '.join(names)}")
+    index = names.index(name)
+    spec = scenario.serve[index]
+    if spec.workload.arrival == "trace":
+        raise ValueError(f"deployment {name!r} replays a trace: its rate is the trace's")
+    seed = scenario.seed if seed is None else seed
+    search = RateSearch(name, goodput, None, None)
+
+    def evaluate(rate: float) -> dict[str, Any]:
+        variant = _with_rate(scenario, index, rate)
+        result = simulate_serving(variant, np.random.SeedSequence(seed, spawn_key=(16,)),
+                                  base_dir)
+        figures = deployment_figures(variant, result)[name]
+        search.tried.append((rate, figures["slo_goodput"]))
+        return figures
+
+    rate = float(spec.workload.rate_per_s or spec.replicas)
+    figures = evaluate(rate)
+    good, bad = (rate, figures) if figures["slo_goodput"] >= goodput else (None, None), None
+    if good[0] is not None:
+        while bad is None and len(search.tried) < 30:
+            rate *= 2
+            figures = evaluate(rate)
+            if figures["slo_goodput"] >= goodput:
+                good = (rate, figures)
+            else:
+                bad = rate
+    else:
+        bad = rate
+        while good[0] is None and len(search.tried) < 30:
+            rate /= 2
+            figures = evaluate(rate)
+            if figures["slo_goodput"] >= goodput:
+                good = (rate, figures)
+    if good[0] is None or bad is None:
+        return search
+    low, high = good[0], bad
+    for _ in range(bisections):
+        middle = (low + high) / 2
+        figures = evaluate(middle)
+        if figures["slo_goodput"] >= goodput:
+            low, good = middle, (middle, figures)
+        else:
+            high = middle
+    search.rate_per_s, search.figures = good
+    return search

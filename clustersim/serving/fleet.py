@@ -1,0 +1,202 @@
+"""A deployment's fleet: its requests (numpy arrays), replicas, router and failures.
+
+The router is one simpy process walking the arrival times; a request goes to a replica that
+is up, by round robin, least outstanding requests, or least KV tokens held and owed
+(`kv_aware`, relative to each replica's KV capacity). With disaggregated serving the router
+feeds the prefill pool; a finished prompt's KV cache is sent over the fabric (costed by the
+collectives model as a send-recv between the two replicas' chips) to the decode replica with
+the fewest outstanding requests. Failures come from the scenario's failure rates, summed over
+a replica's chips and instances: a failed replica drops its in-flight requests, which the
+router sends elsewhere (their `retries` counted), and returns after the outage.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+
+import numpy as np
+import simpy
+
+from clustersim.analysis.trace import REQUEST_STATUSES
+from clustersim.scenario.serving import DeploymentSpec
+from clustersim.serving.replica import Replica
+from clustersim.serving.requests import Requests
+
+__all__ = ["Fleet", "STATUS"]
+
+SERIES = ("replica", "start_s", "duration_s", "batch", "kv_tokens")
+STATUS = REQUEST_STATUSES  # status codes 0, 1, 2 of the requests table
+
+
+class Fleet:
+    """One deployment's simulation state on a shared simpy environment."""
+
+    def __init__(self, env: simpy.Environment, spec: DeploymentSpec, requests: Requests,
+                 replicas: list[tuple], transfer_s=None):
+        """`replicas`: (DecodeCost, kv capacity tokens, role) per replica; `transfer_s`:
+        seconds to move a prompt's KV cache of n tokens to the decode pool (disaggregated)."""
+        self.env = env
+        self.spec = spec
+        n = len(requests)
+        self.arrival_s = requests.arrival_s
+        self.input_tokens = requests.input_tokens
+        self.output_tokens = requests.output_tokens
+        self._inputs = requests.input_tokens.tolist()  # plain ints for the hot paths
+        self._outputs = requests.output_tokens.tolist()
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.replica_of = np.full(n, -1, dtype=np.int32)
+        self.retries = np.zeros(n, dtype=np.int16)
+        self.status = np.zeros(n, dtype=np.int8)
+        self.prefilled = np.zeros(n, dtype=np.int64)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.kv_reserved = np.zeros(n, dtype=np.float64)
+        self.preemptions = 0
+        self.failures = 0
+        self.settled = 0
+        self.transfer_s = transfer_s
+        self.replicas = [Replica(self, i, cost, capacity, role)
+                         for i, (cost, capacity, role) in enumerate(replicas)]
+        self.entry = np.array([r.index for r in self.replicas if r.role != "decode"])
+        self.decode_pool = np.array([r.index for r in self.replicas if r.role == "decode"])
+        # Router load per replica (outstanding requests, or KV tokens held and owed over the
+        # KV capacity); infinite while a replica is down.
+        self.load = np.zeros(len(self.replicas))
+        self._capacity = np.array([max(1, r.kv_capacity) for r in self.replicas], dtype=float)
+        self._next = {"entry": 0, "decode": 0}
+        self.pending: deque[int] = deque()
+        self.done = env.event()
+        if n == 0:
+            self.done.succeed()
+        # Batch size and KV occupancy over time: one row per iteration group, the five
+        # columns of SERIES interleaved in one flat array.
+        self.rows = array("d")
+        env.process(self._arrivals())
+
+    # ------------------------------------------------------------------ requests
+    def prompt_tokens(self, request: int) -> int:
+        """Tokens to prefill: the prompt plus what was generated before a preemption."""
+        return self._inputs[request] + int(self.generated[request])
+
+    def remaining(self, request: int) -> int:
+        return self._outputs[request] - int(self.generated[request])
+
+    def _arrivals(self):
+        env = self.env
+        for request, time_s in enumerate(self.arrival_s.tolist()):
+            if time_s > env.now:
+                yield env.timeout(time_s - env.now)
+            self.route(request)
+
+    def _choose(self, pool: str) -> Replica | None:
+        indices = self.entry if pool == "entry" else self.decode_pool
+        if self.spec.router == "round_robin":
+            for _ in range(len(indices)):
+                self._next[pool] = (self._next[pool] + 1) % len(indices)
+                replica = self.replicas[int(indices[self._next[pool] - 1])]
+                if replica.up:
+                    return replica
+            return None
+        load = self.load if len(indices) == len(self.replicas) else self.load[indices]
+        best = int(load.argmin())
+        if not math.isfinite(load[best]):
+            return None
+        return self.replicas[int(indices[best])]
+
+    def route(self, request: int, pool: str = "entry") -> None:
+        replica = self._choose(pool)
+        if replica is None:
+            self.pending.append(request)
+            return
+        self._assign(replica, request)
+
+    def _weight(self, replica: Replica, request: int) -> float:
+        if self.spec.router == "kv_aware":
+            return (self._inputs[request] + self._outputs[request]) \
+                / self._capacity[replica.index]
+        return 1.0
+
+    def _assign(self, replica: Replica, request: int) -> None:
+        self.replica_of[request] = replica.index
+        self.load[replica.index] += self._weight(replica, request)
+        replica.offer(request)
+
+    def _release(self, replica: Replica, request: int) -> None:
+        self.load[replica.index] -= self._weight(replica, request)
+
+    def first_token(self, replica: Replica, request: int) -> None:
+        if math.isnan(self.first_token_s[request]):
+            self.first_token_s[request] = self.env.now
+        self.generated[request] += 1
+        if replica.role != "prefill":
+            replica.join(request)
+            return
+        # Disaggregated: free the prompt's KV here once sent, decode elsewhere.
+        replica.kv_used -= self.kv_reserved[request]
+        self._release(replica, request)
+        delay = self.transfer_s(self.prompt_tokens(request)) if self.transfer_s else 0.0
+        event = self.env.timeout(delay)
+        event.callbacks.append(lambda _: self.route(request, "decode"))
+
+    def complete(self, replica: Replica, request: int) -> None:
+        self.finish_s[request] = self.env.now + replica.delay  # at its iteration's end
+        self.status[request] = 1
+        self.generated[request] = self.output_tokens[request]
+        self._release(replica, request)
+        self._settle()
+
+    def reject(self, replica: Replica, request: int) -> None:
+        """A request whose KV cache can never fit in a replica."""
+        self.status[request] = 2
+        self._release(replica, request)
+        self._settle()
+
+    def _settle(self) -> None:
+        self.settled += 1
+        if self.settled == len(self.arrival_s) and not self.done.triggered:
+            self.done.succeed()
+
+    def preempted(self, replica: Replica, request: int, left: float) -> None:
+        """Evicted for KV room: it will prefill its prompt and output so far again."""
+        self.preemptions += 1
+        self.generated[request] = self.output_tokens[request] - int(round(left))
+        self.prefilled[request] = 0
+
+    # ------------------------------------------------------------------ failures
+    def fail(self, index: int, down_s: float) -> None:
+        replica = self.replicas[index]
+        if not replica.up:
+            return
+        self.failures += 1
+        lost = replica.fail()
+        self.load[replica.index] = math.inf
+        self.record(replica, down_s, batch=0, kv=0.0)
+        for request in lost:
+            self.retries[request] += 1
+            self.generated[request] = 0
+            self.prefilled[request] = 0
+            self.first_token_s[request] = np.nan
+            self.route(request, "decode" if replica.role == "decode" else "entry")
+        if math.isfinite(down_s):
+            self.env.timeout(down_s).callbacks.append(lambda _: self._restore(replica))
+
+    def _restore(self, replica: Replica) -> None:
+        replica.restore()
+        self.load[replica.index] = 0.0
+        while self.pending:
+            self.route(self.pending.popleft())
+
+    # ------------------------------------------------------------------ series
+    def record(self, replica: Replica, duration_s: float, batch: int | None = None,
+               kv: float | None = None, offset: float = 0.0) -> None:
+        self.rows.extend((replica.index, self.env.now + offset, duration_s,
+                          len(replica.active) + len(replica.prefilling) if batch is None
+                          else batch, replica.kv_used if kv is None else kv))
+
+    @property
+    def series(self) -> dict[str, np.ndarray]:
+        """The recorded rows as columns (SERIES)."""
+        flat = np.frombuffer(self.rows, dtype=np.float64).reshape(-1, len(SERIES))
+        return {name: flat[:, i] for i, name in enumerate(SERIES)}

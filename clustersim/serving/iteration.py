@@ -1,0 +1,250 @@
+"""The time of one serving iteration of a replica, from the hardware (no lookup table).
+
+A replica is one copy of the model on `tp x pp` ranks placed on real chips of the topology.
+One iteration runs the model once over every token scheduled in it: the prompt chunks being
+prefilled and one token of each sequence being decoded. Its time, per pipeline stage, is
+
+- the per-layer matrix and vector work for all its tokens, timed by the training step
+  model's roofline (`StepModel.op_time`: matmuls at peak x efficiency x tile quantisation,
+  or reading their operands from HBM, whichever is longer), so a small decode batch is bound
+  by streaming the weights from HBM and a long prompt by compute;
+- attention: a prompt chunk's scores against its context (the quadratic term, as the
+  training workload counts it) and each decoding sequence reading its keys and values from
+  HBM (linear in the tokens held in the KV cache);
+- the tensor-parallel all-reduces after attention and after the MLP, two per layer, costed
+  by the collectives model on the replica's own group of chips;
+- between stages, the activations sent over the graph (send-recv); stages run in series for
+  one batch (no micro-batching across iterations);
+- one fixed host overhead per iteration, the catalog's `serving.iteration_overhead` for
+  the chip family (launching the compiled graph, sampling, scheduling).
+
+Decode iterations between two events differ only in the KV tokens they read, so the time of
+the next n iterations is a closed form (`decode_run_s`): the simulator advances them at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.hardware.topology import Topology
+from clustersim.training.step import StepModel
+from clustersim.training.transformer import TransformerShape
+from clustersim.training.workload import (
+    BYTES_PER_ELEMENT,
+    Op,
+    _embedding_ops,
+    _matmul,
+    _output_ops,
+    _vector,
+    layer_forward_ops,
+)
+
+__all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
+
+_ATTENTION_CORE = ("scores", "attend", "attention_io", "softmax")
+_GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    """What the iteration model needs of a deployment: model, weight precision, tp, pp."""
+
+    model: TransformerShape
+    precision: str
+    tp: int
+    pp: int
+    kv_precision: str = "bf16"
+
+
+def kv_bytes_per_token(model: TransformerShape, kv_precision: str) -> float:
+    """Bytes one token adds to the KV cache of the whole model (keys and values, all layers)."""
+    return 2.0 * model.layers * model.n_kv_heads * model.head_dim * BYTES_PER_ELEMENT[kv_precision]
+
+
+def _with_hardware(topology: Topology, hardware: object) -> Topology:
+    """A shallow copy of the topology that reports other hardware constants to the step
+    model's roofline (the graph is shared, not rebuilt)."""
+    twin = copy.copy(topology)
+    twin.hardware = hardware  # type: ignore[assignment]
+    return twin
+
+
+class IterationModel:
+    """Iteration times of one replica placed on `chips` (rank order) of a topology."""
+
+    def __init__(self, shape: ReplicaShape, topology: Topology, first_instance: int = 0):
+        self.shape = shape
+        self.topology = topology
+        hw = topology.hardware
+        self.hardware = hw
+        # The roofline of the training step model, with the serving HBM efficiency in place
+        # of the training fit's vector efficiency (collectives keep their own constants).
+        efficiency = hw.chip.efficiency.model_copy(
+            update={"vector": hw.serving.hbm_efficiency})
+        serving_hw = hw.model_copy(update={"chip": hw.chip.model_copy(
+            update={"efficiency": efficiency})})
+        self.steps = StepModel(_with_hardware(topology, serving_hw), CollectiveModel(topology))
+        self.collectives = self.steps.collectives
+        ranks = shape.tp * shape.pp
+        instances = max(1, math.ceil(ranks / hw.ranks_per_instance))
+        placed = np.arange(first_instance, first_instance + instances)
+        k = hw.chip.ranks
+        rank_ids = np.arange(ranks)
+        rank_chips = (placed[rank_ids // hw.ranks_per_instance] * hw.chips_per_instance
+                      + (rank_ids % hw.ranks_per_instance) // k)
+        self.chips = int(len(np.unique(rank_chips)))
+        self.instances = instances
+        self.tp_group = Group.from_rank_chips(rank_chips[: shape.tp].tolist()) if shape.tp > 1 \
+            else None
+        self.stage_chips = [int(rank_chips[d * shape.tp]) for d in range(shape.pp)]
+        self.layers_per_stage = shape.model.layers / shape.pp
+        self.overhead_s = hw.serving.iteration_overhead_s
+        self.element_bytes = BYTES_PER_ELEMENT[shape.precision]
+        # Compute precision: fp8 weights run fp8 matmuls where the chip has them.
+        self.compute_precision = shape.precision if shape.precision in hw.chip.tflops else "bf16"
+        self.kv_coefficient_s = self._kv_seconds_per_token()
+        self._known: dict[tuple[int, int], float] = {}
+
+    # ------------------------------------------------------------------ memory
+    def weight_bytes_per_chip(self) -> float:
+        """Weights one chip holds: its ranks' shards of the busiest stage (with pp > 1 the
+        first stage holds the embedding, the last the output layer; pp = 1 holds both)."""
+        m = self.shape.model
+        per_layer = (m.parameter_count() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
+        ends = m.vocab * m.hidden * (2 if self.shape.pp == 1 else 1)
+        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp
+        ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
+        return per_rank * self.element_bytes * ranks_per_chip
+
+    def weight_bytes(self) -> float:
+        """All the replica's weights (bytes)."""
+        return self.shape.model.parameter_count() * self.element_bytes
+
+    def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
+        """Tokens the KV cache holds: the HBM left after weights on the busiest chip, less a
+        reserved fraction of HBM (activations, runtime), over one token's KV bytes per chip."""
+        hw = self.hardware
+        free = hw.chip.hbm_bytes * (1.0 - reserve_fraction) - self.weight_bytes_per_chip()
+        kv_heads = self.shape.model.n_kv_heads
+        # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
+        per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
+            self.shape.pp * min(self.shape.tp, kv_heads))
+        ranks_per_chip = min(hw.chip.ranks, self.shape.tp * self.shape.pp)
+        return max(0, int(free // (per_rank * ranks_per_chip)))
+
+    # ------------------------------------------------------------------ time
+    def _op_s(self, ops: list[Op]) -> float:
+        return sum(self.steps.op_time(op, self.compute_precision) for op in ops)
+
+    def _linear(self, tokens: int, outputs: int) -> float:
+        """Everything but attention over context for `tokens` tokens, `outputs` of which
+        need logits, plus the fixed overhead. Exact up to 256 tokens and at multiples of 32,
+        linear in between (the work is linear in tokens within a tile)."""
+        key = (tokens, outputs)
+        known = self._known.get(key)
+        if known is not None:
+            return known
+        if tokens <= 256 or tokens % _GRID == 0:
+            body = self._body_s(tokens)
+        else:
+            low = tokens - tokens % _GRID
+            weight = (tokens - low) / _GRID
+            body = (1 - weight) * self._body_s(low) + weight * self._body_s(low + _GRID)
+        time_s = self.overhead_s + body + (self._outputs_s(outputs) if outputs else 0.0)
+        self._known[key] = time_s
+        return time_s
+
+    @lru_cache(maxsize=65536)  # noqa: B019 - one model per replica shape, kept for the run
+    def _outputs_s(self, outputs: int) -> float:
+        """Final norm, output layer and sampling for the sequences emitting a token."""
+        s = self.shape
+        return self._op_s(_output_ops(s.model, 1, outputs, s.tp, self.compute_precision))
+
+    @lru_cache(maxsize=65536)  # noqa: B019
+    def _body_s(self, tokens: int) -> float:
+        """The layers' matmuls and vector work and their TP all-reduces, the embedding, and
+        the sends between stages, for `tokens` tokens."""
+        s = self.shape
+        layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
+                                                self.compute_precision)
+                 if op.name not in _ATTENTION_CORE]
+        layer_s = self._op_s(layer)
+        comm_s = 0.0
+        activation = tokens * s.model.hidden * self.element_bytes
+        if self.tp_group is not None:
+            comm_s = 2 * self.collectives.cost("all-reduce", self.tp_group, activation).time_s
+        stages_s = s.model.layers * (layer_s + comm_s)
+        ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, self.compute_precision))
+        send_s = 0.0
+        for d in range(s.pp - 1):
+            shards = min(s.tp, self.hardware.chip.ranks)
+            send_s += self.collectives.cost(
+                "send-recv", Group(np.array([self.stage_chips[d]]), 1),
+                activation / s.tp * shards, peer=self.stage_chips[d + 1]).time_s
+        return stages_s + ends_s + send_s
+
+    def _kv_seconds_per_token(self) -> float:
+        """Seconds a decoding sequence's attention costs per token of its context: reading
+        that token's keys and values on every layer and scoring it (all stages)."""
+        s = self.shape
+        m = s.model
+        heads = max(1, m.heads // s.tp)
+        kv_heads = max(1, m.n_kv_heads // s.tp)
+        context = 1 << 16  # long enough that tile padding of the context is negligible
+        group = heads // kv_heads  # query heads sharing a KV head score together
+        ops = [_matmul("scores", group, m.head_dim, context, self.element_bytes, count=kv_heads),
+               _matmul("attend", group, context, m.head_dim, self.element_bytes, count=kv_heads)]
+        # Operand traffic: the keys and values themselves (the matmul counts add the query).
+        return m.layers * self._op_s(ops) / context
+
+    @lru_cache(maxsize=65536)  # noqa: B019
+    def _prefill_attention_s(self, chunk: int, context: int) -> float:
+        """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
+        itself: the quadratic term (scores and values), with fused (flash) attention."""
+        s = self.shape
+        m = s.model
+        heads = max(1, m.heads // s.tp)
+        kv_heads = max(1, m.n_kv_heads // s.tp)
+        span = context + chunk
+        e = self.element_bytes
+        ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
+               _matmul("attend", chunk, span, m.head_dim, e, count=heads),
+               _vector("attention_io", chunk * heads * m.head_dim * 2
+                       + span * kv_heads * m.head_dim * 2, e, passes=1)]
+        return m.layers * self._op_s(ops)
+
+    def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
+                    decode_context_tokens: float, prefill_outputs: int = 0) -> float:
+        """One iteration: prompt chunks (tokens, earlier context) of which `prefill_outputs`
+        end a prompt (and so emit a first token), plus `decode_batch` decoding sequences
+        holding `decode_context_tokens` KV tokens in all."""
+        tokens = decode_batch + sum(c for c, _ in prefill)
+        if tokens == 0:
+            return 0.0
+        time_s = self._linear(tokens, decode_batch + prefill_outputs)
+        time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
+        return time_s + self.kv_coefficient_s * decode_context_tokens
+
+    def prefill_s(self, input_tokens: int) -> float:
+        """A whole prompt alone in one iteration (time to first token on an idle replica)."""
+        return self.iteration_s([(input_tokens, 0)], 0, 0.0, prefill_outputs=1)
+
+    def decode_base_s(self, batch: int) -> float:
+        """A decode iteration of `batch` sequences, without their attention over context."""
+        return self._linear(batch, batch)
+
+    def decode_run_s(self, batch: int, context_tokens: float, iterations: np.ndarray | int,
+                     growth: float | None = None) -> np.ndarray | float:
+        """Total time of the next `iterations` decode iterations of a fixed batch holding
+        `context_tokens` KV tokens, each iteration adding `growth` tokens (default `batch`):
+        n x base + kv x (n x context + growth x n(n-1)/2), in closed form."""
+        n = iterations
+        g = batch if growth is None else growth
+        base = self.decode_base_s(batch)
+        return n * base + self.kv_coefficient_s * (n * context_tokens + g * n * (n - 1) / 2.0)

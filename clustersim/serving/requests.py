@@ -1,0 +1,146 @@
+"""Request workloads: arrival times and token counts, as numpy arrays (never one object per
+request).
+
+Arrivals are Poisson (exponential gaps), gamma (gaps with a coefficient of variation `cv`:
+above 1 bursty, below 1 smoother than Poisson) or read from a trace file (CSV or Parquet with
+`arrival_s`, `input_tokens`, `output_tokens`). Lengths are fixed, log-normal (median and the
+standard deviation of the log, clipped to [min, max]) or the trace's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from clustersim.scenario.serving import LengthSpec, RequestWorkloadSpec
+
+__all__ = ["Requests", "generate_requests", "read_request_trace", "TraceError"]
+
+TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
+
+
+class TraceError(ValueError):
+    """A request trace that cannot be used (missing, unreadable, bad columns or values)."""
+
+
+@dataclass(frozen=True)
+class Requests:
+    """One deployment's requests, in arrival order."""
+
+    arrival_s: np.ndarray  # float64
+    input_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def read_request_trace(path: Path) -> dict[str, np.ndarray]:
+    """The trace's columns as arrays; TraceError with what is wrong."""
+    if not path.is_file():
+        raise TraceError(f"no such file: {path}")
+    try:
+        if path.suffix.lower() == ".parquet":
+            table = pq.read_table(path)
+        else:
+            table = pacsv.read_csv(path)
+    except (pa.ArrowException, OSError) as error:
+        raise TraceError(f"cannot read {path}: {error}") from None
+    missing = [c for c in TRACE_COLUMNS if c not in table.column_names]
+    if missing:
+        raise TraceError(f"{path} lacks column(s) {', '.join(missing)}; expected "
+                         f"{', '.join(TRACE_COLUMNS)}")
+    out = {}
+    for column in TRACE_COLUMNS:
+        try:
+            values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
+        except (pa.ArrowException, ValueError, TypeError):
+            raise TraceError(f"{path}: column {column} is not numeric") from None
+        if len(values) and not np.all(np.isfinite(values)):
+            raise TraceError(f"{path}: column {column} has an empty, NaN or infinite value")
+        low = 0 if column == "arrival_s" else 1
+        if len(values) and values.min() < low:
+            raise TraceError(f"{path}: column {column} has {values.min():g}; expected at "
+                             f"least {low}")
+        out[column] = values
+    if len(out["arrival_s"]) == 0:
+        raise TraceError(f"{path} has no requests")
+    return out
+
+
+def _arrivals(spec: RequestWorkloadSpec, horizon_s: float, rng: np.random.Generator
+              ) -> np.ndarray:
+    rate = float(spec.rate_per_s or 0.0)
+    limit = spec.requests if spec.requests is not None else None
+    expected = rate * horizon_s
+    chunk = int(min(limit or expected, expected) * 1.05 + 64)
+    parts: list[np.ndarray] = []
+    last = 0.0
+    count = 0
+    while True:
+        if spec.arrival == "poisson":
+            gaps = rng.exponential(1.0 / rate, chunk)
+        else:
+            shape = 1.0 / spec.cv**2
+            gaps = rng.gamma(shape, 1.0 / (rate * shape), chunk)
+        times = last + np.cumsum(gaps)
+        parts.append(times)
+        count += len(times)
+        last = float(times[-1])
+        if last >= horizon_s or (limit is not None and count >= limit):
+            break
+    arrivals = np.concatenate(parts)
+    arrivals = arrivals[arrivals < horizon_s]
+    return arrivals[:limit] if limit is not None else arrivals
+
+
+def _lengths(spec: LengthSpec, n: int, rng: np.random.Generator,
+             trace: np.ndarray | None) -> np.ndarray:
+    if spec.distribution == "fixed":
+        assert spec.value is not None
+        return np.full(n, spec.value, dtype=np.int64)
+    if spec.distribution == "trace":
+        assert trace is not None
+        values = np.rint(trace[:n]).astype(np.int64)
+    else:
+        assert spec.median is not None and spec.sigma is not None
+        values = np.rint(np.exp(rng.normal(np.log(spec.median), spec.sigma, n))).astype(np.int64)
+    return np.clip(values, spec.min, spec.max)
+
+
+def generate_requests(spec: RequestWorkloadSpec, horizon_s: float, seed: np.random.SeedSequence,
+                      base_dir: Path | None = None) -> Requests:
+    """The deployment's requests over [0, horizon_s), from its own seed stream."""
+    arrival_rng, input_rng, output_rng = (np.random.default_rng(s) for s in seed.spawn(3))
+    trace = None
+    if spec.trace is not None:
+        path = Path(spec.trace)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        trace = read_request_trace(path)
+    if spec.arrival == "trace":
+        assert trace is not None
+        order = np.argsort(trace["arrival_s"], kind="stable")
+        trace = {k: v[order] for k, v in trace.items()}
+        arrivals = trace["arrival_s"]
+        keep = arrivals < horizon_s
+        if spec.requests is not None:
+            keep &= np.arange(len(arrivals)) < spec.requests
+        trace = {k: v[keep] for k, v in trace.items()}
+        arrivals = trace["arrival_s"]
+    else:
+        arrivals = _arrivals(spec, horizon_s, arrival_rng)
+    n = len(arrivals)
+    if trace is not None and n > len(trace["input_tokens"]):
+        raise TraceError(f"the trace has {len(trace['input_tokens'])} requests' lengths, "
+                         f"{n} arrivals need them")
+    inputs = _lengths(spec.input_tokens, n, input_rng,
+                      None if trace is None else trace["input_tokens"])
+    outputs = _lengths(spec.output_tokens, n, output_rng,
+                       None if trace is None else trace["output_tokens"])
+    return Requests(np.ascontiguousarray(arrivals, dtype=np.float64), inputs, outputs)

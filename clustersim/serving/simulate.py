@@ -1,0 +1,259 @@
+"""Serving deployments of a scenario: build each replica's iteration model on its chips,
+simulate the fleets on one simpy environment, and reduce the outcome to the contract's
+figures and tables.
+
+Replicas take the cluster's instances in order, deployment after deployment (each replica on
+whole instances, or ranks of one instance when it needs fewer). The iteration model of a
+replica shape is built once on a small topology of the same hardware and fabric (a replica's
+collectives run inside its own instances; only the disaggregated KV transfer crosses the
+fabric). Failures draw from the scenario's rates, summed over a replica's chips, instances and
+UltraServers; a failed replica is down for the detection time plus the restart (a hot spare
+takes its place) or plus the repair when the cluster has no spares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import simpy
+
+from clustersim.analysis.trace import SCHEMAS
+from clustersim.cluster.timeline import effective_rates
+from clustersim.collectives.model import Group
+from clustersim.hardware.topology import build_topology
+from clustersim.scenario.loader import Issue, Scenario, ScenarioError
+from clustersim.scenario.serving import DeploymentSpec, deployment_instances
+from clustersim.serving.fleet import STATUS, Fleet
+from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
+from clustersim.serving.replica import DecodeCost
+from clustersim.serving.requests import TraceError, generate_requests
+
+__all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
+           "requests_table", "replica_series_table"]
+
+
+@dataclass
+class ServingResult:
+    """The fleets after a run, with what the figures need."""
+
+    fleets: dict[str, Fleet]
+    models: dict[str, tuple[DecodeCost, int, int]]  # cost, KV capacity, instances per replica
+    horizon_s: float
+
+
+def _instances_per_replica(scenario: Scenario, d: DeploymentSpec) -> int:
+    return max(1, math.ceil(d.tp * d.pp / scenario.hardware.ranks_per_instance))
+
+
+def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, int, Any]:
+    """(decode cost, KV capacity in tokens, KV transfer time function) of one replica."""
+    hw = scenario.hardware
+    per = _instances_per_replica(scenario, d)
+    ipu = hw.instances_per_ultraserver
+    small = max(2 * per, ipu * math.ceil(2 * per / ipu))
+    topology = build_topology(hw, small, scenario.cluster.fabric)
+    shape = ReplicaShape(d.model, d.precision, d.tp, d.pp, d.server.kv_precision)
+    target = IterationModel(shape, topology)
+    draft = None
+    if d.speculative is not None:
+        draft = IterationModel(ReplicaShape(d.speculative.draft, d.precision, d.tp, 1,
+                                            d.server.kv_precision), topology)
+    cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
+                      d.speculative.acceptance if d.speculative else 0.0)
+    capacity = target.kv_capacity_tokens(d.server.kv_reserve)
+    if draft is not None:  # the draft's weights and KV share the HBM
+        capacity = int(capacity * target.kv_coefficient_s / (target.kv_coefficient_s
+                                                              + draft.kv_coefficient_s))
+        capacity -= int(draft.weight_bytes_per_chip() / max(1.0, kv_bytes_per_token(
+            d.model, d.server.kv_precision) / target.chips))
+    kv_per_chip = kv_bytes_per_token(d.model, d.server.kv_precision) / target.chips
+    source = 0
+    peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
+    cache: dict[int, float] = {}
+
+    def transfer_s(tokens: int) -> float:
+        if tokens not in cache:
+            cache[tokens] = target.collectives.cost(
+                "send-recv", Group(np.array([source]), 1), tokens * kv_per_chip,
+                peer=peer).time_s
+        return cache[tokens]
+
+    return cost, max(0, capacity), transfer_s
+
+
+def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec) -> float:
+    hw = scenario.hardware
+    per = _instances_per_replica(scenario, d)
+    chips = min(per * hw.chips_per_instance, max(1, math.ceil(d.tp * d.pp / hw.chip.ranks)))
+    units = {"chip": chips, "instance": per, "job": 1,
+             "ultraserver": per / hw.instances_per_ultraserver if hw.ultraserver else 0.0,
+             "leaf": 0.0}
+    scale = scenario.failures.scale
+    return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario))
+
+
+def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: DeploymentSpec,
+              rng: np.random.Generator, horizon_s: float) -> None:
+    rate = _replica_failure_rate(scenario, d) * d.replicas
+    if rate <= 0:
+        return
+    count = rng.poisson(rate * horizon_s)
+    times = np.sort(rng.uniform(0.0, horizon_s, count))
+    which = rng.integers(0, d.replicas, count)
+    f = scenario.failures
+    if scenario.cluster.spares > 0:
+        down_s = f.detect_s + f.restart_s
+    else:
+        down_s = math.inf if f.repair_s == "never" else f.detect_s + f.repair_s + f.restart_s
+
+    def process():
+        for time_s, index in zip(times.tolist(), which.tolist(), strict=True):
+            yield env.timeout(time_s - env.now)
+            fleet.fail(index, down_s)
+
+    env.process(process())
+
+
+def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
+                     base_dir: Path | None = None) -> ServingResult:
+    """Simulate every deployment of the scenario over its horizon (plus the time to drain
+    requests in flight at the end, up to one more horizon)."""
+    env = simpy.Environment()
+    horizon = scenario.duration_s
+    fleets: dict[str, Fleet] = {}
+    models: dict[str, tuple[DecodeCost, int, int]] = {}
+    streams = seed.spawn(len(scenario.serve))
+    for d, stream in zip(scenario.serve, streams, strict=True):
+        request_seed, failure_seed = stream.spawn(2)
+        try:
+            requests = generate_requests(d.workload, horizon - d.start_s, request_seed,
+                                         base_dir)
+        except TraceError as error:
+            index = scenario.serve.index(d)
+            raise ScenarioError(scenario.source, [Issue(
+                f"serve.{index}.workload.trace", str(error), d.workload.trace, True)]) from None
+        if d.start_s:
+            requests = type(requests)(requests.arrival_s + d.start_s, requests.input_tokens,
+                                      requests.output_tokens)
+        cost, capacity, transfer = replica_models(scenario, d)
+        if d.disaggregated is not None:
+            roles = (["prefill"] * d.disaggregated.prefill_replicas
+                     + ["decode"] * d.disaggregated.decode_replicas)
+        else:
+            roles = ["both"] * d.replicas
+        fleet = Fleet(env, d, requests, [(cost, capacity, role) for role in roles],
+                      transfer if d.disaggregated is not None else None)
+        _failures(env, scenario, fleet, d, np.random.default_rng(failure_seed), horizon)
+        fleets[d.name] = fleet
+        models[d.name] = (cost, capacity, _instances_per_replica(scenario, d))
+    done = simpy.AllOf(env, [f.done for f in fleets.values()])
+    env.run(until=simpy.AnyOf(env, [done, env.timeout(2 * horizon)]))
+    return ServingResult(fleets, models, horizon)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures and tables
+
+
+def _quantiles(values: np.ndarray, name: str) -> dict[str, float | None]:
+    if len(values) == 0:
+        return {f"{name}_p50_s": None, f"{name}_p90_s": None, f"{name}_p99_s": None}
+    q = np.quantile(values, [0.5, 0.9, 0.99])
+    return {f"{name}_p50_s": float(q[0]), f"{name}_p90_s": float(q[1]),
+            f"{name}_p99_s": float(q[2])}
+
+
+def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, dict[str, Any]]:
+    """summary.json `deployments.<name>`: the contract's figures, and a few more."""
+    hw = scenario.hardware
+    out = {}
+    for d in scenario.serve:
+        fleet = result.fleets[d.name]
+        cost, capacity, per = result.models[d.name]
+        done = fleet.status == 1
+        arrival = fleet.arrival_s[done]
+        first = fleet.first_token_s[done]
+        finish = fleet.finish_s[done]
+        outputs = fleet.output_tokens[done]
+        ttft = first - arrival
+        e2e = finish - arrival
+        decoding = outputs > 1
+        tpot = (finish[decoding] - first[decoding]) / (outputs[decoding] - 1)
+        span = max(result.horizon_s - d.start_s, 1e-9)
+        tokens = float(outputs.sum())
+        meets = (ttft <= d.slo.ttft_s) & np.where(
+            decoding, (finish - first) / np.maximum(outputs - 1, 1) <= d.slo.tpot_s, True)
+        instances = deployment_instances(d, hw)
+        price = hw.instance.price_per_hour_usd
+        cost_mtok = None
+        if price is not None and tokens > 0:
+            cost_mtok = instances * price * span / 3600.0 / tokens * 1e6
+        energy = None
+        if hw.chip.power_w is not None and tokens > 0:
+            energy = instances * hw.chips_per_instance * hw.chip.power_w * span / tokens
+        out[d.name] = {
+            "model": d.model.name, "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
+            "instances": instances, "requests": int(len(fleet.arrival_s)),
+            "requests_completed": int(done.sum()),
+            "requests_per_s": float(done.sum()) / span,
+            "output_tokens_per_s": tokens / span,
+            **_quantiles(ttft, "ttft"), **_quantiles(tpot, "tpot"), **_quantiles(e2e, "e2e"),
+            "slo_goodput": float(meets.sum()) / max(1, len(fleet.arrival_s)),
+            "cost_per_million_output_tokens_usd": cost_mtok,
+            "energy_per_output_token_j": energy,
+            "retries": int(fleet.retries.sum()), "replica_failures": fleet.failures,
+            "preemptions": fleet.preemptions,
+            "requests_rejected": int((fleet.status == 2).sum()),
+            "kv_capacity_tokens_per_replica": capacity,
+            "prefill_s_per_1k_tokens": cost.target.prefill_s(1024),
+            "decode_iteration_batch1_s": cost.run_s(1, 1024, 1),
+        }
+    return out
+
+
+def requests_table(scenario: Scenario, result: ServingResult) -> pa.Table:
+    """One row per request of every deployment (schema: analysis.trace SCHEMAS)."""
+    parts = []
+    status_type = pa.dictionary(pa.int8(), pa.string())
+    for index, d in enumerate(scenario.serve):
+        f = result.fleets[d.name]
+        n = len(f.arrival_s)
+        parts.append(pa.table({
+            "deployment": pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, dtype=np.int8)), pa.array([d.name])),
+            "deployment_id": np.full(n, index, dtype=np.int16),
+            "request": np.arange(n, dtype=np.int64),
+            "arrival_s": f.arrival_s, "first_token_s": f.first_token_s,
+            "finish_s": f.finish_s, "input_tokens": f.input_tokens.astype(np.int32),
+            "output_tokens": f.output_tokens.astype(np.int32),
+            "replica": f.replica_of, "status": pa.DictionaryArray.from_arrays(
+                pa.array(f.status), pa.array(list(STATUS))).cast(status_type),
+            "retries": f.retries,
+        }))
+    return (pa.concat_tables(parts) if parts else SCHEMAS["requests"].empty_table()).cast(
+        SCHEMAS["requests"])
+
+
+def replica_series_table(scenario: Scenario, result: ServingResult) -> pa.Table:
+    """Per replica, batch size and KV occupancy over time: one row per iteration group."""
+    parts = []
+    for index, d in enumerate(scenario.serve):
+        s = result.fleets[d.name].series
+        n = len(s["start_s"])
+        capacity = max(1, result.models[d.name][1])
+        kv = np.ascontiguousarray(s["kv_tokens"])
+        parts.append(pa.table({
+            "deployment_id": np.full(n, index, dtype=np.int16),
+            "replica": s["replica"].astype(np.int32),
+            "start_s": np.ascontiguousarray(s["start_s"]),
+            "duration_s": np.ascontiguousarray(s["duration_s"]),
+            "batch": s["batch"].astype(np.int32),
+            "kv_tokens": kv, "kv_occupancy": kv / capacity,
+        }))
+    return (pa.concat_tables(parts) if parts else SCHEMAS["replicas"].empty_table()).cast(
+        SCHEMAS["replicas"])
