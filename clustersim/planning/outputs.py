@@ -113,9 +113,10 @@ def plot_pareto(result: PlanResult, path: Path) -> Path:
 
 def best_scenario(result: PlanResult) -> dict[str, Any]:
     """The scenario, its first job set to the best candidate, as a raw mapping `run` takes:
-    the cluster is the job's instances plus the scenario's spares; other jobs and any
-    workload are left out (they were not planned); checkpointing is written out as assumed;
-    with a token budget, the job's steps are set to it and the horizon made long enough."""
+    named `<name>-planned`; the cluster is the job's instances plus the scenario's spares;
+    other jobs and any workload are left out (they were not planned); checkpointing is
+    written out as assumed; with a token budget, the job's steps are set to it and the
+    horizon made long enough."""
     best = result.best
     scenario = result.scenario
     raw = yaml.safe_load(scenario.source_yaml) if scenario.source_yaml else {}
@@ -144,6 +145,7 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
         raw["duration"] = max(scenario.duration_s, math.ceil(1.5 * best["time_to_train_s"]))
     raw["jobs"] = [job]
     raw.pop("workload", None)
+    raw["name"] = f"{scenario.name}-planned"[:128]  # runs into its own results folder
     note = (f"Planned by clustersim plan ({options.objective}): step {best['step_time_s']:.4g} s, "
             f"ETTR {best['ettr']:.3f}.")
     before = str(raw.get("description") or "").strip()
