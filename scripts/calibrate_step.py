@@ -7,7 +7,7 @@ Only hardware-level constants are fitted, per chip family: Trainium (trn1) matmu
 efficiency, to the three Trn1 rows of docs/calibration.md; the A100 (p4d) matmul efficiency, to
 Megatron-LM's 1T-parameter run (52% of peak on 3,072 GPUs). The fit minimises squared log
 errors. Nothing is fitted per case; the cases and their assumptions are in
-clustersim/calibration.py.
+clustersim/calibration/collectives.py.
 """
 
 from __future__ import annotations

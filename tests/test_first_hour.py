@@ -376,3 +376,15 @@ def test_a_finished_job_without_checkpoints_says_why_it_took_so_long():
     job = _simulate(never)["jobs"]["pretrain"]
     assert job["status"] == "done" and job["interruptions"] > 0
     assert job["reason"].startswith("reached its step target; no checkpoints")
+
+
+def test_a_serving_run_replaces_its_earlier_run(tmp_path: Path):
+    """Every table a run writes (serving's requests and replicas too) belongs to a run."""
+    out = tmp_path / "serve"
+    args = ["run", ROOT / "scenarios" / "serving-llama-trn2.yaml", "-o", out,
+            "--set", "duration=10min"]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert (out / "replicas.parquet").exists() or (out / "requests.parquet").exists()
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output

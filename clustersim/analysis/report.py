@@ -220,8 +220,9 @@ def _largest_jobs(run: Run) -> dict[str, dict]:
 
 
 def _stacked_bars(rows: list[tuple[str, list[tuple[float, str, str]], str]], xlabel: str,
-                  title: str, path: Path) -> Path:
-    """One horizontal bar per row, stacked from (value, label, colour) segments, annotated."""
+                  title: str, path: Path, unit: str = "") -> Path:
+    """One horizontal bar per row, stacked from (value, label, colour) segments, annotated;
+    `unit` follows the values the note names."""
     fig, ax = plt.subplots(figsize=(11, 2.2 + 0.7 * len(rows)))
     longest = max((sum(v for v, _, _ in segments) for _, segments, _ in rows), default=0.0)
     for row, (_, segments, note) in enumerate(rows):
@@ -235,7 +236,7 @@ def _stacked_bars(rows: list[tuple[str, list[tuple[float, str, str]], str]], xla
                 ax.barh(row, value, left=left, color=colour, label=label if seen else None)
                 left += value
                 if not seen:
-                    hidden.append(f"{label} {value:.2g}")
+                    hidden.append(f"{label} {value:.2g}{unit}")
         tail = f" (too small to see: {', '.join(hidden)})" if hidden else ""
         ax.text(left, row, f"  {note}{tail}", va="center", fontsize=9)
     _legend_outside(ax)
@@ -263,7 +264,7 @@ def plot_hours(run: Run, path: Path) -> Path:
                      palette.get(key, "k")) for key, seconds in parts]
         rows.append((name, segments, f"ETTR {job.get('ettr', 0):.1%}"))
     title = "where the hours went" + _of(run, jobs) + _means(run)
-    return _stacked_bars(rows, "hours since the job was submitted", title, path)
+    return _stacked_bars(rows, "hours since the job was submitted", title, path, unit=" h")
 
 
 def plot_step(run: Run, path: Path) -> Path:
@@ -279,7 +280,7 @@ def plot_step(run: Run, path: Path) -> Path:
         rows.append((name, segments,
                      f"{job.get('step_time_s', 0):.2f} s, MFU {job.get('mfu', 0):.1%}"))
     title = "one training step, by where its time goes" + _of(run, jobs)
-    return _stacked_bars(rows, "seconds per training step", title, path)
+    return _stacked_bars(rows, "seconds per training step", title, path, unit=" s")
 
 
 def _merged_widest(starts: np.ndarray, widths: np.ndarray, gap: float) -> float:
@@ -319,10 +320,10 @@ def _pair(job: dict, key: str, form: str) -> str:
     return " / ".join("-" if v is None else form.format(v) for v in values)
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Draw the plots into RUN_DIR/report/ and write RUN_DIR/report/report.md."""
+def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
+    """Draw the plots into RUN_DIR/report/ (or `folder`) and write report.md there."""
     run = load_run(run_dir)
-    folder = run.path / "report"
+    folder = Path(folder) if folder is not None else run.path / "report"
     folder.mkdir(exist_ok=True)
     plots = {
         "Cluster utilisation": plot_utilisation(run, folder / "utilisation.png"),

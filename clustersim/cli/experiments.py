@@ -105,9 +105,18 @@ def _print_sweep(summary: Any, grid_paths: list[str]) -> None:
                 ".effective_cost_per_million_tokens_usd", ".ettr")
     figures = [c for c in summary.columns if c.endswith(headline) and c.count(".") == 1]
     keys = ["variant"] + grid_paths
-    table = Table(title="sweep summary (mean ± 95% interval over seeds)", title_justify="left")
+    short = {"step_time_s": "step s", "tokens_per_s": "tokens/s",
+             "cost_per_million_tokens_usd": "$/M tokens ideal",
+             "effective_cost_per_million_tokens_usd": "$/M tokens effective", "ettr": "ETTR"}
+    jobs = {c.split(".")[0] for c in figures[:8]}
+    of_job = f" of job {next(iter(jobs))}" if len(jobs) == 1 else ""
+    table = Table(title=f"sweep summary{of_job} (mean ± 95% interval over seeds)",
+                  title_justify="left")
     for column in keys + figures[:8]:
-        table.add_column(column, overflow="fold")
+        job, _, figure = column.partition(".")
+        label = column if column in keys else (
+            short[figure] if len(jobs) == 1 else f"{job} {short[figure]}")
+        table.add_column(label, overflow="fold")  # short names: they wrap at words, not cut
     for row in summary.to_dict("records"):
         cells = [str(row[c]) for c in keys]
         for column in figures[:8]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,20 +74,26 @@ def topology(
         raise UsageProblem(f"--draw {draw}: expected a .png path")
     if draw is not None and (draw.is_dir() or not draw.parent.is_dir()):
         raise UsageProblem(f"--draw {draw}: expected a .png file in an existing folder")
+    if draw is not None and not os.access(draw.parent, os.W_OK | os.X_OK):
+        raise UsageProblem(f"--draw {draw}: cannot write in {draw.parent} (permission denied)")
     started = time.perf_counter()
     topo = topology_for(spec)
     build_s = time.perf_counter() - started
     if draw is not None:
         from clustersim.analysis.report import draw_topology
 
-        draw_topology(topo, draw)
+        try:
+            draw_topology(topo, draw)
+        except OSError as error:
+            raise UsageProblem(f"--draw {draw}: cannot write it ({error.strerror or error})"
+                               ) from None
         err_console.print(f"drew {escape(str(draw))}")
     figures = topo.summary()
     figures["build_s"] = round(build_s, 3)
     figures["nodes"] = topo.graph.number_of_nodes()
     figures["edges"] = topo.graph.number_of_edges()
     if json_out:
-        print(json.dumps(_without_float_noise(figures), indent=2))
+        print(json.dumps(_without_float_noise(figures), indent=2, allow_nan=False))
         return
     table = Table(title=f"{spec.name}: topology of {figures['hardware']}", title_justify="left",
                   show_header=False)
@@ -166,7 +173,7 @@ def _list_hardware(json_out: bool) -> None:
             "price_per_hour_usd": spec.instance.price_per_hour_usd,
         })
     if json_out:
-        print(json.dumps({"hardware": rows}, indent=2))
+        print(json.dumps({"hardware": rows}, indent=2, allow_nan=False))
         return
     table = Table(title="hardware catalog (prices are assumptions: override them)",
                   title_justify="left")
@@ -224,7 +231,7 @@ def schema(
     """Print the JSON Schema of scenario files (for editors' completion and checks)."""
     from clustersim.scenario.schema import scenario_json_schema
 
-    text = json.dumps(scenario_json_schema(), indent=2) + "\n"
+    text = json.dumps(scenario_json_schema(), indent=2, allow_nan=False) + "\n"
     if out is None:
         sys.stdout.write(text)
     else:

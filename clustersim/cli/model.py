@@ -42,7 +42,8 @@ def step(
     profiles = step_profiles(spec)
     too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
     if json_out:
-        print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2))
+        print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2,
+                         allow_nan=False))
     else:
         for job in spec.jobs:
             _print_step(job, profiles[job.name], spec, ignore_memory)

@@ -98,7 +98,7 @@ class JobRecovery:
                 yield env.timeout(f.detect_s)
                 self.set_state("waiting_for_hardware")
                 # Replacements come from the scheduler, which serves recovering jobs before
-                # queued ones (Scheduler._pass) and adds them to this job as it grants them.
+                # queued ones (Scheduler._pass in scheduler.py) and adds them to this job as it grants them.
                 self.t.scheduler.schedule()
                 while self.held_count < self.instances_needed:
                     yield self.t.hardware_event

@@ -55,8 +55,26 @@ class JobOutcome:
         return int(math.floor(self.progress_steps + 1e-9))
 
     @property
+    def unfinished_s(self) -> float:
+        """Running time spent on a step still unfinished at the end: not useful (it produced
+        no completed step), counted with the lost work."""
+        worked = max(0.0, self.running_s - self.lost_work_s)
+        if self.progress_steps <= 0:
+            return worked
+        return worked * max(0.0, 1.0 - self.steps_completed / self.progress_steps)
+
+    @property
     def useful_s(self) -> float:
-        return self.running_s - self.lost_work_s
+        """Running time that produced completed steps: neither work later lost nor the step
+        unfinished at the end (a job whose steps never complete, at a step time of years,
+        has no useful time)."""
+        return max(0.0, self.running_s - self.lost_work_s) - self.unfinished_s
+
+    @property
+    def lost_s(self) -> float:
+        """Work lost to failures and preemptions, and the unfinished last step (the
+        `lost_time_s.lost_work` of the summary: useful plus lost time is the wall time)."""
+        return self.lost_work_s + self.unfinished_s
 
     def figures(self, horizon_s: float) -> dict[str, Any]:
         """The contract's job figures and where the lost hours went."""
@@ -73,7 +91,7 @@ class JobOutcome:
             "waiting_for_hardware": states["waiting_for_hardware"],
             "restarting": states["restarting"],
             "restoring": states["restoring"],
-            "lost_work": self.lost_work_s,
+            "lost_work": self.lost_s,
         }
         return {
             "status": self.status,

@@ -70,7 +70,13 @@ def topology_elements(hardware: HardwareSpec, instances: int,
 
 def check_topology_size(hardware: HardwareSpec, instances: int,
                         fabric: FabricSpec | None = None) -> None:
-    """Refuse a topology over limits.MAX_TOPOLOGY_ELEMENTS nodes and links."""
+    """Refuse a topology of more than limits.MAX_CHIPS chips or limits.MAX_TOPOLOGY_ELEMENTS
+    nodes and links."""
+    chips = instances * hardware.chips_per_instance
+    if chips > limits.MAX_CHIPS:
+        raise TopologyTooLarge(
+            f"{instances:,} {hardware.instance.name} instances hold {chips:,} chips; expected "
+            f"at most {limits.MAX_CHIPS:,} (docs/limits.md)")
     elements = topology_elements(hardware, instances, fabric)
     if elements > limits.MAX_TOPOLOGY_ELEMENTS:
         raise TopologyTooLarge(

@@ -64,8 +64,9 @@ def _boolean_where_number(value: Any, annotation: Any) -> bool:
     if origin is Annotated:
         return _boolean_where_number(value, args[0])
     if isinstance(value, bool):
-        if origin is Literal:
-            return False
+        if origin is Literal:  # `zero: true` is not the stage 1
+            return not any(isinstance(a, bool) for a in args) and any(
+                isinstance(a, int) for a in args)
         if args:  # a union: a boolean is fine if one member takes it
             return not any(a is bool or get_origin(a) is Literal or a is Any for a in args) and (
                 any(_takes_number(a) for a in args))

@@ -38,7 +38,8 @@ MAX_NAME_BYTES = 200
 # these, with a summary.json and scenario.yaml of the same scenario, is an earlier run.
 RUN_FILES = frozenset({"summary.json", "scenario.yaml", "report"} | {
     f"{table}.parquet" for table in ("chips", "jobs", "intervals", "events", "allocations",
-                                     "utilisation", "cluster_state", "requests")})
+                                     "utilisation", "cluster_state", "requests",
+                                     "replicas")})
 
 
 class OutputDirError(Exception):

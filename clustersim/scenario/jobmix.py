@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from clustersim.hardware import units
+from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
+from clustersim.scenario.reading import regular_file_problem
 
 __all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
 
@@ -82,7 +83,7 @@ class JobTemplate(Spec):
 
 class Arrivals(Spec):
     rate_per_s: Rate = Field(alias="rate", description="Poisson arrivals per unit time")
-    count: int | None = Field(default=None, gt=0)
+    count: int | None = Field(default=None, gt=0, le=limits.MAX_JOBS)
     until_s: Duration | None = Field(default=None, alias="until")
 
     @model_validator(mode="after")
@@ -156,6 +157,10 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                 break
             if a.count is not None and len(jobs) >= a.count:
                 break
+            if len(jobs) >= limits.MAX_JOBS:
+                raise ValueError(f"arrivals: more than {limits.MAX_JOBS:,} jobs before `until` "
+                                 "(docs/limits.md); expected a lower rate, an earlier until or "
+                                 "a count")
             template = workload.templates[int(rng.choice(len(weights), p=weights))]
             run_for = None
             if template.run_for is not None:
@@ -175,9 +180,18 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     path = Path(path_text)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    if not path.exists():
-        raise ValueError(f"workload.file: no such file {path}")
-    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES)
+    if problem is not None:
+        raise ValueError(f"workload.file {path}: {problem}")
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
+        raise ValueError(f"workload.file {path}: cannot read it as "
+                         f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
+                         f"({type(error).__name__}: {error})") from None
+    if len(frame) > limits.MAX_TRACE_ROWS:
+        raise ValueError(f"workload.file {path}: {len(frame):,} rows; expected at most "
+                         f"{limits.MAX_TRACE_ROWS:,} (docs/limits.md)")
     missing = {"submit", "instances", "template"} - set(frame.columns)
     if missing:
         raise ValueError(f"workload.file {path}: missing columns {', '.join(sorted(missing))}; "
@@ -185,22 +199,31 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
                          "optional)")
     jobs = []
     for number, row in enumerate(frame.to_dict("records")):
-        template = templates.get(str(row["template"]))
-        if template is None:
-            raise ValueError(f"workload.file {path}, row {number + 1}: unknown template "
-                             f"{row['template']!r}; expected one of {', '.join(templates)}")
-
-        def value(key: str, row: dict = row) -> Any:
-            item = row.get(key)
-            return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
-
-        run_for = value("run_for")
-        jobs.append(_job(
-            template, int(row["instances"]), ranks_per_instance,
-            str(value("name") or f"{template.name}-trace-{number:04d}"),
-            units.parse_duration(row["submit"]),
-            units.parse_duration(run_for) if run_for is not None else (
-                float(template.run_for.median_s) if template.run_for else None),
-            int(value("steps")) if value("steps") is not None else template.steps,
-            int(value("priority")) if value("priority") is not None else None))
+        try:
+            jobs.append(_trace_job(row, number, path, templates, ranks_per_instance))
+        except (TypeError, OverflowError, units.UnitError, ValueError) as error:
+            raise ValueError(f"workload.file {path}, row {number + 1}: {error}") from None
     return jobs
+
+
+def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str, JobTemplate],
+               ranks_per_instance: int) -> dict[str, Any]:
+    """One job of a trace file's row (ValueError, TypeError or OverflowError if malformed)."""
+    template = templates.get(str(row["template"]))
+    if template is None:
+        raise ValueError(f"unknown template {row['template']!r}; expected one of "
+                         f"{', '.join(templates)}")
+
+    def value(key: str, row: dict = row) -> Any:
+        item = row.get(key)
+        return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
+
+    run_for = value("run_for")
+    return _job(
+        template, int(row["instances"]), ranks_per_instance,
+        str(value("name") or f"{template.name}-trace-{number:04d}"),
+        units.parse_duration(row["submit"]),
+        units.parse_duration(run_for) if run_for is not None else (
+            float(template.run_for.median_s) if template.run_for else None),
+        int(value("steps")) if value("steps") is not None else template.steps,
+        int(value("priority")) if value("priority") is not None else None)

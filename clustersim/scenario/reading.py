@@ -4,15 +4,19 @@ overrides applied to the raw mapping before anything is resolved or validated.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError, short_repr
 
-__all__ = ["OverrideError", "parse_override", "apply_override", "read_yaml_file"]
+__all__ = ["OverrideError", "parse_override", "apply_override", "read_yaml_file",
+           "load_yaml_text", "regular_file_problem", "YamlTooLarge"]
 
 
 class OverrideError(ValueError):
@@ -32,7 +36,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not path.strip():
         raise OverrideError("", "expected PATH=VALUE, e.g. jobs.0.checkpoint.interval=30min")
     try:
-        value = yaml.safe_load(value_text) if value_text.strip() else ""
+        value = load_yaml_text(value_text) if value_text.strip() else ""
+    except YamlTooLarge as error:
+        raise OverrideError(path.strip(), f"cannot read the value: {error}") from None
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or str(error)
         raise OverrideError(path.strip(), f"cannot read the value as YAML: {problem}") from None
@@ -91,20 +97,47 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_yaml_file(path: Path) -> Any:
-    """A YAML file's content; a missing or unreadable file, a directory, a syntax error or a
-    key written twice is a ScenarioError naming the file (and line)."""
-    source = str(path)
+def regular_file_problem(path: Path, max_bytes: int) -> str | None:
+    """Why `path` cannot be read as an input file (missing, a directory, a named pipe or a
+    device such as /dev/zero, larger than `max_bytes`), or None. Checked before opening it:
+    opening a named pipe waits for a writer, and a device never ends."""
     try:
-        text = path.read_text(encoding="utf-8")
+        status = os.stat(path)
     except FileNotFoundError:
-        raise ScenarioError(source, [Issue("", "no such file")]) from None
-    except IsADirectoryError:
-        raise ScenarioError(source, [Issue("", "is a directory, expected a YAML file")]) from None
+        return "no such file"
+    except OSError as error:
+        return f"cannot read: {error.strerror}"
+    if stat.S_ISDIR(status.st_mode):
+        return "is a directory, expected a YAML file"
+    if not stat.S_ISREG(status.st_mode):
+        return "is not a regular file (a named pipe, a device or a socket); expected a file"
+    if status.st_size > max_bytes:
+        return (f"is {status.st_size:,} bytes; expected at most {max_bytes:,} "
+                "(docs/limits.md)")
+    return None
+
+
+def read_yaml_file(path: Path) -> Any:
+    """A YAML file's content; a missing or unreadable file, a directory, a named pipe or
+    device, a file over the size limit, a syntax error, a key written twice, nesting too
+    deep or aliases that expand too far is a ScenarioError naming the file (and line)."""
+    source = str(path)
+    problem = regular_file_problem(path, limits.MAX_YAML_BYTES)
+    if problem is not None:
+        raise ScenarioError(source, [Issue("", problem)])
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limits.MAX_YAML_BYTES + 1)
+        if len(data) > limits.MAX_YAML_BYTES:
+            raise ScenarioError(source, [Issue("", f"is more than {limits.MAX_YAML_BYTES:,} "
+                                                   "bytes (docs/limits.md)")])
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ScenarioError(source, [Issue("", f"cannot read: {error}")]) from None
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return load_yaml_text(text)
+    except YamlTooLarge as error:
+        raise ScenarioError(source, [Issue("", str(error), line=error.line)]) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         problem = getattr(error, "problem", None) or str(error)
@@ -113,4 +146,66 @@ def read_yaml_file(path: Path) -> Any:
         raise ScenarioError(
             source, [Issue("", f"YAML syntax error{column}: {problem}", line=line)]
         ) from None
-    return raw
+
+
+class YamlTooLarge(ValueError):
+    """YAML nested too deeply, expanding to too many values, or with a number too long."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+def load_yaml_text(text: str) -> Any:
+    """YAML read strictly and within bounds: at most limits.MAX_YAML_DEPTH levels of nesting
+    and limits.MAX_YAML_NODES values once aliases are expanded (an alias bomb is refused
+    before it is built), numbers of at most 4,300 digits."""
+    loader = _StrictLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise YamlTooLarge(f"nested more than {limits.MAX_YAML_DEPTH} levels deep "
+                               "(docs/limits.md)") from None
+        if node is None:
+            return None
+        _check_size(node)
+        try:
+            return loader.construct_document(node)
+        except ValueError as error:  # int() of a number past Python's 4,300 digits
+            raise YamlTooLarge(f"a value cannot be read: {error}") from None
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+
+
+def _check_size(root: yaml.Node) -> None:
+    """Refuse a document deeper than the limit, or larger than the limit once its aliases
+    (shared nodes) are expanded; counted without expanding them."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, children_done = stack.pop()
+        if depth > limits.MAX_YAML_DEPTH:
+            raise YamlTooLarge(f"nested more than {limits.MAX_YAML_DEPTH} levels deep "
+                               "(docs/limits.md)", node.start_mark.line + 1)
+        children = _children(node)
+        if children_done or not children:
+            size = 1 + sum(sizes[id(child)] for child in children)
+            if size > limits.MAX_YAML_NODES:
+                raise YamlTooLarge(f"expands to more than {limits.MAX_YAML_NODES:,} values "
+                                   "(aliases included; docs/limits.md)",
+                                   node.start_mark.line + 1)
+            sizes[id(node)] = size
+            continue
+        if id(node) in sizes:
+            continue
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in children if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []

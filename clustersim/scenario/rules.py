@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from clustersim.hardware import units
+from clustersim.hardware import limits, units
+from clustersim.hardware.topology import TopologyTooLarge, check_topology_size
 from clustersim.scenario.errors import Issue
 from clustersim.scenario.serving import serve_cross_checks
 
@@ -17,6 +18,21 @@ if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
 
 __all__ = ["cross_checks"]
+
+
+def _size_checks(s: Scenario) -> Iterable[Issue]:
+    """The whole cluster within what one machine simulates: chips, and the nodes and links of
+    its topology graph (docs/limits.md)."""
+    where = "cluster.instances" if s.cluster.instances is not None else "cluster.ultraservers"
+    if s.total_chips > limits.MAX_CHIPS:
+        yield Issue(where, f"the cluster would have {s.total_chips:,} chips (spares "
+                    f"included); expected at most {limits.MAX_CHIPS:,} (docs/limits.md)",
+                    s.cluster.instances or s.cluster.ultraservers, True)
+        return
+    try:
+        check_topology_size(s.hardware, s.total_instances, s.cluster.fabric)
+    except TopologyTooLarge as error:
+        yield Issue("cluster", str(error))
 
 
 def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
@@ -56,6 +72,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                     f"({units.format_duration(s.duration_s)})",
                     units.format_duration(s.trace.bin_s), True)
 
+    yield from _size_checks(s)
     seen: set[str] = set()
     rpi = hw.ranks_per_instance
     for index, job in enumerate(s.jobs):
@@ -132,6 +149,15 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 "interleaved schedules need pp greater than 1", par.interleave, True,
             )
         microbatches = job.global_batch // (job.micro_batch * par.dp)
+        passes = par.pp * par.interleave * microbatches
+        if passes > limits.MAX_PIPELINE_PASSES:
+            yield Issue(
+                f"{at}.global_batch",
+                f"one step would schedule {passes:,} pipeline passes (pp x interleave x "
+                f"{microbatches:,} micro-batches); expected at most "
+                f"{limits.MAX_PIPELINE_PASSES:,} (docs/limits.md): a larger micro_batch",
+                job.global_batch, True,
+            )
         if par.interleave > 1 and microbatches % par.pp:
             yield Issue(
                 f"{at}.parallelism.interleave",

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
+from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 
 __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source"]
@@ -22,16 +23,21 @@ class TransformerShape(Spec):
     layer, each token routed to `top_k` of them)."""
 
     name: str = "custom"
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    kv_heads: int | None = Field(default=None, gt=0, description="defaults to heads (no GQA)")
-    ffn_hidden: int | None = Field(default=None, gt=0, description="defaults to 4 x hidden")
-    vocab: int = Field(gt=0)
-    seq_len: int = Field(default=2048, gt=0, description="default training sequence length")
+    layers: int = Field(gt=0, le=limits.MAX_LAYERS)
+    hidden: int = Field(gt=0, le=limits.MAX_HIDDEN)
+    heads: int = Field(gt=0, le=limits.MAX_HEADS)
+    kv_heads: int | None = Field(default=None, gt=0, le=limits.MAX_HEADS,
+                                 description="defaults to heads (no GQA)")
+    ffn_hidden: int | None = Field(default=None, gt=0, le=4 * limits.MAX_HIDDEN,
+                                   description="defaults to 4 x hidden")
+    vocab: int = Field(gt=0, le=limits.MAX_VOCAB)
+    seq_len: int = Field(default=2048, gt=0, le=limits.MAX_SEQ_LEN,
+                         description="default training sequence length")
     gated: bool = Field(default=False, description="SwiGLU-style FFN with three matrices")
-    experts: int = Field(default=1, gt=0, description="FFN experts per layer (1: dense)")
-    top_k: int = Field(default=1, gt=0, description="experts each token is routed to")
+    experts: int = Field(default=1, gt=0, le=limits.MAX_EXPERTS,
+                         description="FFN experts per layer (1: dense)")
+    top_k: int = Field(default=1, gt=0, le=limits.MAX_EXPERTS,
+                       description="experts each token is routed to")
 
     @model_validator(mode="after")
     def _check(self) -> TransformerShape:

@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
+from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 from clustersim.training.transformer import TransformerShape
 
@@ -58,13 +59,15 @@ OPTIMIZER_BYTES_TOUCHED_PER_PARAM = 30
 class ParallelismSpec(Spec):
     """Degrees count ranks: tp x pp x dp equals the job's ranks."""
 
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
+    pp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
+    dp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
     zero: Literal[0, 1] = Field(default=0, description="ZeRO stage: 1 shards optimizer state")
     sequence_parallel: bool = False
-    interleave: int = Field(default=1, gt=0, description="virtual pipeline stages per rank")
-    ep: int = Field(default=1, gt=0, description="expert parallel: data-parallel ranks that "
+    interleave: int = Field(default=1, gt=0, le=limits.MAX_INTERLEAVE,
+                            description="virtual pipeline stages per rank")
+    ep: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE,
+                    description="expert parallel: data-parallel ranks that "
                     "split a layer's experts between them (mixture-of-experts models)")
 
     @property
