@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clustersim.calibration.collectives import LARGE_MESSAGE_BYTES, MEASUREMENTS, predict_times
-from clustersim.collectives.model import (
+from clustersim.collectives import (
+    OPS,
     CollectiveError,
     CollectiveModel,
     Group,
@@ -94,6 +95,33 @@ def test_rdh_on_the_4x4_torus_closed_form(size):
     expected = 2 * 4 * (STEP + HOP) + 2 * (1 - 1 / 16) * size / LINK
     assert cost.time_s == pytest.approx(expected, rel=1e-9)
     assert cost.steps == 8
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_rdh_over_ranks_pairs_a_chips_ranks_first(size):
+    """Two ranks per chip: the first halving step (and last doubling step) pairs the ranks
+    of a chip through HBM (on-chip step latency, no link), the other four pair torus
+    neighbours; every rank sends buffer / 2^(j+1) at step j, the chip's two ranks over the
+    same link, so a link carries 15/16 of the buffer per phase as with one rank per chip."""
+    chip_step = 3e-6
+    hardware = uniform_hardware("torus2d", chips=16, shape=[4, 4], ranks=2)
+    constants = hardware.collectives.model_copy(update={"chip_step_latency_s": chip_step})
+    model = model_for(hardware.model_copy(update={"collectives": constants}))
+    cost = model.cost("all-reduce", Group(np.arange(16), 2), size, algorithm="rdh")
+    expected = 2 * chip_step + 2 * 4 * (STEP + HOP) + 2 * (1 - 1 / 16) * size / LINK
+    assert cost.time_s == pytest.approx(expected, rel=1e-8)
+    assert cost.steps == 10
+    gather = model.cost("all-gather", Group(np.arange(16), 2), size, algorithm="rdh")
+    assert gather.time_s == pytest.approx(expected / 2, rel=1e-8)
+
+
+def test_rdh_partners_are_neighbours_on_a_half_torus():
+    """Eight chips of a 4x4 torus (two rows) are a 3D hypercube of neighbours: no RDH step
+    routes through a third chip."""
+    model = model_for(uniform_hardware("torus2d", chips=16, shape=[4, 4]))
+    cost = model.cost("all-reduce", Group(np.arange(8), 1), 1e9, algorithm="rdh")
+    expected = 2 * 3 * (STEP + HOP) + 2 * (1 - 1 / 8) * 1e9 / LINK
+    assert cost.time_s == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -212,6 +240,53 @@ def test_time_is_monotone_in_size(case, sizes):
     group = place_ranks(model.topology, ranks, instances)
     times = [model.cost("all-reduce", group, s, algorithm=algorithm).time_s for s in sorted(sizes)]
     assert all(a <= b * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False))
+
+
+# (hardware, ranks, instances): one instance (whole and half), several instances over EFA,
+# a whole Trn2 UltraServer (Z rings) and two of them, a Trn3 UltraServer (one switch).
+GROUP_SHAPES = [
+    ("trn1", 16, 1), ("trn1", 32, 1), ("trn1", 64, 2), ("trn1", 128, 4),
+    ("trn2", 32, 1), ("trn2", 64, 1), ("trn2", 128, 2),
+    ("trn2u", 256, 4), ("trn2u", 512, 8), ("trn2u", 128, 2),
+    ("trn3-gen1", 4, 1), ("trn3-gen1", 64, 16), ("trn3-gen2", 144, 36),
+    ("p5", 8, 1), ("p5", 16, 2), ("p5", 64, 8),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.sampled_from(GROUP_SHAPES),
+       op=st.sampled_from([op for op in OPS if op != "send-recv"]),
+       sizes=st.lists(st.integers(8, 4 * 2**30), min_size=2, max_size=5))
+def test_auto_time_is_non_decreasing_in_size(shape, op, sizes):
+    """Issue 12: for every operation and group shape, the automatic choice's time never
+    falls as the message grows (scripts/collective_monotonicity.py runs every catalog
+    entry on a dense grid of sizes)."""
+    name, ranks, instances = shape
+    model = _cached_model(name, instances)
+    group = place_ranks(model.topology, ranks, instances)
+    times = [model.cost(op, group, s).time_s for s in sorted(sizes)]
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False)), (
+        sorted(sizes), times)
+
+
+@pytest.mark.parametrize("size, expected", [(2e6, "rdh"), (32e6, "kangaring"),
+                                            (512e6, "kangaring"), (64e3, "mesh1")])
+def test_auto_agrees_with_the_published_nccom_test_examples(size, expected):
+    """The Neuron docs' nccom-test example on 16 trn1 ranks ran RDH at 2 MB and KangaRing at
+    32 MB and 512 MB; small messages run the (single-step) mesh."""
+    model = _cached_model("trn1", 1)
+    assert model.cost("all-reduce", place_ranks(model.topology, 16, 1), size).algorithm == (
+        expected)
+
+
+def test_auto_never_runs_an_algorithm_past_its_neuron_band():
+    """Mesh stops at 1 MB and RDH at 56 MB even where the model finds them cheaper."""
+    model = _cached_model("trn1", 1)
+    group = place_ranks(model.topology, 32, 1)
+    for size in (1e6, 4e6, 30e6, 56e6, 200e6):
+        algorithm = model.cost("all-reduce", group, size).algorithm
+        assert algorithm not in ("mesh", "mesh1")
+        assert size < 56e6 or algorithm != "rdh"
 
 
 _MODELS: dict = {}
@@ -348,21 +423,32 @@ def test_every_op_runs_on_every_level(op):
     assert {s.level for s in cost.stages} == {"instance", "ultraserver", "fabric"}
 
 
-def test_large_messages_match_published_bus_bandwidth():
-    """The Done-when of the collectives issue: within 35% of each published large-message
-    bus bandwidth (scripts/calibrate_collectives.py prints every point)."""
+def test_published_curves_within_25_percent_from_1_mib():
+    """Issue 12: the nccom-test page's 2-rank and 64-rank curves (and its 2-rank and 64-rank
+    rows) within 25% in time from 1 MiB up; scripts/calibrate_collectives.py prints every
+    point, the README lists them."""
     predicted = predict_times()
     checked = 0
     for measurement, time_s in zip(MEASUREMENTS, predicted, strict=True):
-        if measurement.busbw_gib_s is None or measurement.size_bytes < LARGE_MESSAGE_BYTES:
+        if measurement.ranks == 16 or measurement.size_bytes < 2**20:
             continue
-        busbw_error = (measurement.time_us * 1e-6) / time_s - 1
-        assert abs(busbw_error) < 0.35, (measurement, busbw_error)
+        error = time_s / (measurement.time_us * 1e-6) - 1
+        assert abs(error) < 0.25, (measurement, error)
         checked += 1
-    assert checked == 3
-    # and the whole set stays within a factor of two in time
-    errors = [t / (m.time_us * 1e-6) for m, t in zip(MEASUREMENTS, predicted, strict=True)]
-    assert max(errors) < 2 and min(errors) > 0.5
+    assert checked == 15
+
+
+def test_every_published_row_within_a_factor_of_two():
+    """The seven nccom-test rows, 16-rank ones included (their errors, up to -44%, are in
+    the README): none off by a factor of two."""
+    predicted = predict_times()
+    rows = [(m, t) for m, t in zip(MEASUREMENTS, predicted, strict=True)
+            if m.busbw_gib_s is not None or m.size_bytes == 8]
+    assert len(rows) == 7
+    for measurement, time_s in rows:
+        assert 0.5 < time_s / (measurement.time_us * 1e-6) < 2, measurement
+    large = [(m, t) for m, t in rows if m.size_bytes >= LARGE_MESSAGE_BYTES]
+    assert all(abs(m.time_us * 1e-6 / t - 1) < 0.35 for m, t in large)
 
 
 def test_half_million_chip_all_reduce_is_evaluated_on_representatives():

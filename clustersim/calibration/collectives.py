@@ -1,6 +1,6 @@
 """Published collective measurements the collectives model is calibrated against.
 
-The rows of docs/calibration.md and the full curves of the same nccom-test page (Neuron docs,
+The rows and full curves of docs/calibration.md (the nccom-test page of the Neuron docs,
 tools/neuron-sys-tools/nccom-test, fp32 all-reduce): 2 ranks on one instance from 1 KiB to
 1 GiB, and 64 ranks on two instances from 8 B to 1 GiB. The page names no instance type; its
 32 ranks per instance and its date make it trn1.32xlarge, as which they are evaluated here

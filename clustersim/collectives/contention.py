@@ -23,8 +23,9 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, 
     Resources: directed links (`("link", u, v)`, bytes/s) and chips' HBM (`("hbm", chip)`,
     bytes/s) of its instance and UltraServer levels, for every instance of the group; and
     each domain's EFA (`("efa", first chip)`, as a fraction of it: 1 when a fabric stage
-    runs). The rate of a resource is the highest over the stages that use it, so collectives
-    sharing it are assumed to meet in their busiest phases.
+    runs). The rate of a resource is the highest over the steps that use it (bytes of the
+    step on it over the step's time alone), so collectives sharing it are assumed to meet
+    in their busiest steps: two identical collectives each take twice as long.
     """
     if cost.group is None or cost.transfer_s <= 0:
         return {}
@@ -44,23 +45,30 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, 
                 peak(("efa", domain), 1.0)
             continue
         chips, steps, span = model.stage_steps(stage, layout)
-        link_bytes: Counter[tuple[int, int]] = Counter()
-        hbm_bytes = 0.0
+        link_rate: dict[tuple[int, int], float] = {}
+        hbm_rate = 0.0
         for step in steps:
-            hbm_bytes += step.count * step.hbm_bytes_per_chip
+            step_s = max(model.coster.link_time(step.flows, step.flow_bytes)[0],
+                         step.hbm_bytes_per_chip / model.coster.hbm_rate())
+            if step_s <= 0:
+                continue
+            hbm_rate = max(hbm_rate, step.hbm_bytes_per_chip / step_s)
+            loads: Counter[tuple[int, int]] = Counter()
             for a, b in step.flows:
                 nodes = topology.route(a, b)
                 for u, v in zip(nodes, nodes[1:], strict=False):
-                    link_bytes[(u, v)] += step.count * step.flow_bytes
+                    loads[(u, v)] += 1
+            for edge, count in loads.items():
+                link_rate[edge] = max(link_rate.get(edge, 0.0), count * step.flow_bytes / step_s)
         rep_base = chips[0] - chips[0] % span
         bases = (np.unique(cost.group.chips // span) * span).tolist()
         for base in bases:
             shift = base - rep_base
-            for (u, v), count in link_bytes.items():
+            for (u, v), rate in link_rate.items():
                 su, sv = _translate(model, u, v, shift), _translate(model, v, u, shift)
-                peak(("link", su, sv), count / stage.transfer_s)
+                peak(("link", su, sv), rate)
             for chip in chips:
-                peak(("hbm", chip + shift), hbm_bytes / stage.transfer_s)
+                peak(("hbm", chip + shift), hbm_rate)
     return rates
 
 

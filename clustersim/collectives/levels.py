@@ -5,9 +5,27 @@ and what it costs.
   Trn3 UltraServer's NeuronSwitch makes its whole UltraServer this level;
 - ``ultraserver``: the instances of a Trn2 UltraServer, over the Z rings;
 - ``fabric``: NeuronLink domains (instances, or UltraServers) over EFA.
+
+How `auto` chooses inside an instance. Neuron documents its choice by size: mesh (and the
+single-step mesh) under about 1 MB, RDH from there to about 56 MB, KangaRing above (a ring
+where KangaRing does not apply). Read literally, that rule makes time fall with size where
+a cheaper algorithm is switched on late (the old model ran RDH at 32 MB on 16 ranks, the
+Neuron docs' own example ran KangaRing there). Here the published thresholds are where
+Neuron *stops* using an algorithm: at a size n, `auto` takes the cheapest of the applicable
+algorithms whose band has not ended (mesh and mesh1 below 1 MB, RDH below 56 MB, the rings
+at any size). The set only shrinks as n grows and every algorithm's time is non-decreasing
+in n, so the chosen time is non-decreasing too; where an algorithm's band ends while it was
+the cheapest, time steps up, never down. With the physical costs (RDH: log2(ranks) steps,
+one link per chip per step; KangaRing: ranks/2 - 1 steps per phase on every cycle link both
+ways), KangaRing overtakes RDH well below 56 MB (at a few MB on 16 trn1 ranks), so the docs'
+32 MB example runs KangaRing and the 2 MB example RDH. On a switch, over the Z rings and over
+EFA, `auto` is the cheapest applicable algorithm (over EFA mesh only up to
+`fabric_mesh_max_nodes` nodes).
 """
 
 from __future__ import annotations
+
+import math
 
 from clustersim.collectives.costs import StageCost, Step
 from clustersim.collectives.fabric import fabric_algorithms, fabric_cost
@@ -65,27 +83,25 @@ class LevelCoster:
         return names
 
     def auto_instance(self, op: str, layout: Layout, buffer: float) -> str:
-        """Neuron's choice by size: mesh under ~1 MB, RDH to ~56 MB, KangaRing above (ring
-        when KangaRing does not apply); on a switch, the faster of mesh and ring."""
+        """The cheapest of the algorithms Neuron still uses at this size (module docstring
+        of `clustersim.collectives.levels`); on a switch, the cheaper of mesh and ring."""
         names = self.instance_candidates(op, layout)
         if len(names) == 1:
             return names[0]
-        if self.hardware.instance.interconnect.topology == "switch":
-            return min(("mesh", "ring"),
-                       key=lambda n: self.instance_cost(op, layout, buffer, n)[0])
-        c = self.constants
         if op == "broadcast":
             return "ring"
-        if buffer < c.mesh_max_bytes:
-            return "mesh1" if op == "all-reduce" and self._mesh1_wins(layout, buffer) else "mesh"
-        if buffer < c.rdh_max_bytes and "rdh" in names:
-            return "rdh"
-        return "kangaring" if "kangaring" in names else "biring"
+        if self.hardware.instance.interconnect.topology == "switch":
+            names = ["mesh", "ring"]
+        else:
+            names = [n for n in names if buffer < self.band_max_bytes(n)]
+        return min(names, key=lambda n: sum(self.instance_cost(op, layout, buffer, n)[:2]))
 
-    def _mesh1_wins(self, layout: Layout, buffer: float) -> bool:
-        one = self.instance_cost("all-reduce", layout, buffer, "mesh1")
-        two = self.instance_cost("all-reduce", layout, buffer, "mesh")
-        return one[0] + one[1] < two[0] + two[1]
+    def band_max_bytes(self, algorithm: str) -> float:
+        """The size from which Neuron no longer uses an algorithm inside an instance: mesh
+        and single-step mesh from about 1 MB, RDH from about 56 MB; the rings never."""
+        c = self.constants
+        return {"mesh": c.mesh_max_bytes, "mesh1": c.mesh_max_bytes,
+                "rdh": c.rdh_max_bytes}.get(algorithm, math.inf)
 
     def instance_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
                        ) -> StageCost:

@@ -34,14 +34,18 @@ class StepCoster:
             self.constants.link_efficiency)
 
     def run(self, steps: list[Step], step_latency: float) -> tuple[float, float, int]:
-        """(latency, transfer, step count) of a sequence of steps."""
+        """(latency, transfer, step count) of a sequence of steps; a step that crosses no
+        link (the ranks of one chip exchanging through HBM) costs the on-chip step latency."""
         latency = transfer = 0.0
         count = 0
         hbm = self.hbm_rate()
+        on_chip = self.constants.chip_step_latency_s
+        on_chip = step_latency if on_chip is None else on_chip
         for step in steps:
             link_time, route_latency = self.link_time(step.flows, step.flow_bytes)
             memory_time = step.hbm_bytes_per_chip / hbm
-            latency += step.count * (step_latency + route_latency)
+            fixed = step_latency if step.flows else on_chip
+            latency += step.count * (fixed + route_latency)
             transfer += step.count * max(link_time, memory_time)
             count += step.count
         return latency, transfer, count

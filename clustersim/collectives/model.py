@@ -160,9 +160,11 @@ class CollectiveModel:
         k = layout.ranks_per_chip
         per_instance = len(layout.instance_chips) * k
         total = per_instance * layout.ultraserver_members * len(layout.domains)
-        stages = [self.levels.stage(
-            "instance", "all-to-all", layout, size * per_instance / total,
-            "mesh" if choice["instance"] == "auto" else choice["instance"])]
+        intra = choice["instance"]
+        if intra == "auto":  # direct writes, unless the level is a single rank
+            intra = "mesh" if per_instance > 1 else "ring"
+        stages = [self.levels.stage("instance", "all-to-all", layout,
+                                    size * per_instance / total, intra)]
         if "ultraserver" in levels:
             share = size * per_instance * (layout.ultraserver_members - 1) / total
             stages.append(self.levels.ultraserver_stage("all-to-all", layout, share, "mesh"))

@@ -86,23 +86,28 @@ class CollectiveConstants(Spec):
     """
 
     link_efficiency: float = Field(
-        default=0.977, ge=limits.MIN_EFFICIENCY, le=1,
+        default=0.666, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of chip-to-chip link bandwidth reached"
     )
     efa_efficiency: float = Field(
-        default=0.726, ge=limits.MIN_EFFICIENCY, le=1,
+        default=0.890, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of EFA (NIC and fabric) bandwidth reached"
     )
     hbm_efficiency: float = Field(
-        default=0.343, ge=limits.MIN_EFFICIENCY, le=1,
+        default=0.338, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of HBM bandwidth collective data movement reaches",
     )
     step_latency_s: NonNegativeDuration = Field(
-        default=31.2e-6, alias="step_latency", le=limits.MAX_LATENCY_S,
-        description="fixed time per algorithm step inside the chip-to-chip domain",
+        default=49.9e-6, alias="step_latency", le=limits.MAX_LATENCY_S,
+        description="fixed time per algorithm step that crosses a chip-to-chip link",
+    )
+    chip_step_latency_s: NonNegativeDuration | None = Field(
+        default=None, alias="chip_step_latency", le=limits.MAX_LATENCY_S,
+        description="fixed time per algorithm step that stays on one chip (its ranks "
+        "exchanging through HBM, no link crossed); step_latency when not given",
     )
     efa_step_latency_s: NonNegativeDuration = Field(
-        default=660e-6, alias="efa_step_latency", le=limits.MAX_LATENCY_S,
+        default=582e-6, alias="efa_step_latency", le=limits.MAX_LATENCY_S,
         description="fixed time per algorithm step over EFA, beyond the fabric latency",
     )
     fabric_mesh_max_nodes: int = Field(

@@ -41,6 +41,8 @@ from clustersim.hardware.fabric import (
     check_topology_size,
     topology_elements,
 )
+from clustersim.hardware.rings import Ring, Rings
+from clustersim.hardware.routing import EDGE_KINDS, NODE_KINDS, PathSummary, Routing
 
 __all__ = [
     "EDGE_KINDS",
@@ -56,31 +58,6 @@ __all__ = [
     "torus_edges",
     "ring_edges",
 ]
-
-EDGE_KINDS = ("torus", "ring", "zring", "switch", "efa", "uplink")
-NODE_KINDS = ("chip", "switch", "leaf", "spine")
-
-
-@dataclass(frozen=True)
-class PathSummary:
-    """A route between two chips: hops, summed latency and the narrowest link on it."""
-
-    hops: int
-    latency_s: float
-    bottleneck_bytes_per_s: float
-    kinds: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Ring:
-    """A ring over a group of chips, in order, costed on the links it shares."""
-
-    order: tuple[int, ...]
-    bottleneck_bytes_per_s: float  # per direction, narrowest link share along the ring
-    max_hop_latency_s: float
-    link_kinds: tuple[str, ...]
-    max_link_load: int  # ring hops crossing the busiest directed link
-
 
 def torus_edges(dims: tuple[int, ...]) -> np.ndarray:
     """Edges (pairs of indices into a row-major grid, x fastest) of a periodic torus.
@@ -114,8 +91,9 @@ def ring_edges(size: int) -> np.ndarray:
 
 
 @dataclass
-class Topology:
-    """A built cluster graph with per-chip arrays and cached structural queries."""
+class Topology(Routing, Rings):
+    """A built cluster graph with per-chip arrays and cached structural queries: routes and
+    paths between chips (Routing), rings over groups of chips (Rings)."""
 
     hardware: HardwareSpec
     fabric: FabricSpec
@@ -193,197 +171,6 @@ class Topology:
             return (self.instances // 2) * efa
         return (self.instances // 2) * efa / max(1.0, self.fabric.oversubscription)
 
-    # ------------------------------------------------------------------ routing
-    def route(self, a: int, b: int) -> list[int]:
-        """Nodes on the route from chip a to chip b, as the hardware routes it.
-
-        Inside an instance: dimension order on the torus (x, then y, shorter way round), or
-        through the switch. Inside a ring UltraServer: along the Z ring first, then the torus.
-        Otherwise over EFA: chip, leaf, (spine chosen by hashing the pair, as ECMP does), leaf,
-        chip.
-        """
-        if a == b:
-            return [a]
-        hw = self.hardware
-        ia, ib = int(self.chip_instance[a]), int(self.chip_instance[b])
-        ua, ub = int(self.chip_ultraserver[a]), int(self.chip_ultraserver[b])
-        if hw.switch_spans_ultraserver and ua == ub:
-            return [a, self._switch_of(a), b]
-        if ia == ib:
-            return self._route_in_instance(a, b)
-        if hw.ultraserver is not None and ua == ub:  # Z ring, then the torus of b's instance
-            ipu, cpi = hw.instances_per_ultraserver, hw.chips_per_instance
-            z, zb = int(self.chip_z[a]), int(self.chip_z[b])
-            step = _ring_step(z, zb, ipu)
-            path = [a]
-            while z != zb:
-                z = (z + step) % ipu
-                path.append((ua * ipu + z) * cpi + a % cpi)
-            return path + self._route_in_instance(path[-1], b)[1:]
-        la, lb = int(self.chip_leaf[a]), int(self.chip_leaf[b])
-        if la == lb:
-            return [a, self.leaf_node(la), b]
-        spine = self.spine_node((a + b) % self.spines)
-        return [a, self.leaf_node(la), spine, self.leaf_node(lb), b]
-
-    def _switch_of(self, chip: int) -> int:
-        if self.hardware.switch_spans_ultraserver:
-            return self.first_switch + int(self.chip_ultraserver[chip])
-        return self.first_switch + int(self.chip_instance[chip])
-
-    def _route_in_instance(self, a: int, b: int) -> list[int]:
-        link = self.hardware.instance.interconnect
-        if a == b:
-            return [a]
-        if link.topology == "switch":
-            return [a, self._switch_of(a), b]
-        cpi = self.hardware.chips_per_instance
-        base = a - a % cpi
-        if link.topology == "ring":
-            dims = (cpi, 1)
-        else:
-            assert link.shape is not None
-            dims = (link.shape[0], link.shape[1])
-        x, y = (a - base) % dims[0], (a - base) // dims[0]
-        xb, yb = (b - base) % dims[0], (b - base) // dims[0]
-        path = [a]
-        while x != xb:
-            x = (x + _ring_step(x, xb, dims[0])) % dims[0]
-            path.append(base + x + dims[0] * y)
-        while y != yb:
-            y = (y + _ring_step(y, yb, dims[1])) % dims[1]
-            path.append(base + x + dims[0] * y)
-        return path
-
-    def _relation(self, a: int, b: int) -> tuple:
-        """What a route's cost depends on: the level two chips share and their distances."""
-        hw = self.hardware
-        if a == b:
-            return ("self",)
-        same_instance = self.chip_instance[a] == self.chip_instance[b]
-        same_us = hw.ultraserver is not None and self.chip_ultraserver[a] == self.chip_ultraserver[b]
-        if hw.switch_spans_ultraserver and same_us:
-            return ("switch",)
-        link = hw.instance.interconnect
-        if link.topology == "switch" and same_instance:
-            return ("switch",)
-        dims = (link.shape or (hw.chips_per_instance, 1))
-        dx = _ring_distance(int(self.chip_x[a]), int(self.chip_x[b]), dims[0])
-        dy = _ring_distance(int(self.chip_y[a]), int(self.chip_y[b]), dims[1])
-        if same_instance:
-            return ("instance", dx, dy)
-        if same_us:
-            dz = _ring_distance(int(self.chip_z[a]), int(self.chip_z[b]),
-                                hw.instances_per_ultraserver)
-            return ("ultraserver", dz, dx, dy)
-        return ("leaf",) if self.chip_leaf[a] == self.chip_leaf[b] else ("spine",)
-
-    def path(self, a: int, b: int) -> PathSummary:
-        """Hops, latency and bottleneck of the route from a to b, cached by their relation."""
-        key = self._relation(a, b)
-        cached = self._path_cache.get(key)
-        if cached is not None:
-            return cached
-        nodes = self.route(a, b)
-        edges = [self.graph.edges[u, v] for u, v in zip(nodes, nodes[1:], strict=False)]
-        summary = PathSummary(
-            hops=len(edges),
-            latency_s=sum(e["latency_s"] for e in edges),
-            bottleneck_bytes_per_s=min(
-                (e["bandwidth_bytes_per_s"] for e in edges), default=math.inf
-            ),
-            kinds=tuple(e["kind"] for e in edges),
-        )
-        self._path_cache[key] = summary
-        return summary
-
-    # ------------------------------------------------------------------ rings
-    def ring_order(self, chips: Any) -> np.ndarray:
-        """A ring over a group that follows the hardware: leaf by leaf, UltraServer by
-        UltraServer, instance by instance along the Z ring, each instance in a snake over its
-        torus (reversed on odd z so consecutive instances meet on a Z link)."""
-        group = np.unique(np.asarray(chips, dtype=np.int64))
-        cpi = self.hardware.chips_per_instance
-        link = self.hardware.instance.interconnect
-        width = link.shape[0] if link.shape else cpi
-        local = group % cpi
-        x, y = local % width, local // width
-        snake = y * width + np.where(y % 2 == 0, x, width - 1 - x)
-        z = self.chip_z[group]
-        snake = np.where(z % 2 == 0, snake, cpi - 1 - snake)
-        keys = (snake, z, self.chip_ultraserver[group], self.chip_leaf[group])
-        return group[np.lexsort(keys)]
-
-    def ring(self, chips: Any) -> Ring:
-        """The ring over a group of chips and its bottleneck share of the links, per direction.
-
-        Each ring hop is routed; hops that cross the same directed link share it, so the
-        bottleneck is min over links of bandwidth / hops using it. Cached by the group's shape.
-        """
-        group = np.unique(np.asarray(chips, dtype=np.int64))
-        key = self._shape_key(group)
-        if key is not None and key in self._ring_cache:
-            cached = self._ring_cache[key]
-            order = tuple(int(c) for c in self.ring_order(group))
-            return Ring(order, cached.bottleneck_bytes_per_s, cached.max_hop_latency_s,
-                        cached.link_kinds, cached.max_link_load)
-        order = self.ring_order(group)
-        loads: Counter[tuple[int, int]] = Counter()
-        max_latency = 0.0
-        n = len(order)
-        for i in range(n if n > 1 else 0):
-            a, b = int(order[i]), int(order[(i + 1) % n])
-            nodes = self.route(a, b)
-            for u, v in zip(nodes, nodes[1:], strict=False):
-                loads[(u, v)] += 1
-            max_latency = max(max_latency, self.path(a, b).latency_s)
-        if loads:
-            shares = []
-            kinds = set()
-            for (u, v), count in loads.items():
-                data = self.graph.edges[u, v]
-                shares.append(data["bandwidth_bytes_per_s"] / count)
-                kinds.add(data["kind"])
-            bottleneck = min(shares)
-            max_load = max(loads.values())
-        else:
-            bottleneck, kinds, max_load = math.inf, set(), 0
-        ring = Ring(tuple(int(c) for c in order), bottleneck, max_latency,
-                    tuple(k for k in EDGE_KINDS if k in kinds), max_load)
-        if key is not None:
-            self._ring_cache[key] = ring
-        return ring
-
-    def _shape_key(self, group: np.ndarray) -> tuple | None:
-        """A key equal for groups that are translations of one another on the hardware.
-
-        Regular groups (the same local chips in every instance, the same instances in every
-        UltraServer, the same number of UltraServers under each leaf) have a key; others
-        return None and are computed without caching.
-        """
-        cpi = self.hardware.chips_per_instance
-        instances = group // cpi
-        inst_ids, starts = np.unique(instances, return_index=True)
-        locals_first = tuple(int(c) for c in group[instances == inst_ids[0]] % cpi)
-        counts = np.diff(np.append(starts, len(group)))
-        if np.any(counts != len(locals_first)):
-            return None
-        local_all = (group % cpi).reshape(len(inst_ids), len(locals_first))
-        if np.any(local_all != local_all[0]):
-            return None
-        us = self.chip_ultraserver[inst_ids * cpi]
-        zs = self.chip_z[inst_ids * cpi]
-        us_ids, us_starts = np.unique(us, return_index=True)
-        z_sets = Counter(
-            tuple(zs[s:e]) for s, e in zip(us_starts, np.append(us_starts[1:], len(zs)),
-                                          strict=False)
-        )
-        if len(z_sets) != 1:
-            return None
-        leaves = self.chip_leaf[us_ids * cpi * self.hardware.instances_per_ultraserver]
-        per_leaf = Counter(Counter(leaves.tolist()).values())
-        return (locals_first, next(iter(z_sets)), tuple(sorted(per_leaf.items())))
-
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict[str, Any]:
         """The figures `clustersim topology` prints."""
@@ -404,16 +191,6 @@ class Topology:
             "bisection_gbyte_per_s": self.bisection_bytes_per_s() / 1e9,
             "ranks": self.chips * hw.chip.ranks,
         }
-
-
-def _ring_distance(a: int, b: int, size: int) -> int:
-    d = (b - a) % size
-    return min(d, size - d)
-
-
-def _ring_step(a: int, b: int, size: int) -> int:
-    d = (b - a) % size
-    return 1 if d <= size - d else -1
 
 
 def build_topology(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None = None

@@ -85,6 +85,8 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
             figures = evaluate(rate)
             if figures["slo_goodput"] >= goodput:
                 good = (rate, figures)
+            else:
+                bad = rate  # the lowest failing rate bounds the bisection
     if good[0] is None or bad is None:
         return search
     low, high = good[0], bad

@@ -1,0 +1,434 @@
+"""Fuzz the command line: scenario mutations and argument lists, each case in its own forked
+process with a time and memory budget, classified by outcome.
+
+    python scripts/fuzz.py --cases 3000 --seed 1          # prints the count per outcome
+
+A case passes when it exits 0 or 2 (never 1 or a traceback for the input's faults), within
+its time budget, leaves no temporary (`.NAME.tmp-*`, `.old-*`, `.lock`) behind, writes and
+prints only strict JSON (no bare NaN or Infinity), and every summary it writes is internally
+consistent (useful time within the wall time, none without a completed step, ETTR = useful /
+wall). tests/test_fuzz.py runs a few hundred cases of the same generators in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import pickle
+import resource
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+# Bases: the library's small scenarios (a month of one UltraServer simulates in a tenth of a
+# second) and a tiny one of our own.
+BASES = ["single-trn2", "one-ultraserver", "compare-1024-chips", "checkpoint-study",
+         "mixtral-trn2", "quickstart"]
+TINY = {
+    "name": "tiny", "hardware": "trn2", "duration": "3d", "cluster": {"instances": 2},
+    "jobs": [{"name": "j", "model": "llama3-8b", "global_batch": 32, "recompute": "selective",
+              "parallelism": {"tp": 8, "dp": 16, "zero": 1, "sequence_parallel": True},
+              "checkpoint": {"interval": "auto", "write": "30s"}}],
+    "failures": {"preset": "llama3", "scale": 10},
+    "trace": {"enabled": True, "bin": "1h"},
+}
+
+OUTCOMES = ("ok", "refused", "internal-error", "traceback", "timeout", "killed", "bad-json",
+            "leftover", "inconsistent")
+
+INTERESTING = [
+    0, 1, -1, 2, 3, 7, 64, 1000, 2**31, 2**63, 2**70, 10**400, 0.5, -0.5, 1e-300, 1e300,
+    1e-30, 1e30, float("nan"), float("inf"), float("-inf"), True, False, None, "", "x",
+    "١٢", "1ns", "1us", "1ms", "1s", "1min", "1h", "30d", "100y", "1e9", "inf", "nan",
+    "1/d", "1e30/s", "1/0s", "2.9TB/s", "1e-30B/s", "200Gbps", "96GiB", "auto", "never",
+    "x" * 300, [], {}, [1, 2], {"a": 1}, [[[[[[[[]]]]]]]], "trn2", "llama3-8b", "weibull",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Generators
+
+
+def base_scenario(name: str) -> dict[str, Any]:
+    if name == "tiny":
+        return copy.deepcopy(TINY)
+    return yaml.safe_load((ROOT / "scenarios" / f"{name}.yaml").read_text())
+
+
+def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every key path of a raw scenario (list items by index)."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out += _paths(value, prefix + (key,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            out += _paths(value, prefix + (index,))
+    return out
+
+
+def _set(raw: Any, path: tuple, value: Any, delete: bool = False) -> None:
+    node = raw
+    for part in path[:-1]:
+        node = node[part]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+
+
+def _value(draw: Any, current: Any) -> Any:
+    choice = draw(st.integers(0, 5))
+    if choice == 0 and isinstance(current, int | float) and not isinstance(current, bool):
+        factor = draw(st.sampled_from([0, -1, 1e-12, 1e-3, 0.5, 2, 10, 1e3, 1e6, 1e12]))
+        return type(current)(current * factor) if isinstance(current, float) or factor == int(
+            factor) else current * factor
+    if choice == 1:
+        return draw(st.floats(allow_nan=True, allow_infinity=True))
+    if choice == 2:
+        return draw(st.integers(-(2**80), 2**80))
+    if choice == 3:
+        return draw(st.text(max_size=12))
+    return copy.deepcopy(draw(st.sampled_from(INTERESTING)))  # never the shared constant
+
+
+@st.composite
+def scenario_case(draw: Any) -> dict[str, Any]:
+    """A library scenario with one to three keys replaced, deleted or added, and a command."""
+    raw = base_scenario(draw(st.sampled_from(BASES + ["tiny"] * 3)))
+    for _ in range(draw(st.integers(1, 3))):
+        paths = _paths(raw)
+        path = draw(st.sampled_from(paths))
+        try:
+            node = raw
+            for part in path:
+                node = node[part]
+        except (KeyError, IndexError, TypeError):
+            continue
+        action = draw(st.integers(0, 9))
+        if action == 0:
+            _set(raw, path, None, delete=True)
+        elif action == 1 and isinstance(node, dict):
+            node[draw(st.sampled_from(["extra", "seed", "x.y", "1"]))] = _value(draw, None)
+        else:
+            _set(raw, path, _value(draw, node))
+    command = draw(st.sampled_from(["validate", "run", "run", "run", "step", "topology"]))
+    args = [command, "scenario.yaml"]
+    if command == "run":
+        args += ["-o", "out"]
+        if draw(st.booleans()):
+            args += ["--replications", str(draw(st.sampled_from([1, 2, 3])))]
+    elif command in ("step", "topology") and draw(st.booleans()):
+        args.append("--json")
+    return {"files": {"scenario.yaml": _dump(raw)}, "args": args}
+
+
+def _dump(raw: Any) -> str:
+    try:
+        return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
+    except (yaml.YAMLError, ValueError, OverflowError):
+        return yaml.safe_dump({"name": "unrepresentable"})
+
+
+OPTION_VALUES = ["0", "1", "2", "-1", "3", "40", "1000000000", str(2**70), "1e3", "nan", "",
+                 "x", "١٢", "inf"]
+PATHS = ["out", "out/..", "out/typo/..", "precious/typo/..", "precious", "x" * 300,
+         "a/b/c/d", ".", "..", "scenario.yaml", "/dev/null", "file.txt/out", "./out/"]
+SETS = ["duration=1d", "duration=100y", "seed=-1", "failures.scale=.inf", "jobs.0.global_batch=0",
+        "cluster.instances=1000000", "jobs.0.parallelism.dp=true", "trace.bin=1ms", "nope=1",
+        "jobs.9.name=x", "hardware.chip.hbm=1B", "name=other", "jobs=[]", "duration",
+        "=1", "x=[&a [1,1], [*a,*a]]", "trace.enabled=false", "stragglers.slowdown=1e9"]
+
+
+@st.composite
+def cli_case(draw: Any) -> dict[str, Any]:
+    """An argument list for any command, from pools of odd values, over a tiny scenario, a
+    precious folder, a file and a sweep file."""
+    command = draw(st.sampled_from(["run", "validate", "step", "topology", "collective",
+                                    "sweep", "report", "check", "hardware", "schema"]))
+    args = [command]
+    if command in ("run", "validate", "step", "topology"):
+        args.append(draw(st.sampled_from(["scenario.yaml"] * 4 + ["missing.yaml", "precious",
+                                                                  "file.txt", "/dev/null"])))
+    if command == "sweep":
+        args.append(draw(st.sampled_from(["sweep.yaml", "badsweep.yaml", "scenario.yaml"])))
+    if command == "report":
+        args.append(draw(st.sampled_from(["precious", "out", "scenario.yaml", "missing"])))
+    if command == "hardware" and draw(st.booleans()):
+        args.append(draw(st.sampled_from(["trn2", "nope", "p5en"])))
+    if command == "check":
+        args.append(draw(st.sampled_from(["scenario.yaml", "missing.yaml"])))
+    options = {
+        "run": ["-o", "--seed", "--replications", "--workers", "--set", "--force"],
+        "sweep": ["-o", "--workers", "--force", "--engine"],
+        "validate": ["--set"], "step": ["--set", "--json"],
+        "topology": ["--set", "--json", "--draw"], "report": [], "check": [],
+        "hardware": ["--json"], "schema": ["-o"],
+        "collective": ["--hardware", "--op", "--ranks", "--instances", "--sizes",
+                       "--algorithm", "--json"],
+    }[command]
+    if command == "collective":
+        args += ["--hardware", draw(st.sampled_from(["trn2", "trn1", "p5en", "x"])),
+                 "--op", draw(st.sampled_from(["all-reduce", "all-gather", "alltoall", "x"])),
+                 "--ranks", draw(st.sampled_from(["1", "2", "64", "128", "1000", "0",
+                                                  "10000000", str(2**70)]))]
+    for _ in range(draw(st.integers(0, 4))):
+        if not options:
+            break
+        option = draw(st.sampled_from(options))
+        if option in ("--force", "--json"):
+            args.append(option)
+        elif option in ("-o", "--draw"):
+            args += [option, draw(st.sampled_from(PATHS + ["t.png", "ro/t.png"]))]
+        elif option == "--set":
+            args += [option, draw(st.sampled_from(SETS))]
+        elif option == "--sizes":
+            args += [option, draw(st.sampled_from(["1KiB", "1:1GiB", "1KiB:1GiB:1", "0", "x",
+                                                   "1B:1EB:1.0001", "8MB"]))]
+        elif option == "--engine":
+            args += [option, draw(st.sampled_from(["local", "ray", "x"]))]
+        elif option == "--algorithm":
+            args += [option, draw(st.sampled_from(["auto", "ring", "mesh", "x"]))]
+        else:
+            args += [option, draw(st.sampled_from(OPTION_VALUES))]
+    tiny = dict(copy.deepcopy(TINY), duration="1d")
+    sweep = {"scenario": "scenario.yaml", "grid": {"failures.scale": [1, 2]}, "seeds": [0]}
+    return {"files": {"scenario.yaml": _dump(tiny), "file.txt": "not a folder",
+                      "precious/thesis.tex": "years of work", "sweep.yaml": _dump(sweep),
+                      "badsweep.yaml": _dump({"scenario": "scenario.yaml", "seed": 1})},
+            "args": args}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one case
+
+
+def warm_up() -> None:
+    """Import and cache in the parent what every case needs (catalog, presets, the CLI), so
+    that each forked case starts warm."""
+    from typer.testing import CliRunner
+
+    import clustersim.analysis.report  # noqa: F401
+    import clustersim.runner.api  # noqa: F401
+    import clustersim.runner.sweep  # noqa: F401
+    from clustersim.cli.app import app
+    from clustersim.runner.api import simulate, step_profiles, topology_for
+    from clustersim.scenario.loader import scenario_from_dict
+
+    scenario = scenario_from_dict(dict(copy.deepcopy(TINY), duration="1h"))
+    topology_for(scenario)
+    step_profiles(scenario)
+    simulate(scenario)
+    for name in BASES:
+        base_scenario(name)
+    CliRunner().invoke(app, ["hardware", "--json"])
+
+
+@dataclass
+class Outcome:
+    kind: str
+    exit_code: int | None
+    detail: str = ""
+    args: list[str] = field(default_factory=list)
+
+
+def _child(args: list[str], folder: Path, memory_bytes: int, write_fd: int) -> None:
+    """In the forked process: limits, then the command in-process (typer's runner)."""
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    os.chdir(folder)
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "100", "CLUSTERSIM_DEBUG": ""})
+    exception = result.exception
+    escaped = exception is not None and not isinstance(exception, SystemExit)
+    payload = {"exit_code": result.exit_code, "stdout": result.stdout[-200_000:],
+               "stderr": result.stderr[-20_000:],
+               "escaped": f"{type(exception).__name__}: {exception}" if escaped else ""}
+    with os.fdopen(write_fd, "wb") as pipe:
+        pipe.write(pickle.dumps(payload))
+
+
+def run_case(case: dict[str, Any], timeout_s: float = 30.0, memory_bytes: int = 4 * 2**30
+             ) -> Outcome:
+    """Run one case in a forked child in a fresh folder; classify what it did."""
+    args = [str(a) for a in case["args"]]
+    with tempfile.TemporaryDirectory(prefix="clustersim-fuzz-") as tmp:
+        folder = Path(tmp)
+        for name, text in case["files"].items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text, encoding="utf-8")
+        (folder / "ro").mkdir(mode=0o500)
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child never returns into the caller
+            code = 0
+            try:
+                os.close(read_fd)
+                os.setpgid(0, 0)
+                _child(args, folder, memory_bytes, write_fd)
+            except BaseException:  # noqa: BLE001 - reported through the pipe's absence
+                code = 3
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        payload, status = _collect(pid, read_fd, timeout_s)
+        if status == "timeout":
+            return Outcome("timeout", None, f"no answer in {timeout_s:.0f} s", args)
+        if payload is None:
+            return Outcome("killed", None, status, args)
+        return classify(payload, folder, args)
+
+
+def _collect(pid: int, read_fd: int, timeout_s: float) -> tuple[dict | None, str]:
+    deadline = time.monotonic() + timeout_s
+    chunks = []
+    os.set_blocking(read_fd, False)
+    with os.fdopen(read_fd, "rb") as pipe:
+        while True:
+            with contextlib.suppress(BlockingIOError):
+                data = pipe.read()
+                if data:
+                    chunks.append(data)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                with contextlib.suppress(BlockingIOError, TypeError):
+                    rest = pipe.read()
+                    if rest:
+                        chunks.append(rest)
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None, "timeout"
+            time.sleep(0.005)
+    # Any worker processes of the case go with it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    raw = b"".join(chunks)
+    if not raw:
+        how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit {os.WEXITSTATUS(status)}")
+        return None, f"no result ({how}; out of memory?)"
+    return pickle.loads(raw), "done"  # noqa: S301 - our own child's bytes
+
+
+def _strict(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"bare {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def classify(payload: dict[str, Any], folder: Path, args: list[str]) -> Outcome:
+    code = payload["exit_code"]
+    output = payload["stdout"] + payload["stderr"]
+    if payload["escaped"] or "Traceback" in output:
+        return Outcome("traceback", code, payload["escaped"] or output[-2000:], args)
+    if code not in (0, 2):
+        return Outcome("internal-error", code, payload["stderr"][-2000:], args)
+    left = [str(p.relative_to(folder)) for p in folder.rglob("*")
+            if ".tmp-" in p.name or ".old-" in p.name or p.name.endswith(".lock")]
+    if left:
+        return Outcome("leftover", code, ", ".join(left), args)
+    if code == 0 and "--json" in args:
+        try:
+            _strict(payload["stdout"])
+        except ValueError as error:
+            return Outcome("bad-json", code, f"stdout: {error}", args)
+    for summary_path in folder.rglob("summary.json"):
+        try:
+            summary = _strict(summary_path.read_text(encoding="utf-8"))
+        except ValueError as error:
+            return Outcome("bad-json", code, f"{summary_path.name}: {error}", args)
+        problem = inconsistency(summary)
+        if problem:
+            return Outcome("inconsistent", code, problem, args)
+    return Outcome("ok" if code == 0 else "refused", code, "", args)
+
+
+def inconsistency(summary: dict[str, Any]) -> str:
+    """What is contradictory in a run's summary, or ''."""
+    for name, job in (summary.get("jobs") or {}).items():
+        useful, wall = job.get("useful_s"), job.get("wall_s")
+        if useful is None or wall is None or "ettr" not in job:
+            continue  # a serving deployment or a figure set without them
+        if not (-1e-6 <= useful <= wall * (1 + 1e-9) + 1e-6):
+            return f"job {name}: useful_s {useful} outside 0..wall_s {wall}"
+        if job.get("steps_completed", 1) == 0 and useful > 1e-6:
+            return f"job {name}: useful_s {useful} with no completed step"
+        expected = useful / wall if wall > 0 else 0.0
+        if "ettr_ci95" not in job and not math.isclose(job["ettr"], expected, rel_tol=1e-6,
+                                                       abs_tol=1e-9):
+            return f"job {name}: ettr {job['ettr']} is not useful_s / wall_s = {expected}"
+        if not 0 <= job["ettr"] <= 1 + 1e-9:
+            return f"job {name}: ettr {job['ettr']} outside 0..1"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The long run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds in all")
+    parser.add_argument("--show", type=int, default=3, help="examples printed per failure class")
+    options = parser.parse_args()
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    warm_up()
+    counts: Counter = Counter()
+    examples: dict[str, list[Outcome]] = {}
+    started = time.monotonic()
+
+    @hypothesis_seed(options.seed)
+    @settings(max_examples=options.cases, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def explore(data: Any) -> None:
+        if time.monotonic() - started > options.budget:
+            return
+        kind = data.draw(st.sampled_from(["scenario"] * 3 + ["cli"] * 2))
+        case = data.draw(scenario_case() if kind == "scenario" else cli_case())
+        outcome = run_case(case, options.timeout)
+        counts[(kind, outcome.kind)] += 1
+        examples.setdefault(outcome.kind, []).append(outcome)
+
+    explore()
+    elapsed = time.monotonic() - started
+    total = sum(counts.values())
+    print(f"{total:,} cases in {elapsed:,.0f} s (seed {options.seed}, {options.timeout:g} s "
+          f"and 4 GiB per case)")
+    for kind in ("scenario", "cli"):
+        row = {o: counts[(kind, o)] for o in OUTCOMES if counts[(kind, o)]}
+        print(f"  {kind:9s} " + ", ".join(f"{o} {n:,}" for o, n in row.items()))
+    failures = [o for o in OUTCOMES if o not in ("ok", "refused") and o in examples]
+    for kind in failures:
+        for outcome in examples[kind][: options.show]:
+            print(f"{kind}: clustersim {' '.join(outcome.args)[:200]}\n    "
+                  f"{outcome.detail[:500]}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
