@@ -209,6 +209,54 @@ figures = {"runs": len(rows), "runs_per_minute": round(60 * len(rows) / wall, 1)
 """,
         True,
     ),
+    "plan: Llama 3.1 405B on 16,384 Trn2 chips, 16M-token batch, full space (CLI, local)": (
+        """
+import subprocess, sys, json, tempfile, time
+t0 = time.perf_counter()
+done = subprocess.run([sys.executable, "-m", "clustersim", "plan",
+                       "scenarios/plan-llama3-405b.yaml", "--chips", "16384",
+                       "--global-batch", "16M", "--json", "-o", tempfile.mkdtemp() + "/plan"],
+                      capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+shown = json.loads(done.stdout)
+best = shown["best"]
+figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
+           "pruned": shown["pruned"], "simulated": shown["simulated"],
+           "best": f"tp {best['tp']} pp {best['pp']} dp {best['dp']} v {best['interleave']} "
+                   f"mb {best['micro_batch']} {best['recompute']}"
+                   f"{' sp' if best['sequence_parallel'] else ''}{' zero1' if best['zero1'] else ''}",
+           "step_time_s": round(best["step_time_s"], 3), "mfu": round(best["mfu"], 3)}
+""",
+        False,
+    ),
+    "plan: the calibration rows (Trn1 rows; Megatron 1T on 3,072 A100 p4de, 1600 Gbps)": (
+        """
+from clustersim.calibration.collectives import STEP_MEASUREMENTS
+from clustersim.planning import PlanOptions, plan
+from clustersim.scenario.loader import scenario_from_dict
+figures = {}
+for m in STEP_MEASUREMENTS:
+    hardware = m.hardware if m.hardware.startswith("trn") else {
+        "base": "p4de", "instance": {"efa": "1600Gbps"}}
+    raw = {"name": "calibration", "hardware": hardware, "cluster": {"instances": m.instances},
+           "jobs": [{"name": "train", "model": m.model, "seq_len": m.seq_len,
+                     "global_batch": m.global_batch, "micro_batch": m.micro_batch,
+                     "parallelism": m.parallelism, "recompute": m.recompute}]}
+    result = plan(scenario_from_dict(raw), PlanOptions(top=3))
+    ref = result.rows[result.rows["reference"]].iloc[0]
+    best = result.best
+    figures[m.name] = {
+        "published_config_s": round(float(ref["step_time_s"]), 3),
+        "published_fits": not ref["why"],
+        "best_s": round(best["step_time_s"], 3),
+        "faster_by": f"{1 - best['step_time_s'] / float(ref['step_time_s']):.1%}",
+        "best": f"tp {best['tp']} pp {best['pp']} dp {best['dp']} v {best['interleave']} "
+                f"mb {best['micro_batch']} {best['recompute']}"
+                f"{' sp' if best['sequence_parallel'] else ''}{' zero1' if best['zero1'] else ''}",
+        "simulated": result.simulated}
+""",
+        False,
+    ),
     "serving: 1,000,000 requests over 64 replicas, per-request Parquet (run, CLI)": (
         """
 summary, wall = run_cli("scenarios/serving-1m-requests.yaml")
@@ -277,12 +325,13 @@ print(json.dumps({{"wall_s": wall, "peak_rss_bytes": peak, "figures": figures}})
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the fast subset")
+    parser.add_argument("--only", help="only the benchmarks whose name contains this text")
     parser.add_argument("-o", "--out", type=Path, default=ROOT / "results" / "bench.json")
     args = parser.parse_args()
     results = {}
     print(f"{'benchmark':<68} {'wall s':>8} {'peak MiB':>9}  figures")
     for name, (code, quick) in BENCHMARKS.items():
-        if args.quick and not quick:
+        if (args.quick and not quick) or (args.only and args.only not in name):
             continue
         result = run_one(code)
         results[name] = result

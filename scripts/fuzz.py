@@ -406,10 +406,10 @@ def main() -> None:
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def explore(data: Any) -> None:
-        if time.monotonic() - started > options.budget:
-            return
         kind = data.draw(st.sampled_from(["scenario"] * 3 + ["cli"] * 2))
         case = data.draw(scenario_case() if kind == "scenario" else cli_case())
+        if time.monotonic() - started > options.budget:
+            return  # drawn all the same: hypothesis wants the same draws on a replay
         outcome = run_case(case, options.timeout)
         counts[(kind, outcome.kind)] += 1
         examples.setdefault(outcome.kind, []).append(outcome)

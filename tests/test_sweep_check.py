@@ -136,7 +136,9 @@ def test_every_library_scenario_has_a_golden_but_quickstart():
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         name = yaml.safe_load(path.read_text())["name"]
         golden = ROOT / "results" / name / "summary.json"
-        if name != "quickstart":  # quickstart's folder is the README command's output
+        # quickstart's folder is the README command's output; a plan-* scenario leaves its
+        # job's parallelism to `clustersim plan` and is not run.
+        if name != "quickstart" and not name.startswith("plan-"):
             assert golden.exists(), name
         assert path.read_text().startswith("# "), f"{path.name} needs its comment header"
 

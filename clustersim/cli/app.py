@@ -2,8 +2,8 @@
 
 One module per command group, registered here in the order `--help` lists them: `run`;
 `sweep` and `check` (experiments); `validate`, `topology`, `hardware` and `schema` (inspect);
-`step` and `collective` (model); `report`. Shared consoles, options and error handling are
-in `clustersim.cli.common`.
+`step` and `collective` (model); `plan`; `report`. Shared consoles, options and error
+handling are in `clustersim.cli.common`.
 
 Exit status: 0 success; 2 bad scenario, bad arguments or refused output directory (a message
 on stderr naming the file, key path, value and what was expected, never a traceback);
@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from clustersim.cli import experiments, inspect, model, report, run
+from clustersim.cli import experiments, inspect, model, plan, report, run
 from clustersim.cli.common import out_console
 
 app = typer.Typer(
@@ -54,6 +54,7 @@ for _command in (
     model.step,
     inspect.hardware,
     model.collective,
+    plan.plan,
     report.report,
     inspect.schema,
 ):

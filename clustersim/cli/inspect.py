@@ -37,14 +37,18 @@ def validate(
     failed = 0
     for path in scenarios:
         try:
-            spec = load_scenario(path, overrides or [])
+            # A first job without parallelism is a scenario for `plan` (which chooses it).
+            spec = load_scenario(path, overrides or [], planning=True)
         except ScenarioError as error:
             failed += 1
             err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
             continue
+        for_plan = bool(spec.jobs) and "parallelism" not in spec.jobs[0].model_fields_set
         out_console.print(
             f"ok: {escape(str(path))} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
             f"{len(spec.jobs):,} job{'s' if len(spec.jobs) != 1 else ''})"
+            + (" for `plan`: jobs.0.parallelism is left to the planner (`run` needs it)"
+               if for_plan else "")
         )
     if failed:
         raise typer.Exit(2)

@@ -207,7 +207,7 @@ def collective(
     if json_out:
         print(json.dumps({"hardware": hardware_name, "op": op_name, "ranks": ranks,
                           "instances": wanted, "ranks_per_chip": group.ranks_per_chip,
-                          "rows": rows}, indent=2))
+                          "rows": [_finite(r) for r in rows]}, indent=2, allow_nan=False))
         return
     table = Table(
         title=f"{op_name} over {ranks} ranks on {wanted} {spec.instance.name} "
@@ -226,3 +226,8 @@ def collective(
     out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
 
 
+def _finite(row: dict) -> dict:
+    """A row for strict JSON: a collective that moves nothing (one rank) takes no time and has
+    no finite bandwidth (null)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in row.items()}

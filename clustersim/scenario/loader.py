@@ -153,7 +153,7 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
 
 def scenario_from_dict(
     raw: Any, source: str = "<scenario>", overrides: Sequence[str] = (),
-    base_dir: Path | None = None,
+    base_dir: Path | None = None, planning: bool = False,
 ) -> Scenario:
     """Validate a raw scenario mapping (as read from YAML), after applying overrides."""
     if not isinstance(raw, dict):
@@ -178,7 +178,7 @@ def scenario_from_dict(
     generated_from = resolved.pop("_generated_from", None)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
-        scenario = Scenario.model_validate(resolved)
+        scenario = Scenario.model_validate(resolved, context={"planning": planning})
     except ValidationError as error:
         issues += [
             i for i in pydantic_issues(error)
@@ -195,7 +195,10 @@ def scenario_from_dict(
     return scenario
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
-    """Read, override, resolve and validate a scenario file."""
+def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: bool = False
+                  ) -> Scenario:
+    """Read, override, resolve and validate a scenario file (`planning`: the first job's
+    parallelism may be omitted, for `clustersim plan` to choose)."""
     path = Path(path)
-    return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent)
+    return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent,
+                              planning=planning)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
@@ -195,8 +195,9 @@ class Scenario(Spec):
     _source: str = PrivateAttr(default="<scenario>")
 
     @model_validator(mode="after")
-    def _check_together(self) -> Scenario:
-        issues = list(cross_checks(self))
+    def _check_together(self, info: ValidationInfo) -> Scenario:
+        planning = bool(info.context and info.context.get("planning"))
+        issues = list(cross_checks(self, planning))
         if issues:
             raise ScenarioCheckError(issues)
         return self

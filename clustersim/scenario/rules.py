@@ -35,10 +35,10 @@ def _size_checks(s: Scenario) -> Iterable[Issue]:
         yield Issue("cluster", str(error))
 
 
-def cross_checks(s: Scenario) -> Iterable[Issue]:
+def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     """Every problem that spans sections: cluster sizes against UltraServers and leaves, each
     job's parallelism against its instances, the model and the batch, times against the
-    duration."""
+    duration. With `planning`, the first job's parallelism may be omitted (plan chooses it)."""
     hw = s.hardware
     per_us = hw.instances_per_ultraserver
     if s.cluster.ultraservers is not None and hw.ultraserver is None:
@@ -81,6 +81,12 @@ def cross_checks(s: Scenario) -> Iterable[Issue]:
         if job.name in seen:
             yield Issue(f"{at}.name", "job names must be unique", job.name, True)
         seen.add(job.name)
+        if "parallelism" not in job.model_fields_set:
+            # `clustersim plan` chooses the first job's parallelism; a run needs it written.
+            if not (planning and index == 0):
+                yield Issue(f"{at}.parallelism", "required key is missing: give {tp, pp, dp} "
+                            "or let `clustersim plan SCENARIO --write-scenario FILE` choose it")
+            continue
         shown = f"tp {par.tp} x pp {par.pp} x dp {par.dp} = {par.ranks} ranks"
         if job.instances is not None:
             if par.ranks != job.instances * rpi:

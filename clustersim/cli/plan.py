@@ -1,0 +1,281 @@
+"""`clustersim plan`: the best parallelism, size and hardware for a scenario's first job,
+failures included. A thin shell over `clustersim.planning.plan`; it parses the flags, picks
+the engine and writes OUT through the runner's atomic output folders."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from clustersim.cli.common import (
+    JsonOption,
+    ScenarioArg,
+    SetOption,
+    UsageProblem,
+    err_console,
+    out_console,
+    user_errors,
+)
+
+_DECIMAL = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
+_BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_count(text: str, what: str, binary: bool = False) -> float:
+    """`15T` (decimal prefixes; `binary` for batch sizes: 16M = 16 x 2^20) -> a number."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGBTP]?)\s*(tokens?)?\s*",
+                         text, flags=re.IGNORECASE)
+    prefixes = _BINARY if binary else _DECIMAL
+    if match is None or match.group(2).upper() not in prefixes:
+        raise UsageProblem(f"{what} {text!r}: expected a count such as "
+                           f"{'2048 (sequences) or 16M (tokens)' if binary else '15T'}")
+    value = float(match.group(1)) * prefixes[match.group(2).upper()]
+    if not math.isfinite(value) or value <= 0:
+        raise UsageProblem(f"{what} {text!r}: expected a positive, finite count")
+    return value
+
+
+def parse_chips(text: str) -> tuple[int, ...]:
+    """`4096`, `1024,2048,4096`, `1024:16384` (doubling from A to B, B included) or
+    `1024:4096:512` (A to B by S)."""
+    try:
+        if ":" in text:
+            parts = [int(p) for p in text.split(":")]
+            if len(parts) not in (2, 3) or min(parts) <= 0 or parts[0] > parts[1]:
+                raise ValueError
+            first, last = parts[0], parts[1]
+            if len(parts) == 3:
+                return tuple(range(first, last + 1, parts[2]))
+            out, chips = [], first
+            while chips < last:
+                out.append(chips)
+                chips *= 2
+            return tuple(out + [last])
+        values = tuple(int(p) for p in text.split(","))
+        if not values or min(values) <= 0:
+            raise ValueError
+        return tuple(sorted(set(values)))
+    except ValueError:
+        raise UsageProblem(f"--chips {text!r}: expected N, A,B,C, A:B (doubling) or A:B:STEP "
+                           f"with positive whole numbers") from None
+
+
+def _duration(text: str | None, what: str) -> float | None:
+    if text is None:
+        return None
+    from clustersim.hardware.units import UnitError, parse_duration
+
+    try:
+        value = parse_duration(text)
+    except UnitError as error:
+        raise UsageProblem(f"{what} {text!r}: {error}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageProblem(f"{what} {text!r}: expected a positive duration such as 60d")
+    return value
+
+
+@user_errors
+def plan(
+    scenario: ScenarioArg,
+    hardware: Annotated[str | None, typer.Option(
+        help="Hardware to compare, comma-separated catalog names [default: the scenario's].")
+    ] = None,
+    chips: Annotated[str | None, typer.Option(
+        help="Chip counts: N, A,B,C, A:B (doubling) or A:B:STEP [default: the scenario's].")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model preset instead of the job's.")] = None,
+    global_batch: Annotated[str | None, typer.Option(
+        help="Global batch: sequences (2048) or tokens (16M, binary prefixes).")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length.", min=1)] = None,
+    objective: Annotated[str, typer.Option(
+        help="step, cost, energy or time-to-train.")] = "step",
+    tokens: Annotated[str | None, typer.Option(help="Token budget to train, e.g. 15T.")] = None,
+    deadline: Annotated[str | None, typer.Option(help="Train the tokens by then, e.g. 60d.")
+                        ] = None,
+    budget: Annotated[float | None, typer.Option(help="Most USD to spend on the tokens.")
+                      ] = None,
+    max_chips: Annotated[int | None, typer.Option(help="Largest size to consider.", min=1)
+                         ] = None,
+    memory_headroom: Annotated[float, typer.Option(
+        help="Fraction of HBM kept free.", min=0.0, max=0.9)] = 0.0,
+    top: Annotated[int, typer.Option(help="Candidates to show and print.", min=1)] = 10,
+    engine: Annotated[str, typer.Option(help="local or ray.")] = "local",
+    workers: Annotated[int | None, typer.Option(help="Processes [default: cores].", min=1)
+                       ] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "-o", "--out", help="Output directory [default: results/plan-NAME/].")] = None,
+    write_scenario: Annotated[Path | None, typer.Option(
+        help="Write the best candidate as a scenario file.")] = None,
+    overrides: SetOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT / the file.")
+                     ] = False,
+    json_out: JsonOption = False,
+) -> None:
+    """Search parallelism, size and hardware for the first job; failure-aware time and cost."""
+    from clustersim.planning import Engine, PlanError, PlanOptions
+    from clustersim.planning import plan as make_plan
+    from clustersim.planning.outputs import write_plan
+    from clustersim.planning.outputs import write_scenario as write_best
+    from clustersim.runner.outputs import atomic_output_dir, check_output_dir
+    from clustersim.scenario.loader import load_scenario
+
+    sets = list(overrides or [])
+    if model is not None:
+        sets.append(f"jobs.0.model={model}")
+    if seq_len is not None:
+        sets.append(f"jobs.0.seq_len={seq_len}")
+    if global_batch is not None:
+        if re.fullmatch(r"\s*[0-9]+\s*", global_batch):
+            sets.append(f"jobs.0.global_batch={int(global_batch)}")
+        else:
+            spec = load_scenario(scenario, sets, planning=True)
+            length = spec.jobs[0].sequence_length if spec.jobs else 1
+            batch_tokens = parse_count(global_batch, "--global-batch", binary=True)
+            if batch_tokens % length:
+                raise UsageProblem(f"--global-batch {global_batch!r}: {batch_tokens:,.0f} tokens "
+                                   f"is not a whole number of sequences of {length}")
+            sets.append(f"jobs.0.global_batch={int(batch_tokens // length)}")
+    if engine not in ("local", "ray"):
+        raise UsageProblem(f"--engine {engine!r}: expected local or ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'")
+    spec = load_scenario(scenario, sets, planning=True)
+    options = PlanOptions(
+        hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
+        chips=parse_chips(chips) if chips else (), objective=objective,
+        tokens=parse_count(tokens, "--tokens") if tokens else None,
+        deadline_s=_duration(deadline, "--deadline"), budget_usd=budget, max_chips=max_chips,
+        memory_headroom=memory_headroom, top=top,
+    )
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
+    out_dir = out if out is not None else Path("results") / f"plan-{spec.name}"
+    check_output_dir(out_dir, force)
+    if write_scenario is not None and write_scenario.exists() and not force:
+        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    try:
+        with Engine(engine, workers, address) as runner:
+            result = make_plan(spec, options, runner)
+    except PlanError as error:
+        raise UsageProblem(f"{scenario}: {error}") from None
+    with atomic_output_dir(out_dir, force=force) as staging:
+        write_plan(result, staging)
+    if write_scenario is not None:
+        write_best(result, write_scenario)
+    if json_out:
+        print(json.dumps(result.as_json(), indent=2))
+        return
+    _print_plan(result, out_dir, write_scenario)
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if kind == "days":
+        return f"{value / 86400:,.1f} d"
+    if kind == "usd":
+        return f"${value:,.0f}" if value >= 100 else f"${value:,.2f}"
+    if kind == "energy":
+        return f"{value / 3.6e9:,.1f} MWh" if value >= 3.6e9 else f"{value / 3.6e6:,.2f} kWh"
+    return str(value)
+
+
+def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
+    from clustersim.hardware import units
+
+    job = result.scenario.jobs[0]
+    tokens = result.options.tokens
+    table = Table(title=escape(f"plan for {job.model.name} (objective: {result.options.objective}"
+                               f"{f', {tokens:.3g} tokens' if tokens else ''}): top "
+                               f"{min(result.options.top, len(result.ranked))} of "
+                               f"{result.simulated:,} simulated"), title_justify="left")
+    for name in ("#", "hardware", "chips", "tp pp dp ep v", "mb", "recompute", "sp z1",
+                 "step s", "MFU", "GiB/chip", "ETTR",
+                 "time to train" if tokens else "s per 1M tok",
+                 "cost" if tokens else "$ per 1M tok",
+                 "energy" if tokens else "kWh per 1M tok"):
+        table.add_column(name, justify="left" if name in ("hardware", "recompute") else "right",
+                         no_wrap=True)
+    for rank, r in enumerate(result.ranked[: result.options.top], start=1):
+        wall = r["time_to_train_s"] if tokens else (
+            1e6 / (r["tokens_per_s"] * r["ettr"]) if r["ettr"] > 0 else math.inf)
+        table.add_row(
+            str(rank), r["hardware"], f"{r['chips']:,}",
+            f"{r['tp']} {r['pp']} {r['dp']} {r['ep']} {r['interleave']}", str(r["micro_batch"]),
+            r["recompute"], f"{'y' if r['sequence_parallel'] else 'n'} "
+            f"{'y' if r['zero1'] else 'n'}",
+            f"{r['step_time_s']:,.3f}", f"{r['mfu']:.1%}", f"{r['memory_per_chip_gib']:.1f}",
+            f"{r['ettr']:.3f}", _fmt(wall, "days") if tokens else f"{wall:,.1f}",
+            _fmt(r["cost_usd"], "usd"),
+            _fmt(r["energy_j"], "energy") if tokens else (
+                "-" if r["energy_j"] is None else f"{r['energy_j'] / 3.6e6:,.2f}"),
+        )
+    from rich.console import Console
+
+    wide = Console(highlight=False, width=max(out_console.width, 160))
+    wide.print(table)
+    rows = result.rows
+    pruned = rows[rows["status"] == "pruned"]["why"].str.split(":").str[0].value_counts()
+    out_console.print(f"considered {result.considered:,}, pruned {result.pruned:,} ("
+                      + ", ".join(f"{n:,} {why}" for why, n in pruned.items())
+                      + f"), simulated {result.simulated:,}")
+    reference = rows[rows["reference"] & rows["step_time_s"].notna()]
+    if len(reference):
+        ref = reference.iloc[0]
+        best = result.best
+        same = best["hardware"] == ref["hardware"] and best["chips"] == ref["chips"]
+        fit = f" (pruned: {ref['why']})" if ref["why"] else ""
+        gain = (f"; the best takes {best['step_time_s']:,.3f} s, "
+                f"{1 - best['step_time_s'] / ref['step_time_s']:.1%} less" if same else "")
+        out_console.print(f"the scenario's own configuration: {ref['step_time_s']:,.3f} s per "
+                          f"step{fit}{gain}")
+    names = list(dict.fromkeys(g.name for g in result.groups))
+    if len(names) > 1:
+        for name in names:
+            mine = [r for r in result.ranked if r["hardware"] == name]
+            if not mine:
+                out_console.print(f"{name}: no feasible candidate")
+                continue
+            r = mine[0]
+            band = r.get("step_time_s_band")
+            out_console.print(
+                f"{name} at its best: {r['chips']:,} chips, tp {r['tp']} pp {r['pp']} dp "
+                f"{r['dp']}, {r['step_time_s']:,.3f} s per step"
+                + (f" (band {band[0]:,.3f}-{band[1]:,.3f} s)" if band else "")
+                + f", ETTR {r['ettr']:.3f}"
+                + (f", ${r['cost_per_million_tokens_usd']:,.3f} per million tokens"
+                   if r.get("cost_per_million_tokens_usd") is not None else ""))
+    for group in result.groups:
+        rec = group.recovery[False]
+        mine = [r for r in result.ranked if r["hardware"] == group.name
+                and r["chips"] == group.chips]
+        best_here = ""
+        if mine:
+            r = mine[0]
+            best_here = f", ETTR {r['ettr']:.3f}" + (
+                f", time to train {r['time_to_train_s'] / 86400:,.1f} d at best"
+                if r["time_to_train_s"] is not None else "")
+        out_console.print(
+            f"{group.name} x {group.chips:,} chips: job MTBF "
+            f"{units.format_duration(rec.mtbf_s) if math.isfinite(rec.mtbf_s) else 'none'}, "
+            f"recovery {units.format_duration(rec.recovery_s)} per failure{best_here}"
+            f"{' (MTBF below recovery: more chips do not pay)' if rec.mtbf_s < rec.recovery_s else ''}")
+    for name, chips in result.stops_paying.items():
+        if chips is not None:
+            out_console.print(f"{name}: more chips stop paying past {chips:,} chips (time to "
+                              f"train no longer falls)")
+    for note in result.notes:
+        err_console.print(f"note: {escape(note)}")
+    out_console.print(f"wrote {out_dir}/ (plan.parquet, plan.json, pareto.png)"
+                      + (f" and {written}" if written else ""))

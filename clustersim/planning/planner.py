@@ -1,0 +1,331 @@
+"""`plan`: the best parallelism, size and hardware for a scenario's first job, failures in.
+
+For each hardware and chip count (a group) the planner lists the search space
+(`space.enumerate_space`), prunes it by divisibility, placement and the exact memory model,
+bounds the rest from below (`simulate.step_lower_bound`) and simulates the step of the
+candidates in order of their bound, in rounds of a fixed size, until the bound of every
+candidate left is no faster than the group's best simulated step: the best is exact (the
+bound is a true lower bound), and the result does not depend on the engine or its workers.
+Within a group the candidates share their failure rates (except that tensor parallelism across
+a Z ring makes a fault cost a whole UltraServer), so the fastest step is also, nearly always,
+the shortest time to train, the cheapest and the most frugal; across groups the
+failure-aware figures (ETTR, time to train, cost, energy) rank them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from clustersim.cluster.rates import effective_rates, job_failure_rate
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
+from clustersim.planning.engine import Engine
+from clustersim.planning.ettr import Recovery
+from clustersim.planning.simulate import (
+    GroupKey,
+    op_model,
+    quick_bound,
+    simulate_task,
+    step_lower_bound,
+    step_model,
+)
+from clustersim.planning.space import (
+    Candidate,
+    enumerate_space,
+    job_for,
+    memory_of,
+    prune_reason,
+)
+from clustersim.scenario.loader import CheckpointSpec, JobSpec, Scenario
+
+__all__ = ["PlanOptions", "PlanError", "PlanResult", "Group", "plan", "OBJECTIVES",
+           "checkpoint_of", "recovery_for"]
+
+OBJECTIVES = {"step": "step_time_s", "cost": "cost_per_million_tokens_usd",
+              "energy": "energy_per_token_j", "time-to-train": "time_to_train_s"}
+ROUND = 4  # candidates simulated per group per round (fixed: the answer must not depend on it)
+
+
+class PlanError(Exception):
+    """The plan cannot be made as asked (bad input, nothing feasible); says what would help."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    hardware: tuple[str, ...] = ()  # catalog names; empty: the scenario's hardware
+    chips: tuple[int, ...] = ()  # empty: the scenario's job or cluster size
+    objective: str = "step"
+    tokens: float | None = None
+    deadline_s: float | None = None
+    budget_usd: float | None = None
+    max_chips: int | None = None
+    memory_headroom: float = 0.0  # fraction of HBM kept free
+    top: int = 10
+
+
+@dataclass
+class Group:
+    """One hardware at one size: its failure figures and its candidates."""
+
+    name: str
+    hw: HardwareSpec
+    chips: int
+    instances: int
+    key: GroupKey
+    recovery: dict[bool, Recovery]  # by whole-UltraServer replacement
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class PlanResult:
+    scenario: Scenario
+    options: PlanOptions
+    rows: pd.DataFrame  # every candidate considered
+    ranked: list[dict[str, Any]]  # simulated candidates, best first
+    groups: list[Group]
+    considered: int
+    pruned: int
+    simulated: int
+    stops_paying: dict[str, int | None]
+    notes: list[str]
+
+    @property
+    def best(self) -> dict[str, Any]:
+        return self.ranked[0]
+
+    def as_json(self) -> dict[str, Any]:
+        """`plan --json`: best, the top candidates and the counts."""
+        return {"best": _public(self.best), "candidates": [_public(r) for r in
+                                                            self.ranked[: self.options.top]],
+                "considered": self.considered, "pruned": self.pruned,
+                "simulated": self.simulated}
+
+
+PUBLIC = ("hardware", "chips", "tp", "pp", "dp", "ep", "interleave", "micro_batch", "recompute",
+          "sequence_parallel", "zero1", "step_time_s", "mfu", "memory_per_chip_gib", "ettr",
+          "time_to_train_s", "cost_usd", "energy_j", "tokens_per_s", "job_mtbf_s", "recovery_s",
+          "checkpoint_interval_s", "cost_per_million_tokens_usd", "energy_per_token_j",
+          "step_time_s_band", "reference")
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name in PUBLIC:
+        value = row.get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[name] = value
+    return out
+
+
+def checkpoint_of(job: JobSpec) -> CheckpointSpec:
+    """The job's checkpointing, or the default one the plan assumes (and writes)."""
+    return job.checkpoint if job.checkpoint is not None else CheckpointSpec()
+
+
+def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: int,
+                 whole_ultraservers: bool) -> Recovery:
+    """The failure and recovery figures of `job` on `instances` instances of `hw`."""
+    group = scenario.model_copy(update={"hardware": hw})
+    sized = job.model_copy(update={"instances": instances})
+    rate = job_failure_rate(group, sized)
+    hardware_only = group.model_copy(update={"failures": scenario.failures.model_copy(update={
+        "preset": "none",
+        "rates": [r for r in effective_rates(scenario) if r.component != "software"]})})
+    hw_rate = job_failure_rate(hardware_only, sized)
+    ck = checkpoint_of(job)
+    f = scenario.failures
+    ipu = hw.instances_per_ultraserver
+    return Recovery(
+        failure_rate_per_s=rate, hardware_rate_per_s=hw_rate, detect_s=f.detect_s,
+        restart_s=f.restart_s, restore_s=ck.restore_s, write_s=ck.write_s,
+        interval_s=None if ck.interval_s == "auto" else float(ck.interval_s),
+        async_write=ck.async_write,
+        repair_s=math.inf if f.repair_s == "never" else float(f.repair_s),
+        spare_units=scenario.cluster.spares,
+        units_per_replacement=ipu if whole_ultraservers else 1,
+    )
+
+
+def _hardware_list(scenario: Scenario, names: tuple[str, ...]) -> list[tuple[str, HardwareSpec]]:
+    if not names:
+        return [(scenario.hardware.name, scenario.hardware)]
+    out = []
+    for name in names:
+        if name == scenario.hardware.name:
+            out.append((name, scenario.hardware))
+            continue
+        try:
+            out.append((name, catalog_entry(name)))
+        except KeyError:
+            raise PlanError(f"--hardware {name!r}: unknown hardware; expected one of "
+                            f"{', '.join(catalog_names())}") from None
+    return out
+
+
+def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareSpec
+           ) -> tuple[list[int], list[str]]:
+    """Chip counts to try on `hw`: whole instances (whole UltraServers where it has them)."""
+    if options.chips:
+        wanted = list(options.chips)
+    else:
+        instances = job.instances or scenario.working_instances
+        wanted = [instances * scenario.hardware.chips_per_instance]
+    unit = hw.chips_per_instance * hw.instances_per_ultraserver
+    kept, notes = [], []
+    for chips in wanted:
+        if options.max_chips is not None and chips > options.max_chips:
+            notes.append(f"{chips} chips: above --max-chips {options.max_chips}")
+        elif chips % unit:
+            notes.append(f"{hw.name}: {chips} chips is not a whole number of "
+                         f"{'UltraServers' if hw.ultraserver else 'instances'} of {unit} chips")
+        else:
+            kept.append(chips)
+    return kept, notes
+
+
+def _make_group(scenario: Scenario, job: JobSpec, name: str, hw: HardwareSpec, chips: int
+                ) -> Group:
+    instances = chips // hw.chips_per_instance
+    key = GroupKey(name, hw.model_dump_json(by_alias=True), instances + scenario.cluster.spares,
+                   scenario.cluster.fabric.model_dump_json(by_alias=True))
+    recovery = {whole: recovery_for(scenario, hw, job, instances, whole) for whole in (False, True)}
+    return Group(name, hw, chips, instances, key, recovery)
+
+
+def _is_reference(c: Candidate, job: JobSpec, given: bool, chips: int, name: str,
+                  scenario: Scenario) -> bool:
+    if not given or name != scenario.hardware.name:
+        return False
+    par = job.parallelism
+    return (c.chips == chips and (c.tp, c.pp, c.dp, c.ep, c.interleave) ==
+            (par.tp, par.pp, par.dp, par.ep, par.interleave) and c.micro_batch == job.micro_batch
+            and c.recompute == job.recompute and c.sequence_parallel == par.sequence_parallel
+            and c.zero1 == (par.zero == 1))
+
+
+def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario
+            ) -> list[tuple[float, dict[str, Any], Any]]:
+    """Prune a group's space; the survivors as (bound, row, job), and every row recorded."""
+    hw = group.hw
+    model = op_model(group.key.hardware_json)
+    cache: dict = {}
+    survivors = []
+    usable = hw.chip.hbm_bytes * (1.0 - options.memory_headroom)
+    for c in enumerate_space(group.name, hw, group.chips, job):
+        row: dict[str, Any] = c.as_dict()
+        row["reference"] = _is_reference(c, job, given, group.chips, group.name, scenario)
+        row["why"] = ""
+        group.rows.append(row)
+        reason = prune_reason(c, hw, job)
+        if reason is not None:
+            row["status"], row["why"] = "pruned", reason
+            continue
+        candidate_job = job_for(job, c)
+        memory = memory_of(candidate_job, hw)
+        row["memory_per_chip_gib"] = memory.per_chip / 2**30
+        bound = step_lower_bound(model, candidate_job, cache)
+        row["bound_s"] = bound
+        if memory.per_chip > usable:
+            row["status"] = "pruned"
+            row["why"] = (f"memory: {memory.per_chip / 2**30:.1f} GiB per chip, "
+                          f"{usable / 2**30:.1f} GiB usable")
+            if row["reference"]:
+                survivors.append((bound, row, candidate_job))  # simulated all the same
+            continue
+        row["status"] = "bounded"
+        survivors.append((bound, row, candidate_job))
+    survivors.sort(key=lambda s: (s[0], tuple(str(v) for v in s[1].values())))
+    return survivors
+
+
+def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engine | None = None,
+         progress: Any = None) -> PlanResult:
+    """Search the scenario's first job's configurations; see the module doc."""
+    if options.objective not in OBJECTIVES:
+        raise PlanError(f"--objective {options.objective!r}: expected one of "
+                        f"{', '.join(OBJECTIVES)}")
+    if options.objective == "time-to-train" and options.tokens is None:
+        raise PlanError("--objective time-to-train needs --tokens (e.g. --tokens 15T)")
+    if (options.deadline_s is not None or options.budget_usd is not None) and not options.tokens:
+        raise PlanError("--deadline and --budget need --tokens: the token budget to train")
+    if not scenario.jobs:
+        raise PlanError(f"{scenario.source}: jobs: the scenario has no job to plan")
+    job = scenario.jobs[0]
+    given = "parallelism" in job.model_fields_set
+    notes: list[str] = []
+    groups: list[Group] = []
+    for name, hw in _hardware_list(scenario, options.hardware):
+        if job.precision not in hw.chip.tflops:
+            notes.append(f"{name}: no {job.precision} peak; skipped")
+            continue
+        sizes, size_notes = _sizes(scenario, job, options, hw)
+        notes += size_notes
+        groups += [_make_group(scenario, job, name, hw, chips) for chips in sizes]
+    if not groups:
+        raise PlanError("no hardware and size to plan on: " + "; ".join(notes))
+    screened = {id(g): _screen(g, job, options, given, scenario) for g in groups}
+    with engine or Engine("local", workers=1) as runner:
+        _branch_and_bound(groups, screened, runner, progress)
+    return _finish(scenario, job, options, groups, notes)
+
+
+def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: Engine,
+                      progress: Any) -> None:
+    """Simulate each group's survivors in order of bound, in rounds, until every bound left
+    is no faster than the group's best step (a reference is simulated first, always)."""
+    position = {id(g): 0 for g in groups}
+    best = {id(g): math.inf for g in groups}
+    total = sum(len(s) for s in screened.values())
+    first = [(g, row, cjob) for g in groups for _, row, cjob in screened[id(g)]
+             if row["reference"]]
+    done = 0
+    while True:
+        batch = first
+        first = []
+        for g in groups:
+            queue = screened[id(g)]
+            taken = 0
+            while position[id(g)] < len(queue) and taken < ROUND:
+                bound, row, cjob = queue[position[id(g)]]
+                if bound >= best[id(g)]:
+                    break
+                position[id(g)] += 1
+                if row["reference"]:
+                    continue
+                tighter = quick_bound(step_model(g.key), cjob, bound)
+                row["bound_s"] = tighter
+                if tighter >= best[id(g)]:
+                    row["status"] = "pruned"
+                    row["why"] = (f"bound: at least {tighter:.4g} s per step, no faster than "
+                                  f"the best simulated ({best[id(g)]:.4g} s)")
+                    continue
+                batch.append((g, row, cjob))
+                taken += 1
+        if not batch:
+            break
+        tasks = [(g.key, [cjob]) for g, _, cjob in batch]
+        for (g, row, _), figures in zip(batch, runner.map(simulate_task, tasks), strict=True):
+            row.update(figures[0])
+            if row["status"] == "bounded":  # a reference pruned for memory stays pruned
+                row["status"] = "simulated"
+                best[id(g)] = min(best[id(g)], row["step_time_s"])
+        done += len(batch)
+        if progress is not None:
+            progress(done, total)
+    for g in groups:
+        for bound, row, _ in screened[id(g)][position[id(g)]:]:
+            if row["status"] == "bounded" and row.get("step_time_s") is None:
+                row["status"] = "pruned"
+                row["why"] = (f"bound: at least {bound:.4g} s per step, no faster than the "
+                              f"best simulated ({best[id(g)]:.4g} s)")
+
+
+def _finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[Group],
+            notes: list[str]) -> PlanResult:
+    from clustersim.planning.figures import finish  # the figures and ranking
+
+    return finish(scenario, job, options, groups, notes)

@@ -1,0 +1,168 @@
+"""The quick bound and the simulation of a candidate's step, both on the step model.
+
+The bound is a lower bound of the simulated step time from the same roofline the step model
+uses (its per-operation time), with no communication: the busiest pipeline rank must run
+every forward and backward chunk of every micro-batch one after another, and the last rank
+cannot start before a forward chunk has passed through each rank before it. Candidates are
+taken in order of that bound; one that could still win gets the tighter `quick_bound` (the
+same chunks with their collectives, and the exposed ZeRO-1 gather, from the step model),
+and only one that could still win after that is simulated.
+
+Simulation runs the step model (simpy, one process per pipeline stage) on the candidate's
+own cluster (its instances plus the scenario's spares, as `clustersim run` builds it), one
+step model per (hardware, size) kept per process, so shapes seen before come from its cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from clustersim.hardware.catalog import HardwareSpec
+from clustersim.hardware.topology import FabricSpec, build_topology
+from clustersim.training.step import StepModel
+from clustersim.training.workload import TrainingJob, stage_work, weight_bytes_per_param
+
+__all__ = ["GroupKey", "step_model", "op_model", "step_lower_bound", "quick_bound",
+           "simulate_task"]
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """A (hardware, size) group: what a worker needs to build the cluster."""
+
+    name: str  # the hardware's name as the plan shows it
+    hardware_json: str  # the HardwareSpec, as JSON (catalog entries may be overridden)
+    instances: int  # the cluster's, spares included
+    fabric_json: str
+
+
+@functools.lru_cache(maxsize=8)
+def _hardware(hardware_json: str) -> HardwareSpec:
+    return HardwareSpec.model_validate_json(hardware_json)
+
+
+@functools.lru_cache(maxsize=8)
+def step_model(key: GroupKey) -> StepModel:
+    """The step model of a group's cluster, built once per process."""
+    topology = build_topology(_hardware(key.hardware_json), key.instances,
+                              FabricSpec.model_validate_json(key.fabric_json))
+    return StepModel(topology)
+
+
+@functools.lru_cache(maxsize=8)
+def op_model(hardware_json: str) -> StepModel:
+    """A step model on the smallest cluster of this hardware, for per-operation times."""
+    hw = _hardware(hardware_json)
+    return StepModel(build_topology(hw, hw.instances_per_ultraserver))
+
+
+def _chunk_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool
+                   ) -> tuple[float, float]:
+    """(forward, backward) compute of one layer's chunk plus the first / last extras."""
+    work = stage_work(job, 1, first, last)
+    precision = job.precision
+    return (sum(model._op_time(op, precision) for op in work.forward),
+            sum(model._op_time(op, precision) for op in work.backward))
+
+
+def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = None) -> float:
+    """A lower bound of the step model's step time for this job (see the module doc)."""
+    par = job.parallelism
+    cache = cache if cache is not None else {}
+    base = (job.model, job.sequence_length, job.micro_batch, par.tp, par.sequence_parallel,
+            par.ep, job.recompute, job.precision)
+
+    def one_layer(first: bool, last: bool) -> tuple[float, float]:
+        key = base + (first, last)
+        if key not in cache:
+            cache[key] = _chunk_seconds(model, job, first, last)
+        return cache[key]
+
+    stages = par.pp * par.interleave
+    layers = job.model.layers // stages
+    mid_f, mid_b = one_layer(False, False)
+
+    def chunk(first: bool, last: bool) -> float:
+        f, b = one_layer(first, last)
+        return layers * (mid_f + mid_b) + (f - mid_f) + (b - mid_b)
+
+    microbatches = job.global_batch // (job.micro_batch * par.dp)
+    mid = chunk(False, False)
+    if stages == 1:
+        return microbatches * chunk(True, True)
+    first_rank = chunk(True, False) + (par.interleave - 1) * mid
+    last_rank = chunk(False, True) + (par.interleave - 1) * mid
+    fill = (par.pp - 1) * layers * mid_f
+    return max(microbatches * first_rank, fill + microbatches * last_rank,
+               microbatches * par.interleave * mid)
+
+
+def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
+    """A tighter lower bound on the group's own step model: each pipeline rank's chunks with
+    their tensor- (and expert-) parallel collectives, plus the ZeRO-1 parameter gather that
+    follows the last backward pass, as the step model costs them (its chunk and data-parallel
+    times, without the simpy pipeline). Falls back to `fallback` if the model's internals
+    are not as expected."""
+    try:
+        par = job.parallelism
+        hw = model.hardware
+        placed = np.arange(math.ceil(par.ranks / hw.ranks_per_instance))
+        ranks = np.arange(par.ranks)
+        tp_group = model._group(ranks[: par.tp], placed)[0] if par.tp > 1 else None
+        ep_group = None
+        if job.model.moe and par.ep > 1:
+            stride = par.tp * par.pp
+            ep_group = model._group(ranks[: par.ep * stride: stride], placed)
+        stages = par.pp * par.interleave
+        layers = job.model.layers // stages
+
+        def chunk(first: bool, last: bool) -> float:
+            t = model._chunk_times(job, layers, first, last, tp_group, ep_group)
+            return (t.forward_compute + t.forward_tp + t.forward_ep + t.backward_compute
+                    + t.backward_tp + t.backward_ep)
+
+        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision)
+        dp = model._data_parallel_times(job, placed, g_bytes, w_bytes)
+        microbatches = job.global_batch // (job.micro_batch * par.dp)
+        if stages == 1:
+            return max(fallback, microbatches * chunk(True, True) + dp[0][1])
+        mid = chunk(False, False)
+        first_rank = microbatches * (chunk(True, False) + (par.interleave - 1) * mid)
+        last_rank = microbatches * (chunk(False, True) + (par.interleave - 1) * mid)
+        bound = max(first_rank + dp[0][1], last_rank + dp[par.pp - 1][1])
+        if par.pp > 2:
+            bound = max(bound, microbatches * par.interleave * mid + dp[1][1])
+        return max(fallback, bound)
+    except (AttributeError, TypeError, KeyError, ValueError):
+        return fallback
+
+
+def simulate_task(task: tuple[GroupKey, list[Any]]) -> list[dict[str, Any]]:
+    """Simulate the steps of jobs of one group; their figures (picklable)."""
+    key, jobs = task
+    model = step_model(key)
+    out = []
+    for job in jobs:
+        profile = model.profile(job, job.name)
+        band = getattr(profile, "step_time_s_band", None)
+        out.append({
+            "step_time_s": profile.step_time_s,
+            "step_time_s_band": tuple(band) if band is not None else None,
+            "mfu": profile.mfu,
+            "hfu": profile.hfu,
+            "tokens_per_s": profile.tokens_per_s,
+            "memory_per_chip_gib": profile.memory.per_chip / 2**30,
+            "fits_memory": profile.fits_memory,
+            "compute_s": profile.compute_s,
+            "exposed_comm_s": float(sum(profile.exposed_comm_s.values())),
+            "bubble_s": profile.bubble_s,
+            "energy_per_token_j": profile.energy_per_token_j,
+        })
+        if not math.isfinite(profile.step_time_s):
+            raise ValueError(f"step time of {job.name} is not finite")
+    return out
