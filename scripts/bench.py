@@ -231,18 +231,13 @@ figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
     ),
     "plan: the calibration rows (Trn1 rows; Megatron 1T on 3,072 A100 p4de, 1600 Gbps)": (
         """
-from clustersim.calibration.collectives import STEP_MEASUREMENTS
+from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario
 from clustersim.planning import PlanOptions, plan
-from clustersim.scenario.loader import scenario_from_dict
 figures = {}
 for m in STEP_MEASUREMENTS:
-    hardware = m.hardware if m.hardware.startswith("trn") else {
-        "base": "p4de", "instance": {"efa": "1600Gbps"}}
-    raw = {"name": "calibration", "hardware": hardware, "cluster": {"instances": m.instances},
-           "jobs": [{"name": "train", "model": m.model, "seq_len": m.seq_len,
-                     "global_batch": m.global_batch, "micro_batch": m.micro_batch,
-                     "parallelism": m.parallelism, "recompute": m.recompute}]}
-    result = plan(scenario_from_dict(raw), PlanOptions(top=3))
+    if not m.visible or not (m.hardware == "trn1" or m.model == "megatron-1t"):
+        continue
+    result = plan(step_scenario(m), PlanOptions(top=3))
     ref = result.rows[result.rows["reference"]].iloc[0]
     best = result.best
     figures[m.name] = {

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from clustersim.calibration.collectives import STEP_MEASUREMENTS, step_scenario
+from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario
 from clustersim.cli.app import app
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.topology import build_topology

@@ -28,7 +28,12 @@ from typing import Any
 
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.schedule import peak_in_flight, pipeline_order
-from clustersim.training.workload import ParallelismSpec, TrainingJob, memory_per_rank
+from clustersim.training.workload import (
+    ParallelismSpec,
+    TrainingJob,
+    attention_of,
+    memory_per_rank,
+)
 
 __all__ = ["Candidate", "RECOMPUTE", "divisors", "enumerate_space", "prune_reason", "job_for",
            "memory_of", "tp_domain_ranks"]
@@ -167,5 +172,8 @@ def memory_of(job: TrainingJob, hw: HardwareSpec):
     """The step model's memory breakdown of a job (cached schedule peak)."""
     par = job.parallelism
     microbatches = job.global_batch // (job.micro_batch * par.dp)
+    framework = hw.chip.framework
     return memory_per_rank(job, _in_flight(par.pp, microbatches, par.interleave),
-                           hw.chip.hbm_bytes, min(hw.chip.ranks, par.ranks))
+                           hw.chip.hbm_bytes, min(hw.chip.ranks, par.ranks),
+                           attention=attention_of(job, framework.attention),
+                           gradients=framework.gradients)
