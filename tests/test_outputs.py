@@ -397,3 +397,18 @@ def test_does_not_fit_names_the_file_and_the_job_key(tmp_path: Path):
         api.simulate(scenario)
     assert str(path) in str(caught.value)
     assert "jobs.0" in str(caught.value)
+
+
+def test_a_signal_whose_exception_was_swallowed_still_stops_the_run(tmp_path: Path):
+    """A SIGTERM landing where Python ignores exceptions (an import lock's callback prints
+    "Exception ignored") must not let the run commit its output (seen once under load)."""
+    from clustersim.runner import interrupts
+    from clustersim.runner.outputs import atomic_output_dir
+
+    out = tmp_path / "out"
+    with pytest.raises(interrupts.Interrupted), interrupts.interruptible():
+        with atomic_output_dir(out) as staging:
+            (staging / "summary.json").write_text("{}")
+            interrupts._received.append(signal.SIGTERM)  # as the handler does before raising
+    assert not out.exists()
+    assert leftovers(tmp_path) == []

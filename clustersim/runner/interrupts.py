@@ -16,7 +16,8 @@ import threading
 from collections.abc import Iterator
 from multiprocessing.pool import Pool
 
-__all__ = ["Interrupted", "interruptible", "exit_status", "worker_pool"]
+__all__ = ["Interrupted", "interruptible", "exit_status", "raise_if_interrupted", "interrupt_handled",
+           "worker_pool"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -36,8 +37,26 @@ def exit_status(interrupt: BaseException) -> int:
     return 128 + getattr(interrupt, "signum", signal.SIGINT)
 
 
+# Signals received inside `interruptible()`. Python swallows an exception raised where it
+# cannot propagate (a signal landing in an import lock's weakref callback prints "Exception
+# ignored" and carries on), so the signal is also remembered and checked before committing.
+_received: list[int] = []
+
+
 def _raise_interrupted(signum: int, _frame: object) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def interrupt_handled() -> None:
+    """The caller caught the Interrupted and decides what to write (a sweep's partial table)."""
+    _received.clear()
+
+
+def raise_if_interrupted() -> None:
+    """Raise Interrupted if a signal arrived whose exception may have been swallowed."""
+    if _received:
+        raise Interrupted(_received[-1])
 
 
 @contextlib.contextmanager
@@ -47,10 +66,12 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
     previous = {sig: signal.signal(sig, _raise_interrupted)
                 for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
+        raise_if_interrupted()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

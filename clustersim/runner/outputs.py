@@ -26,6 +26,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from clustersim.runner.interrupts import raise_if_interrupted
+
 __all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_output_dir",
            "earlier_run_of", "output_lock", "remove_stale_temporaries", "resolve_output_dir"]
 
@@ -271,6 +273,7 @@ def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None
             raise OutputDirError(f"{given}: cannot write there ({error.strerror})") from None
         try:
             yield staging
+            raise_if_interrupted()  # a signal whose exception was swallowed still stops it
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -42,7 +42,7 @@ from clustersim.hardware import limits
 from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Spec
 from clustersim.runner.api import capped_workers, simulate, t_quantile
-from clustersim.runner.interrupts import Interrupted, worker_pool
+from clustersim.runner.interrupts import Interrupted, interrupt_handled, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.loader import load_scenario
@@ -221,6 +221,7 @@ def run_sweep(path: str | Path, engine: str = "local", workers: int | None = Non
                 progress(len(rows), len(tasks))
     except KeyboardInterrupt as interrupt:
         results.close()  # terminates the workers before the partial tables are built
+        interrupt_handled()
         frame = _frame(rows, spec)
         raise SweepInterrupted(getattr(interrupt, "signum", signal.SIGINT), frame,
                                summarise(frame, list(spec.grid)), len(tasks)) from None
