@@ -18,10 +18,11 @@ from collections import deque
 
 import numpy as np
 import simpy
+from simpy.events import URGENT
 
 from clustersim.analysis.trace import REQUEST_STATUSES
 from clustersim.scenario.serving import DeploymentSpec
-from clustersim.serving.replica import Replica
+from clustersim.serving.replica import Replica, Wake
 from clustersim.serving.requests import Requests
 
 __all__ = ["Fleet", "STATUS"]
@@ -73,7 +74,10 @@ class Fleet:
         # Batch size and KV occupancy over time: one row per iteration group, the five
         # columns of SERIES interleaved in one flat array.
         self.rows = array("d")
-        env.process(self._arrivals())
+        # The router walks the arrival times (an urgent start, as a simpy process's).
+        self._times = self.arrival_s.tolist()
+        self._cursor = 0
+        Wake(env, lambda _: self._arrive_from(0), priority=URGENT)
 
     # ------------------------------------------------------------------ requests
     def prompt_tokens(self, request: int) -> int:
@@ -83,12 +87,22 @@ class Fleet:
     def remaining(self, request: int) -> int:
         return self._outputs[request] - int(self.generated[request])
 
-    def _arrivals(self):
+    def _arrive_from(self, request: int) -> None:
+        """Route the requests due now from `request` on; wait for the next one's arrival."""
         env = self.env
-        for request, time_s in enumerate(self.arrival_s.tolist()):
+        times = self._times
+        while request < len(times):
+            time_s = times[request]
             if time_s > env.now:
-                yield env.timeout(time_s - env.now)
+                self._cursor = request
+                Wake(env, self._arrival_due, time_s - env.now)
+                return
             self.route(request)
+            request += 1
+
+    def _arrival_due(self, _wake: Wake) -> None:
+        self.route(self._cursor)
+        self._arrive_from(self._cursor + 1)
 
     def _choose(self, pool: str) -> Replica | None:
         indices = self.entry if pool == "entry" else self.decode_pool

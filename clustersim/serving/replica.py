@@ -18,13 +18,14 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from clustersim.serving.iteration import IterationModel
 
 if TYPE_CHECKING:
     from clustersim.serving.fleet import Fleet
 
-__all__ = ["DecodeCost", "Replica"]
+__all__ = ["DecodeCost", "Replica", "Wake"]
 
 
 class DecodeCost:
@@ -84,8 +85,38 @@ class DecodeCost:
         return time_s
 
 
+class Wake:
+    """A bare simpy event, scheduled at once: the environment calls its callbacks when it
+    reaches it. It stands for what a process's Timeout, Initialize, Interruption or an idle
+    event's succeed() would schedule (same time, priority and order), without a generator
+    to resume: the replica and the router are callback state machines on the hot path."""
+
+    __slots__ = ("callbacks", "cause")
+    _ok = True  # read by Environment.step
+    _value = None
+
+    def __init__(self, env: simpy.Environment, callback, delay: float = 0.0,
+                 priority=NORMAL, cause: object = None):
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        self.callbacks = [callback]
+        self.cause = cause
+        env.schedule(self, priority, delay)
+
+
+_IDLE = object()  # the wake target while a replica sleeps until a request is offered
+# What the replica does when the event it waits for comes (the generator's resume points).
+_PREFILL, _DECODE, _DELAY_TOP, _DELAY_MID, _IDLE_TOP, _IDLE_MID = range(6)
+
+
 class Replica:
-    """A replica's state and its simpy process. `role` is both, prefill or decode."""
+    """A replica's state and its server loop. `role` is both, prefill or decode.
+
+    The loop is a state machine driven by `Wake` events: `_proceed` runs it until it must
+    wait (a prefill iteration, a decode run, the end of an interrupted iteration or the next
+    request), and `_resume` continues from there. An arrival that can join a decode run
+    interrupts it (an urgent event at once, as simpy's Interruption); a failure ends the loop,
+    and `restore` starts a new one (an urgent event, as a new process's Initialize)."""
 
     def __init__(self, fleet: Fleet, index: int, cost: DecodeCost, kv_capacity: int,
                  role: str = "both"):
@@ -115,20 +146,36 @@ class Replica:
         self.interruptible = False
         self.delay = 0.0  # until the iteration in progress ends (after an interrupt)
         self.last_iteration_s = 0.0  # when the last iteration of the decode run starts
-        self.idle: simpy.Event | None = None
-        self.process = self.env.process(self.run())
+        # The loop: alive (a generation per start), the event it waits for, what follows.
+        self._generation = 0
+        self._alive = False
+        self._target: object = None
+        self._state = _IDLE_TOP
+        self._idle = 0  # 0 no idle event, 1 sleeping until an offer, 2 offered (woken)
+        self._chunks: list[tuple[int, int, int, bool]] = []
+        self._run: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)  # n, context, its, start
+        self._start()
+
+    def _start(self) -> None:
+        self._generation += 1
+        self._alive = True
+        self._target = None
+        Wake(self.env, self._begin, priority=URGENT, cause=self._generation)
 
     # ------------------------------------------------------------------ routing
     def offer(self, request: int) -> None:
         """A request routed here: queue it and wake the replica if it could take it."""
         self.queue.append(request)
-        if self.idle is not None and not self.idle.triggered:
-            self.idle.succeed()
+        if self._idle == 1:
+            self._idle = 2
+            wake = Wake(self.env, self._resume)
+            if self._target is _IDLE:
+                self._target = wake
         elif (self.interruptible and len(self.active) + len(self.prefilling) < self.max_batch
               and self.env.now < self.last_iteration_s):
             # (in the run's last iteration the run's end is the iteration's end: no need)
             self.interruptible = False
-            self.process.interrupt("arrival")
+            Wake(self.env, self._interrupted, priority=URGENT, cause=self._generation)
 
     def fail(self) -> list[int]:
         """Take the replica down; return its in-flight requests (queued, prefilling, active)."""
@@ -141,8 +188,9 @@ class Replica:
         self.kv_used = 0.0
         self.up = False
         self.delay = 0.0
-        if self.process.is_alive:
-            self.process.interrupt("failure")
+        self.interruptible = False  # no arrival may interrupt a loop that is ending
+        if self._alive:
+            Wake(self.env, self._stopped, priority=URGENT, cause=self._generation)
         return lost
 
     @property
@@ -152,52 +200,88 @@ class Replica:
 
     def restore(self) -> None:
         self.up = True
-        self.process = self.env.process(self.run())
+        self._start()
 
-    # ------------------------------------------------------------------ the process
-    def run(self):  # noqa: C901 - the server loop reads best in one place
-        fleet = self.fleet
-        env = self.env
-        try:
-            while True:
-                if not self.active and not self.queue and not self.prefilling:
-                    yield from self._wait()
-                chunks = self._schedule_prefill()
-                if chunks:
-                    ending = [r for r, c, p, last in chunks if last]
-                    duration = self.cost.prefill_s([(c, p) for _, c, p, _ in chunks],
-                                                   len(self.active), self.context_sum,
-                                                   len(ending))
-                    fleet.record(self, duration, offset=self.delay)
-                    yield env.timeout(self.delay + duration)
-                    self.delay = 0.0
-                    self._advance(1)
-                    for request, c, _, last in chunks:
-                        fleet.prefilled[request] += c
-                        if last:
-                            self.prefilling.remove(request)
-                            fleet.first_token(self, request)
-                    continue
-                if not self.active:
-                    yield from self._wait()  # nothing admissible: wait for a change
-                    continue
-                yield from self._decode_run()
-        except simpy.Interrupt as interrupt:
-            if interrupt.cause != "failure":
-                raise
-            return
+    # ------------------------------------------------------------------ the loop
+    def _begin(self, wake: Wake) -> None:
+        if wake.cause == self._generation and self._alive:
+            self._proceed(True)
 
-    def _wait(self):
-        """Sleep until a request is offered (after the iteration in progress ends)."""
-        if self.delay:
-            yield self.env.timeout(self.delay)
+    def _stopped(self, wake: Wake) -> None:
+        """The failure reaches the loop: it ends (what it waited for is ignored)."""
+        if wake.cause == self._generation and self._alive:
+            self._alive = False
+            self._target = None
+
+    def _proceed(self, check: bool) -> None:
+        """Run the server loop until it waits for an event (`check`: look whether there is
+        anything to do first, as at the top of the loop)."""
+        while True:
+            if check and not self.active and not self.queue and not self.prefilling:
+                self._wait(_DELAY_TOP)
+                return
+            check = True
+            chunks = self._schedule_prefill()
+            if chunks:
+                ending = [r for r, c, p, last in chunks if last]
+                duration = self.cost.prefill_s([(c, p) for _, c, p, _ in chunks],
+                                               len(self.active), self.context_sum,
+                                               len(ending))
+                self.fleet.record(self, duration, offset=self.delay)
+                self._chunks = chunks
+                self._state = _PREFILL
+                self._target = Wake(self.env, self._resume, self.delay + duration)
+                return
+            if not self.active:
+                self._wait(_DELAY_MID)  # nothing admissible: wait for a change
+                return
+            if self._decode_run():
+                return
+
+    def _resume(self, wake: Wake) -> None:
+        """The event the loop waited for came: continue where it stopped."""
+        if wake is not self._target:
+            return  # interrupted or ended since
+        self._target = None
+        state = self._state
+        if state == _DECODE:
+            self.interruptible = False
+            self.delay = 0.0
+            self._advance(self._run[2])
+            self._proceed(True)
+        elif state == _PREFILL:
+            self.delay = 0.0
+            self._advance(1)
+            fleet = self.fleet
+            for request, c, _, last in self._chunks:
+                fleet.prefilled[request] += c
+                if last:
+                    self.prefilling.remove(request)
+                    fleet.first_token(self, request)
+            self._proceed(True)
+        elif state in (_DELAY_TOP, _DELAY_MID):
             self.delay = 0.0
             if self.queue:
-                return
-        self.idle = self.env.event()
+                self._proceed(state == _DELAY_MID)
+            else:
+                self._sleep(_IDLE_TOP if state == _DELAY_TOP else _IDLE_MID)
+        else:
+            self._idle = 0
+            self._proceed(state == _IDLE_MID)
+
+    def _wait(self, state: int) -> None:
+        """Sleep until a request is offered (after the iteration in progress ends)."""
+        if self.delay:
+            self._state = state
+            self._target = Wake(self.env, self._resume, self.delay)
+            return
+        self._sleep(_IDLE_TOP if state == _DELAY_TOP else _IDLE_MID)
+
+    def _sleep(self, state: int) -> None:
+        self._idle = 1
         self.fleet.record(self, 0.0)
-        yield self.idle
-        self.idle = None
+        self._state = state
+        self._target = _IDLE
 
     def _schedule_prefill(self) -> list[tuple[int, int, int, bool]]:
         """Prompt chunks for the next iteration: (request, tokens, earlier context, last)."""
@@ -276,8 +360,9 @@ class Replica:
         if left <= 1e-9:
             self._finish()
 
-    def _decode_run(self):
-        """Decode in bulk until the next completion, KV limit or an admissible arrival.
+    def _decode_run(self) -> bool:
+        """Decode in bulk until the next completion, KV limit or an admissible arrival;
+        False when the KV cache is full instead (a sequence preempted, no run started).
 
         An arrival interrupts the run: the iteration in progress still ends (at `delay`
         from now), and the next iteration, with the newcomer's prompt, starts after it."""
@@ -293,7 +378,7 @@ class Replica:
             fits = int(room // grow) if grow > 0 else iterations
             if fits < 1:
                 self._preempt()
-                return
+                return False
             iterations = min(iterations, fits)
         # cost.run_s inline (this is the hot path): n x base + kv x (n x context + growth).
         base = cost.base_s(n)
@@ -305,17 +390,25 @@ class Replica:
             base + cost.kv_s * context + kv_growth * (iterations - 1))
         self.fleet.record(self, duration, offset=self.delay)
         self.interruptible = n < self.max_batch and self.role != "prefill"
-        try:
-            yield env.timeout(self.delay + duration)
-            self.interruptible = False
-            self.delay = 0.0
-        except simpy.Interrupt as interrupt:
-            if interrupt.cause == "failure":
-                raise
-            done = cost.iterations_within(n, context, max(0.0, env.now - start))
-            iterations = min(iterations, done + 1)
-            self.delay = start + cost.run_s(n, context, iterations) - env.now
+        self._run = (n, context, iterations, start)
+        self._state = _DECODE
+        self._target = Wake(env, self._resume, self.delay + duration)
+        return True
+
+    def _interrupted(self, wake: Wake) -> None:
+        """An arrival stops the decode run after the iteration in progress."""
+        if wake.cause != self._generation or not self._alive:
+            return
+        if self._state != _DECODE or self._target is None:
+            raise RuntimeError(f"replica {self.index}: an arrival interrupted no decode run")
+        self._target = None
+        n, context, iterations, start = self._run
+        cost = self.cost
+        done = cost.iterations_within(n, context, max(0.0, self.env.now - start))
+        iterations = min(iterations, done + 1)
+        self.delay = start + cost.run_s(n, context, iterations) - self.env.now
         self._advance(iterations)
+        self._proceed(True)
 
     def _advance(self, iterations: int) -> None:
         n = len(self.active)
