@@ -31,6 +31,17 @@ SERIES = ("replica", "start_s", "duration_s", "batch", "kv_tokens")
 STATUS = REQUEST_STATUSES  # status codes 0, 1, 2 of the requests table
 
 
+_DTYPES = {"d": np.float64, "i": np.int32, "h": np.int16, "b": np.int8, "q": np.int64}
+
+
+def _column(typecode: str, n: int, value: float) -> tuple[array, np.ndarray]:
+    """n copies of `value` in a Python array, and a numpy view of it."""
+    values = array(typecode, [value]) * n
+    dtype = np.dtype(_DTYPES[typecode])
+    assert values.itemsize == dtype.itemsize
+    return values, np.frombuffer(values, dtype=dtype) if n else np.zeros(0, dtype)
+
+
 class Fleet:
     """One deployment's simulation state on a shared simpy environment."""
 
@@ -46,18 +57,25 @@ class Fleet:
         self.output_tokens = requests.output_tokens
         self._inputs = requests.input_tokens.tolist()  # plain ints for the hot paths
         self._outputs = requests.output_tokens.tolist()
-        self.first_token_s = np.full(n, np.nan)
-        self.finish_s = np.full(n, np.nan)
-        self.replica_of = np.full(n, -1, dtype=np.int32)
-        self.retries = np.zeros(n, dtype=np.int16)
-        self.status = np.zeros(n, dtype=np.int8)
-        self.prefilled = np.zeros(n, dtype=np.int64)
-        self.generated = np.zeros(n, dtype=np.int64)
-        self.kv_reserved = np.zeros(n, dtype=np.float64)
+        # Per-request state: Python arrays (fast to index one element at a time) with numpy
+        # views of the same memory (the figures and tables read those).
+        self._first, self.first_token_s = _column("d", n, math.nan)
+        self._finish, self.finish_s = _column("d", n, math.nan)
+        self._replica_of, self.replica_of = _column("i", n, -1)
+        self._retries, self.retries = _column("h", n, 0)
+        self._status, self.status = _column("b", n, 0)
+        self._prefilled, self.prefilled = _column("q", n, 0)
+        self._generated, self.generated = _column("q", n, 0)
+        self._kv_reserved, self.kv_reserved = _column("d", n, 0.0)
         self.preemptions = 0
         self.failures = 0
         self.settled = 0
         self.transfer_s = transfer_s
+        self._round_robin = spec.router == "round_robin"
+        self._kv_aware = spec.router == "kv_aware"
+        # Batch size and KV occupancy over time: one row per iteration group, the five
+        # columns of SERIES interleaved in one flat array.
+        self.rows = array("d")
         self.replicas = [Replica(self, i, cost, capacity, role)
                          for i, (cost, capacity, role) in enumerate(replicas)]
         self.entry = np.array([r.index for r in self.replicas if r.role != "decode"])
@@ -71,9 +89,6 @@ class Fleet:
         self.done = env.event()
         if n == 0:
             self.done.succeed()
-        # Batch size and KV occupancy over time: one row per iteration group, the five
-        # columns of SERIES interleaved in one flat array.
-        self.rows = array("d")
         # The router walks the arrival times (an urgent start, as a simpy process's).
         self._times = self.arrival_s.tolist()
         self._cursor = 0
@@ -82,10 +97,10 @@ class Fleet:
     # ------------------------------------------------------------------ requests
     def prompt_tokens(self, request: int) -> int:
         """Tokens to prefill: the prompt plus what was generated before a preemption."""
-        return self._inputs[request] + int(self.generated[request])
+        return self._inputs[request] + self._generated[request]
 
     def remaining(self, request: int) -> int:
-        return self._outputs[request] - int(self.generated[request])
+        return self._outputs[request] - self._generated[request]
 
     def _arrive_from(self, request: int) -> None:
         """Route the requests due now from `request` on; wait for the next one's arrival."""
@@ -106,7 +121,7 @@ class Fleet:
 
     def _choose(self, pool: str) -> Replica | None:
         indices = self.entry if pool == "entry" else self.decode_pool
-        if self.spec.router == "round_robin":
+        if self._round_robin:
             for _ in range(len(indices)):
                 self._next[pool] = (self._next[pool] + 1) % len(indices)
                 replica = self.replicas[int(indices[self._next[pool] - 1])]
@@ -115,7 +130,7 @@ class Fleet:
             return None
         load = self.load if len(indices) == len(self.replicas) else self.load[indices]
         best = int(load.argmin())
-        if not math.isfinite(load[best]):
+        if load[best] == math.inf:  # every replica down
             return None
         return self.replicas[int(indices[best])]
 
@@ -127,13 +142,13 @@ class Fleet:
         self._assign(replica, request)
 
     def _weight(self, replica: Replica, request: int) -> float:
-        if self.spec.router == "kv_aware":
+        if self._kv_aware:
             return (self._inputs[request] + self._outputs[request]) \
                 / self._capacity[replica.index]
         return 1.0
 
     def _assign(self, replica: Replica, request: int) -> None:
-        self.replica_of[request] = replica.index
+        self._replica_of[request] = replica.index
         self.load[replica.index] += self._weight(replica, request)
         replica.offer(request)
 
@@ -141,29 +156,29 @@ class Fleet:
         self.load[replica.index] -= self._weight(replica, request)
 
     def first_token(self, replica: Replica, request: int) -> None:
-        if math.isnan(self.first_token_s[request]):
-            self.first_token_s[request] = self.env.now
-        self.generated[request] += 1
+        if math.isnan(self._first[request]):
+            self._first[request] = self.env.now
+        self._generated[request] += 1
         if replica.role != "prefill":
             replica.join(request)
             return
         # Disaggregated: free the prompt's KV here once sent, decode elsewhere.
-        replica.kv_used -= self.kv_reserved[request]
+        replica.kv_used -= self._kv_reserved[request]
         self._release(replica, request)
         delay = self.transfer_s(self.prompt_tokens(request)) if self.transfer_s else 0.0
         event = self.env.timeout(delay)
         event.callbacks.append(lambda _: self.route(request, "decode"))
 
     def complete(self, replica: Replica, request: int) -> None:
-        self.finish_s[request] = self.env.now + replica.delay  # at its iteration's end
-        self.status[request] = 1
-        self.generated[request] = self.output_tokens[request]
+        self._finish[request] = self.env.now + replica.delay  # at its iteration's end
+        self._status[request] = 1
+        self._generated[request] = self._outputs[request]
         self._release(replica, request)
         self._settle()
 
     def reject(self, replica: Replica, request: int) -> None:
         """A request whose KV cache can never fit in a replica."""
-        self.status[request] = 2
+        self._status[request] = 2
         self._release(replica, request)
         self._settle()
 
@@ -175,8 +190,8 @@ class Fleet:
     def preempted(self, replica: Replica, request: int, left: float) -> None:
         """Evicted for KV room: it will prefill its prompt and output so far again."""
         self.preemptions += 1
-        self.generated[request] = self.output_tokens[request] - int(round(left))
-        self.prefilled[request] = 0
+        self._generated[request] = self._outputs[request] - int(round(left))
+        self._prefilled[request] = 0
 
     # ------------------------------------------------------------------ failures
     def fail(self, index: int, down_s: float) -> None:
@@ -188,10 +203,10 @@ class Fleet:
         self.load[replica.index] = math.inf
         self.record(replica, down_s, batch=0, kv=0.0)
         for request in lost:
-            self.retries[request] += 1
-            self.generated[request] = 0
-            self.prefilled[request] = 0
-            self.first_token_s[request] = np.nan
+            self._retries[request] += 1
+            self._generated[request] = 0
+            self._prefilled[request] = 0
+            self._first[request] = math.nan
             self.route(request, "decode" if replica.role == "decode" else "entry")
         if math.isfinite(down_s):
             self.env.timeout(down_s).callbacks.append(lambda _: self._restore(replica))

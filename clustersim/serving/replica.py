@@ -66,16 +66,21 @@ class DecodeCost:
 
     def iterations_within(self, batch: int, context: float, elapsed: float) -> int:
         """Whole iterations finished `elapsed` seconds into a run (inverse of run_s)."""
-        a = self.kv_s * batch * self.tokens_per_iteration / 2.0
-        b = self.base_s(batch) + self.kv_s * context - a
+        kv = self.kv_s
+        a = kv * batch * self.tokens_per_iteration / 2.0
+        base = self.base_s(batch)
+        b = base + kv * context - a
         if a <= 0:
             return int(elapsed // b)
         j = int((-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a))
-        while j > 0 and self.run_s(batch, context, j) > elapsed:
+        g = batch * self.tokens_per_iteration
+        # run_s(batch, context, j) inline (an interrupted decode run is a hot path)
+        while j > 0 and j * base + kv * (j * context + g * j * (j - 1) / 2.0) > elapsed:
             j -= 1
-        while self.run_s(batch, context, j + 1) <= elapsed:
-            j += 1
-        return j
+        k = j + 1
+        while k * base + kv * (k * context + g * k * (k - 1) / 2.0) <= elapsed:
+            k += 1
+        return k - 1
 
     def prefill_s(self, chunks: list[tuple[int, int]], batch: int, context: float,
                   outputs: int) -> float:
@@ -154,6 +159,7 @@ class Replica:
         self._idle = 0  # 0 no idle event, 1 sleeping until an offer, 2 offered (woken)
         self._chunks: list[tuple[int, int, int, bool]] = []
         self._run: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)  # n, context, its, start
+        self._rows = fleet.rows
         self._start()
 
     def _start(self) -> None:
@@ -221,13 +227,13 @@ class Replica:
                 self._wait(_DELAY_TOP)
                 return
             check = True
-            chunks = self._schedule_prefill()
+            chunks = self._schedule_prefill() if self.queue or self.prefilling else None
             if chunks:
                 ending = [r for r, c, p, last in chunks if last]
                 duration = self.cost.prefill_s([(c, p) for _, c, p, _ in chunks],
                                                len(self.active), self.context_sum,
                                                len(ending))
-                self.fleet.record(self, duration, offset=self.delay)
+                self._record(duration)
                 self._chunks = chunks
                 self._state = _PREFILL
                 self._target = Wake(self.env, self._resume, self.delay + duration)
@@ -254,7 +260,7 @@ class Replica:
             self._advance(1)
             fleet = self.fleet
             for request, c, _, last in self._chunks:
-                fleet.prefilled[request] += c
+                fleet._prefilled[request] += c
                 if last:
                     self.prefilling.remove(request)
                     fleet.first_token(self, request)
@@ -276,6 +282,11 @@ class Replica:
             self._target = Wake(self.env, self._resume, self.delay)
             return
         self._sleep(_IDLE_TOP if state == _DELAY_TOP else _IDLE_MID)
+
+    def _record(self, duration_s: float) -> None:
+        """A row of the replica series (Fleet.record inline: one per iteration group)."""
+        self._rows.extend((self.index, self.env.now + self.delay, duration_s,
+                           len(self.active) + len(self.prefilling), self.kv_used))
 
     def _sleep(self, state: int) -> None:
         self._idle = 1
@@ -315,7 +326,7 @@ class Replica:
                 break
             self.queue.popleft()
             self.kv_used += need
-            fleet.kv_reserved[request] = need
+            fleet._kv_reserved[request] = need
             self.prefilling.append(request)
             chunks.append((request, chunk, done, done + chunk >= total))
             budget -= chunk
@@ -324,7 +335,7 @@ class Replica:
     def _chunk(self, request: int, budget: int) -> tuple[int, int, int]:
         fleet = self.fleet
         total = fleet.prompt_tokens(request)
-        done = int(fleet.prefilled[request])
+        done = fleet._prefilled[request]
         rest = total - done
         if self.chunked:
             return min(rest, budget), done, total
@@ -343,7 +354,7 @@ class Replica:
                 break
             self.queue.popleft()
             self.kv_used += need
-            fleet.kv_reserved[request] = need
+            fleet._kv_reserved[request] = need
             self.join(request)
 
     def _blocks(self, tokens: float) -> float:
@@ -352,8 +363,9 @@ class Replica:
     def join(self, request: int) -> None:
         """A request with its prompt in the KV cache joins the decode batch."""
         fleet = self.fleet
-        context = float(fleet.prompt_tokens(request))  # prompt + tokens generated so far
-        left = float(fleet.remaining(request))
+        generated = fleet._generated[request]
+        context = float(fleet._inputs[request] + generated)  # prompt + tokens so far
+        left = float(fleet._outputs[request] - generated)
         self.active[request] = (self.clock, context)
         self.context_sum += context
         heapq.heappush(self.ends, (self.clock + left, request))
@@ -381,14 +393,16 @@ class Replica:
                 return False
             iterations = min(iterations, fits)
         # cost.run_s inline (this is the hot path): n x base + kv x (n x context + growth).
-        base = cost.base_s(n)
+        base = cost._base.get(n)
+        if base is None:
+            base = cost.base_s(n)
         kv_growth = cost.kv_s * n * per_iteration
         duration = iterations * (base + cost.kv_s * context) + kv_growth * iterations * (
             iterations - 1) / 2.0
         start = env.now + self.delay
         self.last_iteration_s = start + duration - (
             base + cost.kv_s * context + kv_growth * (iterations - 1))
-        self.fleet.record(self, duration, offset=self.delay)
+        self._record(duration)
         self.interruptible = n < self.max_batch and self.role != "prefill"
         self._run = (n, context, iterations, start)
         self._state = _DECODE
@@ -435,7 +449,7 @@ class Replica:
             if request not in self.active:
                 continue  # preempted earlier (a stale heap entry)
             context = self._context(request)
-            freed = fleet.kv_reserved[request] if self.queue_policy else self._blocks(context)
+            freed = fleet._kv_reserved[request] if self.queue_policy else self._blocks(context)
             self.kv_used -= freed
             self.context_sum -= context
             del self.active[request]
