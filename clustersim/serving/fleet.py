@@ -22,7 +22,8 @@ from simpy.events import URGENT
 
 from clustersim.analysis.trace import REQUEST_STATUSES
 from clustersim.scenario.serving import DeploymentSpec
-from clustersim.serving.replica import Replica, Wake
+from clustersim.serving.events import Wake
+from clustersim.serving.replica import Replica
 from clustersim.serving.requests import Requests
 
 __all__ = ["Fleet", "STATUS"]
@@ -80,6 +81,7 @@ class Fleet:
                          for i, (cost, capacity, role) in enumerate(replicas)]
         self.entry = np.array([r.index for r in self.replicas if r.role != "decode"])
         self.decode_pool = np.array([r.index for r in self.replicas if r.role == "decode"])
+        self._by_load = not self._round_robin and len(self.entry) == len(self.replicas)
         # Router load per replica (outstanding requests, or KV tokens held and owed over the
         # KV capacity); infinite while a replica is down.
         self.load = np.zeros(len(self.replicas))
@@ -135,7 +137,12 @@ class Fleet:
         return self.replicas[int(indices[best])]
 
     def route(self, request: int, pool: str = "entry") -> None:
-        replica = self._choose(pool)
+        if self._by_load and pool == "entry":  # _choose inline: least load over all replicas
+            load = self.load
+            best = int(load.argmin())
+            replica = None if load[best] == math.inf else self.replicas[best]
+        else:
+            replica = self._choose(pool)
         if replica is None:
             self.pending.append(request)
             return
@@ -173,8 +180,10 @@ class Fleet:
         self._finish[request] = self.env.now + replica.delay  # at its iteration's end
         self._status[request] = 1
         self._generated[request] = self._outputs[request]
-        self._release(replica, request)
-        self._settle()
+        self.load[replica.index] -= self._weight(replica, request)  # _release
+        self.settled += 1  # _settle
+        if self.settled == len(self._times) and not self.done.triggered:
+            self.done.succeed()
 
     def reject(self, replica: Replica, request: int) -> None:
         """A request whose KV cache can never fit in a replica."""

@@ -18,14 +18,15 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import URGENT
 
+from clustersim.serving.events import Wake
 from clustersim.serving.iteration import IterationModel
 
 if TYPE_CHECKING:
     from clustersim.serving.fleet import Fleet
 
-__all__ = ["DecodeCost", "Replica", "Wake"]
+__all__ = ["DecodeCost", "Replica"]
 
 
 class DecodeCost:
@@ -90,25 +91,6 @@ class DecodeCost:
         return time_s
 
 
-class Wake:
-    """A bare simpy event, scheduled at once: the environment calls its callbacks when it
-    reaches it. It stands for what a process's Timeout, Initialize, Interruption or an idle
-    event's succeed() would schedule (same time, priority and order), without a generator
-    to resume: the replica and the router are callback state machines on the hot path."""
-
-    __slots__ = ("callbacks", "cause")
-    _ok = True  # read by Environment.step
-    _value = None
-
-    def __init__(self, env: simpy.Environment, callback, delay: float = 0.0,
-                 priority=NORMAL, cause: object = None):
-        if delay < 0:
-            raise ValueError(f"negative delay {delay}")
-        self.callbacks = [callback]
-        self.cause = cause
-        env.schedule(self, priority, delay)
-
-
 _IDLE = object()  # the wake target while a replica sleeps until a request is offered
 # What the replica does when the event it waits for comes (the generator's resume points).
 _PREFILL, _DECODE, _DELAY_TOP, _DELAY_MID, _IDLE_TOP, _IDLE_MID = range(6)
@@ -130,6 +112,7 @@ class Replica:
         self.index = index
         self.cost = cost
         self.role = role
+        self._joins = role != "prefill"  # arrivals may join its decode batch
         server = fleet.spec.server
         self.max_batch = server.max_batch
         self.budget = server.max_tokens_per_iteration
@@ -229,10 +212,13 @@ class Replica:
             check = True
             chunks = self._schedule_prefill() if self.queue or self.prefilling else None
             if chunks:
-                ending = [r for r, c, p, last in chunks if last]
-                duration = self.cost.prefill_s([(c, p) for _, c, p, _ in chunks],
-                                               len(self.active), self.context_sum,
-                                               len(ending))
+                ending = 0
+                pairs = []
+                for _, c, p, last in chunks:
+                    pairs.append((c, p))
+                    ending += last
+                duration = self.cost.prefill_s(pairs, len(self.active), self.context_sum,
+                                               ending)
                 self._record(duration)
                 self._chunks = chunks
                 self._state = _PREFILL
@@ -302,39 +288,46 @@ class Replica:
             self._admit_prefilled()
             return []
         fleet = self.fleet
-        budget = self.budget - len(self.active)
+        decoding = len(self.active)
+        budget = self.budget - decoding
         chunks = []
-        for request in self.prefilling:
+        prefilling = self.prefilling
+        for request in prefilling:
             if budget <= 0:
                 break
             chunk, done, total = self._chunk(request, budget)
             if chunk:
                 chunks.append((request, chunk, done, done + chunk >= total))
                 budget -= chunk
-        while self.queue and budget > 0 and len(self.active) + len(self.prefilling) < self.max_batch:
-            request = self.queue[0]
-            need = self._blocks(fleet.prompt_tokens(request) + (
-                fleet.remaining(request) if self.queue_policy else 1))
+        queue = self.queue
+        inputs, outputs, generated = fleet._inputs, fleet._outputs, fleet._generated
+        block = self.block
+        while queue and budget > 0 and decoding + len(prefilling) < self.max_batch:
+            request = queue[0]
+            made = generated[request]
+            # _blocks(prompt tokens + (remaining or 1)), inline
+            need = math.ceil((inputs[request] + made + (
+                outputs[request] - made if self.queue_policy else 1)) / block) * block
             if self.kv_used + need > self.kv_capacity:
-                if len(self.active) == 0 and not self.prefilling and need > self.kv_capacity:
-                    self.queue.popleft()
+                if decoding == 0 and not prefilling and need > self.kv_capacity:
+                    queue.popleft()
                     fleet.reject(self, request)  # can never fit
                     continue
                 break
             chunk, done, total = self._chunk(request, budget)
             if chunk == 0:
                 break
-            self.queue.popleft()
+            queue.popleft()
             self.kv_used += need
             fleet._kv_reserved[request] = need
-            self.prefilling.append(request)
+            prefilling.append(request)
             chunks.append((request, chunk, done, done + chunk >= total))
             budget -= chunk
         return chunks
 
     def _chunk(self, request: int, budget: int) -> tuple[int, int, int]:
         fleet = self.fleet
-        total = fleet.prompt_tokens(request)
+        total = fleet._inputs[request] + fleet._generated[request]  # prompt_tokens
         done = fleet._prefilled[request]
         rest = total - done
         if self.chunked:
@@ -378,12 +371,13 @@ class Replica:
 
         An arrival interrupts the run: the iteration in progress still ends (at `delay`
         from now), and the next iteration, with the newcomer's prompt, starts after it."""
-        env = self.env
         n = len(self.active)
         cost = self.cost
         context = self.context_sum
         per_iteration = cost.tokens_per_iteration
-        iterations = max(1, math.ceil((self.ends[0][0] - self.clock) / per_iteration - 1e-9))
+        iterations = math.ceil((self.ends[0][0] - self.clock) / per_iteration - 1e-9)
+        if iterations < 1:
+            iterations = 1
         if not self.queue_policy:
             room = self.kv_capacity - self.kv_used
             grow = n * per_iteration
@@ -396,17 +390,19 @@ class Replica:
         base = cost._base.get(n)
         if base is None:
             base = cost.base_s(n)
-        kv_growth = cost.kv_s * n * per_iteration
-        duration = iterations * (base + cost.kv_s * context) + kv_growth * iterations * (
-            iterations - 1) / 2.0
-        start = env.now + self.delay
-        self.last_iteration_s = start + duration - (
-            base + cost.kv_s * context + kv_growth * (iterations - 1))
-        self._record(duration)
-        self.interruptible = n < self.max_batch and self.role != "prefill"
+        kv = cost.kv_s
+        kv_growth = kv * n * per_iteration
+        first = base + kv * context  # the run's first iteration
+        duration = iterations * first + kv_growth * iterations * (iterations - 1) / 2.0
+        delay = self.delay
+        start = self.env.now + delay
+        self.last_iteration_s = start + duration - (first + kv_growth * (iterations - 1))
+        self._rows.extend((self.index, start, duration, n + len(self.prefilling),
+                           self.kv_used))  # _record inline
+        self.interruptible = n < self.max_batch and self._joins
         self._run = (n, context, iterations, start)
         self._state = _DECODE
-        self._target = Wake(env, self._resume, self.delay + duration)
+        self._target = Wake(self.env, self._resume, delay + duration)
         return True
 
     def _interrupted(self, wake: Wake) -> None:

@@ -28,6 +28,7 @@ from clustersim.collectives.model import Group
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
+from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.replica import DecodeCost
@@ -123,7 +124,7 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
                      base_dir: Path | None = None) -> ServingResult:
     """Simulate every deployment of the scenario over its horizon (plus the time to drain
     requests in flight at the end, up to one more horizon)."""
-    env = simpy.Environment()
+    env = ServingEnvironment()
     horizon = scenario.duration_s
     fleets: dict[str, Fleet] = {}
     models: dict[str, tuple[DecodeCost, int, int]] = {}
@@ -152,7 +153,7 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
         fleets[d.name] = fleet
         models[d.name] = (cost, capacity, _instances_per_replica(scenario, d))
     done = simpy.AllOf(env, [f.done for f in fleets.values()])
-    env.run(until=simpy.AnyOf(env, [done, env.timeout(2 * horizon)]))
+    env.run_until(simpy.AnyOf(env, [done, env.timeout(2 * horizon)]))
     return ServingResult(fleets, models, horizon)
 
 
