@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,38 +34,83 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clustersim.calibration.collectives import MEASUREMENTS, predict_times  # noqa: E402
+from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving  # noqa: E402
+from clustersim.calibration.step import error, family_rows, predict_step  # noqa: E402
 from clustersim.hardware.catalog import catalog_entry  # noqa: E402
 
 LARGE_BYTES = 2**20  # weigh the bandwidth-dominated points 3x
 
 CURVE_LIMIT = 0.20  # the fit keeps the 2-rank and 64-rank curves this close from 1 MiB up
+SERVING_LIMIT = 0.14  # and every serving TTFT and TPOT this close (issue 16 asks for 15%)
 
 PARAMETERS = ("link_efficiency", "efa_efficiency", "hbm_efficiency", "step_latency",
-              "chip_step_latency", "efa_step_latency")
-BOUNDS = {"link_efficiency": (0.05, 1.0), "efa_efficiency": (0.05, 1.0),
+              "chip_step_latency", "efa_step_latency", "serving_hbm_efficiency",
+              "serving_overhead")
+SERVING = {"serving_hbm_efficiency": "hbm_efficiency", "serving_overhead": "iteration_overhead_s"}
+STEP = ("matmul", "vector", "pass_overhead")  # with --joint: the Trainium step constants too
+STEP_LIMIT = 0.075  # --joint keeps every Trn1 training row this close (the tests ask for 8%)
+BOUNDS = {"link_efficiency": (0.05, 0.95), "efa_efficiency": (0.05, 0.95),
           "hbm_efficiency": (0.02, 1.0), "step_latency": (1e-6, 300e-6),
-          "chip_step_latency": (1e-6, 300e-6), "efa_step_latency": (1e-6, 2000e-6)}
+          "chip_step_latency": (1e-6, 300e-6), "efa_step_latency": (1e-6, 2000e-6),
+          "serving_hbm_efficiency": (0.3, 0.95), "serving_overhead": (0.0, 5e-3),
+          # as scripts/calibrate_step.py bounds them (clustersim/calibration/step.py)
+          "matmul": (0.3, 0.9), "vector": (0.25, 0.95), "pass_overhead": (1e-4, 0.1)}
 FIELDS = {"link_efficiency": "link_efficiency", "efa_efficiency": "efa_efficiency",
           "hbm_efficiency": "hbm_efficiency", "step_latency": "step_latency_s",
           "chip_step_latency": "chip_step_latency_s", "efa_step_latency": "efa_step_latency_s"}
 
 
-def predict(values: dict[str, float]) -> list[float]:
-    """Predicted time (s) of every measurement with these constants on trn1."""
+def hardware(values: dict[str, float]):
     base = catalog_entry("trn1")
     constants = base.collectives.model_copy(
-        update={FIELDS[name]: values[name] for name in PARAMETERS})
-    return predict_times(base.model_copy(update={"collectives": constants}))
+        update={FIELDS[name]: values[name] for name in FIELDS})
+    serving = base.serving.model_copy(update={SERVING[name]: values[name] for name in SERVING})
+    return base.model_copy(update={"collectives": constants, "serving": serving})
+
+
+def predict(values: dict[str, float]) -> list[float]:
+    """Predicted time (s) of every nccom-test measurement with these constants on trn1."""
+    return predict_times(hardware(values))
+
+
+def serving_errors(values: dict[str, float]) -> np.ndarray:
+    """Log errors of every serving row's TTFT and TPOT."""
+    predicted = predict_serving(hardware(values))
+    return np.array([math.log(p / (m * 1e-3)) for (ttft, tpot), row in
+                     zip(predicted, SERVING_MEASUREMENTS, strict=True)
+                     for p, m in ((ttft, row.ttft_ms), (tpot, row.tpot_ms))])
+
+
+def step_errors(values: dict[str, float]) -> np.ndarray:
+    """Log errors of the Trn1 training rows with these collectives and step constants."""
+    collectives = {name: values[name] for name in FIELDS}  # the scenario keys
+    efficiency = {name: values[name] for name in STEP}
+    out = []
+    for m in family_rows("trainium"):
+        row = replace(m, hardware={"base": m.hardware, "collectives": collectives})
+        predicted, _ = predict_step(row, efficiency)
+        out.append(math.log1p(error(m, predicted)))
+    return np.array(out)
 
 
 def loss(values: dict[str, float]) -> float:
     predicted = np.array(predict(values))
     measured = np.array([m.time_us * 1e-6 for m in MEASUREMENTS])
-    weights = np.array([3.0 if m.size_bytes >= LARGE_BYTES else 1.0 for m in MEASUREMENTS])
+    # The 16-rank rows are reported, not fitted (module docstring).
+    weights = np.array([0.0 if m.ranks == 16 else 3.0 if m.size_bytes >= LARGE_BYTES else 1.0
+                        for m in MEASUREMENTS])
     errors = np.log(predicted / measured)
     curve = np.array([m.ranks in (2, 64) and m.size_bytes >= LARGE_BYTES for m in MEASUREMENTS])
     excess = np.maximum(0.0, np.abs(errors[curve]) - math.log(1 + CURVE_LIMIT))
-    return float(np.sum(weights * errors**2) + 1000.0 * np.sum(excess**2))
+    serving = serving_errors(values)
+    serving_excess = np.maximum(0.0, np.abs(serving) - math.log(1 + SERVING_LIMIT))
+    total = float(np.sum(weights * errors**2) + 1000.0 * np.sum(excess**2)
+                  + 3.0 * np.sum(serving**2) + 1000.0 * np.sum(serving_excess**2))
+    if "matmul" in values:
+        steps = step_errors(values)
+        steps_excess = np.maximum(0.0, np.abs(steps) - math.log(1 + STEP_LIMIT))
+        total += 3.0 * float(np.sum(steps**2)) + 1000.0 * float(np.sum(steps_excess**2))
+    return total
 
 
 def fit(start: dict[str, float]) -> dict[str, float]:
@@ -74,7 +120,7 @@ def fit(start: dict[str, float]) -> dict[str, float]:
     step = 0.5
     while step > 0.005:
         improved = False
-        for name in PARAMETERS:
+        for name in values:
             for direction in (1, -1):
                 trial = dict(values)
                 low, high = BOUNDS[name]
@@ -96,21 +142,41 @@ def report(values: dict[str, float]) -> None:
         bus = "" if m.busbw_gib_s is None else f"{(m.time_us * 1e-6) / t - 1:+9.1%}"
         print(f"{m.ranks:5d} {m.instances:5d} {m.size_bytes:12.0f} {m.time_us:12.0f} "
               f"{t * 1e6:10.0f} {err:+9.1%} {bus:>9}  {m.source}")
+    print(f"\n{'model':<12}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}{'err':>8}"
+          f"{'TPOT ms':>10}{'pub':>8}{'err':>8}")
+    for (ttft, tpot), r in zip(predict_serving(hardware(values)), SERVING_MEASUREMENTS,
+                               strict=True):
+        print(f"{r.model:<12}{r.batch:>6}{f'{r.input_tokens}/{r.output_tokens}':>11}"
+              f"{ttft * 1e3:>10.2f}{r.ttft_ms:>9.2f}{ttft * 1e3 / r.ttft_ms - 1:>+8.1%}"
+              f"{tpot * 1e3:>10.2f}{r.tpot_ms:>8.2f}{tpot * 1e3 / r.tpot_ms - 1:>+8.1%}")
+    if "matmul" in values:
+        print()
+        for m, e in zip(family_rows("trainium"), np.expm1(step_errors(values)), strict=True):
+            print(f"{m.name:36s} published {m.measured:8.3f}  error {e:+7.1%}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report the catalog's values only")
+    parser.add_argument("--joint", action="store_true",
+                        help="fit the Trainium step constants too, with the Trn1 training rows")
     args = parser.parse_args()
     c = catalog_entry("trn1").collectives
     current = {name: getattr(c, field) for name, field in FIELDS.items()}
+    serving = catalog_entry("trn1").serving
+    current.update({name: getattr(serving, field) for name, field in SERVING.items()})
+    if args.joint:
+        efficiency = catalog_entry("trn1").chip.efficiency
+        current.update(matmul=efficiency.matmul, vector=efficiency.vector,
+                       pass_overhead=efficiency.pass_overhead_s)
     if current["chip_step_latency"] is None:
         current["chip_step_latency"] = current["step_latency"]
     if not args.check:
         current = fit(current)
         print("fitted constants:")
-        for name in PARAMETERS:
-            shown = f"{current[name] * 1e6:.1f}us" if "latency" in name else f"{current[name]:.3f}"
+        for name in current:
+            shown = (f"{current[name] * 1e6:.1f}us" if "latency" in name or "overhead" in name
+                     else f"{current[name]:.3f}")
             print(f"  {name}: {shown}")
         print(f"loss: {loss(current):.3f}")
     report(current)

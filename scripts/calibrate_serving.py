@@ -1,9 +1,11 @@
 """Compare the serving iteration model with the published Trn1 serving rows.
 
-Rows: Neuron docs, trn1 inference performance, transformers-neuronx, SDK 2.18 (trn1.32xlarge,
-TP 32, bf16; TTFT and TPOT p50). The model's TTFT is one prefill iteration of the batch's
-prompts; its TPOT is the mean decode iteration of the batch while the context grows over the
-output. Nothing is fitted per row: the catalog's `serving` constants of trn1 apply to all.
+Rows (`clustersim.calibration.serving`, sources in docs/calibration.md): Neuron docs, trn1
+inference performance, transformers-neuronx, SDK 2.18 (trn1.32xlarge, TP 32, bf16; TTFT and
+TPOT p50). The model's TTFT is one prefill iteration of the batch's prompts; its TPOT is the
+mean decode iteration of the batch while the context grows over the output. Nothing is
+fitted per row: the catalog's trn1 constants apply to all (they are fitted, with the
+collectives constants, by scripts/calibrate_collectives.py).
 
     python scripts/calibrate_serving.py [--hbm-efficiency X] [--overhead S]
 """
@@ -11,22 +13,13 @@ output. Nothing is fitted per row: the catalog's `serving` constants of trn1 app
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
-from clustersim.serving.iteration import IterationModel, ReplicaShape
-from clustersim.serving.replica import DecodeCost
-from clustersim.training.transformer import TransformerShape, model_preset_values
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# model, batch, input, output, TTFT ms, TPOT ms: AWS Neuron docs, trn1 inference performance
-# page (transformers-neuronx, SDK 2.18).
-ROWS = [
-    ("llama2-7b", 1, 128, 8064, 13.32, 6.70),
-    ("llama2-70b", 1, 128, 128, 53.91, 25.18),
-    ("llama2-70b", 1, 2048, 2048, 690.96, 26.85),
-    ("llama3-70b", 1, 2048, 2048, 547.00, 26.20),
-    ("llama2-70b", 4, 128, 1024, 156.69, 27.21),
-]
+from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving  # noqa: E402
+from clustersim.hardware.catalog import catalog_entry  # noqa: E402
 
 
 def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> list[dict]:
@@ -38,18 +31,13 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None) -
         update["iteration_overhead_s"] = overhead_s
     if update:
         hw = hw.model_copy(update={"serving": hw.serving.model_copy(update=update)})
-    topology = build_topology(hw, 1)
     out = []
-    for name, batch, inputs, outputs, ttft_ms, tpot_ms in ROWS:
-        model = TransformerShape(**model_preset_values(name))
-        cost = DecodeCost(IterationModel(ReplicaShape(model, "bf16", 32, 1), topology))
-        ttft = cost.target.iteration_s([(inputs, 0)] * batch, 0, 0.0, batch) * 1e3
-        n = outputs - 1
-        tpot = cost.run_s(batch, batch * (inputs + 1), n) / n * 1e3
-        out.append({"model": name, "batch": batch, "tokens": f"{inputs}/{outputs}",
-                    "ttft_ms": ttft, "ttft_published_ms": ttft_ms,
-                    "ttft_error": ttft / ttft_ms - 1, "tpot_ms": tpot,
-                    "tpot_published_ms": tpot_ms, "tpot_error": tpot / tpot_ms - 1})
+    for m, (ttft, tpot) in zip(SERVING_MEASUREMENTS, predict_serving(hw), strict=True):
+        out.append({"model": m.model, "batch": m.batch,
+                    "tokens": f"{m.input_tokens}/{m.output_tokens}",
+                    "ttft_ms": ttft * 1e3, "ttft_published_ms": m.ttft_ms,
+                    "ttft_error": ttft * 1e3 / m.ttft_ms - 1, "tpot_ms": tpot * 1e3,
+                    "tpot_published_ms": m.tpot_ms, "tpot_error": tpot * 1e3 / m.tpot_ms - 1})
     return out
 
 

@@ -12,7 +12,9 @@ constants were not fitted to), each with the published figure, the model's and t
 meaning and the step-time error band that `clustersim step` and summary.json carry (the
 largest under- and over-prediction over all the family's rows).
 Collectives (clustersim/calibration/collectives.py): every nccom-test point, published and
-model time. Everything is computed here from the catalog's constants; nothing is cached.
+model time. Serving (clustersim/calibration/serving.py): every Trn1 serving row's TTFT and
+TPOT, published and model. Everything is computed here from the catalog's constants; nothing
+is cached.
 """
 
 from __future__ import annotations
@@ -120,6 +122,21 @@ def print_collectives() -> None:
     print(f"  mean absolute error {sum(abs(e) for e in errors) / len(errors):.1%}")
 
 
+def print_serving() -> None:
+    from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving
+    serving = catalog_entry("trn1").serving
+    print("\n== serving (trn1.32xlarge, TP 32, bf16; transformers-neuronx; milliseconds)")
+    print(f"  {'model':12s} {'batch':>5s} {'in/out':>10s} {'TTFT pub':>9s} {'model':>8s} "
+          f"{'error':>7s} {'TPOT pub':>9s} {'model':>8s} {'error':>7s}")
+    for m, (ttft, tpot) in zip(SERVING_MEASUREMENTS, predict_serving(), strict=True):
+        print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
+              f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
+              f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
+    print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
+          f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
+          f"all_reduce_size_bands {serving.all_reduce_size_bands}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", action="store_true", help="training steps only")
@@ -131,6 +148,7 @@ def main() -> None:
     print_steps()
     if not args.steps:
         print_collectives()
+        print_serving()
 
 
 if __name__ == "__main__":

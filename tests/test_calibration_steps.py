@@ -37,14 +37,7 @@ def visible_errors() -> dict[str, dict[str, float]]:
     return out
 
 
-@pytest.mark.parametrize("family", [
-    "gpu",
-    # Known gap, measured here on every run: with the collective costs refitted in issue 12,
-    # the Trn1 fit leaves Llama 3.1 8B (TP 32, SDK 2.24) at -11.5% (its SDK 2.21 figure, 13%
-    # lower, at +1.1%). Strict: the test fails as soon as every Trn1 row is within 8%.
-    pytest.param("trainium", marks=pytest.mark.xfail(strict=True, reason="Llama 3.1 8B "
-                 "SDK 2.24 row at -11.5% after the collectives refit (docs/calibration.md)")),
-])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_calibration_row_within_8_percent(visible_errors, family):
     errors = visible_errors[family]
     assert errors, family

@@ -376,13 +376,11 @@ def test_run_summary_carries_the_step_figures(small: Path, tmp_path: Path):
 
 
 @pytest.mark.parametrize("ranks, instances, size, busbw_gib_s, within", [
-    ("2", "1", "1GiB", 52.8, 0.35), ("16", "1", "512MB", 103.9, 0.45),
-    ("64", "2", "1GiB", 47.1, 0.35)])
+    ("2", "1", "1GiB", 52.8, 0.35), ("64", "2", "1GiB", 47.1, 0.35)])
 def test_collective_cli_on_the_calibration_cases(ranks, instances, size, busbw_gib_s, within):
-    """Each published large-message bus bandwidth, through the command itself: within 35%,
-    the 16-rank KangaRing row within 45% (the model is 42% slow there in time: KangaRing
-    on 8 trn1 chips has one Hamiltonian cycle and is link- and HBM-bound; see the README's
-    calibration table)."""
+    """Each fitted published large-message bus bandwidth, through the command itself: within
+    35%. The 16-rank rows are reported, not fitted (docs/calibration.md; their bounds are in
+    tests/test_collectives.py)."""
     result = invoke("collective", "--hardware", "trn1", "--op", "allr", "--ranks", ranks,
                     "--instances", instances, "--sizes", size, "--json")
     assert result.exit_code == 0, result.stderr

@@ -136,19 +136,19 @@ class CollectiveConstants(Spec):
     """
 
     link_efficiency: float = Field(
-        default=0.666, ge=limits.MIN_EFFICIENCY, le=1,
+        default=0.566, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of chip-to-chip link bandwidth reached"
     )
     efa_efficiency: float = Field(
-        default=0.890, ge=limits.MIN_EFFICIENCY, le=1,
+        default=0.674, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of EFA (NIC and fabric) bandwidth reached"
     )
     hbm_efficiency: float = Field(
-        default=0.338, ge=limits.MIN_EFFICIENCY, le=1,
+        default=0.335, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of HBM bandwidth collective data movement reaches",
     )
     step_latency_s: NonNegativeDuration = Field(
-        default=49.9e-6, alias="step_latency", le=limits.MAX_LATENCY_S,
+        default=26.0e-6, alias="step_latency", le=limits.MAX_LATENCY_S,
         description="fixed time per algorithm step that crosses a chip-to-chip link",
     )
     chip_step_latency_s: NonNegativeDuration | None = Field(
@@ -157,7 +157,7 @@ class CollectiveConstants(Spec):
         "exchanging through HBM, no link crossed); step_latency when not given",
     )
     efa_step_latency_s: NonNegativeDuration = Field(
-        default=582e-6, alias="efa_step_latency", le=limits.MAX_LATENCY_S,
+        default=718e-6, alias="efa_step_latency", le=limits.MAX_LATENCY_S,
         description="fixed time per algorithm step over EFA, beyond the fabric latency",
     )
     fabric_mesh_max_nodes: int = Field(
@@ -183,10 +183,18 @@ class ServingConstants(Spec):
         "scheduling the next batch",
     )
     hbm_efficiency: float = Field(
-        default=0.9, gt=0, le=1,
+        default=0.94, gt=0, le=1,
         description="fraction of peak HBM bandwidth inference kernels reach streaming weights "
         "and the KV cache (in place of the training fit's efficiency.vector); default: the "
         "Trn1 serving fit",
+    )
+    all_reduce: Literal["mesh", "auto"] = Field(
+        default="mesh",
+        description="how a replica's tensor-parallel all-reduce runs inside an instance: "
+        "`mesh`, the cheaper of mesh and single-step mesh at every size (what the published "
+        "Trn1 serving TTFTs show: RDH at their 1-2 MiB all-reduces would make the "
+        "short-prompt ones 35-88% slow, KangaRing at 32 MiB a long-prompt one 28% fast); "
+        "`auto`, the training runtime's choice by size bands",
     )
 
 

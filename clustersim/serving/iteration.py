@@ -12,7 +12,9 @@ prefilled and one token of each sequence being decoded. Its time, per pipeline s
   training workload counts it) and each decoding sequence reading its keys and values from
   HBM (linear in the tokens held in the KV cache);
 - the tensor-parallel all-reduces after attention and after the MLP, two per layer, costed
-  by the collectives model on the replica's own group of chips;
+  by the collectives model on the replica's own group of chips; inside an instance they run
+  mesh (or single-step mesh) at every size, as the catalog's `serving.all_reduce` says (the
+  published Trn1 serving rows show it), or the training runtime's `auto` choice;
 - between stages, the activations sent over the graph (send-recv); stages run in series for
   one batch (no micro-batching across iterations);
 - one fixed host overhead per iteration, the catalog's `serving.iteration_overhead` for
@@ -179,7 +181,7 @@ class IterationModel:
         comm_s = 0.0
         activation = tokens * s.model.hidden * self.element_bytes
         if self.tp_group is not None:
-            comm_s = 2 * self.collectives.cost("all-reduce", self.tp_group, activation).time_s
+            comm_s = 2 * self.tp_all_reduce_s(activation)
         stages_s = s.model.layers * (layer_s + comm_s)
         ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, self.compute_precision))
         send_s = 0.0
@@ -189,6 +191,17 @@ class IterationModel:
                 "send-recv", Group(np.array([self.stage_chips[d]]), 1),
                 activation / s.tp * shards, peer=self.stage_chips[d + 1]).time_s
         return stages_s + ends_s + send_s
+
+    def tp_all_reduce_s(self, size_bytes: float) -> float:
+        """One tensor-parallel all-reduce of the replica: with the catalog's
+        `serving.all_reduce: mesh`, the cheaper of mesh and single-step mesh inside the
+        instance at every size (a minimum of non-decreasing costs, so still non-decreasing
+        in size); with `auto`, the training runtime's choice."""
+        cost = self.collectives.cost
+        if self.hardware.serving.all_reduce == "auto":
+            return cost("all-reduce", self.tp_group, size_bytes).time_s
+        return min(cost("all-reduce", self.tp_group, size_bytes, intra=name).time_s
+                   for name in ("mesh", "mesh1"))
 
     def _kv_seconds_per_token(self) -> float:
         """Seconds a decoding sequence's attention costs per token of its context: reading

@@ -1,0 +1,60 @@
+"""Published serving measurements the serving iteration model is checked against.
+
+Rows: Neuron docs, trn1 inference performance, transformers-neuronx, SDK 2.18 (trn1.32xlarge,
+tensor parallel 32, bf16 weights; TTFT and TPOT are p50). The model's TTFT is one prefill
+iteration of the batch's prompts; its TPOT is the mean decode iteration of the batch while
+the context grows over the output. Nothing is fitted per row: the catalog's trn1 constants
+(`collectives`, `serving`, and the training fit's `efficiency`) apply to all of them.
+`scripts/calibrate_collectives.py` fits the collectives and serving constants to these rows
+together with the nccom-test measurements; `scripts/calibrate_serving.py` prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry
+from clustersim.hardware.topology import build_topology
+from clustersim.serving.iteration import IterationModel, ReplicaShape
+from clustersim.serving.replica import DecodeCost
+from clustersim.training.transformer import TransformerShape, model_preset_values
+
+__all__ = ["ServingMeasurement", "SERVING_MEASUREMENTS", "predict_serving"]
+
+_SOURCE = "Neuron docs, trn1 inference performance (transformers-neuronx, SDK 2.18)"
+
+
+@dataclass(frozen=True)
+class ServingMeasurement:
+    model: str
+    batch: int
+    input_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    tpot_ms: float
+    source: str = _SOURCE
+
+
+SERVING_MEASUREMENTS: tuple[ServingMeasurement, ...] = (
+    ServingMeasurement("llama2-7b", 1, 128, 8064, 13.32, 6.70),
+    ServingMeasurement("llama2-70b", 1, 128, 128, 53.91, 25.18),
+    ServingMeasurement("llama2-70b", 1, 2048, 2048, 690.96, 26.85),
+    ServingMeasurement("llama3-70b", 1, 2048, 2048, 547.00, 26.20),
+    ServingMeasurement("llama2-70b", 4, 128, 1024, 156.69, 27.21),
+)
+
+
+def predict_serving(hardware: HardwareSpec | None = None) -> list[tuple[float, float]]:
+    """Model (TTFT s, TPOT s) of every row on one trn1.32xlarge at TP 32 (or on `hardware`,
+    e.g. with trial constants)."""
+    hardware = hardware or catalog_entry("trn1")
+    topology = build_topology(hardware, 1)
+    out = []
+    for m in SERVING_MEASUREMENTS:
+        model = TransformerShape(**model_preset_values(m.model))
+        cost = DecodeCost(IterationModel(ReplicaShape(model, "bf16", 32, 1), topology))
+        ttft = cost.target.iteration_s([(m.input_tokens, 0)] * m.batch, 0, 0.0, m.batch)
+        n = m.output_tokens - 1
+        tpot = cost.run_s(m.batch, m.batch * (m.input_tokens + 1), n) / n
+        out.append((ttft, tpot))
+    return out
