@@ -43,13 +43,8 @@ class Scheduler:
         self._again = False
         self.fragmentation_s = 0.0  # time integral of fragmentation
         self._last = (0.0, 0.0)
-        # Instances per leaf (fixed), and where each leaf's run of instances starts when the
-        # instances are numbered leaf by leaf (as the timeline numbers them).
-        leaf = timeline.instance_leaf
-        self._leaf_size = np.bincount(leaf, minlength=timeline.n_leaves)
-        self._leaf_starts = None
-        if len(leaf) and np.all(np.diff(leaf) >= 0) and np.all(self._leaf_size > 0):
-            self._leaf_starts = np.concatenate([[0], np.cumsum(self._leaf_size)[:-1]])
+        # Instances per leaf: fixed, counted once (record_state runs after every pass).
+        self._leaf_size = np.bincount(timeline.instance_leaf, minlength=timeline.n_leaves)
 
     def submit(self, run: JobRun) -> None:
         self.queue.append(run)
@@ -140,11 +135,7 @@ class Scheduler:
         free = self.t.free_mask()
         count = int(np.count_nonzero(free))
         whole = 0
-        if count and self._leaf_starts is not None:
-            # Free instances in wholly free leaves: the sizes of the leaves all of whose
-            # instances are free (a leaf's instances are one contiguous run).
-            whole = int(self._leaf_size[np.logical_and.reduceat(free, self._leaf_starts)].sum())
-        elif count:
+        if count:
             per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
             whole = int(per_leaf[per_leaf == self._leaf_size].sum())
         fragmentation = 1.0 - whole / count if count else 0.0
