@@ -380,3 +380,40 @@ def test_every_request_settles_in_order(rate, median_in, median_out, max_batch, 
     series = fleet.series
     assert np.all(series["kv_tokens"] <= capacity + 1e-6)
     assert np.all(series["batch"] <= max_batch)
+
+
+def test_training_jobs_are_placed_around_the_serving_replicas() -> None:
+    """A scenario with both: the deployments hold the first instances for the whole run and
+    the timeline never places a job there, through failures and recoveries (no spare: a job
+    that loses an instance waits for its repair rather than take a serving one)."""
+    from clustersim.cluster.timeline import FREE, SERVING, Timeline
+    from clustersim.runner.api import step_profiles
+    raw = scenario(0.5, "3d")
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0]["parallelism"] = {"tp": 64}  # one whole trn2 instance per replica
+    raw["serve"][0]["replicas"] = 2
+    raw["jobs"] = [{"name": "train", "model": "llama3.1-8b", "seq_len": 4096,
+                    "global_batch": 64, "parallelism": {"tp": 8, "dp": 16}}]
+    raw["failures"] = {"preset": "none", "repair": "2h", "detect": "1min", "restart": "5min",
+                       "rates": [{"component": "host", "per": "instance", "mtbf": "12h"}]}
+    s = scenario_from_dict(raw)
+    t = Timeline(s, step_profiles(s), np.random.SeedSequence(3))
+    placed: list[np.ndarray] = []
+    place = t.place
+
+    def recording_place(*args, **kwargs):
+        chosen = place(*args, **kwargs)
+        if chosen is not None:
+            placed.append(np.asarray(chosen))
+        return chosen
+
+    t.place = recording_place  # type: ignore[method-assign]
+    result = t.run()
+    assert t.serving_instances == 2
+    assert np.all(t.owner[:2] == SERVING) and np.all(t.owner[2:] != SERVING)
+    assert len(placed) > 1 and all(np.all(np.asarray(p) >= 2) for p in placed)
+    assert sum(result.failures.values()) > 0
+    assert result.jobs["train"].useful_s > 0
+    assert FREE == -1
+    from clustersim.runner.api import simulate
+    assert simulate(s).summary["cluster"]["serving_instances"] == 2

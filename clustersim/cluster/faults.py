@@ -146,7 +146,7 @@ class FailureSource:
             job = int(self.t.owner[inst])
             if job >= 0:
                 hit_jobs.setdefault(job, []).append(inst)
-            else:
+            elif job == -1:  # the pool's (a serving deployment's are not the jobs' to count)
                 free_downed = True
             if math.isfinite(self.t.repair_s):
                 self.t.env.process(self._repair(inst))

@@ -24,6 +24,7 @@ from clustersim.runner.interrupts import worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
+from clustersim.scenario.serving import deployment_instances
 from clustersim.serving import (
     ServingResult,
     deployment_figures,
@@ -72,6 +73,8 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "instances": topology.instances,
         "working_instances": scenario.working_instances,
         "spare_instances": scenario.cluster.spares,
+        # held by the serving deployments for the whole run; jobs are placed around them
+        "serving_instances": sum(deployment_instances(d, hw) for d in scenario.serve),
         "ultraservers": topology.ultraservers,
         "leaf_switches": topology.leaves,
         "spine_switches": topology.spines,
