@@ -225,17 +225,18 @@ class _Filler:
         self._changed()
 
     def edges(self, pairs: Iterable[tuple[int, int]], data: dict) -> None:
-        """Edges between existing nodes, each with (a copy of) `data`."""
+        """Edges between existing nodes (KeyError or ValueError otherwise), each with (a
+        copy of) `data`."""
         if not self.direct:
             self.graph.add_edges_from(pairs, **data)
             return
         node, adj = self.graph._node, self.graph._adj
         for u, v in pairs:
-            if u not in node or v not in node:
-                raise ValueError(f"edge ({u}, {v}) between nodes not in the graph")
             known = adj[u].get(v)
             if known is None:
-                known = dict(data)
+                if v not in node:
+                    raise ValueError(f"edge ({u}, {v}) to a node not in the graph")
+                known = data.copy()
             else:
                 known.update(data)
             adj[u][v] = known
