@@ -272,6 +272,33 @@ def test_trn1_serving_rows_within_15_percent() -> None:
         assert abs(tpot_s * 1e3 / row.tpot_ms - 1) < 0.15, (row, tpot_s)
 
 
+def test_unseen_trn1_llama2_13b_rows_within_10_percent() -> None:
+    """Not fitted: the SDK 2.14 and 2.16 Llama 2 13B rows of the Neuron data files (request
+    time over input + output tokens) stay within 10% (the 70B SDK 2.16 rows, five to six
+    times the SDK 2.18 figures, are shown in docs/calibration.md, not held)."""
+    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
+    rows = [(m, p) for m, p in zip(UNSEEN_SERVING, predict_token_latency(), strict=True)
+            if m.model == "llama2-13b"]
+    assert len(rows) == 4
+    for m, predicted in rows:
+        assert abs(predicted * 1e3 / m.ms_per_token - 1) < 0.10, (m, predicted)
+
+
+def test_model_report_prints_the_serving_and_collective_rows(capsys) -> None:
+    """scripts/validate_model.py's serving and collectives sections run and print every row
+    (the step section is exercised by tests/test_calibration_steps.py)."""
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "scripts" / "validate_model.py"
+    spec = importlib.util.spec_from_file_location("validate_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.print_serving()
+    module.print_collectives()
+    out = capsys.readouterr().out
+    assert "unseen rows" in out and "all_reduce mesh" in out
+    assert out.count("llama2-13b") == 4 and "nccom-test" in out
+
+
 def test_serving_all_reduce_runs_mesh_unless_auto() -> None:
     """With `serving.all_reduce: mesh` a replica's TP all-reduce is the cheaper of mesh and
     single-step mesh; at the 1 MiB of a 128-token Llama 2 7B prefill on TP 32 that is well
@@ -386,7 +413,8 @@ def test_training_jobs_are_placed_around_the_serving_replicas() -> None:
     """A scenario with both: the deployments hold the first instances for the whole run and
     the timeline never places a job there, through failures and recoveries (no spare: a job
     that loses an instance waits for its repair rather than take a serving one)."""
-    from clustersim.cluster.timeline import FREE, SERVING, Timeline
+    from clustersim.cluster.owners import FREE, SERVING
+    from clustersim.cluster.timeline import Timeline
     from clustersim.runner.api import step_profiles
     raw = scenario(0.5, "3d")
     raw["cluster"] = {"instances": 4}
@@ -416,4 +444,34 @@ def test_training_jobs_are_placed_around_the_serving_replicas() -> None:
     assert result.jobs["train"].useful_s > 0
     assert FREE == -1
     from clustersim.runner.api import simulate
-    assert simulate(s).summary["cluster"]["serving_instances"] == 2
+    run = simulate(s)
+    assert run.summary["cluster"]["serving_instances"] == 2
+    # One failure history: the replicas fail when the timeline downs their instances.
+    served = [o for o in run.timelines[0].serving_outages]
+    assert served and all(i < 2 for _, i in served)
+    failures = run.serving.fleets["chat"].failures
+    assert 1 <= failures <= len(served)
+    assert run.summary["deployments"]["chat"]["replica_failures"] == failures
+
+
+def test_timeline_outages_take_down_the_replicas_on_the_instance() -> None:
+    """Outages given as (time, instance) fail exactly the replicas with ranks there: a
+    second failure of a replica still down changes nothing, an instance beyond the
+    deployment none; software (per: job) failures are still drawn."""
+    from clustersim.serving.simulate import replicas_on_instance
+    raw = scenario(0.2, "4h")
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0]["replicas"] = 16  # tp 8 on trn2: 8 replicas an instance, 2 instances
+    raw["failures"] = {"preset": "none", "repair": "2h", "detect": "1min", "restart": "5min"}
+    s = scenario_from_dict(raw)
+    d = s.serve[0]
+    assert list(replicas_on_instance(s, d, 0)) == list(range(8))
+    assert list(replicas_on_instance(s, d, 1)) == list(range(8, 16))
+    outages = [(100.0, 1), (200.0, 1), (300.0, 3)]
+    result = simulate_serving(s, np.random.SeedSequence(0), outages=outages)
+    assert result.fleets["chat"].failures == 8
+    assert simulate_serving(s, np.random.SeedSequence(0), outages=[]).fleets[
+        "chat"].failures == 0
+    raw["failures"]["rates"] = [{"component": "software", "per": "job", "mtbf": "1h"}]
+    soft = simulate_serving(scenario_from_dict(raw), np.random.SeedSequence(0), outages=[])
+    assert soft.fleets["chat"].failures > 0

@@ -35,6 +35,7 @@ from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
 from clustersim.cluster.faults import FailureSource
 from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
+from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
@@ -52,10 +53,6 @@ __all__ = [
     "job_failure_rate",
     "effective_rates",
 ]
-
-
-FREE = -1  # `Timeline.owner` of an instance in the pool
-SERVING = -2  # of an instance a serving deployment holds
 
 
 class Timeline:
@@ -94,6 +91,9 @@ class Timeline:
         self.serving_instances = min(self.n_instances, sum(
             deployment_instances(d, hw) for d in scenario.serve))
         self.owner[: self.serving_instances] = SERVING
+        # (time, instance) of each hardware failure that downs a serving instance: the serving
+        # simulator takes its replicas' hardware failures from these.
+        self.serving_outages: list[tuple[float, int]] = []
         self.min_free = self.n_instances - self.serving_instances
         self.hardware_event = self.env.event()
         self.instance_leaf = np.arange(self.n_instances) // self.per_leaf
@@ -207,6 +207,7 @@ class Timeline:
             total_chips=self.n_chips,
             min_free_instances=self.min_free,
             fragmentation_mean=self.scheduler.fragmentation_mean(horizon),
+            serving_outages=tuple(self.serving_outages),
             event_count=int(sum(faults.failures.values()) + faults.repairs + sum(
                 r.outcome.checkpoints_completed for r in self.jobs)),
         )
