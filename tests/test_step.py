@@ -11,6 +11,7 @@ from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.topology import build_topology
 from clustersim.runner.api import step_profiles, topology_for
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+from clustersim.training.ranks import rank_group
 from clustersim.training.schedule import peak_in_flight, pipeline_order
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, model_preset_values
@@ -352,7 +353,7 @@ def test_expert_all_to_alls_are_costed_on_their_group():
     job = s.jobs[0]
     model = StepModel(topology_for(s))
     profile = model.profile(job)
-    group, sharing = model._group(np.arange(0, 8 * 8, 8), np.arange(8))
+    group, sharing = rank_group(model.hardware, np.arange(0, 8 * 8, 8), np.arange(8))
     routed = 4096 * job.model.hidden * 2 * job.model.top_k / job.parallelism.tp
     one = model.collectives.cost("all-to-all", group, routed * sharing).time_s
     assert len(set(group.chips.tolist())) == 8 and sharing == 4
@@ -388,7 +389,7 @@ def test_expert_gradients_are_reduced_over_the_ranks_sharing_the_experts():
         return real(op, group, size, **kwargs)
 
     model.collectives.cost = spy
-    model._data_parallel_times(job, np.arange(8), 4, 2)
+    model.reduction.per_pipeline_rank(job, np.arange(8), 4, 2)
     reduced = {(ranks, size) for op, ranks, size in seen if op == "reduce-scatter"}
     experts = expert_params_per_rank(job)
     dense = params_per_rank(job, True, True) - experts
