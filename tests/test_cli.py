@@ -375,6 +375,15 @@ def test_run_summary_carries_the_step_figures(small: Path, tmp_path: Path):
     assert job["tokens_per_s"] == pytest.approx(64 * 8192 / job["step_time_s"])
 
 
+def test_collective_cli_with_one_rank_prints_no_nan():
+    """One rank moves nothing in no time: the table shows '-' for its bandwidths, not nan."""
+    result = invoke("collective", "--hardware", "trn2", "--op", "all-reduce", "--ranks", "1",
+                    "--sizes", "1MiB")
+    assert result.exit_code == 0, result.stderr
+    assert "nan" not in result.stdout and "inf" not in result.stdout
+    assert "one rank moves nothing" in result.stdout
+
+
 @pytest.mark.parametrize("ranks, instances, size, busbw_gib_s, within", [
     ("2", "1", "1GiB", 52.8, 0.35), ("64", "2", "1GiB", 47.1, 0.35)])
 def test_collective_cli_on_the_calibration_cases(ranks, instances, size, busbw_gib_s, within):

@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from sweep_helpers import sweep_base
+from sweep_helpers import write_sweep as write_thirty_day_sweep
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -218,24 +220,8 @@ def test_a_signalled_run_says_nothing_was_written_and_leaves_nothing(tmp_path: P
     assert leftovers(tmp_path) == []
 
 
-SWEEP_BASE = {
-    "name": "sweepbase", "hardware": "trn2", "duration": "30d",
-    "cluster": {"instances": 4, "spares": 1},
-    "jobs": [{"name": "train", "model": "llama3-8b", "seq_len": 4096, "global_batch": 64,
-              "parallelism": {"tp": 8, "pp": 1, "dp": 32, "zero": 1,
-                              "sequence_parallel": True},
-              "recompute": "selective",
-              "checkpoint": {"interval": "1h", "write": "1min", "restore": "2min"}}],
-    "failures": {"preset": "llama3", "scale": 50},
-    "trace": {"enabled": False},
-}
-
-
 def write_sweep(tmp_path: Path, **sweep) -> Path:
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(SWEEP_BASE))
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"scenario": "base.yaml", **sweep}))
-    return path
+    return write_thirty_day_sweep(tmp_path, base=sweep_base("30d"), **sweep)
 
 
 def test_an_interrupted_sweep_keeps_its_finished_rows_and_stops_its_workers(tmp_path: Path):

@@ -380,3 +380,71 @@ def test_every_request_settles_in_order(rate, median_in, median_out, max_batch, 
     series = fleet.series
     assert np.all(series["kv_tokens"] <= capacity + 1e-6)
     assert np.all(series["batch"] <= max_batch)
+
+
+def test_training_jobs_are_placed_around_the_serving_replicas() -> None:
+    """A scenario with both: the deployments hold the first instances for the whole run and
+    the timeline never places a job there, through failures and recoveries (no spare: a job
+    that loses an instance waits for its repair rather than take a serving one)."""
+    from clustersim.cluster.owners import FREE, SERVING
+    from clustersim.cluster.timeline import Timeline
+    from clustersim.runner.api import step_profiles
+    raw = scenario(0.5, "3d")
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0]["parallelism"] = {"tp": 64}  # one whole trn2 instance per replica
+    raw["serve"][0]["replicas"] = 2
+    raw["jobs"] = [{"name": "train", "model": "llama3.1-8b", "seq_len": 4096,
+                    "global_batch": 64, "parallelism": {"tp": 8, "dp": 16}}]
+    raw["failures"] = {"preset": "none", "repair": "2h", "detect": "1min", "restart": "5min",
+                       "rates": [{"component": "host", "per": "instance", "mtbf": "12h"}]}
+    s = scenario_from_dict(raw)
+    t = Timeline(s, step_profiles(s), np.random.SeedSequence(3))
+    placed: list[np.ndarray] = []
+    place = t.place
+
+    def recording_place(*args, **kwargs):
+        chosen = place(*args, **kwargs)
+        if chosen is not None:
+            placed.append(np.asarray(chosen))
+        return chosen
+
+    t.place = recording_place  # type: ignore[method-assign]
+    result = t.run()
+    assert t.serving_instances == 2
+    assert np.all(t.owner[:2] == SERVING) and np.all(t.owner[2:] != SERVING)
+    assert len(placed) > 1 and all(np.all(np.asarray(p) >= 2) for p in placed)
+    assert sum(result.failures.values()) > 0
+    assert result.jobs["train"].useful_s > 0
+    assert FREE == -1
+    from clustersim.runner.api import simulate
+    run = simulate(s)
+    assert run.summary["cluster"]["serving_instances"] == 2
+    # One failure history: the replicas fail when the timeline downs their instances.
+    served = [o for o in run.timelines[0].serving_outages]
+    assert served and all(i < 2 for _, i in served)
+    failures = run.serving.fleets["chat"].failures
+    assert 1 <= failures <= len(served)
+    assert run.summary["deployments"]["chat"]["replica_failures"] == failures
+
+
+def test_timeline_outages_take_down_the_replicas_on_the_instance() -> None:
+    """Outages given as (time, instance) fail exactly the replicas with ranks there: a
+    second failure of a replica still down changes nothing, an instance beyond the
+    deployment none; software (per: job) failures are still drawn."""
+    from clustersim.serving.simulate import replicas_on_instance
+    raw = scenario(0.2, "4h")
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0]["replicas"] = 16  # tp 8 on trn2: 8 replicas an instance, 2 instances
+    raw["failures"] = {"preset": "none", "repair": "2h", "detect": "1min", "restart": "5min"}
+    s = scenario_from_dict(raw)
+    d = s.serve[0]
+    assert list(replicas_on_instance(s, d, 0)) == list(range(8))
+    assert list(replicas_on_instance(s, d, 1)) == list(range(8, 16))
+    outages = [(100.0, 1), (200.0, 1), (300.0, 3)]
+    result = simulate_serving(s, np.random.SeedSequence(0), outages=outages)
+    assert result.fleets["chat"].failures == 8
+    assert simulate_serving(s, np.random.SeedSequence(0), outages=[]).fleets[
+        "chat"].failures == 0
+    raw["failures"]["rates"] = [{"component": "software", "per": "job", "mtbf": "1h"}]
+    soft = simulate_serving(scenario_from_dict(raw), np.random.SeedSequence(0), outages=[])
+    assert soft.fleets["chat"].failures > 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from sweep_helpers import sweep_base, write_sweep
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -18,26 +19,6 @@ from clustersim.runner.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
-
-BASE = {
-    "name": "sweepbase", "hardware": "trn2", "duration": "5d",
-    "cluster": {"instances": 4, "spares": 1},
-    "jobs": [{"name": "train", "model": "llama3-8b", "seq_len": 4096, "global_batch": 64,
-              "parallelism": {"tp": 8, "pp": 1, "dp": 32, "zero": 1,
-                              "sequence_parallel": True},
-              "recompute": "selective",
-              "checkpoint": {"interval": "1h", "write": "1min", "restore": "2min"}}],
-    "failures": {"preset": "llama3", "scale": 50},
-    "trace": {"enabled": False},
-}
-
-
-def write_sweep(tmp_path: Path, **sweep) -> Path:
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"scenario": "base.yaml", **sweep}))
-    return path
-
 
 GRID = {"jobs.0.checkpoint.interval": ["30min", "2h"], "failures.scale": [20, 80]}
 
@@ -178,7 +159,7 @@ def test_check_after_a_run_into_the_golden_folder(tmp_path: Path, monkeypatch):
 
 
 def test_check_without_a_golden_says_how_to_make_one(tmp_path: Path, monkeypatch):
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(dict(BASE, name="nogolden")))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(dict(sweep_base(), name="nogolden")))
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, ["check", "s.yaml"])
     assert result.exit_code == 2

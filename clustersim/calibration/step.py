@@ -88,6 +88,17 @@ _KORTHIKANTI_ROWS = (
     ("530B", "megatron-530b", 280, 35, 280, 1, 3, 49.05, 37.83),
     ("1T", "megatron-1t", 512, 64, 512, 1, 1, 94.42, 71.49),
 )
+# Neuron docs, Trn1 training performance, data file general/benchmarks/trn1/
+# training_data_decoder.csv of the aws-neuron-sdk repository, NeuronX Distributed rows at SDK
+# 2.16 (BF16 autocast, fp32 optimizer, AdamW, micro-batch 1, global batch 1,024, sequence
+# 4,096): model, trn1.32xlarge instances, tp, pp, dp, sequences/s.
+_TRN1_216 = ("Neuron docs, Trn1 training performance data (training_data_decoder.csv), "
+             "SDK 2.16, NeuronX Distributed")
+_TRN1_UNSEEN_ROWS = (
+    ("llama2-7b", 16, 8, 1, 64, 93.3),
+    ("llama2-13b", 32, 8, 4, 32, 85.65),
+    ("llama2-70b", 32, 32, 4, 8, 15.34),
+)
 KORTHIKANTI_MODELS = {  # not in the model presets: layers, hidden, heads (table 3)
     "korthikanti-22b": {"layers": 48, "hidden": 6144, "heads": 64},
     "gpt3-175b-megatron": {"layers": 96, "hidden": 12288, "heads": 96},
@@ -112,6 +123,14 @@ STEP_MEASUREMENTS: tuple[StepMeasurement, ...] = (
                     {"tp": 32, "pp": 1, "dp": 32, "zero": 1, "sequence_parallel": True},
                     "selective", "flash", 41.99, "sequences_per_s", _TRN1 + ", SDK 2.21",
                     micro_batch=1, notes=_NXD + "; the same run as SDK 2.24, 13% slower"),
+) + tuple(
+    # Unseen Trn1 rows (not fitted): the same page's data file at SDK 2.16, NxD scripts.
+    StepMeasurement(f"{model} trn1 x{instances} (SDK 2.16)", "trainium", "trn1", instances,
+                    model, 4096, 1024, {"tp": tp, "pp": pp, "dp": dp, "zero": 1,
+                                        "sequence_parallel": True},
+                    "selective", "flash", measured, "sequences_per_s", _TRN1_216,
+                    visible=False, micro_batch=1, notes=_NXD)
+    for model, instances, tp, pp, dp, measured in _TRN1_UNSEEN_ROWS
 ) + tuple(
     StepMeasurement(f"megatron-{name} a100 x{gpus}", "gpu", _DGX_A100, gpus // 8, model, 2048,
                     batch, {"tp": tp, "pp": pp, "dp": dp}, "full", "unfused", tflops / 312,

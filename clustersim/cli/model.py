@@ -219,11 +219,19 @@ def collective(
                          no_wrap=column in ("size(B)", "algorithm"))
     for row in rows:
         table.add_row(f"{row['bytes']:,}", row["algorithm"], str(row["steps"]),
-                      f"{row['time_us']:,.1f}", f"{row['algbw_gbyte_per_s']:.2f}",
-                      f"{row['busbw_gbyte_per_s']:.2f}")
+                      f"{row['time_us']:,.1f}", _bandwidth(row["algbw_gbyte_per_s"]),
+                      _bandwidth(row["busbw_gbyte_per_s"]))
     out_console.print(table)
-    average = sum(r["busbw_gbyte_per_s"] for r in rows) / len(rows)
-    out_console.print(f"Avg bus bandwidth: {average:.4f} GB/s")
+    finite = [r["busbw_gbyte_per_s"] for r in rows if math.isfinite(r["busbw_gbyte_per_s"])]
+    if finite:
+        out_console.print(f"Avg bus bandwidth: {sum(finite) / len(finite):.4f} GB/s")
+    else:
+        out_console.print("Avg bus bandwidth: - (one rank moves nothing)")
+
+
+def _bandwidth(value: float) -> str:
+    """GB/s for the table; '-' where there is none (one rank moves nothing in no time)."""
+    return f"{value:.2f}" if math.isfinite(value) else "-"
 
 
 def _finite(row: dict) -> dict:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.rates import effective_rates
 from clustersim.hardware.failures import weibull_scale
 
@@ -146,8 +147,10 @@ class FailureSource:
             job = int(self.t.owner[inst])
             if job >= 0:
                 hit_jobs.setdefault(job, []).append(inst)
-            else:
+            elif job == FREE:
                 free_downed = True
+            elif job == SERVING:  # the serving simulator takes it down with its replicas
+                self.t.serving_outages.append((now, inst))
             if math.isfinite(self.t.repair_s):
                 self.t.env.process(self._repair(inst))
         if not downed:

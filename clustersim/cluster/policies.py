@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clustersim.cluster.owners import FREE
+
 if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
     from clustersim.cluster.scheduler import Scheduler
@@ -49,7 +51,8 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: list[JobR
     down = np.flatnonzero(~scheduler.t.healthy)
     if len(down) and math.isfinite(scheduler.t.repair_s):
         back = scheduler.t.instance_down_since[down] + scheduler.t.repair_s
-        ends += [(float(t), 1) for t in back[scheduler.t.owner[down] < 0].tolist()]
+        # (to the pool; a serving deployment's instance goes back to its deployment)
+        ends += [(float(t), 1) for t in back[scheduler.t.owner[down] == FREE].tolist()]
     ends.sort()
     shadow, extra = math.inf, available
     for end, count in ends:

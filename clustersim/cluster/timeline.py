@@ -35,10 +35,12 @@ from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
 from clustersim.cluster.faults import FailureSource
 from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
+from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
 from clustersim.scenario.models import Scenario
+from clustersim.scenario.serving import deployment_instances
 from clustersim.training.step import StepModel, StepProfile
 
 __all__ = [
@@ -81,10 +83,18 @@ class Timeline:
         self.env = simpy.Environment()
         repair = scenario.failures.repair_s
         self.repair_s = math.inf if repair == "never" else float(repair)
-        # Instance state.
+        # Instance state: owner is a job's index, FREE, or SERVING for the instances the
+        # scenario's deployments hold for the whole run (the first ones, in the order the
+        # serving simulator takes them): jobs are placed around them.
         self.healthy = np.ones(self.n_instances, dtype=bool)
-        self.owner = np.full(self.n_instances, -1, dtype=np.int32)
-        self.min_free = self.n_instances
+        self.owner = np.full(self.n_instances, FREE, dtype=np.int32)
+        self.serving_instances = min(self.n_instances, sum(
+            deployment_instances(d, hw) for d in scenario.serve))
+        self.owner[: self.serving_instances] = SERVING
+        # (time, instance) of each hardware failure that downs a serving instance: the serving
+        # simulator takes its replicas' hardware failures from these.
+        self.serving_outages: list[tuple[float, int]] = []
+        self.min_free = self.n_instances - self.serving_instances
         self.hardware_event = self.env.event()
         self.instance_leaf = np.arange(self.n_instances) // self.per_leaf
         self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf,
@@ -109,7 +119,9 @@ class Timeline:
     def release(self, instances: list[int]) -> None:
         """Instances back to the pool: wake waiting jobs and let the scheduler place more."""
         if len(instances):
-            self.owner[np.asarray(instances, dtype=np.int64)] = -1
+            idx = np.asarray(instances, dtype=np.int64)
+            # A repaired serving instance goes back to its deployment, not to the pool.
+            self.owner[idx[self.owner[idx] != SERVING]] = FREE
         self.wake_waiting()
         self.scheduler.schedule()
 
@@ -120,7 +132,7 @@ class Timeline:
         self.hardware_event = self.env.event()
 
     def free_mask(self) -> np.ndarray:
-        return self.healthy & (self.owner < 0)
+        return self.healthy & (self.owner == FREE)
 
     def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None
               ) -> np.ndarray | None:
@@ -193,6 +205,7 @@ class Timeline:
             total_chips=self.n_chips,
             min_free_instances=self.min_free,
             fragmentation_mean=self.scheduler.fragmentation_mean(horizon),
+            serving_outages=tuple(self.serving_outages),
             event_count=int(sum(faults.failures.values()) + faults.repairs + sum(
                 r.outcome.checkpoints_completed for r in self.jobs)),
         )

@@ -6,7 +6,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from clustersim.runner.interrupts import worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
+from clustersim.scenario.serving import deployment_instances
 from clustersim.serving import (
     ServingResult,
     deployment_figures,
@@ -72,6 +73,8 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "instances": topology.instances,
         "working_instances": scenario.working_instances,
         "spare_instances": scenario.cluster.spares,
+        # held by the serving deployments for the whole run; jobs are placed around them
+        "serving_instances": sum(deployment_instances(d, hw) for d in scenario.serve),
         "ultraservers": topology.ultraservers,
         "leaf_switches": topology.leaves,
         "spine_switches": topology.spines,
@@ -339,7 +342,9 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     }
     serving = None
     if scenario.serve:
-        serving = run_serving(scenario, seed, trace_dir)
+        # The first replication's failures of serving instances: one failure history for
+        # training and serving.
+        serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages)
         summary["deployments"] = deployment_figures(scenario, serving)
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
@@ -350,13 +355,15 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 SERVING_STREAM = 16
 
 
-def run_serving(scenario: Scenario, seed: int, trace_dir: Path | None = None) -> ServingResult:
+def run_serving(scenario: Scenario, seed: int, trace_dir: Path | None = None,
+                outages: Sequence[tuple[float, int]] | None = None) -> ServingResult:
     """Simulate the scenario's deployments; with `trace_dir`, write `requests.parquet` and
-    `replicas.parquet` there (the first replication's seed; serving is not replicated)."""
+    `replicas.parquet` there (the first replication's seed; serving is not replicated).
+    `outages`: the timeline's hardware failures of serving instances (else drawn apart)."""
     source = Path(scenario.source)
     base_dir = source.parent if source.is_file() else None
     stream = np.random.SeedSequence(seed, spawn_key=(SERVING_STREAM,))
-    result = simulate_serving(scenario, stream, base_dir)
+    result = simulate_serving(scenario, stream, base_dir, outages)
     if trace_dir is not None and scenario.trace.enabled:
         metadata = {"version": clustersim.__version__, "seed": seed,
                     "scenario_yaml": scenario.source_yaml}

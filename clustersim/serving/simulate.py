@@ -6,14 +6,18 @@ Replicas take the cluster's instances in order, deployment after deployment (eac
 whole instances, or ranks of one instance when it needs fewer). The iteration model of a
 replica shape is built once on a small topology of the same hardware and fabric (a replica's
 collectives run inside its own instances; only the disaggregated KV transfer crosses the
-fabric). Failures draw from the scenario's rates, summed over a replica's chips, instances and
-UltraServers; a failed replica is down for the detection time plus the restart (a hot spare
-takes its place) or plus the repair when the cluster has no spares.
+fabric). A failed replica is down for the detection time plus the restart (a hot spare takes
+its place) or plus the repair when the cluster has no spares. Hardware failures come from the
+training timeline of the same run when it is given (`outages`: the failures that downed a
+serving instance take down every replica on it, so serving and training share one failure
+history); otherwise, and always for software (`per: job`) failures, they are drawn here from
+the scenario's rates, summed over a replica's chips, instances and UltraServers.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,7 @@ from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
-           "requests_table", "replica_series_table"]
+           "requests_table", "replica_series_table", "replicas_on_instance"]
 
 
 @dataclass
@@ -87,7 +91,10 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     return cost, max(0, capacity), transfer_s
 
 
-def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec) -> float:
+def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: bool = False
+                          ) -> float:
+    """Failures per second of one replica: every rate summed over the replica's chips,
+    instances and UltraServers, or only the software (`per: job`) rates."""
     hw = scenario.hardware
     per = _instances_per_replica(scenario, d)
     chips = min(per * hw.chips_per_instance, max(1, math.ceil(d.tp * d.pp / hw.chip.ranks)))
@@ -95,17 +102,37 @@ def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec) -> float:
              "ultraserver": per / hw.instances_per_ultraserver if hw.ultraserver else 0.0,
              "leaf": 0.0}
     scale = scenario.failures.scale
-    return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario))
+    return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario)
+               if not software_only or r.per == "job")
+
+
+def replicas_on_instance(scenario: Scenario, d: DeploymentSpec, local_instance: int
+                         ) -> range:
+    """The replicas of a deployment that have ranks on its `local_instance`-th instance
+    (replicas take the deployment's ranks in order, instance after instance)."""
+    ranks = d.tp * d.pp
+    per_instance = scenario.hardware.ranks_per_instance
+    first = local_instance * per_instance // ranks
+    last = min(d.replicas, -(-((local_instance + 1) * per_instance) // ranks))
+    return range(first, last)
 
 
 def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: DeploymentSpec,
-              rng: np.random.Generator, horizon_s: float) -> None:
-    rate = _replica_failure_rate(scenario, d) * d.replicas
-    if rate <= 0:
-        return
-    count = rng.poisson(rate * horizon_s)
+              rng: np.random.Generator, horizon_s: float,
+              outages: list[tuple[float, int]] | None = None) -> None:
+    """Schedule the deployment's replica failures: drawn from the rates, or (with `outages`,
+    (time, local instance) of hardware failures from the timeline) those plus the drawn
+    software ones."""
+    rate = _replica_failure_rate(scenario, d, software_only=outages is not None) * d.replicas
+    count = rng.poisson(rate * horizon_s) if rate > 0 else 0
     times = np.sort(rng.uniform(0.0, horizon_s, count))
     which = rng.integers(0, d.replicas, count)
+    events = list(zip(times.tolist(), which.tolist(), strict=True))
+    for time_s, instance in outages or ():
+        events += [(time_s, index) for index in replicas_on_instance(scenario, d, instance)]
+    if not events:
+        return
+    events.sort()
     f = scenario.failures
     if scenario.cluster.spares > 0:
         down_s = f.detect_s + f.restart_s
@@ -113,7 +140,7 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
         down_s = math.inf if f.repair_s == "never" else f.detect_s + f.repair_s + f.restart_s
 
     def process():
-        for time_s, index in zip(times.tolist(), which.tolist(), strict=True):
+        for time_s, index in events:
             yield env.timeout(time_s - env.now)
             fleet.fail(index, down_s)
 
@@ -121,14 +148,18 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
 
 
 def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
-                     base_dir: Path | None = None) -> ServingResult:
+                     base_dir: Path | None = None,
+                     outages: Sequence[tuple[float, int]] | None = None) -> ServingResult:
     """Simulate every deployment of the scenario over its horizon (plus the time to drain
-    requests in flight at the end, up to one more horizon)."""
+    requests in flight at the end, up to one more horizon). `outages`: (time, instance) of the
+    hardware failures the training timeline of the same run applied to serving instances;
+    without them, hardware failures are drawn here."""
     env = ServingEnvironment()
     horizon = scenario.duration_s
     fleets: dict[str, Fleet] = {}
     models: dict[str, tuple[DecodeCost, int, int]] = {}
     streams = seed.spawn(len(scenario.serve))
+    first = 0  # the deployment's first instance: deployments take instances in order
     for d, stream in zip(scenario.serve, streams, strict=True):
         request_seed, failure_seed = stream.spawn(2)
         try:
@@ -149,7 +180,12 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
             roles = ["both"] * d.replicas
         fleet = Fleet(env, d, requests, [(cost, capacity, role) for role in roles],
                       transfer if d.disaggregated is not None else None)
-        _failures(env, scenario, fleet, d, np.random.default_rng(failure_seed), horizon)
+        own = None
+        if outages is not None:  # this deployment's instances, numbered from its first
+            span = deployment_instances(d, scenario.hardware)
+            own = [(t, i - first) for t, i in outages if first <= i < first + span]
+        first += deployment_instances(d, scenario.hardware)
+        _failures(env, scenario, fleet, d, np.random.default_rng(failure_seed), horizon, own)
         fleets[d.name] = fleet
         models[d.name] = (cost, capacity, _instances_per_replica(scenario, d))
     done = simpy.AllOf(env, [f.done for f in fleets.values()])

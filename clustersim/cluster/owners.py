@@ -1,0 +1,6 @@
+"""Who holds an instance in the timeline (`Timeline.owner`): a job's index, or one of these."""
+
+FREE = -1  # in the pool, for any job
+SERVING = -2  # held by a serving deployment for the whole run
+
+__all__ = ["FREE", "SERVING"]
