@@ -132,9 +132,15 @@ def print_serving() -> None:
         print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
               f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
               f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
+    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
+    print("  unseen rows (not fitted): request time over input + output tokens, ms")
+    for m, predicted in zip(UNSEEN_SERVING, predict_token_latency(), strict=True):
+        print(f"  {m.model:12s} {'1':>5s} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
+              f"{m.ms_per_token:9.2f} {predicted * 1e3:8.2f} "
+              f"{predicted * 1e3 / m.ms_per_token - 1:+7.1%}  SDK {m.sdk}")
     print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
           f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
-          f"all_reduce_size_bands {serving.all_reduce_size_bands}")
+          f"all_reduce {serving.all_reduce}")
 
 
 def main() -> None:

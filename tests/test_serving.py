@@ -272,6 +272,33 @@ def test_trn1_serving_rows_within_15_percent() -> None:
         assert abs(tpot_s * 1e3 / row.tpot_ms - 1) < 0.15, (row, tpot_s)
 
 
+def test_unseen_trn1_llama2_13b_rows_within_10_percent() -> None:
+    """Not fitted: the SDK 2.14 and 2.16 Llama 2 13B rows of the Neuron data files (request
+    time over input + output tokens) stay within 10% (the 70B SDK 2.16 rows, five to six
+    times the SDK 2.18 figures, are shown in docs/calibration.md, not held)."""
+    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
+    rows = [(m, p) for m, p in zip(UNSEEN_SERVING, predict_token_latency(), strict=True)
+            if m.model == "llama2-13b"]
+    assert len(rows) == 4
+    for m, predicted in rows:
+        assert abs(predicted * 1e3 / m.ms_per_token - 1) < 0.10, (m, predicted)
+
+
+def test_model_report_prints_the_serving_and_collective_rows(capsys) -> None:
+    """scripts/validate_model.py's serving and collectives sections run and print every row
+    (the step section is exercised by tests/test_calibration_steps.py)."""
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "scripts" / "validate_model.py"
+    spec = importlib.util.spec_from_file_location("validate_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.print_serving()
+    module.print_collectives()
+    out = capsys.readouterr().out
+    assert "unseen rows" in out and "all_reduce mesh" in out
+    assert out.count("llama2-13b") == 4 and "nccom-test" in out
+
+
 def test_serving_all_reduce_runs_mesh_unless_auto() -> None:
     """With `serving.all_reduce: mesh` a replica's TP all-reduce is the cheaper of mesh and
     single-step mesh; at the 1 MiB of a 128-token Llama 2 7B prefill on TP 32 that is well

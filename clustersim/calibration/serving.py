@@ -19,7 +19,8 @@ from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.replica import DecodeCost
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
-__all__ = ["ServingMeasurement", "SERVING_MEASUREMENTS", "predict_serving"]
+__all__ = ["ServingMeasurement", "SERVING_MEASUREMENTS", "predict_serving",
+           "TokenLatencyMeasurement", "UNSEEN_SERVING", "predict_token_latency"]
 
 _SOURCE = "Neuron docs, trn1 inference performance (transformers-neuronx, SDK 2.18)"
 
@@ -57,4 +58,48 @@ def predict_serving(hardware: HardwareSpec | None = None) -> list[tuple[float, f
         n = m.output_tokens - 1
         tpot = cost.run_s(m.batch, m.batch * (m.input_tokens + 1), n) / n
         out.append((ttft, tpot))
+    return out
+
+
+# Unseen rows (not fitted): the Trn1 data files of the same Neuron docs page at SDK 2.14 and
+# 2.16 (general/benchmarks/trn1/trn1_latency_data_LLM.csv and latency_data_decoder.csv of the
+# aws-neuron-sdk repository; transformers-neuronx, trn1.32xlarge, TP 32, batch 1). They give
+# "latency per token" counting input and output tokens: one request's time over its tokens.
+_UNSEEN_SOURCE = "Neuron docs, trn1 inference performance data files (transformers-neuronx)"
+
+
+@dataclass(frozen=True)
+class TokenLatencyMeasurement:
+    model: str
+    input_tokens: int
+    output_tokens: int
+    ms_per_token: float  # the request's time over its input plus output tokens
+    sdk: str
+    source: str = _UNSEEN_SOURCE
+
+
+UNSEEN_SERVING: tuple[TokenLatencyMeasurement, ...] = (
+    TokenLatencyMeasurement("llama2-13b", 64, 192, 6.6, "2.14"),
+    TokenLatencyMeasurement("llama2-13b", 1024, 1024, 4.3, "2.16"),
+    TokenLatencyMeasurement("llama2-13b", 128, 3968, 8.5, "2.16"),
+    TokenLatencyMeasurement("llama2-13b", 3968, 128, 0.36, "2.16"),
+    # Five to six times the SDK 2.18 Llama 2 70B figures above on the same instance and TP:
+    # shown with their error, not used to judge the model (docs/calibration.md).
+    TokenLatencyMeasurement("llama2-70b", 256, 256, 74.6, "2.16"),
+    TokenLatencyMeasurement("llama2-70b", 256, 2048, 133.3, "2.16"),
+)
+
+
+def predict_token_latency(hardware: HardwareSpec | None = None) -> list[float]:
+    """Model seconds per token (prefill plus decode of one request, over its input plus
+    output tokens) of every unseen row on one trn1.32xlarge at TP 32."""
+    hardware = hardware or catalog_entry("trn1")
+    topology = build_topology(hardware, 1)
+    out = []
+    for m in UNSEEN_SERVING:
+        model = TransformerShape(**model_preset_values(m.model))
+        cost = DecodeCost(IterationModel(ReplicaShape(model, "bf16", 32, 1), topology))
+        ttft = cost.target.iteration_s([(m.input_tokens, 0)], 0, 0.0, 1)
+        decode = cost.run_s(1, m.input_tokens + 1, m.output_tokens - 1)
+        out.append((ttft + decode) / (m.input_tokens + m.output_tokens))
     return out
