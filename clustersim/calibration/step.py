@@ -94,6 +94,10 @@ _KORTHIKANTI_ROWS = (
 # 4,096): model, trn1.32xlarge instances, tp, pp, dp, sequences/s.
 _TRN1_216 = ("Neuron docs, Trn1 training performance data (training_data_decoder.csv), "
              "SDK 2.16, NeuronX Distributed")
+# The same page's data file at SDK 2.24 (about-neuron/benchmarks/trn1/training_data_decoder.csv):
+# Llama 3.1 70B on 32 trn1.32xlarge, TP 32, PP 8, DP 4, sequence 8,192, 7.94 sequences/s.
+_TRN1_224 = ("Neuron docs, Trn1 training performance data (training_data_decoder.csv), "
+             "SDK 2.24, NeuronX Distributed")
 _TRN1_UNSEEN_ROWS = (
     ("llama2-7b", 16, 8, 1, 64, 93.3),
     ("llama2-13b", 32, 8, 4, 32, 85.65),
@@ -131,6 +135,12 @@ STEP_MEASUREMENTS: tuple[StepMeasurement, ...] = (
                     "selective", "flash", measured, "sequences_per_s", _TRN1_216,
                     visible=False, micro_batch=1, notes=_NXD)
     for model, instances, tp, pp, dp, measured in _TRN1_UNSEEN_ROWS
+) + (
+    StepMeasurement("llama3.1-70b trn1 x32 (SDK 2.24)", "trainium", "trn1", 32, "llama3.1-70b",
+                    8192, 1024, {"tp": 32, "pp": 8, "dp": 4, "zero": 1,
+                                 "sequence_parallel": True},
+                    "selective", "flash", 7.94, "sequences_per_s", _TRN1_224, visible=False,
+                    micro_batch=1, notes=_NXD + "; pipeline 1F1B, no interleave"),
 ) + tuple(
     StepMeasurement(f"megatron-{name} a100 x{gpus}", "gpu", _DGX_A100, gpus // 8, model, 2048,
                     batch, {"tp": tp, "pp": pp, "dp": dp}, "full", "unfused", tflops / 312,
