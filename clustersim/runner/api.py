@@ -356,7 +356,8 @@ SERVING_STREAM = 16
 
 
 def run_serving(scenario: Scenario, seed: int, trace_dir: Path | None = None,
-                outages: Sequence[tuple[float, int]] | None = None) -> ServingResult:
+                outages: Sequence[tuple[float, int, int, float]] | None = None
+                ) -> ServingResult:
     """Simulate the scenario's deployments; with `trace_dir`, write `requests.parquet` and
     `replicas.parquet` there (the first replication's seed; serving is not replicated).
     `outages`: the timeline's hardware failures of serving instances (else drawn apart)."""
