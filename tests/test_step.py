@@ -11,6 +11,7 @@ from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.topology import build_topology
 from clustersim.runner.api import step_profiles, topology_for
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+from clustersim.training.ranks import rank_group
 from clustersim.training.schedule import peak_in_flight, pipeline_order
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, model_preset_values
@@ -241,6 +242,37 @@ def test_profiles_are_cached_by_job_and_placement_shape():
     assert again.name == "b"
 
 
+@pytest.mark.parametrize("hardware, instances, dp, zero", [("trn2", 1, 8, 1), ("p5en", 4, 4, 0)])
+def test_public_chunk_and_data_parallel_times_are_what_the_step_adds_up(hardware, instances,
+                                                                         dp, zero):
+    """One stage (what the planner's quick bound reads): the step's compute and exposed TP
+    time are its micro-batches' `chunk_times`, and its exposed DP time is the ZeRO-1 gather
+    plus what of the reduction outlasts the last backward pass (`data_parallel_times`):
+    the gather on Trn2, the reduction over EFA behind a short GPU backward pass on P5en."""
+    s = scenario("llama2-7b", hardware=hardware, instances=instances, global_batch=4 * dp,
+                 parallelism={"tp": 8, "pp": 1, "dp": dp, "zero": zero})
+    job = s.jobs[0]
+    model = StepModel(topology_for(s))
+    profile = model.profile(job)
+    chunk = model.chunk_times(job, True, True)
+    mb = profile.microbatches
+    assert profile.compute_s == pytest.approx(
+        mb * (chunk.forward_compute_s + chunk.backward_compute_s), rel=1e-9)
+    assert profile.exposed_comm_s["tp"] == pytest.approx(
+        mb * (chunk.forward_tp_s + chunk.backward_tp_s), rel=1e-9)
+    assert chunk.forward_ep_s == chunk.backward_ep_s == 0.0
+    assert chunk.forward_and_backward_s == pytest.approx(
+        (chunk.forward_compute_s + chunk.forward_tp_s + chunk.backward_compute_s
+         + chunk.backward_tp_s), rel=1e-12)
+    times = model.data_parallel_times(job)
+    assert set(times) == {0} and times[0].reduce_s > 0
+    assert (times[0].gather_s > 0) == (zero == 1)
+    exposed_reduce = max(0.0, times[0].reduce_s - chunk.backward_compute_s - chunk.backward_tp_s)
+    assert profile.exposed_comm_s["dp"] == pytest.approx(exposed_reduce + times[0].gather_s,
+                                                         rel=1e-9)
+    assert profile.exposed_comm_s["dp"] > 0
+
+
 def test_energy_and_cost_use_the_catalog():
     s = scenario("llama2-7b", instances=1)
     profile = step_profiles(s)["train"]
@@ -352,7 +384,7 @@ def test_expert_all_to_alls_are_costed_on_their_group():
     job = s.jobs[0]
     model = StepModel(topology_for(s))
     profile = model.profile(job)
-    group, sharing = model._group(np.arange(0, 8 * 8, 8), np.arange(8))
+    group, sharing = rank_group(model.hardware, np.arange(0, 8 * 8, 8), np.arange(8))
     routed = 4096 * job.model.hidden * 2 * job.model.top_k / job.parallelism.tp
     one = model.collectives.cost("all-to-all", group, routed * sharing).time_s
     assert len(set(group.chips.tolist())) == 8 and sharing == 4
@@ -388,7 +420,7 @@ def test_expert_gradients_are_reduced_over_the_ranks_sharing_the_experts():
         return real(op, group, size, **kwargs)
 
     model.collectives.cost = spy
-    model._data_parallel_times(job, np.arange(8), 4, 2)
+    model.reduction.per_pipeline_rank(job, np.arange(8), 4, 2)
     reduced = {(ranks, size) for op, ranks, size in seen if op == "reduce-scatter"}
     experts = expert_params_per_rank(job)
     dense = params_per_rank(job, True, True) - experts

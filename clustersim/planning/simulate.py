@@ -20,12 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec, build_topology
 from clustersim.training.step import StepModel
-from clustersim.training.workload import TrainingJob, stage_work, weight_bytes_per_param
+from clustersim.training.workload import TrainingJob, stage_work
 
 __all__ = ["GroupKey", "step_model", "op_model", "step_lower_bound", "quick_bound",
            "simulate_task"]
@@ -66,8 +64,8 @@ def _chunk_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool
     """(forward, backward) compute of one layer's chunk plus the first / last extras."""
     work = stage_work(job, 1, first, last)
     precision = job.precision
-    return (sum(model._op_time(op, precision) for op in work.forward),
-            sum(model._op_time(op, precision) for op in work.backward))
+    return (sum(model.op_time(op, precision) for op in work.forward),
+            sum(model.op_time(op, precision) for op in work.backward))
 
 
 def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = None) -> float:
@@ -105,38 +103,26 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
 def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
     """A tighter lower bound on the group's own step model: each pipeline rank's chunks with
     their tensor- (and expert-) parallel collectives, plus the ZeRO-1 parameter gather that
-    follows the last backward pass, as the step model costs them (its chunk and data-parallel
-    times, without the simpy pipeline). Falls back to `fallback` if the model's internals
-    are not as expected."""
+    follows the last backward pass, as the step model costs them (`StepModel.chunk_times`
+    and `StepModel.data_parallel_times`, on the job's first instances, without the simpy
+    pipeline). Falls back to `fallback` if the step model cannot cost the job."""
     try:
         par = job.parallelism
-        hw = model.hardware
-        placed = np.arange(math.ceil(par.ranks / hw.ranks_per_instance))
-        ranks = np.arange(par.ranks)
-        tp_group = model._group(ranks[: par.tp], placed)[0] if par.tp > 1 else None
-        ep_group = None
-        if job.model.moe and par.ep > 1:
-            stride = par.tp * par.pp
-            ep_group = model._group(ranks[: par.ep * stride: stride], placed)
-        stages = par.pp * par.interleave
-        layers = job.model.layers // stages
 
         def chunk(first: bool, last: bool) -> float:
-            t = model._chunk_times(job, layers, first, last, tp_group, ep_group)
-            return (t.forward_compute + t.forward_tp + t.forward_ep + t.backward_compute
-                    + t.backward_tp + t.backward_ep)
+            return model.chunk_times(job, first, last).forward_and_backward_s
 
-        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision)
-        dp = model._data_parallel_times(job, placed, g_bytes, w_bytes)
+        gather_s = {d: times.gather_s for d, times in model.data_parallel_times(job).items()}
+        stages = par.pp * par.interleave
         microbatches = job.global_batch // (job.micro_batch * par.dp)
         if stages == 1:
-            return max(fallback, microbatches * chunk(True, True) + dp[0][1])
+            return max(fallback, microbatches * chunk(True, True) + gather_s[0])
         mid = chunk(False, False)
         first_rank = microbatches * (chunk(True, False) + (par.interleave - 1) * mid)
         last_rank = microbatches * (chunk(False, True) + (par.interleave - 1) * mid)
-        bound = max(first_rank + dp[0][1], last_rank + dp[par.pp - 1][1])
+        bound = max(first_rank + gather_s[0], last_rank + gather_s[par.pp - 1])
         if par.pp > 2:
-            bound = max(bound, microbatches * par.interleave * mid + dp[1][1])
+            bound = max(bound, microbatches * par.interleave * mid + gather_s[1])
         return max(fallback, bound)
     except (AttributeError, TypeError, KeyError, ValueError):
         return fallback

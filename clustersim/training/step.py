@@ -1,33 +1,23 @@
 """One training step of a job on placed chips, simulated with simpy, one process per
 pipeline stage (never per chip).
 
-Placement follows Neuron and Megatron: rank r = tp_rank + tp x (pp_rank + pp x dp_rank);
-ranks fill a chip's cores, chips an instance, in order, so tensor parallelism is innermost
-(on the torus or switch), then pipeline stages, then data parallelism across instances.
-Every collective therefore runs on a real group of the graph:
+Ranks are placed as Neuron and Megatron place them (`ranks`: tensor parallelism innermost,
+then pipeline stages, then data parallelism across instances), so every collective runs on a
+real group of the graph:
 
 - tensor-parallel collectives inside each layer (all-reduce, or all-gather and
-  reduce-scatter with sequence parallelism), on the critical path;
+  reduce-scatter with sequence parallelism), on the critical path, timed with each chunk's
+  compute (`chunk`: the per-operation roofline and its three fitted constants);
 - send/receive of activations and gradients between neighbouring stages (each TP rank sends
   its shard);
 - the data-parallel gradient reduction (all-reduce, or reduce-scatter then parameter
-  all-gather with ZeRO-1), started with the last backward pass as bucketed frameworks do,
-  shared by the data-parallel groups that run at once on the same links;
+  all-gather with ZeRO-1; `reduction`), started with the last backward pass as bucketed
+  frameworks do, shared by the data-parallel groups that run at once on the same links;
 - the optimizer step, memory-bound.
 
-Compute time per operation is a roofline whose achievable fraction depends on the shape
-(`_op_time`): a matrix multiply reaches the chip's peak x `matmul` (the fraction large GEMMs
-reach) x its tile quantisation (rows and columns padded to the `tile`, the contraction to
-`k_tile`: the 128 x 128 systolic array of a NeuronCore, a thread-block tile on a GPU) x its
-wave quantisation (output tiles spread over `wave_units`, a GPU's SMs: a last wave that is
-partly empty costs a whole one), or is bound by HBM traffic; vector work runs at HBM
-bandwidth x `vector`; each forward or backward pass of a micro-batch through a stage adds a
-fixed `pass_overhead` (launching the stage's compiled graph or kernels and synchronising its
-transfers: per pass, so it weighs on many small micro-batches and deep pipelines). `matmul`,
-`vector` and `pass_overhead` are the three fitted constants of a chip family; the rest are
-physical
-(NVIDIA's "Matrix Multiplication Background" guide describes tile and wave quantisation).
-Small or tensor-parallel-sliced matrices therefore reach a lower fraction of peak.
+The chunk times and the data-parallel times are public (`StepModel.chunk_times`,
+`StepModel.data_parallel_times`) so the planner bounds a step from below with the same
+costs, without the simpy pipeline.
 
 The step time carries an error band (`step_time_s_band`): the largest under- and
 over-prediction of the chip family's published rows, those it was fitted to and those it was
@@ -37,15 +27,17 @@ not (`efficiency.step_error_band`), applied to the step time.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import simpy
 
-from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
+from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.topology import Topology
+from clustersim.training.chunk import ChunkModel, ChunkTimes, matmul_quantisation
+from clustersim.training.pipeline import run_pipeline
+from clustersim.training.ranks import rank_chips, rank_group
+from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import peak_in_flight, pipeline_order
 from clustersim.training.workload import (
     BYTES_PER_ELEMENT,
@@ -54,16 +46,14 @@ from clustersim.training.workload import (
     Op,
     TrainingJob,
     attention_of,
-    expert_params_per_rank,
     hardware_flops_per_step,
     memory_per_rank,
     model_flops_per_step,
     optimizer_params_per_rank,
-    params_per_rank,
-    stage_work,
     weight_bytes_per_param,
 )
 
+# matmul_quantisation lives in `chunk`; it stays importable from here.
 __all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation"]
 
 
@@ -153,16 +143,6 @@ class StepProfile:
         }
 
 
-@dataclass(frozen=True)
-class _ChunkTimes:
-    forward_compute: float
-    forward_tp: float
-    backward_compute: float
-    backward_tp: float
-    forward_ep: float = 0.0  # expert-parallel all-to-alls (mixture of experts)
-    backward_ep: float = 0.0
-
-
 class StepModel:
     """Step profiles of jobs on a topology, cached by (job, placement shape)."""
 
@@ -170,8 +150,9 @@ class StepModel:
         self.topology = topology
         self.hardware = topology.hardware
         self.collectives = collectives or CollectiveModel(topology)
+        self.chunks = ChunkModel(self.hardware, self.collectives)
+        self.reduction = GradientReduction(self.hardware, self.collectives)
         self._cache: dict[tuple, StepProfile] = {}
-        self._chunk_cache: dict[tuple, _ChunkTimes] = {}
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
@@ -179,12 +160,7 @@ class StepModel:
         """Simulate one step of `job` on its instances: `instances` (in rank order), or those
         from `first_instance` on. Cached by the placement's shape, so the profile is computed
         on a canonical placement of that shape."""
-        hw = self.hardware
-        count = math.ceil(job.parallelism.ranks / hw.ranks_per_instance)
-        placed = (np.arange(first_instance, first_instance + count) if instances is None
-                  else np.asarray(instances, dtype=np.int64))
-        if len(placed) != count:
-            raise ValueError(f"the job needs {count} instances, {len(placed)} given")
+        placed = self._placement(job, first_instance, instances)
         key, canonical = self._shape(job, placed)
         cached = self._cache.get(key)
         if cached is None:
@@ -206,7 +182,43 @@ class StepModel:
                                attention=self.attention(job),
                                gradients=chip.framework.gradients)
 
+    def op_time(self, op: Op, precision: str) -> float:
+        """Roofline time of one operation of one rank (the serving model times its ops here)."""
+        return self.chunks.op_time_s(op, precision)
+
+    def chunk_times(self, job: TrainingJob, first: bool, last: bool,
+                    placed: np.ndarray | None = None) -> ChunkTimes:
+        """One micro-batch through one chunk of the job's layers (layers / (pp x
+        interleave), plus the embedding if `first`, the output layer and loss if `last`):
+        compute and exposed TP and EP collectives, on rank 0's groups when the job runs on the
+        instances `placed` (default: from instance 0). The step simulates these chunks."""
+        placed = self._placement(job) if placed is None else placed
+        stages = job.parallelism.pp * job.parallelism.interleave
+        tp_group, ep_group = self._parallel_groups(job, placed)
+        return self.chunks.times(job, job.model.layers // stages, first, last, tp_group,
+                                 ep_group)
+
+    def data_parallel_times(self, job: TrainingJob, placed: np.ndarray | None = None
+                            ) -> dict[int, DataParallelTimes]:
+        """(gradient reduction, ZeRO-1 parameter gather) per pipeline rank when the job
+        runs on the instances `placed` (default: from instance 0), with the gradients in the
+        framework's precision, as the step costs them."""
+        placed = self._placement(job) if placed is None else placed
+        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
+                                                     self.hardware.chip.framework.gradients)
+        return self.reduction.per_pipeline_rank(job, placed, g_bytes, w_bytes)
+
     # ------------------------------------------------------------------ placement
+    def _placement(self, job: TrainingJob, first_instance: int = 0, instances: Any = None
+                   ) -> np.ndarray:
+        """The job's instances in rank order: `instances`, or those from `first_instance`."""
+        count = math.ceil(job.parallelism.ranks / self.hardware.ranks_per_instance)
+        placed = (np.arange(first_instance, first_instance + count) if instances is None
+                  else np.asarray(instances, dtype=np.int64))
+        if len(placed) != count:
+            raise ValueError(f"the job needs {count} instances, {len(placed)} given")
+        return placed
+
     def _shape(self, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
         """The placement's shape (instances per leaf, in order, and per UltraServer) and a
         canonical placement of that shape: each leaf's share from the start of a leaf."""
@@ -235,82 +247,20 @@ class StepModel:
         par = job.parallelism
         return job.global_batch // (job.micro_batch * par.dp)
 
-    def _rank_chips(self, ranks: np.ndarray, placed: np.ndarray) -> np.ndarray:
-        """Chip of each rank: ranks fill a chip's cores, chips an instance, instances in order."""
-        hw = self.hardware
-        k = hw.chip.ranks
-        rpi = hw.ranks_per_instance
-        return placed[ranks // rpi] * hw.chips_per_instance + (ranks % rpi) // k
-
-    def _group(self, ranks: np.ndarray, placed: np.ndarray) -> tuple[Group, int]:
-        """The group of these ranks, and how many such groups share each of its chips."""
-        chips = self._rank_chips(ranks, placed)
-        group = Group.from_rank_chips(chips.tolist())
-        return group, max(1, self.hardware.chip.ranks // group.ranks_per_chip)
-
-    # ------------------------------------------------------------------ compute
-    def op_time(self, op: Op, precision: str) -> float:
-        """Roofline time of one operation of one rank (the serving model times its ops here)."""
-        return self._op_time(op, precision)
-
-    def _op_time(self, op: Op, precision: str) -> float:
-        """Time of one operation on one rank (see the module docstring)."""
-        hw = self.hardware
-        ranks = hw.chip.ranks
-        eff = hw.chip.efficiency
-        hbm = hw.chip.hbm_bandwidth_bytes_per_s / ranks * eff.vector
-        memory_time = op.bytes / hbm
-        if op.kind == "vector":
-            return memory_time
-        peak = hw.chip.peak_flops(precision) / ranks
-        return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
-
-    def _chunk_times(self, job: TrainingJob, layers: int, first: bool, last: bool,
-                     tp_group: Group | None, ep_group: tuple[Group, int] | None = None
-                     ) -> _ChunkTimes:
-        shape = None
-        if tp_group is not None:  # the TP group's shape: chips relative to its instance
-            cpi = self.hardware.chips_per_instance
-            base = int(tp_group.chips[0]) - int(tp_group.chips[0]) % cpi
-            shape = (tuple((tp_group.chips - base).tolist()), tp_group.ranks_per_chip,
-                     (base // cpi) % self.hardware.instances_per_ultraserver)
-        ep_shape = None if ep_group is None else (tuple(ep_group[0].chips.tolist()),
-                                                  ep_group[0].ranks_per_chip, ep_group[1])
-        attention = self.attention(job)
-        key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
-               job.recompute, attention, layers, first, last, shape, ep_shape)
-        cached = self._chunk_cache.get(key)
-        if cached is not None:
-            return cached
-        work = stage_work(job, layers, first, last, attention)
-        overhead = self.hardware.chip.efficiency.pass_overhead_s
-        fwd = overhead + sum(self._op_time(op, job.precision) for op in work.forward)
-        bwd = overhead + sum(self._op_time(op, job.precision) for op in work.backward)
-
-        def comm(collectives: tuple[tuple[str, float], ...], group: Group | None,
-                 sharing: int = 1) -> float:
-            if group is None:
-                return 0.0
-            counts = Counter(collectives)  # the same collective, layer after layer
-            return sum(self.collectives.cost(op, group, size * sharing).time_s * n
-                       for (op, size), n in counts.items())
-
-        # The expert groups of a chip's other ranks exchange at the same time through the
-        # same links: their bytes are counted together.
-        expert_group, sharing = ep_group if ep_group is not None else (None, 1)
-        tp_backward = comm(work.tp_collectives_backward, tp_group)
-        if self.hardware.chip.framework.tp_overlap and tp_group is not None:
-            # Hidden behind the weight-gradient GEMMs of the linear layers (Korthikanti et
-            # al. 2022, section 6.2): as much as those take.
-            wgrad = sum(self._op_time(op, job.precision) for op in work.backward
-                        if op.name in _TP_WGRADS)
-            tp_backward -= min(comm(work.tp_collectives_overlappable, tp_group), wgrad)
-        cached = _ChunkTimes(fwd, comm(work.tp_collectives_forward, tp_group), bwd,
-                             tp_backward,
-                             comm(work.ep_collectives_forward, expert_group, sharing),
-                             comm(work.ep_collectives_backward, expert_group, sharing))
-        self._chunk_cache[key] = cached
-        return cached
+    def _parallel_groups(self, job: TrainingJob, placed: np.ndarray
+                         ) -> tuple[Group | None, tuple[Group, int] | None]:
+        """Rank 0's tensor-parallel group and its expert-parallel group (dp ranks 0 .. ep-1)
+        with how many such groups share each chip; None where the job has no such group."""
+        par = job.parallelism
+        all_ranks = np.arange(par.ranks)
+        tp_group = None
+        if par.tp > 1:
+            tp_group, _ = rank_group(self.hardware, all_ranks[: par.tp], placed)
+        ep_group = None
+        if job.model.moe and par.ep > 1:
+            stride = par.tp * par.pp
+            ep_group = rank_group(self.hardware, all_ranks[: par.ep * stride: stride], placed)
+        return tp_group, ep_group
 
     # ------------------------------------------------------------------ simulation
     def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
@@ -328,22 +278,15 @@ class StepModel:
             )
         stages = par.pp * par.interleave
         layers_per_chunk = model.layers // stages
-        all_ranks = np.arange(par.ranks)
-        tp_group = None
-        if par.tp > 1:
-            tp_group, _ = self._group(all_ranks[: par.tp], placed)
-        ep_group = None
-        if model.moe and par.ep > 1:  # rank 0's expert group: dp ranks 0 .. ep-1
-            stride = par.tp * par.pp
-            ep_group = self._group(all_ranks[: par.ep * stride: stride], placed)
+        tp_group, ep_group = self._parallel_groups(job, placed)
 
         # Per global chunk g (0 .. stages-1): forward and backward durations.
         kinds = {}
         for g in (0, stages - 1, 1 if stages > 2 else 0):
-            kinds[g] = self._chunk_times(job, layers_per_chunk, g == 0, g == stages - 1, tp_group,
-                                         ep_group)
+            kinds[g] = self.chunks.times(job, layers_per_chunk, g == 0, g == stages - 1,
+                                         tp_group, ep_group)
 
-        def times(g: int) -> _ChunkTimes:
+        def times(g: int) -> ChunkTimes:
             return kinds[g] if g in kinds else kinds[1 if stages > 2 else 0]
 
         # Send/receive between stages: each TP rank sends its shard of the activations.
@@ -352,87 +295,37 @@ class StepModel:
         p2p = [0.0] * par.pp  # transfer from pipeline rank d to d+1 (mod pp)
         if par.pp > 1:
             for d in range(par.pp):
-                src = self._rank_chips(np.array([d * par.tp]), placed)[0]
-                dst = self._rank_chips(np.array([((d + 1) % par.pp) * par.tp]), placed)[0]
+                src = rank_chips(hw, np.array([d * par.tp]), placed)[0]
+                dst = rank_chips(hw, np.array([((d + 1) % par.pp) * par.tp]), placed)[0]
                 shards = min(par.tp, hw.chip.ranks)
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
 
         orders = pipeline_order(par.pp, microbatches, par.interleave)
-        env = simpy.Environment()
-        done: dict[tuple[str, int, int], simpy.Event] = {}
-        finished_at: dict[tuple[str, int, int], float] = {}
-        ledger = {d: {"compute": 0.0, "tp": 0.0, "ep": 0.0, "pp": 0.0, "idle": 0.0, "end": 0.0,
-                      "last_backward": 0.0, "last_backward_start": 0.0} for d in range(par.pp)}
-
-        def event(key: tuple[str, int, int]) -> simpy.Event:
-            if key not in done:
-                done[key] = env.event()
-            return done[key]
-
-        def stage(d: int):
-            for kind, chunk, mb in orders[d]:
-                g = chunk * par.pp + d
-                ready_from: tuple[str, int, int] | None = None
-                transfer = 0.0
-                if kind == "F" and g > 0:
-                    ready_from = ("F", g - 1, mb)
-                    transfer = p2p[(d - 1) % par.pp]
-                elif kind == "B" and g < stages - 1:
-                    ready_from = ("B", g + 1, mb)
-                    transfer = p2p[d]  # gradients flow back over the same pair of chips
-                waited_from = env.now
-                if ready_from is not None:
-                    yield event(ready_from)
-                    arrival = finished_at[ready_from] + transfer
-                    if arrival > env.now:
-                        in_transfer = arrival - max(finished_at[ready_from], waited_from)
-                        ledger[d]["pp"] += max(0.0, in_transfer)
-                        yield env.timeout(arrival - env.now)
-                ledger[d]["idle"] += env.now - waited_from
-                t = times(g)
-                compute = t.forward_compute if kind == "F" else t.backward_compute
-                tp = t.forward_tp if kind == "F" else t.backward_tp
-                ep = t.forward_ep if kind == "F" else t.backward_ep
-                start = env.now
-                yield env.timeout(compute + tp + ep)
-                ledger[d]["compute"] += compute
-                ledger[d]["tp"] += tp
-                ledger[d]["ep"] += ep
-                key = (kind, g, mb)
-                finished_at[key] = env.now
-                event(key).succeed()
-                if kind == "B":
-                    ledger[d]["last_backward_start"] = start
-                    ledger[d]["last_backward"] = env.now
-            ledger[d]["end"] = env.now
-
-        for d in range(par.pp):
-            env.process(stage(d))
-        env.run()
+        ledgers = run_pipeline(orders, stages, times, p2p)
 
         # Data-parallel reduction and optimizer, per pipeline rank.
-        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision, hw.chip.framework.gradients)
-        dp_times = self._data_parallel_times(job, placed, g_bytes, w_bytes)
+        dp_times = self.data_parallel_times(job, placed)
         optimizer = {}
+        exposed_dp = {}
         hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
         ends = {}
         for d in range(par.pp):
             shard = optimizer_params_per_rank(job, d == 0, d == par.pp - 1)
             optimizer[d] = shard * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
             reduce_time, gather_time = dp_times[d]
-            led = ledger[d]
+            led = ledgers[d]
             # The reduction starts with the last backward pass (bucketed overlap).
-            reduce_end = max(led["end"], led["last_backward_start"] + reduce_time)
-            led["dp"] = reduce_end - led["end"] + gather_time
-            ends[d] = led["end"] + led["dp"] + optimizer[d]
+            reduce_end = max(led.end_s, led.last_backward_start_s + reduce_time)
+            exposed_dp[d] = reduce_end - led.end_s + gather_time
+            ends[d] = led.end_s + exposed_dp[d] + optimizer[d]
         critical = max(ends, key=lambda d: ends[d])
-        led = ledger[critical]
+        led = ledgers[critical]
         step_time = ends[critical]
-        bubble = led["idle"] - led["pp"]
-        exposed = {"tp": led["tp"], "pp": led["pp"], "dp": led["dp"]}
+        bubble = led.idle_s - led.pp_s
+        exposed = {"tp": led.tp_s, "pp": led.pp_s, "dp": exposed_dp[critical]}
         if model.moe and par.ep > 1:
-            exposed["ep"] = led["ep"]
+            exposed["ep"] = led.ep_s
 
         memory = self.memory(job)
         tokens = job.global_batch * job.sequence_length
@@ -450,7 +343,7 @@ class StepModel:
                 f"{hw.chip.hbm_bytes / 2**30:.0f} GiB available"
             )
         return StepProfile(
-            name=name, step_time_s=step_time, compute_s=led["compute"], exposed_comm_s=exposed,
+            name=name, step_time_s=step_time, compute_s=led.compute_s, exposed_comm_s=exposed,
             bubble_s=max(0.0, bubble), optimizer_s=optimizer[critical],
             tokens_per_step=tokens, sequences_per_step=job.global_batch,
             model_flops=model_flops_per_step(job), hardware_flops=hardware_flops_per_step(job),
@@ -460,104 +353,6 @@ class StepModel:
             error_band=tuple(hw.chip.efficiency.step_error_band),
         )
 
-    def _data_parallel_times(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
-                             weight_bytes: int) -> dict[int, tuple[float, float]]:
-        """(gradient reduction, parameter gather) per pipeline rank.
-
-        A stage has one data-parallel group per TP rank. Groups on the same chips run as one
-        collective carrying all their gradients; groups on different chips of the same
-        instances share the instance's links max-min fairly (`simultaneous`) when they have
-        several chips per instance (one chip per instance each means their own NICs and Z
-        links: nothing shared). A mixture of experts reduces its expert weights afterwards,
-        over the dp / ep ranks that hold the same experts.
-        """
-        par = job.parallelism
-        stride = par.tp * par.pp
-        experts = expert_params_per_rank(job)
-        out = {}
-        for d in range(par.pp):
-            dense = params_per_rank(job, d == 0, d == par.pp - 1) - experts
-            dp_ranks = [d * par.tp + t + stride * np.arange(par.dp) for t in range(par.tp)]
-            reduce_s, gather_s = self._reduction(par.zero, dp_ranks, dense, grad_bytes,
-                                                 weight_bytes, placed)
-            if experts and par.dp > par.ep:
-                replicas = np.arange(0, par.dp, par.ep)  # dp ranks holding the same experts
-                expert_ranks = [d * par.tp + t + stride * (r + replicas)
-                                for t in range(par.tp) for r in range(par.ep)]
-                more = self._reduction(par.zero, expert_ranks, experts, grad_bytes,
-                                       weight_bytes, placed)
-                reduce_s, gather_s = reduce_s + more[0], gather_s + more[1]
-            out[d] = (reduce_s, gather_s)
-        return out
-
-    def _reduction(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
-                   weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:
-        """(reduction, gather) of `params` per rank over these groups of ranks at once."""
-        if len(groups[0]) == 1:
-            return 0.0, 0.0
-        by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
-        for ranks in groups:
-            key = self._rank_chips(ranks, placed).tobytes()
-            first, count = by_chips.get(key, (ranks, 0))
-            by_chips[key] = (first, count + 1)
-        first_chips = self._rank_chips(groups[0], placed)
-        if len(np.unique(first_chips // self.hardware.chips_per_instance)) == len(first_chips):
-            # Each group has its own chip per instance (own NIC, own Z links): the groups
-            # are translations of one another and share nothing; one stands for all.
-            first_key = next(iter(by_chips))
-            by_chips = {first_key: by_chips[first_key]}
-        reduces, gathers = [], []
-        for ranks, together in by_chips.values():
-            group = Group.from_rank_chips(self._rank_chips(ranks, placed).tolist())
-            grads = params * grad_bytes * together
-            if zero == 1:
-                reduces.append(self.collectives.cost("reduce-scatter", group, grads))
-                gathers.append(self.collectives.cost(
-                    "all-gather", group, params * weight_bytes * together))
-            else:
-                reduces.append(self.collectives.cost("all-reduce", group, grads))
-        chips = reduces[0].group.chips
-        instances = len(np.unique(chips // self.hardware.chips_per_instance))
-        shared = len(chips) > instances  # several chips of one group in an instance
-        return (_slowest(self.collectives, reduces, shared),
-                _slowest(self.collectives, gathers, shared))
-
-
-_TP_WGRADS = ("qkv_wgrad", "projection_wgrad", "mlp_in_wgrad", "mlp_out_wgrad")
-
-
-def matmul_quantisation(op: Op, eff: Any) -> float:
-    """Fraction of the array's work that is useful for this shape: rows and columns padded
-    to the tile and the contraction to k_tile (tile quantisation), and the output tiles of
-    all `count` products spread over `wave_units` in whole waves (wave quantisation; when
-    they are fewer than the units, split along the contraction)."""
-    def padded(size: int, step: int) -> int:
-        return math.ceil(size / step) * step
-
-    if not (op.m and op.n and op.k):
-        return 1.0
-    tiles = padded(op.m, eff.tile) * padded(op.n, eff.tile) * padded(op.k, eff.k_tile)
-    quantisation = op.m * op.n * op.k / tiles
-    if eff.wave_units > 1:
-        blocks = math.ceil(op.m / eff.tile) * math.ceil(op.n / eff.tile) * op.count
-        if blocks < eff.wave_units:
-            # Too few output tiles to fill the units: the contraction is split between them
-            # (split-K / stream-K in cuBLAS and CUTLASS), in chunks of at least 4 k-steps.
-            blocks *= max(1, min(eff.wave_units // blocks, math.ceil(op.k / (4 * eff.k_tile))))
-        quantisation *= blocks / (math.ceil(blocks / eff.wave_units) * eff.wave_units)
-    return quantisation
-
-
-def _slowest(model: CollectiveModel, costs: list[CollectiveCost], shared: bool) -> float:
-    """Time until the last of collectives running at once is done."""
-    if not costs:
-        return 0.0
-    if len(costs) == 1 or not shared:
-        return max(c.time_s for c in costs)
-    return max(c.time_s for c in simultaneous(model, costs))
-
 
 def _renamed(profile: StepProfile, name: str) -> StepProfile:
-    from dataclasses import replace
-
     return replace(profile, name=name)
