@@ -43,6 +43,8 @@ class Scheduler:
         self._again = False
         self.fragmentation_s = 0.0  # time integral of fragmentation
         self._last = (0.0, 0.0)
+        # Instances per leaf: fixed, counted once (record_state runs after every pass).
+        self._leaf_size = np.bincount(timeline.instance_leaf, minlength=timeline.n_leaves)
 
     def submit(self, run: JobRun) -> None:
         self.queue.append(run)
@@ -135,8 +137,7 @@ class Scheduler:
         whole = 0
         if count:
             per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
-            size = np.bincount(self.t.instance_leaf, minlength=self.t.n_leaves)
-            whole = int(per_leaf[per_leaf == size].sum())
+            whole = int(per_leaf[per_leaf == self._leaf_size].sum())
         fragmentation = 1.0 - whole / count if count else 0.0
         last_time, last_value = self._last
         self.fragmentation_s += (now - last_time) * last_value

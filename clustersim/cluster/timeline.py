@@ -113,6 +113,7 @@ class Timeline:
         if st.fraction > 0 and st.slowdown > 1:
             chosen = self.rng_stragglers.random(self.n_instances) < st.fraction
             self.slow[chosen] = st.slowdown
+        self._any_slow = bool((self.slow != 1.0).any())  # fixed from here on
         self.transient_until = np.zeros(self.n_instances)
         self.taken_at = np.zeros(self.n_instances)  # when each instance was last allocated
         # Bookkeeping.
@@ -152,7 +153,8 @@ class Timeline:
         if not held.any():
             return 1.0
         idx = held
-        persistent = float(self.slow[idx].max())
+        # (the slowest of all ones is 1.0: no need to gather them at every event)
+        persistent = float(self.slow[idx].max()) if self._any_slow else 1.0
         transient = self.scenario.stragglers.transient
         if transient is not None and np.any(self.transient_until[idx] > self.env.now):
             return max(persistent, transient.slowdown)

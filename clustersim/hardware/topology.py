@@ -26,8 +26,11 @@ over the two ``efa`` edges of a path; switch-to-switch hops add none.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,10 +196,82 @@ class Topology(Routing, Rings):
         }
 
 
+class _Filler:
+    """Adds nodes and edges to a fresh graph as `add_nodes_from` / `add_edges_from` do (same
+    dicts, same insertion order, so the same graph), writing networkx's adjacency dicts
+    directly: a million edges through the generic methods cost seconds. Falls back to those
+    methods for a graph class with other storage."""
+
+    def __init__(self, graph: nx.Graph):
+        self.graph = graph
+        self.direct = (type(graph) is nx.Graph and graph.node_attr_dict_factory is dict
+                       and graph.adjlist_inner_dict_factory is dict
+                       and graph.edge_attr_dict_factory is dict
+                       and isinstance(getattr(graph, "_adj", None), dict)
+                       and isinstance(getattr(graph, "_node", None), dict))
+
+    def nodes(self, rows: Iterable[tuple[int, dict]]) -> None:
+        """New nodes with their attribute dicts (each node added once)."""
+        if not self.direct:
+            self.graph.add_nodes_from(rows)
+            return
+        node, adj = self.graph._node, self.graph._adj
+        for n, data in rows:
+            if n in node:
+                node[n].update(data)
+                continue
+            adj[n] = {}
+            node[n] = dict(data)
+        self._changed()
+
+    def edges(self, pairs: Iterable[tuple[int, int]], data: dict) -> None:
+        """Edges between existing nodes (KeyError or ValueError otherwise), each with (a
+        copy of) `data`."""
+        if not self.direct:
+            self.graph.add_edges_from(pairs, **data)
+            return
+        node, adj = self.graph._node, self.graph._adj
+        for u, v in pairs:
+            known = adj[u].get(v)
+            if known is None:
+                if v not in node:
+                    raise ValueError(f"edge ({u}, {v}) to a node not in the graph")
+                known = data.copy()
+            else:
+                known.update(data)
+            adj[u][v] = known
+            adj[v][u] = known
+        self._changed()
+
+    def _changed(self) -> None:
+        cache = getattr(self.graph, "__networkx_cache__", None)
+        if cache:
+            cache.clear()
+
+
+@contextmanager
+def _without_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector. Building a large graph allocates millions of
+    node and edge dicts, none in a reference cycle, and each allocation burst would trigger a
+    collection that walks all of them (half the build time at 524,288 chips)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def build_topology(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None = None
                    ) -> Topology:
     """Build the graph of `instances` instances of `hardware` on an EFA Clos fabric (refused
     with TopologyTooLarge beyond the limit)."""
+    with _without_gc():
+        return _build(hardware, instances, fabric)
+
+
+def _build(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None) -> Topology:
     if instances < 1:
         raise ValueError(f"a topology needs at least one instance, got {instances}")
     fabric = fabric or FabricSpec()
@@ -240,13 +315,14 @@ def build_topology(hardware: HardwareSpec, instances: int, fabric: FabricSpec | 
         chip.tolist(), instance.tolist(), chip_ultraserver.tolist(), leaf.tolist(),
         chip_x.tolist(), chip_y.tolist(), chip_z.tolist(), strict=True,
     )
-    graph.add_nodes_from(
+    fill = _Filler(graph)
+    fill.nodes(
         (c, {"kind": "chip", "instance": i, "ultraserver": u, "leaf": lf, "x": x, "y": y, "z": z})
         for c, i, u, lf, x, y, z in node_rows
     )
-    graph.add_nodes_from((first_switch + s, {"kind": "switch"}) for s in range(n_switches))
-    graph.add_nodes_from((first_leaf + s, {"kind": "leaf"}) for s in range(n_leaves))
-    graph.add_nodes_from((first_spine + s, {"kind": "spine"}) for s in range(n_spines))
+    fill.nodes((first_switch + s, {"kind": "switch"}) for s in range(n_switches))
+    fill.nodes((first_leaf + s, {"kind": "leaf"}) for s in range(n_leaves))
+    fill.nodes((first_spine + s, {"kind": "spine"}) for s in range(n_spines))
 
     counts: dict[str, int] = {}
     bandwidth: dict[str, float] = {}
@@ -256,10 +332,8 @@ def build_topology(hardware: HardwareSpec, instances: int, fabric: FabricSpec | 
     def add(kind: str, pairs: np.ndarray, bw: float, lat: float, duplex_counted: bool) -> None:
         if len(pairs) == 0:
             return
-        graph.add_edges_from(
-            zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), strict=True),
-            kind=kind, bandwidth_bytes_per_s=bw, latency_s=lat,
-        )
+        fill.edges(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), strict=True),
+                   {"kind": kind, "bandwidth_bytes_per_s": bw, "latency_s": lat})
         counts[kind] = counts.get(kind, 0) + len(pairs)
         bandwidth[kind] = bw
         latency[kind] = lat

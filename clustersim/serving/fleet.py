@@ -94,6 +94,7 @@ class Fleet:
             self.done.succeed()
         # The router walks the arrival times (an urgent start, as a simpy process's).
         self._times = self.arrival_s.tolist()
+        self.deferred: list[tuple[Replica, int]] | None = None  # see _arrival_due
         self._cursor = 0
         Wake(env, lambda _: self._arrive_from(0), priority=URGENT)
 
@@ -119,8 +120,21 @@ class Fleet:
             request += 1
 
     def _arrival_due(self, _wake: Wake) -> None:
+        # Interrupts of decode runs by these arrivals are urgent events at this instant: the
+        # next ones processed, in order, unless something else is already due now. So they
+        # are collected and run at the end of this step, where nothing can come before them.
+        self.deferred = []
         self.route(self._cursor)
         self._arrive_from(self._cursor + 1)
+        deferred, self.deferred = self.deferred, None
+        if not deferred:
+            return
+        if self.env.peek() > self.env.now:
+            for replica, generation in deferred:
+                replica.interrupt(generation)
+        else:  # other events due now: schedule them, as simpy would have (same order)
+            for replica, generation in deferred:
+                Wake(self.env, replica._interrupted, priority=URGENT, cause=generation)
 
     def _choose(self, pool: str) -> Replica | None:
         indices = self.entry if pool == "entry" else self.decode_pool

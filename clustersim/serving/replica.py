@@ -164,7 +164,10 @@ class Replica:
               and self.env.now < self.last_iteration_s):
             # (in the run's last iteration the run's end is the iteration's end: no need)
             self.interruptible = False
-            Wake(self.env, self._interrupted, priority=URGENT, cause=self._generation)
+            if self.fleet.deferred is not None:  # the router's step runs it at its end
+                self.fleet.deferred.append((self, self._generation))
+            else:
+                Wake(self.env, self._interrupted, priority=URGENT, cause=self._generation)
 
     def fail(self) -> list[int]:
         """Take the replica down; return its in-flight requests (queued, prefilling, active)."""
@@ -406,8 +409,12 @@ class Replica:
         return True
 
     def _interrupted(self, wake: Wake) -> None:
-        """An arrival stops the decode run after the iteration in progress."""
-        if wake.cause != self._generation or not self._alive:
+        self.interrupt(wake.cause)
+
+    def interrupt(self, generation: int) -> None:
+        """An arrival stops the decode run after the iteration in progress (what simpy's
+        Interruption of the loop's `generation` did, as an urgent event at once)."""
+        if generation != self._generation or not self._alive:
             return
         if self._state != _DECODE or self._target is None:
             raise RuntimeError(f"replica {self.index}: an arrival interrupted no decode run")
