@@ -1,10 +1,13 @@
 """Fit the step model's three compute constants per chip family to published throughput.
 
-    python scripts/calibrate_step.py                 # fit both families, print the results
-    python scripts/calibrate_step.py --family gpu    # one family
+    python scripts/calibrate_step.py                 # the GPU family (the catalog's fit)
+    python scripts/calibrate_step.py --family trainium   # Trainium alone, for comparison
 
-Per family, only its calibration rows are used (clustersim/calibration/step.py): Trainium on
-the Trn1 rows, the GPU family on Megatron-LM's six A100 rows. The fitted constants are
+Per family, only its calibration rows are used (clustersim/calibration/step.py): the GPU
+family on Megatron-LM's six A100 rows, Trainium on the Trn1 rows. The catalog's Trainium
+constants come from the joint fit with the Trn1 collectives and serving constants
+(scripts/calibrate_collectives.py --joint); fitting them here alone keeps the catalog's
+collectives. The fitted constants are
 `efficiency.matmul` (fraction of peak large GEMMs reach), `efficiency.vector` (fraction of
 HBM bandwidth memory-bound work reaches) and `efficiency.pass_overhead` (fixed time per
 forward or backward pass of a micro-batch through a stage); the fit minimises the squared
@@ -35,7 +38,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=sorted(FAMILIES), action="append")
     args = parser.parse_args()
-    for family in args.family or sorted(FAMILIES):
+    families = args.family or ["gpu"]
+    if "trainium" in families:
+        print("note: the catalog's Trainium constants come from the joint fit with the "
+              "collectives and serving constants (python scripts/calibrate_collectives.py "
+              "--joint); this fits the step constants alone, on the catalog's collectives")
+    for family in families:
         entry, _ = FAMILIES[family]
         eff = catalog_entry(entry).chip.efficiency
         start = {"matmul": eff.matmul, "vector": eff.vector,

@@ -258,7 +258,7 @@ GROUP_SHAPES = [
        op=st.sampled_from([op for op in OPS if op != "send-recv"]),
        sizes=st.lists(st.integers(8, 4 * 2**30), min_size=2, max_size=5))
 def test_auto_time_is_non_decreasing_in_size(shape, op, sizes):
-    """Issue 12: for every operation and group shape, the automatic choice's time never
+    """For every operation and group shape, the automatic choice's time never
     falls as the message grows (scripts/collective_monotonicity.py runs every catalog
     entry on a dense grid of sizes)."""
     name, ranks, instances = shape
@@ -424,7 +424,7 @@ def test_every_op_runs_on_every_level(op):
 
 
 def test_published_curves_within_25_percent_from_1_mib():
-    """Issue 12: the nccom-test page's 2-rank and 64-rank curves (and its 2-rank and 64-rank
+    """The nccom-test page's 2-rank and 64-rank curves (and its 2-rank and 64-rank
     rows) within 25% in time from 1 MiB up; scripts/calibrate_collectives.py prints every
     point, the README lists them."""
     predicted = predict_times()
@@ -443,8 +443,7 @@ def test_every_published_row_within_a_factor_of_two():
     two, the large ones within 35% in bus bandwidth. The three 16-rank rows are reported,
     not fitted (docs/calibration.md): their KangaRing times imply about 164 us per step
     where the curves, the Trn1 serving rows and the Trn1 training rows agree on about
-    26 us, so the model is up to 2.1x faster on them; this holds them to a factor of 2.5
-    and the 2 MB one to RDH's log-depth cost (faster than 16-rank KangaRing)."""
+    26 us, so the model is up to 2.1x faster on them; this holds them to a factor of 2.5."""
     predicted = predict_times()
     rows = [(m, t) for m, t in zip(MEASUREMENTS, predicted, strict=True)
             if m.busbw_gib_s is not None or m.size_bytes == 8]

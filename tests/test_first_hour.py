@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 14): output folders, `step` and memory, one vocabulary."""
+"""A new user's first hour: output folders, `step` and memory, one vocabulary."""
 
 from __future__ import annotations
 

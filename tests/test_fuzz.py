@@ -1,4 +1,4 @@
-"""Fuzzing in the suite (issue 13): scenario mutations and command lines, each case in a
+"""Fuzzing in the suite: scenario mutations and command lines, each case in a
 forked process with a time (30 s) and memory (4 GiB) budget. Every case must exit 0 or 2
 (never 1 or a traceback for the input's faults), answer in time, leave no temporary, print
 and write only strict JSON, and write consistent summaries (useful time within the wall time

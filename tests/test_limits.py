@@ -1,4 +1,4 @@
-"""Bad input within bounds (issue 13): every quantity bounded to what is physical and what the
+"""Bad input within bounds: every quantity bounded to what is physical and what the
 machine can hold, refused before any work with the bound in the message (exit 2); no hang,
 no traceback, no exit 1 for the input's faults; outputs strict JSON and consistent."""
 

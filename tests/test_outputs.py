@@ -1,4 +1,4 @@
-"""Outputs under stress (issue 13): paths resolved before checks, one writer per OUT, stale
+"""Outputs under stress: paths resolved before checks, one writer per OUT, stale
 temporaries removed, SIGINT and SIGTERM cleaned up, sweeps stopped promptly with their
 finished rows kept, workers capped, goldens that cannot be read or written refused."""
 

@@ -262,7 +262,7 @@ def test_json_schema_covers_serve() -> None:
 
 
 def test_trn1_serving_rows_within_15_percent() -> None:
-    """Issue 16: the published Trn1 rows (docs/calibration.md) against the model with the
+    """The published Trn1 rows (docs/calibration.md) against the model with the
     catalog's trn1 constants, nothing fitted per row: every TTFT and TPOT within 15%."""
     from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving
     predicted = predict_serving()
@@ -409,13 +409,15 @@ def test_every_request_settles_in_order(rate, median_in, median_out, max_batch, 
     assert np.all(series["batch"] <= max_batch)
 
 
-def test_training_jobs_are_placed_around_the_serving_replicas() -> None:
+def test_training_jobs_are_placed_around_the_serving_replicas(monkeypatch) -> None:
     """A scenario with both: the deployments hold the first instances for the whole run and
     the timeline never places a job there, through failures and recoveries (no spare: a job
-    that loses an instance waits for its repair rather than take a serving one)."""
-    from clustersim.cluster.owners import FREE, SERVING
+    that loses an instance waits for its repair rather than take a serving one); and the
+    replicas fail exactly when the timeline downs their instances."""
+    from clustersim.cluster.owners import SERVING
     from clustersim.cluster.timeline import Timeline
-    from clustersim.runner.api import step_profiles
+    from clustersim.runner.api import simulate, step_profiles
+    from clustersim.serving.fleet import Fleet
     raw = scenario(0.5, "3d")
     raw["cluster"] = {"instances": 4}
     raw["serve"][0]["parallelism"] = {"tp": 64}  # one whole trn2 instance per replica
@@ -442,22 +444,36 @@ def test_training_jobs_are_placed_around_the_serving_replicas() -> None:
     assert len(placed) > 1 and all(np.all(np.asarray(p) >= 2) for p in placed)
     assert sum(result.failures.values()) > 0
     assert result.jobs["train"].useful_s > 0
-    assert FREE == -1
-    from clustersim.runner.api import simulate
+
+    calls: list[tuple[float, int, float]] = []
+    fail = Fleet.fail
+
+    def recording_fail(self, index: int, down_s: float) -> None:
+        if self.replicas[index].up:
+            calls.append((self.env.now, index, down_s))
+        fail(self, index, down_s)
+
+    monkeypatch.setattr(Fleet, "fail", recording_fail)
     run = simulate(s)
     assert run.summary["cluster"]["serving_instances"] == 2
-    # One failure history: the replicas fail when the timeline downs their instances.
-    served = [o for o in run.timelines[0].serving_outages]
-    assert served and all(i < 2 for _, i in served)
-    failures = run.serving.fleets["chat"].failures
-    assert 1 <= failures <= len(served)
-    assert run.summary["deployments"]["chat"]["replica_failures"] == failures
+    outages = run.timelines[0].serving_outages
+    assert outages and all(down == 60 + 7200 + 300 for _, _, _, down in outages)
+    # Each replica is down from an outage of its instance until detect + repair + restart
+    # later; outages of a replica already down change nothing.
+    expected, up_at = [], [0.0, 0.0]
+    for time_s, slot, chip, down in outages:
+        assert chip == -1
+        if time_s >= up_at[slot]:
+            expected.append((time_s, slot, down))
+            up_at[slot] = time_s + down
+    assert calls == expected
+    assert run.summary["deployments"]["chat"]["replica_failures"] == len(expected)
 
 
-def test_timeline_outages_take_down_the_replicas_on_the_instance() -> None:
-    """Outages given as (time, instance) fail exactly the replicas with ranks there: a
-    second failure of a replica still down changes nothing, an instance beyond the
-    deployment none; software (per: job) failures are still drawn."""
+def test_timeline_outages_take_down_the_replicas_on_the_instance_or_chip() -> None:
+    """Outages (time, slot, chip or -1, down seconds) fail exactly the replicas with ranks
+    on that instance, or on that chip: a second failure of a replica still down changes
+    nothing, a slot beyond the deployment none; software failures are still drawn."""
     from clustersim.serving.simulate import replicas_on_instance
     raw = scenario(0.2, "4h")
     raw["cluster"] = {"instances": 4}
@@ -467,11 +483,72 @@ def test_timeline_outages_take_down_the_replicas_on_the_instance() -> None:
     d = s.serve[0]
     assert list(replicas_on_instance(s, d, 0)) == list(range(8))
     assert list(replicas_on_instance(s, d, 1)) == list(range(8, 16))
-    outages = [(100.0, 1), (200.0, 1), (300.0, 3)]
+    # trn2 at LNC=2: 4 ranks a chip, so a tp-8 replica spans 2 chips
+    assert list(replicas_on_instance(s, d, 1, chip=5)) == [10]
+    down = 7560.0
+    outages = [(100.0, 1, -1, down), (200.0, 1, -1, down), (300.0, 3, -1, down)]
     result = simulate_serving(s, np.random.SeedSequence(0), outages=outages)
     assert result.fleets["chat"].failures == 8
+    chip = simulate_serving(s, np.random.SeedSequence(0), outages=[(100.0, 0, 3, down)])
+    assert chip.fleets["chat"].failures == 1
     assert simulate_serving(s, np.random.SeedSequence(0), outages=[]).fleets[
         "chat"].failures == 0
-    raw["failures"]["rates"] = [{"component": "software", "per": "job", "mtbf": "1h"}]
+    # The llama3 preset's software causes are per chip: drawn here, never from the timeline.
+    raw["failures"]["rates"] = [{"component": "software", "per": "chip", "mtbf": "8h"}]
     soft = simulate_serving(scenario_from_dict(raw), np.random.SeedSequence(0), outages=[])
     assert soft.fleets["chat"].failures > 0
+
+
+def test_a_hot_spare_takes_a_failed_serving_instance_slot() -> None:
+    """With spares, a failed serving instance hands its slot to a free one at once: the
+    replicas are down for detection and restart only, and the timeline's serving instances
+    stay as many as the deployments need."""
+    from clustersim.cluster.owners import SERVING
+    from clustersim.cluster.timeline import Timeline
+    from clustersim.runner.api import step_profiles
+    raw = scenario(0.2, "4d")
+    raw["cluster"] = {"instances": 4, "spares": 2}
+    raw["serve"][0]["parallelism"] = {"tp": 64}
+    raw["serve"][0]["replicas"] = 2
+    raw["failures"] = {"preset": "none", "repair": "1d", "detect": "1min", "restart": "5min",
+                       "rates": [{"component": "host", "per": "instance", "mtbf": "1d"}]}
+    s = scenario_from_dict(raw)
+    t = Timeline(s, step_profiles(s), np.random.SeedSequence(1))
+    result = t.run()
+    outages = result.serving_outages
+    assert outages and any(down == 360.0 for *_, down in outages)
+    assert int(np.count_nonzero(t.owner == SERVING)) == 2
+    assert sorted(t.serving_slot[t.owner == SERVING].tolist()) == [0, 1]
+
+
+def test_a_replica_spanning_instances_runs_mesh_over_its_instances() -> None:
+    """Llama 3.1 405B at TP 128 over two trn2u instances (the Z rings): the TP all-reduce
+    has a reduce-scatter stage inside each instance, where single-step mesh does not apply;
+    the replica runs (it raised an internal error before)."""
+    raw = scenario(0.05, "10min", 512, 64)
+    raw["hardware"] = "trn2u"
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 128}, replicas=1)
+    s, result = run(raw)
+    fleet = result.fleets["chat"]
+    assert (fleet.status == 1).sum() > 10
+    cost = result.models["chat"][0].target
+    size = 64 * s.serve[0].model.hidden * 2
+    assert cost.tp_all_reduce_s(size) <= cost.collectives.cost(
+        "all-reduce", cost.tp_group, size).time_s
+
+
+def test_deployments_leave_whole_ultraservers_for_a_job_that_needs_them() -> None:
+    """A job whose TP spans instances of a trn2u UltraServer runs on whole UltraServers:
+    a deployment that touches one leaves too few (exit 2 with the reason), where counting
+    instances alone would pass and the job would never start."""
+    raw = scenario(0.1, "1d")
+    raw["hardware"] = "trn2u"
+    raw["cluster"] = {"instances": 8}
+    raw["serve"][0]["parallelism"] = {"tp": 64}  # one instance of the first UltraServer
+    raw["jobs"] = [{"name": "big", "model": "llama3.1-405b", "seq_len": 4096,
+                    "global_batch": 64, "parallelism": {"tp": 128, "pp": 3}}]
+    with pytest.raises(ScenarioError, match="whole UltraServer"):
+        scenario_from_dict(raw)
+    raw["jobs"][0]["parallelism"] = {"tp": 128, "pp": 2}  # 4 instances: one UltraServer
+    scenario_from_dict(raw)

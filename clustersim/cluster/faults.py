@@ -149,8 +149,9 @@ class FailureSource:
                 hit_jobs.setdefault(job, []).append(inst)
             elif job == FREE:
                 free_downed = True
-            elif job == SERVING:  # the serving simulator takes it down with its replicas
-                self.t.serving_outages.append((now, inst))
+            elif job == SERVING:  # the serving simulator takes its replicas down
+                chip_in_instance = unit - inst * self.t.cpi if proc.per == "chip" else -1
+                free_downed |= self._serving_down(inst, chip_in_instance, now)
             if math.isfinite(self.t.repair_s):
                 self.t.env.process(self._repair(inst))
         if not downed:
@@ -160,6 +161,30 @@ class FailureSource:
             self.t.scheduler.record_state()
         for job, lost in hit_jobs.items():
             self.t.jobs[job].interrupt(proc.component, lost)
+
+    def _serving_down(self, inst: int, chip_in_instance: int, now: float) -> bool:
+        """A failure downed an instance a serving deployment holds: record the outage of its
+        slot (the deployment's instance position) for the serving simulator, with how long
+        the replicas stay down. With hot spares, a free healthy instance takes the slot at
+        once (the replicas restart on it; the failed one joins the pool once repaired);
+        without, the replicas wait for the repair. Returns whether the pool shrank."""
+        t = self.t
+        f = t.scenario.failures
+        slot = int(t.serving_slot[inst])
+        took_spare = False
+        free = np.flatnonzero(t.free_mask()) if t.scenario.cluster.spares > 0 else ()
+        if len(free):
+            spare = int(free[-1])  # the pool's last: spares sit at the end of the cluster
+            t.owner[spare], t.serving_slot[spare] = SERVING, slot
+            t.owner[inst], t.serving_slot[inst] = FREE, -1
+            down_s = f.detect_s + f.restart_s
+            took_spare = True
+        elif math.isfinite(t.repair_s):
+            down_s = f.detect_s + t.repair_s + f.restart_s
+        else:
+            down_s = math.inf
+        t.serving_outages.append((now, slot, chip_in_instance, down_s))
+        return took_spare
 
     def _count(self, proc: FailureProcess, chip: int, instance: int, job: int) -> None:
         self.failures[proc.component] += 1

@@ -144,8 +144,9 @@ class TimelineResult:
     min_free_instances: int
     event_count: int
     fragmentation_mean: float = 0.0
-    # (time, instance) of the hardware failures that downed a serving deployment's instance
-    serving_outages: tuple[tuple[float, int], ...] = ()
+    # (time, slot, chip in the instance or -1, down seconds) of the hardware failures that
+    # downed a serving deployment's instance (Timeline.serving_outages)
+    serving_outages: tuple[tuple[float, int, int, float], ...] = ()
 
     def cluster_figures(self) -> dict[str, Any]:
         chip_time = self.total_chips * self.horizon_s

@@ -91,9 +91,15 @@ class Timeline:
         self.serving_instances = min(self.n_instances, sum(
             deployment_instances(d, hw) for d in scenario.serve))
         self.owner[: self.serving_instances] = SERVING
-        # (time, instance) of each hardware failure that downs a serving instance: the serving
-        # simulator takes its replicas' hardware failures from these.
-        self.serving_outages: list[tuple[float, int]] = []
+        # The slot (position among the deployments' instances, as the serving simulator
+        # numbers them) each serving instance holds; -1 elsewhere. A hot spare that replaces
+        # a failed serving instance takes over its slot.
+        self.serving_slot = np.full(self.n_instances, -1, dtype=np.int64)
+        self.serving_slot[: self.serving_instances] = np.arange(self.serving_instances)
+        # (time, slot, chip within the instance or -1 for the whole instance, seconds the
+        # replicas stay down) of each hardware failure that downs a serving instance: the
+        # serving simulator takes its replicas' hardware failures from these.
+        self.serving_outages: list[tuple[float, int, int, float]] = []
         self.min_free = self.n_instances - self.serving_instances
         self.hardware_event = self.env.event()
         self.instance_leaf = np.arange(self.n_instances) // self.per_leaf

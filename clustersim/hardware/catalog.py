@@ -64,7 +64,8 @@ def neighbours_per_dimension(size: int) -> int:
 class Efficiency(Spec):
     """How much of peak a chip's operations reach: the compute model's hardware constants.
 
-    Three are fitted per chip family (scripts/calibrate_step.py): `matmul`, `vector` and
+    Three are fitted per chip family (GPUs: scripts/calibrate_step.py; Trainium: with the
+    collectives, scripts/calibrate_collectives.py --joint): `matmul`, `vector` and
     `pass_overhead`. The others are physical and not fitted: the tile a matrix multiply is
     padded to (the 128 x 128 systolic array of a NeuronCore; a tensor-core thread-block tile
     on a GPU), the contraction granularity, and the units output tiles are spread over (a
@@ -192,8 +193,8 @@ class ServingConstants(Spec):
         default="mesh",
         description="how a replica's tensor-parallel all-reduce runs inside an instance: "
         "`mesh`, the cheaper of mesh and single-step mesh at every size (what the published "
-        "Trn1 serving TTFTs show: RDH at their 1-2 MiB all-reduces would make the "
-        "short-prompt ones 35-88% slow, KangaRing at 32 MiB a long-prompt one 28% fast); "
+        "Trn1 serving TTFTs show: the size bands would make the short-prompt ones 35-88% "
+        "slow and a long-prompt one 28% fast, KangaRing at 32 MiB that one 28% fast too); "
         "`auto`, the training runtime's choice by size bands",
     )
 
@@ -212,8 +213,9 @@ class ChipSpec(Spec):
                        description="ranks per chip (Trn2 at LNC=2: 4)")
     power_w: Power | None = Field(default=None, alias="power", description="chip power")
     efficiency: Efficiency = Field(
-        default=Efficiency(matmul=0.804, vector=0.692),
-        description="default: the Trn1 fit of the catalog (scripts/calibrate_step.py)",
+        default=Efficiency(matmul=0.583, vector=0.369, pass_overhead=0.01228),
+        description="default: the catalog's Trn1 fit (scripts/calibrate_collectives.py "
+        "--joint)",
     )
     framework: Framework = Field(
         default=Framework(), description="the family's usual training stack (attention kernel, "

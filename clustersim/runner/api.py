@@ -20,7 +20,7 @@ from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
 from clustersim.runner.budget import check_run_budget
-from clustersim.runner.interrupts import worker_pool
+from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
@@ -191,8 +191,15 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
     workers = capped_workers(workers, replications)
     model = step_model if len(scenario.jobs) > 1 else None
 
+    def checked(now: float, horizon: float) -> None:
+        # Every 1% of the horizon: a signal whose KeyboardInterrupt simpy swallowed (it
+        # fails the process it landed in) still stops the run.
+        raise_if_interrupted()
+        if progress is not None:
+            progress(now, horizon)
+
     def first() -> TimelineResult:
-        return Timeline(scenario, steps, children[0], progress, recorder, model).run()
+        return Timeline(scenario, steps, children[0], checked, recorder, model).run()
 
     if not rest or workers <= 1:
         return [first()] + [_one_timeline(args) for args in rest]
@@ -356,7 +363,8 @@ SERVING_STREAM = 16
 
 
 def run_serving(scenario: Scenario, seed: int, trace_dir: Path | None = None,
-                outages: Sequence[tuple[float, int]] | None = None) -> ServingResult:
+                outages: Sequence[tuple[float, int, int, float]] | None = None
+                ) -> ServingResult:
     """Simulate the scenario's deployments; with `trace_dir`, write `requests.parquet` and
     `replicas.parquet` there (the first replication's seed; serving is not replicated).
     `outages`: the timeline's hardware failures of serving instances (else drawn apart)."""

@@ -1,10 +1,12 @@
 """Interruption: SIGINT and SIGTERM stop a run the same way, and worker pools stop at once.
 
-`interruptible()` turns SIGTERM into :class:`Interrupted` (a KeyboardInterrupt, as Ctrl-C
-raises), so every `except BaseException` clean-up (the staging folder of an output, the
-workers of a pool) runs for both. `worker_pool()` is a process pool whose workers ignore
-Ctrl-C (the parent decides) and are terminated, queued work dropped, when the parent is
-interrupted or stops reading results; none is left alive.
+`interruptible()` turns SIGINT and SIGTERM into :class:`Interrupted` (a KeyboardInterrupt,
+as Ctrl-C raises), so every `except BaseException` clean-up (the staging folder of an output,
+the workers of a pool) runs for both, and remembers them: the timeline checks every 1% of
+its horizon, so a signal whose exception simpy swallowed still stops the run.
+`worker_pool()` is a process pool whose workers ignore Ctrl-C (the parent decides) and are
+terminated, queued work dropped, when the parent is interrupted or stops reading results;
+none is left alive.
 """
 
 from __future__ import annotations
@@ -61,14 +63,17 @@ def raise_if_interrupted() -> None:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """While inside, SIGTERM (and SIGHUP) raise Interrupted in the main thread; the previous
-    handlers come back on the way out. Elsewhere than the main thread it does nothing."""
+    """While inside, SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread and are
+    remembered (a KeyboardInterrupt that lands inside a simpy process is turned into a
+    failed event there and may never surface: `raise_if_interrupted` raises it again); the
+    previous handlers come back on the way out. Elsewhere than the main thread it does
+    nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _received.clear()
     previous = {sig: signal.signal(sig, _raise_interrupted)
-                for sig in (signal.SIGTERM, signal.SIGHUP)}
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
         raise_if_interrupted()

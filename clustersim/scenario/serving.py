@@ -197,8 +197,12 @@ def deployment_instances(deployment: DeploymentSpec, hardware: HardwareSpec) -> 
 
 
 def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
-                       working_instances: int, job_instances: int) -> Iterable[tuple]:
-    """(path, message, value) for deployments that do not fit the cluster or each other."""
+                       working_instances: int, job_instances: int,
+                       job_ultraservers: int = 0) -> Iterable[tuple]:
+    """(path, message, value) for deployments that do not fit the cluster or each other.
+    `job_ultraservers`: whole UltraServers the largest job placed on whole UltraServers
+    needs (the deployments take the first instances, and a partly used UltraServer is no
+    use to it)."""
     seen: set[str] = set()
     used = 0
     for index, deployment in enumerate(serve):
@@ -222,3 +226,11 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
     if used + job_instances > working_instances:
         yield ("serve", f"the deployments' replicas need {used} instances and the jobs "
                f"{job_instances}; the cluster has {working_instances}", used)
+    elif job_ultraservers:
+        ipu = hardware.instances_per_ultraserver
+        taken = -(-used // ipu)
+        if taken + job_ultraservers > working_instances // ipu:
+            yield ("serve", f"the deployments' replicas take {used} instances, touching "
+                   f"{taken} UltraServer(s), and a job whose tensor parallelism spans "
+                   f"instances needs {job_ultraservers} whole UltraServer(s); the cluster "
+                   f"has {working_instances // ipu}", used)

@@ -1,13 +1,14 @@
 """A deployment's fleet: its requests (numpy arrays), replicas, router and failures.
 
-The router is one simpy process walking the arrival times; a request goes to a replica that
+The router is a state machine on simpy events walking the arrival times; a request goes to a replica that
 is up, by round robin, least outstanding requests, or least KV tokens held and owed
 (`kv_aware`, relative to each replica's KV capacity). With disaggregated serving the router
 feeds the prefill pool; a finished prompt's KV cache is sent over the fabric (costed by the
 collectives model as a send-recv between the two replicas' chips) to the decode replica with
-the fewest outstanding requests. Failures come from the scenario's failure rates, summed over
-a replica's chips and instances: a failed replica drops its in-flight requests, which the
-router sends elsewhere (their `retries` counted), and returns after the outage.
+the fewest outstanding requests. Failures (clustersim.serving.simulate: the training
+timeline's hardware failures, and software failures drawn from the rates): a failed replica
+drops its in-flight requests, which the router sends elsewhere (their `retries` counted), and
+returns after the outage.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape
@@ -200,8 +201,15 @@ class IterationModel:
         cost = self.collectives.cost
         if self.hardware.serving.all_reduce == "auto":
             return cost("all-reduce", self.tp_group, size_bytes).time_s
-        return min(cost("all-reduce", self.tp_group, size_bytes, intra=name).time_s
-                   for name in ("mesh", "mesh1"))
+        times = []
+        for name in ("mesh", "mesh1"):
+            try:  # a group over several instances runs a reduce-scatter inside each: no mesh1
+                times.append(cost("all-reduce", self.tp_group, size_bytes, intra=name).time_s)
+            except CollectiveError:
+                continue
+        if not times:  # no mesh applies (e.g. one rank per instance): the runtime's choice
+            return cost("all-reduce", self.tp_group, size_bytes).time_s
+        return min(times)
 
     def _kv_seconds_per_token(self) -> float:
         """Seconds a decoding sequence's attention costs per token of its context: reading

@@ -1,4 +1,4 @@
-"""One serving replica as a simpy process: continuous batching, chunked prefill, a paged KV
+"""One serving replica, a state machine on simpy events: continuous batching, chunked prefill, a paged KV
 cache, and decode iterations advanced in bulk between events.
 
 The batch changes only when a prompt is being prefilled, a request joins or one finishes, so

@@ -6,12 +6,13 @@ Replicas take the cluster's instances in order, deployment after deployment (eac
 whole instances, or ranks of one instance when it needs fewer). The iteration model of a
 replica shape is built once on a small topology of the same hardware and fabric (a replica's
 collectives run inside its own instances; only the disaggregated KV transfer crosses the
-fabric). A failed replica is down for the detection time plus the restart (a hot spare takes
-its place) or plus the repair when the cluster has no spares. Hardware failures come from the
-training timeline of the same run when it is given (`outages`: the failures that downed a
-serving instance take down every replica on it, so serving and training share one failure
-history); otherwise, and always for software (`per: job`) failures, they are drawn here from
-the scenario's rates, summed over a replica's chips, instances and UltraServers.
+fabric). Hardware failures come from the training timeline of the same run when it is given
+(`outages`): a failure of a serving instance takes down the replicas with ranks on it (on the
+failed chip only, for a chip's failure) for as long as the timeline says (the detection and
+the restart when a hot spare took the instance's place, plus the repair when none was free),
+so serving and training share one failure history. Software failures, which down no
+hardware, and without `outages` all failures, are drawn here from the scenario's rates summed
+over a replica's chips, instances and UltraServers.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
 def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: bool = False
                           ) -> float:
     """Failures per second of one replica: every rate summed over the replica's chips,
-    instances and UltraServers, or only the software (`per: job`) rates."""
+    instances and UltraServers, or only the software ones (the timeline downs no hardware
+    for those, so they are drawn here even when hardware failures come from it)."""
     hw = scenario.hardware
     per = _instances_per_replica(scenario, d)
     chips = min(per * hw.chips_per_instance, max(1, math.ceil(d.tp * d.pp / hw.chip.ranks)))
@@ -103,44 +105,57 @@ def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: 
              "leaf": 0.0}
     scale = scenario.failures.scale
     return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario)
-               if not software_only or r.per == "job")
+               if not software_only or r.component == "software")
 
 
-def replicas_on_instance(scenario: Scenario, d: DeploymentSpec, local_instance: int
-                         ) -> range:
-    """The replicas of a deployment that have ranks on its `local_instance`-th instance
-    (replicas take the deployment's ranks in order, instance after instance)."""
+def replicas_on_instance(scenario: Scenario, d: DeploymentSpec, local_instance: int,
+                         chip: int = -1) -> range:
+    """The replicas of a deployment with ranks on its `local_instance`-th instance, or with
+    `chip` >= 0 on that chip of it (replicas take the deployment's ranks in order, chip
+    after chip, instance after instance)."""
+    hw = scenario.hardware
     ranks = d.tp * d.pp
-    per_instance = scenario.hardware.ranks_per_instance
-    first = local_instance * per_instance // ranks
-    last = min(d.replicas, -(-((local_instance + 1) * per_instance) // ranks))
+    if chip >= 0:
+        first_rank = (local_instance * hw.chips_per_instance + chip) * hw.chip.ranks
+        width = hw.chip.ranks
+    else:
+        first_rank = local_instance * hw.ranks_per_instance
+        width = hw.ranks_per_instance
+    first = first_rank // ranks
+    last = min(d.replicas, -(-(first_rank + width) // ranks))
     return range(first, last)
 
 
 def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: DeploymentSpec,
               rng: np.random.Generator, horizon_s: float,
-              outages: list[tuple[float, int]] | None = None) -> None:
-    """Schedule the deployment's replica failures: drawn from the rates, or (with `outages`,
-    (time, local instance) of hardware failures from the timeline) those plus the drawn
-    software ones."""
+              outages: list[tuple[float, int, int, float]] | None = None) -> None:
+    """Schedule the deployment's replica failures. Without `outages`, all drawn from the
+    rates, each down for the detection plus the restart (a hot spare takes the replica's
+    place) or plus the repair. With `outages` ((time, local instance, chip or -1, down
+    seconds) from the timeline), those for the replicas they hit, plus software failures
+    drawn from the rates, each down for the detection plus the restart."""
+    f = scenario.failures
     rate = _replica_failure_rate(scenario, d, software_only=outages is not None) * d.replicas
     count = rng.poisson(rate * horizon_s) if rate > 0 else 0
     times = np.sort(rng.uniform(0.0, horizon_s, count))
     which = rng.integers(0, d.replicas, count)
-    events = list(zip(times.tolist(), which.tolist(), strict=True))
-    for time_s, instance in outages or ():
-        events += [(time_s, index) for index in replicas_on_instance(scenario, d, instance)]
+    if outages is not None:
+        drawn_down_s = f.detect_s + f.restart_s
+    elif scenario.cluster.spares > 0:
+        drawn_down_s = f.detect_s + f.restart_s
+    else:
+        drawn_down_s = math.inf if f.repair_s == "never" else f.detect_s + f.repair_s + f.restart_s
+    events = [(t, index, drawn_down_s)
+              for t, index in zip(times.tolist(), which.tolist(), strict=True)]
+    for time_s, instance, chip, down_s in outages or ():
+        events += [(time_s, index, down_s)
+                   for index in replicas_on_instance(scenario, d, instance, chip)]
     if not events:
         return
     events.sort()
-    f = scenario.failures
-    if scenario.cluster.spares > 0:
-        down_s = f.detect_s + f.restart_s
-    else:
-        down_s = math.inf if f.repair_s == "never" else f.detect_s + f.repair_s + f.restart_s
 
     def process():
-        for time_s, index in events:
+        for time_s, index, down_s in events:
             yield env.timeout(time_s - env.now)
             fleet.fail(index, down_s)
 
@@ -149,11 +164,12 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
 
 def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
                      base_dir: Path | None = None,
-                     outages: Sequence[tuple[float, int]] | None = None) -> ServingResult:
+                     outages: Sequence[tuple[float, int, int, float]] | None = None
+                     ) -> ServingResult:
     """Simulate every deployment of the scenario over its horizon (plus the time to drain
     requests in flight at the end, up to one more horizon). `outages`: (time, instance) of the
-    hardware failures the training timeline of the same run applied to serving instances;
-    without them, hardware failures are drawn here."""
+    hardware failures the training timeline of the same run applied to serving instances, as
+    (time, slot, chip or -1, down seconds); without them, hardware failures are drawn here."""
     env = ServingEnvironment()
     horizon = scenario.duration_s
     fleets: dict[str, Fleet] = {}
@@ -183,7 +199,8 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
         own = None
         if outages is not None:  # this deployment's instances, numbered from its first
             span = deployment_instances(d, scenario.hardware)
-            own = [(t, i - first) for t, i in outages if first <= i < first + span]
+            own = [(t, slot - first, chip, down) for t, slot, chip, down in outages
+                   if first <= slot < first + span]
         first += deployment_instances(d, scenario.hardware)
         _failures(env, scenario, fleet, d, np.random.default_rng(failure_seed), horizon, own)
         fleets[d.name] = fleet
