@@ -242,15 +242,7 @@ class Replica:
         if state == _DECODE:
             self.interruptible = False
             self.delay = 0.0
-            n = len(self.active)
-            if n:  # _advance(iterations of the run), inline
-                tokens = self._run[2] * self.cost.tokens_per_iteration
-                self.clock += tokens
-                self.context_sum += n * tokens
-                if not self.queue_policy:
-                    self.kv_used += n * tokens
-                if self.ends[0][0] <= self.clock + 1e-9:
-                    self._finish()
+            self._advance(self._run[2])
             self._proceed(True)
         elif state == _PREFILL:
             self.delay = 0.0
