@@ -45,19 +45,25 @@ SERVING_MEASUREMENTS: tuple[ServingMeasurement, ...] = (
 )
 
 
-def predict_serving(hardware: HardwareSpec | None = None) -> list[tuple[float, float]]:
-    """Model (TTFT s, TPOT s) of every row on one trn1.32xlarge at TP 32 (or on `hardware`,
-    e.g. with trial constants)."""
+def _request_times(hardware: HardwareSpec | None, rows) -> list[tuple[float, float]]:
+    """(TTFT s, mean TPOT s) of each row's batch of identical requests (`model`, `batch`,
+    `input_tokens`, `output_tokens`) on one trn1.32xlarge at TP 32 (or on `hardware`)."""
     hardware = hardware or catalog_entry("trn1")
     topology = build_topology(hardware, 1)
     out = []
-    for m in SERVING_MEASUREMENTS:
+    for m in rows:
         model = TransformerShape(**model_preset_values(m.model))
         cost = DecodeCost(IterationModel(ReplicaShape(model, "bf16", 32, 1), topology))
         ttft = cost.target.iteration_s([(m.input_tokens, 0)] * m.batch, 0, 0.0, m.batch)
         n = m.output_tokens - 1
-        tpot = cost.run_s(m.batch, m.batch * (m.input_tokens + 1), n) / n
-        out.append((ttft, tpot))
+        out.append((ttft, cost.run_s(m.batch, m.batch * (m.input_tokens + 1), n) / n))
+    return out
+
+
+def predict_serving(hardware: HardwareSpec | None = None) -> list[tuple[float, float]]:
+    """Model (TTFT s, TPOT s) of every row on one trn1.32xlarge at TP 32 (or on `hardware`,
+    e.g. with trial constants)."""
+    out = _request_times(hardware, SERVING_MEASUREMENTS)
     return out
 
 
@@ -76,6 +82,7 @@ class TokenLatencyMeasurement:
     ms_per_token: float  # the request's time over its input plus output tokens
     sdk: str
     source: str = _UNSEEN_SOURCE
+    batch: int = 1
 
 
 UNSEEN_SERVING: tuple[TokenLatencyMeasurement, ...] = (
@@ -93,13 +100,6 @@ UNSEEN_SERVING: tuple[TokenLatencyMeasurement, ...] = (
 def predict_token_latency(hardware: HardwareSpec | None = None) -> list[float]:
     """Model seconds per token (prefill plus decode of one request, over its input plus
     output tokens) of every unseen row on one trn1.32xlarge at TP 32."""
-    hardware = hardware or catalog_entry("trn1")
-    topology = build_topology(hardware, 1)
-    out = []
-    for m in UNSEEN_SERVING:
-        model = TransformerShape(**model_preset_values(m.model))
-        cost = DecodeCost(IterationModel(ReplicaShape(model, "bf16", 32, 1), topology))
-        ttft = cost.target.iteration_s([(m.input_tokens, 0)], 0, 0.0, 1)
-        decode = cost.run_s(1, m.input_tokens + 1, m.output_tokens - 1)
-        out.append((ttft + decode) / (m.input_tokens + m.output_tokens))
-    return out
+    return [(ttft + tpot * (m.output_tokens - 1)) / (m.input_tokens + m.output_tokens)
+            for m, (ttft, tpot) in zip(UNSEEN_SERVING,
+                                       _request_times(hardware, UNSEEN_SERVING), strict=True)]
