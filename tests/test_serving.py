@@ -552,3 +552,25 @@ def test_deployments_leave_whole_ultraservers_for_a_job_that_needs_them() -> Non
         scenario_from_dict(raw)
     raw["jobs"][0]["parallelism"] = {"tp": 128, "pp": 2}  # 4 instances: one UltraServer
     scenario_from_dict(raw)
+
+
+def test_a_failed_decode_replica_sends_its_requests_back_to_prefill() -> None:
+    """Disaggregated serving: the requests a decode replica held lose their KV cache with it
+    and start over in the prefill pool; each completes with a first token (they used to go
+    to another decode replica with no first token: summary.json then failed on a NaN)."""
+    raw = scenario(40.0, "60s", {"distribution": "lognormal", "median": 512, "sigma": 0.8,
+                                 "max": 8192}, 200, max_batch=64)
+    raw["cluster"] = {"instances": 2}
+    raw["serve"][0].update(parallelism={"tp": 16}, replicas=8,
+                           disaggregated={"prefill_replicas": 3, "decode_replicas": 5})
+    raw["failures"] = {"preset": "none", "detect": "5s", "restart": "10s", "repair": "1h"}
+    s = scenario_from_dict(raw)
+    # trn2 at LNC=2: 4 ranks a chip, 4 TP-16 replicas an instance; replica 4 (a decode
+    # replica) is on chips 0-3 of the second instance.
+    result = simulate_serving(s, np.random.SeedSequence(0), outages=[(20.0, 1, 1, 15.0)])
+    fleet = result.fleets["chat"]
+    assert fleet.failures == 1 and fleet.retries.sum() > 5
+    done = fleet.status == 1
+    assert done.sum() > 1000 and np.all(np.isfinite(fleet.first_token_s[done]))
+    figures = deployment_figures(s, result)["chat"]
+    assert all(np.isfinite(v) for v in figures.values() if isinstance(v, float))

@@ -231,7 +231,9 @@ class Fleet:
             self._generated[request] = 0
             self._prefilled[request] = 0
             self._first[request] = math.nan
-            self.route(request, "decode" if replica.role == "decode" else "entry")
+            # Its KV cache is gone with the replica: it starts over where requests enter
+            # (the prefill pool when disaggregated), as a retried request does.
+            self.route(request, "entry")
         if math.isfinite(down_s):
             self.env.timeout(down_s).callbacks.append(lambda _: self._restore(replica))
 
