@@ -574,3 +574,21 @@ def test_a_failed_decode_replica_sends_its_requests_back_to_prefill() -> None:
     assert done.sum() > 1000 and np.all(np.isfinite(fleet.first_token_s[done]))
     figures = deployment_figures(s, result)["chat"]
     assert all(np.isfinite(v) for v in figures.values() if isinstance(v, float))
+
+
+def test_serving_instances_do_not_count_as_fragmentation() -> None:
+    """A leaf whose only busy instances are a deployment's is wholly free for jobs: the free
+    instances beside a replica are not fragmented (they were counted so: 1.0 here)."""
+    from clustersim.cluster.timeline import Timeline
+    from clustersim.runner.api import step_profiles
+    raw = scenario(0.2, "1h")
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0]["parallelism"] = {"tp": 64}
+    # a short job on one instance: once it is done, instances 1-3 are free beside the replica
+    raw["jobs"] = [{"name": "train", "model": "llama3.1-8b", "seq_len": 4096,
+                    "global_batch": 16, "parallelism": {"tp": 8, "dp": 8}, "steps": 3}]
+    s = scenario_from_dict(raw)
+    t = Timeline(s, step_profiles(s), np.random.SeedSequence(0))
+    result = t.run()
+    assert t.serving_instances == 1 and result.jobs["train"].status == "done"
+    assert result.fragmentation_mean < 0.1

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clustersim.cluster.owners import SERVING
 from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
 from clustersim.cluster.uplinks import share_uplinks
 
@@ -129,15 +130,21 @@ class Scheduler:
         last_time, last_value = self._last
         total = self.fragmentation_s + (horizon - last_time) * last_value
         return total / horizon if horizon > 0 else 0.0
+
     def record_state(self) -> None:
-        """Fragmentation: the share of free instances not in a wholly free leaf."""
+        """Fragmentation: the share of free instances not in a wholly free leaf (a leaf
+        whose instances are all free, serving deployments' instances aside)."""
         now = self.t.env.now
         free = self.t.free_mask()
         count = int(np.count_nonzero(free))
         whole = 0
         if count:
             per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
-            whole = int(per_leaf[per_leaf == self._leaf_size].sum())
+            size = self._leaf_size
+            if self.t.serving_instances:  # they never come free (they move to hot spares)
+                size = size - np.bincount(self.t.instance_leaf[self.t.owner == SERVING],
+                                          minlength=self.t.n_leaves)
+            whole = int(per_leaf[per_leaf == size].sum())
         fragmentation = 1.0 - whole / count if count else 0.0
         last_time, last_value = self._last
         self.fragmentation_s += (now - last_time) * last_value
