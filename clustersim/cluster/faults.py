@@ -177,6 +177,8 @@ class FailureSource:
             spare = int(free[-1])  # the pool's last: spares sit at the end of the cluster
             t.owner[spare], t.serving_slot[spare] = SERVING, slot
             t.owner[inst], t.serving_slot[inst] = FREE, -1
+            t.serving_per_leaf[t.instance_leaf[spare]] += 1
+            t.serving_per_leaf[t.instance_leaf[inst]] -= 1
             down_s = f.detect_s + f.restart_s
             took_spare = True
         elif math.isfinite(t.repair_s):

@@ -46,9 +46,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         scenario = timeline.scenario
         hw = scenario.hardware
         self.instances_needed = scenario.job_instances(job)
-        self.whole_ultraservers = (hw.ultraserver is not None
-                                   and hw.ultraserver.interconnect.topology == "ring"
-                                   and job.parallelism.tp > hw.ranks_per_instance)
+        self.whole_ultraservers = hw.whole_ultraservers(job.parallelism.tp)
         self.outcome = JobOutcome(
             name=job.name, instances=self.instances_needed,
             chips=self.instances_needed * hw.chips_per_instance,

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clustersim.cluster.owners import SERVING
 from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
 from clustersim.cluster.uplinks import share_uplinks
 
@@ -140,10 +139,7 @@ class Scheduler:
         whole = 0
         if count:
             per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
-            size = self._leaf_size
-            if self.t.serving_instances:  # they never come free (they move to hot spares)
-                size = size - np.bincount(self.t.instance_leaf[self.t.owner == SERVING],
-                                          minlength=self.t.n_leaves)
+            size = self._leaf_size - self.t.serving_per_leaf  # serving ones never come free
             whole = int(per_leaf[per_leaf == size].sum())
         fragmentation = 1.0 - whole / count if count else 0.0
         last_time, last_value = self._last

@@ -103,6 +103,10 @@ class Timeline:
         self.min_free = self.n_instances - self.serving_instances
         self.hardware_event = self.env.event()
         self.instance_leaf = np.arange(self.n_instances) // self.per_leaf
+        # Serving instances per leaf (they never come free for jobs): kept up to date when a
+        # hot spare takes a serving slot, so the scheduler need not recount them.
+        self.serving_per_leaf = np.bincount(self.instance_leaf[: self.serving_instances],
+                                            minlength=self.n_leaves)
         self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf,
                              hw.ultraserver is not None
                              and hw.ultraserver.interconnect.topology == "ring")

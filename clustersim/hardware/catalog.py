@@ -374,6 +374,13 @@ class HardwareSpec(Spec):
     def ranks_per_instance(self) -> int:
         return self.instance.chips * self.chip.ranks
 
+    def whole_ultraservers(self, tp: int) -> bool:
+        """Whether a job of this tensor parallelism is placed on whole UltraServers: its TP
+        group spans instances joined by a ring UltraServer's Z rings."""
+        return (self.ultraserver is not None
+                and self.ultraserver.interconnect.topology == "ring"
+                and tp > self.ranks_per_instance)
+
     @property
     def instances_per_ultraserver(self) -> int:
         return self.ultraserver.instances if self.ultraserver else 1

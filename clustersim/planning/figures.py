@@ -24,16 +24,10 @@ from clustersim.scenario.loader import JobSpec, Scenario
 __all__ = ["finish", "fewest_chips"]
 
 
-def _whole(group: Group, tp: int) -> bool:
-    us = group.hw.ultraserver
-    return us is not None and us.interconnect.topology == "ring" and (
-        tp > group.hw.ranks_per_instance)
-
-
 def _add_figures(group: Group, row: dict[str, Any], job: JobSpec, options: PlanOptions,
                  spares: int) -> None:
     hw = group.hw
-    recovery = group.recovery[_whole(group, row["tp"])]
+    recovery = group.recovery[group.hw.whole_ultraservers(row["tp"])]
     ettr = renewal_ettr(recovery)
     tokens_per_step = job.global_batch * job.sequence_length
     tokens_per_s = tokens_per_step / row["step_time_s"]

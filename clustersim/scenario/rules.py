@@ -183,11 +183,10 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                         f"({units.format_duration(s.duration_s)})",
                         units.format_duration(job.submit_s), True)
     largest_job = max((s.job_instances(job) for job in s.jobs), default=0)
-    # A job whose tensor parallelism spans the instances of a ring UltraServer is placed on
-    # whole UltraServers (as the timeline places it).
-    ring = hw.ultraserver is not None and hw.ultraserver.interconnect.topology == "ring"
+    # A job whose tensor parallelism spans a ring UltraServer's instances is placed on whole
+    # UltraServers (as the timeline places it).
     whole = max((-(-s.job_instances(job) // hw.instances_per_ultraserver) for job in s.jobs
-                 if ring and job.parallelism.tp > hw.ranks_per_instance), default=0)
+                 if hw.whole_ultraservers(job.parallelism.tp)), default=0)
     for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
                                                     largest_job, whole):
         yield Issue(path, message, value, True)
