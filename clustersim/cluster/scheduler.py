@@ -139,7 +139,9 @@ class Scheduler:
         whole = 0
         if count:
             per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
-            size = self._leaf_size - self.t.serving_per_leaf  # serving ones never come free
+            size = self._leaf_size
+            if self.t.serving_instances:  # serving instances never come free for jobs
+                size = size - self.t.serving_per_leaf
             whole = int(per_leaf[per_leaf == size].sum())
         fragmentation = 1.0 - whole / count if count else 0.0
         last_time, last_value = self._last
