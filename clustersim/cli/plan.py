@@ -120,11 +120,9 @@ def plan(
     json_out: JsonOption = False,
 ) -> None:
     """Search parallelism, size and hardware for the first job; failure-aware time and cost."""
-    from clustersim.planning import Engine, PlanError, PlanOptions
-    from clustersim.planning import plan as make_plan
-    from clustersim.planning.outputs import write_plan
+    from clustersim.planning import PlanOptions
     from clustersim.planning.outputs import write_scenario as write_best
-    from clustersim.runner.outputs import atomic_output_dir, check_output_dir
+    from clustersim.runner.outputs import atomic_output_file, check_output_dir, check_output_file
     from clustersim.scenario.loader import load_scenario
 
     sets = list(overrides or [])
@@ -145,6 +143,9 @@ def plan(
             sets.append(f"jobs.0.global_batch={int(batch_tokens // length)}")
     if engine not in ("local", "ray"):
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
+    if address is not None and engine != "ray":
+        raise UsageProblem(f"--address {address!r}: a Ray cluster address, used only with "
+                           "--engine ray")
     if engine == "ray":
         import importlib.util
 
@@ -161,9 +162,33 @@ def plan(
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
     out_dir = out if out is not None else Path("results") / f"plan-{spec.name}"
-    check_output_dir(out_dir, force)
-    if write_scenario is not None and write_scenario.exists() and not force:
-        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    resolved_out = check_output_dir(out_dir, force)
+    if write_scenario is None:
+        result = _plan_into(spec, options, engine, workers, address, out_dir, force, scenario)
+    else:  # both outputs checked before the search, written together after it
+        target = check_output_file(write_scenario, force, "the planned scenario")
+        if target == resolved_out or resolved_out in target.parents:
+            raise UsageProblem(f"--write-scenario {write_scenario}: is -o {out_dir} or inside "
+                               "it; expected a file elsewhere, e.g. scenarios/NAME.yaml")
+        with atomic_output_file(write_scenario, force, "the planned scenario") as (
+                temporary, commit):
+            result = _plan_into(spec, options, engine, workers, address, out_dir, force,
+                                scenario, lambda r: (write_best(r, temporary), commit()))
+    if json_out:
+        print(json.dumps(result.as_json(), indent=2))
+        return
+    _print_plan(result, out_dir, write_scenario)
+
+
+def _plan_into(spec: Any, options: Any, engine: str, workers: int | None, address: str | None,
+               out_dir: Path, force: bool, scenario: Path, also: Any = None) -> Any:
+    """Search, then write OUT (and, through `also`, the planned scenario) as one step: `also`
+    runs last inside OUT's staging, so a failure of either leaves neither."""
+    from clustersim.planning import Engine, PlanError
+    from clustersim.planning import plan as make_plan
+    from clustersim.planning.outputs import write_plan
+    from clustersim.runner.outputs import atomic_output_dir
+
     try:
         with Engine(engine, workers, address) as runner:
             result = make_plan(spec, options, runner)
@@ -171,12 +196,9 @@ def plan(
         raise UsageProblem(f"{scenario}: {error}") from None
     with atomic_output_dir(out_dir, force=force) as staging:
         write_plan(result, staging)
-    if write_scenario is not None:
-        write_best(result, write_scenario)
-    if json_out:
-        print(json.dumps(result.as_json(), indent=2))
-        return
-    _print_plan(result, out_dir, write_scenario)
+        if also is not None:
+            also(result)
+    return result
 
 
 def _fmt(value: Any, kind: str) -> str:

@@ -15,14 +15,18 @@ from clustersim.cli.common import UsageProblem, out_console, user_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A folder written by `clustersim run`.",
                                             show_default=False)],
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace RUN_DIR/report/ even if it holds files of your own.")] = False,
 ) -> None:
     """Plots (PNG) and a short Markdown report of a finished run, in RUN_DIR/report/ (written
-    whole or not at all; an earlier report is replaced)."""
+    whole or not at all; an earlier report is replaced, a folder holding anything else
+    only with --force)."""
     from clustersim.analysis.report import write_report
-    from clustersim.runner.outputs import atomic_output_dir
+    from clustersim.runner.outputs import atomic_output_dir, check_output_dir, earlier_report
 
     _check_run_folder(run_dir)
-    with atomic_output_dir(run_dir / "report", force=True) as staging:
+    check_output_dir(run_dir / "report", force, ours=earlier_report)  # before the work
+    with atomic_output_dir(run_dir / "report", force=force, ours=earlier_report) as staging:
         write_report(run_dir, staging)
     out_console.print(f"wrote {escape(str(run_dir / 'report' / 'report.md'))} and its plots")
 

@@ -23,13 +23,14 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from clustersim.runner.interrupts import raise_if_interrupted
 
 __all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_output_dir",
-           "earlier_run_of", "output_lock", "remove_stale_temporaries", "resolve_output_dir"]
+           "earlier_run_of", "earlier_report", "output_lock", "remove_stale_temporaries",
+           "resolve_output_dir", "check_output_file", "atomic_output_file"]
 
 # A folder name of at most 255 bytes is what Linux and macOS file systems hold; the staging
 # sibling `.NAME.tmp-PID-XXXXXXXX` needs about 30 more.
@@ -62,6 +63,19 @@ def earlier_run_of(out: Path, scenario: str | None) -> bool:
     return isinstance(summary, dict) and summary.get("scenario") == scenario
 
 
+def earlier_report(out: Path) -> bool:
+    """Whether `out` holds only what `clustersim report` writes (report.md and PNG plots):
+    a report it may replace; anything else there is the user's."""
+    if not out.is_dir():
+        return False
+    for entry in out.iterdir():
+        if entry.is_symlink() or not entry.is_file():
+            return False
+        if entry.name != "report.md" and not entry.name.endswith(".png"):
+            return False
+    return True
+
+
 def resolve_output_dir(out: str | Path) -> Path:
     """OUT as an absolute path with `..`, `.` and symbolic links resolved, so that every check
     is made on the folder really meant; refuses a name no file system can hold."""
@@ -87,10 +101,12 @@ def _nearest_existing(path: Path) -> Path:
     return ancestor
 
 
-def check_output_dir(out: str | Path, force: bool, replaces: str | None = None) -> Path:
+def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
+                     ours: Callable[[Path], bool] | None = None) -> Path:
     """Refuse before any work is done, so a long run does not fail at its end; returns the
     resolved OUT. A non-empty OUT needs `force`, unless it holds only an earlier run of the
-    scenario `replaces` names."""
+    scenario `replaces` names (or, with `ours`, what that predicate says this command
+    wrote)."""
     given = out
     out = resolve_output_dir(out)
     if out.exists() and not out.is_dir():
@@ -99,8 +115,10 @@ def check_output_dir(out: str | Path, force: bool, replaces: str | None = None) 
     if out == here or out in here.parents:
         raise OutputDirError(f"{given}: is the current directory or holds it; expected a folder "
                              "for this run's outputs, e.g. results/NAME")
-    if out.is_dir() and not force and _has_entries(out) and not earlier_run_of(out, replaces):
+    if (out.is_dir() and not force and _has_entries(out) and not earlier_run_of(out, replaces)
+            and not (ours is not None and ours(out))):
         what = (f"holds more than an earlier run of {replaces}" if replaces
+                else "holds files this command did not write" if ours is not None
                 else "exists and is not empty")
         shown = "" if str(given) == str(out) else f" (it resolves to {out})"
         raise OutputDirError(f"{given}: {what}{shown}; use --force to replace it, or -o "
@@ -256,15 +274,15 @@ def _temporary(out: Path, kind: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None
-                      ) -> Iterator[Path]:
+def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None,
+                      ours: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out`. OUT is locked
     for the whole time, checked again under the lock, and stale temporaries of earlier runs
     into it are removed first."""
     given = out
-    check_output_dir(given, force, replaces)  # before the lock: a refusal leaves nothing
+    check_output_dir(given, force, replaces, ours)  # before the lock: a refusal leaves nothing
     with output_lock(out) as resolved:
-        check_output_dir(given, force, replaces)  # again: another run may have written OUT
+        check_output_dir(given, force, replaces, ours)  # again: another run may have written OUT
         remove_stale_temporaries(resolved)
         try:
             staging = _temporary(resolved, "tmp")
@@ -301,3 +319,80 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Single files (`plan --write-scenario`): the same rules as folders
+
+
+def check_output_file(path: str | Path, force: bool, what: str = "the file") -> Path:
+    """Refuse an output file before any work: an existing one without `force`, anything but
+    a regular file (a folder, a named pipe, a device), a missing or unwritable folder.
+    Returns the resolved path."""
+    given = path
+    try:
+        resolved = Path(os.path.realpath(Path(path).expanduser()))
+    except (OSError, ValueError) as error:
+        raise OutputDirError(f"{given}: not a usable path ({error})") from None
+    if len(os.fsencode(resolved.name)) > MAX_NAME_BYTES:
+        raise OutputDirError(f"{given}: the file name is {len(os.fsencode(resolved.name))} "
+                             f"bytes long; expected at most {MAX_NAME_BYTES}")
+    if resolved.exists() or resolved.is_symlink():
+        if not resolved.is_file():
+            raise OutputDirError(f"{given}: exists and is not a regular file; expected a path "
+                                 f"for {what}")
+        if not force:
+            raise OutputDirError(f"{given}: exists; use --force to replace it")
+    parent = resolved.parent
+    if not parent.is_dir():
+        raise OutputDirError(f"{given}: no folder {parent}; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{given}: cannot write in {parent} (permission denied)")
+    return resolved
+
+
+@contextlib.contextmanager
+def atomic_output_file(path: str | Path, force: bool = False, what: str = "the file"
+                       ) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """Hold a lock on an output file for the whole work (a second command writing it is
+    refused at once) and yield (a temporary path beside it, commit). `commit()` moves the
+    temporary into place: without `force` only if the file still does not exist (a hard
+    link, which fails on an existing name), so nothing the user made meanwhile is
+    replaced. On an exception the temporary goes and, if committed, the file too."""
+    given = path
+    check_output_file(given, force, what)
+    with output_lock(path) as resolved:
+        check_output_file(given, force, what)
+        fd, name = tempfile.mkstemp(prefix=f".{resolved.name}.tmp-{os.getpid()}-",
+                                    dir=resolved.parent)
+        os.close(fd)
+        temporary = Path(name)
+        temporary.chmod(0o666 & ~_umask())  # mkstemp makes it 0600 whatever the umask
+        committed: list[bool] = []
+
+        def commit() -> None:
+            raise_if_interrupted()
+            try:
+                if force:
+                    os.replace(temporary, resolved)
+                else:
+                    os.link(temporary, resolved)
+                    temporary.unlink()
+            except FileExistsError:
+                raise OutputDirError(f"{given}: was created while this command ran; use "
+                                     "--force to replace it") from None
+            except OSError as error:
+                raise OutputDirError(f"{given}: cannot write it ({error.strerror})") from None
+            committed.append(True)
+
+        try:
+            yield temporary, commit
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            if committed:
+                with contextlib.suppress(OSError):
+                    resolved.unlink()
+            raise
+        with contextlib.suppress(OSError):
+            temporary.unlink()
