@@ -489,8 +489,9 @@ def test_timeline_outages_take_down_the_replicas_on_the_instance_or_chip() -> No
     outages = [(100.0, 1, -1, down), (200.0, 1, -1, down), (300.0, 3, -1, down)]
     result = simulate_serving(s, np.random.SeedSequence(0), outages=outages)
     assert result.fleets["chat"].failures == 8
+    # A chip's failure downs its whole instance in the timeline: every replica on it too.
     chip = simulate_serving(s, np.random.SeedSequence(0), outages=[(100.0, 0, 3, down)])
-    assert chip.fleets["chat"].failures == 1
+    assert chip.fleets["chat"].failures == 8
     assert simulate_serving(s, np.random.SeedSequence(0), outages=[]).fleets[
         "chat"].failures == 0
     # The llama3 preset's software causes are per chip: drawn here, never from the timeline.
@@ -567,9 +568,10 @@ def test_a_failed_decode_replica_sends_its_requests_back_to_prefill() -> None:
     s = scenario_from_dict(raw)
     # trn2 at LNC=2: 4 ranks a chip, 4 TP-16 replicas an instance; replica 4 (a decode
     # replica) is on chips 0-3 of the second instance.
+    # A chip's failure downs its instance: decode replicas 4-7 fail together.
     result = simulate_serving(s, np.random.SeedSequence(0), outages=[(20.0, 1, 1, 15.0)])
     fleet = result.fleets["chat"]
-    assert fleet.failures == 1 and fleet.retries.sum() > 5
+    assert fleet.failures == 4 and fleet.retries.sum() > 5
     done = fleet.status == 1
     assert done.sum() > 1000 and np.all(np.isfinite(fleet.first_token_s[done]))
     figures = deployment_figures(s, result)["chat"]

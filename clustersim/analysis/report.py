@@ -21,7 +21,7 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
-from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
+from clustersim.analysis.serving_report import cell, serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
 
 __all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
@@ -344,7 +344,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
     summary = run.summary
     cluster = summary["cluster"]
     lines = [
-        f"# {summary['scenario']}",
+        f"# {cell(summary['scenario'])}",
         "",
         f"{cluster['chips']:,} {cluster['chip']} chips ({cluster['hardware']}), "
         f"{summary['simulated_s'] / 86400:,.1f} simulated days, seed {summary['seed']}, "
@@ -364,7 +364,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
                       "the plots show replication 1 of them (the first seed stream, whose "
                       "traces the run wrote).", ""]
     for name, job in summary["jobs"].items():
-        lines.append(f"| {name} | {job.get('status', '')} | {job.get('steps_completed', 0):,.0f} "
+        lines.append(f"| {cell(name)} | {cell(job.get('status', ''))} | {job.get('steps_completed', 0):,.0f} "
                      f"| {job.get('ettr', 0):.1%} | {job.get('interruptions', 0):,.0f} | "
                      f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} | "
                      f"{_pair(job, 'cost_per_million_tokens_usd', '${:,.3f}')} | "

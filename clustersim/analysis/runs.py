@@ -22,13 +22,116 @@ import pyarrow.parquet as pq
 import yaml
 
 from clustersim.analysis.trace import SCHEMA_VERSION, SERVING_TABLES, TABLES, utilisation_rows
+from clustersim.hardware import limits
 from clustersim.scenario.loader import load_scenario
 
-__all__ = ["Run", "TraceSchemaError", "load_run", "compare"]
+__all__ = ["Run", "TraceSchemaError", "load_run", "compare", "summary_problem", "figures_problem",
+           "table_problem", "MAX_SUMMARY_BYTES"]
 
 
 class TraceSchemaError(ValueError):
     """Traces written by a clustersim whose trace schema this one does not read."""
+
+
+MAX_SUMMARY_BYTES = limits.MAX_SUMMARY_BYTES  # about 2.3 KB a job: MAX_JOBS write 233 MB
+_MAX_FIGURE = 1e30  # no figure of a run is near it; 1e308 days overflow the plots
+
+
+def figures_problem(value: Any, where: str, depth: int = 0) -> str | None:
+    """The first non-finite or absurd number, or nesting deeper than a run writes."""
+    if depth > 8:
+        return f"{where}: nested deeper than a run's summary"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = figures_problem(item, f"{where}.{key}", depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = figures_problem(item, f"{where}.{index}", depth + 1)
+            if found:
+                return found
+    elif isinstance(value, float) and not (abs(value) <= _MAX_FIGURE):
+        return f"{where} = {value!r}: expected a finite figure"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_FIGURE:
+        return f"{where} = {value}: expected a figure below {_MAX_FIGURE:g}"
+    return None
+
+
+def summary_problem(summary: Any) -> str | None:
+    """What makes `summary` (summary.json, parsed) not a run's summary the report can read,
+    or None: the keys and types `clustersim run` writes, every figure finite and bounded."""
+    if not isinstance(summary, dict):
+        return f"expected a JSON object, found {type(summary).__name__}"
+    typed = {"scenario": str, "seed": int, "replications": int, "clustersim_version": str,
+             "simulated_s": (int, float), "jobs": dict, "cluster": dict}
+    for key, kind in typed.items():
+        value = summary.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{key}: expected {getattr(kind, '__name__', 'a number')}, found {value!r:.80}"
+    if not 0 < summary["simulated_s"] <= limits.MAX_DURATION_S:
+        return (f"simulated_s = {summary['simulated_s']!r}: expected a horizon of at most "
+                f"{limits.MAX_DURATION_S:g} s")
+    if summary["replications"] < 1:
+        return f"replications = {summary['replications']}: expected at least 1"
+    cluster = summary["cluster"]
+    for key, kind in {"chips": int, "chip": str, "hardware": str, "instances": int,
+                      "chips_per_instance": int, "instances_per_ultraserver": int}.items():
+        value = cluster.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 1):
+            return f"cluster.{key}: expected {kind.__name__}, found {value!r:.80}"
+    if not isinstance(cluster.get("failures", {}), dict):
+        return "cluster.failures: expected an object"
+    for section in ("jobs", "deployments"):
+        entries = summary.get(section, {})
+        if not isinstance(entries, dict):
+            return f"{section}: expected an object"
+        for name, entry in entries.items():
+            if not isinstance(entry, dict):
+                return f"{section}.{name}: expected an object"
+    for name, d in summary.get("deployments", {}).items():
+        for key in ("requests_per_s", "output_tokens_per_s", "slo_goodput"):
+            if not isinstance(d.get(key), int | float) or isinstance(d.get(key), bool):
+                return f"deployments.{name}.{key}: expected a number, found {d.get(key)!r:.80}"
+    return figures_problem(summary, "summary")
+
+
+def table_problem(path: Path, name: str) -> str | None:
+    """What makes the Parquet file `path` not the run table `name` (another table, another
+    tool's file, a column of the wrong kind), or None. Columns a later schema added
+    (utilisation's `failed`) may be absent."""
+    import pyarrow as pa
+
+    from clustersim.analysis.trace import SCHEMAS
+
+    expected = SCHEMAS.get(name)
+    if expected is None:
+        return None
+    schema = pq.read_schema(path)
+    for field in expected:
+        if field.name not in schema.names:
+            if name == "utilisation" and field.name == "failed":
+                continue
+            return f"lacks column {field.name}; expected the {name} table of a run"
+        if schema.names.count(field.name) > 1:
+            return f"has column {field.name} twice"
+        found = schema.field(field.name).type
+        if pa.types.is_dictionary(found):
+            found = found.value_type
+        want = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+
+        def kind(t: pa.DataType) -> str:
+            if pa.types.is_integer(t) or pa.types.is_floating(t):
+                return "number"
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                return "text"
+            if pa.types.is_boolean(t):
+                return "boolean"
+            return str(t)
+
+        if kind(found) != kind(want):
+            return f"column {field.name} is {found}; expected {want}"
+    return None
 
 
 class _Table:

@@ -147,6 +147,12 @@ def serving_plots(run: Run, folder: Path) -> dict[str, Path]:
     return plots
 
 
+def cell(text: object) -> str:
+    """A name as one Markdown table cell (or heading): a newline or `|` in it would break
+    the table."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def serving_lines(summary: dict) -> list[str]:
     """Report rows: one per deployment."""
     deployments = summary.get("deployments") or {}
@@ -157,7 +163,7 @@ def serving_lines(summary: dict) -> list[str]:
     for name, d in deployments.items():
         cost = d.get("cost_per_million_output_tokens_usd")
         lines.append(
-            f"| {name} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
+            f"| {cell(name)} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
             f"{d['ttft_p50_s'] or 0:.3g} / {d['ttft_p99_s'] or 0:.3g} s | "
             f"{d['tpot_p50_s'] or 0:.3g} / {d['tpot_p99_s'] or 0:.3g} s | "
             f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} |")

@@ -44,27 +44,45 @@ def parse_count(text: str, what: str, binary: bool = False) -> float:
 
 def parse_chips(text: str) -> tuple[int, ...]:
     """`4096`, `1024,2048,4096`, `1024:16384` (doubling from A to B, B included) or
-    `1024:4096:512` (A to B by S)."""
+    `1024:4096:512` (A to B by S). Every count at most limits.MAX_CHIPS and at most
+    limits.MAX_PLAN_SIZES of them, checked before any list is made."""
+    from clustersim.hardware import limits
+
+    usage = (f"--chips {text!r}: expected N, A,B,C, A:B (doubling) or A:B:STEP with positive "
+             "whole numbers")
+    if len(text) > 10_000:
+        raise UsageProblem(usage)
     try:
-        if ":" in text:
-            parts = [int(p) for p in text.split(":")]
-            if len(parts) not in (2, 3) or min(parts) <= 0 or parts[0] > parts[1]:
-                raise ValueError
-            first, last = parts[0], parts[1]
-            if len(parts) == 3:
-                return tuple(range(first, last + 1, parts[2]))
-            out, chips = [], first
-            while chips < last:
-                out.append(chips)
-                chips *= 2
-            return tuple(out + [last])
-        values = tuple(int(p) for p in text.split(","))
-        if not values or min(values) <= 0:
-            raise ValueError
-        return tuple(sorted(set(values)))
+        parts = [int(p) for p in text.split(":" if ":" in text else ",")]
     except ValueError:
-        raise UsageProblem(f"--chips {text!r}: expected N, A,B,C, A:B (doubling) or A:B:STEP "
-                           f"with positive whole numbers") from None
+        raise UsageProblem(usage) from None
+    if not parts or min(parts) <= 0 or (":" in text and (len(parts) not in (2, 3)
+                                                        or parts[0] > parts[1])):
+        raise UsageProblem(usage)
+    largest = parts[1] if ":" in text else max(parts)
+    if largest > limits.MAX_CHIPS:
+        raise UsageProblem(f"--chips {text!r}: {largest:,} chips; expected at most "
+                           f"{limits.MAX_CHIPS:,} (docs/limits.md)")
+    if ":" in text:
+        first, last = parts[0], parts[1]
+        if len(parts) == 3:
+            count = (last - first) // parts[2] + 1
+        else:
+            count = (last // first).bit_length() + 1
+    else:
+        count = len(set(parts))
+    if count > limits.MAX_PLAN_SIZES:
+        raise UsageProblem(f"--chips {text!r}: {count:,} sizes; expected at most "
+                           f"{limits.MAX_PLAN_SIZES} (docs/limits.md)")
+    if ":" not in text:
+        return tuple(sorted(set(parts)))
+    if len(parts) == 3:
+        return tuple(range(first, last + 1, parts[2]))
+    out, chips = [], first
+    while chips < last:
+        out.append(chips)
+        chips *= 2
+    return tuple(out + [last])
 
 
 def _duration(text: str | None, what: str) -> float | None:

@@ -34,6 +34,10 @@ def report(
 TRACES = ("jobs", "intervals", "events", "utilisation")
 
 
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _check_run_folder(run_dir: Path) -> None:
     """Refuse (exit 2) a folder that is not a whole run: no or a corrupt summary.json, traces
     missing, or a table that is not Parquet (truncated, empty, garbage)."""
@@ -42,15 +46,36 @@ def _check_run_folder(run_dir: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from clustersim.analysis.runs import MAX_SUMMARY_BYTES, summary_problem, table_problem
+    from clustersim.scenario.errors import ScenarioError
+    from clustersim.scenario.reading import read_yaml_file, regular_file_problem
+
     summary = run_dir / "summary.json"
-    if not summary.is_file():
+    if not summary.exists():
         raise UsageProblem(f"{run_dir}: not a run folder (no summary.json); expected the OUT "
                            "of `clustersim run`")
+    problem = regular_file_problem(summary, MAX_SUMMARY_BYTES)
+    if problem:
+        raise UsageProblem(f"{summary}: {problem}")
     try:
-        json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise UsageProblem(f"{summary}: cannot read it ({error}); run the scenario "
+        parsed = json.loads(summary.read_text(encoding="utf-8"), parse_constant=_not_json)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise UsageProblem(f"{summary}: cannot read it ({str(error)[:200]}); run the scenario "
                            "again") from None
+    problem = summary_problem(parsed)
+    if problem:
+        raise UsageProblem(f"{summary}: not a run's summary ({problem}); run the scenario "
+                           "again")
+    scenario = run_dir / "scenario.yaml"
+    if scenario.exists() or scenario.is_symlink():
+        try:
+            text = read_yaml_file(scenario)
+        except ScenarioError as error:
+            raise UsageProblem(f"{scenario}: cannot read it ({error}); run the scenario "
+                               "again") from None
+        if not isinstance(text, dict):
+            raise UsageProblem(f"{scenario}: not a scenario (expected a mapping); run the "
+                               "scenario again")
     missing = [t for t in TRACES if not (run_dir / f"{t}.parquet").exists()]
     if len(missing) == len(TRACES):
         raise UsageProblem(f"{run_dir}: no traces ({', '.join(missing)}.parquet missing); "
@@ -60,11 +85,18 @@ def _check_run_folder(run_dir: Path) -> None:
                            "(deleted?) while the other traces are there; run the scenario "
                            "again")
     for table in sorted(run_dir.glob("*.parquet")):
+        problem = regular_file_problem(table, 16 * 2**30)
+        if problem:
+            raise UsageProblem(f"{table}: {problem}")
         try:
             pq.read_table(table)
+            problem = table_problem(table, table.name.removesuffix(".parquet"))
         except (pa.ArrowException, OSError) as error:
             raise UsageProblem(f"{table}: not a readable Parquet table ({error}); run the "
                                "scenario again") from None
+        if problem:
+            raise UsageProblem(f"{table}: not this run's table ({problem}); run the scenario "
+                               "again")
     from clustersim.analysis.runs import TraceSchemaError, load_run
 
     try:

@@ -103,6 +103,7 @@ def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
 
 def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> None:
     from clustersim.cli.common import UsageProblem
+    from clustersim.hardware import limits
     from clustersim.serving.capacity import find_rate
 
     if not spec.serve:
@@ -118,8 +119,16 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
                               f"SLO (tried {tried})")
             continue
         f = search.figures or {}
+        least = "at least " if search.at_ceiling else ""
+        if search.at_ceiling:
+            out_console.print(
+                f"{deployment.name}: every rate tried met the target, up to "
+                f"{search.ceiling_per_s:,.3g}/s, the most the search tries (at most "
+                f"{limits.MAX_REQUEST_RATE_PER_S:,.0f}/s and "
+                f"{limits.MAX_RATE_SEARCH_REQUESTS:,} expected requests a trial: "
+                "docs/limits.md)")
         out_console.print(
-            f"{deployment.name}: {search.rate_per_s:,.3g} requests/s within the SLO (ttft "
+            f"{deployment.name}: {least}{search.rate_per_s:,.3g} requests/s within the SLO (ttft "
             f"{deployment.slo.ttft_s:g} s, tpot {deployment.slo.tpot_s:g} s) for "
             f"{goodput:.0%} of requests; {f['output_tokens_per_s']:,.0f} output tokens/s, "
             f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s")

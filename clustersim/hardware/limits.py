@@ -71,6 +71,17 @@ MAX_SLOWDOWN = 100.0
 MAX_REQUEST_RATE_PER_S = 1e5  # requests per second to one deployment
 MAX_REQUESTS = 100_000_000  # per deployment (a million run in about a minute)
 MAX_REPLICAS = 100_000
+# Measured on serving-1m-requests (1 h, 64 replicas): about 390 bytes and 41 us of CPU per
+# request (100,000 requests: 5.7 s, 277 MiB; 400,000: 18.1 s, 388 MiB), so 10 million take
+# about 4 GiB and 7 minutes.
+MAX_SERVED_REQUESTS = 10_000_000  # expected requests of a run, every deployment together
+MAX_REQUEST_TRACE_BYTES = 512 * 2**20  # a request trace file (CSV or Parquet)
+MAX_REQUEST_TRACE_ROWS = MAX_SERVED_REQUESTS
+MAX_RATE_SEARCH_REQUESTS = 1_000_000  # expected requests of one --find-rate trial
+
+# Planning (clustersim.planning, `clustersim plan`)
+MAX_PLAN_SIZES = 32  # chip counts of --chips (about 9 s of CPU each on the quickstart)
+MAX_PLAN_CANDIDATES = 1_000_000  # candidates listed over every hardware and size
 
 # Runs
 MAX_EVENTS = 2_000_000  # estimated per replication before it starts
@@ -84,5 +95,8 @@ MAX_YAML_NODES = 1_000_000  # values once aliases are expanded
 MAX_YAML_DEPTH = 64
 MAX_TRACE_FILE_BYTES = 256 * 2**20  # a workload's job trace
 MAX_TRACE_ROWS = MAX_JOBS
+# A run's summary.json (read by `report`) and a golden (read by `check`): about 2.3 KB a job
+# (rainier-2000-jobs: 4.65 MB), so MAX_JOBS jobs write 233 MB.
+MAX_SUMMARY_BYTES = 256 * 2**20
 
 __all__ = [name for name in dir() if name.isupper()]

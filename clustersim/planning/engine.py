@@ -7,6 +7,7 @@ answer does not depend on which engine ran them (nor on how many workers).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -14,6 +15,13 @@ from typing import Any
 __all__ = ["Engine", "ENGINES"]
 
 ENGINES = ("local", "ray")
+
+
+def _worker_start() -> None:
+    """Workers leave Ctrl-C to the parent (a terminal sends it to the whole process group:
+    each worker printed a traceback) and end quietly when it terminates them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Engine:
@@ -32,9 +40,12 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            if exc_type is not None:  # interrupted or failed: stop the workers at once
+                for process in list((self._pool._processes or {}).values()):
+                    process.terminate()
+            self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
             self._pool = None
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
@@ -45,7 +56,8 @@ class Engine:
         if self.workers <= 1 or len(tasks) == 1:
             return [fn(task) for task in tasks]
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers,
+                                             initializer=_worker_start)
         return list(self._pool.map(fn, tasks))
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:

@@ -130,10 +130,16 @@ def _infeasible(rows: list[dict[str, Any]], options: PlanOptions) -> str:
             parts.append("--budget: no candidate's hardware has a price in the catalog")
         else:
             cheapest = min(priced, key=lambda r: r["cost_usd"])
-            parts.append(f"--budget {options.budget_usd:,.0f} USD: the cheapest candidate "
+            parts.append(f"--budget {usd(options.budget_usd)} USD: the cheapest candidate "
                          f"({cheapest['hardware']}, {cheapest['chips']} chips) costs "
-                         f"{cheapest['cost_usd']:,.0f} USD")
+                         f"{usd(cheapest['cost_usd'])} USD")
     return "nothing meets the constraints: " + "; ".join(parts)
+
+
+def usd(amount: float) -> str:
+    """An amount of USD as written: whole dollars from 100 up, else three significant digits
+    (a budget of 0.000001 printed as 0)."""
+    return f"{amount:,.0f}" if abs(amount) >= 100 else f"{amount:.3g}"
 
 
 def fewest_chips(scenario: Scenario, job: JobSpec, hw: Any, options: PlanOptions,

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from clustersim.cluster.rates import effective_rates, job_failure_rate
+from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
 from clustersim.planning.engine import Engine
 from clustersim.planning.ettr import Recovery
@@ -38,6 +39,7 @@ from clustersim.planning.space import (
     job_for,
     memory_of,
     prune_reason,
+    space_size,
 )
 from clustersim.scenario.loader import CheckpointSpec, JobSpec, Scenario
 
@@ -142,7 +144,8 @@ def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: 
     return Recovery(
         failure_rate_per_s=rate, hardware_rate_per_s=hw_rate, detect_s=f.detect_s,
         restart_s=f.restart_s, restore_s=ck.restore_s, write_s=ck.write_s,
-        interval_s=None if ck.interval_s == "auto" else float(ck.interval_s),
+        interval_s=(None if ck.interval_s == "auto" else math.inf if ck.interval_s == "never"
+                    else float(ck.interval_s)),
         async_write=ck.async_write,
         repair_s=math.inf if f.repair_s == "never" else float(f.repair_s),
         spare_units=scenario.cluster.spares,
@@ -267,6 +270,12 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
         groups += [_make_group(scenario, job, name, hw, chips) for chips in sizes]
     if not groups:
         raise PlanError("no hardware and size to plan on: " + "; ".join(notes))
+    size = sum(space_size(g.hw, g.chips, job) for g in groups)
+    if size > limits.MAX_PLAN_CANDIDATES:
+        raise PlanError(f"the search would consider {size:,} candidates over {len(groups)} "
+                        f"hardware and size(s); expected at most {limits.MAX_PLAN_CANDIDATES:,} "
+                        "(docs/limits.md): fewer --chips sizes or --hardware, or a global batch "
+                        "with fewer divisors")
     screened = {id(g): _screen(g, job, options, given, scenario) for g in groups}
     with engine or Engine("local", workers=1) as runner:
         _branch_and_bound(groups, screened, runner, progress)

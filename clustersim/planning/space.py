@@ -26,6 +26,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.schedule import peak_in_flight, pipeline_order
 from clustersim.training.workload import (
@@ -35,7 +36,7 @@ from clustersim.training.workload import (
     memory_per_rank,
 )
 
-__all__ = ["Candidate", "RECOMPUTE", "divisors", "enumerate_space", "prune_reason", "job_for",
+__all__ = ["Candidate", "RECOMPUTE", "divisors", "enumerate_space", "space_size", "prune_reason", "job_for",
            "memory_of", "tp_domain_ranks"]
 
 RECOMPUTE = ("none", "selective", "full")
@@ -114,6 +115,25 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
     return out
 
 
+def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
+    """How many candidates `enumerate_space` lists, counted without listing them (the plan's
+    size is bounded before any work: limits.MAX_PLAN_CANDIDATES)."""
+    ranks = chips * hw.chip.ranks
+    model = job.model
+    total = 0
+    for tp in divisors(ranks):
+        for pp in divisors(ranks // tp):
+            dp = ranks // (tp * pp)
+            eps = len(divisors(dp)) if model.moe else 1
+            layers_per_rank = model.layers // pp if model.layers % pp == 0 else 0
+            interleaves = 1 if pp == 1 or not layers_per_rank else len(divisors(layers_per_rank))
+            per_rank = job.global_batch // dp if job.global_batch % dp == 0 else 0
+            micro = len(divisors(per_rank)) if per_rank else 1
+            total += (eps * interleaves * micro * len(RECOMPUTE) * (2 if tp > 1 else 1)
+                      * (2 if dp > 1 else 1))
+    return total
+
+
 def tp_domain_ranks(hw: HardwareSpec) -> int:
     """Ranks joined by NeuronLink (NVLink): an instance, or a whole UltraServer."""
     return hw.ranks_per_instance * hw.instances_per_ultraserver
@@ -133,6 +153,12 @@ def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None
         return (f"divisibility: global batch {job.global_batch} over micro-batch x dp "
                 f"{c.micro_batch * c.dp}")
     microbatches = job.global_batch // (c.micro_batch * c.dp)
+    if c.interleave > limits.MAX_INTERLEAVE:  # what the loader accepts (a model of 1,000 layers)
+        return f"limit: interleave {c.interleave} above {limits.MAX_INTERLEAVE}"
+    passes = c.pp * c.interleave * microbatches
+    if passes > limits.MAX_PIPELINE_PASSES:  # the schedule built for its memory and time
+        return (f"limit: {passes:,} pipeline passes (pp x interleave x micro-batches) above "
+                f"{limits.MAX_PIPELINE_PASSES:,}")
     if c.interleave > 1 and microbatches % c.pp:
         return f"divisibility: {microbatches} micro-batches over pp {c.pp} (interleaved)"
     if c.ep > 1 and model.experts % c.ep:

@@ -19,7 +19,7 @@ from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisati
 from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
-from clustersim.runner.budget import check_run_budget
+from clustersim.runner.budget import check_request_traces, check_run_budget
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
@@ -312,6 +312,7 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if trace_dir is not None:
         check_trace_size(scenario)
     check_run_budget(scenario, replications)
+    check_request_traces(scenario)
     topology = topology_for(scenario)
     model = StepModel(topology)
     steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}

@@ -23,7 +23,7 @@ from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import JobSpec, Scenario
 
-__all__ = ["EventEstimate", "estimate_events", "check_run_budget"]
+__all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_request_traces"]
 
 # Events one failure costs: the failure, its repair, and the detection, restart and restore
 # of the job it interrupts.
@@ -122,3 +122,38 @@ def check_run_budget(scenario: Scenario, replications: int = 1) -> EventEstimate
                 f"{biggest}); expected at most {limits.MAX_EVENTS:,} per run "
                 f"(docs/limits.md): {hint}")
     raise ScenarioError(scenario.source, [Issue(path, f"the run would take {what}")])
+
+
+def check_request_traces(scenario: Scenario) -> None:
+    """Refuse, before any work, a deployment's request trace that is not a regular file, is
+    beyond limits.MAX_REQUEST_TRACE_BYTES or MAX_REQUEST_TRACE_ROWS, or whose rows with the
+    other deployments' expected requests pass limits.MAX_SERVED_REQUESTS (the rate-driven
+    ones alone are checked with the scenario)."""
+    from pathlib import Path
+
+    from clustersim.scenario.serving import expected_requests
+    from clustersim.serving.requests import TraceError, check_request_trace
+
+    source = Path(scenario.source)
+    base_dir = source.parent if source.is_file() else None
+    total = 0.0
+    for index, d in enumerate(scenario.serve):
+        expected = expected_requests(d, scenario.duration_s)
+        if d.workload.trace is not None:
+            path = Path(d.workload.trace)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            try:
+                rows = check_request_trace(path)
+            except TraceError as error:
+                raise ScenarioError(scenario.source, [Issue(
+                    f"serve.{index}.workload.trace", str(error), d.workload.trace, True)]
+                ) from None
+            if d.workload.arrival == "trace" and rows is not None:
+                expected = min(rows, d.workload.requests or rows)
+        total += expected
+        if total > limits.MAX_SERVED_REQUESTS:
+            raise ScenarioError(scenario.source, [Issue(
+                f"serve.{index}.workload", f"the deployments would receive about {total:,.0f} "
+                f"requests; expected at most {limits.MAX_SERVED_REQUESTS:,} in a run "
+                "(docs/limits.md)")])

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clustersim.analysis.runs import figures_problem
+from clustersim.hardware import limits
 from clustersim.runner.api import simulate
 from clustersim.runner.outputs import OutputDirError
 from clustersim.scenario.loader import Issue, ScenarioError, load_scenario
+from clustersim.scenario.reading import regular_file_problem
 
 __all__ = ["SIGNIFICANT_DIGITS", "RELATIVE_TOLERANCE", "VOLATILE", "CheckResult", "normalise",
            "differences", "golden_path", "reference_scenarios", "check_scenario", "read_golden",
@@ -99,14 +102,24 @@ def reference_scenarios(root: Path) -> list[Path]:
 def read_golden(path: Path) -> dict[str, Any]:
     """A golden summary; an unreadable or corrupt one is a ScenarioError naming it (exit 2,
     where a figure that moved is exit 1)."""
+    problem = regular_file_problem(path, limits.MAX_SUMMARY_BYTES)  # a FIFO blocks forever
+    if problem:
+        raise ScenarioError(str(path), [Issue("", f"the golden summary {problem}; restore it "
+                                              "from git or rewrite it with clustersim check "
+                                              "--update")])
     try:
         golden = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+        problem = figures_problem(golden, "summary")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ScenarioError(str(path), [Issue("", f"cannot read the golden summary ({error}); "
                                               "restore it from git or rewrite it with "
                                               "clustersim check --update")]) from None
     if not isinstance(golden, dict):
         raise ScenarioError(str(path), [Issue("", "the golden summary is not a JSON object; "
+                                              "restore it from git or rewrite it with "
+                                              "clustersim check --update")])
+    if problem:
+        raise ScenarioError(str(path), [Issue("", f"the golden summary is damaged ({problem}); "
                                               "restore it from git or rewrite it with "
                                               "clustersim check --update")])
     return golden

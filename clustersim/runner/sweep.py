@@ -58,6 +58,20 @@ class Variant(Spec):
     set: dict[str, Any] = Field(default_factory=dict, description="path -> value overrides")
 
 
+RESERVED_COLUMNS = ("task", "variant", "seed", "status", "error")
+
+
+def _kind(value: Any) -> str:
+    """The column kind a grid value makes in sweep.parquet (ints and floats are numbers)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "text"
+    return "structure"  # lists and mappings are written as JSON text, each alike
+
+
 class SweepSpec(Spec):
     scenario: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
@@ -73,6 +87,15 @@ class SweepSpec(Spec):
         for path, values in self.grid.items():
             if not values:
                 raise ValueError(f"grid.{path}: expected at least one value")
+            if path in RESERVED_COLUMNS:
+                raise ValueError(f"grid.{path}: {path!r} is a column of sweep.parquet"
+                                 + ("; give the seeds as `seeds: [...]`" if path == "seed"
+                                    else "; expected a scenario key path"))
+            kinds = {_kind(v) for v in values}
+            if len(kinds) > 1:
+                shown = ", ".join(f"{v!r} ({_kind(v)})" for v in values[:6])
+                raise ValueError(f"grid.{path}: values of mixed kinds ({shown}); expected one "
+                                 "kind per column (YAML reads 1e9 as text: write 1.0e9)")
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError("variant names must be unique")
@@ -152,8 +175,14 @@ def run_task(task: Task) -> dict[str, Any]:
         return row
     cluster = {k: v for k, v in summary["cluster"].items()
                if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}
-    leaves = {**flatten(summary["jobs"]), **flatten(summary.get("deployments", {})),
-              **flatten({"cluster": cluster})}  # serving: <deployment>.<figure>
+    parts = [flatten(summary["jobs"]), flatten(summary.get("deployments", {})),
+             flatten({"cluster": cluster})]  # serving: <deployment>.<figure>
+    leaves = {k: v for part in parts for k, v in part.items() if k not in row}  # grid first
+    clash = sorted(k for k in leaves if sum(k in part for part in parts) > 1)
+    if clash:  # a job named `cluster`, say: one column would hold two figures
+        row.update(status="error", error=f"figures named alike ({', '.join(clash[:5])}): "
+                   "rename the job or deployment")
+        return row
     figures = {path: float(value) for path, value in leaves.items()
                if isinstance(value, int | float)}  # numbers only (true and false as 1 and 0)
     row.update(status="ok", error="", **figures)

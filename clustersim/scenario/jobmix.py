@@ -218,12 +218,34 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
         item = row.get(key)
         return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
 
+    def whole(key: str, low: int, high: int) -> int | None:
+        """A count as written: 2.7 or true is not 2 or 1 (they were coerced)."""
+        item = value(key)
+        if item is None:
+            return None
+        if isinstance(item, bool) or type(item).__name__ == "bool_":
+            raise ValueError(f"{key} {item!r}: expected a whole number, not a boolean")
+        if isinstance(item, str):
+            text = item.strip()
+            if not text.lstrip("+-").isdigit() or not text.isascii():
+                raise ValueError(f"{key} {item!r}: expected a whole number")
+            item = int(text)
+        number = float(item)
+        if not math.isfinite(number) or number != math.floor(number):
+            raise ValueError(f"{key} {item!r}: expected a whole number")
+        if not low <= number <= high:
+            raise ValueError(f"{key} {item!r}: expected {low:,} to {high:,}")
+        return int(item)
+
+    if value("instances") is None:
+        raise ValueError("instances is empty; expected a whole number of instances")
     run_for = value("run_for")
+    steps = whole("steps", 1, limits.MAX_STEPS)
+    priority = whole("priority", -limits.MAX_PRIORITY, limits.MAX_PRIORITY)
     return _job(
-        template, int(row["instances"]), ranks_per_instance,
+        template, whole("instances", 1, limits.MAX_INSTANCES), ranks_per_instance,
         str(value("name") or f"{template.name}-trace-{number:04d}"),
         units.parse_duration(row["submit"]),
         units.parse_duration(run_for) if run_for is not None else (
             float(template.run_for.median_s) if template.run_for else None),
-        int(value("steps")) if value("steps") is not None else template.steps,
-        int(value("priority")) if value("priority") is not None else None)
+        steps if steps is not None else template.steps, priority)

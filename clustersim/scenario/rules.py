@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from clustersim.hardware import limits, units
 from clustersim.hardware.topology import TopologyTooLarge, check_topology_size
 from clustersim.scenario.errors import Issue
-from clustersim.scenario.serving import serve_cross_checks
+from clustersim.scenario.serving import serve_budget_checks, serve_cross_checks
 
 if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
@@ -189,4 +189,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                  if hw.whole_ultraservers(job.parallelism.tp)), default=0)
     for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
                                                     largest_job, whole):
+        yield Issue(path, message, value, True)
+    for path, message, value in serve_budget_checks(s.serve, hw, s.duration_s,
+                                                     (job.name for job in s.jobs)):
         yield Issue(path, message, value, True)

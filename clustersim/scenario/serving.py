@@ -16,10 +16,17 @@ from pydantic import Field, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.hardware.spec import Duration, RequestRate, Spec
+from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
 from clustersim.training.transformer import TransformerShape
+from clustersim.training.workload import BYTES_PER_ELEMENT
 
-__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
+# Token counts of one request (prompt or output): the longest sequence the loader takes
+# (a count of 3e9 overflowed the int32 columns of requests.parquet).
+MAX_REQUEST_TOKENS = limits.MAX_SEQ_LEN
+
+__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks",
+           "serve_budget_checks", "replica_weight_bytes_per_chip", "expected_requests",
+           "LengthSpec",
            "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec", "SpeculativeSpec",
            "SloSpec", "DeploymentSpec"]
 
@@ -29,13 +36,15 @@ class LengthSpec(Spec):
     read from the workload's trace file."""
 
     distribution: Literal["fixed", "lognormal", "trace"] = "fixed"
-    value: int | None = Field(default=None, gt=0, description="fixed: the token count")
-    median: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+    value: int | None = Field(default=None, gt=0, le=MAX_REQUEST_TOKENS,
+                              description="fixed: the token count")
+    median: float | None = Field(default=None, gt=0, le=MAX_REQUEST_TOKENS, allow_inf_nan=False,
                                  description="lognormal: median tokens")
     sigma: float | None = Field(default=None, gt=0, le=5, allow_inf_nan=False,
                                 description="lognormal: standard deviation of ln(tokens)")
-    min: int = Field(default=1, gt=0, description="draws are clipped to [min, max]")
-    max: int = Field(default=131072, gt=0)
+    min: int = Field(default=1, gt=0, le=MAX_REQUEST_TOKENS,
+                     description="draws are clipped to [min, max]")
+    max: int = Field(default=131072, gt=0, le=MAX_REQUEST_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> LengthSpec:
@@ -144,7 +153,8 @@ class DeploymentSpec(Spec):
     disaggregated: DisaggregationSpec | None = None
     speculative: SpeculativeSpec | None = None
     slo: SloSpec = SloSpec()
-    start_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, alias="start")
+    start_s: NonNegativeDuration = Field(default=0.0, alias="start",
+                                         description="when the deployment starts serving")
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:
@@ -171,6 +181,79 @@ class DeploymentSpec(Spec):
     @property
     def pp(self) -> int:
         return self.parallelism.get("pp", 1)
+
+
+def replica_weight_bytes_per_chip(model: TransformerShape, precision: str, tp: int, pp: int,
+                                  chip_ranks: int) -> float:
+    """Weights one chip holds for a replica: its ranks' shards of the busiest stage (with
+    pp > 1 the first stage holds the embedding, the last the output layer; pp = 1 both), as
+    the serving iteration model counts them."""
+    per_layer = (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden
+                 ) / model.layers
+    ends = model.vocab * model.hidden * (2 if pp == 1 else 1)
+    per_rank = (model.layers / pp * per_layer + ends) / tp
+    return per_rank * BYTES_PER_ELEMENT[precision] * min(chip_ranks, tp * pp)
+
+
+def expected_requests(d: DeploymentSpec, duration_s: float) -> float:
+    """Requests a rate-driven deployment is expected to receive over the horizon (a trace's
+    are its rows, counted where it is read)."""
+    if d.workload.arrival == "trace":
+        return 0.0
+    span = max(0.0, duration_s - d.start_s)
+    expected = float(d.workload.rate_per_s or 0.0) * span
+    return min(expected, d.workload.requests) if d.workload.requests is not None else expected
+
+
+def serve_budget_checks(serve: list[DeploymentSpec], hardware: HardwareSpec, duration_s: float,
+                        job_names: Iterable[str] = ()) -> Iterable[tuple]:
+    """(path, message, value) for deployments that cannot run as written: starting at or after
+    the horizon, weights (with a speculative draft) that leave no room in HBM for a KV block,
+    a draft no smaller than its target, a name shared with a job or `cluster` (their figures
+    would share the sweep's columns), and more requests in all than limits.MAX_SERVED_REQUESTS."""
+    jobs = set(job_names)
+    gib = 2.0**30
+    for index, d in enumerate(serve):
+        at = f"serve.{index}"
+        if d.name in jobs or d.name == "cluster":
+            yield (f"{at}.name", "a job or the cluster's figures have this name; expected a "
+                   "deployment name of its own (figures are keyed by name)", d.name)
+        if d.start_s >= duration_s:
+            yield (f"{at}.start", f"at or after the end of the scenario ({duration_s:g} s); "
+                   "expected an earlier start", d.start_s)
+        k = hardware.chip.ranks
+        ranks_on_chip = min(k, d.tp * d.pp)
+        # A replica smaller than a chip has its ranks' share of the chip's HBM.
+        usable = hardware.chip.hbm_bytes * (1.0 - d.server.kv_reserve) * ranks_on_chip / k
+        target = replica_weight_bytes_per_chip(d.model, d.precision, d.tp, d.pp, k)
+        draft = 0.0
+        if d.speculative is not None:
+            draft = replica_weight_bytes_per_chip(d.speculative.draft, d.precision, d.tp, 1, k)
+            if d.speculative.draft.parameter_count() >= d.model.parameter_count():
+                yield (f"{at}.speculative.draft", f"the draft has "
+                       f"{d.speculative.draft.parameter_count():,} parameters, the target "
+                       f"{d.model.parameter_count():,}; expected a smaller draft",
+                       d.speculative.draft.name)
+        kv_per_token = (2.0 * d.model.layers * d.model.n_kv_heads * d.model.head_dim
+                        * BYTES_PER_ELEMENT[d.server.kv_precision]
+                        / (d.pp * min(d.tp, d.model.n_kv_heads)) * ranks_on_chip)
+        block = kv_per_token * d.server.kv_block_tokens
+        if target + draft + block > usable:
+            drafted = f" and the draft's {draft / gib:.2f} GiB" if draft else ""
+            yield (f"{at}.parallelism", f"the weights do not fit: {target / gib:.2f} GiB per "
+                   f"chip of {d.model.name} ({d.precision}, tp {d.tp} pp {d.pp}){drafted} plus "
+                   f"one KV block ({block / gib:.3f} GiB) against {usable / gib:.2f} GiB usable "
+                   f"(HBM {hardware.chip.hbm_bytes / gib:.0f} GiB x {ranks_on_chip}/{k} ranks "
+                   f"x (1 - kv_reserve {d.server.kv_reserve:g})); expected more tp or pp, "
+                   "fp8 weights or a smaller model", dict(d.parallelism))
+    counts = [expected_requests(d, duration_s) for d in serve]
+    if sum(counts) > limits.MAX_SERVED_REQUESTS:
+        worst = max(range(len(serve)), key=lambda i: counts[i])
+        yield (f"serve.{worst}.workload", f"the deployments would receive about "
+               f"{sum(counts):,.0f} requests (rate x time from start to the horizon, or "
+               f"workload.requests); expected at most {limits.MAX_SERVED_REQUESTS:,} in a run "
+               "(docs/limits.md): a lower rate, a shorter duration or workload.requests",
+               serve[worst].workload.rate_per_s)
 
 
 def resolve_serve_models(resolved: dict, resolve: Callable[[dict, str, str], list]) -> list:

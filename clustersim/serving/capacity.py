@@ -2,22 +2,25 @@
 
 The share of requests meeting both the TTFT and TPOT bounds (`slo_goodput`) falls as the rate
 grows past what the replicas can batch. `find_rate` brackets the rate where it crosses the
-target (doubling or halving from a first guess), then bisects; every rate tried is simulated
-over the scenario's horizon with the same seed, so the answer is deterministic.
+target (doubling or halving from a first guess, never above `rate_ceiling`), then bisects;
+every rate tried is simulated over the scenario's horizon with the same seed, so the answer is
+deterministic. When the ceiling itself meets the target the answer is "at least" it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from clustersim.hardware import limits
 from clustersim.scenario.models import Scenario
 from clustersim.serving.simulate import deployment_figures, simulate_serving
 
-__all__ = ["RateSearch", "find_rate"]
+__all__ = ["RateSearch", "find_rate", "rate_ceiling"]
 
 
 @dataclass
@@ -29,6 +32,23 @@ class RateSearch:
     rate_per_s: float | None  # the highest rate tried that met the target
     figures: dict[str, Any] | None
     tried: list[tuple[float, float]] = field(default_factory=list)  # (rate, slo_goodput)
+    ceiling_per_s: float = math.inf  # the highest rate the search may try
+    at_ceiling: bool = False  # the ceiling itself met the target: the answer is "at least"
+
+
+MAX_BRACKET_TRIALS = 30  # doublings or halvings before the bisection
+
+
+def rate_ceiling(scenario: Scenario, spec: Any) -> float:
+    """The highest rate `find_rate` tries: limits.MAX_REQUEST_RATE_PER_S, and without a
+    `workload.requests` cap no more than limits.MAX_RATE_SEARCH_REQUESTS expected requests
+    per trial (each trial simulates the whole horizon: doubling with no ceiling reached
+    2.7e9/s and ran out of memory)."""
+    ceiling = limits.MAX_REQUEST_RATE_PER_S
+    span = scenario.duration_s - spec.start_s
+    if spec.workload.requests is None and span > 0:
+        ceiling = min(ceiling, limits.MAX_RATE_SEARCH_REQUESTS / span)
+    return ceiling
 
 
 def _with_rate(scenario: Scenario, index: int, rate: float) -> Scenario:
@@ -67,20 +87,26 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         search.tried.append((rate, figures["slo_goodput"]))
         return figures
 
-    rate = float(spec.workload.rate_per_s or spec.replicas)
+    ceiling = rate_ceiling(scenario, spec)
+    search.ceiling_per_s = ceiling
+    rate = min(float(spec.workload.rate_per_s or spec.replicas), ceiling)
     figures = evaluate(rate)
     good, bad = (rate, figures) if figures["slo_goodput"] >= goodput else (None, None), None
     if good[0] is not None:
-        while bad is None and len(search.tried) < 30:
-            rate *= 2
+        while bad is None and len(search.tried) < MAX_BRACKET_TRIALS and rate < ceiling:
+            rate = min(2 * rate, ceiling)
             figures = evaluate(rate)
             if figures["slo_goodput"] >= goodput:
                 good = (rate, figures)
             else:
                 bad = rate
+        if bad is None:  # every rate up to the ceiling meets the target: say so
+            search.rate_per_s, search.figures = good
+            search.at_ceiling = rate >= ceiling
+            return search
     else:
         bad = rate
-        while good[0] is None and len(search.tried) < 30:
+        while good[0] is None and len(search.tried) < MAX_BRACKET_TRIALS:
             rate /= 2
             figures = evaluate(rate)
             if figures["slo_goodput"] >= goodput:

@@ -134,12 +134,15 @@ class IterationModel:
         """Tokens the KV cache holds: the HBM left after weights on the busiest chip, less a
         reserved fraction of HBM (activations, runtime), over one token's KV bytes per chip."""
         hw = self.hardware
-        free = hw.chip.hbm_bytes * (1.0 - reserve_fraction) - self.weight_bytes_per_chip()
+        ranks_per_chip = min(hw.chip.ranks, self.shape.tp * self.shape.pp)
+        # A replica smaller than a chip shares it: its ranks' share of the HBM is its own.
+        share = ranks_per_chip / hw.chip.ranks
+        free = (hw.chip.hbm_bytes * (1.0 - reserve_fraction) * share
+                - self.weight_bytes_per_chip())
         kv_heads = self.shape.model.n_kv_heads
         # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
         per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
             self.shape.pp * min(self.shape.tp, kv_heads))
-        ranks_per_chip = min(hw.chip.ranks, self.shape.tp * self.shape.pp)
         return max(0, int(free // (per_rank * ranks_per_chip)))
 
     # ------------------------------------------------------------------ time

@@ -17,9 +17,12 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from clustersim.scenario.serving import LengthSpec, RequestWorkloadSpec
+from clustersim.hardware import limits
+from clustersim.scenario.reading import regular_file_problem
+from clustersim.scenario.serving import MAX_REQUEST_TOKENS, LengthSpec, RequestWorkloadSpec
 
-__all__ = ["Requests", "generate_requests", "read_request_trace", "TraceError"]
+__all__ = ["Requests", "generate_requests", "read_request_trace", "check_request_trace",
+           "TraceError"]
 
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 
@@ -40,10 +43,32 @@ class Requests:
         return len(self.arrival_s)
 
 
+def check_request_trace(path: Path) -> int | None:
+    """Refuse, before reading it, a trace that is not a regular file (a named pipe blocks
+    forever), is larger than limits.MAX_REQUEST_TRACE_BYTES or, for Parquet, has more rows
+    than limits.MAX_REQUEST_TRACE_ROWS (from its footer); returns the rows when known."""
+    problem = regular_file_problem(path, limits.MAX_REQUEST_TRACE_BYTES)
+    if problem:
+        raise TraceError(f"{path}: {problem}")
+    if path.suffix.lower() != ".parquet":
+        return None
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError) as error:
+        raise TraceError(f"cannot read {path}: {error}") from None
+    if rows > limits.MAX_REQUEST_TRACE_ROWS:
+        raise TraceError(f"{path} has {rows:,} rows; expected at most "
+                         f"{limits.MAX_REQUEST_TRACE_ROWS:,} (docs/limits.md)")
+    return rows
+
+
 def read_request_trace(path: Path) -> dict[str, np.ndarray]:
-    """The trace's columns as arrays; TraceError with what is wrong."""
+    """The trace's columns as arrays; TraceError with what is wrong: columns missing or given
+    twice, not plain numbers (booleans, timestamps and text are refused, not converted),
+    token counts that are not whole or beyond the longest sequence, too many rows."""
     if not path.is_file():
         raise TraceError(f"no such file: {path}")
+    check_request_trace(path)
     try:
         if path.suffix.lower() == ".parquet":
             table = pq.read_table(path)
@@ -51,12 +76,22 @@ def read_request_trace(path: Path) -> dict[str, np.ndarray]:
             table = pacsv.read_csv(path)
     except (pa.ArrowException, OSError) as error:
         raise TraceError(f"cannot read {path}: {error}") from None
+    if table.num_rows > limits.MAX_REQUEST_TRACE_ROWS:
+        raise TraceError(f"{path} has {table.num_rows:,} rows; expected at most "
+                         f"{limits.MAX_REQUEST_TRACE_ROWS:,} (docs/limits.md)")
     missing = [c for c in TRACE_COLUMNS if c not in table.column_names]
     if missing:
         raise TraceError(f"{path} lacks column(s) {', '.join(missing)}; expected "
                          f"{', '.join(TRACE_COLUMNS)}")
     out = {}
     for column in TRACE_COLUMNS:
+        if table.column_names.count(column) > 1:
+            raise TraceError(f"{path}: column {column} appears more than once")
+        kind = table.schema.field(column).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or (pa.types.is_null(kind) and table.num_rows == 0)):
+            raise TraceError(f"{path}: column {column} is {kind}; expected plain numbers "
+                             f"({'seconds' if column == 'arrival_s' else 'token counts'})")
         try:
             values = table.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
         except (pa.ArrowException, ValueError, TypeError):
@@ -67,6 +102,12 @@ def read_request_trace(path: Path) -> dict[str, np.ndarray]:
         if len(values) and values.min() < low:
             raise TraceError(f"{path}: column {column} has {values.min():g}; expected at "
                              f"least {low}")
+        if column != "arrival_s" and len(values):
+            if values.max() > MAX_REQUEST_TOKENS:
+                raise TraceError(f"{path}: column {column} has {values.max():g} tokens; "
+                                 f"expected at most {MAX_REQUEST_TOKENS:,} (docs/limits.md)")
+            if not np.all(values == np.floor(values)):
+                raise TraceError(f"{path}: column {column} has a count that is not whole")
         out[column] = values
     if len(out["arrival_s"]) == 0:
         raise TraceError(f"{path} has no requests")
@@ -109,7 +150,9 @@ def _lengths(spec: LengthSpec, n: int, rng: np.random.Generator,
         values = np.rint(trace[:n]).astype(np.int64)
     else:
         assert spec.median is not None and spec.sigma is not None
-        values = np.rint(np.exp(rng.normal(np.log(spec.median), spec.sigma, n))).astype(np.int64)
+        # Clipped as floats: exp() of a wide draw overflows int64 (it became 1 token).
+        draws = np.exp(rng.normal(np.log(spec.median), spec.sigma, n))
+        return np.rint(np.clip(draws, spec.min, spec.max)).astype(np.int64)
     return np.clip(values, spec.min, spec.max)
 
 

@@ -7,8 +7,9 @@ whole instances, or ranks of one instance when it needs fewer). The iteration mo
 replica shape is built once on a small topology of the same hardware and fabric (a replica's
 collectives run inside its own instances; only the disaggregated KV transfer crosses the
 fabric). Hardware failures come from the training timeline of the same run when it is given
-(`outages`): a failure of a serving instance takes down the replicas with ranks on it (on the
-failed chip only, for a chip's failure) for as long as the timeline says (the detection and
+(`outages`): a failure of a serving instance takes down every replica with ranks on it (a
+chip's failure too: the timeline downs the whole instance for its repair) for as long as the
+timeline says (the detection and
 the restart when a hot spare took the instance's place, plus the repair when none was free),
 so serving and training share one failure history. Software failures, which down no
 hardware, and without `outages` all failures, are drawn here from the scenario's rates summed
@@ -99,8 +100,9 @@ def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: 
     for those, so they are drawn here even when hardware failures come from it)."""
     hw = scenario.hardware
     per = _instances_per_replica(scenario, d)
-    chips = min(per * hw.chips_per_instance, max(1, math.ceil(d.tp * d.pp / hw.chip.ranks)))
-    units = {"chip": chips, "instance": per, "job": 1,
+    # A chip's failure downs its whole instance (as the timeline has it), so every chip of
+    # the replica's instances counts, however few the replica uses.
+    units = {"chip": per * hw.chips_per_instance, "instance": per, "job": 1,
              "ultraserver": per / hw.instances_per_ultraserver if hw.ultraserver else 0.0,
              "leaf": 0.0}
     scale = scenario.failures.scale
@@ -145,9 +147,9 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
         drawn_down_s = math.inf if f.repair_s == "never" else f.detect_s + f.repair_s + f.restart_s
     events = [(t, index, drawn_down_s)
               for t, index in zip(times.tolist(), which.tolist(), strict=True)]
-    for time_s, instance, chip, down_s in outages or ():
+    for time_s, instance, _chip, down_s in outages or ():  # the whole instance is down
         events += [(time_s, index, down_s)
-                   for index in replicas_on_instance(scenario, d, instance, chip)]
+                   for index in replicas_on_instance(scenario, d, instance)]
     if not events:
         return
     events.sort()
