@@ -212,9 +212,7 @@ class DeploymentSpec(Spec):
         if self.model.layers % self.pp:
             raise ValueError(f"the model's {self.model.layers} layers do not split into "
                              f"pp {self.pp} stages")
-        if self.model.heads % self.tp and self.tp % self.model.heads:
-            raise ValueError(f"tp {self.tp} does not divide the model's {self.model.heads} "
-                             "heads")
+        # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
                 and self.precision.kv_cache != self.server.kv_precision):

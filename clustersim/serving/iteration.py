@@ -38,7 +38,7 @@ from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
 from clustersim.training.step import StepModel
-from clustersim.training.transformer import TransformerShape
+from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
     ATTENTION_CORE,
     BYTES_PER_ELEMENT,
@@ -130,6 +130,7 @@ class IterationModel:
             else None
         self.stage_chips = [int(rank_chips[d * shape.tp]) for d in range(shape.pp)]
         self.layers_per_stage = shape.model.layers / shape.pp
+        self.heads = sharded_heads(shape.model, shape.tp)  # as NxD pads and replicates them
         self.overhead_s = hw.serving.iteration_overhead_s
         self.element_bytes = BYTES_PER_ELEMENT[shape.precision]  # weights
         self.activation_bytes = BYTES_PER_ELEMENT[shape.activation_precision]
@@ -148,7 +149,10 @@ class IterationModel:
         m = self.shape.model
         per_layer = (m.parameter_count() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
         ends = m.vocab * m.hidden * (2 if self.shape.pp == 1 else 1)
-        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp
+        # Padded heads (tp not dividing them) add their attention weights on every rank.
+        padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
+        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp \
+            + self.layers_per_stage * padding
         ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
         return per_rank * self.element_bytes * ranks_per_chip
 
@@ -158,10 +162,11 @@ class IterationModel:
 
     def kv_bytes_per_token_per_chip(self) -> float:
         """KV cache bytes one token adds on the busiest chip."""
-        kv_heads = self.shape.model.n_kv_heads
-        # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
-        per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
-            self.shape.pp * min(self.shape.tp, kv_heads))
+        m = self.shape.model
+        # Each rank holds its KV heads (split over tp, replicated when tp exceeds them,
+        # padded with the query heads) for its stage's layers.
+        per_rank = (kv_bytes_per_token(m, self.shape.kv_precision) / m.n_kv_heads
+                    * self.heads.kv_per_rank / self.shape.pp)
         return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
 
     def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
@@ -250,8 +255,7 @@ class IterationModel:
         that token's keys and values on every layer and scoring it (all stages)."""
         s = self.shape
         m = s.model
-        heads = max(1, m.heads // s.tp)
-        kv_heads = max(1, m.n_kv_heads // s.tp)
+        heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         context = 1 << 16  # long enough that tile padding of the context is negligible
         group = heads // kv_heads  # query heads sharing a KV head score together
         e = self.kv_element_bytes
@@ -267,8 +271,7 @@ class IterationModel:
         itself: the quadratic term (scores and values), with fused (flash) attention."""
         s = self.shape
         m = s.model
-        heads = max(1, m.heads // s.tp)
-        kv_heads = max(1, m.n_kv_heads // s.tp)
+        heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         span = context + chunk
         e = self.activation_bytes
         ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
