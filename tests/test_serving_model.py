@@ -141,3 +141,29 @@ def test_unfused_draft_steps_pay_the_host_overhead() -> None:
     assert fused.tokens_per_iteration == pytest.approx((1 - 0.8 ** 8) / 0.2)
     assert (separate.prefill_s([(512, 0)], 0, 0.0, 1) - fused.prefill_s([(512, 0)], 0, 0.0, 1)
             == pytest.approx(1e-3))
+
+
+def test_prefill_spills_activations_beyond_the_on_chip_sram() -> None:
+    """Llama 2 70B at TP 32 on trn1 (24 MiB of SBUF per rank): a 1,024-token prompt's hidden
+    states (16 MiB) stay on chip, a 2,048-token one's (32 MiB) go to HBM around every
+    operation, so TTFT grows faster than the prompt between them (published x2.97, SDK
+    2.18; the model's roofline alone gave x1.95)."""
+    it = _iteration(tp=32, name="llama2-70b", hardware="trn1")
+    assert it.activations_on_chip(1024) and not it.activations_on_chip(2048)
+    assert it.activations_on_chip(1536) and not it.activations_on_chip(1537)
+    assert it.prefill_s(2048) / it.prefill_s(1024) > 2.1
+    # On chip only the weights travel from HBM; vector work costs nothing there.
+    from clustersim.training.workload import layer_forward_ops
+    ops = it._weights_at_precision(layer_forward_ops(it.shape.model, 1, 1024, 32, False,
+                                                     "bf16"), on_chip=True)
+    for op in ops:
+        expected = 2 * op.k * op.n * op.count if op.name in ("qkv", "projection", "mlp_in",
+                                                             "mlp_out") else 0.0
+        assert op.bytes == expected, op.name
+    # Without SRAM in the catalog nothing stays on chip.
+    hw = catalog_entry("trn1")
+    bare = hw.model_copy(update={"chip": hw.chip.model_copy(update={"sram_bytes": None})})
+    plain = IterationModel(it.shape, build_topology(bare, 2))
+    assert not plain.activations_on_chip(1)
+    assert plain.prefill_s(1024) > it.prefill_s(1024)
+    assert plain.prefill_s(2048) == pytest.approx(it.prefill_s(2048))

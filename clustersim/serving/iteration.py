@@ -205,8 +205,28 @@ class IterationModel:
         return self._op_s(self._weights_at_precision(
             _output_ops(s.model, 1, outputs, s.tp, s.activation_precision)))
 
-    def _weights_at_precision(self, ops: list[Op]) -> list[Op]:
-        return _with_weight_bytes(ops, self.element_bytes, self.activation_bytes)
+    def _weights_at_precision(self, ops: list[Op], on_chip: bool = False) -> list[Op]:
+        """The ops with each weight operand at the weights' precision; `on_chip`: the
+        activations stay in the rank's on-chip SRAM, so only weights travel from HBM."""
+        ops = _with_weight_bytes(ops, self.element_bytes, self.activation_bytes)
+        if not on_chip:
+            return ops
+        return [dataclasses.replace(op, bytes=(
+            op.count * self.element_bytes * op.k * op.n if op.name in _WEIGHT_MATMULS else 0.0))
+            for op in ops]
+
+    def activations_on_chip(self, tokens: int) -> bool:
+        """Whether an iteration's hidden states (tokens x hidden at the activations'
+        precision, replicated on every tensor-parallel rank) fit a rank's on-chip SRAM
+        (the catalog's `chip.sram` over its ranks: 24 MiB of SBUF per NeuronCore-v2, 28 per
+        v3). While they fit, the compiler keeps them there between operations: norms,
+        residual adds and the matmuls' token operands never travel to HBM. Beyond it they
+        are written out and read back around every operation."""
+        sram = self.hardware.chip.sram_bytes
+        if not sram:
+            return False
+        per_rank = sram / self.hardware.chip.ranks
+        return tokens * self.shape.model.hidden * self.activation_bytes <= per_rank
 
     @lru_cache(maxsize=65536)  # noqa: B019
     def _body_s(self, tokens: int) -> float:
@@ -216,7 +236,8 @@ class IterationModel:
         layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
                                                 s.activation_precision)
                  if op.name not in _ATTENTION_CORE]
-        layer_s = self._op_s(self._weights_at_precision(layer))
+        on_chip = self.activations_on_chip(tokens)
+        layer_s = self._op_s(self._weights_at_precision(layer, on_chip))
         comm_s = 0.0
         # The all-reduces and stage sends carry activations, at their own precision.
         activation = tokens * s.model.hidden * self.activation_bytes
