@@ -37,6 +37,7 @@ import numpy as np
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
+from clustersim.scenario.serving import default_activations
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
@@ -59,7 +60,7 @@ _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this p
 @dataclass(frozen=True)
 class ReplicaShape:
     """What the iteration model needs of a deployment: model, precisions (weights,
-    activations: default the weights', KV cache), tp, pp."""
+    activations: default the weights', bf16 for fp8 weights; KV cache), tp, pp."""
 
     model: TransformerShape
     precision: str  # weights
@@ -70,7 +71,7 @@ class ReplicaShape:
 
     @property
     def activation_precision(self) -> str:
-        return self.activations or self.precision
+        return self.activations or default_activations(self.precision)
 
 
 # Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
