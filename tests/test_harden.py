@@ -321,8 +321,9 @@ def test_8_check_refuses_a_golden_that_is_a_named_pipe(tmp_path: Path):
 def test_9_weights_that_do_not_fit_are_refused_with_the_breakdown(tmp_path: Path):
     raw = _serving()
     raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
-    refused(invoke("validate", write(tmp_path, raw)), "serve.0.parallelism",
+    refused(invoke("run", write(tmp_path, raw), "-o", tmp_path / "out"), "serve.0.parallelism",
             "the weights do not fit", "GiB per chip")
+    assert not (tmp_path / "out").exists()
     raw = _serving()
     raw["serve"][0]["speculative"] = {"draft": "llama3.1-70b", "tokens": 4, "acceptance": 0.7}
     refused(invoke("validate", write(tmp_path, raw)), "serve.0.speculative.draft",

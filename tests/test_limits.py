@@ -170,7 +170,7 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path: Path):
 def test_a_sweep_of_a_hundred_million_points_is_refused(tmp_path: Path):
     write(tmp_path, SMALL, "small.yaml")
     grid = {"jobs.0.priority": list(range(100)), "failures.scale": list(range(1, 101)),
-            "seed": list(range(100)), "jobs.0.steps": list(range(1, 101))}
+            "jobs.0.name": [f"j{i}" for i in range(100)], "jobs.0.steps": list(range(1, 101))}
     sweep = write(tmp_path, {"scenario": "small.yaml", "grid": grid, "seeds": [0]}, "s.yaml")
     refused(invoke("sweep", sweep, "-o", tmp_path / "out"), "100,000,000 runs", "10,000")
 

@@ -1,10 +1,12 @@
 """Capacity: the highest arrival rate a deployment holds within its latency objectives.
 
 The share of requests meeting both the TTFT and TPOT bounds (`slo_goodput`) falls as the rate
-grows past what the replicas can batch. `find_rate` brackets the rate where it crosses the
-target (doubling or halving from a first guess, never above `rate_ceiling`), then bisects;
-every rate tried is simulated over the scenario's horizon with the same seed, so the answer is
-deterministic. When the ceiling itself meets the target the answer is "at least" it.
+grows past what the replicas can batch. A rate at which the deployment is `saturated` (its
+queue grows over the horizon) is never held, whatever its goodput over a short horizon.
+`find_rate` brackets the rate where it crosses the target (doubling or halving from a first
+guess, never above `rate_ceiling`), then bisects; every rate tried is simulated over the
+scenario's horizon with the same seed, so the answer is deterministic. When the ceiling
+itself holds the answer is "at least" it.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class RateSearch:
     rate_per_s: float | None  # the highest rate tried that met the target
     figures: dict[str, Any] | None
     tried: list[tuple[float, float]] = field(default_factory=list)  # (rate, slo_goodput)
+    saturated: set[float] = field(default_factory=set)  # the rates tried that saturated
     ceiling_per_s: float = math.inf  # the highest rate the search may try
-    at_ceiling: bool = False  # the ceiling itself met the target: the answer is "at least"
+    at_ceiling: bool = False  # no rate tried failed (the ceiling held): the answer is "at least"
 
 
 MAX_BRACKET_TRIALS = 30  # doublings or halvings before the bisection
@@ -65,7 +68,8 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
               seed: int | None = None, bisections: int = 6, base_dir: Path | None = None
               ) -> RateSearch:
     """Highest Poisson/gamma arrival rate of `deployment` (default: the first) at which at
-    least `goodput` of its requests meet the scenario's TTFT and TPOT bounds."""
+    least `goodput` of its requests meet the scenario's TTFT and TPOT bounds and its queue
+    does not grow (not `saturated`)."""
     names = [d.name for d in scenario.serve]
     if not names:
         raise ValueError("the scenario has no serve: deployments")
@@ -85,31 +89,36 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
                                   base_dir)
         figures = deployment_figures(variant, result)[name]
         search.tried.append((rate, figures["slo_goodput"]))
+        if figures["saturated"]:
+            search.saturated.add(rate)
         return figures
+
+    def holds(figures: dict[str, Any]) -> bool:
+        return figures["slo_goodput"] >= goodput and not figures["saturated"]
 
     ceiling = rate_ceiling(scenario, spec)
     search.ceiling_per_s = ceiling
     rate = min(float(spec.workload.rate_per_s or spec.replicas), ceiling)
     figures = evaluate(rate)
-    good, bad = (rate, figures) if figures["slo_goodput"] >= goodput else (None, None), None
+    good, bad = (rate, figures) if holds(figures) else (None, None), None
     if good[0] is not None:
         while bad is None and len(search.tried) < MAX_BRACKET_TRIALS and rate < ceiling:
             rate = min(2 * rate, ceiling)
             figures = evaluate(rate)
-            if figures["slo_goodput"] >= goodput:
+            if holds(figures):
                 good = (rate, figures)
             else:
                 bad = rate
-        if bad is None:  # every rate up to the ceiling meets the target: say so
+        if bad is None:  # every rate tried held (up to the ceiling): the answer is "at least"
             search.rate_per_s, search.figures = good
-            search.at_ceiling = rate >= ceiling
+            search.at_ceiling = True
             return search
     else:
         bad = rate
         while good[0] is None and len(search.tried) < MAX_BRACKET_TRIALS:
             rate /= 2
             figures = evaluate(rate)
-            if figures["slo_goodput"] >= goodput:
+            if holds(figures):
                 good = (rate, figures)
             else:
                 bad = rate  # the lowest failing rate bounds the bisection
@@ -119,7 +128,7 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
     for _ in range(bisections):
         middle = (low + high) / 2
         figures = evaluate(middle)
-        if figures["slo_goodput"] >= goodput:
+        if holds(figures):
             low, good = middle, (middle, figures)
         else:
             high = middle
