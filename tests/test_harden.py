@@ -324,6 +324,7 @@ def test_9_weights_that_do_not_fit_are_refused_with_the_breakdown(tmp_path: Path
     refused(invoke("run", write(tmp_path, raw), "-o", tmp_path / "out"), "serve.0.parallelism",
             "the weights do not fit", "GiB per chip")
     assert not (tmp_path / "out").exists()
+    refused(invoke("run", write(tmp_path, raw), "--find-rate"), "the weights do not fit")
     raw = _serving()
     raw["serve"][0]["speculative"] = {"draft": "llama3.1-70b", "tokens": 4, "acceptance": 0.7}
     refused(invoke("validate", write(tmp_path, raw)), "serve.0.speculative.draft",

@@ -108,6 +108,11 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
 
     if not spec.serve:
         raise UsageProblem("--find-rate: the scenario has no serve: deployments")
+    from clustersim.runner.api import check_serving_fit
+    from clustersim.runner.budget import check_request_traces
+
+    check_request_traces(spec)  # before any trial, as `run` checks them
+    check_serving_fit(spec)
     for deployment in spec.serve:
         try:
             search = find_rate(spec, deployment.name, goodput, seed, base_dir=base_dir)
