@@ -63,8 +63,8 @@ def parse_chips(text: str) -> tuple[int, ...]:
             raise ValueError
         return tuple(sorted(set(values)))
     except ValueError:
-        raise UsageProblem(f"--chips {text!r}: expected N, A,B,C, A:B (doubling) or A:B:STEP "
-                           f"with positive whole numbers") from None
+        raise UsageProblem(f"--chips {text!r}: expected N, A,B,C, LOW:HIGH (doubling) or "
+                           "LOW:HIGH:STEP with positive whole numbers") from None
 
 
 def _duration(text: str | None, what: str) -> float | None:
@@ -88,7 +88,9 @@ def plan(
         help="Hardware to compare, comma-separated catalog names [default: the scenario's].")
     ] = None,
     chips: Annotated[str | None, typer.Option(
-        help="Chip counts: N, A,B,C, A:B (doubling) or A:B:STEP [default: the scenario's].")
+        # LOW:HIGH, not A:B: the help is rich markup, where `:B:` is an emoji code
+        help="Chip counts: N, A,B,C, LOW:HIGH (doubling) or LOW:HIGH:STEP [default: the "
+        "scenario's].")
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model preset instead of the job's.")] = None,
     global_batch: Annotated[str | None, typer.Option(
