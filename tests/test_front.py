@@ -185,3 +185,10 @@ def test_money_axes_read_in_dollars():
     assert form(2_500_000, 0) == "$2.5M"
     assert form(45_000, 0) == "$45k"
     assert form(1.29, 0) == "$1.29"
+
+
+def test_the_default_plan_folder_does_not_double_plan():
+    from clustersim.cli.plan import default_plan_dir
+
+    assert default_plan_dir("plan-trn2-vs-p5en") == Path("results/plan-trn2-vs-p5en")
+    assert default_plan_dir("quickstart") == Path("results/plan-quickstart")

@@ -67,6 +67,12 @@ def parse_chips(text: str) -> tuple[int, ...]:
                            "LOW:HIGH:STEP with positive whole numbers") from None
 
 
+def default_plan_dir(name: str) -> Path:
+    """results/plan-NAME/, without doubling a scenario's own `plan-` prefix
+    (plan-trn2-vs-p5en plans into results/plan-trn2-vs-p5en/)."""
+    return Path("results") / f"plan-{name.removeprefix('plan-')}"
+
+
 def _duration(text: str | None, what: str) -> float | None:
     if text is None:
         return None
@@ -162,7 +168,7 @@ def plan(
     )
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
-    out_dir = out if out is not None else Path("results") / f"plan-{spec.name}"
+    out_dir = out if out is not None else default_plan_dir(spec.name)
     check_output_dir(out_dir, force)
     if write_scenario is not None and write_scenario.exists() and not force:
         raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
