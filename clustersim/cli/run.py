@@ -137,7 +137,10 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
             f"{deployment.name}: {search.rate_per_s:,.3g} requests/s within the SLO (ttft "
             f"{deployment.slo.ttft_s:g} s, tpot {deployment.slo.tpot_s:g} s) for "
             f"{goodput:.0%} of requests; {f['output_tokens_per_s']:,.0f} output tokens/s, "
-            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s")
+            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s"
+            + ("" if f.get("cost_per_million_output_tokens_usd") is None else
+               f"; ${f['cost_per_million_output_tokens_usd']:,.2f} per million output tokens "
+               "at that rate"))
         out_console.print(f"  tried {tried}")
 
 
@@ -246,7 +249,7 @@ def _serving_row(table: Table, summary: dict[str, Any]) -> None:
     table.add_row("serving", f"{_plural(serving, 'instance')} ({chips:,} chips) held by "
                   f"{_plural(len(deployments), 'deployment')} for the whole run: "
                   f"{serving / cluster['instances']:.1%} of chip-time, {hours:,.1f} chip-hours; "
-                  f"{served:,} of {arrived:,} requests served")
+                  f"{served:,} requests served within the horizon ({arrived:,} arrived)")
 
 
 def _minutes(seconds: float) -> str:
