@@ -17,7 +17,7 @@ from clustersim.runner.outputs import OutputDirError, check_output_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["--set", "duration=2d", "--set", "cluster.ultraservers=2", "--set", "cluster.spares=0",
-         "--set", "jobs.0.parallelism.dp=16"]
+         "--set", "jobs.0.parallelism.dp=128"]
 
 
 def invoke(*args: Any) -> Any:

@@ -36,7 +36,9 @@ def serving_run(tmp_path_factory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("serve")
     scenario = _small_serving_scenario(folder)
     out = folder / "run"
-    result = invoke("run", scenario, "-o", out)
+    # wide: one line per table row, so phrases are not split over cells' lines
+    result = CliRunner().invoke(app, ["run", str(scenario), "-o", str(out)],
+                                env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     return out, result.output
 
@@ -141,7 +143,7 @@ def test_run_labels_the_trn2_price_as_the_catalog_does(serving_run):
 
 
 QUICK = ["--set", "duration=2d", "--set", "cluster.ultraservers=2", "--set", "cluster.spares=0",
-         "--set", "jobs.0.parallelism.dp=16"]
+         "--set", "jobs.0.parallelism.dp=128"]
 
 
 def test_piped_output_keeps_each_line_whole_and_rerunning_says_what_it_replaced(tmp_path,
