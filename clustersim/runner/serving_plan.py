@@ -294,8 +294,12 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                 shape.why = "validation: " + _first_issue(error)
                 continue
             _bound(shape, one, load, mean_in, mean_out, longest, median_in)
+        # Cheapest bound first; among equal ones (every shape that fits the load on one
+        # instance, say) the most an instance could serve first, so the one kept has the
+        # most headroom and the best cost at capacity.
         live = sorted((s for s in shapes if not s.why),
-                      key=lambda s: (s.usd_per_h_bound, s.tp * s.pp, -s.max_batch))
+                      key=lambda s: (s.usd_per_h_bound, -s.rate_bound_per_s * max(
+                          1, s.spec.ranks_per_instance // (s.tp * s.pp)), s.tp * s.pp))
         best_usd: float | None = None
         for shape in live:
             if best_usd is not None and shape.usd_per_h_bound >= best_usd:
