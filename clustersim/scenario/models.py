@@ -24,6 +24,7 @@ from clustersim.hardware.spec import (
 )
 from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.errors import ScenarioCheckError
+from clustersim.scenario.fleetday import FluidSpec
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
 from clustersim.scenario.serving import DeploymentSpec
@@ -184,6 +185,8 @@ class Scenario(Spec):
     workload: WorkloadSpec | None = None
     stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()
+    fluid: FluidSpec = Field(default=FluidSpec(), description="the fleet-level serving model "
+                             "(docs/fleet-day.md)")
 
     @field_validator("duration_s")
     @classmethod
