@@ -67,7 +67,8 @@ class SinusoidSpec(Spec):
 
 class LoadCurveSpec(Spec):
     """A deployment's arrival rate over time: `hourly` points (requests per second at the
-    start of each hour, linear in between; `repeat: daily` repeats 24 of them), or a daily
+    start of each hour, linear in between or held (`between: step`); `repeat: daily` repeats
+    24 of them), or a daily
     `sinusoid`; times `noise`, a log-normal factor of mean 1 and spread `noise` drawn per
     `noise_interval` (the same draws at both levels of fidelity)."""
 
@@ -76,6 +77,8 @@ class LoadCurveSpec(Spec):
     repeat: Literal["daily", "none"] = Field(default="daily", description="daily: 24 hourly "
                                              "points repeated each day; none: the points "
                                              "must cover the horizon")
+    between: Literal["linear", "step"] = Field(default="linear", description="between hourly "
+                                               "points: linear, or each held for its hour")
     sinusoid: SinusoidSpec | None = None
     noise: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
                          description="standard deviation of the log of the noise factor")
@@ -172,9 +175,11 @@ class FluidSpec(Spec):
 
     interval_s: Duration = Field(default=60.0, alias="interval", ge=1.0, le=3600.0,
                                  description="the fleet's step")
-    curve_requests: int = Field(default=1500, ge=200, le=100_000,
+    curve_requests: int = Field(default=3000, ge=200, le=100_000,
                                 description="requests simulated per point of a replica's "
                                 "latency curve")
+    curve_replicas: int = Field(default=4, ge=1, le=64, description="replicas the curves are "
+                                "measured on (the router pools them)")
 
 
 def replica_chips(d: DeploymentSpec, ranks_per_chip: int) -> int:

@@ -1,12 +1,14 @@
 """A replica's throughput and latency against load, measured by the request-level simulator:
 what the fluid fleet model (clustersim.serving.fleetday) steps with.
 
-For a deployment (model, hardware, parallelism, server, prompt and output lengths, SLO) the
-request-level simulator runs one replica, without failures, through its public API
-(`simulate_serving` and the fleet's per-request arrays):
+For a deployment (model, hardware, parallelism, server, router, prompt and output lengths,
+SLO) the request-level simulator runs a small group of its replicas (`fluid.curve_replicas`,
+4 by default, at most the deployment's maximum: the router pools them as it pools the
+fleet's), without failures, through its public API (`simulate_serving` and the fleet's
+per-request arrays):
 
-- saturated (every request at once): the completion rate over the middle 80% of completions
-  is the replica's capacity, `capacity_per_s` requests per second;
+- saturated (every request at once): the completion rate over the middle 80% of completions,
+  over the group's size, is a replica's capacity, `capacity_per_s` requests per second;
 - at a grid of utilisations rho (offered rate over that capacity): the quantiles of TTFT and
   TPOT, the quantiles of the TTFT of the requests meeting the TPOT bound (requests missing it
   count as infinite), and the mean time in the system (Little's law at the fleet level).
@@ -87,9 +89,17 @@ class ReplicaCurve:
         return float(rho * self.capacity_per_s)
 
 
+def group_size(scenario: Scenario, d: DeploymentSpec) -> int:
+    """Replicas the curve is measured on: the deployment's router spreads load over a few
+    (least outstanding routing pools them), as over the fleet's."""
+    most = d.autoscale.max_replicas if d.autoscale is not None else d.replicas
+    return max(1, min(scenario.fluid.curve_replicas, most))
+
+
 def _key(scenario: Scenario, d: DeploymentSpec, requests: int) -> str:
     shape = d.model_dump(mode="json", exclude={"name", "autoscale", "fidelity", "replicas",
-                                                "router", "start_s", "disaggregated"})
+                                                "start_s", "disaggregated"})
+    shape["group"] = group_size(scenario, d)
     shape["workload"] = {k: shape["workload"][k] for k in ("arrival", "cv", "input_tokens",
                                                            "output_tokens")}
     return json.dumps([scenario.hardware.model_dump(mode="json"),
@@ -97,13 +107,12 @@ def _key(scenario: Scenario, d: DeploymentSpec, requests: int) -> str:
                       sort_keys=True, default=str)
 
 
-def _one_replica(scenario: Scenario, d: DeploymentSpec, rate: float, requests: int
-                 ) -> Scenario:
-    """The deployment alone, one replica, `requests` at `rate`, no failures (not
-    revalidated: every field comes from a valid scenario)."""
+def _group(scenario: Scenario, d: DeploymentSpec, rate: float, requests: int) -> Scenario:
+    """The deployment alone on its curve group of replicas, `requests` at `rate`, no
+    failures (not revalidated: every field comes from a valid scenario)."""
     workload = d.workload.model_copy(update={"rate_per_s": rate, "load": None,
                                              "requests": requests})
-    one = d.model_copy(update={"replicas": 1, "autoscale": None, "fidelity": "requests",
+    one = d.model_copy(update={"replicas": group_size(scenario, d), "autoscale": None, "fidelity": "requests",
                                "disaggregated": None, "start_s": 0.0, "workload": workload})
     variant = scenario.model_copy(update={
         "serve": [one], "jobs": [], "failures": FailuresSpec(),
@@ -113,7 +122,7 @@ def _one_replica(scenario: Scenario, d: DeploymentSpec, rate: float, requests: i
 
 
 def _run(scenario: Scenario, d: DeploymentSpec, rate: float, requests: int, index: int):
-    variant = _one_replica(scenario, d, rate, requests)
+    variant = _group(scenario, d, rate, requests)
     result = simulate_serving(variant, np.random.SeedSequence(CURVE_SEED, spawn_key=(index,)))
     return result.fleets[d.name]
 
@@ -131,11 +140,12 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
         raise ValueError(f"deployment {d.name!r}: a replica completed {len(finish)} of "
                          f"{requests} requests (do they fit its KV cache?)")
     lo, hi = int(0.1 * len(finish)), int(0.9 * len(finish))
-    capacity = (hi - lo) / max(finish[hi] - finish[lo], 1e-9)
+    group = group_size(scenario, d)
+    capacity = (hi - lo) / max(finish[hi] - finish[lo], 1e-9) / group  # per replica
     ttft, tpot, slo, e2e = [], [], [], []
     simulated = requests
     for index, rho in enumerate(RHO_GRID, start=1):
-        fleet = _run(scenario, d, float(rho * capacity), requests, index)
+        fleet = _run(scenario, d, float(rho * capacity * group), requests, index)
         simulated += requests
         keep = (fleet.status == 1) & (np.arange(len(fleet.status)) >= requests // 10)
         arrival, first = fleet.arrival_s[keep], fleet.first_token_s[keep]

@@ -34,6 +34,11 @@ def _curve(load: LoadCurveSpec, t: np.ndarray) -> np.ndarray:
     assert load.hourly is not None
     points = np.asarray(load.hourly, dtype=float)
     hours = t / 3600.0
+    if load.between == "step":
+        index = np.floor(hours).astype(np.int64)
+        index = index % len(points) if load.repeat == "daily" else np.minimum(index,
+                                                                               len(points) - 1)
+        return points[index]
     if load.repeat == "daily":  # periodic: hour 24 is hour 0 again
         return np.interp(hours % 24.0, np.arange(25.0), np.append(points, points[0]))
     # Linear between points; the last one holds for its hour.
