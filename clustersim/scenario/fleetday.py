@@ -187,7 +187,10 @@ def replica_chips(d: DeploymentSpec, ranks_per_chip: int) -> int:
 
 
 def resolved_fidelity(d: DeploymentSpec, duration_s: float) -> str:
-    """requests or fluid: `auto` is fluid with autoscaling or past AUTO_REQUESTS requests."""
+    """requests or fluid: `auto` is fluid with autoscaling or past AUTO_REQUESTS requests;
+    unset, fluid with autoscaling, else requests."""
+    if d.fidelity is None:
+        return "fluid" if d.autoscale is not None else "requests"
     if d.fidelity != "auto":
         return d.fidelity
     if d.autoscale is not None:

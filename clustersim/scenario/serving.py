@@ -151,9 +151,10 @@ class DeploymentSpec(Spec):
     speculative: SpeculativeSpec | None = None
     slo: SloSpec = SloSpec()
     start_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, alias="start")
-    fidelity: Literal["requests", "fluid", "auto"] = Field(
-        default="requests", description="requests: request by request; fluid: the fleet-level "
-        "model (docs/fleet-day.md); auto: fluid with autoscale or past 2M requests")
+    fidelity: Literal["requests", "fluid", "auto"] | None = Field(
+        default=None, description="requests: request by request; fluid: the fleet-level "
+        "model (docs/fleet-day.md); auto: fluid with autoscale or past 2M requests, else "
+        "requests and the two levels compared; default: fluid with autoscale, else requests")
     autoscale: AutoscaleSpec | None = None
 
     @model_validator(mode="after")

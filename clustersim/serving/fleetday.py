@@ -354,10 +354,14 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         job.state = "restarting"
         job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
 
-    # The deployments' minimum replicas start up (loaded before the horizon starts).
+    # The fleet was serving before the horizon: each deployment starts with the replicas
+    # its first step's load needs (at least `replicas`), within [min, max], loaded.
     for dep in sorted(deployments, key=lambda x: -x.priority):
-        first = max(dep.minimum, min(dep.spec.replicas, dep.maximum))
-        dep.up = first
+        first = dep.spec.replicas
+        if dep.spec.autoscale is not None:
+            first = max(first, math.ceil(float(dep.rates[0]) / dep.per_replica_rate - 1e-9))
+        fits = state["free"] * cpi // dep.chips  # whole free instances, shared by replicas
+        dep.up = max(dep.minimum, min(dep.maximum, first, fits))
         state["free"] -= resize(dep)
     if state["free"] < 0:
         raise ValueError("the deployments' starting replicas do not fit the cluster")
