@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.day_report import write_day_report  # noqa: E402
+from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
 

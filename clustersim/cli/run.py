@@ -152,8 +152,9 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
     total = max(day["chip_hours_total"], 1e-9)
     table.add_row("chip-hours", ", ".join(f"{k} {v:,.0f} ({v / total:.1%})"
                                           for k, v in hours.items()))
-    table.add_row("cost", f"serving {_money(day['serving_cost_per_million_output_tokens_usd'], 'per M output tokens')}"
-                  f", training {_money(day['training_cost_per_million_tokens_usd'], 'per M tokens')}")
+    serving = _money(day["serving_cost_per_million_output_tokens_usd"], "per M output tokens")
+    training = _money(day["training_cost_per_million_tokens_usd"], "per M tokens")
+    table.add_row("cost", f"serving {serving}, training {training}")
     table.add_row("peak load", f"{day['peak_load_per_s']:,.0f} requests/s over the deployments")
     for name, d in summary["deployments"].items():
         table.add_row(f"serve {escape(name)}", f"{d['model']}, tp {d['tp']} x pp {d['pp']}: "

@@ -24,8 +24,8 @@ from clustersim.runner.fleetday import compare_levels, run_fleet_day
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.models import Scenario
 from clustersim.scenario.fleetday import is_fleet_day
+from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.serving import (
     ServingResult,

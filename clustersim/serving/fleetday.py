@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.rates import (
     checkpoint_intervals,
     default_checkpoint,
@@ -113,7 +114,7 @@ class _Job:
     steps_target: float | None
     tokens_per_step: float
     step_time_s: float
-    state: str = "pending"  # pending, queued, running, restarting, waiting, done
+    state: str = "pending"  # pending, queued, running, restarting, waiting_for_hardware, done
     held: int = 0
     ready_at: float = 0.0
     missing: int = 0
@@ -317,7 +318,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             job.held -= downed
             lose(job)
             job.interruptions += 1
-            job.state = "waiting"
+            job.state = "waiting_for_hardware"
             job.missing += downed
             job.ready_at = now + f.detect_s
         else:
@@ -438,7 +439,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         for job in job_order:
             if job.state == "pending" and job.submit_s <= now:
                 job.state = "queued"
-            if job.state == "waiting" and job.ready_at <= end and job.missing <= state["free"]:
+            if (job.state == "waiting_for_hardware" and job.ready_at <= end
+                    and job.missing <= state["free"]):
                 state["free"] -= job.missing
                 job.held += job.missing
                 job.missing = 0
@@ -467,7 +469,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 if job.state == "restarting" and job.ready_at <= end:
                     job.state = "running"
                 _train(job, run)
-            elif job.state in ("queued", "waiting"):
+            elif job.state in ("queued", "waiting_for_hardware"):
                 job.time_by_state_s[job.state] = job.time_by_state_s.get(job.state, 0.0) + dt
             if job.steps_target is not None and job.state == "running" and \
                     job.useful_s >= job.steps_target * job.step_time_s:
@@ -703,7 +705,8 @@ def day_table(result: FleetDayResult) -> pa.Table:
             "tpot_p50_s": s["tpot_p50_s"], "tpot_p99_s": s["tpot_p99_s"],
             "slo_attainment": s["slo_attainment"], "output_tokens": s["output_tokens"],
         }))
-    return pa.concat_tables(parts) if parts else pa.table({})
+    schema = SCHEMAS["day"]
+    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
 
 
 def fleet_table(result: FleetDayResult) -> pa.Table:
