@@ -211,7 +211,11 @@ def test_chip_hours_add_up_to_the_cluster(instances, minimum, hours, peak, scale
     r["duration"] = hours * 3600 + 1020
     s = build(r)
     result = simulate_fleet_day(s, 1, {j.name: _profile(s, j) for j in s.jobs})
-    day = fleet_day_figures(s, result)["fleet_day"]
+    figures = fleet_day_figures(s, result)
+    day = figures["fleet_day"]
+    # a job that is not elastic is never resized (a failure while it waits for hardware
+    # does not start it on part of its instances)
+    assert all(j["shrinks"] == j["grows"] == 0 for j in figures["jobs"].values())
     hours_by_state = day["chip_hours"]
     assert all(v >= -1e-9 for v in hours_by_state.values())
     assert sum(hours_by_state.values()) == pytest.approx(day["cluster_chip_hours"], rel=1e-12)
@@ -270,3 +274,48 @@ def test_a_minimum_that_does_not_fit_is_refused(tmp_path):
 def test_autoscale_with_request_fidelity_is_refused(tmp_path):
     refused(tmp_path, raw([deployment(fidelity="requests", autoscale={"min": 1, "max": 3})]),
             "serve.0.fidelity", "fixed replica count")
+
+
+def _peak_scenario(job: dict):
+    return build(raw([deployment(fidelity="fluid", replicas=4, workload={
+        "load": {"hourly": [8, 8, 300, 300, 8, 8], "repeat": "none", "between": "step"},
+        **LENGTHS}, autoscale={"min": 4, "max": 40, "interval": "60s", "warmup": "0s",
+                               "scale_down_after": "5min", "drain": "0s"})],
+        duration="6h", instances=4, jobs=[job]))  # at most 40 one-chip replicas: 3 instances
+
+
+@pytest.mark.slow
+def test_an_elastic_job_shrinks_for_serving_and_grows_back():
+    """The peak leaves the job one of its two instances: elastic, it runs on one data-
+    parallel group through the peak (half the tokens per second) and grows back after;
+    not elastic, it stops."""
+    from clustersim.runner.api import step_profiles
+
+    elastic = _peak_scenario(dict(JOB, elastic={"min_dp": 1}))
+    stiff = _peak_scenario(JOB)
+    profiles = step_profiles(stiff)
+    out = {}
+    for name, s in (("elastic", elastic), ("stiff", stiff)):
+        result = simulate_fleet_day(s, 0, profiles)
+        out[name] = (fleet_day_figures(s, result)["jobs"]["train"], result)
+    job, result = out["elastic"]
+    assert job["shrinks"] >= 1 and job["grows"] >= 1 and job["preemptions"] == 0
+    chips = result.fleet["job:train"]
+    assert set(np.unique(chips)) <= {0, 16, 32} and 16 in chips  # one DP group, then two
+    assert job["tokens_trained"] > out["stiff"][0]["tokens_trained"]
+    assert out["stiff"][0]["preemptions"] >= 1
+
+
+def test_elastic_minimum_above_dp_is_refused(tmp_path):
+    refused(tmp_path, raw([deployment(fidelity="fluid", autoscale={"min": 1, "max": 3})],
+                          jobs=[dict(JOB, elastic={"min_dp": 3})]),
+            "jobs.0.elastic.min_dp", "above the job's dp 2")
+
+
+def test_replications_of_a_fleet_day_run_are_refused(tmp_path):
+    path = tmp_path / "day.yaml"
+    path.write_text(yaml.safe_dump(raw([deployment(fidelity="fluid")])))
+    result = CliRunner().invoke(app, ["run", str(path), "--replications", "2", "--out",
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 2 and "runs once" in result.stdout + (result.stderr or "")
+    assert not (tmp_path / "out").exists()

@@ -52,6 +52,12 @@ def run(
         raise UsageProblem(problem)
 
     spec = load_scenario(scenario, overrides or [])
+    from clustersim.scenario.fleetday import is_fleet_day
+
+    if is_fleet_day(spec) and (replications > 1 or find_rate):
+        raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: a fleet-day "
+                           "run (fluid deployments, docs/fleet-day.md) runs once, at its "
+                           "scenario's rates")
     if find_rate:
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return

@@ -320,6 +320,8 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
     check_fit(scenario, steps)
     if is_fleet_day(scenario):
+        if replications > 1:
+            raise ValueError("replications: a fleet-day run (docs/fleet-day.md) runs once")
         return _fleet_day_run(scenario, seed, topology, steps, trace_dir, started)
     recorder = None
     if trace_dir is not None and scenario.trace.enabled:

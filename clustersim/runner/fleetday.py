@@ -49,7 +49,8 @@ def compare_levels(scenario: Scenario, seed: int, requests: dict[str, dict[str, 
     auto = [d for d in scenario.serve if d.fidelity == "auto"]
     if not auto:
         return {}
-    alone = scenario.model_copy(update={"jobs": [], "serve": auto, "failures": FailuresSpec()})
+    # Every deployment, so each keeps its index (its load curve's noise stream).
+    alone = scenario.model_copy(update={"jobs": [], "failures": FailuresSpec()})
     alone._source = scenario.source
     result = simulate_fleet_day(alone, seed, {})
     fluid = fleet_day_figures(alone, result)["deployments"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
     from clustersim.scenario.serving import DeploymentSpec
 
-__all__ = ["SinusoidSpec", "LoadCurveSpec", "AutoscaleSpec", "FluidSpec", "fleet_day_checks",
+__all__ = ["elastic_unit", "elastic_smallest", "ElasticSpec", "SinusoidSpec",
+           "LoadCurveSpec", "AutoscaleSpec", "FluidSpec", "LoadRate", "fleet_day_checks",
            "is_fleet_day", "resolved_fidelity", "replica_chips", "AUTO_REQUESTS"]
 
 DAY_S = 86400.0
@@ -44,18 +45,28 @@ def _rate_or_zero(value: object) -> float:
     return rate
 
 
+# A request rate that may be zero: requests per second, or a string such as 20/s.
+LoadRate = Annotated[float, BeforeValidator(_rate_or_zero), WithJsonSchema({
+    "anyOf": [{"type": "number"}, {"type": "string"}],
+    "description": "requests per second (0 or more), or requests/time", "examples": ["20/s"]})]
+
+
+class ElasticSpec(Spec):
+    """A training job that shrinks by whole data-parallel groups instead of stopping when a
+    serving deployment of higher priority needs its chips (fleet-day runs only), and grows
+    back when they are free again; each resize restarts it from its last checkpoint."""
+
+    min_dp: int = Field(ge=1, le=limits.MAX_INSTANCES, description="the fewest data-parallel "
+                        "groups it runs on")
+
+
 class SinusoidSpec(Spec):
     """A daily sinusoid: `trough` at `peak_at` + 12 h, `peak` at `peak_at`."""
 
     peak_per_s: RequestRate = Field(alias="peak", description="requests per second at the peak")
-    trough_per_s: float = Field(alias="trough", description="requests per second at the trough")
+    trough_per_s: LoadRate = Field(alias="trough", description="requests per second at the trough")
     peak_at_s: NonNegativeDuration = Field(default=14 * 3600.0, alias="peak_at",
                                            le=DAY_S, description="time of day of the peak")
-
-    @field_validator("trough_per_s", mode="before")
-    @classmethod
-    def _trough(cls, value: object) -> float:
-        return _rate_or_zero(value)
 
     @model_validator(mode="after")
     def _check(self) -> SinusoidSpec:
@@ -72,7 +83,7 @@ class LoadCurveSpec(Spec):
     `sinusoid`; times `noise`, a log-normal factor of mean 1 and spread `noise` drawn per
     `noise_interval` (the same draws at both levels of fidelity)."""
 
-    hourly: list[float] | None = Field(default=None, description="requests per second at "
+    hourly: list[LoadRate] | None = Field(default=None, description="requests per second at "
                                        "each hour's start (linear between points)")
     repeat: Literal["daily", "none"] = Field(default="daily", description="daily: 24 hourly "
                                              "points repeated each day; none: the points "
@@ -182,6 +193,30 @@ class FluidSpec(Spec):
                                 "measured on (the router pools them)")
 
 
+def elastic_unit(instances: int, dp: int) -> int | None:
+    """Instances an elastic job grows or shrinks by: one data-parallel group's, or one
+    instance when several groups share an instance; None when neither divides the other."""
+    if instances % dp == 0:
+        return instances // dp
+    if dp % instances == 0:
+        return 1
+    return None
+
+
+def elastic_smallest(instances: int, dp: int, min_dp: int) -> int:
+    """Instances of `min_dp` data-parallel groups, in whole units (elastic_unit)."""
+    unit = elastic_unit(instances, dp) or instances
+    return min(instances, unit * -(-min_dp * instances // (dp * unit)))
+
+
+def _smallest(s: Scenario, job) -> int:
+    """Instances a job needs to run at all (its minimum when elastic)."""
+    instances, dp = s.job_instances(job), job.parallelism.dp
+    if job.elastic is None or elastic_unit(instances, dp) is None:
+        return instances
+    return elastic_smallest(instances, dp, job.elastic.min_dp)
+
+
 def replica_chips(d: DeploymentSpec, ranks_per_chip: int) -> int:
     return max(1, -(-d.tp * d.pp // ranks_per_chip))
 
@@ -249,12 +284,23 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                 yield (f"{at}.autoscale.min" if d.autoscale is not None else f"{at}.replicas",
                        f"the deployments' minimum replicas need {minimum_instances} instances "
                        f"up to this one; the cluster has {s.working_instances}", count)
+    for index, job in enumerate(s.jobs):
+        if job.elastic is None:
+            continue
+        dp = job.parallelism.dp
+        if job.elastic.min_dp > dp:
+            yield (f"jobs.{index}.elastic.min_dp", f"above the job's dp {dp}",
+                   job.elastic.min_dp)
+        elif elastic_unit(s.job_instances(job), dp) is None:
+            yield (f"jobs.{index}.elastic", f"the job's {s.job_instances(job)} instances do "
+                   f"not split into its {dp} data-parallel groups (nor they into them)",
+                   job.elastic.min_dp)
     if fleet:
         free = s.working_instances - minimum_instances
         for index, job in enumerate(s.jobs):
             if s.job_instances(job) > s.working_instances:
                 yield (f"jobs.{index}.instances", f"needs {s.job_instances(job)} instances; "
                        f"the cluster has {s.working_instances}", s.job_instances(job))
-            elif s.job_instances(job) > free >= 0:
+            elif _smallest(s, job) > free >= 0:
                 yield (f"jobs.{index}", f"needs {s.job_instances(job)} instances; the "
                        f"deployments' minimum replicas leave {free}", s.job_instances(job))

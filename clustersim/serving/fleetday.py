@@ -54,7 +54,7 @@ from clustersim.cluster.rates import (
     job_failure_rate,
     storage_bandwidth_per_instance,
 )
-from clustersim.scenario.fleetday import replica_chips
+from clustersim.scenario.fleetday import elastic_smallest, elastic_unit, replica_chips
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
@@ -114,6 +114,8 @@ class _Job:
     steps_target: float | None
     tokens_per_step: float
     step_time_s: float
+    group: int = 0  # instances per data-parallel group
+    smallest: int = 0  # instances it runs on at the least (its minimum when elastic)
     state: str = "pending"  # pending, queued, running, restarting, waiting_for_hardware, done
     held: int = 0
     ready_at: float = 0.0
@@ -121,7 +123,14 @@ class _Job:
     started: bool = False
     start_s: float | None = None
     since_checkpoint_s: float = 0.0
+    since_checkpoint_tokens: float = 0.0
+    tokens: float = 0.0
     useful_s: float = 0.0
+    shrinks: int = 0
+    grows: int = 0
+    end_s: float = math.inf  # the deadline (since submission) or run_for (since the start)
+    run_for_s: float | None = None
+    done_why: str = ""
     lost_work_s: float = 0.0
     checkpointing_s: float = 0.0
     checkpoints: int = 0
@@ -231,6 +240,17 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             async_write=bool(checkpoint and checkpoint.async_write),
             steps_target=spec.steps, tokens_per_step=profile.tokens_per_step,
             step_time_s=profile.step_time_s))
+        job = jobs[-1]
+        if spec.deadline_s is not None:
+            job.end_s = spec.submit_s + spec.deadline_s
+        job.run_for_s = spec.run_for_s
+        dp = spec.parallelism.dp
+        unit = elastic_unit(job.instances, dp)
+        if spec.elastic is not None and unit is not None:
+            job.group = unit
+            job.smallest = elastic_smallest(job.instances, dp, spec.elastic.min_dp)
+        else:
+            job.group = job.smallest = job.instances
 
     total_instances = scenario.total_instances
     state = {"free": total_instances, "down": 0}
@@ -261,16 +281,42 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
     def lose(job: _Job) -> None:
         job.lost_work_s += job.since_checkpoint_s
         job.useful_s -= job.since_checkpoint_s
-        job.since_checkpoint_s = 0.0
+        job.tokens -= job.since_checkpoint_tokens
+        job.since_checkpoint_s = job.since_checkpoint_tokens = 0.0
+
+    def resize_job(job: _Job, held: int, now: float) -> None:
+        """An elastic job to `held` instances: it restarts from its last checkpoint."""
+        lose(job)
+        state["free"] += job.held - held
+        if held < job.held:
+            job.shrinks += 1
+        else:
+            job.grows += 1
+        job.held = held
+        job.state = "restarting"
+        job.ready_at = now + f.restart_s + job.restore_s
 
     def preempt_for(dep: _Deployment, need: int, now: float) -> None:
         victims = sorted((j for j in jobs if j.held and j.priority < dep.priority),
                          key=lambda j: (j.priority, -j.last_start_s))
+        for victim in victims:  # elastic ones shrink first, down to their minimum
+            short = need - state["free"]
+            if short <= 0:
+                return
+            spare = victim.held - victim.smallest
+            if spare >= victim.group > 0 and victim.state != "waiting_for_hardware":
+                # by at least a tenth of the job: a resize is a restart, not to be paid at
+                # every step of a rising load
+                want = max(short, math.ceil(victim.instances / 10))
+                groups = min(spare // victim.group, -(-want // victim.group))
+                resize_job(victim, victim.held - groups * victim.group, now)
+                dep.preempted_for += 1
         for victim in victims:
             if state["free"] >= need:
                 return
-            release_job(victim, now, preempted=True)
-            dep.preempted_for += 1
+            if victim.held:
+                release_job(victim, now, preempted=True)
+                dep.preempted_for += 1
 
     def add_replica(dep: _Deployment, now: float) -> bool:
         extra = instances_for(dep, dep.active + 1) - dep.instances
@@ -352,8 +398,9 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         job = running[choice - len(serving)]
         lose(job)
         job.interruptions += 1
-        job.state = "restarting"
-        job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
+        if job.state != "waiting_for_hardware":  # (that one restarts once it is whole)
+            job.state = "restarting"
+            job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
 
     # The fleet was serving before the horizon: each deployment starts with the replicas
     # its first step's load needs (at least `replicas`), within [min, max], loaded.
@@ -447,9 +494,16 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 job.state = "restarting"
                 job.ready_at = max(job.ready_at, now) + f.restart_s + job.restore_s
         for job in job_order:
-            if job.state == "queued" and job.instances <= state["free"]:
-                state["free"] -= job.instances
-                job.held = job.instances
+            # An elastic job below its size grows back when the rest of it is free.
+            if (job.state == "running" and job.smallest < job.instances
+                    and job.held < job.instances and job.instances - job.held <= state["free"]):
+                resize_job(job, job.instances, now)  # (takes them from the pool)
+            fits = job.instances
+            if job.smallest < job.instances and job.state == "queued":
+                fits = min(job.instances, state["free"] // job.group * job.group)
+            if job.state == "queued" and job.smallest <= fits <= state["free"]:
+                state["free"] -= fits
+                job.held = fits
                 job.last_start_s = now
                 if job.started:
                     job.state = "restarting"
@@ -458,6 +512,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                     job.started, job.start_s = True, now
                     job.state = "running"
                     job.ready_at = now
+                    if job.run_for_s is not None:
+                        job.end_s = min(job.end_s, now + job.run_for_s)
         for job in jobs:
             job.held_chip_s += job.held * cpi * dt
             job_chips[job.name][k] = job.held * cpi
@@ -471,8 +527,10 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 _train(job, run)
             elif job.state in ("queued", "waiting_for_hardware"):
                 job.time_by_state_s[job.state] = job.time_by_state_s.get(job.state, 0.0) + dt
-            if job.steps_target is not None and job.state == "running" and \
-                    job.useful_s >= job.steps_target * job.step_time_s:
+            target = job.steps_target is not None and job.state == "running" and \
+                job.tokens >= job.steps_target * job.tokens_per_step
+            if target or (job.state not in ("pending", "done") and end >= job.end_s):
+                job.done_why = "reached its step target" if target else "its end came"
                 job.state = "done"
                 state["free"] += job.held
                 job.held = 0
@@ -526,6 +584,9 @@ def _train(job: _Job, run_s: float) -> None:
     work = run_s * share
     job.checkpointing_s += run_s - work
     job.useful_s += work
+    tokens = work * job.tokens_per_s * job.held / job.instances  # fewer DP groups: fewer
+    job.tokens += tokens
+    job.since_checkpoint_tokens += tokens
     job.time_by_state_s["running"] = job.time_by_state_s.get("running", 0.0) + work
     job.time_by_state_s["checkpointing"] = job.time_by_state_s.get(
         "checkpointing", 0.0) + run_s - work
@@ -533,7 +594,10 @@ def _train(job: _Job, run_s: float) -> None:
     if math.isfinite(job.interval_s) and job.since_checkpoint_s >= job.interval_s:
         done = math.floor(job.since_checkpoint_s / job.interval_s)
         job.checkpoints += done
-        job.since_checkpoint_s -= done * job.interval_s
+        # what is left since the last write, in time and (at the present size) tokens
+        left = job.since_checkpoint_s - done * job.interval_s
+        job.since_checkpoint_tokens *= left / job.since_checkpoint_s
+        job.since_checkpoint_s = left
 
 
 def _latency(dep: _Deployment, s: dict[str, np.ndarray], dts: np.ndarray) -> None:
@@ -638,17 +702,18 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
     jobs = {}
     trained = 0.0
     for job in result.jobs:
-        tokens = max(0.0, job.useful_s) * job.tokens_per_s
+        tokens = max(0.0, job.tokens)
         trained += tokens
         jobs[job.name] = {
             "status": "done" if job.state == "done" else "running at the horizon"
-            if job.held else job.state,
+            if job.held else job.state, "reason": job.done_why,
             "instances": job.instances, "chips": job.instances * hw.chips_per_instance,
             "start_s": job.start_s, "tokens_trained": tokens,
             "useful_s": max(0.0, job.useful_s), "lost_work_s": job.lost_work_s,
             "checkpointing_s": job.checkpointing_s, "checkpoints_completed": job.checkpoints,
             "checkpoint_interval_s": job.interval_s if math.isfinite(job.interval_s) else None,
             "preemptions": job.preemptions, "interruptions": job.interruptions,
+            "shrinks": job.shrinks, "grows": job.grows,
             "held_chip_s": job.held_chip_s,
             "time_by_state_s": dict(sorted(job.time_by_state_s.items())),
             "ettr": max(0.0, job.useful_s) / max(result.horizon_s - job.submit_s, 1e-9),
