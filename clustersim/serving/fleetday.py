@@ -338,9 +338,10 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         choice = int(rng_victims.choice(len(weights), p=weights / weights.sum()))
         if choice < len(deployments):
             dep = deployments[choice]
-            per_instance = max(1, cpi // dep.chips)
-            hit = max(1, math.ceil(width * dep.chips / cpi)) if dep.chips >= cpi else \
-                width * per_instance
+            # the replicas with chips on the downed instances: those sharing one, or one per
+            # instance-span of a replica over several
+            hit = width * max(1, cpi // dep.chips) if dep.chips < cpi else \
+                math.ceil(width * cpi / dep.chips)
             before = dep.instances
             for _ in range(min(hit, dep.active)):
                 # the replicas on the failed instances: serving ones first
