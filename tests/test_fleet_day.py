@@ -319,3 +319,30 @@ def test_replications_of_a_fleet_day_run_are_refused(tmp_path):
                                       str(tmp_path / "out")])
     assert result.exit_code == 2 and "runs once" in result.stdout + (result.stderr or "")
     assert not (tmp_path / "out").exists()
+
+
+def test_outputs_of_a_fleet_day_run_and_its_report(tmp_path):
+    """day.parquet (per deployment per step) and fleet.parquet (chips by state, adding up to
+    the cluster's at every step), and the report drawing the day."""
+    import pyarrow.parquet as pq
+
+    from clustersim.analysis.report import write_report
+    from clustersim.runner.api import run_to
+
+    s = build(raw([deployment(fidelity="fluid", workload={
+        "load": {"sinusoid": {"peak": "60/s", "trough": "5/s"}}, **LENGTHS},
+        autoscale={"min": 1, "max": 30})], duration="3h", instances=2))
+    run_to(s, tmp_path / "run")
+    day = pq.read_table(tmp_path / "run" / "day.parquet")
+    fleet = pq.read_table(tmp_path / "run" / "fleet.parquet").to_pandas()
+    assert day.num_rows == 180 and fleet.shape[0] == 180
+    meta = day.schema.metadata
+    assert meta[b"clustersim.seed"] == b"0"
+    states = fleet[[f"{k}_chips" for k in ("serving", "scaling", "training", "down", "idle")]]
+    assert (states.sum(axis=1) == 32).all()
+    columns = set(day.column_names)
+    assert {"replicas", "load_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+            "slo_attainment", "output_tokens"} <= columns
+    report = write_report(tmp_path / "run")
+    assert (report.parent / "day.png").stat().st_size > 10_000
+    assert "Chip-hours" in report.read_text()
