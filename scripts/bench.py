@@ -319,6 +319,8 @@ usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 d = json.load(open(folder / "run" / "summary.json"))["deployments"]["chat"]
 figures = {"run_wall_s": round(wall, 1), "run_cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
            "requests": d["requests"],
+           "requests_level": {k: d[k] for k in d["fluid_check"]["fluid"]},
+           "fluid_level": d["fluid_check"]["fluid"],
            "fluid_vs_requests": {k: f"{v:+.2%}" for k, v in
                                  d["fluid_check"]["relative_difference"].items()
                                  if v is not None}}
