@@ -321,6 +321,7 @@ def test_replications_of_a_fleet_day_run_are_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_outputs_of_a_fleet_day_run_and_its_report(tmp_path):
     """day.parquet (per deployment per step) and fleet.parquet (chips by state, adding up to
     the cluster's at every step), and the report drawing the day."""
