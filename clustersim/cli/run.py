@@ -58,6 +58,9 @@ def run(
         raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: a fleet-day "
                            "run (fluid deployments, docs/fleet-day.md) runs once, at its "
                            "scenario's rates")
+    if find_rate and any(d.workload.load is not None for d in spec.serve):
+        raise UsageProblem("--find-rate: a deployment's rate follows its load curve "
+                           "(workload.load); expected a constant rate")
     if find_rate:
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return
