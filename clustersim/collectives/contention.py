@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.collectives.costs import CollectiveCost
+from clustersim.collectives.sites import site_link_rates
 
 if TYPE_CHECKING:
     from clustersim.collectives.model import CollectiveModel
@@ -43,6 +44,10 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, 
         if stage.level == "fabric":
             for domain in layout.domains.tolist():
                 peak(("efa", domain), 1.0)
+            continue
+        if stage.level == "site":
+            for key, rate in site_link_rates(topology, layout, stage).items():
+                peak(key, rate)
             continue
         chips, steps, span = model.stage_steps(stage, layout)
         link_rate: dict[tuple[int, int], float] = {}

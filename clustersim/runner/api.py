@@ -53,7 +53,8 @@ class RunResult:
 
 def topology_for(scenario: Scenario) -> Topology:
     """The topology of a scenario's whole cluster, hot spares included."""
-    return build_topology(scenario.hardware, scenario.total_instances, scenario.cluster.fabric)
+    return build_topology(scenario.hardware, scenario.total_instances, scenario.cluster.fabric,
+                          scenario.site_network)
 
 
 def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:

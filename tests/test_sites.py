@@ -1,0 +1,166 @@
+"""Multi-site clusters: topology, the site level of collectives, closed forms, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from clustersim.cli.app import app
+from clustersim.collectives.contention import simultaneous
+from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.runner.api import topology_for
+from clustersim.scenario.loader import scenario_from_dict
+
+runner = CliRunner()
+
+
+def two_sites(link: str = "1TB/s", latency: str = "2ms", **cluster) -> dict:
+    raw = {
+        "name": "two-sites", "hardware": "trn2u", "duration": "1d",
+        "cluster": {
+            "fabric": {"spines": 4},
+            "sites": [{"name": "east", "ultraservers": 8}, {"name": "west", "ultraservers": 8}],
+            "inter_site": {"links": [{"sites": ["east", "west"], "bandwidth": link,
+                                      "latency": latency}]},
+        },
+    }
+    raw["cluster"].update(cluster)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return topology_for(scenario_from_dict(two_sites()))
+
+
+def test_sites_make_their_own_fabric(topo):
+    assert topo.site_count == 2
+    assert topo.chips == 1024 and topo.leaves == 4 and topo.spines == 8
+    assert topo.edge_counts["intersite"] == 1 and topo.edge_counts["gateway"] == 8
+    # A site's leaves uplink only to its own spines.
+    for leaf in range(topo.leaves):
+        site = leaf // 2
+        spines = {n - topo.first_spine for n in topo.graph[topo.leaf_node(leaf)]
+                  if topo.graph.nodes[n]["kind"] == "spine"}
+        assert spines == set(range(site * 4, site * 4 + 4))
+    assert [s["name"] for s in topo.summary()["sites"]] == ["east", "west"]
+
+
+def test_path_crosses_the_intersite_link(topo):
+    path = topo.path(0, 600)
+    assert path.kinds == ("efa", "uplink", "gateway", "intersite", "gateway", "uplink", "efa")
+    assert path.latency_s == pytest.approx(topo.fabric.latency_s + 2e-3)
+    same = topo.path(0, 300)
+    assert "intersite" not in same.kinds
+
+
+def test_bisection_across_sites_is_the_intersite_capacity(topo):
+    assert topo.bisection_bytes_per_s() == pytest.approx(1e12)
+    # Narrower than the link: the halves' NICs limit.
+    wide = topology_for(scenario_from_dict(two_sites(link="100TB/s")))
+    assert wide.bisection_bytes_per_s() == pytest.approx(32 * wide.hardware.instance.efa_bytes_per_s)
+
+
+def test_backbone_bisection_is_the_smaller_sides_access():
+    raw = two_sites()
+    raw["cluster"]["sites"] += [{"name": "north", "ultraservers": 8},
+                                {"name": "south", "ultraservers": 8}]
+    raw["cluster"]["inter_site"] = {"backbone": {"bandwidth": "400GB/s", "latency": "4ms"}}
+    topo = topology_for(scenario_from_dict(raw))
+    assert topo.bisection_bytes_per_s() == pytest.approx(2 * 400e9)
+    path = topo.path(0, 1024 + 600)
+    assert path.kinds.count("backbone") == 2
+    assert path.latency_s == pytest.approx(topo.fabric.latency_s + 4e-3)
+
+
+def test_cross_site_all_reduce_is_the_hierarchical_formula(topo):
+    """The site level on top: the stages below within a site, then a ring over the sites on
+    the inter-site link with its latency, then back down."""
+    model = CollectiveModel(topo)
+    size = 1e9
+    whole = model.cost("all-reduce", Group(np.arange(1024), 4), size)
+    one_site = model.cost("all-reduce", Group(np.arange(512), 4), size)
+    site = [s for s in whole.stages if s.level == "site"]
+    assert len(site) == 1
+    c = topo.hardware.collectives
+    rate = min(1e12 * c.efa_efficiency,
+               512 * topo.hardware.efa_per_chip_bytes_per_s * c.efa_efficiency)
+    sites = 2
+    assert site[0].transfer_s == pytest.approx(2 * (sites - 1) / sites * size / rate)
+    assert site[0].latency_s == pytest.approx(
+        2 * (sites - 1) * (c.efa_step_latency_s + topo.fabric.latency_s + 2e-3))
+    # Below the site level: one site's reduce-scatter and all-gather (the top of one site
+    # is its all-reduce, which the cross-site plan replaces by the two halves).
+    below = sum(s.time_s for s in whole.stages if s.level != "site")
+    inside = [s for s in one_site.stages if s.level != "fabric"]
+    fabric_rs_ag = [s for s in whole.stages if s.level == "fabric"]
+    assert below == pytest.approx(sum(s.time_s for s in inside) + sum(
+        s.time_s for s in fabric_rs_ag))
+    assert whole.time_s == pytest.approx(below + site[0].time_s)
+
+
+def test_two_jobs_sharing_an_intersite_link_each_get_half():
+    size = 4e9
+    # Eight chips in each site, one group per job, both across the same link: the link, not
+    # the chips' NICs, is the narrowest part.
+    slow = topology_for(scenario_from_dict(two_sites(link="10GB/s")))
+    model = CollectiveModel(slow)
+    a = model.cost("all-reduce", Group(np.array([0, 512]), 1), size)
+    b = model.cost("all-reduce", Group(np.array([16, 528]), 1), size)
+    assert [s.level for s in a.stages if s.transfer_s > 0] == ["site"]
+    together = simultaneous(model, [a, b])
+    for alone, shared in zip((a, b), together, strict=True):
+        assert shared.transfer_s == pytest.approx(2 * alone.transfer_s)
+        assert shared.latency_s == pytest.approx(alone.latency_s)
+    # Jobs in one site each: no shared link, no slowdown.
+    c = model.cost("all-reduce", Group(np.array([0, 16]), 1), size)
+    d = model.cost("all-reduce", Group(np.array([512, 528]), 1), size)
+    for alone, shared in zip((c, d), simultaneous(model, [c, d]), strict=True):
+        assert shared.time_s == pytest.approx(alone.time_s)
+
+
+def test_single_site_list_builds_like_no_sites():
+    plain = scenario_from_dict({"name": "one", "hardware": "trn2u", "duration": "1d",
+                                "cluster": {"ultraservers": 8, "fabric": {"spines": 4}}})
+    listed = scenario_from_dict({"name": "one", "hardware": "trn2u", "duration": "1d",
+                                 "cluster": {"fabric": {"spines": 4},
+                                             "sites": [{"name": "only", "ultraservers": 8}]}})
+    a, b = topology_for(plain), topology_for(listed)
+    assert a.chips == b.chips
+    for x, y in ((0, 300), (0, 5), (3, 100)):
+        assert a.path(x, y) == b.path(x, y)
+    ma, mb = CollectiveModel(a), CollectiveModel(b)
+    g = Group(np.arange(a.chips), 4)
+    assert ma.cost("all-reduce", g, 1e8).time_s == pytest.approx(mb.cost("all-reduce", g, 1e8).time_s)
+
+
+BAD = [
+    ({"inter_site": {"links": [{"sites": ["east", "mars"], "bandwidth": "1TB/s"}]}},
+     "unknown site mars"),
+    ({"inter_site": {"links": [{"sites": ["east", "west"], "bandwidth": "1TB/s",
+                                "latency": "-1ms"}]}}, "must not be negative"),
+    ({"sites": [{"name": "east", "ultraservers": 8}, {"name": "west", "ultraservers": 0}]},
+     "has no hardware"),
+    ({"inter_site": None}, "not joined"),
+    ({"ultraservers": 8}, "not the cluster's"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD)
+def test_malformed_sites_exit_2_and_write_nothing(tmp_path: Path, change: dict, message: str):
+    raw = two_sites()
+    raw["cluster"].update(change)
+    if raw["cluster"].get("inter_site") is None:
+        raw["cluster"].pop("inter_site")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(path), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output.replace("\n", " ")
+    assert not out.exists()
+    assert "Traceback" not in result.output
