@@ -35,8 +35,8 @@ from clustersim.collectives.links import StepCoster
 from clustersim.collectives.mesh import mesh1_steps, mesh_steps
 from clustersim.collectives.ops import CollectiveError
 from clustersim.collectives.rdh import rdh_steps
-from clustersim.collectives.sites import site_cost
 from clustersim.collectives.ring import ring_steps
+from clustersim.collectives.sites import site_cost
 from clustersim.collectives.zring import z_algorithms, z_columns, z_steps
 from clustersim.hardware.topology import Topology
 

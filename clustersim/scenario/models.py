@@ -14,6 +14,13 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.failures import FailureRateSpec, StragglerSpec, failure_preset_names
+from clustersim.hardware.sites import (
+    InterSiteSpec,
+    SiteEventSpec,
+    SiteNetwork,
+    SiteSpec,
+    site_network,
+)
 from clustersim.hardware.spec import (
     Duration,
     NonNegativeDuration,
@@ -21,13 +28,6 @@ from clustersim.hardware.spec import (
     at_least,
     at_most,
     show_duration,
-)
-from clustersim.hardware.sites import (
-    InterSiteSpec,
-    SiteEventSpec,
-    SiteNetwork,
-    SiteSpec,
-    site_network,
 )
 from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.errors import ScenarioCheckError
