@@ -164,3 +164,38 @@ def test_malformed_sites_exit_2_and_write_nothing(tmp_path: Path, change: dict, 
     assert message in result.output.replace("\n", " ")
     assert not out.exists()
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", ["trn2u", "trn2", "trn1", "p5en", "trn3-gen2"])
+def test_links_from_the_arrays_are_the_graphs(name):
+    """Routes, rings and collectives read links from the arrays (the graph is built only
+    when asked for): every link must read as the graph holds it."""
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.hardware.topology import FabricSpec, build_topology
+
+    hw = catalog_entry(name)
+    instances = 8 * hw.instances_per_ultraserver if hw.ultraserver else 40
+    lazy = build_topology(hw, instances, FabricSpec(spines=2, instances_per_leaf=(
+        hw.instances_per_ultraserver * 2)))
+    assert not lazy.graph_built
+    eager = build_topology(hw, instances, lazy.fabric)
+    graph = eager.graph
+    for u, v, data in graph.edges(data=True):
+        assert lazy.edge(u, v) == data
+        assert lazy.edge(v, u) == data
+    for chip in range(eager.chips):
+        assert sorted((b, d["kind"]) for _, b, d in lazy.chip_edges(chip)) == sorted(
+            (b, d["kind"]) for _, b, d in graph.edges(chip, data=True))
+    assert not lazy.graph_built
+
+
+def test_site_links_from_the_arrays_are_the_graphs():
+    raw = two_sites()
+    raw["cluster"]["sites"].append({"name": "north", "ultraservers": 8})
+    raw["cluster"]["inter_site"]["backbone"] = {"bandwidth": "200GB/s", "latency": "6ms"}
+    lazy = topology_for(scenario_from_dict(raw))
+    eager = topology_for(scenario_from_dict(raw))
+    for u, v, data in eager.graph.edges(data=True):
+        assert lazy.edge(u, v) == data
+    assert not lazy.graph_built
+    assert lazy.path(0, 1100) == eager.path(0, 1100)

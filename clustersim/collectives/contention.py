@@ -88,7 +88,7 @@ def _translate(model: CollectiveModel, node: int, other: int, shift: int) -> int
 def capacity(model: CollectiveModel, key: tuple) -> float:
     """What a resource of `resource_rates` can carry."""
     if key[0] == "link":
-        data = model.topology.graph.edges[key[1], key[2]]
+        data = model.topology.edge(key[1], key[2])
         return data["bandwidth_bytes_per_s"] * model.coster.efficiency(data["kind"])
     if key[0] == "hbm":
         return model.coster.hbm_rate()

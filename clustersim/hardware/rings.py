@@ -78,7 +78,7 @@ class Rings:
             shares = []
             kinds = set()
             for (u, v), count in loads.items():
-                data = self.graph.edges[u, v]
+                data = self.edge(u, v)
                 shares.append(data["bandwidth_bytes_per_s"] / count)
                 kinds.add(data["kind"])
             bottleneck = min(shares)

@@ -138,7 +138,7 @@ class Routing:
         if cached is not None:
             return cached
         nodes = self.route(a, b)
-        edges = [self.graph.edges[u, v] for u, v in zip(nodes, nodes[1:], strict=False)]
+        edges = [self.edge(u, v) for u, v in zip(nodes, nodes[1:], strict=False)]
         summary = PathSummary(
             hops=len(edges),
             latency_s=sum(e["latency_s"] for e in edges),

@@ -112,7 +112,7 @@ class Topology(Routing, Rings):
     hardware: HardwareSpec
     fabric: FabricSpec
     instances: int
-    graph: nx.Graph
+    _graph: nx.Graph | None  # built on first use of `graph` (see `graph`)
     chip_instance: np.ndarray
     chip_ultraserver: np.ndarray
     chip_leaf: np.ndarray
@@ -135,10 +135,99 @@ class Topology(Routing, Rings):
     chip_site: np.ndarray | None = field(default=None, repr=False)
     first_site: int = -1
     spines_per_site: int = -1
+    _graph_factory: Any = field(default=None, repr=False)
+    _edge_kinds: dict[str, dict] = field(default_factory=dict, repr=False)
+    _local_neighbours: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.spines_per_site < 0:
             self.spines_per_site = self.spines
+        self._edge_kinds = {
+            kind: {"kind": kind, "bandwidth_bytes_per_s": bw, "latency_s": self.link_latency[kind]}
+            for kind, bw in self.link_bandwidth.items()}
+        link = self.hardware.instance.interconnect
+        cpi = self.hardware.chips_per_instance
+        self._local_neighbours = [[] for _ in range(cpi)]
+        if link.topology in ("torus2d", "ring"):
+            for a, b in torus_edges(tuple(link.shape) if link.topology == "torus2d"
+                                    else (cpi,)).tolist():
+                self._local_neighbours[a].append(b)
+                self._local_neighbours[b].append(a)
+
+    # ------------------------------------------------------------------ the graph
+    @property
+    def graph(self) -> nx.Graph:
+        """The networkx graph: built on first use, not with the topology. Routes, paths,
+        rings and collectives read links from the arrays (`edge`, `chip_edges`), so a run on a
+        million chips never builds it; `clustersim topology`, drawings and tests that walk
+        the graph do (about 4.5 M edges and 2 GiB at 1,048,576 chips)."""
+        if self._graph is None:
+            self._graph = self._graph_factory()
+        return self._graph
+
+    @property
+    def graph_built(self) -> bool:
+        return self._graph is not None
+
+    def edge(self, u: int, v: int) -> dict:
+        """The attributes of the link between nodes u and v (kind, bandwidth per direction,
+        latency), as the graph holds them; read from the arrays when the graph is not built.
+        Only for linked nodes (routes' hops)."""
+        if self._graph is not None:
+            return self._graph.edges[u, v]
+        if u > v:
+            u, v = v, u
+        if v < self.first_switch:  # two chips
+            if self.chip_instance[u] == self.chip_instance[v]:
+                link = self.hardware.instance.interconnect
+                return self._edge_kinds["ring" if link.topology == "ring" else "torus"]
+            return self._edge_kinds["zring"]
+        if u < self.first_switch:
+            return self._edge_kinds["switch" if v < self.first_leaf else "efa"]
+        if v < self.first_spine or u >= self.first_spine:
+            return self._site_edge(u, v)
+        return self._edge_kinds["uplink"]
+
+    def _site_edge(self, u: int, v: int) -> dict:
+        net = self.sites
+        assert net is not None and self._graph is None
+        if u < self.first_site:  # a spine to its site's gateway
+            site = v - self.first_site
+            return {"kind": "gateway",
+                    "bandwidth_bytes_per_s": net.capacity_out(site) / self.spines_per_site,
+                    "latency_s": 0.0}
+        a, b = u - self.first_site, v - self.first_site
+        if b == net.count:
+            return {"kind": "backbone", "bandwidth_bytes_per_s": net.backbone_bandwidth_bytes_per_s,
+                    "latency_s": net.backbone_latency_s / 2}
+        return {"kind": "intersite", "bandwidth_bytes_per_s": net.pair_bandwidth(a, b),
+                "latency_s": net.pair_latency(a, b)}
+
+    def chip_edges(self, chip: int) -> Iterator[tuple[int, int, dict]]:
+        """(chip, neighbour, link attributes) of each link of a chip, as
+        `graph.edges(chip, data=True)` gives them; from the arrays when the graph is not
+        built."""
+        if self._graph is not None:
+            yield from self._graph.edges(chip, data=True)
+            return
+        hw = self.hardware
+        cpi = hw.chips_per_instance
+        base = chip - chip % cpi
+        link = hw.instance.interconnect
+        if link.topology == "switch":
+            yield chip, self._switch_of(chip), self._edge_kinds["switch"]
+        else:
+            data = self._edge_kinds["ring" if link.topology == "ring" else "torus"]
+            for n in self._local_neighbours[chip % cpi]:
+                yield chip, base + n, data
+        us = hw.ultraserver
+        if us is not None and us.interconnect.topology == "ring" and "zring" in self._edge_kinds:
+            ipu = hw.instances_per_ultraserver
+            z = int(self.chip_z[chip])
+            zs = sorted({(z + 1) % ipu, (z - 1) % ipu} - {z})
+            for other in zs:
+                yield chip, chip + (other - z) * cpi, self._edge_kinds["zring"]
+        yield chip, self.leaf_node(int(self.chip_leaf[chip])), self._edge_kinds["efa"]
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -169,16 +258,14 @@ class Topology(Routing, Rings):
         added where `duplex_counted`; EFA per direction); otherwise per direction.
         """
         totals: Counter[str] = Counter()
-        for _, _, data in self.graph.edges(chip, data=True):
+        for _, _, data in self.chip_edges(chip):
             factor = self.link_quote_factor[data["kind"]] if quoted else 1
             totals[data["kind"]] += factor * data["bandwidth_bytes_per_s"]
         return dict(totals)
 
     def neighbours(self, chip: int) -> list[tuple[int, str, float]]:
         """(node, link kind, bytes/s per direction) for each neighbour of a chip."""
-        return sorted(
-            (n, d["kind"], d["bandwidth_bytes_per_s"]) for n, d in self.graph[chip].items()
-        )
+        return sorted((n, d["kind"], d["bandwidth_bytes_per_s"]) for _, n, d in self.chip_edges(chip))
 
     @property
     def site_count(self) -> int:
@@ -322,15 +409,32 @@ def _without_gc() -> Iterator[None]:
 
 def build_topology(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None = None,
                    sites: SiteNetwork | None = None) -> Topology:
-    """Build the graph of `instances` instances of `hardware` on an EFA Clos fabric (refused
+    """The topology of `instances` instances of `hardware` on an EFA Clos fabric (refused
     with TopologyTooLarge beyond the limit); with `sites`, one Clos per site joined by the
-    inter-site links."""
+    inter-site links. Arrays now; its networkx graph on first use of `Topology.graph`."""
     with _without_gc():
-        return _build(hardware, instances, fabric, sites)
+        topology = _build(hardware, instances, fabric, sites, with_graph=False)
+
+    def graph() -> nx.Graph:
+        with _without_gc():
+            return _build(hardware, instances, fabric, sites, with_graph=True)._graph
+
+    topology._graph_factory = graph
+    return topology
+
+
+class _NoGraph:
+    """Stands for _Filler when the graph is not built: adds nothing."""
+
+    def nodes(self, rows: Iterable[tuple[int, dict]]) -> None:
+        pass
+
+    def edges(self, pairs: Iterable[tuple[int, int]], data: dict) -> None:
+        pass
 
 
 def _build(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None,
-           sites: SiteNetwork | None = None) -> Topology:
+           sites: SiteNetwork | None = None, with_graph: bool = True) -> Topology:
     if instances < 1:
         raise ValueError(f"a topology needs at least one instance, got {instances}")
     fabric = fabric or FabricSpec()
@@ -373,17 +477,20 @@ def _build(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None,
     first_leaf = first_switch + n_switches
     first_spine = first_leaf + n_leaves
 
-    graph = nx.Graph(hardware=hw.name, instances=instances)
+    graph = nx.Graph(hardware=hw.name, instances=instances) if with_graph else None
     chip_ultraserver = ultraserver.astype(np.int32)
-    node_rows = zip(
-        chip.tolist(), instance.tolist(), chip_ultraserver.tolist(), leaf.tolist(),
-        chip_x.tolist(), chip_y.tolist(), chip_z.tolist(), strict=True,
-    )
-    fill = _Filler(graph)
-    fill.nodes(
-        (c, {"kind": "chip", "instance": i, "ultraserver": u, "leaf": lf, "x": x, "y": y, "z": z})
-        for c, i, u, lf, x, y, z in node_rows
-    )
+    fill: _Filler | _NoGraph = _NoGraph()
+    if graph is not None:
+        node_rows = zip(
+            chip.tolist(), instance.tolist(), chip_ultraserver.tolist(), leaf.tolist(),
+            chip_x.tolist(), chip_y.tolist(), chip_z.tolist(), strict=True,
+        )
+        fill = _Filler(graph)
+        fill.nodes(
+            (c, {"kind": "chip", "instance": i, "ultraserver": u, "leaf": lf, "x": x, "y": y,
+                 "z": z})
+            for c, i, u, lf, x, y, z in node_rows
+        )
     fill.nodes((first_switch + s, {"kind": "switch"}) for s in range(n_switches))
     fill.nodes((first_leaf + s, {"kind": "leaf"}) for s in range(n_leaves))
     fill.nodes((first_spine + s, {"kind": "spine"}) for s in range(n_spines))
@@ -402,8 +509,9 @@ def _build(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None,
     def add(kind: str, pairs: np.ndarray, bw: float, lat: float, duplex_counted: bool) -> None:
         if len(pairs) == 0:
             return
-        fill.edges(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), strict=True),
-                   {"kind": kind, "bandwidth_bytes_per_s": bw, "latency_s": lat})
+        if graph is not None:
+            fill.edges(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), strict=True),
+                       {"kind": kind, "bandwidth_bytes_per_s": bw, "latency_s": lat})
         counts[kind] = counts.get(kind, 0) + len(pairs)
         bandwidth[kind] = bw
         latency[kind] = lat
@@ -451,7 +559,7 @@ def _build(hardware: HardwareSpec, instances: int, fabric: FabricSpec | None,
             uplink / n_spines, 0.0, False)
 
     return Topology(
-        hardware=hw, fabric=fabric, instances=instances, graph=graph,
+        hardware=hw, fabric=fabric, instances=instances, _graph=graph,
         chip_instance=instance.astype(np.int32), chip_ultraserver=chip_ultraserver,
         chip_leaf=leaf.astype(np.int32), chip_x=chip_x, chip_y=chip_y, chip_z=chip_z,
         first_switch=first_switch, first_leaf=first_leaf, first_spine=first_spine,

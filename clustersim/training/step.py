@@ -235,6 +235,11 @@ class StepModel:
         key = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
                job.precision, job.recompute, self.attention(job), hw.name, len(placed), offset,
                leaf_counts, us_counts)
+        if self.topology.chip_site is not None:
+            sites = self.topology.chip_site[placed * hw.chips_per_instance]
+            if sites.min() != sites.max():  # across sites: costed on the placement itself
+                ids, counts = np.unique(sites, return_counts=True)
+                return key + (tuple(ids.tolist()), tuple(counts.tolist())), placed
         if np.array_equal(placed, np.arange(placed[0], placed[0] + len(placed))):
             return key, placed
         canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
