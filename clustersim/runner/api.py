@@ -73,7 +73,7 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "ranks": chips * hw.chip.ranks,
         "instances": topology.instances,
         "working_instances": scenario.working_instances,
-        "spare_instances": scenario.cluster.spares,
+        "spare_instances": scenario.total_instances - scenario.working_instances,
         # held by the serving deployments for the whole run; jobs are placed around them
         "serving_instances": sum(deployment_instances(d, hw) for d in scenario.serve),
         "ultraservers": topology.ultraservers,
