@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clustersim.training.sites import site_profile
+
 if TYPE_CHECKING:
     from clustersim.cluster.timeline import Timeline
 
@@ -55,7 +57,7 @@ class UplinkPacing:
         model = self.t.step_model
         if model is None or self.held_count != self.instances_needed:
             return
-        profile = model.profile(self.job, self.job.name, instances=self.held)
+        profile = site_profile(model, self.job, self.job.name, instances=self.held)
         self.placed_step_time = profile.step_time_s
         leaves = np.unique(self.t.instance_leaf[self.held])
         self.spans_leaves = len(leaves) > 1

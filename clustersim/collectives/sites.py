@@ -18,11 +18,14 @@ cross-site share to every other site at once.
 
 from __future__ import annotations
 
-from clustersim.collectives.costs import StageCost
+from dataclasses import replace
+
+from clustersim.collectives.costs import CollectiveCost, StageCost
 from clustersim.collectives.groups import Layout
 from clustersim.hardware.topology import Topology
 
-__all__ = ["site_cost", "site_ring_hops", "site_hop_rate", "site_link_rates"]
+__all__ = ["site_cost", "site_ring_hops", "site_hop_rate", "site_link_rates",
+           "share_site_links"]
 
 
 def site_ring_hops(layout: Layout) -> list[tuple[int, int]]:
@@ -110,3 +113,25 @@ def site_link_rates(topology: Topology, layout: Layout, stage: StageCost
                 key = ("link", u, v)
                 rates[key] = rates.get(key, 0.0) + rate
     return rates
+
+
+def share_site_links(topology: Topology, cost: CollectiveCost, layout: Layout, parallel: int
+                     ) -> CollectiveCost:
+    """`cost` when `parallel` collectives like it (a job's other data-parallel groups) cross
+    the same inter-site links at once: each site stage's transfer stretched by the links'
+    demand over their capacity (each group alone reaches `site_hop_rate`; together they
+    share the link's bandwidth x efficiency). Nothing changes below the site level, where
+    each group has its own chips, NICs and Z links."""
+    if parallel <= 1 or layout.sites < 2:
+        return cost
+    net = topology.sites
+    assert net is not None
+    eff = topology.hardware.collectives.efa_efficiency
+    hops = site_ring_hops(layout)
+    slowdown = max(1.0, max(parallel * site_hop_rate(topology, layout, a, b)
+                            / (net.pair_bandwidth(a, b) * eff) for a, b in hops))
+    if slowdown <= 1.0:
+        return cost
+    stages = tuple(replace(s, transfer_s=s.transfer_s * slowdown) if s.level == "site" else s
+                   for s in cost.stages)
+    return replace(cost, stages=stages)

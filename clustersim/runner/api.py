@@ -32,6 +32,7 @@ from clustersim.serving import (
     requests_table,
     simulate_serving,
 )
+from clustersim.training.sites import cross_site_step, site_profile
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
@@ -97,7 +98,7 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
     """One step of each job, as if it ran alone from the cluster's first instance."""
     topology = topology or topology_for(scenario)
     model = StepModel(topology)
-    return {job.name: model.profile(job, job.name) for job in scenario.jobs}
+    return {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
 
 
 def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str, dict[str, Any]]:
@@ -315,7 +316,7 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     check_run_budget(scenario, replications)
     topology = topology_for(scenario)
     model = StepModel(topology)
-    steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
+    steps = {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
     check_fit(scenario, steps)
     recorder = None
     if trace_dir is not None and scenario.trace.enabled:
@@ -327,6 +328,11 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
     shapes = _job_figures(scenario, steps)
+    if topology.site_count > 1:  # each job's step over the sites, synchronous and not
+        for job in scenario.jobs:
+            crossing = cross_site_step(model, job, job.name)
+            if crossing is not None:
+                shapes[job.name]["cross_site"] = crossing.figures()
     per_replication = []
     for result in timelines:
         jobs = {}

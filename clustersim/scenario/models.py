@@ -34,6 +34,7 @@ from clustersim.scenario.errors import ScenarioCheckError
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
 from clustersim.scenario.serving import DeploymentSpec
+from clustersim.training.sites import CrossSiteSyncSpec
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import ParallelismSpec
 
@@ -137,6 +138,9 @@ class JobSpec(Spec):
     priority: int = Field(default=0, ge=-limits.MAX_PRIORITY, le=limits.MAX_PRIORITY,
                           description="higher runs first (priority, backfill)")
     checkpoint: CheckpointSpec | None = None
+    cross_site_sync: CrossSiteSyncSpec | None = Field(
+        default=None, description="over several sites: average across them once every "
+        "`every` steps, local steps between (docs/sites.md)")
 
     @property
     def ranks(self) -> int:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
+from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.ranks import rank_chips
 from clustersim.training.workload import TrainingJob, expert_params_per_rank, params_per_rank
@@ -46,6 +47,7 @@ class GradientReduction:
         instances `placed`, with `grad_bytes` and `weight_bytes` per parameter."""
         par = job.parallelism
         stride = par.tp * par.pp
+        self._pipeline_ranks = par.pp  # their reductions cross the inter-site links together
         experts = expert_params_per_rank(job)
         out = {}
         for d in range(par.pp):
@@ -76,6 +78,9 @@ class GradientReduction:
             first, count = by_chips.get(key, (ranks, 0))
             by_chips[key] = (first, count + 1)
         first_chips = rank_chips(hw, groups[0], placed)
+        # Over several sites, every group of every pipeline rank crosses the same inter-site
+        # links at once (clustersim.collectives.sites.share_site_links).
+        parallel = len(by_chips) * getattr(self, "_pipeline_ranks", 1)
         if len(np.unique(first_chips // hw.chips_per_instance)) == len(first_chips):
             # Each group has its own chip per instance (own NIC, own Z links): the groups
             # are translations of one another and share nothing; one stands for all.
@@ -91,6 +96,11 @@ class GradientReduction:
                     "all-gather", group, params * weight_bytes * together))
             else:
                 reduces.append(self.collectives.cost("all-reduce", group, grads))
+        topology = self.collectives.topology
+        if topology.site_count > 1:
+            layout = self.collectives.layout(reduces[0].group)
+            reduces = [share_site_links(topology, c, layout, parallel) for c in reduces]
+            gathers = [share_site_links(topology, c, layout, parallel) for c in gathers]
         chips = reduces[0].group.chips
         instances = len(np.unique(chips // hw.chips_per_instance))
         shared = len(chips) > instances  # several chips of one group in an instance
