@@ -39,6 +39,7 @@ from clustersim.training.pipeline import run_pipeline
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import peak_in_flight, pipeline_order
+from clustersim.training.spread import spread_shape
 from clustersim.training.workload import (
     BYTES_PER_ELEMENT,
     OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
@@ -226,6 +227,12 @@ class StepModel:
         hw = self.hardware
         per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
         ipu = hw.instances_per_ultraserver
+        spread = spread_shape(self.topology, placed)
+        if spread is not None:  # over several sites: the shape is how it splits over them
+            split, canonical = spread
+            return (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
+                    job.precision, job.recompute, self.attention(job), hw.name, len(placed),
+                    "sites", split), canonical
         leaves = placed // per_leaf
         _, first_seen = np.unique(leaves, return_index=True)
         order = leaves[np.sort(first_seen)]
@@ -235,11 +242,6 @@ class StepModel:
         key = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
                job.precision, job.recompute, self.attention(job), hw.name, len(placed), offset,
                leaf_counts, us_counts)
-        if self.topology.chip_site is not None:
-            sites = self.topology.chip_site[placed * hw.chips_per_instance]
-            if sites.min() != sites.max():  # across sites: costed on the placement itself
-                ids, counts = np.unique(sites, return_counts=True)
-                return key + (tuple(ids.tolist()), tuple(counts.tolist())), placed
         if np.array_equal(placed, np.arange(placed[0], placed[0] + len(placed))):
             return key, placed
         canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
