@@ -199,3 +199,106 @@ def test_site_links_from_the_arrays_are_the_graphs():
         assert lazy.edge(u, v) == data
     assert not lazy.graph_built
     assert lazy.path(0, 1100) == eager.path(0, 1100)
+
+
+def small_sites(**failures) -> dict:
+    """Two sites of 8 trn2u instances (2 UltraServers) each; a job spread over both and one
+    kept in one site."""
+    return {
+        "name": "small-sites", "hardware": "trn2u", "duration": "3d", "seed": 3,
+        "cluster": {
+            "fabric": {"spines": 2, "instances_per_leaf": 8},
+            "sites": [{"name": "east", "ultraservers": 2}, {"name": "west", "ultraservers": 2}],
+            "inter_site": {"links": [{"sites": ["east", "west"], "bandwidth": "100Gbps",
+                                      "latency": "5ms"}]},
+        },
+        "jobs": [
+            {"name": "spread", "model": "llama3-8b", "global_batch": 48, "instances": 12,
+             "recompute": "selective",
+             "parallelism": {"tp": 32, "pp": 1, "dp": 24, "zero": 1, "sequence_parallel": True}},
+            {"name": "local", "model": "llama3-8b", "global_batch": 16, "instances": 4,
+             "recompute": "selective",
+             "parallelism": {"tp": 32, "pp": 1, "dp": 8, "zero": 1, "sequence_parallel": True}},
+        ],
+        "failures": {"preset": "none", **failures},
+        "trace": {"enabled": False},
+    }
+
+
+def test_placement_keeps_a_job_in_one_site_when_it_fits():
+    from clustersim.cluster.sites import SitePlacer
+
+    bounds = np.array([0, 8, 16, 24])
+    placer = SitePlacer(4, 6, 8, np.arange(24) // 8, True, bounds, np.zeros(3, dtype=np.int64))
+    free = np.ones(24, dtype=bool)
+    free[0:4] = False  # site 0 holds 4 free, the others 8
+    chosen = placer.place(4, True, free)
+    assert set(chosen // 8) == {0}  # the tightest site that fits
+    chosen = placer.place(8, True, free)
+    assert len(set(chosen // 8)) == 1
+    spread = placer.place(12, True, free)
+    assert len(spread) == 12 and len(set(spread // 8)) == 2  # the fewest sites
+    assert placer.place(21, True, free) is None
+    # A site cut off by a partition takes no share of a spread job.
+    placer.partitioned[1] = 1
+    spread = placer.place(12, True, free)
+    assert set(spread // 8) == {0, 2}
+    # Replacements come from the sites the job holds.
+    held = np.zeros(24, dtype=bool)
+    held[16:20] = True
+    assert set(placer.place(4, True, free, held) // 8) == {2}
+
+
+def test_a_partition_stops_cross_site_jobs_only():
+    from clustersim.runner.api import simulate
+
+    raw = small_sites(site_events=[{"kind": "partition", "rate": "1/12h", "duration": "2h"}])
+    summary = simulate(scenario_from_dict(raw)).summary
+    spread, local = summary["jobs"]["spread"], summary["jobs"]["local"]
+    assert spread["interruptions_by_cause"].get("site-partition", 0) >= 2
+    assert "site-partition" not in local.get("interruptions_by_cause", {})
+    assert summary["cluster"]["repairs_completed"] == 0  # no hardware went down
+    assert spread["ettr"] < local["ettr"]
+
+
+def test_a_power_event_downs_part_of_a_site():
+    from clustersim.runner.api import simulate
+
+    # The spread job holds all of east (the placement fills the site with most free first);
+    # the local job sits in west.
+    raw = small_sites(site_events=[{"kind": "power", "site": "east", "rate": "1/1d",
+                                    "share": 0.5, "duration": "3h"}])
+    summary = simulate(scenario_from_dict(raw)).summary
+    assert summary["cluster"]["failures"].get("site-power", 0) >= 1
+    assert "site-power" in summary["jobs"]["spread"]["interruptions_by_cause"]
+    assert "site-power" not in summary["jobs"]["local"].get("interruptions_by_cause", {})
+
+
+def test_less_frequent_cross_site_sync_mean_step_and_saving():
+    from clustersim.runner.api import simulate
+
+    raw = small_sites()
+    raw["jobs"][0]["cross_site_sync"] = {"every": 8, "convergence_factor": 1.5}
+    summary = simulate(scenario_from_dict(raw)).summary
+    cross = summary["jobs"]["spread"]["cross_site"]
+    assert cross["step_time_sync_s"] > cross["step_time_local_s"]
+    assert cross["step_time_mean_s"] == pytest.approx(
+        (cross["step_time_sync_s"] + 7 * cross["step_time_local_s"]) / 8)
+    assert summary["jobs"]["spread"]["step_time_s"] == pytest.approx(cross["step_time_mean_s"])
+    assert cross["cross_site_bytes_saved_fraction"] == pytest.approx(7 / 8)
+    assert cross["tokens_per_s_at_equal_loss"] == pytest.approx(cross["tokens_per_s"] / 1.5)
+    # 2 (S - 1) / S of the gradients (bf16 gradients: 2 bytes) leave a site per average.
+    params = scenario_from_dict(raw).jobs[0].model.parameter_count()
+    assert cross["cross_site_bytes_per_site_per_step"] * 8 == pytest.approx(params * 2, rel=0.01)
+    assert "cross_site" not in summary["jobs"]["local"]
+
+
+def test_unknown_site_in_an_event_exits_2(tmp_path: Path):
+    raw = small_sites(site_events=[{"kind": "power", "site": "mars", "rate": "1/1d",
+                                    "duration": "1h"}])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "unknown site" in result.output
+    assert not (tmp_path / "out").exists()
