@@ -115,8 +115,8 @@ def site_link_rates(topology: Topology, layout: Layout, stage: StageCost
     return rates
 
 
-def share_site_links(topology: Topology, cost: CollectiveCost, layout: Layout, parallel: int
-                     ) -> CollectiveCost:
+def share_site_links(topology: Topology, cost: CollectiveCost, layout: Layout,
+                     parallel: float) -> CollectiveCost:
     """`cost` when `parallel` collectives like it (a job's other data-parallel groups) cross
     the same inter-site links at once: each site stage's transfer stretched by the links'
     demand over their capacity (each group alone reaches `site_hop_rate`; together they

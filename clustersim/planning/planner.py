@@ -91,6 +91,7 @@ class PlanResult:
     simulated: int
     stops_paying: dict[str, int | None]
     notes: list[str]
+    sites: dict[str, Any] | None = None  # several sites: spread vs one site (planning.sites)
 
     @property
     def best(self) -> dict[str, Any]:
@@ -101,7 +102,8 @@ class PlanResult:
         return {"best": _public(self.best), "candidates": [_public(r) for r in
                                                             self.ranked[: self.options.top]],
                 "considered": self.considered, "pruned": self.pruned,
-                "simulated": self.simulated}
+                "simulated": self.simulated} | ({} if self.sites is None else
+                                               {"sites": self.sites})
 
 
 PUBLIC = ("hardware", "chips", "tp", "pp", "dp", "ep", "interleave", "micro_batch", "recompute",
@@ -270,7 +272,12 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
     screened = {id(g): _screen(g, job, options, given, scenario) for g in groups}
     with engine or Engine("local", workers=1) as runner:
         _branch_and_bound(groups, screened, runner, progress)
-    return _finish(scenario, job, options, groups, notes)
+    result = _finish(scenario, job, options, groups, notes)
+    if scenario.site_network is not None:
+        from clustersim.planning.sites import site_options
+
+        result.sites = site_options(scenario, result.best)
+    return result
 
 
 def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: Engine,

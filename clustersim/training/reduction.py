@@ -13,6 +13,7 @@ pass.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -96,16 +97,33 @@ class GradientReduction:
                     "all-gather", group, params * weight_bytes * together))
             else:
                 reduces.append(self.collectives.cost("all-reduce", group, grads))
-        topology = self.collectives.topology
-        if topology.site_count > 1:
-            layout = self.collectives.layout(reduces[0].group)
-            reduces = [share_site_links(topology, c, layout, parallel) for c in reduces]
-            gathers = [share_site_links(topology, c, layout, parallel) for c in gathers]
         chips = reduces[0].group.chips
         instances = len(np.unique(chips // hw.chips_per_instance))
         shared = len(chips) > instances  # several chips of one group in an instance
+        topology = self.collectives.topology
+        if topology.site_count > 1:
+            # Over several sites: the stages inside the sites share links as on one site;
+            # the site stage of every group of every pipeline rank crosses the same inter-site
+            # links at once (share_site_links), after them.
+            layout = self.collectives.layout(reduces[0].group)
+            site = [_site_part(share_site_links(topology, c, layout, parallel))
+                    for c in reduces + gathers]
+            reduce_site = max(site[: len(reduces)], default=0.0)
+            gather_site = max(site[len(reduces):], default=0.0)
+            return (_slowest(self.collectives, [_below_sites(c) for c in reduces], shared)
+                    + reduce_site,
+                    _slowest(self.collectives, [_below_sites(c) for c in gathers], shared)
+                    + gather_site)
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
+
+
+def _site_part(cost: CollectiveCost) -> float:
+    return sum(s.time_s for s in cost.stages if s.level == "site")
+
+
+def _below_sites(cost: CollectiveCost) -> CollectiveCost:
+    return replace(cost, stages=tuple(s for s in cost.stages if s.level != "site"))
 
 
 def _slowest(model: CollectiveModel, costs: list[CollectiveCost], shared: bool) -> float:
