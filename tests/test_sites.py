@@ -302,3 +302,24 @@ def test_unknown_site_in_an_event_exits_2(tmp_path: Path):
     assert result.exit_code == 2
     assert "unknown site" in result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_plan_reports_spreading_a_job_larger_than_a_site():
+    from clustersim.planning.planner import plan
+
+    raw = small_sites()
+    raw["jobs"] = [{"name": "pretrain", "model": "llama3-8b", "global_batch": 48,
+                    "instances": 12, "recompute": "selective"}]
+    result = plan(scenario_from_dict(raw, planning=True))
+    sites = result.as_json()["sites"]
+    assert sites["sites"] == 2 and not sites["fits_one_site"]
+    options = {row["option"]: row for row in sites["options"]}
+    one = options["largest single site"]
+    sync = options["spread, synchronous"]
+    rare = options["spread, cross-site average every 16 steps"]
+    assert one["chips"] <= 8 * 16 and sync["chips"] == 12 * 16
+    assert rare["step_time_s"] < sync["step_time_s"]
+    assert one["dp"] < sync["dp"] == rare["dp"]
+    # The one-site cut trains fewer tokens per step: the same batch per replica.
+    assert one["tokens_per_s"] * one["step_time_s"] < sync["tokens_per_s"] * sync["step_time_s"]
