@@ -147,7 +147,7 @@ def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: 
         interval_s=None if ck.interval_s == "auto" else float(ck.interval_s),
         async_write=ck.async_write,
         repair_s=math.inf if f.repair_s == "never" else float(f.repair_s),
-        spare_units=scenario.cluster.spares,
+        spare_units=scenario.total_instances - scenario.working_instances,
         units_per_replacement=ipu if whole_ultraservers else 1,
     )
 
@@ -192,7 +192,8 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
 def _make_group(scenario: Scenario, job: JobSpec, name: str, hw: HardwareSpec, chips: int
                 ) -> Group:
     instances = chips // hw.chips_per_instance
-    key = GroupKey(name, hw.model_dump_json(by_alias=True), instances + scenario.cluster.spares,
+    spares = scenario.total_instances - scenario.working_instances  # per site too
+    key = GroupKey(name, hw.model_dump_json(by_alias=True), instances + spares,
                    scenario.cluster.fabric.model_dump_json(by_alias=True))
     recovery = {whole: recovery_for(scenario, hw, job, instances, whole) for whole in (False, True)}
     return Group(name, hw, chips, instances, key, recovery)
