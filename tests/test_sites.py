@@ -323,3 +323,37 @@ def test_plan_reports_spreading_a_job_larger_than_a_site():
     assert one["dp"] < sync["dp"] == rare["dp"]
     # The one-site cut trains fewer tokens per step: the same batch per replica.
     assert one["tokens_per_s"] * one["step_time_s"] < sync["tokens_per_s"] * sync["step_time_s"]
+
+
+def test_max_min_speeds_share_links_fairly():
+    from clustersim.cluster.sites import max_min_speeds
+
+    assert max_min_speeds([{"a"}, {"a"}]) == pytest.approx([0.5, 0.5])
+    assert max_min_speeds([{"a"}, {"a", "b"}, {"b"}]) == pytest.approx([0.5, 0.5, 0.5])
+    assert max_min_speeds([{"a"}, {"b"}, set()]) == pytest.approx([1.0, 1.0, 1.0])
+    # Three on one link, one of them also alone on another: a third each.
+    assert max_min_speeds([{"a"}, {"a"}, {"a", "c"}]) == pytest.approx([1 / 3] * 3)
+
+
+def test_two_spread_jobs_share_the_backbone_on_the_timeline():
+    from clustersim.runner.api import simulate
+
+    raw = small_sites()
+    raw["cluster"]["sites"].append({"name": "north", "ultraservers": 2})
+    raw["cluster"]["inter_site"] = {"backbone": {"bandwidth": "100Gbps", "latency": "5ms"}}
+    job = raw["jobs"][0]
+    raw["jobs"] = [
+        {**job, "name": "a", "instances": 10, "global_batch": 40,
+         "parallelism": {"tp": 32, "pp": 1, "dp": 20, "zero": 1, "sequence_parallel": True}},
+        {**job, "name": "b", "instances": 10, "global_batch": 40,
+         "parallelism": {"tp": 32, "pp": 1, "dp": 20, "zero": 1, "sequence_parallel": True}},
+    ]
+    summary = simulate(scenario_from_dict(raw)).summary
+    for name in ("a", "b"):
+        job = summary["jobs"][name]
+        cross = job["cross_site"]
+        extra = cross["step_time_sync_s"] - cross["step_time_local_s"]
+        assert job["uplink_contention"] == pytest.approx(2.0)  # half of site 1's access
+        # Alone its step is the synchronous one; sharing adds its cross-site part once more.
+        assert job["slowdown"] == pytest.approx(
+            (cross["step_time_sync_s"] + extra) / cross["step_time_sync_s"], rel=1e-3)

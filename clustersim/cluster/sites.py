@@ -19,19 +19,23 @@ fits, and site-wide events (power, cooling, network partition).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from clustersim.cluster.owners import FREE
 from clustersim.cluster.placement import Placer
 from clustersim.hardware.sites import SiteEventSpec, SiteNetwork
+from clustersim.training.sites import cross_site_step
+from clustersim.training.spread import spread_shape
 
 if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
     from clustersim.cluster.timeline import Timeline
+    from clustersim.training.step import StepModel
 
-__all__ = ["SitePlacer", "SiteEvents", "cut_off"]
+__all__ = ["SitePlacer", "SiteEvents", "cut_off", "cross_site_seconds", "max_min_speeds",
+           "share_site_links"]
 
 
 class SitePlacer(Placer):
@@ -181,3 +185,66 @@ class SiteEvents:
         t.partitioned[site] -= 1
         t.wake_waiting()
         t.scheduler.schedule()
+
+
+def cross_site_seconds(model: StepModel, job: Any, held: np.ndarray) -> float:
+    """What the cross-site reduction adds to the job's mean step on these instances (0 in
+    one site): (sync step - local step) / steps per cross-site average."""
+    if spread_shape(model.topology, held) is None:
+        return 0.0
+    step = cross_site_step(model, job, job.name, held)
+    if step is None:
+        return 0.0
+    return max(0.0, step.sync_step_s - step.local_step_s) / step.every
+
+
+def max_min_speeds(uses: list[set]) -> list[float]:
+    """Max-min fair speeds (0..1) of flows each using a set of unit-capacity links at full
+    rate alone: progressive filling, as `collectives.contention.simultaneous` shares links."""
+    frozen = [not u for u in uses]
+    speed = [1.0 if f else 0.0 for f in frozen]
+    links = set().union(*uses) if uses else set()
+    while not all(frozen):
+        active = [i for i, f in enumerate(frozen) if not f]
+        step = min(1.0 - speed[i] for i in active)
+        for link in links:
+            growth = sum(1 for i in active if link in uses[i])
+            if growth:
+                load = sum(speed[i] for i in range(len(uses)) if link in uses[i])
+                step = min(step, max(0.0, 1.0 - load) / growth)
+        for i in active:
+            speed[i] += step
+        full = {link for link in links
+                if sum(speed[i] for i in range(len(uses)) if link in uses[i]) >= 1 - 1e-9}
+        for i in active:
+            if speed[i] >= 1 - 1e-12 or uses[i] & full:
+                frozen[i] = True
+    return speed
+
+
+def share_site_links(t: Timeline) -> None:
+    """Jobs spread over sites share the inter-site links their rings over the sites use,
+    max-min fairly: each one's cross-site reduction is slowed by 1 / its share (the
+    link-limited case; a job alone on its links is not slowed)."""
+    network = getattr(t, "site_network", None)
+    if network is None:
+        return
+    bounds = t.site_first_instance.tolist()
+    spread = [r for r in t.jobs if r.held_count and r.state != "done"
+              and getattr(r, "site_cross_s", 0.0) > 0]
+    uses = []
+    for run in spread:
+        sites = [s for s in range(network.count)
+                 if run.held_mask[bounds[s]: bounds[s + 1]].any()]
+        links: set = set()
+        for i, a in enumerate(sites):
+            b = sites[(i + 1) % len(sites)]
+            if a == b:
+                continue
+            if network.direct(a, b):
+                links.add((a, b))
+            else:  # a's access link out, b's access link in
+                links |= {("out", a), ("in", b)}
+        uses.append(links)
+    for run, speed in zip(spread, max_min_speeds(uses), strict=True):
+        run.set_site_slowdown(1.0 / speed if speed > 0 else 1.0)

@@ -112,6 +112,7 @@ class Timeline:
         self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf, ring)
         # Several sites (clustersim.cluster.sites): placement by site, site events.
         network = scenario.site_network
+        self.site_network = network
         self.instance_site = (network.site_of_instances(self.n_instances) if network
                               else np.zeros(self.n_instances, dtype=np.int32))
         self.site_first_instance = (network.first_instance if network
