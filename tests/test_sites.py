@@ -357,3 +357,11 @@ def test_two_spread_jobs_share_the_backbone_on_the_timeline():
         # Alone its step is the synchronous one; sharing adds its cross-site part once more.
         assert job["slowdown"] == pytest.approx(
             (cross["step_time_sync_s"] + extra) / cross["step_time_sync_s"], rel=1e-3)
+
+
+def test_ring_across_sites_is_not_the_cached_ring_inside_one(topo):
+    inside = topo.ring(np.arange(0, 512, 16))  # two leaves of east
+    across = topo.ring(np.concatenate([np.arange(0, 256, 16), np.arange(512, 768, 16)]))
+    assert "intersite" not in inside.link_kinds
+    assert "intersite" in across.link_kinds
+    assert across.max_hop_latency_s >= 2e-3
