@@ -31,6 +31,7 @@ from clustersim.hardware.spec import (
 )
 from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.errors import ScenarioCheckError
+from clustersim.scenario.fleetday import ElasticSpec, FluidSpec
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
 from clustersim.scenario.serving import DeploymentSpec
@@ -141,6 +142,9 @@ class JobSpec(Spec):
     cross_site_sync: CrossSiteSyncSpec | None = Field(
         default=None, description="over several sites: average across them once every "
         "`every` steps, local steps between (docs/sites.md)")
+    elastic: ElasticSpec | None = Field(default=None, description="shrinks for serving "
+                                        "instead of stopping (fleet-day runs; "
+                                        "docs/fleet-day.md)")
 
     @property
     def ranks(self) -> int:
@@ -213,6 +217,8 @@ class Scenario(Spec):
     workload: WorkloadSpec | None = None
     stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()
+    fluid: FluidSpec = Field(default=FluidSpec(), description="the fleet-level serving model "
+                             "(docs/fleet-day.md)")
 
     @field_validator("duration_s")
     @classmethod

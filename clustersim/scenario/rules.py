@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from clustersim.hardware import limits, units
 from clustersim.hardware.topology import TopologyTooLarge, check_topology_size
 from clustersim.scenario.errors import Issue
+from clustersim.scenario.fleetday import fleet_day_checks, is_fleet_day
 from clustersim.scenario.serving import serve_cross_checks
 from clustersim.scenario.sites import site_checks
 
@@ -182,6 +183,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     # UltraServers (as the timeline places it).
     whole = max((-(-s.job_instances(job) // hw.instances_per_ultraserver) for job in s.jobs
                  if hw.whole_ultraservers(job.parallelism.tp)), default=0)
+    yield from (Issue(path, message, value, True) for path, message, value in fleet_day_checks(s))
+    if is_fleet_day(s):  # replicas come and go, jobs wait or are preempted for them
+        largest_job = whole = 0
     for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
                                                     largest_job, whole):
         yield Issue(path, message, value, True)
