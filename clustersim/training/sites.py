@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from clustersim.hardware.spec import Spec
+from clustersim.training.spread import spread_shape
 from clustersim.training.workload import weight_bytes_per_param
 
 if TYPE_CHECKING:
@@ -118,7 +119,11 @@ def cross_site_step(model: StepModel, job: Any, name: str = "job",
     if sites < 2:
         return None
     sync = model.profile(job, name, instances=placed)
-    local = _local_model(model).profile(job, name, instances=placed)
+    # The twin sees no sites: give it the split's canonical placement, so that placements
+    # splitting alike share its cached step too.
+    spread = spread_shape(model.topology, placed)
+    canonical = spread[1] if spread is not None else placed
+    local = _local_model(model).profile(job, name, instances=canonical)
     spec = getattr(job, "cross_site_sync", None) or CrossSiteSyncSpec()
     # A site sends 2 (S - 1) / S of the gradients in a ring all-reduce over S sites (or the
     # parameter deltas, as large, when averaging after local steps).
