@@ -23,7 +23,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import Field
 
 from clustersim.hardware.spec import Spec
@@ -102,27 +101,23 @@ def _local_model(model: StepModel) -> StepModel:
     return found
 
 
-def _spans_sites(model: StepModel, job: Any, placed: np.ndarray) -> int:
-    topo = model.topology
-    if topo.chip_site is None:
-        return 1
-    sites = topo.chip_site[placed * topo.hardware.chips_per_instance]
-    return len(np.unique(sites))
-
-
 def cross_site_step(model: StepModel, job: Any, name: str = "job",
                     instances: Any = None) -> CrossSiteStep | None:
     """The job's step on its instances (default: from instance 0) with and without the
     cross-site reduction; None when they are all in one site."""
     placed = model._placement(job, 0, instances)
-    sites = _spans_sites(model, job, placed)
-    if sites < 2:
-        return None
-    sync = model.profile(job, name, instances=placed)
-    # The twin sees no sites: give it the split's canonical placement, so that placements
-    # splitting alike share its cached step too.
     spread = spread_shape(model.topology, placed)
-    canonical = spread[1] if spread is not None else placed
+    if spread is None:
+        return None
+    split, canonical = spread
+    sites = len(split)
+    # Cached by job and split: the timeline asks at every placement of a spread job.
+    cache = model.__dict__.setdefault("_cross_site_cache", {})
+    key = (id(job), name, split)
+    if key in cache and cache[key][0] is job:
+        return cache[key][1]
+    sync = model.profile(job, name, instances=canonical)
+    # The twin sees no sites: the split's canonical placement (as the step model caches it).
     local = _local_model(model).profile(job, name, instances=canonical)
     spec = getattr(job, "cross_site_sync", None) or CrossSiteSyncSpec()
     # A site sends 2 (S - 1) / S of the gradients in a ring all-reduce over S sites (or the
@@ -130,11 +125,13 @@ def cross_site_step(model: StepModel, job: Any, name: str = "job",
     _, grad_bytes, _ = weight_bytes_per_param(job.precision,
                                               model.hardware.chip.framework.gradients)
     exchanged = 2 * (sites - 1) / sites * job.model.parameter_count() * grad_bytes
-    return CrossSiteStep(sites=sites, sync_step_s=sync.step_time_s,
+    step = CrossSiteStep(sites=sites, sync_step_s=sync.step_time_s,
                          local_step_s=min(local.step_time_s, sync.step_time_s),
                          every=spec.every, convergence_factor=spec.convergence_factor,
                          cross_site_bytes_per_sync=exchanged,
                          tokens_per_step=sync.tokens_per_step)
+    cache[key] = (job, step)
+    return step
 
 
 def site_profile(model: StepModel, job: Any, name: str = "job",
