@@ -46,7 +46,12 @@ def _check_run_folder(run_dir: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from clustersim.analysis.runs import MAX_SUMMARY_BYTES, summary_problem, table_problem
+    from clustersim.analysis.runs import (
+        MAX_SUMMARY_BYTES,
+        figures_problem,
+        summary_problem,
+        table_problem,
+    )
     from clustersim.scenario.errors import ScenarioError
     from clustersim.scenario.reading import read_yaml_file, regular_file_problem
 
@@ -62,7 +67,13 @@ def _check_run_folder(run_dir: Path) -> None:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise UsageProblem(f"{summary}: cannot read it ({str(error)[:200]}); run the scenario "
                            "again") from None
-    problem = summary_problem(parsed)
+    traces = TRACES
+    if (run_dir / "day.parquet").exists() or (run_dir / "fleet.parquet").exists():
+        traces = ("day", "fleet")  # a fleet-day run (docs/fleet-day.md)
+    # A fleet-day run's summary has a shape of its own: only its figures are checked.
+    problem = (summary_problem(parsed) if traces == TRACES else
+               "expected a JSON object" if not isinstance(parsed, dict)
+               else figures_problem(parsed, "summary"))
     if problem:
         raise UsageProblem(f"{summary}: not a run's summary ({problem}); run the scenario "
                            "again")
@@ -76,8 +87,8 @@ def _check_run_folder(run_dir: Path) -> None:
         if not isinstance(text, dict):
             raise UsageProblem(f"{scenario}: not a scenario (expected a mapping); run the "
                                "scenario again")
-    missing = [t for t in TRACES if not (run_dir / f"{t}.parquet").exists()]
-    if len(missing) == len(TRACES):
+    missing = [t for t in traces if not (run_dir / f"{t}.parquet").exists()]
+    if len(missing) == len(traces):
         raise UsageProblem(f"{run_dir}: no traces ({', '.join(missing)}.parquet missing); "
                            "run again with trace.enabled: true")
     if missing:

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
+from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
 from clustersim.training.transformer import TransformerShape
 
 # Token counts of one request (prompt or output): the longest sequence the loader takes
@@ -81,6 +82,8 @@ class RequestWorkloadSpec(Spec):
                                  description="stop after this many (default: to the horizon)")
     input_tokens: LengthSpec = Field(default=LengthSpec(value=512))
     output_tokens: LengthSpec = Field(default=LengthSpec(value=256))
+    load: LoadCurveSpec | None = Field(default=None, description="the arrival rate over time "
+                                       "(instead of rate; docs/fleet-day.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -97,6 +100,9 @@ class RequestWorkloadSpec(Spec):
         if self.arrival == "trace":
             if self.trace is None:
                 raise ValueError("arrival trace needs trace: a CSV or Parquet file")
+        elif self.load is not None:
+            if self.rate_per_s is not None:
+                raise ValueError("give rate or load (a curve over time), not both")
         elif self.rate_per_s is None:
             raise ValueError(f"arrival {self.arrival} needs rate (requests per second, "
                              "e.g. 10/s)")
@@ -221,6 +227,11 @@ class DeploymentSpec(Spec):
     slo: SloSpec = SloSpec()
     start_s: NonNegativeDuration = Field(default=0.0, alias="start",
                                          description="when the deployment starts serving")
+    fidelity: Literal["requests", "fluid", "auto"] | None = Field(
+        default=None, description="requests: request by request; fluid: the fleet-level "
+        "model (docs/fleet-day.md); auto: fluid with autoscale or past 2M requests, else "
+        "requests and the two levels compared; default: fluid with autoscale, else requests")
+    autoscale: AutoscaleSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:
@@ -275,12 +286,16 @@ class DeploymentSpec(Spec):
 
 
 def expected_requests(d: DeploymentSpec, duration_s: float) -> float:
-    """Requests a rate-driven deployment is expected to receive over the horizon (a trace's
-    are its rows, counted where it is read)."""
-    if d.workload.arrival == "trace":
-        return 0.0
+    """Requests a rate-driven deployment simulated request by request is expected to receive
+    over the horizon (a trace's are its rows, counted where it is read; a fluid one none)."""
+    from clustersim.scenario.fleetday import resolved_fidelity
+
+    if d.workload.arrival == "trace" or resolved_fidelity(d, duration_s) == "fluid":
+        return 0.0  # a fluid deployment simulates no request one by one
     span = max(0.0, duration_s - d.start_s)
-    expected = float(d.workload.rate_per_s or 0.0) * span
+    load = getattr(d.workload, "load", None)
+    rate = load.mean_per_s() if load is not None else float(d.workload.rate_per_s or 0.0)
+    expected = rate * span
     return min(expected, d.workload.requests) if d.workload.requests is not None else expected
 
 
