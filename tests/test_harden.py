@@ -444,7 +444,7 @@ def test_14_plan_takes_a_checkpoint_interval_of_never(tmp_path: Path):
     "summary-list", "deployment-empty", "jobs-null", "no-cluster", "simulated-1e308",
     "deep-nesting", "nan-goodput", "events-is-jobs", "utilisation-is-events", "jobs-is-chips",
     "requests-is-jobs", "replicas-is-intervals", "string-columns", "scenario-garbage",
-    "summary-fifo", "chips-text", "figure-1e400",
+    "summary-fifo", "chips-text", "figure-1e400", "deployment-no-ttft",
 ])
 def test_15_report_on_a_damaged_run_folder_exits_2_and_writes_nothing(traced_run: Path,
                                                                       tmp_path: Path, damage):
@@ -467,6 +467,9 @@ def test_15_report_on_a_damaged_run_folder_exits_2_and_writes_nothing(traced_run
         summary["simulated_s"] = 1e308
     elif damage == "deep-nesting":
         text = "[" * 100_000 + "]" * 100_000
+    elif damage == "deployment-no-ttft":  # found by the fuzz: KeyError in the report's row
+        summary["deployments"] = {"chat": {"requests_per_s": 1, "output_tokens_per_s": 1,
+                                           "slo_goodput": 1.0}}
     elif damage == "nan-goodput":
         summary["deployments"] = {"chat": {"requests_per_s": 1, "output_tokens_per_s": 1,
                                            "slo_goodput": float("nan")}}

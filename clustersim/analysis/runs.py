@@ -93,6 +93,14 @@ def summary_problem(summary: Any) -> str | None:
         for key in ("requests_per_s", "output_tokens_per_s", "slo_goodput"):
             if not isinstance(d.get(key), int | float) or isinstance(d.get(key), bool):
                 return f"deployments.{name}.{key}: expected a number, found {d.get(key)!r:.80}"
+        for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                    "cost_per_million_output_tokens_usd"):  # the report's row: number or null
+            value = d.get(key, 0)
+            if value is not None and (not isinstance(value, int | float) or isinstance(value,
+                                                                                    bool)):
+                return f"deployments.{name}.{key}: expected a number, found {value!r:.80}"
+            if key not in d:
+                return f"deployments.{name}.{key}: missing"
     return figures_problem(summary, "summary")
 
 
