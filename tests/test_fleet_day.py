@@ -347,3 +347,25 @@ def test_outputs_of_a_fleet_day_run_and_its_report(tmp_path):
     report = write_report(tmp_path / "run")
     assert (report.parent / "day.png").stat().st_size > 10_000
     assert "Chip-hours" in report.read_text()
+
+
+def test_auto_beside_a_trace_deployment_compares_only_the_auto_one(tmp_path):
+    """The fluid level beside the request level simulates the `auto` deployments alone: a
+    deployment replaying a trace (no rate to follow) is neither measured nor compared."""
+    import json
+
+    arrivals = np.sort(np.random.default_rng(0).uniform(0, 60, 50))
+    (tmp_path / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
+        f"{t},256,64\n" for t in arrivals))
+    lengths = {"input_tokens": 256, "output_tokens": 64}
+    r = raw([deployment(replicas=2, fidelity="auto", workload={"rate": "5/s", **lengths}),
+             deployment(name="replay", replicas=1, workload={"arrival": "trace",
+                                                             "trace": "trace.csv"})],
+            duration="1min", instances=2, fluid={"curve_requests": 200})
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(r))
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stdout + (result.stderr or "")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "fluid_check" in summary["deployments"]["chat"]
+    assert "fluid_check" not in summary["deployments"]["replay"]

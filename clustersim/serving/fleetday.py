@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,9 +184,11 @@ def _failure_events(scenario: Scenario, rng: np.random.Generator, horizon_s: flo
     return events
 
 
-def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile]
-                       ) -> FleetDayResult:
-    """Step the scenario's fleet over its horizon (module docstring)."""
+def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile],
+                       only: Collection[str] | None = None) -> FleetDayResult:
+    """Step the scenario's fleet over its horizon (module docstring). `only`: the names of
+    the deployments to simulate (the others left out; each keeps its index, so its load
+    curve's noise stream)."""
     hw = scenario.hardware
     cpi = hw.chips_per_instance
     horizon = scenario.duration_s
@@ -201,6 +204,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
 
     deployments: list[_Deployment] = []
     for index, d in enumerate(scenario.serve):
+        if only is not None and d.name not in only:
+            continue
         curve = replica_curve(scenario, d)
         chips = replica_chips(d, hw.chip.ranks)
         if d.workload.load is not None:
