@@ -369,3 +369,10 @@ def test_auto_beside_a_trace_deployment_compares_only_the_auto_one(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert "fluid_check" in summary["deployments"]["chat"]
     assert "fluid_check" not in summary["deployments"]["replay"]
+
+
+def test_a_replica_that_serves_nothing_is_refused(tmp_path):
+    """A Llama 3.1 70B draft beside an 8B target on one Trn2 chip leaves no HBM for the KV
+    cache: the replica curve has nothing to measure, and the run says so (exit 2)."""
+    refused(tmp_path, raw([deployment(fidelity="fluid", speculative={
+        "draft": "llama3.1-70b", "tokens": 4})]), "serve.0", "no HBM for the KV cache")

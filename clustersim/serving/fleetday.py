@@ -55,6 +55,7 @@ from clustersim.cluster.rates import (
     job_failure_rate,
     storage_bandwidth_per_instance,
 )
+from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.fleetday import elastic_smallest, elastic_unit, replica_chips
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
@@ -206,7 +207,11 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
     for index, d in enumerate(scenario.serve):
         if only is not None and d.name not in only:
             continue
-        curve = replica_curve(scenario, d)
+        try:
+            curve = replica_curve(scenario, d)
+        except ValueError as error:  # a replica that serves nothing: the scenario's fault
+            raise ScenarioError(scenario.source, [Issue(
+                f"serve.{index}", str(error), d.name, True)]) from None
         chips = replica_chips(d, hw.chip.ranks)
         if d.workload.load is not None:
             rates = load_rates(d.workload.load, 0.0, horizon, step, load_seed(seed, index))
