@@ -376,3 +376,19 @@ def test_a_replica_that_serves_nothing_is_refused(tmp_path):
     cache: the replica curve has nothing to measure, and the run says so (exit 2)."""
     refused(tmp_path, raw([deployment(fidelity="fluid", speculative={
         "draft": "llama3.1-70b", "tokens": 4})]), "serve.0", "no HBM for the KV cache")
+
+
+def test_software_faults_on_idle_chips_interrupt_nothing():
+    """A software fault rate per chip, over a cluster mostly idle: the job holding a quarter
+    of the chips is interrupted at a quarter of the cluster's rate (as in the timeline), not
+    by every fault of the cluster."""
+    r = raw([deployment(fidelity="fluid", replicas=1)], duration="10h", instances=8,
+            jobs=[JOB], failures={"rates": [{"component": "software", "per": "chip",
+                                             "mtbf": "8h"}],
+                                  "detect": "1s", "restart": "1s"})
+    s = build(r)
+    result = simulate_fleet_day(s, 0, {j.name: _profile(s, j) for j in s.jobs})
+    job = fleet_day_figures(s, result)["jobs"]["train"]
+    expected = 32 * 10 / 8  # the job's 32 chips over 10 h at one fault per 8 h each
+    assert expected / 2 < job["interruptions"] < 1.5 * expected  # all 128 chips': 160
+    assert result.failures["software"] == pytest.approx(expected, rel=0.5)

@@ -26,8 +26,9 @@ token: each step costs a few operations per deployment and per job.
   the horizon. A hardware failure downs one instance (an UltraServer's or a leaf's, all of
   theirs) for the detection plus the repair, taken from a deployment, a job or the free
   pool in proportion to the instances each holds; its replicas are gone (the autoscaler
-  replaces them), its job recovers on free instances. A software failure restarts one
-  replica or one job where it is.
+  replaces them), its job recovers on free instances. A software failure restarts the
+  replica or the training job on the chip it hits (as in the timeline: nothing on an idle
+  chip, nor a job that is not training), one job in every job's stream when per job.
 
 Placement is by count of instances (no topology): a deployment's replicas smaller than an
 instance share instances; the chips of a deployment's partly used instance count as idle.
@@ -386,32 +387,42 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             heapq.heappush(repairs, (now + f.detect_s + repair_s, downed))
 
     def fail_software(now: float, per: str) -> None:
-        failures["software"] += 1
+        """A software fault, drawn over the whole population its rate is given for (every
+        chip, or every job): as in the timeline it interrupts what runs there, a serving
+        replica or a training job, and changes nothing on an idle chip or a job that is not
+        training."""
         if per == "job":
-            running = [j for j in jobs if j.held]
-            weights = np.ones(len(running))
             serving: list[_Deployment] = []
+            holders = list(jobs)
+            weights = np.ones(len(jobs))
         else:
-            running = [j for j in jobs if j.held]
             serving = [dep for dep in deployments if dep.up]
+            holders = [j for j in jobs if j.held]
             weights = np.array([dep.up * dep.chips for dep in serving]
-                               + [j.held * cpi for j in running], dtype=float)
+                               + [j.held * cpi for j in holders], dtype=float)
+            rest = total_instances * cpi - weights.sum()  # idle, down, scaling: no one to stop
+            weights = np.append(weights, max(rest, 0.0))
         if not len(weights) or weights.sum() <= 0:
             return
         choice = int(rng_victims.choice(len(weights), p=weights / weights.sum()))
         if choice < len(serving):
+            failures["software"] += 1
             dep = serving[choice]
             dep.up -= 1
             dep.failures += 1
             dep.retries += dep.curve.e2e_mean_s[0] * dep.per_replica_rate
             dep.restarting.append(now + f.detect_s + f.restart_s)
             return
-        job = running[choice - len(serving)]
+        if choice - len(serving) >= len(holders):
+            return
+        job = holders[choice - len(serving)]
+        if job.state != "running" or not job.held:
+            return  # software fails while it trains
+        failures["software"] += 1
         lose(job)
         job.interruptions += 1
-        if job.state != "waiting_for_hardware":  # (that one restarts once it is whole)
-            job.state = "restarting"
-            job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
+        job.state = "restarting"
+        job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
 
     # The fleet was serving before the horizon: each deployment starts with the replicas
     # its first step's load needs (at least `replicas`), within [min, max], loaded.
