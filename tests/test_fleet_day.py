@@ -392,3 +392,18 @@ def test_software_faults_on_idle_chips_interrupt_nothing():
     expected = 32 * 10 / 8  # the job's 32 chips over 10 h at one fault per 8 h each
     assert expected / 2 < job["interruptions"] < 1.5 * expected  # all 128 chips': 160
     assert result.failures["software"] == pytest.approx(expected, rel=0.5)
+
+
+def test_ettr_of_a_job_that_ends_early_is_over_its_own_time():
+    """A job that runs 1 h of a 3 h horizon, no failures: its ETTR is its useful time over
+    that hour (the checkpoint writes' share off), as the timeline's, not over the horizon;
+    goodput counts from its submission (here its start)."""
+    job = dict(JOB, run_for="1h", submit="30min")
+    s = build(raw([deployment(fidelity="fluid", replicas=1)], duration="3h", instances=4,
+                  jobs=[job]))
+    result = simulate_fleet_day(s, 0, {j.name: _profile(s, j) for j in s.jobs})
+    figures = fleet_day_figures(s, result)["jobs"]["train"]
+    assert figures["status"] == "done" and figures["start_s"] == 1800
+    writes = 30 / (30 * 60 + 30)  # 30 s written every 30 min, blocking
+    assert figures["ettr"] == pytest.approx(1 - writes, rel=1e-6)
+    assert figures["goodput"] == pytest.approx(figures["useful_s"] / 3600, rel=1e-9)

@@ -134,6 +134,7 @@ class _Job:
     end_s: float = math.inf  # the deadline (since submission) or run_for (since the start)
     run_for_s: float | None = None
     done_why: str = ""
+    done_s: float | None = None  # when it finished (its target or its end)
     lost_work_s: float = 0.0
     checkpointing_s: float = 0.0
     checkpoints: int = 0
@@ -553,6 +554,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 job.tokens >= job.steps_target * job.tokens_per_step
             if target or (job.state not in ("pending", "done") and end >= job.end_s):
                 job.done_why = "reached its step target" if target else "its end came"
+                job.done_s = end
                 job.state = "done"
                 state["free"] += job.held
                 job.held = 0
@@ -726,6 +728,7 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
     for job in result.jobs:
         tokens = max(0.0, job.tokens)
         trained += tokens
+        end = job.done_s if job.done_s is not None else result.horizon_s
         jobs[job.name] = {
             "status": "done" if job.state == "done" else "running at the horizon"
             if job.held else job.state, "reason": job.done_why,
@@ -738,7 +741,11 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
             "shrinks": job.shrinks, "grows": job.grows,
             "held_chip_s": job.held_chip_s,
             "time_by_state_s": dict(sorted(job.time_by_state_s.items())),
-            "ettr": max(0.0, job.useful_s) / max(result.horizon_s - job.submit_s, 1e-9),
+            # As the timeline's: useful time over the wall time since it started (ETTR) and
+            # since it was submitted (goodput), up to its end or the horizon.
+            "ettr": (max(0.0, job.useful_s) / max(end - job.start_s, 1e-9)
+                     if job.start_s is not None else 0.0),
+            "goodput": max(0.0, job.useful_s) / max(end - job.submit_s, 1e-9),
             "effective_cost_per_million_tokens_usd": (
                 job.held_chip_s / 3600 * chip_price_h / tokens * 1e6
                 if chip_price_h is not None and tokens > 0 else None),
