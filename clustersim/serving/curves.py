@@ -138,10 +138,9 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
     finish = np.sort(fleet.finish_s[fleet.status == 1])
     if len(finish) < 10:
         _, kv_tokens, _ = replica_models(scenario, d)
-        why = ("its weights leave no HBM for the KV cache" if kv_tokens <= 0 else
-               f"do its requests fit its KV cache of {kv_tokens:,} tokens?")
         raise ValueError(f"deployment {d.name!r}: a replica completed {len(finish)} of "
-                         f"{requests} requests ({why})")
+                         f"{requests} requests (do they fit its KV cache of {kv_tokens:,} "
+                         "tokens?)")
     lo, hi = int(0.1 * len(finish)), int(0.9 * len(finish))
     group = group_size(scenario, d)
     capacity = (hi - lo) / max(finish[hi] - finish[lo], 1e-9) / group  # per replica

@@ -62,6 +62,7 @@ from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
 from clustersim.serving.load import load_rates, load_seed
+from clustersim.serving.simulate import no_kv_room, replica_models
 from clustersim.training.step import StepProfile
 
 __all__ = ["FleetDayResult", "simulate_fleet_day", "fleet_day_figures", "day_table",
@@ -209,6 +210,9 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
     for index, d in enumerate(scenario.serve):
         if only is not None and d.name not in only:
             continue
+        cost, kv_tokens, _ = replica_models(scenario, d)
+        if kv_tokens <= 0:
+            raise ScenarioError(scenario.source, [no_kv_room(scenario, d, cost)])
         try:
             curve = replica_curve(scenario, d)
         except ValueError as error:  # a replica that serves nothing: the scenario's fault
