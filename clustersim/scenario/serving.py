@@ -133,6 +133,15 @@ class PrecisionSpec(Spec):
     kv_cache: ServePrecision | None = Field(
         default=None, description="defaults to server.kv_precision")
 
+    @model_validator(mode="after")
+    def _check(self) -> PrecisionSpec:
+        # A matmul runs at its wider operand's precision: fp8 matmuls need fp8 weights too.
+        if self.activations == "fp8" and self.weights != "fp8":
+            raise ValueError(f"activations fp8 with {self.weights} weights: a matmul runs at "
+                             "its wider operand's precision; expected weights: fp8 (W8A8) "
+                             "or 16-bit activations")
+        return self
+
 
 @dataclass(frozen=True)
 class Precisions:
