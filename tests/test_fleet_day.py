@@ -407,3 +407,13 @@ def test_ettr_of_a_job_that_ends_early_is_over_its_own_time():
     writes = 30 / (30 * 60 + 30)  # 30 s written every 30 min, blocking
     assert figures["ettr"] == pytest.approx(1 - writes, rel=1e-6)
     assert figures["goodput"] == pytest.approx(figures["useful_s"] / 3600, rel=1e-9)
+
+
+def test_a_load_curve_beside_a_trace_is_refused(tmp_path):
+    """arrival: trace replays the trace's times: a load curve beside it was silently
+    ignored."""
+    (tmp_path / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n1.0,256,64\n")
+    refused(tmp_path, raw([deployment(workload={
+        "arrival": "trace", "trace": "trace.csv",
+        "load": {"sinusoid": {"peak": "30/s", "trough": "10/s"}}})]),
+        "serve.0.workload", "load curve would be ignored")

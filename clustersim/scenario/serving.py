@@ -92,6 +92,9 @@ class RequestWorkloadSpec(Spec):
         if self.arrival == "trace":
             if self.trace is None:
                 raise ValueError("arrival trace needs trace: a CSV or Parquet file")
+            if self.load is not None:
+                raise ValueError("arrival trace replays the trace's arrival times; a load "
+                                 "curve would be ignored: give one or the other")
         elif self.load is not None:
             if self.rate_per_s is not None:
                 raise ValueError("give rate or load (a curve over time), not both")
