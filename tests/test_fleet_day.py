@@ -417,3 +417,10 @@ def test_a_load_curve_beside_a_trace_is_refused(tmp_path):
         "arrival": "trace", "trace": "trace.csv",
         "load": {"sinusoid": {"peak": "30/s", "trough": "10/s"}}})]),
         "serve.0.workload", "load curve would be ignored")
+
+
+def test_a_request_count_at_the_fluid_level_is_refused(tmp_path):
+    """The fluid level runs to the horizon: `workload.requests` was silently ignored."""
+    refused(tmp_path, raw([deployment(fidelity="fluid", workload={
+        "rate": "10/s", "requests": 500, **LENGTHS})]),
+        "serve.0.workload.requests", "would be ignored")
