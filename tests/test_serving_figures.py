@@ -123,3 +123,24 @@ def test_a_deployment_whose_weights_fill_the_hbm_is_refused(tmp_path) -> None:
         assert "serve.0" in text and "no room for the KV cache" in text
         assert ("draft" in text) == (name == "draft")
         assert "Traceback" not in text and not out.exists()
+
+
+def test_the_run_table_prints_latencies_when_nothing_drained(tmp_path) -> None:
+    """`clustersim run` prints TTFT and TPOT under every deployment with completed requests;
+    they were printed only when some requests finished while draining."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    raw = _scenario(0.5, "1min")
+    raw["serve"][0]["workload"]["output_tokens"] = 4
+    path = tmp_path / "light.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stdout
+    d = json.loads((tmp_path / "out" / "summary.json").read_text())["deployments"]["chat"]
+    assert d["requests_drained"] == 0 and d["requests_completed"] > 0
+    assert "TTFT p50" in result.stdout and "TPOT p50" in result.stdout
