@@ -424,3 +424,15 @@ def test_a_request_count_at_the_fluid_level_is_refused(tmp_path):
     refused(tmp_path, raw([deployment(fidelity="fluid", workload={
         "rate": "10/s", "requests": 500, **LENGTHS})]),
         "serve.0.workload.requests", "would be ignored")
+
+
+def test_job_status_at_the_horizon_in_the_timeline_s_words():
+    """A job still training reads `running at horizon`, one still waiting for instances
+    `queued at horizon`, as the timeline says (a job waiting for hardware read as running)."""
+    jobs = [dict(JOB, name="first"), dict(JOB, name="second", submit="1min")]
+    s = build(raw([deployment(fidelity="fluid", replicas=1)], duration="1h", instances=4,
+                  jobs=jobs))
+    result = simulate_fleet_day(s, 0, {j.name: _profile(s, j) for j in s.jobs})
+    figures = fleet_day_figures(s, result)["jobs"]
+    assert figures["first"]["status"] == "running at horizon"
+    assert figures["second"]["status"] == "queued at horizon"

@@ -734,8 +734,9 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
         trained += tokens
         end = job.done_s if job.done_s is not None else result.horizon_s
         jobs[job.name] = {
-            "status": "done" if job.state == "done" else "running at the horizon"
-            if job.held else job.state, "reason": job.done_why,
+            # the timeline's words: done, or the state it was in "at horizon"
+            "status": "done" if job.state == "done" else f"{job.state} at horizon",
+            "reason": job.done_why,
             "instances": job.instances, "chips": job.instances * hw.chips_per_instance,
             "start_s": job.start_s, "tokens_trained": tokens,
             "useful_s": max(0.0, job.useful_s), "lost_work_s": job.lost_work_s,
