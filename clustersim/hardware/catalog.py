@@ -189,6 +189,19 @@ class ServingConstants(Spec):
         "and the KV cache (in place of the training fit's efficiency.vector); default: the "
         "Trn1 serving fit",
     )
+    matmul_efficiency: float | None = Field(
+        default=None, gt=0, le=1, alias="matmul",
+        description="fraction of the dense peak (at the compute precision) inference "
+        "matrix multiplies reach; default: the chip's efficiency.matmul (the training fit)",
+    )
+    overlap_collectives: bool = Field(
+        default=False,
+        description="the tensor-parallel all-reduces run under the layer's matrix work, "
+        "pipelined over tiles of the tokens (NxD Inference compiles with "
+        "--enable-ccop-compute-overlap): a layer takes max(compute, collectives) + "
+        "min(compute, collectives) / tiles, tiles = tokens / chip tile rows (one tile in "
+        "decode: no overlap)",
+    )
     all_reduce: Literal["mesh", "auto"] = Field(
         default="mesh",
         description="how a replica's tensor-parallel all-reduce runs inside an instance: "
