@@ -112,10 +112,11 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
             search = find_rate(spec, deployment.name, goodput, seed, base_dir=base_dir)
         except ValueError as error:
             raise UsageProblem(f"--find-rate: {error}") from None
-        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" for r, g in search.tried)
+        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" + (" saturated" if r in search.saturated
+                                                      else "") for r, g in search.tried)
         if search.rate_per_s is None:
             out_console.print(f"{deployment.name}: no rate found meeting {goodput:.0%} of the "
-                              f"SLO (tried {tried})")
+                              f"SLO without saturating (tried {tried})")
             continue
         f = search.figures or {}
         out_console.print(
@@ -132,8 +133,15 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                       f" x pp {d['pp']} on {d['instances']} instances")
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
-                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s; SLO goodput "
-                          f"{d['slo_goodput']:.1%}")
+                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
+                          f"horizon; SLO goodput {d['slo_goodput']:.1%}")
+        if d.get("saturated"):
+            table.add_row("", f"[bold]saturated[/bold]: the queue grew over the horizon "
+                          f"({d['requests_outstanding_at_end']:,} requests outstanding at its "
+                          "end); the throughput above is what the deployment sustains")
+        if d.get("requests_drained"):
+            table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
+                          f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
             table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
                           f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
         if d["cost_per_million_output_tokens_usd"] is not None:

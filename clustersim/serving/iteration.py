@@ -27,6 +27,7 @@ the next n iterations is a closed form (`decode_run_s`): the simulator advances 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,13 +58,34 @@ _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this p
 
 @dataclass(frozen=True)
 class ReplicaShape:
-    """What the iteration model needs of a deployment: model, weight precision, tp, pp."""
+    """What the iteration model needs of a deployment: model, precisions (weights,
+    activations: default the weights', KV cache), tp, pp."""
 
     model: TransformerShape
-    precision: str
+    precision: str  # weights
     tp: int
     pp: int
     kv_precision: str = "bf16"
+    activations: str | None = None
+
+    @property
+    def activation_precision(self) -> str:
+        return self.activations or self.precision
+
+
+# Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
+# operands (m x k in, m x n out) at the activations'.
+_WEIGHT_MATMULS = frozenset(("qkv", "projection", "mlp_in", "mlp_out", "router", "logits"))
+
+
+def _with_weight_bytes(ops: list[Op], weight_bytes: float, activation_bytes: float) -> list[Op]:
+    """The ops (built at the activations' precision) with each weight operand's HBM traffic
+    at the weights' precision (weight-only quantisation reads one byte per weight)."""
+    if weight_bytes == activation_bytes:
+        return ops
+    return [op if op.name not in _WEIGHT_MATMULS else dataclasses.replace(
+        op, bytes=op.count * (activation_bytes * (op.m * op.k + op.m * op.n)
+                              + weight_bytes * op.k * op.n)) for op in ops]
 
 
 def kv_bytes_per_token(model: TransformerShape, kv_precision: str) -> float:
@@ -111,9 +133,13 @@ class IterationModel:
         self.stage_chips = [int(rank_chips[d * shape.tp]) for d in range(shape.pp)]
         self.layers_per_stage = shape.model.layers / shape.pp
         self.overhead_s = hw.serving.iteration_overhead_s
-        self.element_bytes = BYTES_PER_ELEMENT[shape.precision]
-        # Compute precision: fp8 weights run fp8 matmuls where the chip has them.
-        self.compute_precision = shape.precision if shape.precision in hw.chip.tflops else "bf16"
+        self.element_bytes = BYTES_PER_ELEMENT[shape.precision]  # weights
+        self.activation_bytes = BYTES_PER_ELEMENT[shape.activation_precision]
+        self.kv_element_bytes = BYTES_PER_ELEMENT[shape.kv_precision]
+        # Matmuls run at the activations' precision where the chip has a peak for it (fp8
+        # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones).
+        compute = shape.activation_precision
+        self.compute_precision = compute if compute in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
         self._known: dict[tuple[int, int], float] = {}
 
@@ -132,17 +158,20 @@ class IterationModel:
         """All the replica's weights (bytes)."""
         return self.shape.model.parameter_count() * self.element_bytes
 
+    def kv_bytes_per_token_per_chip(self) -> float:
+        """KV cache bytes one token adds on the busiest chip."""
+        kv_heads = self.shape.model.n_kv_heads
+        # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
+        per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
+            self.shape.pp * min(self.shape.tp, kv_heads))
+        return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
+
     def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
         """Tokens the KV cache holds: the HBM left after weights on the busiest chip, less a
         reserved fraction of HBM (activations, runtime), over one token's KV bytes per chip."""
         hw = self.hardware
         free = hw.chip.hbm_bytes * (1.0 - reserve_fraction) - self.weight_bytes_per_chip()
-        kv_heads = self.shape.model.n_kv_heads
-        # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
-        per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
-            self.shape.pp * min(self.shape.tp, kv_heads))
-        ranks_per_chip = min(hw.chip.ranks, self.shape.tp * self.shape.pp)
-        return max(0, int(free // (per_rank * ranks_per_chip)))
+        return max(0, int(free // self.kv_bytes_per_token_per_chip()))
 
     # ------------------------------------------------------------------ time
     def _op_s(self, ops: list[Op]) -> float:
@@ -170,7 +199,11 @@ class IterationModel:
     def _outputs_s(self, outputs: int) -> float:
         """Final norm, output layer and sampling for the sequences emitting a token."""
         s = self.shape
-        return self._op_s(_output_ops(s.model, 1, outputs, s.tp, self.compute_precision))
+        return self._op_s(self._weights_at_precision(
+            _output_ops(s.model, 1, outputs, s.tp, s.activation_precision)))
+
+    def _weights_at_precision(self, ops: list[Op]) -> list[Op]:
+        return _with_weight_bytes(ops, self.element_bytes, self.activation_bytes)
 
     @lru_cache(maxsize=65536)  # noqa: B019
     def _body_s(self, tokens: int) -> float:
@@ -178,11 +211,12 @@ class IterationModel:
         the sends between stages, for `tokens` tokens."""
         s = self.shape
         layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
-                                                self.compute_precision)
+                                                s.activation_precision)
                  if op.name not in _ATTENTION_CORE]
-        layer_s = self._op_s(layer)
+        layer_s = self._op_s(self._weights_at_precision(layer))
         comm_s = 0.0
-        activation = tokens * s.model.hidden * self.element_bytes
+        # The all-reduces and stage sends carry activations, at their own precision.
+        activation = tokens * s.model.hidden * self.activation_bytes
         if self.tp_group is not None:
             comm_s = 2 * self.tp_all_reduce_s(activation)
         if self.hardware.serving.overlap_collectives and comm_s > 0:
@@ -193,7 +227,7 @@ class IterationModel:
         else:
             per_layer_s = layer_s + comm_s
         stages_s = s.model.layers * per_layer_s
-        ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, self.compute_precision))
+        ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, s.activation_precision))
         send_s = 0.0
         for d in range(s.pp - 1):
             shards = min(s.tp, self.hardware.chip.ranks)
@@ -229,9 +263,11 @@ class IterationModel:
         kv_heads = max(1, m.n_kv_heads // s.tp)
         context = 1 << 16  # long enough that tile padding of the context is negligible
         group = heads // kv_heads  # query heads sharing a KV head score together
-        ops = [_matmul("scores", group, m.head_dim, context, self.element_bytes, count=kv_heads),
-               _matmul("attend", group, context, m.head_dim, self.element_bytes, count=kv_heads)]
-        # Operand traffic: the keys and values themselves (the matmul counts add the query).
+        e = self.kv_element_bytes
+        ops = [_matmul("scores", group, m.head_dim, context, e, count=kv_heads),
+               _matmul("attend", group, context, m.head_dim, e, count=kv_heads)]
+        # Operand traffic: the keys and values themselves, at the KV cache's precision (the
+        # matmul counts add the query and scores, a few bytes per token beside 2 x head_dim).
         return m.layers * self._op_s(ops) / context
 
     @lru_cache(maxsize=65536)  # noqa: B019
@@ -243,11 +279,12 @@ class IterationModel:
         heads = max(1, m.heads // s.tp)
         kv_heads = max(1, m.n_kv_heads // s.tp)
         span = context + chunk
-        e = self.element_bytes
+        e = self.activation_bytes
         ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
                _matmul("attend", chunk, span, m.head_dim, e, count=heads),
-               _vector("attention_io", chunk * heads * m.head_dim * 2
-                       + span * kv_heads * m.head_dim * 2, e, passes=1)]
+               _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
+               _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
+                       passes=1)]
         return m.layers * self._op_s(ops)
 
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
@@ -265,6 +302,11 @@ class IterationModel:
     def prefill_s(self, input_tokens: int) -> float:
         """A whole prompt alone in one iteration (time to first token on an idle replica)."""
         return self.iteration_s([(input_tokens, 0)], 0, 0.0, prefill_outputs=1)
+
+    def step_s(self, batch: int) -> float:
+        """A decode step of `batch` sequences without the host overhead or attention over
+        context: a draft's step inside a fused speculation graph."""
+        return self._linear(batch, batch) - self.overhead_s
 
     def decode_base_s(self, batch: int) -> float:
         """A decode iteration of `batch` sequences, without their attention over context."""
