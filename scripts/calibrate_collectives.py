@@ -125,9 +125,10 @@ def loss(values: dict[str, float]) -> float:
     return total
 
 
-def fit(start: dict[str, float], objective=None) -> dict[str, float]:
+def fit(start: dict[str, float], objective=None, bounds=None) -> dict[str, float]:
     """Coordinate search in log space, shrinking the step until it stops improving."""
     objective = objective or loss
+    bounds = bounds or BOUNDS
     values = dict(start)
     best = objective(values)
     step = 0.5
@@ -136,7 +137,7 @@ def fit(start: dict[str, float], objective=None) -> dict[str, float]:
         for name in values:
             for direction in (1, -1):
                 trial = dict(values)
-                low, high = BOUNDS[name]
+                low, high = bounds[name]
                 if values[name] > 0:
                     moved = values[name] * math.exp(direction * step)
                 else:  # a constant at zero: a step of the scale of its upper bound
@@ -180,7 +181,10 @@ def report(values: dict[str, float]) -> None:
 # and iteration overhead (TPOT, the short-prompt TTFTs) and the matmul efficiency (prefill).
 # EFA, `vector` and `pass_overhead` meet no Trn2 figure: they stay Trn1's (borrowed).
 TRN2_PARAMETERS = ("link_efficiency", "hbm_efficiency", "step_latency", "chip_step_latency",
-                   "serving_hbm_efficiency", "serving_overhead", "matmul")
+                   "serving_hbm_efficiency", "serving_overhead", "prefill_overhead", "matmul")
+TRN2_COLLECTIVE_LIMIT = 0.25  # the bandwidth-bound 512 MB KangaRing row stays this close
+# NxD Inference under vLLM: the fixed host time per iteration may be far above Trn1's
+TRN2_BOUNDS = {**BOUNDS, "serving_overhead": (0.0, 0.05), "prefill_overhead": (0.0, 0.2)}
 TRN2_SERVING_LIMIT = 0.09  # every fitted Trn2 TTFT and TPOT this close (the issue asks 10%)
 
 
@@ -190,7 +194,7 @@ def trn2_hardware(values: dict[str, float], all_reduce: str):
         update={FIELDS[name]: values[name] for name in FIELDS if name in values})
     serving = base.serving.model_copy(update={
         **{SERVING[name]: values[name] for name in SERVING}, "all_reduce": all_reduce,
-        "overlap_collectives": True})
+        "overlap_collectives": True, "prefill_overhead_s": values.get("prefill_overhead", 0.0)})
     chip = base.chip
     if "matmul" in values:
         chip = chip.model_copy(update={"efficiency": chip.efficiency.model_copy(
@@ -225,11 +229,12 @@ def trn2_errors(values: dict[str, float], all_reduce: str):
 def trn2_loss(values: dict[str, float], all_reduce: str) -> float:
     coll, serving, weights = trn2_errors(values, all_reduce)
     excess = np.maximum(0.0, np.abs(serving) - math.log(1 + TRN2_SERVING_LIMIT)) * weights
+    bandwidth = max(0.0, abs(coll[-1]) - math.log(1 + TRN2_COLLECTIVE_LIMIT))
     return float(np.sum(coll**2) + 3.0 * np.sum(weights * serving**2)
-                 + 1000.0 * np.sum(excess**2))
+                 + 1000.0 * np.sum(excess**2) + 1000.0 * bandwidth**2)
 
 
-def trn2_main(check: bool) -> None:
+def trn2_main(check: bool, choices: tuple[str, ...] = ("mesh", "auto")) -> None:
     from clustersim.calibration.trn2 import (
         TRN2_COLLECTIVES,
         TRN2_SERVING,
@@ -243,14 +248,18 @@ def trn2_main(check: bool) -> None:
     start = {name: getattr(c, FIELDS[name]) for name in TRN2_PARAMETERS if name in FIELDS}
     start.update(serving_hbm_efficiency=hw.serving.hbm_efficiency,
                  serving_overhead=hw.serving.iteration_overhead_s,
+                 prefill_overhead=hw.serving.prefill_overhead_s,
                  matmul=hw.chip.efficiency.matmul)
     if start["chip_step_latency"] is None:
         start["chip_step_latency"] = start["step_latency"]
     all_reduce = hw.serving.all_reduce
     if not check:
+        # a start off the lower bound: the search moves a constant by factors
+        start["serving_overhead"] = max(1e-3, start["serving_overhead"])
+        start["prefill_overhead"] = max(1e-3, start["prefill_overhead"])
         best = None
-        for choice in ("mesh", "auto"):
-            values = fit(start, lambda v, choice=choice: trn2_loss(v, choice))
+        for choice in choices:
+            values = fit(start, lambda v, choice=choice: trn2_loss(v, choice), TRN2_BOUNDS)
             score = trn2_loss(values, choice)
             print(f"all_reduce {choice}: loss {score:.4f}")
             if best is None or score < best[0]:
@@ -288,9 +297,11 @@ def main() -> None:
                         help="fit the Trainium step constants too, with the Trn1 training rows")
     parser.add_argument("--family", choices=("trn1", "trn2"), default="trn1",
                         help="trn1 (default) or trn2: fit that family on its own data only")
+    parser.add_argument("--all-reduce", choices=("mesh", "auto"), action="append",
+                        help="trn2: the serving.all_reduce choices to fit (default both)")
     args = parser.parse_args()
     if args.family == "trn2":
-        trn2_main(args.check)
+        trn2_main(args.check, tuple(args.all_reduce or ("mesh", "auto")))
         return
     c = catalog_entry("trn1").collectives
     current = {name: getattr(c, field) for name, field in FIELDS.items()}

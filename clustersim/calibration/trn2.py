@@ -33,7 +33,8 @@ from clustersim.hardware.catalog import HardwareSpec, catalog_entry
 from clustersim.hardware.topology import build_topology
 
 __all__ = ["Trn2Collective", "TRN2_COLLECTIVES", "EXAMPLE_FLOOR_US", "predict_trn2_collectives",
-           "Trn2Serving", "TRN2_SERVING", "UNSEEN_TRN2_SERVING", "predict_trn2_serving", "UNFITTED"]
+           "Trn2Serving", "TRN2_SERVING", "UNSEEN_TRN2_SERVING", "predict_trn2_serving", "UNFITTED",
+           "step_band"]
 
 EXAMPLE_FLOOR_US = 300.0  # the 16-rank example's flat floor from 4 B to 8 KiB
 
@@ -124,17 +125,24 @@ UNSEEN_TRN2_SERVING: tuple[Trn2Serving, ...] = (
 
 
 def _decode_cost(row: Trn2Serving, topology):
-    """The replica's decode costs: NxD Inference's fused speculation runs the draft on the
-    target's tensor-parallel group."""
+    """The replica's decode costs. NxD Inference's fused speculation runs the draft on the
+    target's tensor-parallel group, in bf16, inside the target's graph; its acceptance is the
+    serving model's documented default (not fitted here). fp8 weights on Neuron are
+    weight-only: activations and the KV cache stay bf16."""
+    from clustersim.scenario.serving import DEFAULT_ACCEPTANCE
     from clustersim.serving.iteration import IterationModel, ReplicaShape
     from clustersim.serving.replica import DecodeCost
     from clustersim.training.transformer import TransformerShape, model_preset_values
 
-    target = IterationModel(ReplicaShape(TransformerShape(**model_preset_values(row.model)),
-                                         row.precision, row.tp, 1), topology)
+    def shape(model: str, precision: str) -> ReplicaShape:
+        return ReplicaShape(TransformerShape(**model_preset_values(model)), precision, row.tp,
+                            1, "bf16", "bf16")
+
+    target = IterationModel(shape(row.model, row.precision), topology)
     if row.draft is None:
         return DecodeCost(target)
-    raise NotImplementedError("speculative rows need the serving model's draft costs")
+    draft = IterationModel(shape(row.draft, "bf16"), topology)
+    return DecodeCost(target, draft, row.speculative_tokens, DEFAULT_ACCEPTANCE, fused=True)
 
 
 def predict_trn2_serving(hardware: HardwareSpec | None = None,
@@ -146,11 +154,7 @@ def predict_trn2_serving(hardware: HardwareSpec | None = None,
     topology = build_topology(hardware, 1)
     out: list[tuple[float, float | None] | None] = []
     for row in rows:
-        try:
-            cost = _decode_cost(row, topology)
-        except NotImplementedError:
-            out.append(None)
-            continue
+        cost = _decode_cost(row, topology)
         ttft = cost.prefill_s([(row.prefill_tokens, 0)], 0, 0.0, 1)
         tpot = None
         if row.tpot_ms is not None:
@@ -159,3 +163,18 @@ def predict_trn2_serving(hardware: HardwareSpec | None = None,
             tpot = cost.run_s(1, row.input_tokens + 1, iterations) / n
         out.append((ttft, tpot))
     return out
+
+
+def step_band(trn1_band: tuple[float, float], hardware: HardwareSpec | None = None
+              ) -> tuple[float, float]:
+    """Trn2's step-time error band: Trn1's (the borrowed `vector` and `pass_overhead`, and
+    the training model's structure, are tested there), widened by the errors of the Trn2
+    prefill rows (large GEMMs and TP collectives, the nearest Trn2 figures to a training
+    step; fitted with weight and unseen), each as published time / model time - 1 (the sign
+    of the training rows' errors: positive, the model too fast)."""
+    low, high = trn1_band
+    rows = tuple(r for r in TRN2_SERVING if r.name not in UNFITTED) + UNSEEN_TRN2_SERVING
+    for row, (ttft, _) in zip(rows, predict_trn2_serving(hardware, rows), strict=True):
+        e = row.ttft_ms * 1e-3 / ttft - 1
+        low, high = min(low, e), max(high, e)
+    return round(low, 3), round(high, 3)

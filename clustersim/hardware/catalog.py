@@ -183,6 +183,12 @@ class ServingConstants(Spec):
         description="fixed host time per iteration: launching the compiled graph, sampling, "
         "scheduling the next batch",
     )
+    prefill_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="prefill_overhead",
+        description="fixed time added to an iteration that encodes prompt tokens (NxD "
+        "Inference compiles context encoding as a graph of its own, apart from token "
+        "generation); 0 where no data separates it",
+    )
     hbm_efficiency: float = Field(
         default=0.94, gt=0, le=1,
         description="fraction of peak HBM bandwidth inference kernels reach streaming weights "

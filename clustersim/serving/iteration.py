@@ -296,6 +296,8 @@ class IterationModel:
         if tokens == 0:
             return 0.0
         time_s = self._linear(tokens, decode_batch + prefill_outputs)
+        if prefill:  # the context-encoding graph's own fixed time
+            time_s += self.hardware.serving.prefill_overhead_s
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         return time_s + self.kv_coefficient_s * decode_context_tokens
 
