@@ -177,9 +177,11 @@ def report(values: dict[str, float]) -> None:
 # Fitted on Trn2 data only (clustersim.calibration.trn2): the 16-rank nccom-test example and
 # the NxD Inference Llama 3.3 70B rows. What they constrain: NeuronLink and HBM efficiency of
 # collectives and the step latencies over NeuronLink and on one chip (the example's four
-# rows; the TTFTs' large all-reduces; the TPOT's 160 small ones), the serving HBM efficiency
-# and iteration overhead (TPOT, the short-prompt TTFTs) and the matmul efficiency (prefill).
-# EFA, `vector` and `pass_overhead` meet no Trn2 figure: they stay Trn1's (borrowed).
+# rows; the TTFTs' large all-reduces; the TPOT's 160 small ones), the serving HBM efficiency,
+# iteration and prefill overheads (the TPOTs, the short-prompt TTFTs) and the serving matmul
+# efficiency (prefill: NxD Inference's NKI kernels, not a training step). No Trn2 training
+# step is published: the step constants (`matmul`, `vector`, `pass_overhead`) and EFA stay
+# Trn1's (borrowed), and the Trn2 step band is Trn1's widened by the Trn2 rows' errors.
 TRN2_PARAMETERS = ("link_efficiency", "hbm_efficiency", "step_latency", "chip_step_latency",
                    "serving_hbm_efficiency", "serving_overhead", "prefill_overhead", "matmul")
 TRN2_COLLECTIVE_LIMIT = 0.25  # the bandwidth-bound 512 MB KangaRing row stays this close
@@ -194,12 +196,9 @@ def trn2_hardware(values: dict[str, float], all_reduce: str):
         update={FIELDS[name]: values[name] for name in FIELDS if name in values})
     serving = base.serving.model_copy(update={
         **{SERVING[name]: values[name] for name in SERVING}, "all_reduce": all_reduce,
-        "overlap_collectives": True, "prefill_overhead_s": values.get("prefill_overhead", 0.0)})
-    chip = base.chip
-    if "matmul" in values:
-        chip = chip.model_copy(update={"efficiency": chip.efficiency.model_copy(
-            update={"matmul": values["matmul"]})})
-    return base.model_copy(update={"collectives": constants, "serving": serving, "chip": chip})
+        "overlap_collectives": True, "prefill_overhead_s": values.get("prefill_overhead", 0.0),
+        "matmul_efficiency": values["matmul"]})
+    return base.model_copy(update={"collectives": constants, "serving": serving})
 
 
 def trn2_errors(values: dict[str, float], all_reduce: str):
@@ -249,7 +248,7 @@ def trn2_main(check: bool, choices: tuple[str, ...] = ("mesh", "auto")) -> None:
     start.update(serving_hbm_efficiency=hw.serving.hbm_efficiency,
                  serving_overhead=hw.serving.iteration_overhead_s,
                  prefill_overhead=hw.serving.prefill_overhead_s,
-                 matmul=hw.chip.efficiency.matmul)
+                 matmul=hw.serving.matmul_efficiency or hw.chip.efficiency.matmul)
     if start["chip_step_latency"] is None:
         start["chip_step_latency"] = start["step_latency"]
     all_reduce = hw.serving.all_reduce

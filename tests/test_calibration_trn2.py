@@ -64,10 +64,11 @@ def test_trn2_names_each_constant_fitted_or_borrowed():
     fitted = ["collectives." + k for k in ("link_efficiency", "hbm_efficiency",
                                            "step_latency", "chip_step_latency")]
     fitted += ["serving." + k for k in ("hbm_efficiency", "iteration_overhead",
-                                        "prefill_overhead", "all_reduce")]
-    fitted += ["chip.efficiency.matmul", "chip.efficiency.step_error_band"]
+                                        "prefill_overhead", "all_reduce", "matmul")]
+    fitted += ["chip.efficiency.step_error_band"]
     borrowed = ["collectives.efa_efficiency", "collectives.efa_step_latency",
-                "chip.efficiency.vector", "chip.efficiency.pass_overhead"]
+                "chip.efficiency.matmul", "chip.efficiency.vector",
+                "chip.efficiency.pass_overhead"]
     for path in fitted:
         assert sources[path].startswith("FIT-TRN2"), path
     for path in borrowed:
