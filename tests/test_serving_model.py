@@ -9,6 +9,7 @@ import pytest
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+from clustersim.scenario.serving import PrecisionSpec
 from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.replica import DecodeCost
 from clustersim.serving.simulate import replica_models
@@ -40,7 +41,7 @@ def _all_reduce_sizes(model: IterationModel, tokens: int) -> list[float]:
 
 
 def test_weight_only_fp8_keeps_bf16_all_reduces_and_halves_weight_streaming() -> None:
-    bf16, w8a16, w8a8 = _iteration(), _iteration("fp8", "bf16"), _iteration("fp8")
+    bf16, w8a16, w8a8 = _iteration(), _iteration("fp8"), _iteration("fp8", "fp8")
     hidden = bf16.shape.model.hidden
     assert _all_reduce_sizes(bf16, 4) == _all_reduce_sizes(w8a16, 4) == [4 * hidden * 2]
     assert _all_reduce_sizes(w8a8, 4) == [4 * hidden * 1]
@@ -72,7 +73,7 @@ def test_decode_reads_the_kv_cache_at_its_own_precision() -> None:
     keys = [op.bytes - (op.m * op.k + op.m * op.n) * op.count for op in seen[:1]]
     assert keys[0] == pytest.approx(m.head_dim * context * 1 * seen[0].count)
     # fp8 weights leave the KV reads alone.
-    assert _iteration("fp8").kv_coefficient_s == pytest.approx(bf16.kv_coefficient_s)
+    assert _iteration("fp8", "fp8").kv_coefficient_s == pytest.approx(bf16.kv_coefficient_s)
     assert fp8_kv.kv_capacity_tokens() == pytest.approx(2 * bf16.kv_capacity_tokens(), rel=1e-3)
 
 
@@ -89,11 +90,19 @@ def test_precision_keys() -> None:
                                                   "kv_cache": "fp8"}))
     p = s.serve[0].precisions
     assert (p.weights, p.activations, p.kv_cache) == ("fp8", "bf16", "fp8")
+    # fp8 weights alone are weight-only quantisation: bf16 activations.
     p = scenario_from_dict(_deployment(precision="fp8")).serve[0].precisions
-    assert (p.weights, p.activations, p.kv_cache) == ("fp8", "fp8", "bf16")
-    p = scenario_from_dict(_deployment(precision={"weights": "fp8"},
+    assert (p.weights, p.activations, p.kv_cache) == ("fp8", "bf16", "bf16")
+    p = scenario_from_dict(_deployment(precision={"weights": "fp8", "activations": "fp8"},
                                        server={"kv_precision": "fp8"})).serve[0].precisions
     assert (p.weights, p.activations, p.kv_cache) == ("fp8", "fp8", "fp8")
+    from clustersim.scenario.serving import resolve_precision
+    assert resolve_precision("fp16", "bf16") == resolve_precision(
+        PrecisionSpec(weights="fp16"), "bf16")
+    assert resolve_precision("fp16", "bf16").activations == "fp16"
+    with pytest.raises(ScenarioError, match="no fp16 peak") as info:
+        scenario_from_dict(_deployment(precision="fp16"))
+    assert "speculative" not in str(info.value)
     with pytest.raises(ScenarioError, match="disagree"):
         scenario_from_dict(_deployment(precision={"kv_cache": "fp8"},
                                        server={"kv_precision": "bf16"}))
@@ -141,3 +150,29 @@ def test_unfused_draft_steps_pay_the_host_overhead() -> None:
     assert fused.tokens_per_iteration == pytest.approx((1 - 0.8 ** 8) / 0.2)
     assert (separate.prefill_s([(512, 0)], 0, 0.0, 1) - fused.prefill_s([(512, 0)], 0, 0.0, 1)
             == pytest.approx(1e-3))
+
+
+def test_prefill_spills_activations_beyond_the_on_chip_sram() -> None:
+    """Llama 2 70B at TP 32 on trn1 (24 MiB of SBUF per rank): a 1,024-token prompt's hidden
+    states (16 MiB) stay on chip, a 2,048-token one's (32 MiB) go to HBM around every
+    operation, so TTFT grows faster than the prompt between them (published x2.97, SDK
+    2.18; the model's roofline alone gave x1.95)."""
+    it = _iteration(tp=32, name="llama2-70b", hardware="trn1")
+    assert it.activations_on_chip(1024) and not it.activations_on_chip(2048)
+    assert it.activations_on_chip(1536) and not it.activations_on_chip(1537)
+    assert it.prefill_s(2048) / it.prefill_s(1024) > 2.1
+    # On chip only the weights travel from HBM; vector work costs nothing there.
+    from clustersim.training.workload import layer_forward_ops
+    ops = it._weights_at_precision(layer_forward_ops(it.shape.model, 1, 1024, 32, False,
+                                                     "bf16"), on_chip=True)
+    for op in ops:
+        expected = 2 * op.k * op.n * op.count if op.name in ("qkv", "projection", "mlp_in",
+                                                             "mlp_out") else 0.0
+        assert op.bytes == expected, op.name
+    # Without SRAM in the catalog nothing stays on chip.
+    hw = catalog_entry("trn1")
+    bare = hw.model_copy(update={"chip": hw.chip.model_copy(update={"sram_bytes": None})})
+    plain = IterationModel(it.shape, build_topology(bare, 2))
+    assert not plain.activations_on_chip(1)
+    assert plain.prefill_s(1024) > it.prefill_s(1024)
+    assert plain.prefill_s(2048) == pytest.approx(it.prefill_s(2048))

@@ -113,20 +113,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
             )
         model = job.model
-        if model.heads % par.tp:
-            yield Issue(
-                f"{at}.parallelism.tp",
-                f"the model's {model.heads} attention heads are not divisible by tp",
-                par.tp, True,
-            )
-        kv = model.n_kv_heads
-        if kv % par.tp and par.tp % kv:
-            yield Issue(
-                f"{at}.parallelism.tp",
-                f"kv_heads {kv} and tp must divide one another (KV heads are split or "
-                f"replicated across tp)",
-                par.tp, True,
-            )
+        # A tp that does not divide the heads is run as NxD runs it: heads padded up to a
+        # multiple of tp, KV heads replicated or converted (training.transformer
+        # .sharded_heads); the padded work is costed and `step` notes it.
         if par.ep > 1 and not model.moe:
             yield Issue(f"{at}.parallelism.ep",
                         f"expert parallelism needs a mixture-of-experts model; {model.name} "

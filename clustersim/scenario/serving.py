@@ -23,7 +23,7 @@ from clustersim.training.transformer import TransformerShape
 __all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
            "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec", "SpeculativeSpec",
            "SloSpec", "DeploymentSpec", "PrecisionSpec", "Precisions", "ServePrecision",
-           "DEFAULT_ACCEPTANCE"]
+           "DEFAULT_ACCEPTANCE", "default_activations"]
 
 ServePrecision = Literal["bf16", "fp16", "fp8"]
 
@@ -117,13 +117,13 @@ class ServerSpec(Spec):
 
 class PrecisionSpec(Spec):
     """Precision per tensor: weights, activations (matmul inputs and outputs, and so the
-    tensor-parallel all-reduce messages) and the KV cache. Weight-only fp8 is
-    `{weights: fp8, activations: bf16}`: weights stream from HBM at one byte, matmuls run
-    at the activations' precision."""
+    tensor-parallel all-reduce messages) and the KV cache. fp8 weights alone are weight-only
+    quantisation (bf16 activations: weights stream from HBM at one byte, matmuls and
+    messages stay bf16); `{weights: fp8, activations: fp8}` runs fp8 matmuls (W8A8)."""
 
     weights: ServePrecision = "bf16"
     activations: ServePrecision | None = Field(
-        default=None, description="defaults to the weights' precision")
+        default=None, description="defaults to the weights' precision (bf16 for fp8 weights)")
     kv_cache: ServePrecision | None = Field(
         default=None, description="defaults to server.kv_precision")
 
@@ -137,10 +137,19 @@ class Precisions:
     kv_cache: str
 
 
+def default_activations(weights: str) -> str:
+    """The activations' precision when only the weights' is given: the same, except fp8
+    weights, which are a storage format (weight-only quantisation, as NxD Inference's fp8
+    weight quantisation and most fp8 checkpoints run) with bf16 activations; fp8 matmuls
+    and messages need `activations: fp8`."""
+    return "bf16" if weights == "fp8" else weights
+
+
 def resolve_precision(precision: str | PrecisionSpec, kv_default: str) -> Precisions:
     if isinstance(precision, str):
-        return Precisions(precision, precision, kv_default)
-    return Precisions(precision.weights, precision.activations or precision.weights,
+        return Precisions(precision, default_activations(precision), kv_default)
+    return Precisions(precision.weights,
+                      precision.activations or default_activations(precision.weights),
                       precision.kv_cache or kv_default)
 
 
@@ -192,8 +201,8 @@ class DeploymentSpec(Spec):
     name: str = Field(min_length=1, max_length=128)
     model: TransformerShape
     precision: ServePrecision | PrecisionSpec = Field(
-        default="bf16", description="one precision for weights and activations, or a mapping "
-        "{weights, activations, kv_cache}")
+        default="bf16", description="the weights' (activations the same, bf16 for fp8 "
+        "weights), or a mapping {weights, activations, kv_cache}")
     parallelism: dict[Literal["tp", "pp"], int] = Field(default_factory=lambda: {"tp": 1})
     replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
     server: ServerSpec = ServerSpec()
@@ -212,9 +221,7 @@ class DeploymentSpec(Spec):
         if self.model.layers % self.pp:
             raise ValueError(f"the model's {self.model.layers} layers do not split into "
                              f"pp {self.pp} stages")
-        if self.model.heads % self.tp and self.tp % self.model.heads:
-            raise ValueError(f"tp {self.tp} does not divide the model's {self.model.heads} "
-                             "heads")
+        # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
                 and self.precision.kv_cache != self.server.kv_precision):
@@ -305,8 +312,10 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
                    f"NeuronLink domain: expected at most "
                    f"{per_instance * hardware.instances_per_ultraserver} ranks", deployment.tp)
         used += deployment_instances(deployment, hardware)
-        for path, p in (("precision", deployment.precisions),
-                        ("speculative.precision", deployment.draft_precisions)):
+        checks = [("precision", deployment.precisions)]
+        if deployment.speculative is not None and deployment.speculative.precision is not None:
+            checks.append(("speculative.precision", deployment.draft_precisions))
+        for path, p in checks:
             compute = p.activations
             if compute not in hardware.chip.tflops and compute != "fp8":
                 yield (f"serve.{index}.{path}", f"{hardware.chip.name} has no {compute} peak",

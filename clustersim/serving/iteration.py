@@ -37,8 +37,9 @@ import numpy as np
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
+from clustersim.scenario.serving import default_activations
 from clustersim.training.step import StepModel
-from clustersim.training.transformer import TransformerShape
+from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
     ATTENTION_CORE,
     BYTES_PER_ELEMENT,
@@ -59,7 +60,7 @@ _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this p
 @dataclass(frozen=True)
 class ReplicaShape:
     """What the iteration model needs of a deployment: model, precisions (weights,
-    activations: default the weights', KV cache), tp, pp."""
+    activations: default the weights', bf16 for fp8 weights; KV cache), tp, pp."""
 
     model: TransformerShape
     precision: str  # weights
@@ -70,7 +71,7 @@ class ReplicaShape:
 
     @property
     def activation_precision(self) -> str:
-        return self.activations or self.precision
+        return self.activations or default_activations(self.precision)
 
 
 # Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
@@ -132,6 +133,7 @@ class IterationModel:
             else None
         self.stage_chips = [int(rank_chips[d * shape.tp]) for d in range(shape.pp)]
         self.layers_per_stage = shape.model.layers / shape.pp
+        self.heads = sharded_heads(shape.model, shape.tp)  # as NxD pads and replicates them
         self.overhead_s = hw.serving.iteration_overhead_s
         self.element_bytes = BYTES_PER_ELEMENT[shape.precision]  # weights
         self.activation_bytes = BYTES_PER_ELEMENT[shape.activation_precision]
@@ -150,7 +152,10 @@ class IterationModel:
         m = self.shape.model
         per_layer = (m.parameter_count() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
         ends = m.vocab * m.hidden * (2 if self.shape.pp == 1 else 1)
-        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp
+        # Padded heads (tp not dividing them) add their attention weights on every rank.
+        padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
+        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp \
+            + self.layers_per_stage * padding
         ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
         return per_rank * self.element_bytes * ranks_per_chip
 
@@ -160,10 +165,11 @@ class IterationModel:
 
     def kv_bytes_per_token_per_chip(self) -> float:
         """KV cache bytes one token adds on the busiest chip."""
-        kv_heads = self.shape.model.n_kv_heads
-        # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
-        per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
-            self.shape.pp * min(self.shape.tp, kv_heads))
+        m = self.shape.model
+        # Each rank holds its KV heads (split over tp, replicated when tp exceeds them,
+        # padded with the query heads) for its stage's layers.
+        per_rank = (kv_bytes_per_token(m, self.shape.kv_precision) / m.n_kv_heads
+                    * self.heads.kv_per_rank / self.shape.pp)
         return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
 
     def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
@@ -202,8 +208,28 @@ class IterationModel:
         return self._op_s(self._weights_at_precision(
             _output_ops(s.model, 1, outputs, s.tp, s.activation_precision)))
 
-    def _weights_at_precision(self, ops: list[Op]) -> list[Op]:
-        return _with_weight_bytes(ops, self.element_bytes, self.activation_bytes)
+    def _weights_at_precision(self, ops: list[Op], on_chip: bool = False) -> list[Op]:
+        """The ops with each weight operand at the weights' precision; `on_chip`: the
+        activations stay in the rank's on-chip SRAM, so only weights travel from HBM."""
+        ops = _with_weight_bytes(ops, self.element_bytes, self.activation_bytes)
+        if not on_chip:
+            return ops
+        return [dataclasses.replace(op, bytes=(
+            op.count * self.element_bytes * op.k * op.n if op.name in _WEIGHT_MATMULS else 0.0))
+            for op in ops]
+
+    def activations_on_chip(self, tokens: int) -> bool:
+        """Whether an iteration's hidden states (tokens x hidden at the activations'
+        precision, replicated on every tensor-parallel rank) fit a rank's on-chip SRAM
+        (the catalog's `chip.sram` over its ranks: 24 MiB of SBUF per NeuronCore-v2, 28 per
+        v3). While they fit, the compiler keeps them there between operations: norms,
+        residual adds and the matmuls' token operands never travel to HBM. Beyond it they
+        are written out and read back around every operation."""
+        sram = self.hardware.chip.sram_bytes
+        if not sram:
+            return False
+        per_rank = sram / self.hardware.chip.ranks
+        return tokens * self.shape.model.hidden * self.activation_bytes <= per_rank
 
     @lru_cache(maxsize=65536)  # noqa: B019
     def _body_s(self, tokens: int) -> float:
@@ -213,7 +239,8 @@ class IterationModel:
         layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
                                                 s.activation_precision)
                  if op.name not in _ATTENTION_CORE]
-        layer_s = self._op_s(self._weights_at_precision(layer))
+        on_chip = self.activations_on_chip(tokens)
+        layer_s = self._op_s(self._weights_at_precision(layer, on_chip))
         comm_s = 0.0
         # The all-reduces and stage sends carry activations, at their own precision.
         activation = tokens * s.model.hidden * self.activation_bytes
@@ -259,8 +286,7 @@ class IterationModel:
         that token's keys and values on every layer and scoring it (all stages)."""
         s = self.shape
         m = s.model
-        heads = max(1, m.heads // s.tp)
-        kv_heads = max(1, m.n_kv_heads // s.tp)
+        heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         context = 1 << 16  # long enough that tile padding of the context is negligible
         group = heads // kv_heads  # query heads sharing a KV head score together
         e = self.kv_element_bytes
@@ -276,8 +302,7 @@ class IterationModel:
         itself: the quadratic term (scores and values), with fused (flash) attention."""
         s = self.shape
         m = s.model
-        heads = max(1, m.heads // s.tp)
-        kv_heads = max(1, m.n_kv_heads // s.tp)
+        heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         span = context + chunk
         e = self.activation_bytes
         ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
