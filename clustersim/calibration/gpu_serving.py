@@ -90,7 +90,9 @@ def _scenario(row: ThroughputRow, requests: int, hardware: dict | str):
         "name": "trtllm-max-throughput", "seed": 0, "duration": "1h",
         "hardware": hardware, "cluster": {"instances": 1},
         "serve": [{
-            "name": "bench", "model": row.model, "precision": "fp8",
+            "name": "bench", "model": row.model,
+            # ModelOpt FP8 checkpoints: FP8 GEMMs on FP8 activations (W8A8), FP8 KV cache
+            "precision": {"weights": "fp8", "activations": "fp8", "kv_cache": "fp8"},
             "parallelism": {"tp": row.tp}, "replicas": 1,
             "server": {"max_batch": MAX_BATCH, "max_tokens_per_iteration": MAX_TOKENS,
                        "chunked_prefill": True, "kv_precision": "fp8",
