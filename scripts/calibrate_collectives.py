@@ -237,11 +237,11 @@ def trn2_main(check: bool, choices: tuple[str, ...] = ("mesh", "auto")) -> None:
     from clustersim.calibration.trn2 import (
         TRN2_COLLECTIVES,
         TRN2_SERVING,
+        UNFITTED,
         UNSEEN_TRN2_SERVING,
         predict_trn2_collectives,
         predict_trn2_serving,
     )
-    from clustersim.calibration.trn2 import UNFITTED
     hw = catalog_entry("trn2")
     c = hw.collectives
     start = {name: getattr(c, FIELDS[name]) for name in TRN2_PARAMETERS if name in FIELDS}

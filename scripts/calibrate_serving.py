@@ -26,6 +26,7 @@ Nothing is fitted per row.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -131,12 +132,13 @@ def gpu_loss(values: dict[str, float]) -> float:
     return float(np.sum(errors**2) + 100.0 * np.sum(excess**2))
 
 
-def fit_gpu() -> dict[str, float]:
-    """Coordinate search in log space (additive steps for a constant at zero)."""
+def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
+    """Coordinate search in log space, from the catalog's p5 values (or `start`)."""
     s = catalog_entry("p5").serving
     values = {"hbm_efficiency": s.hbm_efficiency,
               "matmul": s.matmul_efficiency or catalog_entry("p5").chip.efficiency.matmul,
               "iteration_overhead": max(1e-4, s.iteration_overhead_s)}
+    values.update(start or {})
     best = gpu_loss(values)
     step = 0.4
     while step > 0.02:  # the overhead moves by factors too (it spans three decades)
@@ -161,9 +163,11 @@ def main() -> None:
     parser.add_argument("--hbm-efficiency", type=float, help="trn1 trial value")
     parser.add_argument("--overhead", type=float, help="trn1 trial seconds per iteration")
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
+    parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "
+                        '\'{"iteration_overhead": 0.003}\'')
     args = parser.parse_args()
     if args.fit_gpu:
-        values = fit_gpu()
+        values = fit_gpu(json.loads(args.start) if args.start else None)
         print("fitted p5 serving constants:", {k: round(v, 6) for k, v in values.items()})
         print_gpu(gpu_hardware(values), unseen=False)
         return
