@@ -176,3 +176,19 @@ def test_prefill_spills_activations_beyond_the_on_chip_sram() -> None:
     assert not plain.activations_on_chip(1)
     assert plain.prefill_s(1024) > it.prefill_s(1024)
     assert plain.prefill_s(2048) == pytest.approx(it.prefill_s(2048))
+
+
+def test_the_trn2_speculation_check_rows() -> None:
+    """The NxD tutorial's rows (clustersim.calibration.speculation): the speculative TTFT adds
+    the draft's prefill of the prompt; its TPOT falls with acceptance as the tokens each
+    iteration emits grow, the iteration itself unchanged."""
+    from clustersim.calibration.speculation import TRN2_SPECULATION, predict_speculation
+    plain, spec = predict_speculation(acceptance=0.8)
+    assert [m.run for m in TRN2_SPECULATION] == ["no speculation", "fused speculation"]
+    topology = build_topology(catalog_entry("trn2"), 1)
+    draft = IterationModel(ReplicaShape(_model("llama3.2-1b"), "bf16", 64, 1), topology)
+    assert spec[0] - plain[0] == pytest.approx(draft.prefill_s(10_000) - draft.overhead_s)
+    tpots = [predict_speculation(acceptance=a)[1][1] for a in (0.6, 0.8, 0.95)]
+    assert tpots[0] > tpots[1] > tpots[2]
+    emitted = [(1 - a ** 8) / (1 - a) for a in (0.6, 0.95)]
+    assert tpots[0] / tpots[2] == pytest.approx(emitted[1] / emitted[0], rel=0.02)
