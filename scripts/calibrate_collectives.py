@@ -225,12 +225,38 @@ def trn2_errors(values: dict[str, float], all_reduce: str):
     return coll, np.array(serving), np.array(weights)
 
 
+# The runtime's algorithm choices the model's `auto` must keep (cheapest within Neuron's size
+# bands): the 16-rank example's (mesh, RDH, KangaRing, KangaRing) and RDH inside its band on
+# a whole instance (64 ranks: 8 MB and 40 MB), Neuron's documented choice there.
+TRN2_CHOICES = ((16, 131072, ("mesh", "mesh1")), (16, 2e6, ("rdh",)), (16, 32e6, ("kangaring",)),
+                (16, 512e6, ("kangaring",)), (64, 8e6, ("rdh",)), (64, 40e6, ("rdh",)))
+
+
+def trn2_choice_misses(hw) -> np.ndarray:
+    """Log of (time of the algorithm auto takes / time of the runtime's), 0 where they agree."""
+    from clustersim.collectives.model import CollectiveModel, place_ranks
+    from clustersim.hardware.topology import build_topology
+    model = CollectiveModel(build_topology(hw, 1))
+    out = []
+    for ranks, size, expected in TRN2_CHOICES:
+        group = place_ranks(model.topology, ranks, 1)
+        chosen = model.cost("all-reduce", group, size)
+        if chosen.algorithm in expected:
+            out.append(0.0)
+            continue
+        published = min(model.cost("all-reduce", group, size, intra=a).time_s for a in expected)
+        out.append(math.log(published / chosen.time_s) + 0.01)
+    return np.array(out)
+
+
 def trn2_loss(values: dict[str, float], all_reduce: str) -> float:
     coll, serving, weights = trn2_errors(values, all_reduce)
+    misses = trn2_choice_misses(trn2_hardware(values, all_reduce))
     excess = np.maximum(0.0, np.abs(serving) - math.log(1 + TRN2_SERVING_LIMIT)) * weights
     bandwidth = max(0.0, abs(coll[-1]) - math.log(1 + TRN2_COLLECTIVE_LIMIT))
     return float(np.sum(coll**2) + 3.0 * np.sum(weights * serving**2)
-                 + 1000.0 * np.sum(excess**2) + 1000.0 * bandwidth**2)
+                 + 1000.0 * np.sum(excess**2) + 1000.0 * bandwidth**2
+                 + 1000.0 * np.sum(misses**2))
 
 
 def trn2_main(check: bool, choices: tuple[str, ...] = ("mesh", "auto")) -> None:

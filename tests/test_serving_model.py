@@ -190,7 +190,7 @@ def test_the_trn2_speculation_check_rows() -> None:
     topology = build_topology(catalog_entry("trn2"), 1)
     draft = IterationModel(ReplicaShape(_model("llama3.2-1b"), "bf16", 64, 1), topology)
     fused_once = draft.overhead_s + draft.hardware.serving.prefill_overhead_s  # one graph
-    assert spec[0] - plain[0] == pytest.approx(draft.prefill_s(10_000) - fused_once)
+    assert spec[0] - plain[0] == pytest.approx(draft.prefill_s(12_288) - fused_once)
     tpots = [predict_speculation(acceptance=a)[1][1] for a in (0.6, 0.8, 0.95)]
     assert tpots[0] > tpots[1] > tpots[2]
     emitted = [(1 - a ** 8) / (1 - a) for a in (0.6, 0.95)]
