@@ -195,6 +195,51 @@ figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("
 """,
         False,
     ),
+    "topology: 16,384 Trn2 UltraServers over four sites (1,048,576 chips), arrays and graph": (
+        """
+import resource, time
+from clustersim import load_scenario
+from clustersim.runner.api import topology_for
+scenario = load_scenario("scenarios/rainier-1m-4-sites.yaml")
+t0 = time.perf_counter()
+topo = topology_for(scenario)
+arrays = time.perf_counter() - t0
+edges = topo.graph.number_of_edges()  # the networkx graph, built on first use
+usage = resource.getrusage(resource.RUSAGE_SELF)
+figures = {"chips": topo.chips, "sites": topo.site_count, "edges": edges,
+           "arrays_s": round(arrays, 2), "with_graph_s": round(time.perf_counter() - t0, 2),
+           "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "bisection_tbit_per_s": topo.bisection_bytes_per_s() * 8 / 1e12}
+""",
+        False,
+    ),
+    "timeline: 30 days, 1,048,576 chips over four sites, one 1,000,000-chip job (run, CLI)": (
+        """
+import resource
+summary, wall = run_cli("scenarios/rainier-1m-4-sites.yaml")
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+job = summary["jobs"]["pretrain"]
+figures = {"run_wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "interruptions": job["interruptions"], "ettr": round(job["ettr"], 4),
+           "site_events": {k: v for k, v in summary["cluster"]["failures"].items()
+                           if k.startswith("site-")}}
+""",
+        False,
+    ),
+    "scheduler: a month of mixed jobs on 1,048,576 chips over four sites (run, CLI)": (
+        """
+import resource
+summary, wall = run_cli("scenarios/rainier-1m-4-sites-mix.yaml")
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+cluster = summary["cluster"]
+figures = {"run_wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "jobs": cluster["jobs_by_status"], "utilisation": round(cluster["utilisation"], 3),
+           "spread_jobs": sum(1 for j in summary["jobs"].values() if "cross_site" in j),
+           "site_events": {k: v for k, v in cluster["failures"].items()
+                           if k.startswith("site-")}}
+""",
+        False,
+    ),
     "sweep: checkpoint-interval study, 6 intervals x 4 seeds of a 4,096-chip month (local)": (
         """
 import time
@@ -272,6 +317,60 @@ figures = {"run_wall_s": round(wall, 1), **{
     for name, d in summary["deployments"].items()}}
 """,
         True,
+    ),
+    "fleet day: 7 days of rainier-serving-day.yaml, 131,072 Trn2 chips (run, CLI)": (
+        """
+import resource, subprocess, sys, tempfile, time
+out = tempfile.mkdtemp() + "/run"
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/rainier-serving-day.yaml",
+                "--set", "duration=7d", "-o", out], capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+summary = json.load(open(out + "/summary.json"))
+day = summary["fleet_day"]
+total = day["chip_hours_total"]
+figures = {"run_wall_s": round(wall, 1), "run_cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "peak_load_per_s": round(day["peak_load_per_s"]),
+           "chip_hours_share": {k: round(v / total, 3) for k, v in day["chip_hours"].items()},
+           "serving_usd_per_m_output_tokens": day["serving_cost_per_million_output_tokens_usd"],
+           "training_usd_per_m_tokens": day["training_cost_per_million_tokens_usd"],
+           "worst_slo_goodput": min(d["slo_goodput"] for d in summary["deployments"].values()),
+           "preemptions": sum(j["preemptions"] for j in summary["jobs"].values())}
+""",
+        False,
+    ),
+    "fleet day: fluid vs request level, a day of 4 Llama 3.1 8B replicas at 8-32 requests/s": (
+        """
+import pathlib, resource, subprocess, sys, tempfile, time
+folder = pathlib.Path(tempfile.mkdtemp())
+lengths = {"distribution": "lognormal", "sigma": 0.8}
+scenario = {  # JSON is YAML
+    "name": "serving-day-levels", "duration": "1d", "hardware": "trn2",
+    "cluster": {"instances": 1},
+    "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+               "replicas": 4, "router": "least_outstanding", "fidelity": "auto",
+               "workload": {"load": {"sinusoid": {"peak": "32/s", "trough": "8/s",
+                                                  "peak_at": "14h"}, "noise": 0.1},
+                            "input_tokens": {**lengths, "median": 512, "max": 4096},
+                            "output_tokens": {**lengths, "median": 200, "max": 1024}},
+               "slo": {"ttft": "1s", "tpot": "50ms"}}]}
+(folder / "levels.yaml").write_text(json.dumps(scenario))
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "clustersim", "run", str(folder / "levels.yaml"),
+                "-o", str(folder / "run")], capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+d = json.load(open(folder / "run" / "summary.json"))["deployments"]["chat"]
+figures = {"run_wall_s": round(wall, 1), "run_cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "requests": d["requests"],
+           "requests_level": {k: d[k] for k in d["fluid_check"]["fluid"]},
+           "fluid_level": d["fluid_check"]["fluid"],
+           "fluid_vs_requests": {k: f"{v:+.2%}" for k, v in
+                                 d["fluid_check"]["relative_difference"].items()
+                                 if v is not None}}
+""",
+        False,
     ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """

@@ -20,9 +20,11 @@ from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
 from clustersim.runner.budget import check_run_budget
+from clustersim.runner.fleetday import compare_levels, run_fleet_day
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.fleetday import is_fleet_day
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.serving import (
@@ -32,6 +34,7 @@ from clustersim.serving import (
     requests_table,
     simulate_serving,
 )
+from clustersim.training.sites import cross_site_step, site_profile
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
@@ -49,11 +52,13 @@ class RunResult:
     steps: dict[str, StepProfile]
     timelines: list[TimelineResult] = field(default_factory=list)
     serving: ServingResult | None = None
+    fleet_day: Any = None  # a FleetDayResult, for a fleet-day run
 
 
 def topology_for(scenario: Scenario) -> Topology:
     """The topology of a scenario's whole cluster, hot spares included."""
-    return build_topology(scenario.hardware, scenario.total_instances, scenario.cluster.fabric)
+    return build_topology(scenario.hardware, scenario.total_instances, scenario.cluster.fabric,
+                          scenario.site_network)
 
 
 def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
@@ -72,7 +77,7 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "ranks": chips * hw.chip.ranks,
         "instances": topology.instances,
         "working_instances": scenario.working_instances,
-        "spare_instances": scenario.cluster.spares,
+        "spare_instances": scenario.total_instances - scenario.working_instances,
         # held by the serving deployments for the whole run; jobs are placed around them
         "serving_instances": sum(deployment_instances(d, hw) for d in scenario.serve),
         "ultraservers": topology.ultraservers,
@@ -96,7 +101,7 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
     """One step of each job, as if it ran alone from the cluster's first instance."""
     topology = topology or topology_for(scenario)
     model = StepModel(topology)
-    return {job.name: model.profile(job, job.name) for job in scenario.jobs}
+    return {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
 
 
 def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str, dict[str, Any]]:
@@ -314,8 +319,12 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     check_run_budget(scenario, replications)
     topology = topology_for(scenario)
     model = StepModel(topology)
-    steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
+    steps = {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
     check_fit(scenario, steps)
+    if is_fleet_day(scenario):
+        if replications > 1:
+            raise ValueError("replications: a fleet-day run (docs/fleet-day.md) runs once")
+        return _fleet_day_run(scenario, seed, topology, steps, trace_dir, started)
     recorder = None
     if trace_dir is not None and scenario.trace.enabled:
         recorder = ParquetRecorder(Path(trace_dir), {
@@ -326,6 +335,11 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
     shapes = _job_figures(scenario, steps)
+    if topology.site_count > 1:  # each job's step over the sites, synchronous and not
+        for job in scenario.jobs:
+            crossing = cross_site_step(model, job, job.name)
+            if crossing is not None:
+                shapes[job.name]["cross_site"] = crossing.figures()
     per_replication = []
     for result in timelines:
         jobs = {}
@@ -353,9 +367,35 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
         # training and serving.
         serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages)
         summary["deployments"] = deployment_figures(scenario, serving)
+        for name, check in compare_levels(scenario, seed, summary["deployments"],
+                                          serving).items():
+            summary["deployments"][name]["fluid_check"] = check
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
                      timelines=timelines, serving=serving)
+
+
+def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,
+                   steps: dict[str, StepProfile], trace_dir: Path | None,
+                   started: float) -> RunResult:
+    """A run of the fleet-level model (docs/fleet-day.md): serving and training on one
+    fleet, stepped at `fluid.interval`, in place of the timeline (one replication)."""
+    metadata = {"version": clustersim.__version__, "seed": seed,
+                "scenario_yaml": scenario.source_yaml}
+    result, figures = run_fleet_day(scenario, seed, steps, trace_dir, metadata)
+    shapes = _job_figures(scenario, steps)
+    summary: dict[str, Any] = {
+        "clustersim_version": clustersim.__version__, "scenario": scenario.name, "seed": seed,
+        "replications": 1, "chips": topology.chips, "simulated_s": scenario.duration_s,
+        "wall_s": 0.0,
+        "jobs": {name: {**shapes[name], **job} for name, job in figures["jobs"].items()},
+        "cluster": cluster_figures(scenario, topology),
+        "deployments": figures["deployments"], "fleet_day": figures["fleet_day"],
+    }
+    summary["cluster"]["serving_instances"] = None  # they vary: fleet.parquet
+    summary["wall_s"] = round(time.perf_counter() - started, 3)
+    return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
+                     fleet_day=result)
 
 
 # The serving fleets' own seed stream: fixed apart from the timeline's replications.

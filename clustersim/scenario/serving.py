@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, RequestRate, Spec
+from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
 from clustersim.training.transformer import TransformerShape
 
 __all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
@@ -73,6 +74,8 @@ class RequestWorkloadSpec(Spec):
                                  description="stop after this many (default: to the horizon)")
     input_tokens: LengthSpec = Field(default=LengthSpec(value=512))
     output_tokens: LengthSpec = Field(default=LengthSpec(value=256))
+    load: LoadCurveSpec | None = Field(default=None, description="the arrival rate over time "
+                                       "(instead of rate; docs/fleet-day.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -89,6 +92,9 @@ class RequestWorkloadSpec(Spec):
         if self.arrival == "trace":
             if self.trace is None:
                 raise ValueError("arrival trace needs trace: a CSV or Parquet file")
+        elif self.load is not None:
+            if self.rate_per_s is not None:
+                raise ValueError("give rate or load (a curve over time), not both")
         elif self.rate_per_s is None:
             raise ValueError(f"arrival {self.arrival} needs rate (requests per second, "
                              "e.g. 10/s)")
@@ -212,6 +218,11 @@ class DeploymentSpec(Spec):
     speculative: SpeculativeSpec | None = None
     slo: SloSpec = SloSpec()
     start_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, alias="start")
+    fidelity: Literal["requests", "fluid", "auto"] | None = Field(
+        default=None, description="requests: request by request; fluid: the fleet-level "
+        "model (docs/fleet-day.md); auto: fluid with autoscale or past 2M requests, else "
+        "requests and the two levels compared; default: fluid with autoscale, else requests")
+    autoscale: AutoscaleSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:

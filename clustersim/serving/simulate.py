@@ -36,6 +36,7 @@ from clustersim.scenario.serving import DeploymentSpec, deployment_instances
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
+from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests
 
@@ -179,9 +180,14 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
     first = 0  # the deployment's first instance: deployments take instances in order
     for d, stream in zip(scenario.serve, streams, strict=True):
         request_seed, failure_seed = stream.spawn(2)
+        load = None
+        if d.workload.load is not None:  # the same curve and noise as the fluid level
+            step_s = scenario.fluid.interval_s
+            load = (load_rates(d.workload.load, d.start_s, horizon - d.start_s, step_s,
+                               load_seed(int(seed.entropy), len(fleets))), step_s)
         try:
             requests = generate_requests(d.workload, horizon - d.start_s, request_seed,
-                                         base_dir)
+                                         base_dir, load)
         except TraceError as error:
             index = scenario.serve.index(d)
             raise ScenarioError(scenario.source, [Issue(
