@@ -565,6 +565,10 @@ BAD_MAPPINGS: dict[str, tuple[dict[str, Any], str]] = {
     "zero ranks": ({"base": "trn2", "chip": {"ranks": 0}}, "greater than 0"),
     "efficiency above one": (
         {"base": "trn2", "chip": {"efficiency": {"matmul": 1.5}}}, "less than or equal to 1"),
+    "prefill overhead of seconds": (
+        {"base": "trn2", "serving": {"prefill_overhead": "5s"}}, "less than or equal to 1"),
+    "serving matmul near zero": (
+        {"base": "trn2", "serving": {"matmul": 0.001}}, "greater than or equal to 0.01"),
     "negative price": (
         {"base": "trn2", "instance": {"price_per_hour": -1}}, "greater than or equal to 0"),
     "negative latency": (
