@@ -45,7 +45,10 @@ def test_unseen_trn2_rows_are_priced_and_not_fitted():
     assert len(predicted) == 2
     for row, (ttft, tpot) in zip(UNSEEN_TRN2_SERVING, predicted, strict=True):
         assert row.name not in names and "405b" in row.model
-        assert 0 < ttft < 10 and 0 < tpot < 1
+        # the errors docs/calibration.md reports: TTFT -1.8% and +8.2%; TPOT +31.0% and
+        # +16.5% (the model too slow: the 70B rows' HBM efficiency is too low for the 405B)
+        assert abs(ttft * 1e3 / row.ttft_ms - 1) < 0.10, (row.name, ttft)
+        assert 0.10 < tpot * 1e3 / row.tpot_ms - 1 < 0.35, (row.name, tpot)
 
 
 def test_trn2_collective_example_rows_keep_the_algorithm_and_floor():
