@@ -340,7 +340,7 @@ figures = {"run_wall_s": round(wall, 1), "run_cpu_s": round(usage.ru_utime + usa
 """,
         False,
     ),
-    "fleet day: fluid vs request level, a day of 4 Llama 3.1 8B replicas at 8-32 requests/s": (
+    "fleet day: fluid vs request level, a day of 8 Llama 3.1 8B replicas at 8-32 requests/s": (
         """
 import pathlib, resource, subprocess, sys, tempfile, time
 folder = pathlib.Path(tempfile.mkdtemp())
@@ -349,7 +349,7 @@ scenario = {  # JSON is YAML
     "name": "serving-day-levels", "duration": "1d", "hardware": "trn2",
     "cluster": {"instances": 1},
     "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
-               "replicas": 4, "router": "least_outstanding", "fidelity": "auto",
+               "replicas": 8, "router": "least_outstanding", "fidelity": "auto",
                "workload": {"load": {"sinusoid": {"peak": "32/s", "trough": "8/s",
                                                   "peak_at": "14h"}, "noise": 0.1},
                             "input_tokens": {**lengths, "median": 512, "max": 4096},
