@@ -69,8 +69,9 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         if math.isfinite(self.interval):
             self.outcome.checkpoint_interval_s = self.interval
             self.outcome.checkpoint_write_s = self.checkpoint.write_s
-        # Instances held: a mask over the cluster, changed incrementally (no O(n) per change).
-        self.held_mask = np.zeros(timeline.n_instances, dtype=bool)
+        # Instances held: a mask over the cluster, changed incrementally (no O(n) per change),
+        # allocated while the job holds instances (JobAccounting.add).
+        self.held_mask: np.ndarray | None = None
         self.held_count = 0
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
         self.state = "queued"

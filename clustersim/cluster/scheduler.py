@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
+from clustersim.cluster.queues import JobQueue
 from clustersim.cluster.uplinks import share_uplinks
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class Scheduler:
         self.t = timeline
         self.policy = policy
         self.preemption = preemption
-        self.queue: list[JobRun] = []
+        self.queue = JobQueue(lambda run: queue_key(policy, run))
         self._busy = False
         self._again = False
         self.fragmentation_s = 0.0  # time integral of fragmentation
@@ -51,8 +52,7 @@ class Scheduler:
         self.schedule()
 
     def withdraw(self, run: JobRun) -> None:
-        if run in self.queue:
-            self.queue.remove(run)
+        self.queue.discard(run)
 
     def schedule(self) -> None:
         if self._busy:  # a start or an eviction changed the pool: pass again afterwards
@@ -73,48 +73,52 @@ class Scheduler:
         # A job that lost instances has first claim on the instances freed, before every
         # queued job (it holds the rest of its allocation idle meanwhile): they are reserved
         # for it from the failure and granted once the failure is detected.
-        recovering = [(recovering_key(r), False, r) for r in self.t.recovering
-                      if r.held_count < r.instances_needed]
-        order = sorted([(queue_key(self.policy, r), True, r) for r in self.queue] + recovering,
-                       key=lambda entry: entry[0])
+        recovering = sorted((r for r in self.t.recovering if r.held_count < r.instances_needed),
+                            key=recovering_key)
         free = self.t.free_mask()
         floor = -math.inf  # priority policy: queued jobs at or below it wait for a recovery
         blocked: tuple[JobRun, int] | None = None  # the first recovery that did not fit
-        for position, (_, queued, run) in enumerate(order):
-            if queued and blocked is not None and self.policy != "priority":
-                # Every recovery had its turn; a blocked one is the queue's head.
-                if self.policy == "backfill":
-                    easy_backfill(self, blocked[0], blocked[1],
-                                   [r for _, q, r in order[position:] if q], free)
-                return
-            if queued and run.job.priority <= floor:
-                return
-            need = run.instances_needed - (0 if queued else run.held_count)
+        for run in recovering:
+            need = run.instances_needed - run.held_count
             chosen = self.t.place(need, run.whole_ultraservers, free)
-            if chosen is None and self.preemption and (queued or run.state == "waiting_for_hardware"):
+            if chosen is None and self.preemption and run.state == "waiting_for_hardware":
                 chosen = preempt_for(self.t, run, free, need)
             if chosen is not None:
-                if queued:
-                    self.start(run, chosen)
-                elif run.state == "waiting_for_hardware":
+                if run.state == "waiting_for_hardware":
                     self._replace(run, chosen)
                 free[chosen] = False  # granted, or reserved until its failure is detected
                 continue
-            if not queued:
-                # A recovery blocked on hardware does not hold back the recoveries after it;
-                # under priority it holds back only the queued jobs it is not outranked by.
-                if blocked is None:
-                    blocked = (run, need)
-                floor = max(floor, run.job.priority)
-                continue
-            if self.policy == "backfill":
-                easy_backfill(self, run, need, [r for _, q, r in order[position + 1:] if q],
-                               free)
+            # A recovery blocked on hardware does not hold back the recoveries after it;
+            # under priority it holds back only the queued jobs it is not outranked by.
+            if blocked is None:
+                blocked = (run, need)
+            floor = max(floor, run.job.priority)
+        # The queue in order, walked by position: a job started leaves it and the next one
+        # moves up (no copy or sort of the queue per pass).
+        if blocked is not None and self.policy != "priority":
+            # Every recovery had its turn; a blocked one is the queue's head.
+            if self.policy == "backfill" and len(self.queue):
+                easy_backfill(self, blocked[0], blocked[1], 0, free)
             return
+        while len(self.queue):
+            run = self.queue.at(0)
+            if run.job.priority <= floor:
+                return
+            need = run.instances_needed
+            chosen = self.t.place(need, run.whole_ultraservers, free)
+            if chosen is None and self.preemption:
+                chosen = preempt_for(self.t, run, free, need)
+            if chosen is None:
+                if self.policy == "backfill":
+                    easy_backfill(self, run, need, 1, free)
+                return
+            self.start(run, chosen)
+            free[chosen] = False
 
     def start(self, run: JobRun, chosen: np.ndarray) -> None:
         self.queue.remove(run)
         self.t.owner[chosen] = run.index
+        self.t.active.add(run)  # granted: it holds them from now (its process takes them)
         run.grant(chosen)
 
     def _replace(self, run: JobRun, chosen: np.ndarray) -> None:
@@ -149,9 +153,9 @@ class Scheduler:
         self._last = (now, fragmentation)
         self.t.min_free = min(self.t.min_free, count)
         # Jobs holding instances, counting one granted them in this pass before its process
-        # has taken them up (O(jobs): this runs at every failure of a 500k-chip job).
-        running = sum(1 for r in self.t.jobs if r.state != "done" and (
-            r.held_count or (r.state == "queued" and r.granted is not None
-                             and r.granted.triggered)))
+        # has taken them up (over the jobs started and not done, not every job).
         if self.t.recorder is not None:
+            running = sum(1 for r in self.t.active if r.state != "done" and (
+                r.held_count or (r.state == "queued" and r.granted is not None
+                                 and r.granted.triggered)))
             self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)

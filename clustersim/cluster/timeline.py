@@ -39,6 +39,7 @@ from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
+from clustersim.cluster.uplinks import UplinkBook
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.training.step import StepModel, StepProfile
@@ -111,6 +112,7 @@ class Timeline:
                              hw.ultraserver is not None
                              and hw.ultraserver.interconnect.topology == "ring")
         self.scheduler = Scheduler(self, scenario.scheduler.policy, scenario.scheduler.preemption)
+        self.uplinks = UplinkBook(self)
         # Stragglers: persistent slow instances.
         st = scenario.stragglers
         self.slow = np.ones(self.n_instances)
@@ -123,6 +125,9 @@ class Timeline:
         # Bookkeeping.
         self.instance_down_since = np.zeros(self.n_instances)
         self.recovering: set[JobRun] = set()  # jobs that lost instances, until running again
+        # Jobs holding instances or granted them (the scheduler's passes look at these, not
+        # at every job of a 100,000-job mix); order-free: every use sorts or counts.
+        self.active: set[JobRun] = set()
         self.jobs: list[JobRun] = []
         self.faults = FailureSource(self)
 
