@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 from sweep_helpers import sweep_base, write_sweep
 from typer.testing import CliRunner

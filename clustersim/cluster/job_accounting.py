@@ -55,6 +55,13 @@ class JobAccounting:
     def _why_not_done(self) -> str:
         out = self.outcome
         if self.state == "queued":
+            quota = self.t.teams.quota.get(self.team)
+            if quota is not None and self.instances_needed > quota and not (
+                    self.t.teams.borrowing):
+                return (f"never started: it needs {self.instances_needed:,} instances, over "
+                        f"its team {self.team}'s quota of {quota:,}")
+            if not self.t.teams.admits(self):
+                return f"never started: its team {self.team} was at its quota"
             return "never started: not enough healthy instances"
         if self.state == "waiting_for_hardware":
             if not math.isfinite(self.t.repair_s):

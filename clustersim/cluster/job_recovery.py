@@ -70,6 +70,7 @@ class JobRecovery:
             self._credit_segment(self.t.env.now)
             self._lose_work()
         self.outcome.preemptions += 1
+        self.t.teams.release(self)  # queued again: admitted again when it restarts
         held = self.held
         self.remove(held)
         self.t.owner[held] = -1

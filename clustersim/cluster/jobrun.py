@@ -20,6 +20,7 @@ import simpy
 from clustersim.cluster.job_accounting import JobAccounting
 from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
+from clustersim.cluster.quotas import team_of
 from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint, job_failure_rate
 from clustersim.cluster.uplinks import UplinkPacing
 from clustersim.scenario.models import JobSpec
@@ -46,12 +47,14 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         scenario = timeline.scenario
         hw = scenario.hardware
         self.instances_needed = scenario.job_instances(job)
+        self.team = team_of(job.team)
+        self.admitted = False  # counted against its team's quota (TeamBook)
         self.whole_ultraservers = hw.whole_ultraservers(job.parallelism.tp)
         self.outcome = JobOutcome(
             name=job.name, instances=self.instances_needed,
             chips=self.instances_needed * hw.chips_per_instance,
             step_time_s=profile.step_time_s, tokens_per_step=profile.tokens_per_step,
-            steps_target=job.steps, submit_s=job.submit_s,
+            steps_target=job.steps, submit_s=job.submit_s, team=team_of(job.team),
         )
         rate = job_failure_rate(scenario, job)
         self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None
@@ -194,6 +197,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
 
     def _finish(self, status: str, reason: str) -> None:
         self.t.scheduler.withdraw(self)
+        self.t.teams.release(self)
         self._credit_segment(self.t.env.now)  # ended mid-segment: credit what was done
         self.set_state("done")
         self.outcome.progress_steps = self.progress

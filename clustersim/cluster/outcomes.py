@@ -49,6 +49,7 @@ class JobOutcome:
     placement_step_time_s: float | None = None
     contention_slowdown: float = 1.0  # worst slowdown of its uplink traffic by other jobs
     ideal_s: float | None = None  # run time alone, without failures or queueing
+    team: str = "-"  # its team (clustersim.scenario.teams; "-" for none)
 
     @property
     def steps_completed(self) -> int:

@@ -7,6 +7,7 @@ policies is `clustersim.cluster.scheduler`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,7 +23,8 @@ __all__ = ["queue_key", "recovering_key", "easy_backfill", "preempt_for"]
 
 
 def queue_key(policy: str, run: JobRun) -> tuple:
-    """FIFO: by time queued; priority and backfill: the highest priority first, then FIFO."""
+    """FIFO: by time queued; priority and backfill (and within a team, fairshare): the
+    highest priority first, then FIFO."""
     if policy == "fifo":
         return (run.queued_at, run.index)
     return (-run.job.priority, run.queued_at, run.index)
@@ -33,12 +35,12 @@ def recovering_key(run: JobRun) -> tuple:
     return (-math.inf, -run.job.priority, run.index)
 
 
-def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, first: int,
+def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[JobRun],
                   free: np.ndarray) -> None:
     """EASY backfill: `head` (needing `need` instances) gets a reservation at the earliest time
-    enough are expected free (the shadow time); a later job (the queue from position `first`)
-    starts now if it ends before then, or uses only instances the reservation will not
-    need."""
+    enough are expected free (the shadow time); a later job (`rest`: the walk of the queue
+    after the head) starts now if it ends before then, or uses only instances the
+    reservation will not need."""
     t = scheduler.t
     queue = scheduler.queue
     now = t.env.now
@@ -69,14 +71,15 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, first: int,
         if available >= need:
             shadow, extra = end, available - need
             break
+    if scheduler.reservations is not None:  # kept for the tests' properties
+        scheduler.reservations.append((now, head.index, shadow))
     free_count = int(np.count_nonzero(free))
     smallest = queue.smallest()
-    position = first
-    while position < len(queue) and free_count >= smallest:
-        run = queue.at(position)
-        position += 1
-        if run.instances_needed > free_count:
-            continue  # cannot fit now (place would refuse it)
+    for run in rest:
+        if free_count < smallest:
+            return  # nothing that waits fits any more
+        if run.instances_needed > free_count or not t.teams.admits(run):
+            continue  # cannot fit now (place would refuse it), or over its team's quota
         chosen = t.place(run.instances_needed, run.whole_ultraservers, free)
         if chosen is None:
             continue
@@ -84,8 +87,7 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, first: int,
         if ends_before or run.instances_needed <= extra:
             if not ends_before:
                 extra -= run.instances_needed
-            scheduler.start(run, chosen)  # it leaves the queue: the next one moves up
-            position -= 1
+            scheduler.start(run, chosen)  # it leaves the queue: the walk moves on
             free[chosen] = False
             free_count -= len(chosen)
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
+    from clustersim.cluster.quotas import TeamBook
 
-__all__ = ["JobQueue"]
+__all__ = ["JobQueue", "FairShareQueue"]
 
 
 class JobQueue:
@@ -65,7 +66,77 @@ class JobQueue:
         """The fewest instances any waiting job needs (0 when none waits)."""
         return min(self.sizes) if self.sizes else 0
 
+    def ordered(self) -> Iterator[JobRun]:
+        """Jobs in queue order, walked by position: safe while the walker starts (removes)
+        the job it was given, the next one then moves up to its position (no copy of the
+        queue per pass)."""
+        position = 0
+        while position < len(self._keys):
+            key = self._keys[position]
+            yield self._runs[key[-1]]
+            if position < len(self._keys) and self._keys[position] == key:
+                position += 1  # still there: step past it
+
     def at(self, position: int) -> JobRun:
         """The job at this position (0: the head). A pass walks the queue by position: a job
         it starts leaves the queue, and the next one moves up to its position."""
         return self._runs[self._keys[position][-1]]
+
+
+class FairShareQueue:
+    """Waiting jobs by team, each team's in priority then FIFO order; walked team by team,
+    the team furthest below its fair share (instances held over its weight) first, its
+    position looked at again after every job (a start raises the team's share)."""
+
+    def __init__(self, key: Callable[[JobRun], tuple], book: TeamBook):
+        self.key = key
+        self.book = book
+        self.teams: dict[str, JobQueue] = {}
+        self.sizes: Counter = Counter()
+        self._count = 0
+
+    def append(self, run: JobRun) -> None:
+        queue = self.teams.get(run.team)
+        if queue is None:
+            queue = self.teams[run.team] = JobQueue(self.key)
+        if run in queue:
+            return
+        queue.append(run)
+        self.sizes[run.instances_needed] += 1
+        self._count += 1
+
+    def remove(self, run: JobRun) -> None:
+        self.teams[run.team].remove(run)
+        self._count -= 1
+        self.sizes[run.instances_needed] -= 1
+        if not self.sizes[run.instances_needed]:
+            del self.sizes[run.instances_needed]
+
+    def discard(self, run: JobRun) -> None:
+        if run in self:
+            self.remove(run)
+
+    def __contains__(self, run: object) -> bool:
+        queue = self.teams.get(getattr(run, "team", None))
+        return queue is not None and run in queue
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[JobRun]:
+        return iter(list(self.ordered()))
+
+    def smallest(self) -> int:
+        return min(self.sizes) if self.sizes else 0
+
+    def ordered(self) -> Iterator[JobRun]:
+        cursor = {team: 0 for team, queue in self.teams.items() if len(queue)}
+        while cursor:
+            team = min(cursor, key=lambda t: (self.book.share(t), t))
+            queue = self.teams[team]
+            run = queue.at(cursor[team])
+            yield run
+            if cursor[team] < len(queue) and queue.at(cursor[team]) is run:
+                cursor[team] += 1  # still there: step past it
+            if cursor[team] >= len(queue):
+                del cursor[team]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
-from clustersim.cluster.queues import JobQueue
+from clustersim.cluster.queues import FairShareQueue, JobQueue
 from clustersim.cluster.uplinks import share_uplinks
 
 if TYPE_CHECKING:
@@ -20,7 +20,8 @@ __all__ = ["Scheduler"]
 
 
 class Scheduler:
-    """Starts queued jobs: FIFO, priority, or EASY backfill; optional preemption.
+    """Starts queued jobs: FIFO, priority, EASY backfill, or fair share between teams (with
+    EASY backfill); optional preemption; team quotas (`clustersim.cluster.quotas`).
 
     FIFO and priority start jobs strictly in order (the first that does not fit blocks the
     rest). Backfill (EASY) gives the first waiting job a reservation (the earliest time enough
@@ -39,9 +40,13 @@ class Scheduler:
         self.t = timeline
         self.policy = policy
         self.preemption = preemption
-        self.queue = JobQueue(lambda run: queue_key(policy, run))
+        key = lambda run: queue_key(policy, run)  # noqa: E731
+        self.queue = (FairShareQueue(key, timeline.teams) if policy == "fairshare"
+                      else JobQueue(key))
         self._busy = False
         self._again = False
+        # (time, head job, shadow time) of every backfill reservation, when a list (tests)
+        self.reservations: list[tuple[float, int, float]] | None = None
         self.fragmentation_s = 0.0  # time integral of fragmentation
         self._last = (0.0, 0.0)
         # Instances per leaf: fixed, counted once (record_state runs after every pass).
@@ -93,24 +98,27 @@ class Scheduler:
             if blocked is None:
                 blocked = (run, need)
             floor = max(floor, run.job.priority)
-        # The queue in order, walked by position: a job started leaves it and the next one
-        # moves up (no copy or sort of the queue per pass).
+        # The queue in order (a walk, not a copy or a sort of the queue per pass). A job over
+        # its team's quota does not hold back the jobs after it.
+        order = self.queue.ordered()
+        backfill = self.policy in ("backfill", "fairshare")
         if blocked is not None and self.policy != "priority":
             # Every recovery had its turn; a blocked one is the queue's head.
-            if self.policy == "backfill" and len(self.queue):
-                easy_backfill(self, blocked[0], blocked[1], 0, free)
+            if backfill and len(self.queue):
+                easy_backfill(self, blocked[0], blocked[1], order, free)
             return
-        while len(self.queue):
-            run = self.queue.at(0)
+        for run in order:
             if run.job.priority <= floor:
                 return
+            if not self.t.teams.admits(run):
+                continue
             need = run.instances_needed
             chosen = self.t.place(need, run.whole_ultraservers, free)
             if chosen is None and self.preemption:
                 chosen = preempt_for(self.t, run, free, need)
             if chosen is None:
-                if self.policy == "backfill":
-                    easy_backfill(self, run, need, 1, free)
+                if backfill:
+                    easy_backfill(self, run, need, order, free)
                 return
             self.start(run, chosen)
             free[chosen] = False
@@ -119,6 +127,7 @@ class Scheduler:
         self.queue.remove(run)
         self.t.owner[chosen] = run.index
         self.t.active.add(run)  # granted: it holds them from now (its process takes them)
+        self.t.teams.admit(run, self.t.env.now)
         run.grant(chosen)
 
     def _replace(self, run: JobRun, chosen: np.ndarray) -> None:

@@ -37,6 +37,7 @@ from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
 from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
+from clustersim.cluster.quotas import TeamBook
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
 from clustersim.cluster.uplinks import UplinkBook
@@ -111,6 +112,7 @@ class Timeline:
         self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf,
                              hw.ultraserver is not None
                              and hw.ultraserver.interconnect.topology == "ring")
+        self.teams = TeamBook(scenario)
         self.scheduler = Scheduler(self, scenario.scheduler.policy, scenario.scheduler.preemption)
         self.uplinks = UplinkBook(self)
         # Stragglers: persistent slow instances.
