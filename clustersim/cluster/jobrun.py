@@ -55,6 +55,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
             chips=self.instances_needed * hw.chips_per_instance,
             step_time_s=profile.step_time_s, tokens_per_step=profile.tokens_per_step,
             steps_target=job.steps, submit_s=job.submit_s, team=team_of(job.team),
+            trace_outcome=job.trace_outcome,
         )
         rate = job_failure_rate(scenario, job)
         self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None

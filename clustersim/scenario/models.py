@@ -118,6 +118,8 @@ class JobSpec(Spec):
     team: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                              max_length=128, description="the team (or user) it belongs to: "
                              "its quota and fair share (teams)")
+    trace_outcome: str | None = Field(default=None, max_length=64, description="how the "
+                                      "job ended in the trace it came from (kept in outputs)")
     checkpoint: CheckpointSpec | None = None
 
     @property
