@@ -153,6 +153,10 @@ def test_job_summary_parquet_has_every_per_job_figure(tmp_path: Path):
                 assert table.loc[1, key] == pytest.approx(value)
     assert table["time_by_state_s.queued"].tolist() == [
         summary["jobs"][n]["time_by_state_s"]["queued"] for n in ("j0", "j1", "j2")]
+    # The report draws waits, slowdowns and chip-time by size and by team from it.
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    assert (out / "report" / "fleet.png").stat().st_size > 10_000
+    assert "fleet.png" in (out / "report" / "report.md").read_text()
 
 
 def test_past_the_limit_summary_json_keeps_the_largest_jobs(monkeypatch):

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from clustersim.analysis.fleet_report import fleet_plots  # noqa: E402
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
@@ -341,6 +342,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
         "Training step": plot_step(run, folder / "step.png"),
     }
     plots |= serving_plots(run, folder)
+    plots |= fleet_plots(run, folder)
     summary = run.summary
     cluster = summary["cluster"]
     lines = [

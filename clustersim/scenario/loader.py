@@ -165,10 +165,10 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
     jobs = resolved.get("jobs") or []
     resolved["_generated_from"] = len(jobs)
     resolved["jobs"] = list(jobs) + generated
-    _, issues = _resolve_catalog_names({"jobs": resolved["jobs"]})
+    expanded, issues = _resolve_catalog_names({"jobs": resolved["jobs"]})
     if issues:
         raise ScenarioError(source, issues)
-    resolved["jobs"] = _resolve_catalog_names({"jobs": resolved["jobs"]})[0]["jobs"]
+    resolved["jobs"] = expanded["jobs"]
 
 
 def scenario_from_dict(
