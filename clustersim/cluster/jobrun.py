@@ -20,6 +20,7 @@ import simpy
 from clustersim.cluster.job_accounting import JobAccounting
 from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
+from clustersim.cluster.owners import FREE
 from clustersim.cluster.quotas import team_of
 from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint, job_failure_rate
 from clustersim.cluster.uplinks import UplinkPacing
@@ -207,6 +208,17 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         cause = self.low_ettr_cause()
         self.outcome.reason = f"{reason}; {cause}" if cause else reason
         held = self.held.tolist()
+        self.t.active.discard(self)
+        if not held and self.granted is not None and self.granted.triggered and (
+                self.granted.ok and self.granted.value is not None):
+            # Ended (deadline, run time) in the same instant it was granted instances, before
+            # its process took them up: they go back to the pool, not to a finished job.
+            granted = np.asarray(self.granted.value, dtype=np.int64)
+            held = granted[self.t.owner[granted] == self.index].tolist()
+            if held:
+                self.t.owner[held] = FREE
+                self.t.release([])
+                return
         if held:
             self.remove(held)
             self.t.release(held)

@@ -18,7 +18,13 @@ def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | 
     if count <= 0:
         return np.empty(0, dtype=np.int64)
     leaves = leaf_of[free_ids]
-    _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
+    if len(leaves) > 1 and bool((leaves[1:] >= leaves[:-1]).all()):
+        # Ids ascending under leaves numbered in id order (every caller's case): each leaf's
+        # ids are one run, found in one pass (np.unique would sort them again).
+        starts = np.concatenate(([0], np.flatnonzero(leaves[1:] != leaves[:-1]) + 1))
+        counts = np.diff(np.append(starts, len(leaves)))
+    else:
+        _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
     fits = np.flatnonzero(counts >= count)
     if len(fits):
         best = fits[np.argmin(counts[fits])]

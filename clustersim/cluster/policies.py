@@ -51,7 +51,7 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
     # taken them up yet); over the jobs started and not done, not every job.
     ends = []
     for run in t.active:
-        if run is head or run.state == "done":
+        if run is head:
             continue
         count = run.held_count or (run.instances_needed if run.state == "queued"
                                    and run.granted is not None and run.granted.triggered

@@ -162,9 +162,8 @@ class Scheduler:
         self._last = (now, fragmentation)
         self.t.min_free = min(self.t.min_free, count)
         # Jobs holding instances, counting one granted them in this pass before its process
-        # has taken them up (over the jobs started and not done, not every job).
+        # has taken them up: the active set (kept as jobs are granted, add, drop and end
+        # instances; not a count over every job per pass).
         if self.t.recorder is not None:
-            running = sum(1 for r in self.t.active if r.state != "done" and (
-                r.held_count or (r.state == "queued" and r.granted is not None
-                                 and r.granted.triggered)))
-            self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)
+            self.t.recorder.cluster_state(now, count, len(self.queue), len(self.t.active),
+                                          fragmentation)
