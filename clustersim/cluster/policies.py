@@ -97,6 +97,8 @@ def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.nda
     the instances it would get, with the victims' added to `free`, or None (nobody evicted)."""
     # A job whose own process runs this pass (releasing instances as it recovers) cannot
     # be interrupted from inside itself: it is not a victim this time.
+    if t.active.lowest_priority() >= run.job.priority:
+        return None  # nobody it outranks holds anything
     active = t.env.active_process
     victims = sorted((r for r in t.active if r.held_count and r.state != "done"
                       and r.job.priority < run.job.priority

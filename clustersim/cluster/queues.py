@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
     from clustersim.cluster.quotas import TeamBook
 
-__all__ = ["JobQueue", "FairShareQueue"]
+__all__ = ["JobQueue", "FairShareQueue", "ActiveJobs"]
 
 
 class JobQueue:
@@ -140,3 +140,36 @@ class FairShareQueue:
                 cursor[team] += 1  # still there: step past it
             if cursor[team] >= len(queue):
                 del cursor[team]
+
+
+class ActiveJobs:
+    """The jobs holding instances or granted them, with how many of each priority: a job
+    that cannot fit looks for lower-priority victims only when there are some."""
+
+    def __init__(self) -> None:
+        self._runs: set[JobRun] = set()
+        self.priorities: Counter = Counter()
+
+    def add(self, run: JobRun) -> None:
+        if run not in self._runs:
+            self._runs.add(run)
+            self.priorities[run.job.priority] += 1
+
+    def discard(self, run: JobRun) -> None:
+        if run in self._runs:
+            self._runs.remove(run)
+            self.priorities[run.job.priority] -= 1
+            if not self.priorities[run.job.priority]:
+                del self.priorities[run.job.priority]
+
+    def lowest_priority(self) -> float:
+        return min(self.priorities) if self.priorities else float("inf")
+
+    def __contains__(self, run: object) -> bool:
+        return run in self._runs
+
+    def __iter__(self) -> Iterator[JobRun]:
+        return iter(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)

@@ -37,6 +37,7 @@ from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
 from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
+from clustersim.cluster.queues import ActiveJobs
 from clustersim.cluster.quotas import TeamBook
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
@@ -129,7 +130,7 @@ class Timeline:
         self.recovering: set[JobRun] = set()  # jobs that lost instances, until running again
         # Jobs holding instances or granted them (the scheduler's passes look at these, not
         # at every job of a 100,000-job mix); order-free: every use sorts or counts.
-        self.active: set[JobRun] = set()
+        self.active = ActiveJobs()
         self.jobs: list[JobRun] = []
         self.faults = FailureSource(self)
 
