@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from clustersim.analysis.day_report import write_day_report  # noqa: E402
 from clustersim.analysis.fleet_report import fleet_plots  # noqa: E402
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
@@ -326,6 +327,8 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
     run = load_run(run_dir)
     folder = Path(folder) if folder is not None else run.path / "report"
     folder.mkdir(exist_ok=True)
+    if "fleet_day" in run.summary:  # the fleet-level model: no timeline traces
+        return write_day_report(run.path, run.summary, folder)
     plots = {
         "Cluster utilisation": plot_utilisation(run, folder / "utilisation.png"),
         "Job timelines": plot_job_timelines(run, folder / "jobs.png"),

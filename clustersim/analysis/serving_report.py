@@ -153,12 +153,21 @@ def serving_lines(summary: dict) -> list[str]:
     if not deployments:
         return []
     lines = ["", "| deployment | requests/s | output tokens/s | TTFT p50 / p99 | TPOT p50 / p99 "
-             "| SLO goodput | $ per M output tokens |", "|---|---|---|---|---|---|---|"]
+             "| SLO goodput | $ per M output tokens | saturated | drained after the horizon |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, d in deployments.items():
         cost = d.get("cost_per_million_output_tokens_usd")
+        drained = d.get("requests_drained") or 0
+        drain = f"{drained:,} in {d.get('drain_s') or 0:,.3g} s" if drained else "none"
         lines.append(
             f"| {name} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
             f"{d['ttft_p50_s'] or 0:.3g} / {d['ttft_p99_s'] or 0:.3g} s | "
             f"{d['tpot_p50_s'] or 0:.3g} / {d['tpot_p99_s'] or 0:.3g} s | "
-            f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} |")
+            f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} | "
+            f"{'yes' if d.get('saturated') else 'no'} | "
+            f"{drain} |")
+    lines.append("")
+    lines.append("Rates and cost per token count the requests completed within the horizon; "
+                 "those finished while draining after it are counted apart. Saturated: the "
+                 "queue grew over the horizon (the rate offered is not held).")
     return lines

@@ -52,6 +52,15 @@ def run(
         raise UsageProblem(problem)
 
     spec = load_scenario(scenario, overrides or [])
+    from clustersim.scenario.fleetday import is_fleet_day
+
+    if is_fleet_day(spec) and (replications > 1 or find_rate):
+        raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: a fleet-day "
+                           "run (fluid deployments, docs/fleet-day.md) runs once, at its "
+                           "scenario's rates")
+    if find_rate and any(d.workload.load is not None for d in spec.serve):
+        raise UsageProblem("--find-rate: a deployment's rate follows its load curve "
+                           "(workload.load); expected a constant rate")
     if find_rate:
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return
@@ -112,10 +121,11 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
             search = find_rate(spec, deployment.name, goodput, seed, base_dir=base_dir)
         except ValueError as error:
             raise UsageProblem(f"--find-rate: {error}") from None
-        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" for r, g in search.tried)
+        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" + (" saturated" if r in search.saturated
+                                                      else "") for r, g in search.tried)
         if search.rate_per_s is None:
             out_console.print(f"{deployment.name}: no rate found meeting {goodput:.0%} of the "
-                              f"SLO (tried {tried})")
+                              f"SLO without saturating (tried {tried})")
             continue
         f = search.figures or {}
         out_console.print(
@@ -132,13 +142,48 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                       f" x pp {d['pp']} on {d['instances']} instances")
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
-                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s; SLO goodput "
-                          f"{d['slo_goodput']:.1%}")
+                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
+                          f"horizon; SLO goodput {d['slo_goodput']:.1%}")
+        if d.get("saturated"):
+            table.add_row("", f"[bold]saturated[/bold]: the queue grew over the horizon "
+                          f"({d['requests_outstanding_at_end']:,} requests outstanding at its "
+                          "end); the throughput above is what the deployment sustains")
+        if d.get("requests_drained"):
+            table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
+                          f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
             table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
                           f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
         if d["cost_per_million_output_tokens_usd"] is not None:
             table.add_row("", f"${d['cost_per_million_output_tokens_usd']:,.2f} per million "
                           f"output tokens")
+
+
+def _money(value: float | None, unit: str) -> str:
+    return "no price" if value is None else f"${value:,.3g} {unit}"
+
+
+def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
+    """A fleet-day run (docs/fleet-day.md): chip-hours by state, deployments, jobs."""
+    day = summary["fleet_day"]
+    hours = day["chip_hours"]
+    total = max(day["chip_hours_total"], 1e-9)
+    table.add_row("chip-hours", ", ".join(f"{k} {v:,.0f} ({v / total:.1%})"
+                                          for k, v in hours.items()))
+    serving = _money(day["serving_cost_per_million_output_tokens_usd"], "per M output tokens")
+    training = _money(day["training_cost_per_million_tokens_usd"], "per M tokens")
+    table.add_row("cost", f"serving {serving}, training {training}")
+    table.add_row("peak load", f"{day['peak_load_per_s']:,.0f} requests/s over the deployments")
+    for name, d in summary["deployments"].items():
+        table.add_row(f"serve {escape(name)}", f"{d['model']}, tp {d['tp']} x pp {d['pp']}: "
+                      f"{d['replicas_min']:,}-{d['replicas_max']:,} replicas, peak "
+                      f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
+                      f"{(d['slo_goodput'] or 0):.1%}")
+        table.add_row("", f"TTFT p50 {d['ttft_p50_s'] or 0:.3g} s p99 {d['ttft_p99_s'] or 0:.3g} s; "
+                      f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+    for name, job in summary["jobs"].items():
+        table.add_row(f"job {escape(name)}", f"{job['status']}: {job['tokens_trained']:,.3g} "
+                      f"tokens, ETTR {job['ettr']:.1%}, {job['preemptions']} preemptions, "
+                      f"{job['interruptions']} failures, lost {job['lost_work_s'] / 3600:,.1f} h")
 
 
 def _percent(value: float) -> str:
@@ -211,12 +256,16 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
     if cluster["chip_power_kw"] is not None:
         table.add_row("chip power", f"{cluster['chip_power_kw']:,.1f} kW")
     jobs = summary["jobs"]
-    if len(jobs) > 8:
+    if "fleet_day" in summary:  # the fleet-level model: its own rows
+        _fleet_day_rows(table, summary)
+        jobs = {}
+    elif len(jobs) > 8:
         _summarise_many_jobs(table, summary)
         jobs = {}
     for name, job in jobs.items():
         _job_rows(table, name, job)
-    _deployment_rows(table, summary)
+    if "fleet_day" not in summary:
+        _deployment_rows(table, summary)
     failures = cluster.get("failures") or {}
     if failures:
         table.add_row("failures", ", ".join(

@@ -11,7 +11,7 @@ Equivalent settings are not listed twice (no sequence parallelism without tp, no
 without dp, no interleave without pp).
 
 A candidate is pruned, in this order, for
-- divisibility: heads (and KV heads) over tp, layers over pp x interleave, the batch over
+- divisibility: layers over pp x interleave, the batch over
   micro-batch x dp, micro-batches over pp for interleaving, experts over ep (the scenario
   loader's rules);
 - placement: tensor parallelism must stay inside a NeuronLink (or NVLink) domain: an
@@ -122,11 +122,8 @@ def tp_domain_ranks(hw: HardwareSpec) -> int:
 def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None:
     """Why a candidate cannot run (divisibility or placement), or None."""
     model = job.model
-    if model.heads % c.tp:
-        return f"divisibility: {model.heads} heads over tp {c.tp}"
-    kv = model.n_kv_heads
-    if kv % c.tp and c.tp % kv:
-        return f"divisibility: {kv} KV heads and tp {c.tp}"
+    # A tp that does not divide the heads pads them (as NxD does; the padded work is costed),
+    # as the scenario rules accept it.
     if model.layers % (c.pp * c.interleave):
         return f"divisibility: {model.layers} layers over pp x interleave {c.pp * c.interleave}"
     if job.global_batch % (c.micro_batch * c.dp):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from clustersim.hardware import limits, units
 from clustersim.hardware.topology import TopologyTooLarge, check_topology_size
 from clustersim.scenario.errors import Issue
+from clustersim.scenario.fleetday import fleet_day_checks, is_fleet_day
 from clustersim.scenario.serving import serve_cross_checks
 
 if TYPE_CHECKING:
@@ -133,20 +134,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
             )
         model = job.model
-        if model.heads % par.tp:
-            yield Issue(
-                f"{at}.parallelism.tp",
-                f"the model's {model.heads} attention heads are not divisible by tp",
-                par.tp, True,
-            )
-        kv = model.n_kv_heads
-        if kv % par.tp and par.tp % kv:
-            yield Issue(
-                f"{at}.parallelism.tp",
-                f"kv_heads {kv} and tp must divide one another (KV heads are split or "
-                f"replicated across tp)",
-                par.tp, True,
-            )
+        # A tp that does not divide the heads is run as NxD runs it: heads padded up to a
+        # multiple of tp, KV heads replicated or converted (training.transformer
+        # .sharded_heads); the padded work is costed and `step` notes it.
         if par.ep > 1 and not model.moe:
             yield Issue(f"{at}.parallelism.ep",
                         f"expert parallelism needs a mixture-of-experts model; {model.name} "
@@ -208,6 +198,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     whole = max((-(-s.job_instances(job) // hw.instances_per_ultraserver) for job in s.jobs
                  if hw.whole_ultraservers(job.parallelism.tp)), default=0)
     yield from _team_checks(s)
+    yield from (Issue(path, message, value, True) for path, message, value in fleet_day_checks(s))
+    if is_fleet_day(s):  # replicas come and go, jobs wait or are preempted for them
+        largest_job = whole = 0
     for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
                                                     largest_job, whole):
         yield Issue(path, message, value, True)

@@ -44,7 +44,7 @@ from pydantic import Field
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
-from clustersim.training.transformer import TransformerShape
+from clustersim.training.transformer import TransformerShape, sharded_heads
 
 __all__ = [
     "BYTES_PER_ELEMENT",
@@ -178,8 +178,10 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     e = BYTES_PER_ELEMENT[precision]
     b, s, h = micro_batch, seq, model.hidden
     tokens = b * s
-    heads = model.heads // tp
-    kv_heads = max(1, model.n_kv_heads // tp)
+    # Heads per rank as NxD shards them: padded up to a multiple of tp, KV heads replicated
+    # or converted (transformer.sharded_heads); the padded heads' work is done all the same.
+    layout = sharded_heads(model, tp)
+    heads, kv_heads = layout.per_rank, layout.kv_per_rank
     d = model.head_dim
     ffn = model.ffn // tp
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
@@ -434,8 +436,10 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
     per_layer = (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
         model.layers) - experts - model.router_parameters
     layers = model.layers / par.pp
-    # The router is replicated over tensor parallelism; the rest is split.
-    count = layers * (per_layer / par.tp + model.router_parameters)
+    # The router is replicated over tensor parallelism; the rest is split (with the padded
+    # heads' attention weights when tp does not divide the heads).
+    padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
+    count = layers * (per_layer / par.tp + model.router_parameters + padding)
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
@@ -455,12 +459,17 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     e = BYTES_PER_ELEMENT[job.precision]
     sbh = s * b * h
     kv = model.n_kv_heads / model.heads
+    attention_width = 1.0  # the query heads' share of the hidden size, over all ranks
+    layout = sharded_heads(model, t)
+    if layout.padded(model):  # padded heads hold activations too
+        attention_width = layout.heads / model.heads
+        kv = layout.kv_heads / model.heads
     f = model.ffn / h
     if job.recompute == "full":
         return e * sbh / (t if par.sequence_parallel else 1)
     # Kept whole without sequence parallelism: the two norms' inputs, the QKV and MLP inputs.
     replicated = e * sbh * 4  # 4 tensors of b x s x h
-    split = e * sbh * (1 + 2 * kv + 1)  # Q, K, V (grouped), projection input
+    split = e * sbh * (2 * attention_width + 2 * kv)  # Q, K, V (grouped), projection input
     # MLP intermediates (of top_k experts per token with a mixture of experts).
     split += e * sbh * (f * (2 if model.gated else 1) + f) * model.top_k
     if job.recompute == "none" and attention == "unfused":
