@@ -421,3 +421,64 @@ def test_fleet_invariants(scenario, seed):
                      and starts[i] is not None and now - eps <= starts[i]
                      and (began is None or starts[i] <= began + eps)]
             assert ahead, (head, now, shadow, began)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scheduler's structures
+
+
+class _Run:
+    def __init__(self, index: int, priority: int, queued_at: float, instances: int,
+                 team: str = "-"):
+        from types import SimpleNamespace
+
+        self.index, self.queued_at, self.instances_needed = index, queued_at, instances
+        self.team = team
+        self.job = SimpleNamespace(priority=priority)
+
+
+def test_the_queue_walk_survives_starting_the_job_it_gave():
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import JobQueue
+
+    queue = JobQueue(lambda run: queue_key("priority", run))
+    runs = [_Run(i, priority=i % 3, queued_at=float(10 - i), instances=1 + i) for i in range(9)]
+    for run in runs:
+        queue.append(run)
+    expected = sorted(runs, key=lambda r: (-r.job.priority, r.queued_at, r.index))
+    seen = []
+    for run in queue.ordered():
+        seen.append(run)
+        if run.index % 2 == 0:
+            queue.remove(run)  # started: the walk goes on with the next one
+    assert seen == expected
+    assert [r.index for r in queue] == [r.index for r in expected if r.index % 2]
+    assert queue.smallest() == min(r.instances_needed for r in runs if r.index % 2)
+
+
+def test_the_fair_share_walk_picks_the_team_furthest_below_its_share_each_time():
+    from types import SimpleNamespace
+
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import FairShareQueue
+    from clustersim.cluster.quotas import TeamBook
+
+    scenario = SimpleNamespace(teams=[SimpleNamespace(name="a", quota=None, share=1.0),
+                                      SimpleNamespace(name="b", quota=None, share=3.0)],
+                               scheduler=SimpleNamespace(borrowing=False))
+    book = TeamBook(scenario)
+    book.usage.update({"a": 2, "b": 3})  # shares: a 2, b 1
+    queue = FairShareQueue(lambda run: queue_key("fairshare", run), book)
+    runs = [_Run(i, 0, float(i), 2, team="ab"[i % 2]) for i in range(6)]
+    for run in runs:
+        queue.append(run)
+    order = []
+    for run in queue.ordered():
+        order.append(run.index)
+        run.admitted = False
+        book.admit(run, 0.0)  # started: its team's share rises
+        queue.remove(run)
+    # b (share 1.0) first: 5 instances (1.67 < a's 2.0), b again: 7 (2.33); a (2.0): 4
+    # (4.0); b (2.33): 9; b has no more jobs, a's two go.
+    assert order == [1, 3, 0, 5, 2, 4]
+    assert len(queue) == 0
