@@ -75,13 +75,21 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
         scheduler.reservations.append((now, head.index, shadow))
     free_count = int(np.count_nonzero(free))
     smallest = queue.smallest()
+    # The fewest instances that did not fit, whole UltraServers or not: the pool only shrinks
+    # during the walk and placement fails for every larger count once it fails for one, so
+    # no larger job of that kind is tried again (the same starts, far fewer placements).
+    refused = {True: math.inf, False: math.inf}
     for run in rest:
         if free_count < smallest:
             return  # nothing that waits fits any more
-        if run.instances_needed > free_count or not t.teams.admits(run):
-            continue  # cannot fit now (place would refuse it), or over its team's quota
-        chosen = t.place(run.instances_needed, run.whole_ultraservers, free)
+        need = run.instances_needed
+        if need > free_count or need >= refused[run.whole_ultraservers]:
+            continue  # cannot fit now (place would refuse it)
+        if not t.teams.admits(run):
+            continue  # over its team's quota
+        chosen = t.place(need, run.whole_ultraservers, free)
         if chosen is None:
+            refused[run.whole_ultraservers] = need
             continue
         ends_before = now + run.expected_duration() <= shadow
         if ends_before or run.instances_needed <= extra:
