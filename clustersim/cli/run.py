@@ -66,10 +66,24 @@ def run(
         return
     out_dir = out if out is not None else Path("results") / spec.name
     check_output_dir(out_dir, force, replaces=spec.name)
+    replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
                         workers=workers, progress=progress)
-    _print_run(result.summary, out_dir)
+    _print_run(result.summary, out_dir, _price_label(spec))
+    if replaced:
+        report = " and its report/ (run clustersim report again)" if "report" in replaced else ""
+        err_console.print(f"note: replaced the earlier run in {escape(str(out_dir))}/{report}",
+                          soft_wrap=True)
+    if spec.jobs:
+        out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
+                          f"clustersim plan {escape(str(scenario))}", soft_wrap=True)
+
+
+def _price_label(spec: Any) -> str:
+    from clustersim.hardware.prices import price_basis
+
+    return price_basis(spec.hardware)
 
 
 @contextlib.contextmanager
@@ -132,14 +146,22 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
             f"{deployment.name}: {search.rate_per_s:,.3g} requests/s within the SLO (ttft "
             f"{deployment.slo.ttft_s:g} s, tpot {deployment.slo.tpot_s:g} s) for "
             f"{goodput:.0%} of requests; {f['output_tokens_per_s']:,.0f} output tokens/s, "
-            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s")
+            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s"
+            + ("" if f.get("cost_per_million_output_tokens_usd") is None else
+               f"; ${f['cost_per_million_output_tokens_usd']:,.2f} per million output tokens "
+               "at that rate"))
         out_console.print(f"  tried {tried}")
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
     for name, d in summary.get("deployments", {}).items():
-        table.add_row(f"serve {name}", f"{d['model']}: {d['replicas']} replicas of tp {d['tp']}"
-                      f" x pp {d['pp']} on {d['instances']} instances")
+        table.add_row(f"serve {escape(name)}",
+                      f"{d['model']}: {_plural(d['replicas'], 'replica')} of tp {d['tp']} x pp "
+                      f"{d['pp']} on {_plural(d['instances'], 'instance')}")
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
                           f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
@@ -151,6 +173,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
         if d.get("requests_drained"):
             table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
                           f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
+        if d["ttft_p50_s"] is not None:  # any request completed, inside the horizon or after
             table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
                           f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
         if d["cost_per_million_output_tokens_usd"] is not None:
@@ -212,6 +235,9 @@ def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
                       f" steps, ETTR {_with_ci(job, 'ettr', _percent)}, "
                       f"{_with_ci(job, 'interruptions', lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
                       " interruptions")
+    when = _when(job)
+    if when:
+        table.add_row("", when)
     lost_s = job["lost_time_s"]
     lost = {k: v for k, v in lost_s.items()
             if isinstance(v, float | int) and v and not k.endswith("_ci95")}
@@ -234,11 +260,41 @@ def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
         table.add_row("", escape(job["reason"]))
 
 
+def _when(job: dict[str, Any]) -> str:
+    """When the job started and finished (or that it was still going at the horizon)."""
+    from clustersim.hardware.units import format_duration
+
+    start, end = job.get("start_s"), job.get("end_s")
+    if start is None:
+        return "never started"
+    text = f"started at {format_duration(start, 3)}"
+    if end is None:
+        return text + ", still going at the horizon" if start > 0 else ""
+    return text + f", {'finished' if job.get('status') == 'done' else 'ended'} at " \
+        f"{format_duration(end, 3)} ({format_duration(end - start, 3)} later)"
+
+
+def _serving_row(table: Table, summary: dict[str, Any]) -> None:
+    """Chip-time held by the serving deployments and what they served, over the horizon."""
+    cluster, deployments = summary["cluster"], summary.get("deployments") or {}
+    serving = cluster.get("serving_instances") or 0
+    if not deployments or not serving:
+        return
+    chips = serving * cluster["chips_per_instance"]
+    hours = chips * summary["simulated_s"] / 3600
+    served = sum(d.get("requests_completed", 0) for d in deployments.values())
+    arrived = sum(d.get("requests", 0) for d in deployments.values())
+    table.add_row("serving", f"{_plural(serving, 'instance')} ({chips:,} chips) held by "
+                  f"{_plural(len(deployments), 'deployment')} for the whole run: "
+                  f"{serving / cluster['instances']:.1%} of chip-time, {hours:,.1f} chip-hours; "
+                  f"{served:,} requests served within the horizon ({arrived:,} arrived)")
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:,.1f} min"
 
 
-def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
+def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assumed") -> None:
     cluster = summary["cluster"]
     table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
                   show_header=False, title_justify="left")
@@ -252,7 +308,8 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
     table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbyte_per_s']:,.1f} TB/s")
     table.add_row("EFA bisection", f"{cluster['bisection_gbyte_per_s']:,.0f} GB/s")
     if cluster["price_per_hour_usd"] is not None:
-        table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
+        table.add_row("price", f"${cluster['price_per_hour_usd']:,.2f}/h for "
+                      f"{_plural(cluster['instances'], 'instance')} ({price_label})")
     if cluster["chip_power_kw"] is not None:
         table.add_row("chip power", f"{cluster['chip_power_kw']:,.1f} kW")
     jobs = summary["jobs"]
@@ -271,15 +328,27 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
         table.add_row("failures", ", ".join(
             f"{k} {_with_ci(failures, k, lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
             for k, v in failures.items() if not k.endswith("_ci95") and v))
-    if "utilisation" in cluster:
-        table.add_row("utilisation", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
-                      f"allocated, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
+    _serving_row(table, summary)
+    if "utilisation" in cluster and summary["jobs"]:
+        table.add_row("training", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
+                      f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
     if summary.get("replications", 1) > 1:
         table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
                          "figure without ± is the same in every replication")
         table.caption_justify = "left"
     out_console.print(table)
-    out_console.print(f"simulated {summary['simulated_s'] / 86400:,.1f} days; wrote "
-                      f"{out_dir}/summary.json in {summary['wall_s']:.2f} s")
+    out_console.print(f"simulated {_horizon(summary['simulated_s'])}; wrote "
+                      f"{escape(str(out_dir))}/summary.json in {summary['wall_s']:.2f} s")
+
+
+def _horizon(seconds: float) -> str:
+    """The simulated horizon in the unit that reads best: `10 min`, `7.0 days`."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} hours"
+    if seconds >= 60:
+        return f"{seconds / 60:,.1f} minutes"
+    return f"{seconds:,.1f} s"
 
 

@@ -85,7 +85,8 @@ class Scheduler:
         blocked: tuple[JobRun, int] | None = None  # the first recovery that did not fit
         for run in recovering:
             need = run.instances_needed - run.held_count
-            chosen = self.t.place(need, run.whole_ultraservers, free)
+            # (on several sites, its replacements come from its own sites first)
+            chosen = self.t.place(need, run.whole_ultraservers, free, run.held_mask)
             if chosen is None and self.preemption and run.state == "waiting_for_hardware":
                 chosen = preempt_for(self.t, run, free, need)
             if chosen is not None:
