@@ -215,6 +215,9 @@ figures = {"run_wall_s": round(wall, 1), "jobs": cluster["jobs"],
            "utilisation": round(cluster["utilisation"], 3),
            "chip_time_share_pretrain": round(teams["pretrain"]["chip_time_share"], 3),
            "p95_wait_h_interns": round((teams["interns"]["p95_queue_wait_s"] or 0) / 3600, 2)}
+""",
+        False,
+    ),
     "topology: 16,384 Trn2 UltraServers over four sites (1,048,576 chips), arrays and graph": (
         """
 import resource, time

@@ -41,8 +41,8 @@ from clustersim.cluster.queues import ActiveJobs
 from clustersim.cluster.quotas import TeamBook
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
-from clustersim.cluster.uplinks import UplinkBook
 from clustersim.cluster.sites import SiteEvents, SitePlacer, cut_off
+from clustersim.cluster.uplinks import UplinkBook
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.training.step import StepModel, StepProfile
