@@ -403,3 +403,9 @@ def test_a_signal_whose_exception_was_swallowed_still_stops_the_run(tmp_path: Pa
             interrupts._received.append(signal.SIGTERM)  # as the handler does before raising
     assert not out.exists()
     assert leftovers(tmp_path) == []
+    # The signal is forgotten once it has stopped the run: a later run in the same process
+    # (the Python API, the next test) is not stopped by it.
+    interrupts.raise_if_interrupted()
+    with atomic_output_dir(tmp_path / "later") as staging:
+        (staging / "summary.json").write_text("{}")
+    assert (tmp_path / "later" / "summary.json").exists()
