@@ -115,3 +115,24 @@ def test_find_rate_reports_the_cost_at_the_rate_it_finds(tmp_path):
     result = invoke("run", scenario, "--find-rate")
     assert result.exit_code == 0, result.output
     assert "per million output tokens at that rate" in result.output
+
+
+@pytest.mark.slow  # a plan of two hardware entries: a few seconds of CPU
+def test_hardware_without_a_price_is_ranked_by_chips_and_not_labelled_in_dollars(tmp_path):
+    """trn3-gen1 has no price in the catalog: its candidates rank by chips, which the table
+    says (a chips column; $/h is "-"), and never above or among a priced hardware's dollars."""
+    scenario = tmp_path / "serve-8b.yaml"
+    scenario.write_text(yaml.safe_dump(SMALL, sort_keys=False))
+    result = invoke("plan", scenario, "--hardware", "trn2,trn3-gen1", "-o", tmp_path / "plan",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    unpriced = plan["best_per_hardware"]["trn3-gen1"]
+    assert unpriced["usd_per_h"] is None and unpriced["chips"] >= 16
+    priced = plan["best_per_hardware"]["trn2"]
+    assert priced["usd_per_h"] == pytest.approx(35.76 * priced["instances"])
+    assert plan["best"]["hardware"] == "trn2"  # dollars are not compared with chips
+    table = invoke("plan", scenario, "--hardware", "trn3-gen1", "-o", tmp_path / "plan2")
+    assert table.exit_code == 0, table.output
+    line = next(x for x in table.stdout.splitlines() if x.startswith("trn3-gen1 at its best"))
+    assert "chips, no price" in line and "$" not in line

@@ -281,7 +281,8 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     for name in names:
         spec = scenario.hardware if name == scenario.hardware.name else catalog_entry(name)
         hw_value = raw.get("hardware") if name == scenario.hardware.name else name
-        if spec.instance.price_per_hour_usd is None:
+        priced = spec.instance.price_per_hour_usd is not None
+        if not priced:
             notes.append(f"{name} has no price in the catalog: its candidates are ranked by "
                          "chips and have no cost figures")
         shapes = _shapes(name, hw_value, spec, options.batches, d)
@@ -304,19 +305,24 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         for shape in live:
             if best_usd is not None and shape.usd_per_h_bound >= best_usd:
                 shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best "
-                             f"found costs ${best_usd:,.2f}/h")
+                             f"found costs ${best_usd:,.2f}/h" if priced else
+                             f"bound: at least {shape.usd_per_h_bound:,.0f} chips, the best "
+                             f"found takes {best_usd:,.0f}")
                 continue
             outcome = _fewest_replicas(shape, variant, simulate, options.goodput, d.name)
             row = _row(shape, outcome, "simulated")
             rows.append(row)
             if outcome["holds"]:
-                usd = outcome["usd_per_h"]
+                usd = outcome["rank_cost"]
                 if best_usd is None or usd < best_usd:
                     best_usd = usd
                     best_scenarios[name] = outcome["mapping"]
                 ranked.append(row)
         rows += [_row(s, None, "pruned") for s in shapes if s.why]
-    ranked.sort(key=lambda r: (r["usd_per_h"], r["cost_per_million_output_tokens_usd"] or 0))
+    # Dollars and chips do not compare: priced hardware first by $/h, unpriced by chips.
+    ranked.sort(key=lambda r: (r["usd_per_h"] is None, r["usd_per_h"] if r["usd_per_h"]
+                               is not None else r["chips"],
+                               r["cost_per_million_output_tokens_usd"] or 0))
     frame = pd.DataFrame(rows)
     if not ranked:
         raise ServingPlanError(
@@ -369,7 +375,7 @@ def _fewest_replicas(shape: _Shape, variant: Any, simulate: Any, goodput: float,
             instances = figures["instances"]
             tried[replicas] = {"replicas": replicas, "figures": figures, "holds": holds,
                                "mapping": mapping, "instances": instances,
-                               "usd_per_h": instances * (price if price is not None
+                               "rank_cost": instances * (price if price is not None
                                                          else shape.spec.chips_per_instance)}
         return tried[replicas]
 
@@ -420,12 +426,17 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
             "tpot_p99_s", "e2e_p99_s", "slo_goodput", "saturated",
             "cost_per_million_output_tokens_usd")
     if outcome is None:
-        row.update({"replicas": None, "instances": None, "usd_per_h": None, "meets_slo": None,
+        row.update({"replicas": None, "instances": None, "chips": None, "usd_per_h": None,
+                    "meets_slo": None,
                     "simulations": 0, **{k: None for k in keys}})
     else:
         figures = outcome["figures"]
         row.update({"replicas": outcome["replicas"], "instances": outcome["instances"],
-                    "usd_per_h": outcome["usd_per_h"], "meets_slo": bool(outcome["holds"]),
+                    "chips": outcome["instances"] * shape.spec.chips_per_instance,
+                    # None without a price: the search ranks such hardware by chips instead
+                    "usd_per_h": (None if shape.spec.instance.price_per_hour_usd is None
+                                  else outcome["rank_cost"]),
+                    "meets_slo": bool(outcome["holds"]),
                     "simulations": outcome["simulations"],
                     **{k: figures.get(k) for k in keys}})
         if not outcome["holds"]:
