@@ -136,3 +136,50 @@ def test_hardware_without_a_price_is_ranked_by_chips_and_not_labelled_in_dollars
     assert table.exit_code == 0, table.output
     line = next(x for x in table.stdout.splitlines() if x.startswith("trn3-gen1 at its best"))
     assert "chips, no price" in line and "$" not in line
+
+
+def _live_shapes(hardware: str) -> list[Any]:
+    """Every replica shape of SMALL on `hardware` the planner bounds, with its one-replica
+    scenario."""
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.runner import serving_plan as sp
+    from clustersim.scenario import ScenarioError, scenario_from_dict
+
+    scenario = scenario_from_dict(SMALL, "small")
+    load, mean_in, mean_out, longest, kth_in = sp._load(scenario, 0, None, 0.99)
+    spec = catalog_entry(hardware)
+    out = []
+    for shape in sp._shapes(hardware, hardware, spec, sp.BATCHES, scenario.serve[0]):
+        if shape.pp != 1 or shape.tp > 4 or shape.max_batch != max(sp.BATCHES):
+            continue  # where 24 sampled batches went wrong: the largest limit, small replicas
+        mapping = sp._raw_variant(SMALL, SMALL["serve"][0], hardware, shape.tp, shape.pp, 1,
+                                  shape.max_batch, sp._instances_for(shape.tp * shape.pp, 1, spec))
+        try:
+            one = scenario_from_dict(mapping, "one")
+        except ScenarioError:
+            continue
+        sp._bound(shape, one, load, mean_in, mean_out, longest, kth_in, 0.99)
+        if not shape.why:
+            out.append((shape, one, mean_in, mean_out))
+    return out
+
+
+def test_the_rate_bound_is_above_every_batch_that_meets_the_tpot_bound():
+    """The pruning bound must not undercount what a replica serves: its rate is at least
+    what any batch whose decode iteration meets the TPOT bound would give (every batch
+    costed, not a sample of them), so no shape whose true best beats the best found is
+    pruned by it."""
+    from clustersim.serving.simulate import replica_models
+
+    shapes = _live_shapes("trn2")
+    assert len(shapes) >= 3
+    for shape, one, mean_in, mean_out in shapes:
+        d = one.serve[0]
+        cost, capacity, _ = replica_models(one, d)
+        tpi = cost.tokens_per_iteration
+        most = max(1, min(shape.max_batch, int(capacity // mean_in)))
+        per_token = min(cost.run_s(b, b * mean_in, 1) / (b * tpi) for b in range(1, most + 1)
+                        if cost.run_s(b, b * mean_in, 1) / tpi <= d.slo.tpot_s)
+        prefill = cost.target.prefill_s(int(mean_in)) - cost.target.prefill_s(1)
+        rate = 1.0 / (0.5 * prefill + (mean_out - 1) * per_token)
+        assert shape.rate_bound_per_s >= rate * (1 - 1e-9), (shape.tp, shape.pp, shape.max_batch)

@@ -171,10 +171,11 @@ class _Shape:
     decode_batch1_s: float = math.nan
 
 
-def _load(scenario: Scenario, index: int, base_dir: Path | None) -> tuple[float, float, float,
-                                                                           int, float]:
-    """(rate, mean input, mean output, longest request, median input) of the deployment's
-    requests over the horizon (the requests `run` draws)."""
+def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
+          ) -> tuple[float, float, float, int, int]:
+    """(rate, mean input, mean output, longest request, the shortest prompt that
+    `goodput` of the requests reach) of the deployment's requests over the horizon (the
+    requests `run` draws)."""
     d = scenario.serve[index]
     requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
                                  np.random.SeedSequence(scenario.seed), base_dir)
@@ -183,12 +184,16 @@ def _load(scenario: Scenario, index: int, base_dir: Path | None) -> tuple[float,
     span = max(scenario.duration_s - d.start_s, 1e-9)
     rate = float(d.workload.rate_per_s) if d.workload.rate_per_s else len(requests.arrival_s) / span
     inputs, outputs = requests.input_tokens, requests.output_tokens
+    # The k-th shortest prompt, k = goodput x requests: if it alone misses the TTFT bound,
+    # so does every prompt at least as long, and fewer than goodput of the requests can meet
+    # the SLO (a request's TTFT is at least its prompt's prefill on an idle replica).
+    k = max(1, math.ceil(goodput * len(inputs) - 1e-9))
     return (rate, float(inputs.mean()), float(outputs.mean()),
-            int((inputs + outputs).max()), float(np.median(inputs)))
+            int((inputs + outputs).max()), int(np.partition(inputs, k - 1)[k - 1]))
 
 
 def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_out: float,
-           longest: int, median_in: float) -> None:
+           longest: int, kth_in: int, goodput: float) -> None:
     """Prune the shape, or set its lower bound of replicas and cost per hour at the load."""
     d = variant.serve[0]
     cost, capacity, _ = replica_models(variant, d)
@@ -205,25 +210,42 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
                      f"{shape.decode_batch1_s * 1e3:,.1f} ms per token, over the TPOT bound "
                      f"{d.slo.tpot_s * 1e3:g} ms")
         return
-    prefill = cost.target.prefill_s(max(1, int(median_in)))
+    prefill = cost.target.prefill_s(max(1, kth_in))
     if prefill > d.slo.ttft_s:
-        shape.why = (f"slo: the median prompt alone takes {prefill:,.2f} s to prefill, over "
-                     f"the TTFT bound {d.slo.ttft_s:g} s")
+        shape.why = (f"slo: a {kth_in:,}-token prompt alone takes {prefill:,.2f} s to prefill, "
+                     f"over the TTFT bound {d.slo.ttft_s:g} s, and over {1 - goodput:.1%} of "
+                     "the prompts are at least that long")
         return
-    # The best seconds per output token: the largest batch whose iteration meets the TPOT
-    # bound, within max_batch and the KV cache (each sequence holds at least its prompt).
+    # The least seconds per output token at a batch whose iteration meets the TPOT bound,
+    # within max_batch and the KV cache (each sequence holds at least its prompt). An
+    # iteration's time grows with the batch, so the largest such batch is found exactly
+    # (bisection); below it, between sampled batches b < b' (at most 10% apart), a batch's
+    # per-token time is at least base(b) / b', so the minimum is bounded from below without
+    # costing every batch (24 sampled batches alone missed the best one by up to 27%).
     most = max(1, min(shape.max_batch, int(capacity // max(1.0, context))))
-    batches = np.unique(np.geomspace(1, most, num=min(most, 24)).astype(int))
-    per_token = [cost.run_s(int(b), b * context, 1) / (b * tpi) for b in batches
-                 if cost.run_s(int(b), b * context, 1) / tpi <= d.slo.tpot_s]
+    tpot = d.slo.tpot_s * tpi
+    low, high = 1, most  # iteration(low) meets the bound (checked above)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost.run_s(middle, middle * context, 1) <= tpot:
+            low = middle
+        else:
+            high = middle - 1
+    samples = np.unique(np.round(np.geomspace(
+        1, low, num=max(2, math.ceil(math.log(max(low, 2)) / math.log(1.1)) + 1))).astype(int))
+    base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
+    per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
+                                         for i in range(len(samples) - 1)])
+    per_token = (per_batch + cost.kv_s * context) / tpi
     # Prefill counts at half its marginal time (its iteration less a one-token one): merged
     # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
     # streaming, so its standalone time overstates what it adds; halved, the rate stays an
     # upper bound on the calibrated cases (tests/test_serving_plan.py checks it against the
-    # capacity found by simulation).
+    # capacity found by simulation). The first output token is prefill's: decode makes the
+    # rest.
     prefill = cost.target.prefill_s(max(1, int(mean_in))) - cost.target.prefill_s(1)
-    seconds_per_request = 0.5 * max(0.0, prefill) + mean_out * min(per_token)
-    shape.rate_bound_per_s = 1.0 / seconds_per_request
+    seconds_per_request = 0.5 * max(0.0, prefill) + max(0.0, mean_out - 1.0) * per_token
+    shape.rate_bound_per_s = 1.0 / seconds_per_request if seconds_per_request > 0 else math.inf
     shape.replicas_bound = max(1, math.ceil(load / shape.rate_bound_per_s - 1e-9))
     shape.instances_bound = _instances_for(shape.tp * shape.pp, shape.replicas_bound, shape.spec)
     price = shape.spec.instance.price_per_hour_usd
@@ -259,7 +281,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                                "does not plan separate prefill and decode pools yet")
     raw = yaml.safe_load(scenario.source_yaml) if scenario.source_yaml else {}
     raw_deployment = raw["serve"][index]
-    load, mean_in, mean_out, longest, median_in = _load(scenario, index, base_dir)
+    load, mean_in, mean_out, longest, kth_in = _load(scenario, index, base_dir, options.goodput)
     names = options.hardware or (scenario.hardware.name,)
     known = set(catalog_names())
     for name in names:
@@ -294,7 +316,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
             except ScenarioError as error:
                 shape.why = "validation: " + _first_issue(error)
                 continue
-            _bound(shape, one, load, mean_in, mean_out, longest, median_in)
+            _bound(shape, one, load, mean_in, mean_out, longest, kth_in, options.goodput)
         # Cheapest bound first; among equal ones (every shape that fits the load on one
         # instance, say) the most an instance could serve first, so the one kept has the
         # most headroom and the best cost at capacity.
