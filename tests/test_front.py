@@ -233,3 +233,17 @@ def test_latency_log_axes_spanning_under_a_decade_are_labelled(tmp_path: Path, m
     assert len(labelled) == 4  # TTFT, TPOT, end to end; TTFT over time
     for labels in labelled:
         assert len(labels) >= 2, labels
+
+
+@pytest.mark.parametrize("target", ["missing/x.yaml", "folder"])
+def test_write_scenario_where_it_cannot_be_written_exits_2_before_planning(tmp_path: Path,
+                                                                            target: str):
+    """--write-scenario into a folder that does not exist, or onto a folder, was an internal
+    error (exit 1) after the plan had run and written its folder; now exit 2 up front."""
+    scenario = _small_serving_scenario(tmp_path)
+    (tmp_path / "folder").mkdir()
+    result = invoke("plan", scenario, "-o", tmp_path / "plan", "--write-scenario",
+                    tmp_path / target, "--force")
+    assert result.exit_code == 2, result.output
+    assert "--write-scenario" in result.output and "internal error" not in result.output
+    assert not (tmp_path / "plan").exists()

@@ -191,8 +191,7 @@ def plan(
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
     out_dir = out if out is not None else default_plan_dir(spec.name)
     check_output_dir(out_dir, force)
-    if write_scenario is not None and write_scenario.exists() and not force:
-        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    _check_write_scenario(write_scenario, force)
     try:
         with Engine(engine, workers, address) as runner:
             result = make_plan(spec, options, runner)
@@ -216,6 +215,19 @@ def _serving_only(scenario: Path, sets: list[str]) -> bool:
     return bool(spec.serve) and not spec.jobs and spec.workload is None
 
 
+def _check_write_scenario(path: Path | None, force: bool) -> None:
+    """Refuse --write-scenario before planning rather than after it: an existing file
+    without --force, a folder, or a folder to write into that does not exist."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageProblem(f"--write-scenario {path}: is a folder; expected a file name")
+    if path.exists() and not force:
+        raise UsageProblem(f"--write-scenario {path}: exists; use --force to replace it")
+    if not path.parent.is_dir():
+        raise UsageProblem(f"--write-scenario {path}: the folder {path.parent} does not exist")
+
+
 def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: str | None,
                   goodput: float, top: int, out: Path | None, write_scenario: Path | None,
                   force: bool, json_out: bool) -> None:
@@ -234,8 +246,7 @@ def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: 
     spec = load_scenario(scenario, sets)
     out_dir = out if out is not None else default_plan_dir(spec.name)
     check_output_dir(out_dir, force)
-    if write_scenario is not None and write_scenario.exists() and not force:
-        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    _check_write_scenario(write_scenario, force)
     options = ServingPlanOptions(
         hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
         deployment=serve, goodput=goodput, top=top)
