@@ -183,3 +183,18 @@ def test_the_rate_bound_is_above_every_batch_that_meets_the_tpot_bound():
         prefill = cost.target.prefill_s(int(mean_in)) - cost.target.prefill_s(1)
         rate = 1.0 / (0.5 * prefill + (mean_out - 1) * per_token)
         assert shape.rate_bound_per_s >= rate * (1 - 1e-9), (shape.tp, shape.pp, shape.max_batch)
+
+
+def test_a_deployment_with_a_load_curve_is_refused_with_exit_2(tmp_path):
+    """A load curve (fleet-day scenarios) divided by a zero rate: an internal error, exit 1.
+    The planner plans one constant rate, and says so."""
+    raw = yaml.safe_load(yaml.safe_dump(SMALL))
+    workload = raw["serve"][0]["workload"]
+    del workload["rate"]
+    workload["load"] = {"sinusoid": {"peak": "4/s", "trough": "1/s", "peak_at": "1min"}}
+    scenario = tmp_path / "curve.yaml"
+    scenario.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert invoke("validate", scenario).exit_code == 0
+    result = invoke("plan", scenario, "-o", tmp_path / "p")
+    assert result.exit_code == 2, result.output
+    assert "load curve" in result.output and not (tmp_path / "p").exists()

@@ -279,6 +279,13 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     if d.disaggregated is not None:
         raise ServingPlanError(f"deployment {d.name!r} is disaggregated: the serving planner "
                                "does not plan separate prefill and decode pools yet")
+    if d.workload.load is not None or d.autoscale is not None:
+        # A load curve or autoscaling is the fleet-day model's (its own arrivals and replica
+        # counts): the planner searches a fixed replica count at one rate.
+        raise ServingPlanError(
+            f"deployment {d.name!r} has a load curve (workload.load) or autoscale: the serving "
+            "planner plans a fixed number of replicas at a constant rate; plan a copy with "
+            "workload.rate (its peak, say) and neither workload.load nor autoscale")
     raw = yaml.safe_load(scenario.source_yaml) if scenario.source_yaml else {}
     raw_deployment = raw["serve"][index]
     load, mean_in, mean_out, longest, kth_in = _load(scenario, index, base_dir, options.goodput)
