@@ -55,7 +55,8 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
     for g in groups:
         for row in g.rows:
             if row.get("step_time_s") is not None:
-                _add_figures(g, row, job, options, scenario.cluster.spares)
+                _add_figures(g, row, job, options,
+                             scenario.total_instances - scenario.working_instances)
                 if row["status"] == "simulated":
                     simulated.append(row)
     considered = len(rows)

@@ -91,6 +91,7 @@ class PlanResult:
     simulated: int
     stops_paying: dict[str, int | None]
     notes: list[str]
+    sites: dict[str, Any] | None = None  # several sites: spread vs one site (planning.sites)
 
     @property
     def best(self) -> dict[str, Any]:
@@ -101,7 +102,8 @@ class PlanResult:
         return {"best": _public(self.best), "candidates": [_public(r) for r in
                                                             self.ranked[: self.options.top]],
                 "considered": self.considered, "pruned": self.pruned,
-                "simulated": self.simulated}
+                "simulated": self.simulated} | ({} if self.sites is None else
+                                               {"sites": self.sites})
 
 
 PUBLIC = ("hardware", "chips", "tp", "pp", "dp", "ep", "interleave", "micro_batch", "recompute",
@@ -145,7 +147,7 @@ def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: 
         interval_s=None if ck.interval_s == "auto" else float(ck.interval_s),
         async_write=ck.async_write,
         repair_s=math.inf if f.repair_s == "never" else float(f.repair_s),
-        spare_units=scenario.cluster.spares,
+        spare_units=scenario.total_instances - scenario.working_instances,
         units_per_replacement=ipu if whole_ultraservers else 1,
     )
 
@@ -190,7 +192,8 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
 def _make_group(scenario: Scenario, job: JobSpec, name: str, hw: HardwareSpec, chips: int
                 ) -> Group:
     instances = chips // hw.chips_per_instance
-    key = GroupKey(name, hw.model_dump_json(by_alias=True), instances + scenario.cluster.spares,
+    spares = scenario.total_instances - scenario.working_instances  # per site too
+    key = GroupKey(name, hw.model_dump_json(by_alias=True), instances + spares,
                    scenario.cluster.fabric.model_dump_json(by_alias=True))
     recovery = {whole: recovery_for(scenario, hw, job, instances, whole) for whole in (False, True)}
     return Group(name, hw, chips, instances, key, recovery)
@@ -270,7 +273,12 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
     screened = {id(g): _screen(g, job, options, given, scenario) for g in groups}
     with engine or Engine("local", workers=1) as runner:
         _branch_and_bound(groups, screened, runner, progress)
-    return _finish(scenario, job, options, groups, notes)
+    result = _finish(scenario, job, options, groups, notes)
+    if scenario.site_network is not None:
+        from clustersim.planning.sites import site_options
+
+        result.sites = site_options(scenario, result.best)
+    return result
 
 
 def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: Engine,

@@ -13,11 +13,13 @@ pass.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
+from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.ranks import rank_chips
 from clustersim.training.workload import TrainingJob, expert_params_per_rank, params_per_rank
@@ -46,6 +48,7 @@ class GradientReduction:
         instances `placed`, with `grad_bytes` and `weight_bytes` per parameter."""
         par = job.parallelism
         stride = par.tp * par.pp
+        self._pipeline_ranks = par.pp  # their reductions cross the inter-site links together
         experts = expert_params_per_rank(job)
         out = {}
         for d in range(par.pp):
@@ -76,6 +79,9 @@ class GradientReduction:
             first, count = by_chips.get(key, (ranks, 0))
             by_chips[key] = (first, count + 1)
         first_chips = rank_chips(hw, groups[0], placed)
+        # Over several sites, every group of every pipeline rank crosses the same inter-site
+        # links at once (clustersim.collectives.sites.share_site_links).
+        parallel = len(by_chips) * getattr(self, "_pipeline_ranks", 1)
         if len(np.unique(first_chips // hw.chips_per_instance)) == len(first_chips):
             # Each group has its own chip per instance (own NIC, own Z links): the groups
             # are translations of one another and share nothing; one stands for all.
@@ -94,8 +100,30 @@ class GradientReduction:
         chips = reduces[0].group.chips
         instances = len(np.unique(chips // hw.chips_per_instance))
         shared = len(chips) > instances  # several chips of one group in an instance
+        topology = self.collectives.topology
+        if topology.site_count > 1:
+            # Over several sites: the stages inside the sites share links as on one site;
+            # the site stage of every group of every pipeline rank crosses the same inter-site
+            # links at once (share_site_links), after them.
+            layout = self.collectives.layout(reduces[0].group)
+            site = [_site_part(share_site_links(topology, c, layout, parallel))
+                    for c in reduces + gathers]
+            reduce_site = max(site[: len(reduces)], default=0.0)
+            gather_site = max(site[len(reduces):], default=0.0)
+            return (_slowest(self.collectives, [_below_sites(c) for c in reduces], shared)
+                    + reduce_site,
+                    _slowest(self.collectives, [_below_sites(c) for c in gathers], shared)
+                    + gather_site)
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
+
+
+def _site_part(cost: CollectiveCost) -> float:
+    return sum(s.time_s for s in cost.stages if s.level == "site")
+
+
+def _below_sites(cost: CollectiveCost) -> CollectiveCost:
+    return replace(cost, stages=tuple(s for s in cost.stages if s.level != "site"))
 
 
 def _slowest(model: CollectiveModel, costs: list[CollectiveCost], shared: bool) -> float:
