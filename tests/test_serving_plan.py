@@ -198,3 +198,29 @@ def test_a_deployment_with_a_load_curve_is_refused_with_exit_2(tmp_path):
     result = invoke("plan", scenario, "-o", tmp_path / "p")
     assert result.exit_code == 2, result.output
     assert "load curve" in result.output and not (tmp_path / "p").exists()
+
+
+def test_pareto_plot_shows_each_slo_line_inside_its_axes(tmp_path, monkeypatch):
+    """With the slowest candidate near the bound (TTFT p99 1.81 s against 2 s) the SLO line
+    sat on the axes' frame; each bound must be inside the axes, with room above it."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from clustersim.runner import serving_plan as sp
+    from clustersim.scenario import scenario_from_dict
+
+    scenario = scenario_from_dict(SMALL, "small")  # SLO: TTFT 1 s, TPOT 50 ms
+    ranked = [{"hardware": "trn2", "tp": tp, "pp": 1, "replicas": 1,
+               "cost_per_million_output_tokens_usd": cost, "ttft_p99_s": ttft,
+               "tpot_p99_s": tpot} for tp, cost, ttft, tpot in ((8, 10.0, 0.95, 0.049),
+                                                                 (16, 14.0, 0.5, 0.03))]
+    result = sp.ServingPlanResult(scenario, "chat", sp.ServingPlanOptions(), 3.0, 128.0,
+                                  pd.DataFrame({"status": ["simulated"] * 2}), ranked, {})
+    tops: list[tuple[float, float]] = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: tops.extend(
+        (ax.get_ylim()[1], max(line.get_ydata()[0] for line in ax.get_lines()
+                               if line.get_label().startswith("SLO"))) for ax in fig.axes))
+    sp.plot_serving_pareto(result, tmp_path / "p.png")
+    assert len(tops) == 2
+    for top, bound in tops:
+        assert top >= 1.05 * bound, (top, bound)

@@ -595,7 +595,9 @@ def plot_serving_pareto(result: ServingPlanResult, path: Path) -> Path:
         ax.set_xlabel("cost per million output tokens at the load")
         ax.xaxis.set_major_formatter(usd_formatter())
         ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
+        # The SLO line inside the axes with room above it (autoscaling put it on the frame
+        # when the slowest candidate sat near the bound).
+        ax.set_ylim(0, 1.12 * max([bound] + [r[key] for r in rows if r[key] is not None]))
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"serving plan: {d.name} ({d.model.name}) at {result.load_rate_per_s:g} "
