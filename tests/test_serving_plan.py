@@ -224,3 +224,25 @@ def test_pareto_plot_shows_each_slo_line_inside_its_axes(tmp_path, monkeypatch):
     assert len(tops) == 2
     for top, bound in tops:
         assert top >= 1.05 * bound, (top, bound)
+
+
+def test_the_cost_bound_is_below_the_cost_charged_on_ultraserver_hardware():
+    """On trn2u the bound counted whole UltraServers (4 instances for one TP 8 replica) while
+    the cost figure charges the instances the replicas take (1): a bound 4 times the true
+    cost pruned shapes cheaper than the best found."""
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.runner import serving_plan as sp
+    from clustersim.scenario import scenario_from_dict
+    from clustersim.scenario.serving import deployment_instances
+
+    spec = catalog_entry("trn2u")
+    scenario = scenario_from_dict(SMALL, "small")
+    load, mean_in, mean_out, longest, kth_in = sp._load(scenario, 0, None, 0.99)
+    shape = sp._Shape("trn2u", "trn2u", spec, 8, 1, 64)
+    mapping = sp._raw_variant(SMALL, SMALL["serve"][0], "trn2u", 8, 1, 1, 64,
+                              sp._instances_for(8, 1, spec))
+    one = scenario_from_dict(mapping, "one")
+    sp._bound(shape, one, load, mean_in, mean_out, longest, kth_in, 0.99)
+    assert not shape.why and shape.replicas_bound == 1
+    charged = deployment_instances(one.serve[0], one.hardware)
+    assert shape.usd_per_h_bound <= charged * spec.instance.price_per_hour_usd + 1e-9

@@ -247,7 +247,10 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
     seconds_per_request = 0.5 * max(0.0, prefill) + max(0.0, mean_out - 1.0) * per_token
     shape.rate_bound_per_s = 1.0 / seconds_per_request if seconds_per_request > 0 else math.inf
     shape.replicas_bound = max(1, math.ceil(load / shape.rate_bound_per_s - 1e-9))
-    shape.instances_bound = _instances_for(shape.tp * shape.pp, shape.replicas_bound, shape.spec)
+    # The instances the cost figure charges (deployment_instances: not rounded up to whole
+    # UltraServers, as the cluster _instances_for builds is), so the bound stays below it.
+    shape.instances_bound = -(-shape.tp * shape.pp * shape.replicas_bound
+                              // shape.spec.ranks_per_instance)
     price = shape.spec.instance.price_per_hour_usd
     shape.usd_per_h_bound = shape.instances_bound * (price if price is not None else
                                                      shape.spec.chips_per_instance)
