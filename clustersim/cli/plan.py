@@ -191,8 +191,7 @@ def plan(
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
     out_dir = out if out is not None else default_plan_dir(spec.name)
     check_output_dir(out_dir, force)
-    if write_scenario is not None and write_scenario.exists() and not force:
-        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    _check_write_scenario(write_scenario, force)
     try:
         with Engine(engine, workers, address) as runner:
             result = make_plan(spec, options, runner)
@@ -216,6 +215,19 @@ def _serving_only(scenario: Path, sets: list[str]) -> bool:
     return bool(spec.serve) and not spec.jobs and spec.workload is None
 
 
+def _check_write_scenario(path: Path | None, force: bool) -> None:
+    """Refuse --write-scenario before planning rather than after it: an existing file
+    without --force, a folder, or a folder to write into that does not exist."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageProblem(f"--write-scenario {path}: is a folder; expected a file name")
+    if path.exists() and not force:
+        raise UsageProblem(f"--write-scenario {path}: exists; use --force to replace it")
+    if not path.parent.is_dir():
+        raise UsageProblem(f"--write-scenario {path}: the folder {path.parent} does not exist")
+
+
 def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: str | None,
                   goodput: float, top: int, out: Path | None, write_scenario: Path | None,
                   force: bool, json_out: bool) -> None:
@@ -234,8 +246,7 @@ def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: 
     spec = load_scenario(scenario, sets)
     out_dir = out if out is not None else default_plan_dir(spec.name)
     check_output_dir(out_dir, force)
-    if write_scenario is not None and write_scenario.exists() and not force:
-        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    _check_write_scenario(write_scenario, force)
     options = ServingPlanOptions(
         hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
         deployment=serve, goodput=goodput, top=top)
@@ -265,7 +276,7 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         f"{result.options.goodput:.0%} of requests: top {min(result.options.top, len(result.ranked))}"
         f" of {len(result.ranked):,} that hold the load"), title_justify="left")
     for name in ("#", "hardware", "tp pp", "per inst", "max batch", "replicas", "instances",
-                 "$/h", "TTFT p99", "TPOT p99", "in SLO", "$/M out tok", "capacity/replica",
+                 "chips", "$/h", "TTFT p99", "TPOT p99", "in SLO", "$/M out tok", "capacity/replica",
                  "$/M at capacity"):
         table.add_column(name, justify="left" if name == "hardware" else "right", no_wrap=True)
     for rank, r in enumerate(result.ranked[: result.options.top], start=1):
@@ -275,13 +286,14 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         table.add_row(
             str(rank), r["hardware"], f"{r['tp']} {r['pp']}", str(r["replicas_per_instance"]),
             str(r["max_batch"]), f"{r['replicas']:,}", f"{r['instances']:,}",
-            f"{r['usd_per_h']:,.2f}", f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
+            f"{r['chips']:,}", "-" if r["usd_per_h"] is None else f"{r['usd_per_h']:,.2f}",
+            f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
             f"{r['slo_goodput']:.1%}", "-" if cost is None else f"${cost:,.2f}",
             "-" if capacity is None else f"{capacity:,.3g}/s",
             "-" if at_capacity is None else f"${at_capacity:,.2f}")
     from rich.console import Console
 
-    Console(highlight=False, emoji=False, width=max(out_console.width, 160),
+    Console(highlight=False, emoji=False, width=max(out_console.width, 200),
             file=out_console.file).print(table)
     rows = result.rows
     pruned = rows[rows["status"] == "pruned"]["why"].str.split(":").str[0].value_counts()
@@ -293,8 +305,10 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         at_capacity = r.get("cost_per_million_output_tokens_at_capacity_usd")
         out_console.print(
             f"{name} at its best: {r['replicas']:,} replica(s) of tp {r['tp']} pp {r['pp']}, "
-            f"max batch {r['max_batch']}, on {r['instances']:,} instance(s) (${r['usd_per_h']:,.2f}"
-            f"/h): TTFT p99 {r['ttft_p99_s']:.3g} s, TPOT p99 {r['tpot_p99_s']:.3g} s, "
+            f"max batch {r['max_batch']}, on {r['instances']:,} instance(s) ("
+            + (f"{r['chips']:,} chips, no price" if r["usd_per_h"] is None
+               else f"${r['usd_per_h']:,.2f}/h")
+            + f"): TTFT p99 {r['ttft_p99_s']:.3g} s, TPOT p99 {r['tpot_p99_s']:.3g} s, "
             f"{r['slo_goodput']:.1%} within the SLO"
             + ("" if cost is None else f", ${cost:,.2f} per million output tokens at the load")
             + ("" if at_capacity is None else
