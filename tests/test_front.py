@@ -194,3 +194,56 @@ def test_the_default_plan_folder_does_not_double_plan():
 
     assert default_plan_dir("plan-trn2-vs-p5en") == Path("results/plan-trn2-vs-p5en")
     assert default_plan_dir("quickstart") == Path("results/plan-quickstart")
+
+
+def test_latency_log_axes_spanning_under_a_decade_are_labelled(tmp_path: Path, monkeypatch):
+    """TPOT between 30 and 80 ms spans under a decade: labels at powers of ten alone left
+    the axis one tick ("0.1") or none; each log axis must carry at least two labels."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    from clustersim.analysis import serving_report
+
+    rng = np.random.default_rng(0)
+    n = 400
+    arrival = np.sort(rng.uniform(0, 600, n))
+    first = arrival + rng.uniform(0.2, 0.7, n)
+    outputs = rng.integers(50, 300, n)
+    finish = first + (outputs - 1) * rng.uniform(0.03, 0.08, n)
+    requests = pd.DataFrame({"deployment": "chat", "status": "completed",
+                             "arrival_s": arrival, "first_token_s": first,
+                             "finish_s": finish, "output_tokens": outputs})
+    labelled: list[list[str]] = []
+
+    def record(fig, *args, **kwargs):
+        fig.canvas.draw()
+        for ax in fig.axes:
+            axis = ax.xaxis if ax.get_xscale() == "log" else ax.yaxis
+            if (ax.get_xscale() if axis is ax.xaxis else ax.get_yscale()) != "log":
+                continue
+            low, high = sorted(axis.get_view_interval())
+            labelled.append([t.get_text() for t in axis.get_ticklabels()
+                             if t.get_text() and low <= t.get_position()[axis is ax.yaxis]
+                             <= high])
+
+    monkeypatch.setattr(plt.Figure, "savefig", record)
+    serving_report.plot_latency_cdfs(requests, "t", tmp_path / "l.png")
+    serving_report.plot_over_time(requests, "t", tmp_path / "o.png")
+    assert len(labelled) == 4  # TTFT, TPOT, end to end; TTFT over time
+    for labels in labelled:
+        assert len(labels) >= 2, labels
+
+
+@pytest.mark.parametrize("target", ["missing/x.yaml", "folder"])
+def test_write_scenario_where_it_cannot_be_written_exits_2_before_planning(tmp_path: Path,
+                                                                            target: str):
+    """--write-scenario into a folder that does not exist, or onto a folder, was an internal
+    error (exit 1) after the plan had run and written its folder; now exit 2 up front."""
+    scenario = _small_serving_scenario(tmp_path)
+    (tmp_path / "folder").mkdir()
+    result = invoke("plan", scenario, "-o", tmp_path / "plan", "--write-scenario",
+                    tmp_path / target, "--force")
+    assert result.exit_code == 2, result.output
+    assert "--write-scenario" in result.output and "internal error" not in result.output
+    assert not (tmp_path / "plan").exists()

@@ -403,3 +403,20 @@ def test_a_signal_whose_exception_was_swallowed_still_stops_the_run(tmp_path: Pa
             interrupts._received.append(signal.SIGTERM)  # as the handler does before raising
     assert not out.exists()
     assert leftovers(tmp_path) == []
+    # The signal is forgotten once it has stopped the run: a later run in the same process
+    # (the Python API, the next test) is not stopped by it.
+    interrupts.raise_if_interrupted()
+    with atomic_output_dir(tmp_path / "later") as staging:
+        (staging / "summary.json").write_text("{}")
+    assert (tmp_path / "later" / "summary.json").exists()
+
+
+def test_every_table_a_run_writes_counts_as_an_earlier_run():
+    """A run folder holding a table the list of run files lacks (job_summary.parquet, a
+    fleet day's day/fleet tables) was refused on a re-run as holding 'more than an earlier
+    run'."""
+    from clustersim.analysis.trace import SERVING_TABLES, TABLES
+    from clustersim.runner.outputs import RUN_FILES
+
+    written = {f"{t}.parquet" for t in (*TABLES, *SERVING_TABLES, "job_summary")}
+    assert written <= RUN_FILES, sorted(written - RUN_FILES)

@@ -224,13 +224,21 @@ def plan(
 def _scenario_file(write_scenario: Path | None, out_dir: Path, force: bool) -> Iterator[Any]:
     """Check OUT and --write-scenario before any work (as `run` checks OUT) and hold the
     file's lock; yields (temporary, commit), or (None, None) without --write-scenario."""
-    from clustersim.runner.outputs import atomic_output_file, check_output_dir, check_output_file
+    from clustersim.runner.outputs import (
+        OutputDirError,
+        atomic_output_file,
+        check_output_dir,
+        check_output_file,
+    )
 
     resolved_out = check_output_dir(out_dir, force)
     if write_scenario is None:
         yield None, None
         return
-    target = check_output_file(write_scenario, force, "the planned scenario")
+    try:
+        target = check_output_file(write_scenario, force, "the planned scenario")
+    except OutputDirError as error:
+        raise UsageProblem(f"--write-scenario {error}") from None
     if target == resolved_out or resolved_out in target.parents:
         raise UsageProblem(f"--write-scenario {write_scenario}: is -o {out_dir} or inside it; "
                            "expected a file elsewhere, e.g. scenarios/NAME.yaml")
@@ -315,7 +323,7 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         f"{result.options.goodput:.0%} of requests: top {min(result.options.top, len(result.ranked))}"
         f" of {len(result.ranked):,} that hold the load"), title_justify="left")
     for name in ("#", "hardware", "tp pp", "per inst", "max batch", "replicas", "instances",
-                 "$/h", "TTFT p99", "TPOT p99", "in SLO", "$/M out tok", "capacity/replica",
+                 "chips", "$/h", "TTFT p99", "TPOT p99", "in SLO", "$/M out tok", "capacity/replica",
                  "$/M at capacity"):
         table.add_column(name, justify="left" if name == "hardware" else "right", no_wrap=True)
     for rank, r in enumerate(result.ranked[: result.options.top], start=1):
@@ -325,13 +333,14 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         table.add_row(
             str(rank), r["hardware"], f"{r['tp']} {r['pp']}", str(r["replicas_per_instance"]),
             str(r["max_batch"]), f"{r['replicas']:,}", f"{r['instances']:,}",
-            f"{r['usd_per_h']:,.2f}", f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
+            f"{r['chips']:,}", "-" if r["usd_per_h"] is None else f"{r['usd_per_h']:,.2f}",
+            f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
             f"{r['slo_goodput']:.1%}", "-" if cost is None else f"${cost:,.2f}",
             "-" if capacity is None else f"{capacity:,.3g}/s",
             "-" if at_capacity is None else f"${at_capacity:,.2f}")
     from rich.console import Console
 
-    Console(highlight=False, emoji=False, width=max(out_console.width, 160),
+    Console(highlight=False, emoji=False, width=max(out_console.width, 200),
             file=out_console.file).print(table)
     rows = result.rows
     pruned = rows[rows["status"] == "pruned"]["why"].str.split(":").str[0].value_counts()
@@ -343,8 +352,10 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         at_capacity = r.get("cost_per_million_output_tokens_at_capacity_usd")
         out_console.print(
             f"{name} at its best: {r['replicas']:,} replica(s) of tp {r['tp']} pp {r['pp']}, "
-            f"max batch {r['max_batch']}, on {r['instances']:,} instance(s) (${r['usd_per_h']:,.2f}"
-            f"/h): TTFT p99 {r['ttft_p99_s']:.3g} s, TPOT p99 {r['tpot_p99_s']:.3g} s, "
+            f"max batch {r['max_batch']}, on {r['instances']:,} instance(s) ("
+            + (f"{r['chips']:,} chips, no price" if r["usd_per_h"] is None
+               else f"${r['usd_per_h']:,.2f}/h")
+            + f"): TTFT p99 {r['ttft_p99_s']:.3g} s, TPOT p99 {r['tpot_p99_s']:.3g} s, "
             f"{r['slo_goodput']:.1%} within the SLO"
             + ("" if cost is None else f", ${cost:,.2f} per million output tokens at the load")
             + ("" if at_capacity is None else

@@ -80,6 +80,9 @@ def interruptible() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        # The signal has been raised by now (or another exception is on its way): forget it,
+        # or every later run in this process (the Python API, a test session) would stop.
+        _received.clear()
 
 
 def _worker_start() -> None:

@@ -42,7 +42,7 @@ MAX_NAME_BYTES = 200
 RUN_FILES = frozenset({"summary.json", "scenario.yaml", "report"} | {
     f"{table}.parquet" for table in ("chips", "jobs", "intervals", "events", "allocations",
                                      "utilisation", "cluster_state", "requests",
-                                     "replicas")})
+                                     "replicas", "day", "fleet", "job_summary")})
 
 
 class OutputDirError(Exception):

@@ -171,10 +171,11 @@ class _Shape:
     decode_batch1_s: float = math.nan
 
 
-def _load(scenario: Scenario, index: int, base_dir: Path | None) -> tuple[float, float, float,
-                                                                           int, float]:
-    """(rate, mean input, mean output, longest request, median input) of the deployment's
-    requests over the horizon (the requests `run` draws)."""
+def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
+          ) -> tuple[float, float, float, int, int]:
+    """(rate, mean input, mean output, longest request, the shortest prompt that
+    `goodput` of the requests reach) of the deployment's requests over the horizon (the
+    requests `run` draws)."""
     d = scenario.serve[index]
     requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
                                  np.random.SeedSequence(scenario.seed), base_dir)
@@ -183,12 +184,16 @@ def _load(scenario: Scenario, index: int, base_dir: Path | None) -> tuple[float,
     span = max(scenario.duration_s - d.start_s, 1e-9)
     rate = float(d.workload.rate_per_s) if d.workload.rate_per_s else len(requests.arrival_s) / span
     inputs, outputs = requests.input_tokens, requests.output_tokens
+    # The k-th shortest prompt, k = goodput x requests: if it alone misses the TTFT bound,
+    # so does every prompt at least as long, and fewer than goodput of the requests can meet
+    # the SLO (a request's TTFT is at least its prompt's prefill on an idle replica).
+    k = max(1, math.ceil(goodput * len(inputs) - 1e-9))
     return (rate, float(inputs.mean()), float(outputs.mean()),
-            int((inputs + outputs).max()), float(np.median(inputs)))
+            int((inputs + outputs).max()), int(np.partition(inputs, k - 1)[k - 1]))
 
 
 def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_out: float,
-           longest: int, median_in: float) -> None:
+           longest: int, kth_in: int, goodput: float) -> None:
     """Prune the shape, or set its lower bound of replicas and cost per hour at the load."""
     d = variant.serve[0]
     cost, capacity, _ = replica_models(variant, d)
@@ -205,27 +210,47 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
                      f"{shape.decode_batch1_s * 1e3:,.1f} ms per token, over the TPOT bound "
                      f"{d.slo.tpot_s * 1e3:g} ms")
         return
-    prefill = cost.target.prefill_s(max(1, int(median_in)))
+    prefill = cost.target.prefill_s(max(1, kth_in))
     if prefill > d.slo.ttft_s:
-        shape.why = (f"slo: the median prompt alone takes {prefill:,.2f} s to prefill, over "
-                     f"the TTFT bound {d.slo.ttft_s:g} s")
+        shape.why = (f"slo: a {kth_in:,}-token prompt alone takes {prefill:,.2f} s to prefill, "
+                     f"over the TTFT bound {d.slo.ttft_s:g} s, and over {1 - goodput:.1%} of "
+                     "the prompts are at least that long")
         return
-    # The best seconds per output token: the largest batch whose iteration meets the TPOT
-    # bound, within max_batch and the KV cache (each sequence holds at least its prompt).
+    # The least seconds per output token at a batch whose iteration meets the TPOT bound,
+    # within max_batch and the KV cache (each sequence holds at least its prompt). An
+    # iteration's time grows with the batch, so the largest such batch is found exactly
+    # (bisection); below it, between sampled batches b < b' (at most 10% apart), a batch's
+    # per-token time is at least base(b) / b', so the minimum is bounded from below without
+    # costing every batch (24 sampled batches alone missed the best one by up to 27%).
     most = max(1, min(shape.max_batch, int(capacity // max(1.0, context))))
-    batches = np.unique(np.geomspace(1, most, num=min(most, 24)).astype(int))
-    per_token = [cost.run_s(int(b), b * context, 1) / (b * tpi) for b in batches
-                 if cost.run_s(int(b), b * context, 1) / tpi <= d.slo.tpot_s]
+    tpot = d.slo.tpot_s * tpi
+    low, high = 1, most  # iteration(low) meets the bound (checked above)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost.run_s(middle, middle * context, 1) <= tpot:
+            low = middle
+        else:
+            high = middle - 1
+    samples = np.unique(np.round(np.geomspace(
+        1, low, num=max(2, math.ceil(math.log(max(low, 2)) / math.log(1.1)) + 1))).astype(int))
+    base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
+    per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
+                                         for i in range(len(samples) - 1)])
+    per_token = (per_batch + cost.kv_s * context) / tpi
     # Prefill counts at half its marginal time (its iteration less a one-token one): merged
     # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
     # streaming, so its standalone time overstates what it adds; halved, the rate stays an
     # upper bound on the calibrated cases (tests/test_serving_plan.py checks it against the
-    # capacity found by simulation).
+    # capacity found by simulation). The first output token is prefill's: decode makes the
+    # rest.
     prefill = cost.target.prefill_s(max(1, int(mean_in))) - cost.target.prefill_s(1)
-    seconds_per_request = 0.5 * max(0.0, prefill) + mean_out * min(per_token)
-    shape.rate_bound_per_s = 1.0 / seconds_per_request
+    seconds_per_request = 0.5 * max(0.0, prefill) + max(0.0, mean_out - 1.0) * per_token
+    shape.rate_bound_per_s = 1.0 / seconds_per_request if seconds_per_request > 0 else math.inf
     shape.replicas_bound = max(1, math.ceil(load / shape.rate_bound_per_s - 1e-9))
-    shape.instances_bound = _instances_for(shape.tp * shape.pp, shape.replicas_bound, shape.spec)
+    # The instances the cost figure charges (deployment_instances: not rounded up to whole
+    # UltraServers, as the cluster _instances_for builds is), so the bound stays below it.
+    shape.instances_bound = -(-shape.tp * shape.pp * shape.replicas_bound
+                              // shape.spec.ranks_per_instance)
     price = shape.spec.instance.price_per_hour_usd
     shape.usd_per_h_bound = shape.instances_bound * (price if price is not None else
                                                      shape.spec.chips_per_instance)
@@ -257,9 +282,16 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     if d.disaggregated is not None:
         raise ServingPlanError(f"deployment {d.name!r} is disaggregated: the serving planner "
                                "does not plan separate prefill and decode pools yet")
+    if d.workload.load is not None or d.autoscale is not None:
+        # A load curve or autoscaling is the fleet-day model's (its own arrivals and replica
+        # counts): the planner searches a fixed replica count at one rate.
+        raise ServingPlanError(
+            f"deployment {d.name!r} has a load curve (workload.load) or autoscale: the serving "
+            "planner plans a fixed number of replicas at a constant rate; plan a copy with "
+            "workload.rate (its peak, say) and neither workload.load nor autoscale")
     raw = yaml.safe_load(scenario.source_yaml) if scenario.source_yaml else {}
     raw_deployment = raw["serve"][index]
-    load, mean_in, mean_out, longest, median_in = _load(scenario, index, base_dir)
+    load, mean_in, mean_out, longest, kth_in = _load(scenario, index, base_dir, options.goodput)
     names = options.hardware or (scenario.hardware.name,)
     known = set(catalog_names())
     for name in names:
@@ -281,7 +313,8 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     for name in names:
         spec = scenario.hardware if name == scenario.hardware.name else catalog_entry(name)
         hw_value = raw.get("hardware") if name == scenario.hardware.name else name
-        if spec.instance.price_per_hour_usd is None:
+        priced = spec.instance.price_per_hour_usd is not None
+        if not priced:
             notes.append(f"{name} has no price in the catalog: its candidates are ranked by "
                          "chips and have no cost figures")
         shapes = _shapes(name, hw_value, spec, options.batches, d)
@@ -293,7 +326,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
             except ScenarioError as error:
                 shape.why = "validation: " + _first_issue(error)
                 continue
-            _bound(shape, one, load, mean_in, mean_out, longest, median_in)
+            _bound(shape, one, load, mean_in, mean_out, longest, kth_in, options.goodput)
         # Cheapest bound first; among equal ones (every shape that fits the load on one
         # instance, say) the most an instance could serve first, so the one kept has the
         # most headroom and the best cost at capacity.
@@ -304,19 +337,24 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         for shape in live:
             if best_usd is not None and shape.usd_per_h_bound >= best_usd:
                 shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best "
-                             f"found costs ${best_usd:,.2f}/h")
+                             f"found costs ${best_usd:,.2f}/h" if priced else
+                             f"bound: at least {shape.usd_per_h_bound:,.0f} chips, the best "
+                             f"found takes {best_usd:,.0f}")
                 continue
             outcome = _fewest_replicas(shape, variant, simulate, options.goodput, d.name)
             row = _row(shape, outcome, "simulated")
             rows.append(row)
             if outcome["holds"]:
-                usd = outcome["usd_per_h"]
+                usd = outcome["rank_cost"]
                 if best_usd is None or usd < best_usd:
                     best_usd = usd
                     best_scenarios[name] = outcome["mapping"]
                 ranked.append(row)
         rows += [_row(s, None, "pruned") for s in shapes if s.why]
-    ranked.sort(key=lambda r: (r["usd_per_h"], r["cost_per_million_output_tokens_usd"] or 0))
+    # Dollars and chips do not compare: priced hardware first by $/h, unpriced by chips.
+    ranked.sort(key=lambda r: (r["usd_per_h"] is None, r["usd_per_h"] if r["usd_per_h"]
+                               is not None else r["chips"],
+                               r["cost_per_million_output_tokens_usd"] or 0))
     frame = pd.DataFrame(rows)
     if not ranked:
         raise ServingPlanError(
@@ -369,7 +407,7 @@ def _fewest_replicas(shape: _Shape, variant: Any, simulate: Any, goodput: float,
             instances = figures["instances"]
             tried[replicas] = {"replicas": replicas, "figures": figures, "holds": holds,
                                "mapping": mapping, "instances": instances,
-                               "usd_per_h": instances * (price if price is not None
+                               "rank_cost": instances * (price if price is not None
                                                          else shape.spec.chips_per_instance)}
         return tried[replicas]
 
@@ -420,12 +458,17 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
             "tpot_p99_s", "e2e_p99_s", "slo_goodput", "saturated",
             "cost_per_million_output_tokens_usd")
     if outcome is None:
-        row.update({"replicas": None, "instances": None, "usd_per_h": None, "meets_slo": None,
+        row.update({"replicas": None, "instances": None, "chips": None, "usd_per_h": None,
+                    "meets_slo": None,
                     "simulations": 0, **{k: None for k in keys}})
     else:
         figures = outcome["figures"]
         row.update({"replicas": outcome["replicas"], "instances": outcome["instances"],
-                    "usd_per_h": outcome["usd_per_h"], "meets_slo": bool(outcome["holds"]),
+                    "chips": outcome["instances"] * shape.spec.chips_per_instance,
+                    # None without a price: the search ranks such hardware by chips instead
+                    "usd_per_h": (None if shape.spec.instance.price_per_hour_usd is None
+                                  else outcome["rank_cost"]),
+                    "meets_slo": bool(outcome["holds"]),
                     "simulations": outcome["simulations"],
                     **{k: figures.get(k) for k in keys}})
         if not outcome["holds"]:
@@ -555,7 +598,9 @@ def plot_serving_pareto(result: ServingPlanResult, path: Path) -> Path:
         ax.set_xlabel("cost per million output tokens at the load")
         ax.xaxis.set_major_formatter(usd_formatter())
         ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
+        # The SLO line inside the axes with room above it (autoscaling put it on the frame
+        # when the slowest candidate sat near the bound).
+        ax.set_ylim(0, 1.12 * max([bound] + [r[key] for r in rows if r[key] is not None]))
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"serving plan: {d.name} ({d.model.name}) at {result.load_rate_per_s:g} "

@@ -74,8 +74,11 @@ class GradientReduction:
             return 0.0, 0.0
         hw = self.hardware
         by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
-        for ranks in groups:
-            key = rank_chips(hw, ranks, placed).tobytes()
+        # Every group's chips at once (the groups have one length): one array operation,
+        # not one per group.
+        all_chips = rank_chips(hw, np.stack(groups), placed)
+        for ranks, chips in zip(groups, all_chips, strict=True):
+            key = chips.tobytes()
             first, count = by_chips.get(key, (ranks, 0))
             by_chips[key] = (first, count + 1)
         first_chips = rank_chips(hw, groups[0], placed)
