@@ -113,7 +113,10 @@ def test_auto_fidelity_reports_the_difference_between_levels():
     summary = simulate(s).summary
     check = summary["deployments"]["chat"]["fluid_check"]
     diff = check["relative_difference"]
-    assert abs(diff["requests_per_s"]) < 0.03
+    # The fluid level serves the offered mean; the request level a Poisson draw of it, and
+    # only the requests finished inside the window: 4 standard deviations of the count.
+    offered = 10 * 600
+    assert abs(diff["requests_per_s"]) < 4 / offered**0.5
     assert abs(diff["ttft_p50_s"]) < 0.15 and abs(diff["tpot_p50_s"]) < 0.15
 
 
