@@ -17,7 +17,8 @@ real group of the graph:
   its shard);
 - the data-parallel gradient reduction (all-reduce, or reduce-scatter then parameter
   all-gather with ZeRO-1 and 2, across shard groups with hybrid sharding; `reduction`),
-  started with the last backward pass as bucketed frameworks do, shared by the data-parallel groups that run at once on the same links;
+  started with the last backward pass as bucketed frameworks do, shared by the
+  data-parallel groups that run at once on the same links;
 - the optimizer step, memory-bound.
 
 The chunk times and the data-parallel times are public (`StepModel.chunk_times`,
