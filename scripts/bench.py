@@ -230,6 +230,30 @@ figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
 """,
         False,
     ),
+    "plan: a newcomer's question, 405B on trn2 and trn2u, 4,096-32,768 chips, 15T tokens, "
+    "30-day deadline, cheapest (CLI, local)": (
+        """
+import subprocess, sys, json, tempfile, time
+t0 = time.perf_counter()
+done = subprocess.run([sys.executable, "-m", "clustersim", "plan",
+                       "scenarios/plan-405b-trn2-cost.yaml", "--hardware", "trn2,trn2u",
+                       "--chips", "4096:32768", "--tokens", "15T", "--deadline", "30d",
+                       "--objective", "cost", "--json", "-o", tempfile.mkdtemp() + "/plan"],
+                      capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+shown = json.loads(done.stdout)
+best = shown["best"]
+figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
+           "pruned": shown["pruned"], "simulated": shown["simulated"],
+           "meets_constraints": shown["meets_constraints"],
+           "best": f"{best['hardware']} x {best['chips']}: tp {best['tp']} cp {best['cp']} "
+                   f"pp {best['pp']} dp {best['dp']} v {best['interleave']} "
+                   f"mb {best['micro_batch']} {best['recompute']} zero {best['zero']}",
+           "days": round(best["time_to_train_s"] / 86400, 1),
+           "cost_usd": round(best["cost_usd"]), "mfu": round(best["mfu"], 3)}
+""",
+        False,
+    ),
     "plan: the calibration rows (Trn1 rows; Megatron 1T on 3,072 A100 p4de, 1600 Gbps)": (
         """
 from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario

@@ -141,7 +141,8 @@ def test_plan_finds_the_fastest_and_records_every_candidate():
     assert len(reference) == 1 and reference["step_time_s"].notna().all()
     assert result.best["step_time_s"] <= reference["step_time_s"].iloc[0]
     document = result.as_json()
-    assert set(document) == {"best", "candidates", "considered", "pruned", "simulated"}
+    assert set(document) == {"best", "candidates", "considered", "pruned", "simulated",
+                             "meets_constraints"}
     for key in ("hardware", "chips", "tp", "pp", "dp", "ep", "interleave", "micro_batch",
                 "recompute", "sequence_parallel", "zero", "step_time_s", "mfu",
                 "memory_per_chip_gib", "ettr", "time_to_train_s", "cost_usd", "energy_j"):
@@ -176,9 +177,9 @@ def test_pareto_front():
 
 def test_impossible_constraints_say_what_would_help():
     scenario = _scenario()
-    with pytest.raises(PlanError, match="deadline"):
-        plan(scenario, PlanOptions(tokens=1e15, deadline_s=86400))
-    with pytest.raises(PlanError, match="fits nowhere.*fits on"):
+    late = plan(scenario, PlanOptions(tokens=1e15, deadline_s=86400))  # closest shown
+    assert not late.met and "--deadline" in late.notes[0] and late.ranked
+    with pytest.raises(PlanError, match="runs nowhere.*fits on"):
         plan(scenario_from_dict(_raw(model="llama3.1-405b"), planning=True), PlanOptions())
     with pytest.raises(PlanError, match="unknown hardware"):
         plan(scenario, PlanOptions(hardware=("trn9",)))
@@ -224,7 +225,8 @@ def test_cli_plan_writes_outputs_and_json(tmp_path):
                                  "--write-scenario", str(written)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert set(document) == {"best", "candidates", "considered", "pruned", "simulated"}
+    assert set(document) == {"best", "candidates", "considered", "pruned", "simulated",
+                             "meets_constraints"}
     assert len(document["candidates"]) <= 3
     frame = pd.read_parquet(out / "plan.parquet")
     assert len(frame) == document["considered"]
@@ -240,7 +242,6 @@ def test_cli_plan_writes_outputs_and_json(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--hardware", "trn9"], "unknown hardware"),
     (["--model", "llama3.1-405b"], "fits on"),
-    (["--tokens", "1000T", "--deadline", "1d"], "deadline"),
     (["--deadline", "1d"], "need --tokens"),
     (["--chips", "7"], "whole number"),
     (["--tokens", "lots"], "--tokens"),
