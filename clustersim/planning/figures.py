@@ -168,8 +168,8 @@ def _causes(g: Group) -> str:
         if not whys:
             continue
         if kind == "memory":
-            needed = [r["memory_per_chip_gib"] for r in g.rows
-                      if r.get("memory_per_chip_gib") and r["why"].startswith("memory")]
+            needed = [r.get("memory_per_chip_gib") or r["memory_least_gib"] for r in g.rows
+                      if r["why"].startswith("memory")]
             parts.append(f"{len(whys):,} need more memory than there is, the least "
                          f"{min(needed):.1f} GiB per chip of {g.hw.chip.hbm_bytes / 2**30:.0f}")
         else:

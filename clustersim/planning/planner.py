@@ -15,7 +15,7 @@ failure-aware figures (ETTR, time to train, cost, energy) rank them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -237,15 +237,46 @@ def _is_reference(c: Candidate, job: JobSpec, given: bool, chips: int, name: str
             and c.sequence_parallel == par.sequence_parallel and c.zero == par.zero)
 
 
+def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
+    """The scenario's parallelism as a candidate of this group (None at another size)."""
+    par = job.parallelism
+    if par.ranks != group.chips * group.hw.chip.ranks:
+        return None
+    return Candidate(group.name, group.chips, par.tp, par.pp, par.dp, par.ep, par.interleave,
+                     job.micro_batch, job.recompute, par.sequence_parallel, par.zero, par.cp)
+
+
+def _least_memory(c: Candidate, job: JobSpec, hw: HardwareSpec) -> float:
+    """Bytes per chip of the candidate's (tp, cp, pp, dp, ep, interleave, micro-batch) at its
+    leanest: full recompute, sequence parallelism, the ZeRO stage that keeps the least."""
+    zeros = [z for z in (2, 3) if c.dp * c.cp > 1 and not (z == 3 and c.ep > 1)] or [0]
+    return min(memory_of(screen_job(job, replace(c, recompute="full",
+                                                 sequence_parallel=c.tp > 1, zero=z)),
+                         hw).per_chip for z in zeros)
+
+
 def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario
             ) -> list[tuple[float, dict[str, Any], Any]]:
-    """Prune a group's space; the survivors as (bound, row, job), and every row recorded."""
+    """Prune a group's space; the survivors as (bound, row, candidate), and every row
+    recorded. Memory never falls as the micro-batch grows (activations of min(in flight x
+    micro-batch, batch / dp) sequences, logits of one micro-batch), so once a micro-batch
+    does not fit at its leanest (`_least_memory`), the larger ones of the same degrees are
+    pruned without being costed one by one."""
     hw = group.hw
     model = op_model(group.key.hardware_json)
     cache: dict = {}
     survivors = []
     usable = hw.chip.hbm_bytes * (1.0 - options.memory_headroom)
-    for c in enumerate_space(group.name, hw, group.chips, job):
+    too_big: dict[tuple, tuple[int, float]] = {}  # degrees -> (first micro-batch, bytes)
+    probed: set[tuple] = set()
+    space = enumerate_space(group.name, hw, group.chips, job)
+    if given and group.name == scenario.hardware.name:
+        # The scenario's own configuration is simulated even where the search leaves it out
+        # (selective recompute with flash attention, hybrid sharding is not searched).
+        own = _own_candidate(job, group)
+        if own is not None and own not in space:
+            space.append(own)
+    for c in space:
         row: dict[str, Any] = c.as_dict()
         row["reference"] = _is_reference(c, job, given, group.chips, group.name, scenario)
         row["why"] = ""
@@ -253,6 +284,19 @@ def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scena
         reason = prune_reason(c, hw, job)
         if reason is not None:
             row["status"], row["why"] = "pruned", reason
+            continue
+        degrees = (c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave)
+        if degrees not in too_big and (degrees, c.micro_batch) not in probed:
+            probed.add((degrees, c.micro_batch))
+            least = _least_memory(c, job, hw)
+            if least > usable:
+                too_big[degrees] = (c.micro_batch, least)
+        if degrees in too_big and not row["reference"]:
+            first, least = too_big[degrees]
+            row["status"], row["memory_least_gib"] = "pruned", least / 2**30
+            row["why"] = (f"memory: at least {least / 2**30:.1f} GiB per chip with micro-batch "
+                          f"{first} or more, even with full recompute, sequence parallelism "
+                          f"and ZeRO; {usable / 2**30:.1f} GiB usable")
             continue
         candidate_job = screen_job(job, c)  # the scenario's job when it is simulated
         memory = memory_of(candidate_job, hw)

@@ -76,6 +76,11 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
     base = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
             par.sequence_parallel, par.ep, job.recompute, job.precision)
 
+    microbatches = job.global_batch // (job.micro_batch * par.dp)
+    whole = base + (par.pp, par.interleave, microbatches)  # ZeRO does not change it
+    if whole in cache:
+        return cache[whole]
+
     def one_layer(first: bool, last: bool) -> tuple[float, float]:
         key = base + (first, last)
         if key not in cache:
@@ -94,15 +99,16 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
         first, last = g == 0, g == stages - 1
         return counts[g] * (mid_f + mid_b) + (extra[first, last] if first or last else 0.0)
 
-    microbatches = job.global_batch // (job.micro_batch * par.dp)
     if stages == 1:
-        return microbatches * chunk(0)
+        cache[whole] = microbatches * chunk(0)
+        return cache[whole]
     # Every rank runs all its chunks for every micro-batch; the last rank cannot start before
     # the first micro-batch went forward through every chunk before its first.
     per_rank = [sum(chunk(c * par.pp + d) for c in range(par.interleave))
                 for d in range(par.pp)]
     fill = mid_f * sum(counts[: par.pp - 1])
-    return max(microbatches * max(per_rank), fill + microbatches * per_rank[-1])
+    cache[whole] = max(microbatches * max(per_rank), fill + microbatches * per_rank[-1])
+    return cache[whole]
 
 
 def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:

@@ -9,8 +9,8 @@ per rank), every pp dividing what is left up to the layers (stages may be uneven
 training.stages), dp following, every ep dividing dp (mixtures of experts), every interleave
 up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
 every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
-modes, sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel
-rank. Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
+modes (two with flash attention, where selective recompute frees nothing and costs time),
+sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel rank. Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
 without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`) and the
 all-to-all context exchange are evaluated when a scenario gives them, not searched.
 
@@ -44,6 +44,10 @@ __all__ = ["Candidate", "ScreenJob", "screen_job", "RECOMPUTE", "CP_DEGREES", "M
            "enumerate_space", "prune_reason", "job_for", "memory_of", "tp_domain_ranks"]
 
 RECOMPUTE = ("none", "selective", "full")
+# With flash attention selective recompute (Korthikanti et al.: recompute the attention core,
+# whose stored scores it frees) frees nothing, flash never stores them, and costs time: it is
+# not searched (a scenario may still give it).
+FLASH_RECOMPUTE = ("none", "full")
 # Context-parallel degrees searched, and the fewest sequence positions a rank keeps: splitting
 # an 8k sequence finer than 1k positions costs more in exchange than it saves (Megatron-Core
 # and Llama 3 use CP 2 to 16 for 32k-128k sequences).
@@ -120,6 +124,7 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
     ranks = chips * hw.chip.ranks
     model = job.model
     seq = job.sequence_length
+    attention = attention_of(job, hw.chip.framework.attention)
     out: list[Candidate] = []
     cps = [cp for cp in CP_DEGREES
            if seq % cp == 0 and (cp == 1 or seq // cp >= MIN_CP_POSITIONS)]
@@ -140,6 +145,7 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
                 micro = divisors(job.global_batch // dp)
                 sps = (False, True) if tp > 1 else (False,)
                 zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
+                recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
                 for ep in eps:
                     if ep > 1 and model.experts % ep:
                         out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
@@ -151,7 +157,7 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
                                 out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
                                                      mb, "none", False, 0, cp))
                                 continue
-                            for recompute in RECOMPUTE:
+                            for recompute in recomputes:
                                 for sp in sps:
                                     for z in zeros:
                                         if z == 3 and ep > 1:
