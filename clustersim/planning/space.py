@@ -4,13 +4,14 @@ and why each one that cannot run is out.
 A candidate is (hardware, chips, tp, cp, pp, dp, ep, interleave, micro-batch, recompute,
 sequence parallelism, ZeRO stage). Degrees count ranks and tp x cp x pp x dp equals the
 job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
-degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS` positions
-per rank), every pp dividing what is left up to the layers (stages may be uneven:
+degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS`
+positions per rank), every pp dividing what is left up to the layers (stages may be uneven:
 training.stages), dp following, every ep dividing dp (mixtures of experts), every interleave
 up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
 every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
 modes (two with flash attention, where selective recompute frees nothing and costs time),
-sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel rank. Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
+sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel rank.
+Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
 without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`) and the
 all-to-all context exchange are evaluated when a scenario gives them, not searched.
 
