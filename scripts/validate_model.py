@@ -141,6 +141,13 @@ def print_serving() -> None:
     print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
           f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
           f"all_reduce {serving.all_reduce}")
+    from clustersim.calibration.speculation import TRN2_SPECULATION, predict_speculation
+    print("\n== serving on trn2 (check: NxD Inference Llama 3.3 70B tutorial, TP 64, "
+          "10,000 in / 1,500 out; milliseconds)")
+    for m, (ttft, tpot) in zip(TRN2_SPECULATION, predict_speculation(), strict=True):
+        print(f"  {m.run:18s} TTFT {m.ttft_ms:8.1f} {ttft * 1e3:8.1f} "
+              f"{ttft * 1e3 / m.ttft_ms - 1:+7.1%}   TPOT {m.tpot_ms:6.2f} {tpot * 1e3:6.2f} "
+              f"{tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
 
 
 def main() -> None:

@@ -269,7 +269,7 @@ MALFORMED = {
     "unknown hardware": SMALL.replace("hardware: trn2", "hardware: trn7"),
     "unknown model": SMALL.replace("llama3-8b", "llama9-8b"),
     "ranks mismatch": SMALL.replace("dp: 32", "dp: 31"),
-    "heads vs tp": SMALL.replace("tp: 8, dp: 32", "tp: 64, dp: 4"),
+    "layers vs pp": SMALL.replace("tp: 8, dp: 32", "tp: 4, pp: 64, dp: 1"),
     "too big a job": SMALL.replace("instances: 4,", "instances: 2,"),
     "batch split": SMALL.replace("global_batch: 64", "global_batch: 48"),
     "missing name": SMALL.replace("name: small\n", ""),

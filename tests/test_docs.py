@@ -228,7 +228,13 @@ def _run_yaml(runner: CliRunner, text: str, where: str, index: int) -> None:
     _run_command(runner, f"clustersim run {path} -o results/doc-{index}", where)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+# The README's tour and the command-line reference run whole commands for tens of seconds:
+# slow, run by .ci/run; the other pages run in the default suite.
+_SLOW_PAGES = {"README.md", "cli.md", "planning.md"}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.slow) if p.name in _SLOW_PAGES
+                                  else p for p in PAGES], ids=lambda p: p.name)
 def test_documentation_runs(page, tmp_path, monkeypatch):
     """Every YAML block is validated and run; every console command runs and exits 0; every
     Python block runs; all in order, in a fresh copy of scenarios/ and the goldens."""

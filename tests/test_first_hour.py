@@ -17,7 +17,7 @@ from clustersim.runner.outputs import OutputDirError, check_output_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["--set", "duration=2d", "--set", "cluster.ultraservers=2", "--set", "cluster.spares=0",
-         "--set", "jobs.0.parallelism.dp=16"]
+         "--set", "jobs.0.parallelism.dp=128"]
 
 
 def invoke(*args: Any) -> Any:
@@ -283,7 +283,7 @@ def test_replications_print_the_interval_of_every_figure(tmp_path: Path, monkeyp
     assert result.exit_code == 0, result.output
     text = result.output
     assert "mean ± 95% interval over 3 replications" in text
-    for figure in ("steps, ETTR", "utilisation", "over the run"):
+    for figure in ("steps, ETTR", "held by jobs", "over the run"):
         line = next(line for line in text.splitlines() if figure in line)
         assert "±" in line, line
     assert "1,024.0" not in text  # integers that are the same in every replication stay so

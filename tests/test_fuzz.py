@@ -18,7 +18,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import fuzz  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="cases run in forked processes")
+pytestmark = [pytest.mark.skipif(not hasattr(os, "fork"), reason="cases run in forked processes"),
+              pytest.mark.slow]  # a minute each: run by .ci/run (pytest -m "slow or not slow")
 FUZZ = settings(max_examples=75, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 

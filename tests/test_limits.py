@@ -143,6 +143,7 @@ def test_in_bounds_extremes_still_run(tmp_path: Path):
      + "".join(f"  name{i}: &a{i} [{', '.join(['*a' if i == 0 else f'*a{i - 1}'] * 10)}]\n"
                for i in range(7)), ["1,000,000 values"]),
 ])
+@pytest.mark.slow  # more than 5 s
 def test_yaml_that_would_exhaust_memory_or_stack_is_refused(tmp_path: Path, content: str,
                                                              words: list[str]):
     path = write(tmp_path, content)
@@ -192,6 +193,7 @@ def test_topology_and_step_and_collective_refuse_sizes_beyond_the_machine(tmp_pa
                    "--ranks", 10_000_000), "2,097,152")
 
 
+@pytest.mark.slow  # more than 5 s
 def test_a_workload_that_would_generate_jobs_without_end_is_refused(tmp_path: Path):
     scenario = dict(SMALL, jobs=[], workload={
         "arrivals": {"rate": 1.0, "until": "10y"},

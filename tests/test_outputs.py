@@ -119,6 +119,7 @@ def _hold_lock(out: str, ready, release) -> None:
         release.wait(60)
 
 
+@pytest.mark.slow  # signals and processes: more than 5 s
 def test_a_locked_output_is_refused_with_the_holders_pid(small: Path, tmp_path: Path):
     out = tmp_path / "out"
     context = multiprocessing.get_context("spawn")
@@ -139,6 +140,7 @@ def test_a_locked_output_is_refused_with_the_holders_pid(small: Path, tmp_path: 
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow  # signals and processes: more than 5 s
 def test_two_runs_into_one_output_at_once_give_one_winner(tmp_path: Path):
     out = tmp_path / "out"
     # Two scenarios (a run may replace an earlier run of its own scenario once it is done):
@@ -191,6 +193,7 @@ def test_stale_temporaries_of_a_dead_run_are_removed_live_ones_kept(tmp_path: Pa
         sleeper.wait()
 
 
+@pytest.mark.slow  # signals and processes: more than 5 s
 def test_a_run_killed_with_sigkill_is_cleaned_by_the_next(tmp_path: Path):
     out = tmp_path / "out"
     victim = cli("run", QUICKSTART, "-o", out, *SLOW)
@@ -203,6 +206,7 @@ def test_a_run_killed_with_sigkill_is_cleaned_by_the_next(tmp_path: Path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow  # signals and processes: more than 5 s
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signalled_run_says_nothing_was_written_and_leaves_nothing(tmp_path: Path,
                                                                     signum: int, status: int):
@@ -260,6 +264,7 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
+@pytest.mark.slow  # signals and processes: more than 5 s
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for the workers")
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signalled_sweep_stops_promptly_and_writes_a_partial_table(tmp_path: Path,

@@ -122,6 +122,7 @@ def test_bound_is_below_the_simulated_step():
     assert checked >= 10
 
 
+@pytest.mark.slow  # a plan search: more than 5 s
 def test_plan_finds_the_fastest_and_records_every_candidate():
     scenario = _scenario(parallelism={"tp": 8, "pp": 1, "dp": 8, "sequence_parallel": True},
                          recompute="selective")
@@ -149,6 +150,7 @@ def test_plan_finds_the_fastest_and_records_every_candidate():
         assert key in document["best"]
 
 
+@pytest.mark.slow  # a plan search: more than 5 s
 def test_same_answer_on_a_process_pool():
     scenario = _scenario()
     serial = plan(scenario, PlanOptions(top=3))
@@ -158,6 +160,7 @@ def test_same_answer_on_a_process_pool():
     pd.testing.assert_frame_equal(parallel.rows, serial.rows)
 
 
+@pytest.mark.slow  # a plan search: more than 5 s
 def test_more_chips_and_hardware_are_compared_on_failure_aware_figures():
     scenario = _scenario()
     result = plan(scenario, PlanOptions(chips=(16, 32, 64), tokens=1e11,
@@ -175,6 +178,7 @@ def test_pareto_front():
     assert pareto_front(points) == [0, 1, 3]
 
 
+@pytest.mark.slow  # a plan search: more than 5 s
 def test_impossible_constraints_say_what_would_help():
     scenario = _scenario()
     late = plan(scenario, PlanOptions(tokens=1e15, deadline_s=86400))  # closest shown
@@ -187,6 +191,7 @@ def test_impossible_constraints_say_what_would_help():
 
 @pytest.mark.parametrize("measurement", [m for m in STEP_MEASUREMENTS if m.hardware == "trn1"],
                          ids=lambda m: m.name)
+@pytest.mark.slow  # a plan search: more than 5 s
 def test_trn1_calibration_rows(measurement):
     """Each Trn1 row of the calibration: the plan's best is at least as fast in the model as
     the published configuration, which it simulates as the reference."""

@@ -265,11 +265,11 @@ def test_placement_changes_the_step_time():
 
 def test_template_errors_are_reported_once():
     bad = dict(MIX, templates=[dict(MIX["templates"][0], job=dict(
-        SMALL_JOB, parallelism={"tp": 64, "pp": 1}, model="llama2-13b"))])
+        SMALL_JOB, parallelism={"tp": 8, "pp": 1, "ep": 2}, model="llama2-13b"))])
     with pytest.raises(ScenarioError) as info:
         scenario([], instances=64, per_leaf=16, workload=bad)
     text = str(info.value)
-    assert text.count("attention heads") == 1
+    assert text.count("mixture-of-experts") == 1
     assert "more jobs the workload generated" in text
 
 

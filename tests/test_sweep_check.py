@@ -90,6 +90,7 @@ def test_a_sweep_where_no_run_succeeds_writes_nothing_and_exits_2(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "sweep.yaml"]
 
 
+@pytest.mark.slow  # starts Ray: more than 5 s
 def test_ray_gives_the_same_rows(tmp_path: Path):
     pytest.importorskip("ray")
     path = write_sweep(tmp_path, grid=GRID, seeds=[0, 1])

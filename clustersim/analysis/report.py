@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from clustersim.analysis.day_report import write_day_report  # noqa: E402
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
@@ -31,7 +32,7 @@ STATE_COLOURS = {
     "waiting_for_hardware": "#ef6c00",
     "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e",
     "failed": "#212121", "repairing": "#6d4c41",
-    "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd",
+    "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd", "serving": "#1e88e5",
 }
 LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
                "down": "down", "waiting_for_hardware": "waiting for hardware",
@@ -43,12 +44,46 @@ def _days(seconds: np.ndarray | float) -> np.ndarray | float:
 
 
 def _legend_outside(ax: plt.Axes, extra: dict[str, Any] | None = None) -> None:
-    """One legend entry per label (bars drawn in pieces repeat theirs), right of the axes;
-    `extra` adds entries (label: handle) for what was drawn without a label, e.g. markers."""
+    """One legend entry per label (bars drawn in pieces repeat theirs), in a compact row
+    under the axes (beside them it took 40% of the width); `extra` adds entries (label:
+    handle) for what was drawn without a label, e.g. markers."""
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True)) | (extra or {})
-    ax.legend(unique.values(), unique.keys(), loc="upper left", fontsize=8,
-              bbox_to_anchor=(1.01, 1.0))
+    if not unique:
+        return
+    longest = max(len(label) for label in unique)
+    columns = max(1, min(len(unique), 6 if longest < 22 else 3 if longest < 45 else 1))
+    # Below the tick labels and the x label, whatever the axes' height (in font sizes).
+    below = 4.2 + 1.5 * ax.get_xlabel().count("\n")
+    ax.legend(unique.values(), unique.keys(), loc="upper center", fontsize=8, frameon=False,
+              ncol=columns, bbox_to_anchor=(0.5, 0.0), borderaxespad=below)
+
+
+# Units for a time axis, by horizon: a 10-minute serving run in minutes, a month in days.
+_TIME_UNITS = ((3 * 86400.0, 86400.0, "day"), (3 * 3600.0, 3600.0, "hour"),
+               (180.0, 60.0, "minute"), (0.0, 1.0, "second"))
+# Bin widths a reader can name, for plots over time.
+_NICE_BINS_S = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 3 * 3600.0,
+                6 * 3600.0, 12 * 3600.0, 86400.0, 7 * 86400.0)
+
+
+def time_unit(horizon_s: float) -> tuple[float, str]:
+    """Seconds per unit and its name, for a time axis over `horizon_s`."""
+    return next((unit, name) for above, unit, name in _TIME_UNITS if horizon_s >= above)
+
+
+def bin_for(horizon_s: float, bins: int = 300, finest_s: float = 0.0) -> float:
+    """A nameable bin width giving about `bins` bins over the horizon (at least `finest_s`):
+    a month in 3-hour bins, a day in 5-minute bins, ten minutes in 5-second bins."""
+    target = max(horizon_s / bins, finest_s)
+    return next((b for b in _NICE_BINS_S if b >= target), target)
+
+
+def format_bin(seconds: float) -> str:
+    for unit, name in ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s")):
+        if seconds >= unit and abs(seconds / unit - round(seconds / unit)) < 1e-9:
+            return f"{seconds / unit:g} {name}"
+    return f"{seconds:g} s"
 
 
 def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
@@ -67,32 +102,49 @@ def plot_utilisation(run: Run, path: Path) -> Path:
     frame = run.utilisation
     cluster = frame[frame["level"] == "cluster"].sort_values("bin_start_s")
     horizon = float(run.summary["simulated_s"])
-    if cluster.empty or len(cluster) > 800:
-        # About a bin per pixel: finer bins alias at this scale (a one-minute bin of a
-        # month is a twentieth of a pixel), so they are recomputed from the intervals.
-        bin_s = float(cluster["bin_s"].iloc[0]) if len(cluster) else None
-        if bin_s is not None:
-            bin_s = max(bin_s, horizon / 800)
+    # Bins chosen from the horizon (about 300 of them, never finer than the trace's): a
+    # month at the trace's 1-minute bins is 43,200 bars of noise; recomputed from the
+    # intervals.
+    written_s = float(cluster["bin_s"].iloc[0]) if len(cluster) else 0.0
+    bin_s = bin_for(horizon, finest_s=written_s)
+    if cluster.empty or bin_s != written_s:
         cluster = run.utilisation_at("cluster", bin_s=bin_s)
+    cluster = _with_serving(run, cluster.copy())
     # Only the states thick enough to see (a peak of 0.3% of the axis, about a pixel) are
     # stacked and listed; the others are named under the plot with their share.
-    present = [s for s in ("running", "checkpointing", "down", "waiting_for_hardware",
-                           "restarting", "restoring", "failed", "repairing", "idle")
+    present = [s for s in ("running", "serving", "checkpointing", "down",
+                           "waiting_for_hardware", "restarting", "restoring", "failed",
+                           "repairing", "idle")
                if s in cluster and cluster[s].sum() > 0]
     states = [s for s in present if cluster[s].max() >= 0.003]
     thin = [s for s in present if s not in states]
-    fig, ax = plt.subplots(figsize=(11, 4.2))
-    x = _days(cluster["bin_start_s"].to_numpy())
-    ax.stackplot(x, [cluster[s].to_numpy() * 100 for s in states], labels=states,
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    unit, name = time_unit(horizon)
+    # The last bin drawn to its end: a step plot ends at its last point.
+    x = np.append(cluster["bin_start_s"].to_numpy(), horizon) / unit
+    ax.stackplot(x, [np.append(cluster[s].to_numpy(), cluster[s].to_numpy()[-1:]) * 100
+                     for s in states], labels=states,
                  colors=[STATE_COLOURS[s] for s in states], step="post")
-    ax.set_xlim(x.min(), x.max() + _days(cluster["bin_s"].iloc[0]))
+    ax.set_xlim(0, horizon / unit)
     ax.set_ylim(0, 100)
-    ax.set_xlabel("day" + ("" if not thin else "\ntoo thin to see at this scale (mean share): "
-                           + ", ".join(f"{s} {cluster[s].mean():.3%}" for s in thin)))
+    ax.set_xlabel(f"{name} ({format_bin(bin_s)} bins)"
+                  + ("" if not thin else "\ntoo thin to see at this scale (mean share): "
+                     + ", ".join(f"{s} {cluster[s].mean():.3%}" for s in thin)))
     ax.set_ylabel("% of cluster chip-time")
     ax.set_title(f"{run.summary['scenario']}: cluster chip-time by state" + _replication(run))
     _legend_outside(ax)
     return _save(fig, path)
+
+
+def _with_serving(run: Run, cluster: Any) -> Any:
+    """Serving deployments hold their instances for the whole run, which the traces count as
+    idle (no job holds them): show that share as `serving`, taken out of idle."""
+    summary = run.summary["cluster"]
+    share = (summary.get("serving_instances") or 0) / max(1, summary.get("instances") or 1)
+    if share > 0 and "idle" in cluster:
+        cluster["serving"] = np.minimum(cluster["idle"].to_numpy(), share)
+        cluster["idle"] = cluster["idle"] - cluster["serving"]
+    return cluster
 
 
 def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | None = None,
@@ -191,19 +243,23 @@ def first_failure_window(run: Run) -> tuple[float, float, int] | None:
 def plot_failures(run: Run, path: Path) -> Path:
     events = run.events
     failures = events[events["kind"] == "failure"]
-    horizon_days = float(_days(run.summary["simulated_s"]))
-    bins = np.arange(0, np.ceil(horizon_days) + 1)
+    horizon = float(run.summary["simulated_s"])
+    unit, name = time_unit(horizon)
+    bin_s = bin_for(horizon, bins=40, finest_s=60.0)  # about 40 bars, whatever the horizon
+    bins = np.arange(0.0, horizon + bin_s, bin_s) / unit
     fig, ax = plt.subplots(figsize=(10, 3.8))
     components = failures["component"].value_counts().index.tolist()
     if components:
-        ax.hist([_days(failures.loc[failures["component"] == c, "time_s"].to_numpy())
+        ax.hist([failures.loc[failures["component"] == c, "time_s"].to_numpy() / unit
                  for c in components], bins=bins, stacked=True, label=components)
         ax.legend(fontsize=8, ncol=min(len(components), 6))
     else:
         ax.text(0.5, 0.5, "no failures", ha="center", va="center", transform=ax.transAxes)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("day")
-    ax.set_ylabel("failures per day")
+    ax.set_xlim(0, horizon / unit)
+    ax.set_xlabel(name)
+    per = {86400.0: "day", 3600.0: "hour", 60.0: "minute"}.get(bin_s, format_bin(bin_s))
+    ax.set_ylabel(f"failures per {per}")
     ax.set_title(f"failures by component ({len(failures):,} in all)" + _replication(run))
     return _save(fig, path)
 
@@ -325,40 +381,42 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
     run = load_run(run_dir)
     folder = Path(folder) if folder is not None else run.path / "report"
     folder.mkdir(exist_ok=True)
-    plots = {
-        "Cluster utilisation": plot_utilisation(run, folder / "utilisation.png"),
-        "Job timelines": plot_job_timelines(run, folder / "jobs.png"),
-    }
+    if "fleet_day" in run.summary:  # the fleet-level model: no timeline traces
+        return write_day_report(run.path, run.summary, folder)
+    training = bool(run.summary["jobs"])  # a serving-only run has no training plots to draw
+    plots = {"Cluster utilisation": plot_utilisation(run, folder / "utilisation.png")}
+    if training:
+        plots["Job timelines"] = plot_job_timelines(run, folder / "jobs.png")
     window = first_failure_window(run)
     if window is not None:
         lo, hi, job = window
         plots["Around the first failure"] = plot_job_timelines(
             run, folder / "first_failure.png", (lo, hi), "job states around the first failure",
             first_job=job)
-    plots |= {
-        "Failures": plot_failures(run, folder / "failures.png"),
-        "Where the hours went": plot_hours(run, folder / "hours.png"),
-        "Training step": plot_step(run, folder / "step.png"),
-    }
+    plots["Failures"] = plot_failures(run, folder / "failures.png")
+    if training:
+        plots |= {"Where the hours went": plot_hours(run, folder / "hours.png"),
+                  "Training step": plot_step(run, folder / "step.png")}
     plots |= serving_plots(run, folder)
     summary = run.summary
     cluster = summary["cluster"]
+    horizon = float(summary["simulated_s"])
+    unit, unit_name = time_unit(horizon)
     lines = [
         f"# {summary['scenario']}",
         "",
         f"{cluster['chips']:,} {cluster['chip']} chips ({cluster['hardware']}), "
-        f"{summary['simulated_s'] / 86400:,.1f} simulated days, seed {summary['seed']}, "
+        f"{horizon / unit:,.1f} simulated {unit_name}s, seed {summary['seed']}, "
         f"{summary['replications']} replication(s), clustersim {summary['clustersim_version']}.",
         "",
-        f"Cluster: {cluster.get('utilisation', 0):.1%} of chip-time held by jobs, "
-        f"{cluster.get('useful_utilisation', 0):.1%} useful; failures: "
+        "Cluster: " + "; ".join(_chip_time(summary)) + "; failures: "
         + (", ".join(f"{k} {v:,.0f}" for k, v in cluster.get("failures", {}).items()
                      if not k.endswith("_ci95")) or "none") + ".",
-        "",
-        "| job | status | steps | ETTR | interruptions | step time | MFU | $/M tokens, "
-        "ideal / effective | J/token, ideal / effective |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    if training:
+        lines += ["", "| job | status | steps | ETTR | interruptions | step time | MFU | "
+                  "$/M tokens, ideal / effective | J/token, ideal / effective |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     if summary.get("replications", 1) > 1:
         lines[2:2] = [f"The figures are means over the {summary['replications']} replications; "
                       "the plots show replication 1 of them (the first seed stream, whose "
@@ -375,6 +433,23 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
     report = folder / "report.md"
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return report
+
+
+def _chip_time(summary: dict[str, Any]) -> list[str]:
+    """Where the cluster's chip-time went: training jobs and serving deployments."""
+    cluster, parts = summary["cluster"], []
+    if summary["jobs"]:
+        parts.append(f"{cluster.get('utilisation', 0):.1%} of chip-time held by jobs, "
+                     f"{cluster.get('useful_utilisation', 0):.1%} useful")
+    serving = cluster.get("serving_instances") or 0
+    deployments = summary.get("deployments") or {}
+    if serving and deployments:
+        served = sum(d.get("requests_completed", 0) for d in deployments.values())
+        hours = serving * cluster["chips_per_instance"] * summary["simulated_s"] / 3600
+        parts.append(f"{serving / max(1, cluster['instances']):.1%} of chip-time held by "
+                     f"{len(deployments)} serving deployment(s) ({hours:,.1f} chip-hours), "
+                     f"{served:,} requests served")
+    return parts or ["no jobs and no deployments"]
 
 
 def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) -> Path:

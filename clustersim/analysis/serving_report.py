@@ -16,13 +16,42 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from clustersim.analysis.runs import Run  # noqa: E402
+from clustersim.hardware.units import UnitError, parse_duration  # noqa: E402
 
-__all__ = ["serving_plots", "serving_lines"]
+__all__ = ["serving_plots", "serving_lines", "slo_bounds"]
 
 _BINS = 60
+# Log axes labelled as plain numbers (0.3, 1, 3), not `3 x 10^0`.
+_PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
+
+
+def slo_bounds(scenario: dict) -> dict[str, dict[str, float]]:
+    """Each deployment's SLO from the run's effective scenario: name -> {"TTFT": s, "TPOT": s}."""
+    out: dict[str, dict[str, float]] = {}
+    for deployment in (scenario or {}).get("serve") or []:
+        slo = deployment.get("slo") or {}
+        bounds = {}
+        for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
+            value = slo.get(key)
+            if value is None:
+                continue
+            try:
+                bounds[label] = float(parse_duration(value)) if isinstance(value, str) else float(value)
+            except (UnitError, ValueError, TypeError):
+                continue
+        out[str(deployment.get("name"))] = bounds
+    return out
+
+
+def _time_axis(end_s: float) -> tuple[float, str]:
+    """Seconds per unit and its name for a serving run's time axis."""
+    for above, unit, name in ((3 * 3600.0, 3600.0, "hours"), (180.0, 60.0, "minutes")):
+        if end_s >= above:
+            return unit, name
+    return 1.0, "seconds"
 
 
 def _latencies(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -37,23 +66,35 @@ def _latencies(frame: pd.DataFrame) -> dict[str, np.ndarray]:
             "end to end": finish - arrival}
 
 
-def plot_latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> Path:
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for name, group in requests.groupby("deployment", observed=True, sort=True):
+def plot_latency_cdfs(requests: pd.DataFrame, title: str, path: Path,
+                      slos: dict[str, dict[str, float]] | None = None) -> Path:
+    """CDFs of TTFT, TPOT and end-to-end latency per deployment, each SLO bound a dotted
+    vertical line in the deployment's colour."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.0))
+    for index, (name, group) in enumerate(requests.groupby("deployment", observed=True,
+                                                           sort=True)):
+        colour = f"C{index}"
         for ax, (kind, values) in zip(axes, _latencies(group).items(), strict=True):
             if len(values) == 0:
                 continue
             x = np.sort(values)
             y = np.arange(1, len(x) + 1) / len(x)
             step = max(1, len(x) // 2000)  # at most ~2,000 points per curve
-            ax.plot(x[::step], y[::step], label=str(name))
+            ax.plot(x[::step], y[::step], label=str(name), color=colour)
+            bound = (slos or {}).get(str(name), {}).get(kind)
+            if bound is not None:
+                ax.axvline(bound, color=colour, linestyle=":", linewidth=1.2,
+                           label=f"{name} SLO {bound:g} s")
             ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(_PLAIN)
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(f"{kind} (s)")
             ax.set_ylim(0, 1)
             ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of completed requests")
-    axes[-1].legend(fontsize=8)
+    for ax in axes[:2]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{title}: latency distributions")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -61,17 +102,24 @@ def plot_latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> Path:
     return path
 
 
-def plot_over_time(requests: pd.DataFrame, title: str, path: Path) -> Path:
+def plot_over_time(requests: pd.DataFrame, title: str, path: Path,
+                   slos: dict[str, dict[str, float]] | None = None) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     end = float(np.nanmax(requests["finish_s"].to_numpy(), initial=1.0))
+    unit, unit_name = _time_axis(end)
     edges = np.linspace(0.0, max(end, 1e-9), _BINS + 1)
     width = edges[1] - edges[0]
-    centres = (edges[:-1] + edges[1:]) / 2
-    for name, group in requests.groupby("deployment", observed=True, sort=True):
+    centres = (edges[:-1] + edges[1:]) / 2 / unit
+    for index, (name, group) in enumerate(requests.groupby("deployment", observed=True,
+                                                           sort=True)):
+        bound = (slos or {}).get(str(name), {}).get("TTFT")
+        if bound is not None:
+            bottom.axhline(bound, color=f"C{index}", linestyle=":", linewidth=1.2,
+                           label=f"{name} TTFT SLO {bound:g} s")
         done = group[group["status"] == "completed"]
         finish = done["finish_s"].to_numpy()
         tokens, _ = np.histogram(finish, edges, weights=done["output_tokens"].to_numpy())
-        top.plot(centres, tokens / width, label=f"{name} output tokens/s")
+        top.plot(centres, tokens / width, label=f"{name} output tokens/s", color=f"C{index}")
         ttft = done["first_token_s"].to_numpy() - done["arrival_s"].to_numpy()
         which = np.clip(np.searchsorted(edges, done["arrival_s"].to_numpy(), "right") - 1, 0,
                         _BINS - 1)
@@ -79,20 +127,24 @@ def plot_over_time(requests: pd.DataFrame, title: str, path: Path) -> Path:
         groups = np.split(ttft[order], np.searchsorted(which[order], np.arange(1, _BINS)))
         p50 = [np.quantile(g, 0.5) if len(g) else np.nan for g in groups]
         p99 = [np.quantile(g, 0.99) if len(g) else np.nan for g in groups]
-        bottom.plot(centres, p50, label=f"{name} TTFT p50")
-        bottom.plot(centres, p99, linestyle="--", label=f"{name} TTFT p99")
+        bottom.plot(centres, p50, label=f"{name} TTFT p50", color=f"C{index}")
+        bottom.plot(centres, p99, linestyle="--", label=f"{name} TTFT p99", color=f"C{index}")
     bottom.set_yscale("log")
+    bottom.yaxis.set_major_formatter(_PLAIN)
+    bottom.yaxis.set_minor_formatter(NullFormatter())
     return _over_time_done(fig, ("output tokens/s (by finish)", "TTFT (s, by arrival)"),
-                           f"{title}: throughput and latency over time", path)
+                           f"{title}: throughput and latency over time", path, unit_name)
 
 
-def _over_time_done(fig: plt.Figure, ylabels: tuple[str, str], title: str, path: Path) -> Path:
+def _over_time_done(fig: plt.Figure, ylabels: tuple[str, str], title: str, path: Path,
+                    unit_name: str = "seconds") -> Path:
     """Label, title and save a figure of two panels over time."""
     for ax, label in zip(fig.axes, ylabels, strict=True):
         ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, ncol=2, framealpha=0.7)
         ax.grid(alpha=0.3)
-    fig.axes[-1].set_xlabel("time (s)")
+    fig.axes[-1].set_xlabel(f"time ({unit_name})")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -116,6 +168,7 @@ def _sampled(frame: pd.DataFrame, column: str, times: np.ndarray) -> np.ndarray:
 def plot_kv(replicas: pd.DataFrame, names: list[str], title: str, path: Path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     end = float((replicas["start_s"] + replicas["duration_s"]).max())
+    unit, unit_name = _time_axis(end)
     times = np.linspace(0.0, max(end, 1e-9), 400)
     for index, name in enumerate(names):
         mine = replicas[replicas["deployment_id"] == index]
@@ -124,13 +177,14 @@ def plot_kv(replicas: pd.DataFrame, names: list[str], title: str, path: Path) ->
         kv = _sampled(mine, "kv_occupancy", times) * 100
         batch = _sampled(mine, "batch", times)
         colour = f"C{index}"
-        top.plot(times, kv.mean(axis=0), color=colour, label=f"{name} mean")
-        top.plot(times, kv.max(axis=0), color=colour, linestyle="--",
+        top.plot(times / unit, kv.mean(axis=0), color=colour, label=f"{name} mean")
+        top.plot(times / unit, kv.max(axis=0), color=colour, linestyle="--",
                  label=f"{name} fullest replica")
-        bottom.plot(times, batch.mean(axis=0), color=colour, label=f"{name} mean batch")
+        bottom.plot(times / unit, batch.mean(axis=0), color=colour, label=f"{name} mean batch")
     top.set_ylim(0, 100)
     return _over_time_done(fig, ("KV cache occupancy (%)", "sequences per iteration"),
-                           f"{title}: KV cache and batch over time (sampled per replica)", path)
+                           f"{title}: KV cache and batch over time (sampled per replica)", path,
+                           unit_name)
 
 
 def serving_plots(run: Run, folder: Path) -> dict[str, Path]:
@@ -139,8 +193,9 @@ def serving_plots(run: Run, folder: Path) -> dict[str, Path]:
         return {}
     requests = run.table("requests")
     title = run.summary["scenario"]
-    plots = {"Serving latency": plot_latency_cdfs(requests, title, folder / "latency.png"),
-             "Serving over time": plot_over_time(requests, title, folder / "serving.png")}
+    slos = slo_bounds(run.scenario)
+    plots = {"Serving latency": plot_latency_cdfs(requests, title, folder / "latency.png", slos),
+             "Serving over time": plot_over_time(requests, title, folder / "serving.png", slos)}
     if (run.path / "replicas.parquet").exists():
         names = list(run.summary.get("deployments", {}))
         plots["KV cache"] = plot_kv(run.table("replicas"), names, title, folder / "kv.png")
@@ -153,12 +208,21 @@ def serving_lines(summary: dict) -> list[str]:
     if not deployments:
         return []
     lines = ["", "| deployment | requests/s | output tokens/s | TTFT p50 / p99 | TPOT p50 / p99 "
-             "| SLO goodput | $ per M output tokens |", "|---|---|---|---|---|---|---|"]
+             "| SLO goodput | $ per M output tokens | saturated | drained after the horizon |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, d in deployments.items():
         cost = d.get("cost_per_million_output_tokens_usd")
+        drained = d.get("requests_drained") or 0
+        drain = f"{drained:,} in {d.get('drain_s') or 0:,.3g} s" if drained else "none"
         lines.append(
             f"| {name} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
             f"{d['ttft_p50_s'] or 0:.3g} / {d['ttft_p99_s'] or 0:.3g} s | "
             f"{d['tpot_p50_s'] or 0:.3g} / {d['tpot_p99_s'] or 0:.3g} s | "
-            f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} |")
+            f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} | "
+            f"{'yes' if d.get('saturated') else 'no'} | "
+            f"{drain} |")
+    lines.append("")
+    lines.append("Rates and cost per token count the requests completed within the horizon; "
+                 "those finished while draining after it are counted apart. Saturated: the "
+                 "queue grew over the horizon (the rate offered is not held).")
     return lines

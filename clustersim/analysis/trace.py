@@ -57,7 +57,7 @@ EVENT_KINDS = ("failure", "repair", "checkpoint")
 TABLES = ("chips", "jobs", "intervals", "events", "allocations", "utilisation",
           "cluster_state")
 # Written only by scenarios with `serve:` deployments.
-SERVING_TABLES = ("requests", "replicas")
+SERVING_TABLES = ("requests", "replicas", "day", "fleet")  # day, fleet: fleet-day runs
 REQUEST_STATUSES = ("unfinished", "completed", "rejected")
 
 _dict_string = pa.dictionary(pa.int8(), pa.string())
@@ -103,6 +103,20 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("deployment_id", pa.int16()), ("replica", pa.int32()), ("start_s", pa.float64()),
         ("duration_s", pa.float64()), ("batch", pa.int32()), ("kv_tokens", pa.float64()),
         ("kv_occupancy", pa.float64()),
+    ]),
+    "day": pa.schema([
+        ("deployment", pa.dictionary(pa.int16(), pa.string())), ("deployment_id", pa.int16()),
+        ("time_s", pa.float64()), ("duration_s", pa.float64()), ("replicas", pa.int32()),
+        ("replicas_starting", pa.int32()), ("replicas_draining", pa.int32()),
+        ("load_per_s", pa.float64()), ("served_per_s", pa.float64()),
+        ("backlog", pa.float64()), ("ttft_p50_s", pa.float64()), ("ttft_p99_s", pa.float64()),
+        ("tpot_p50_s", pa.float64()), ("tpot_p99_s", pa.float64()),
+        ("slo_attainment", pa.float64()), ("output_tokens", pa.float64()),
+    ]),
+    "fleet": pa.schema([  # then one int64 column `job:<name>` per training job
+        ("time_s", pa.float64()), ("duration_s", pa.float64()),
+        ("serving_chips", pa.int64()), ("scaling_chips", pa.int64()),
+        ("training_chips", pa.int64()), ("down_chips", pa.int64()), ("idle_chips", pa.int64()),
     ]),
 }
 
@@ -169,6 +183,34 @@ COLUMNS: dict[str, dict[str, str]] = {
         "batch": "sequences in the batch (decoding and prefilling)",
         "kv_tokens": "KV cache tokens held at the start (whole blocks)",
         "kv_occupancy": "kv_tokens over the replica's KV capacity",
+    },
+    "day": {
+        "deployment": "deployment name (`serve:` entry)",
+        "deployment_id": "index of the deployment in the scenario",
+        "time_s": "start of the fleet step, s", "duration_s": "its length, s",
+        "replicas": "replicas serving through the step",
+        "replicas_starting": "replicas loading their weights, warming up or restarting",
+        "replicas_draining": "replicas removed, holding their chips while they drain",
+        "load_per_s": "arrival rate, requests per second (the load curve with its noise)",
+        "served_per_s": "requests completed per second (at most the replicas' capacity)",
+        "backlog": "requests waiting beyond what the replicas serve (mean over the step)",
+        "ttft_p50_s": "median time to first token, s (the replica curve at the step's "
+                      "utilisation, plus the backlog's wait)",
+        "ttft_p99_s": "99th percentile time to first token, s",
+        "tpot_p50_s": "median time per output token, s",
+        "tpot_p99_s": "99th percentile time per output token, s",
+        "slo_attainment": "share of the step's requests within both SLO bounds",
+        "output_tokens": "output tokens of the requests served in the step",
+    },
+    "fleet": {
+        "time_s": "start of the fleet step, s", "duration_s": "its length, s",
+        "serving_chips": "chips of replicas serving",
+        "scaling_chips": "chips of replicas loading, warming up, restarting or draining",
+        "training_chips": "chips of instances training jobs hold (one more column per job, "
+                          "`job:<name>`, has each job's)",
+        "down_chips": "chips of instances failed or in repair",
+        "idle_chips": "the rest: free instances, and the unused chips of instances a "
+                      "deployment's small replicas share",
     },
     "utilisation": {
         "bin_start_s": "bin start, s", "bin_s": "bin length, s",

@@ -17,8 +17,21 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-out_console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+
+class _Console(Console):
+    """A line of text goes to a file or a pipe whole: rich would break it at 80 columns
+    mid-phrase there. A terminal, or a width asked for with COLUMNS, still wraps at words;
+    tables always fit the width."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **options: Any) -> None:
+        if soft_wrap is None:
+            soft_wrap = not self.is_terminal and "COLUMNS" not in os.environ
+        super().print(*objects, soft_wrap=soft_wrap, **options)
+
+
+# emoji=False: `A:B:STEP` and user text stay as written (rich turns `:B:` into an emoji).
+out_console = _Console(highlight=False, emoji=False)
+err_console = _Console(stderr=True, highlight=False, emoji=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

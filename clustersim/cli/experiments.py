@@ -109,6 +109,9 @@ def _print_sweep(summary: Any, grid_paths: list[str]) -> None:
              "cost_per_million_tokens_usd": "$/M tokens ideal",
              "effective_cost_per_million_tokens_usd": "$/M tokens effective", "ettr": "ETTR"}
     jobs = {c.split(".")[0] for c in figures[:8]}
+    _print_serving_sweep(summary, keys)
+    if not figures and any(c.endswith(".slo_goodput") for c in summary.columns):
+        return  # serving only: its tables are printed
     of_job = f" of job {next(iter(jobs))}" if len(jobs) == 1 else ""
     table = Table(title=f"sweep summary{of_job} (mean ± 95% interval over seeds)",
                   title_justify="left")
@@ -128,6 +131,52 @@ def _print_sweep(summary: Any, grid_paths: list[str]) -> None:
             cells.append(text)
         table.add_row(*cells)
     out_console.print(table)
+
+
+# A serving deployment's headline figures in a sweep: (figure, column label, format).
+_SERVING_FIGURES = (
+    ("requests_per_s", "req/s", "{:,.3g}"), ("output_tokens_per_s", "out tok/s", "{:,.0f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:,.3g}"), ("ttft_p99_s", "TTFT p99 s", "{:,.3g}"),
+    ("tpot_p50_s", "TPOT p50 s", "{:,.3g}"), ("tpot_p99_s", "TPOT p99 s", "{:,.3g}"),
+    ("slo_goodput", "SLO goodput", "{:.1%}"),
+    ("cost_per_million_output_tokens_usd", "$/M out tok", "${:,.2f}"),
+)
+
+
+def _print_serving_sweep(summary: Any, keys: list[str]) -> None:
+    """One table per serving deployment: throughput, latency percentiles, SLO attainment and
+    cost per variant and grid point (means over seeds)."""
+    names = [c.removesuffix(".slo_goodput") for c in summary.columns
+             if c.endswith(".slo_goodput") and c.count(".") == 1]
+    for name in names:
+        table = Table(title=f"sweep summary of deployment {escape(name)} (mean over seeds)",
+                      title_justify="left")
+        for column in keys:
+            table.add_column(escape(column), overflow="fold")
+        shown = [(f"{name}.{figure}", label, form) for figure, label, form in _SERVING_FIGURES
+                 if f"{name}.{figure}" in summary.columns]
+        for _, label, _ in shown:
+            table.add_column(label, justify="right", overflow="fold")
+        saturated = f"{name}.saturated" in summary.columns
+        if saturated:
+            table.add_column("saturated", overflow="fold")
+        for row in summary.to_dict("records"):
+            cells = [escape(str(row[c])) for c in keys]
+            for column, _, form in shown:
+                value = row.get(column)
+                missing = value is None or (isinstance(value, float) and math.isnan(value))
+                cells.append("-" if missing else form.format(value))
+            if saturated:
+                flag = row.get(f"{name}.saturated")
+                cells.append("yes" if flag and not (isinstance(flag, float) and math.isnan(flag))
+                             and flag > 0 else "")
+            table.add_row(*cells)
+        # Wide enough for one line per row whatever the terminal (piped output is 80 columns,
+        # where ten figures fold into unreadable cells), as the plan table is.
+        from rich.console import Console
+
+        Console(highlight=False, emoji=False, width=max(out_console.width, 140),
+                file=out_console.file).print(table)
 
 
 @contextlib.contextmanager

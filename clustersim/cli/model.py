@@ -114,8 +114,10 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
     if profile.energy_per_token_j is not None:
         facts.add_row("chip energy", f"{profile.energy_per_token_j:.3f} J/token per step (ideal)")
     if profile.cost_per_million_tokens_usd is not None:
+        from clustersim.hardware.prices import price_basis
+
         facts.add_row("cost", f"${profile.cost_per_million_tokens_usd:,.3f} per million tokens "
-                      "per step (ideal; on-demand price, an assumption)")
+                      f"per step (ideal; price: {price_basis(spec.hardware)})")
     out_console.print(facts)
     if profile.cost_per_million_tokens_usd is not None or profile.energy_per_token_j is not None:
         out_console.print("Ideal: a step's chip-time over its tokens. `clustersim run` adds the "

@@ -63,8 +63,14 @@ def parse_chips(text: str) -> tuple[int, ...]:
             raise ValueError
         return tuple(sorted(set(values)))
     except ValueError:
-        raise UsageProblem(f"--chips {text!r}: expected N, A,B,C, A:B (doubling) or A:B:STEP "
-                           f"with positive whole numbers") from None
+        raise UsageProblem(f"--chips {text!r}: expected N, A,B,C, LOW:HIGH (doubling) or "
+                           "LOW:HIGH:STEP with positive whole numbers") from None
+
+
+def default_plan_dir(name: str) -> Path:
+    """results/plan-NAME/, without doubling a scenario's own `plan-` prefix
+    (plan-trn2-vs-p5en plans into results/plan-trn2-vs-p5en/)."""
+    return Path("results") / f"plan-{name.removeprefix('plan-')}"
 
 
 def _duration(text: str | None, what: str) -> float | None:
@@ -88,7 +94,9 @@ def plan(
         help="Hardware to compare, comma-separated catalog names [default: the scenario's].")
     ] = None,
     chips: Annotated[str | None, typer.Option(
-        help="Chip counts: N, A,B,C, A:B (doubling) or A:B:STEP [default: the scenario's].")
+        # LOW:HIGH, not A:B: the help is rich markup, where `:B:` is an emoji code
+        help="Chip counts: N, A,B,C, LOW:HIGH (doubling) or LOW:HIGH:STEP [default: the "
+        "scenario's].")
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model preset instead of the job's.")] = None,
     global_batch: Annotated[str | None, typer.Option(
@@ -119,8 +127,15 @@ def plan(
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT / the file.")
                      ] = False,
     json_out: JsonOption = False,
+    serve: Annotated[str | None, typer.Option(
+        "--serve", help="Plan this serving deployment instead of the first job [default: the "
+        "first deployment of a scenario without jobs].")] = None,
+    goodput: Annotated[float, typer.Option(
+        help="Serving: share of requests that must meet the SLO.", min=0.01, max=1.0)] = 0.99,
 ) -> None:
-    """Search parallelism, size and hardware for the first job; failure-aware time and cost."""
+    """Search parallelism, size and hardware for the first job (failure-aware time and cost),
+    or for a serving deployment (replica shape, batch limit and replicas at its load and SLO,
+    by cost per million output tokens)."""
     from clustersim.planning import Engine, PlanError, PlanOptions
     from clustersim.planning import plan as make_plan
     from clustersim.planning.outputs import write_plan
@@ -144,6 +159,20 @@ def plan(
                 raise UsageProblem(f"--global-batch {global_batch!r}: {batch_tokens:,.0f} tokens "
                                    f"is not a whole number of sequences of {length}")
             sets.append(f"jobs.0.global_batch={int(batch_tokens // length)}")
+    if serve is not None or _serving_only(scenario, sets):
+        given = {"--chips": chips, "--model": model, "--global-batch": global_batch,
+                 "--seq-len": seq_len, "--tokens": tokens, "--deadline": deadline,
+                 "--budget": budget, "--max-chips": max_chips}
+        training_only = [k for k, v in given.items() if v is not None]
+        if objective != "step":
+            training_only.append("--objective")
+        if training_only:
+            raise UsageProblem(f"{', '.join(training_only)}: training options; a serving plan "
+                               "takes --hardware, --serve, --goodput, --top, -o, "
+                               "--write-scenario, --set and --json")
+        _plan_serving(scenario, sets, hardware, serve, goodput, top, out, write_scenario, force,
+                      json_out)
+        return
     if engine not in ("local", "ray"):
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
     if engine == "ray":
@@ -161,7 +190,7 @@ def plan(
     )
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
-    out_dir = out if out is not None else Path("results") / f"plan-{spec.name}"
+    out_dir = out if out is not None else default_plan_dir(spec.name)
     check_output_dir(out_dir, force)
     if write_scenario is not None and write_scenario.exists() and not force:
         raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
@@ -201,6 +230,104 @@ class _progress:
     def __exit__(self, *exc: Any) -> None:
         if getattr(self, "_bar", None) is not None:
             self._bar.stop()
+
+
+def _serving_only(scenario: Path, sets: list[str]) -> bool:
+    """A scenario with deployments and no jobs is planned as serving."""
+    from clustersim.scenario.loader import load_scenario
+
+    spec = load_scenario(scenario, sets, planning=True)
+    return bool(spec.serve) and not spec.jobs and spec.workload is None
+
+
+def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: str | None,
+                  goodput: float, top: int, out: Path | None, write_scenario: Path | None,
+                  force: bool, json_out: bool) -> None:
+    """The serving planner (clustersim.runner.serving_plan): the cheapest configuration per
+    hardware meeting the deployment's SLO at its load."""
+    from clustersim.runner.outputs import atomic_output_dir, check_output_dir
+    from clustersim.runner.serving_plan import (
+        ServingPlanError,
+        ServingPlanOptions,
+        plan_serving,
+        serving_plan_scenario,
+        write_serving_plan,
+    )
+    from clustersim.scenario.loader import load_scenario
+
+    spec = load_scenario(scenario, sets)
+    out_dir = out if out is not None else default_plan_dir(spec.name)
+    check_output_dir(out_dir, force)
+    if write_scenario is not None and write_scenario.exists() and not force:
+        raise UsageProblem(f"--write-scenario {write_scenario}: exists; use --force to replace it")
+    options = ServingPlanOptions(
+        hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
+        deployment=serve, goodput=goodput, top=top)
+    try:
+        result = plan_serving(spec, options, Path(scenario).parent)
+    except ServingPlanError as error:
+        raise UsageProblem(f"{scenario}: {error}") from None
+    with atomic_output_dir(out_dir, force=force) as staging:
+        write_serving_plan(result, staging)
+    if write_scenario is not None:
+        import yaml
+
+        text = yaml.safe_dump(serving_plan_scenario(result), sort_keys=False)
+        write_scenario.write_text("# Written by `clustersim plan` (serving).\n" + text,
+                                  encoding="utf-8")
+    if json_out:
+        print(json.dumps(result.as_json(), indent=2))
+        return
+    _print_serving_plan(result, out_dir, write_scenario)
+
+
+def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> None:
+    d = next(x for x in result.scenario.serve if x.name == result.deployment)
+    table = Table(title=escape(
+        f"serving plan for {d.name} ({d.model.name}) at {result.load_rate_per_s:,.3g} "
+        f"requests/s, SLO TTFT {d.slo.ttft_s:g} s and TPOT {d.slo.tpot_s:g} s for "
+        f"{result.options.goodput:.0%} of requests: top {min(result.options.top, len(result.ranked))}"
+        f" of {len(result.ranked):,} that hold the load"), title_justify="left")
+    for name in ("#", "hardware", "tp pp", "per inst", "max batch", "replicas", "instances",
+                 "$/h", "TTFT p99", "TPOT p99", "in SLO", "$/M out tok", "capacity/replica",
+                 "$/M at capacity"):
+        table.add_column(name, justify="left" if name == "hardware" else "right", no_wrap=True)
+    for rank, r in enumerate(result.ranked[: result.options.top], start=1):
+        capacity = r.get("capacity_rate_per_s")
+        at_capacity = r.get("cost_per_million_output_tokens_at_capacity_usd")
+        cost = r.get("cost_per_million_output_tokens_usd")
+        table.add_row(
+            str(rank), r["hardware"], f"{r['tp']} {r['pp']}", str(r["replicas_per_instance"]),
+            str(r["max_batch"]), f"{r['replicas']:,}", f"{r['instances']:,}",
+            f"{r['usd_per_h']:,.2f}", f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
+            f"{r['slo_goodput']:.1%}", "-" if cost is None else f"${cost:,.2f}",
+            "-" if capacity is None else f"{capacity:,.3g}/s",
+            "-" if at_capacity is None else f"${at_capacity:,.2f}")
+    from rich.console import Console
+
+    Console(highlight=False, emoji=False, width=max(out_console.width, 160),
+            file=out_console.file).print(table)
+    rows = result.rows
+    pruned = rows[rows["status"] == "pruned"]["why"].str.split(":").str[0].value_counts()
+    out_console.print(f"considered {result.considered:,}, pruned {result.pruned:,} ("
+                      + ", ".join(f"{n:,} {why}" for why, n in pruned.items())
+                      + f"), simulated {result.simulated:,}")
+    for name, r in result.best_per_hardware().items():
+        cost = r.get("cost_per_million_output_tokens_usd")
+        at_capacity = r.get("cost_per_million_output_tokens_at_capacity_usd")
+        out_console.print(
+            f"{name} at its best: {r['replicas']:,} replica(s) of tp {r['tp']} pp {r['pp']}, "
+            f"max batch {r['max_batch']}, on {r['instances']:,} instance(s) (${r['usd_per_h']:,.2f}"
+            f"/h): TTFT p99 {r['ttft_p99_s']:.3g} s, TPOT p99 {r['tpot_p99_s']:.3g} s, "
+            f"{r['slo_goodput']:.1%} within the SLO"
+            + ("" if cost is None else f", ${cost:,.2f} per million output tokens at the load")
+            + ("" if at_capacity is None else
+               f"; ${at_capacity:,.2f} at its capacity of {r['capacity_rate_per_s']:,.3g} "
+               "requests/s per replica"))
+    for note in result.notes:
+        err_console.print(f"note: {escape(note)}")
+    out_console.print(f"wrote {out_dir}/ (plan.parquet, plan.json, pareto.png)"
+                      + (f" and {written}" if written else ""))
 
 
 def _fmt(value: Any, kind: str) -> str:

@@ -47,8 +47,11 @@ def _check_run_folder(run_dir: Path) -> None:
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise UsageProblem(f"{summary}: cannot read it ({error}); run the scenario "
                            "again") from None
-    missing = [t for t in TRACES if not (run_dir / f"{t}.parquet").exists()]
-    if len(missing) == len(TRACES):
+    traces = TRACES
+    if (run_dir / "day.parquet").exists() or (run_dir / "fleet.parquet").exists():
+        traces = ("day", "fleet")  # a fleet-day run (docs/fleet-day.md)
+    missing = [t for t in traces if not (run_dir / f"{t}.parquet").exists()]
+    if len(missing) == len(traces):
         raise UsageProblem(f"{run_dir}: no traces ({', '.join(missing)}.parquet missing); "
                            "run again with trace.enabled: true")
     if missing:

@@ -52,15 +52,38 @@ def run(
         raise UsageProblem(problem)
 
     spec = load_scenario(scenario, overrides or [])
+    from clustersim.scenario.fleetday import is_fleet_day
+
+    if is_fleet_day(spec) and (replications > 1 or find_rate):
+        raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: a fleet-day "
+                           "run (fluid deployments, docs/fleet-day.md) runs once, at its "
+                           "scenario's rates")
+    if find_rate and any(d.workload.load is not None for d in spec.serve):
+        raise UsageProblem("--find-rate: a deployment's rate follows its load curve "
+                           "(workload.load); expected a constant rate")
     if find_rate:
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return
     out_dir = out if out is not None else Path("results") / spec.name
     check_output_dir(out_dir, force, replaces=spec.name)
+    replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
                         workers=workers, progress=progress)
-    _print_run(result.summary, out_dir)
+    _print_run(result.summary, out_dir, _price_label(spec))
+    if replaced:
+        report = " and its report/ (run clustersim report again)" if "report" in replaced else ""
+        err_console.print(f"note: replaced the earlier run in {escape(str(out_dir))}/{report}",
+                          soft_wrap=True)
+    if spec.jobs:
+        out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
+                          f"clustersim plan {escape(str(scenario))}", soft_wrap=True)
+
+
+def _price_label(spec: Any) -> str:
+    from clustersim.hardware.prices import price_basis
+
+    return price_basis(spec.hardware)
 
 
 @contextlib.contextmanager
@@ -112,33 +135,77 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
             search = find_rate(spec, deployment.name, goodput, seed, base_dir=base_dir)
         except ValueError as error:
             raise UsageProblem(f"--find-rate: {error}") from None
-        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" for r, g in search.tried)
+        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" + (" saturated" if r in search.saturated
+                                                      else "") for r, g in search.tried)
         if search.rate_per_s is None:
             out_console.print(f"{deployment.name}: no rate found meeting {goodput:.0%} of the "
-                              f"SLO (tried {tried})")
+                              f"SLO without saturating (tried {tried})")
             continue
         f = search.figures or {}
         out_console.print(
             f"{deployment.name}: {search.rate_per_s:,.3g} requests/s within the SLO (ttft "
             f"{deployment.slo.ttft_s:g} s, tpot {deployment.slo.tpot_s:g} s) for "
             f"{goodput:.0%} of requests; {f['output_tokens_per_s']:,.0f} output tokens/s, "
-            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s")
+            f"TTFT p99 {f['ttft_p99_s']:.3g} s, TPOT p99 {f['tpot_p99_s']:.3g} s"
+            + ("" if f.get("cost_per_million_output_tokens_usd") is None else
+               f"; ${f['cost_per_million_output_tokens_usd']:,.2f} per million output tokens "
+               "at that rate"))
         out_console.print(f"  tried {tried}")
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
     for name, d in summary.get("deployments", {}).items():
-        table.add_row(f"serve {name}", f"{d['model']}: {d['replicas']} replicas of tp {d['tp']}"
-                      f" x pp {d['pp']} on {d['instances']} instances")
+        table.add_row(f"serve {escape(name)}",
+                      f"{d['model']}: {_plural(d['replicas'], 'replica')} of tp {d['tp']} x pp "
+                      f"{d['pp']} on {_plural(d['instances'], 'instance')}")
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
-                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s; SLO goodput "
-                          f"{d['slo_goodput']:.1%}")
+                          f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
+                          f"horizon; SLO goodput {d['slo_goodput']:.1%}")
+        if d.get("saturated"):
+            table.add_row("", f"[bold]saturated[/bold]: the queue grew over the horizon "
+                          f"({d['requests_outstanding_at_end']:,} requests outstanding at its "
+                          "end); the throughput above is what the deployment sustains")
+        if d.get("requests_drained"):
+            table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
+                          f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
             table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
                           f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
         if d["cost_per_million_output_tokens_usd"] is not None:
             table.add_row("", f"${d['cost_per_million_output_tokens_usd']:,.2f} per million "
                           f"output tokens")
+
+
+def _money(value: float | None, unit: str) -> str:
+    return "no price" if value is None else f"${value:,.3g} {unit}"
+
+
+def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
+    """A fleet-day run (docs/fleet-day.md): chip-hours by state, deployments, jobs."""
+    day = summary["fleet_day"]
+    hours = day["chip_hours"]
+    total = max(day["chip_hours_total"], 1e-9)
+    table.add_row("chip-hours", ", ".join(f"{k} {v:,.0f} ({v / total:.1%})"
+                                          for k, v in hours.items()))
+    serving = _money(day["serving_cost_per_million_output_tokens_usd"], "per M output tokens")
+    training = _money(day["training_cost_per_million_tokens_usd"], "per M tokens")
+    table.add_row("cost", f"serving {serving}, training {training}")
+    table.add_row("peak load", f"{day['peak_load_per_s']:,.0f} requests/s over the deployments")
+    for name, d in summary["deployments"].items():
+        table.add_row(f"serve {escape(name)}", f"{d['model']}, tp {d['tp']} x pp {d['pp']}: "
+                      f"{d['replicas_min']:,}-{d['replicas_max']:,} replicas, peak "
+                      f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
+                      f"{(d['slo_goodput'] or 0):.1%}")
+        table.add_row("", f"TTFT p50 {d['ttft_p50_s'] or 0:.3g} s p99 {d['ttft_p99_s'] or 0:.3g} s; "
+                      f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+    for name, job in summary["jobs"].items():
+        table.add_row(f"job {escape(name)}", f"{job['status']}: {job['tokens_trained']:,.3g} "
+                      f"tokens, ETTR {job['ettr']:.1%}, {job['preemptions']} preemptions, "
+                      f"{job['interruptions']} failures, lost {job['lost_work_s'] / 3600:,.1f} h")
 
 
 def _percent(value: float) -> str:
@@ -167,6 +234,9 @@ def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
                       f" steps, ETTR {_with_ci(job, 'ettr', _percent)}, "
                       f"{_with_ci(job, 'interruptions', lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
                       " interruptions")
+    when = _when(job)
+    if when:
+        table.add_row("", when)
     lost_s = job["lost_time_s"]
     lost = {k: v for k, v in lost_s.items()
             if isinstance(v, float | int) and v and not k.endswith("_ci95")}
@@ -189,11 +259,41 @@ def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
         table.add_row("", escape(job["reason"]))
 
 
+def _when(job: dict[str, Any]) -> str:
+    """When the job started and finished (or that it was still going at the horizon)."""
+    from clustersim.hardware.units import format_duration
+
+    start, end = job.get("start_s"), job.get("end_s")
+    if start is None:
+        return "never started"
+    text = f"started at {format_duration(start, 3)}"
+    if end is None:
+        return text + ", still going at the horizon" if start > 0 else ""
+    return text + f", {'finished' if job.get('status') == 'done' else 'ended'} at " \
+        f"{format_duration(end, 3)} ({format_duration(end - start, 3)} later)"
+
+
+def _serving_row(table: Table, summary: dict[str, Any]) -> None:
+    """Chip-time held by the serving deployments and what they served, over the horizon."""
+    cluster, deployments = summary["cluster"], summary.get("deployments") or {}
+    serving = cluster.get("serving_instances") or 0
+    if not deployments or not serving:
+        return
+    chips = serving * cluster["chips_per_instance"]
+    hours = chips * summary["simulated_s"] / 3600
+    served = sum(d.get("requests_completed", 0) for d in deployments.values())
+    arrived = sum(d.get("requests", 0) for d in deployments.values())
+    table.add_row("serving", f"{_plural(serving, 'instance')} ({chips:,} chips) held by "
+                  f"{_plural(len(deployments), 'deployment')} for the whole run: "
+                  f"{serving / cluster['instances']:.1%} of chip-time, {hours:,.1f} chip-hours; "
+                  f"{served:,} requests served within the horizon ({arrived:,} arrived)")
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:,.1f} min"
 
 
-def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
+def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assumed") -> None:
     cluster = summary["cluster"]
     table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
                   show_header=False, title_justify="left")
@@ -207,30 +307,47 @@ def _print_run(summary: dict[str, Any], out_dir: Path) -> None:
     table.add_row("HBM", f"{cluster['hbm_tib']:,.1f} TiB at {cluster['hbm_bandwidth_tbyte_per_s']:,.1f} TB/s")
     table.add_row("EFA bisection", f"{cluster['bisection_gbyte_per_s']:,.0f} GB/s")
     if cluster["price_per_hour_usd"] is not None:
-        table.add_row("on-demand price", f"${cluster['price_per_hour_usd']:,.2f}/h (assumed)")
+        table.add_row("price", f"${cluster['price_per_hour_usd']:,.2f}/h for "
+                      f"{_plural(cluster['instances'], 'instance')} ({price_label})")
     if cluster["chip_power_kw"] is not None:
         table.add_row("chip power", f"{cluster['chip_power_kw']:,.1f} kW")
     jobs = summary["jobs"]
-    if len(jobs) > 8:
+    if "fleet_day" in summary:  # the fleet-level model: its own rows
+        _fleet_day_rows(table, summary)
+        jobs = {}
+    elif len(jobs) > 8:
         _summarise_many_jobs(table, summary)
         jobs = {}
     for name, job in jobs.items():
         _job_rows(table, name, job)
-    _deployment_rows(table, summary)
+    if "fleet_day" not in summary:
+        _deployment_rows(table, summary)
     failures = cluster.get("failures") or {}
     if failures:
         table.add_row("failures", ", ".join(
             f"{k} {_with_ci(failures, k, lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
             for k, v in failures.items() if not k.endswith("_ci95") and v))
-    if "utilisation" in cluster:
-        table.add_row("utilisation", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
-                      f"allocated, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
+    _serving_row(table, summary)
+    if "utilisation" in cluster and summary["jobs"]:
+        table.add_row("training", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
+                      f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
     if summary.get("replications", 1) > 1:
         table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
                          "figure without ± is the same in every replication")
         table.caption_justify = "left"
     out_console.print(table)
-    out_console.print(f"simulated {summary['simulated_s'] / 86400:,.1f} days; wrote "
-                      f"{out_dir}/summary.json in {summary['wall_s']:.2f} s")
+    out_console.print(f"simulated {_horizon(summary['simulated_s'])}; wrote "
+                      f"{escape(str(out_dir))}/summary.json in {summary['wall_s']:.2f} s")
+
+
+def _horizon(seconds: float) -> str:
+    """The simulated horizon in the unit that reads best: `10 min`, `7.0 days`."""
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} hours"
+    if seconds >= 60:
+        return f"{seconds / 60:,.1f} minutes"
+    return f"{seconds:,.1f} s"
 
 

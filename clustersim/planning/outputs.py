@@ -60,6 +60,29 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return front
 
 
+def _count(value: float) -> str:
+    """`2e12` -> `2T`, `1.5e9` -> `1.5B`."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:,.3g}{suffix}"
+    return f"{value:,.3g}"
+
+
+def usd_formatter() -> Any:
+    """Money on an axis as $ (under $10k), $k or $M, never with a `1e7` offset."""
+    from matplotlib.ticker import FuncFormatter
+
+    def usd(value: float, _: Any) -> str:
+        size = abs(value)
+        if size >= 1e6:
+            return f"${value / 1e6:,.3g}M"
+        if size >= 1e4:
+            return f"${value / 1e3:,.3g}k"
+        return f"${value:,.4g}" if size >= 1 or size == 0 else f"${value:.2g}"
+
+    return FuncFormatter(usd)
+
+
 def plot_pareto(result: PlanResult, path: Path) -> Path:
     """Time to train (or wall time per million tokens) against cost, every simulated
     candidate, the Pareto front joined, the best circled."""
@@ -98,12 +121,16 @@ def plot_pareto(result: PlanResult, path: Path) -> Path:
             ax.annotate(f"{r['hardware']} {r['chips']:,} chips tp{r['tp']} pp{r['pp']}",
                         points[i], fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.legend(fontsize=8)
-    what = f"{tokens:.3g} tokens" if tokens is not None else "one million tokens"
-    ax.set_xlabel(f"cost of {what}, failures included (USD)")
+    what = f"{_count(tokens)} tokens" if tokens is not None else "one million tokens"
+    ax.set_xlabel(f"cost of {what}, failures included")
+    ax.xaxis.set_major_formatter(usd_formatter())
     ax.set_ylabel("time to train (days)" if tokens is not None
                   else "wall time per million tokens (s)")
     job = result.scenario.jobs[0]
-    ax.set_title(f"plan: {job.model.name}, {len(result.ranked)} candidates simulated", fontsize=10)
+    # Says what is drawn: every simulated candidate with a price (the pruned ones are in
+    # plan.parquet with their reason).
+    ax.set_title(f"plan: {job.model.name}: the {len(rows):,} simulated candidates with a price"
+                 f"\n(of {result.considered:,} considered, {result.pruned:,} pruned)", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

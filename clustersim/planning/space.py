@@ -16,9 +16,10 @@ without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`
 all-to-all context exchange are evaluated when a scenario gives them, not searched.
 
 A candidate is pruned, in this order, for
-- divisibility: heads (and KV heads) over tp, at least one layer per stage (pp x
-  interleave at most the layers), the batch over micro-batch x dp, micro-batches over pp for
-  interleaving, experts over ep (the scenario loader's rules);
+- divisibility: at least one layer per stage (pp x interleave at most the layers), the
+  sequence over cp, the batch over micro-batch x dp, micro-batches over pp for interleaving,
+  experts over ep (the scenario loader's rules; a tp that does not divide the heads pads
+  them, as NxD does);
 - placement: tensor parallelism must stay inside a NeuronLink (or NVLink) domain: an
   instance, or the UltraServer (Z ring or NeuronSwitch) taken whole, never across EFA;
 - memory: the step model's exact memory of the busiest rank against the chip's HBM less a
@@ -176,11 +177,8 @@ def tp_domain_ranks(hw: HardwareSpec) -> int:
 def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None:
     """Why a candidate cannot run (divisibility or placement), or None."""
     model = job.model
-    if model.heads % c.tp:
-        return f"divisibility: {model.heads} heads over tp {c.tp}"
-    kv = model.n_kv_heads
-    if kv % c.tp and c.tp % kv:
-        return f"divisibility: {kv} KV heads and tp {c.tp}"
+    # A tp that does not divide the heads pads them (as NxD does; the padded work is costed),
+    # as the scenario rules accept it.
     if model.layers < c.pp * c.interleave:
         return (f"divisibility: {model.layers} layers cannot fill pp x interleave "
                 f"{c.pp * c.interleave} stages")

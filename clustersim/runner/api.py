@@ -20,9 +20,11 @@ from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
 from clustersim.runner.budget import check_run_budget
+from clustersim.runner.fleetday import compare_levels, run_fleet_day
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
+from clustersim.scenario.fleetday import is_fleet_day
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.serving import (
@@ -49,6 +51,7 @@ class RunResult:
     steps: dict[str, StepProfile]
     timelines: list[TimelineResult] = field(default_factory=list)
     serving: ServingResult | None = None
+    fleet_day: Any = None  # a FleetDayResult, for a fleet-day run
 
 
 def topology_for(scenario: Scenario) -> Topology:
@@ -316,6 +319,10 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     model = StepModel(topology)
     steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
     check_fit(scenario, steps)
+    if is_fleet_day(scenario):
+        if replications > 1:
+            raise ValueError("replications: a fleet-day run (docs/fleet-day.md) runs once")
+        return _fleet_day_run(scenario, seed, topology, steps, trace_dir, started)
     recorder = None
     if trace_dir is not None and scenario.trace.enabled:
         recorder = ParquetRecorder(Path(trace_dir), {
@@ -353,9 +360,35 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
         # training and serving.
         serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages)
         summary["deployments"] = deployment_figures(scenario, serving)
+        for name, check in compare_levels(scenario, seed, summary["deployments"],
+                                          serving).items():
+            summary["deployments"][name]["fluid_check"] = check
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
                      timelines=timelines, serving=serving)
+
+
+def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,
+                   steps: dict[str, StepProfile], trace_dir: Path | None,
+                   started: float) -> RunResult:
+    """A run of the fleet-level model (docs/fleet-day.md): serving and training on one
+    fleet, stepped at `fluid.interval`, in place of the timeline (one replication)."""
+    metadata = {"version": clustersim.__version__, "seed": seed,
+                "scenario_yaml": scenario.source_yaml}
+    result, figures = run_fleet_day(scenario, seed, steps, trace_dir, metadata)
+    shapes = _job_figures(scenario, steps)
+    summary: dict[str, Any] = {
+        "clustersim_version": clustersim.__version__, "scenario": scenario.name, "seed": seed,
+        "replications": 1, "chips": topology.chips, "simulated_s": scenario.duration_s,
+        "wall_s": 0.0,
+        "jobs": {name: {**shapes[name], **job} for name, job in figures["jobs"].items()},
+        "cluster": cluster_figures(scenario, topology),
+        "deployments": figures["deployments"], "fleet_day": figures["fleet_day"],
+    }
+    summary["cluster"]["serving_instances"] = None  # they vary: fleet.parquet
+    summary["wall_s"] = round(time.perf_counter() - started, 3)
+    return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
+                     fleet_day=result)
 
 
 # The serving fleets' own seed stream: fixed apart from the timeline's replications.

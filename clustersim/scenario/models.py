@@ -25,6 +25,7 @@ from clustersim.hardware.spec import (
 )
 from clustersim.hardware.topology import FabricSpec
 from clustersim.scenario.errors import ScenarioCheckError
+from clustersim.scenario.fleetday import ElasticSpec, FluidSpec
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
 from clustersim.scenario.serving import DeploymentSpec
@@ -141,6 +142,9 @@ class JobSpec(Spec):
     priority: int = Field(default=0, ge=-limits.MAX_PRIORITY, le=limits.MAX_PRIORITY,
                           description="higher runs first (priority, backfill)")
     checkpoint: CheckpointSpec | None = None
+    elastic: ElasticSpec | None = Field(default=None, description="shrinks for serving "
+                                        "instead of stopping (fleet-day runs; "
+                                        "docs/fleet-day.md)")
 
     @property
     def ranks(self) -> int:
@@ -210,6 +214,8 @@ class Scenario(Spec):
     workload: WorkloadSpec | None = None
     stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()
+    fluid: FluidSpec = Field(default=FluidSpec(), description="the fleet-level serving model "
+                             "(docs/fleet-day.md)")
 
     @field_validator("duration_s")
     @classmethod

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 from clustersim.hardware import limits, units
 from clustersim.hardware.topology import TopologyTooLarge, check_topology_size
 from clustersim.scenario.errors import Issue
+from clustersim.scenario.fleetday import fleet_day_checks, is_fleet_day
 from clustersim.scenario.serving import serve_cross_checks
+from clustersim.training.transformer import sharded_heads
 
 if TYPE_CHECKING:
     from clustersim.scenario.models import JobSpec, Scenario
@@ -42,10 +44,10 @@ def _sharding_checks(at: str, job: JobSpec) -> Iterable[Issue]:
         if job.sequence_length % par.cp:
             yield Issue(f"{at}.parallelism.cp", f"the sequence length {job.sequence_length} is "
                         f"not divisible by cp", par.cp, True)
-        if par.cp_comm == "all-to-all" and (model.heads // par.tp) % par.cp:
+        per_rank = sharded_heads(model, par.tp).per_rank
+        if par.cp_comm == "all-to-all" and per_rank % par.cp:
             yield Issue(f"{at}.parallelism.cp", f"all-to-all context parallelism splits the "
-                        f"{model.heads // par.tp} heads of a tensor-parallel rank over cp",
-                        par.cp, True)
+                        f"{per_rank} heads of a tensor-parallel rank over cp", par.cp, True)
     if par.shard is not None:
         if par.zero == 0:
             yield Issue(f"{at}.parallelism.shard", "a shard group needs zero 1, 2 or 3",
@@ -138,20 +140,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
             )
         model = job.model
-        if model.heads % par.tp:
-            yield Issue(
-                f"{at}.parallelism.tp",
-                f"the model's {model.heads} attention heads are not divisible by tp",
-                par.tp, True,
-            )
-        kv = model.n_kv_heads
-        if kv % par.tp and par.tp % kv:
-            yield Issue(
-                f"{at}.parallelism.tp",
-                f"kv_heads {kv} and tp must divide one another (KV heads are split or "
-                f"replicated across tp)",
-                par.tp, True,
-            )
+        # A tp that does not divide the heads is run as NxD runs it: heads padded up to a
+        # multiple of tp, KV heads replicated or converted (training.transformer
+        # .sharded_heads); the padded work is costed and `step` notes it.
         if par.ep > 1 and not model.moe:
             yield Issue(f"{at}.parallelism.ep",
                         f"expert parallelism needs a mixture-of-experts model; {model.name} "
@@ -214,6 +205,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     # UltraServers (as the timeline places it).
     whole = max((-(-s.job_instances(job) // hw.instances_per_ultraserver) for job in s.jobs
                  if hw.whole_ultraservers(job.parallelism.tp)), default=0)
+    yield from (Issue(path, message, value, True) for path, message, value in fleet_day_checks(s))
+    if is_fleet_day(s):  # replicas come and go, jobs wait or are preempted for them
+        largest_job = whole = 0
     for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
                                                     largest_job, whole):
         yield Issue(path, message, value, True)

@@ -10,6 +10,7 @@ router; and latency objectives. Validated once here; the simulator trusts it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -17,11 +18,15 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, RequestRate, Spec
+from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
 from clustersim.training.transformer import TransformerShape
 
 __all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks", "LengthSpec",
            "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec", "SpeculativeSpec",
-           "SloSpec", "DeploymentSpec"]
+           "SloSpec", "DeploymentSpec", "PrecisionSpec", "Precisions", "ServePrecision",
+           "DEFAULT_ACCEPTANCE", "default_activations"]
+
+ServePrecision = Literal["bf16", "fp16", "fp8"]
 
 
 class LengthSpec(Spec):
@@ -69,6 +74,8 @@ class RequestWorkloadSpec(Spec):
                                  description="stop after this many (default: to the horizon)")
     input_tokens: LengthSpec = Field(default=LengthSpec(value=512))
     output_tokens: LengthSpec = Field(default=LengthSpec(value=256))
+    load: LoadCurveSpec | None = Field(default=None, description="the arrival rate over time "
+                                       "(instead of rate; docs/fleet-day.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -85,6 +92,9 @@ class RequestWorkloadSpec(Spec):
         if self.arrival == "trace":
             if self.trace is None:
                 raise ValueError("arrival trace needs trace: a CSV or Parquet file")
+        elif self.load is not None:
+            if self.rate_per_s is not None:
+                raise ValueError("give rate or load (a curve over time), not both")
         elif self.rate_per_s is None:
             raise ValueError(f"arrival {self.arrival} needs rate (requests per second, "
                              "e.g. 10/s)")
@@ -111,6 +121,44 @@ class ServerSpec(Spec):
     kv_precision: Literal["bf16", "fp16", "fp8"] = "bf16"
 
 
+class PrecisionSpec(Spec):
+    """Precision per tensor: weights, activations (matmul inputs and outputs, and so the
+    tensor-parallel all-reduce messages) and the KV cache. fp8 weights alone are weight-only
+    quantisation (bf16 activations: weights stream from HBM at one byte, matmuls and
+    messages stay bf16); `{weights: fp8, activations: fp8}` runs fp8 matmuls (W8A8)."""
+
+    weights: ServePrecision = "bf16"
+    activations: ServePrecision | None = Field(
+        default=None, description="defaults to the weights' precision (bf16 for fp8 weights)")
+    kv_cache: ServePrecision | None = Field(
+        default=None, description="defaults to server.kv_precision")
+
+
+@dataclass(frozen=True)
+class Precisions:
+    """A deployment's (or its draft's) resolved precisions."""
+
+    weights: str
+    activations: str
+    kv_cache: str
+
+
+def default_activations(weights: str) -> str:
+    """The activations' precision when only the weights' is given: the same, except fp8
+    weights, which are a storage format (weight-only quantisation, as NxD Inference's fp8
+    weight quantisation and most fp8 checkpoints run) with bf16 activations; fp8 matmuls
+    and messages need `activations: fp8`."""
+    return "bf16" if weights == "fp8" else weights
+
+
+def resolve_precision(precision: str | PrecisionSpec, kv_default: str) -> Precisions:
+    if isinstance(precision, str):
+        return Precisions(precision, default_activations(precision), kv_default)
+    return Precisions(precision.weights,
+                      precision.activations or default_activations(precision.weights),
+                      precision.kv_cache or kv_default)
+
+
 class DisaggregationSpec(Spec):
     """Separate prefill and decode replicas; the KV cache moves over the fabric."""
 
@@ -118,13 +166,36 @@ class DisaggregationSpec(Spec):
     decode_replicas: int = Field(gt=0)
 
 
+# Default chance a proposed token is accepted. NVIDIA's TensorRT-LLM blog "Boost Llama 3.3
+# 70B Inference Throughput 3x with NVIDIA TensorRT-LLM Speculative Decoding" (Dec 2024): Llama
+# 3.3 70B with a Llama 3.2 1B draft on one H200, batch 1, 51.14 -> 181.74 output tokens/s
+# (x3.55). The speed-up is at most the tokens each target pass emits, (1 - a^(k+1)) / (1 - a),
+# less what the draft's steps cost: x3.55 needs a >= 0.75 at k = 7 proposals (the NxD
+# Inference tutorial's), about 0.8 once a 1B draft's steps are paid for. Leviathan et al.
+# (ICML 2023, table 3) measure 0.5 to 0.9 over their pairs. An inferred figure, not a
+# measured one: give `acceptance` when the pair's is known (docs/serving.md).
+DEFAULT_ACCEPTANCE = 0.8
+
+
 class SpeculativeSpec(Spec):
     """Speculative decoding: a draft model proposes `tokens`, the target verifies them in one
-    pass, each accepted with probability `acceptance` (independently)."""
+    pass, each accepted with probability `acceptance` (independently). The draft has its own
+    precision and tensor-parallel degree (default: the target's, on the target's group, as
+    NxD Inference's fused speculation runs it)."""
 
     draft: TransformerShape
     tokens: int = Field(default=4, gt=0, le=32)
-    acceptance: float = Field(gt=0, lt=1, allow_inf_nan=False)
+    acceptance: float = Field(default=DEFAULT_ACCEPTANCE, gt=0, lt=1, allow_inf_nan=False,
+                              description="chance each proposed token is accepted (default "
+                              "0.8: docs/serving.md)")
+    precision: ServePrecision | PrecisionSpec | None = Field(
+        default=None, description="the draft's; defaults to the target's")
+    tp: int | None = Field(default=None, gt=0, le=limits.MAX_PARALLEL_DEGREE,
+                           description="the draft's tensor parallelism, on the first ranks "
+                           "of the target's group; defaults to the target's tp")
+    fused: bool = Field(default=True, description="the draft runs inside the target's "
+                        "compiled graph (one host overhead per iteration); false: each draft "
+                        "step is a launch of its own")
 
 
 class SloSpec(Spec):
@@ -135,7 +206,9 @@ class SloSpec(Spec):
 class DeploymentSpec(Spec):
     name: str = Field(min_length=1, max_length=128)
     model: TransformerShape
-    precision: Literal["bf16", "fp16", "fp8"] = Field(default="bf16", description="weights")
+    precision: ServePrecision | PrecisionSpec = Field(
+        default="bf16", description="the weights' (activations the same, bf16 for fp8 "
+        "weights), or a mapping {weights, activations, kv_cache}")
     parallelism: dict[Literal["tp", "pp"], int] = Field(default_factory=lambda: {"tp": 1})
     replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
     server: ServerSpec = ServerSpec()
@@ -145,6 +218,11 @@ class DeploymentSpec(Spec):
     speculative: SpeculativeSpec | None = None
     slo: SloSpec = SloSpec()
     start_s: float = Field(default=0.0, ge=0, allow_inf_nan=False, alias="start")
+    fidelity: Literal["requests", "fluid", "auto"] | None = Field(
+        default=None, description="requests: request by request; fluid: the fleet-level "
+        "model (docs/fleet-day.md); auto: fluid with autoscale or past 2M requests, else "
+        "requests and the two levels compared; default: fluid with autoscale, else requests")
+    autoscale: AutoscaleSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:
@@ -154,9 +232,16 @@ class DeploymentSpec(Spec):
         if self.model.layers % self.pp:
             raise ValueError(f"the model's {self.model.layers} layers do not split into "
                              f"pp {self.pp} stages")
-        if self.model.heads % self.tp and self.tp % self.model.heads:
-            raise ValueError(f"tp {self.tp} does not divide the model's {self.model.heads} "
-                             "heads")
+        # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
+        if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
+                and "kv_precision" in self.server.model_fields_set
+                and self.precision.kv_cache != self.server.kv_precision):
+            raise ValueError(f"precision.kv_cache {self.precision.kv_cache} and "
+                             f"server.kv_precision {self.server.kv_precision} disagree: give one")
+        if self.speculative is not None and self.speculative.tp is not None:
+            if self.speculative.tp > self.tp or self.tp % self.speculative.tp:
+                raise ValueError(f"speculative.tp {self.speculative.tp} must divide the "
+                                 f"target's tp {self.tp} (the draft runs on its ranks)")
         if self.disaggregated is not None:
             pools = self.disaggregated.prefill_replicas + self.disaggregated.decode_replicas
             if pools != self.replicas:
@@ -167,6 +252,24 @@ class DeploymentSpec(Spec):
     @property
     def tp(self) -> int:
         return self.parallelism.get("tp", 1)
+
+    @property
+    def precisions(self) -> Precisions:
+        """Weights, activations and KV cache precisions, resolved."""
+        return resolve_precision(self.precision, self.server.kv_precision)
+
+    @property
+    def draft_precisions(self) -> Precisions:
+        """The speculative draft's precisions (the target's unless given)."""
+        if self.speculative is None or self.speculative.precision is None:
+            return self.precisions
+        return resolve_precision(self.speculative.precision, self.precisions.kv_cache)
+
+    @property
+    def draft_tp(self) -> int:
+        if self.speculative is None or self.speculative.tp is None:
+            return self.tp
+        return self.speculative.tp
 
     @property
     def pp(self) -> int:
@@ -220,9 +323,14 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
                    f"NeuronLink domain: expected at most "
                    f"{per_instance * hardware.instances_per_ultraserver} ranks", deployment.tp)
         used += deployment_instances(deployment, hardware)
-        if deployment.precision not in hardware.chip.tflops and deployment.precision != "fp8":
-            yield (f"serve.{index}.precision", f"{hardware.chip.name} has no "
-                   f"{deployment.precision} peak", deployment.precision)
+        checks = [("precision", deployment.precisions)]
+        if deployment.speculative is not None and deployment.speculative.precision is not None:
+            checks.append(("speculative.precision", deployment.draft_precisions))
+        for path, p in checks:
+            compute = p.activations
+            if compute not in hardware.chip.tflops and compute != "fp8":
+                yield (f"serve.{index}.{path}", f"{hardware.chip.name} has no {compute} peak",
+                       compute)
     if used + job_instances > working_instances:
         yield ("serve", f"the deployments' replicas need {used} instances and the jobs "
                f"{job_instances}; the cluster has {working_instances}", used)

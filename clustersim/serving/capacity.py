@@ -1,9 +1,11 @@
 """Capacity: the highest arrival rate a deployment holds within its latency objectives.
 
 The share of requests meeting both the TTFT and TPOT bounds (`slo_goodput`) falls as the rate
-grows past what the replicas can batch. `find_rate` brackets the rate where it crosses the
-target (doubling or halving from a first guess), then bisects; every rate tried is simulated
-over the scenario's horizon with the same seed, so the answer is deterministic.
+grows past what the replicas can batch. A rate at which the deployment is `saturated` (its
+queue grows over the horizon) is never held, whatever its goodput over a short horizon.
+`find_rate` brackets the rate where it crosses the target (doubling or halving from a first
+guess), then bisects; every rate tried is simulated over the scenario's horizon with the
+same seed, so the answer is deterministic.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class RateSearch:
     rate_per_s: float | None  # the highest rate tried that met the target
     figures: dict[str, Any] | None
     tried: list[tuple[float, float]] = field(default_factory=list)  # (rate, slo_goodput)
+    saturated: set[float] = field(default_factory=set)  # the rates tried that saturated
 
 
 def _with_rate(scenario: Scenario, index: int, rate: float) -> Scenario:
@@ -45,7 +48,8 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
               seed: int | None = None, bisections: int = 6, base_dir: Path | None = None
               ) -> RateSearch:
     """Highest Poisson/gamma arrival rate of `deployment` (default: the first) at which at
-    least `goodput` of its requests meet the scenario's TTFT and TPOT bounds."""
+    least `goodput` of its requests meet the scenario's TTFT and TPOT bounds and its queue
+    does not grow (not `saturated`)."""
     names = [d.name for d in scenario.serve]
     if not names:
         raise ValueError("the scenario has no serve: deployments")
@@ -65,16 +69,21 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
                                   base_dir)
         figures = deployment_figures(variant, result)[name]
         search.tried.append((rate, figures["slo_goodput"]))
+        if figures["saturated"]:
+            search.saturated.add(rate)
         return figures
+
+    def holds(figures: dict[str, Any]) -> bool:
+        return figures["slo_goodput"] >= goodput and not figures["saturated"]
 
     rate = float(spec.workload.rate_per_s or spec.replicas)
     figures = evaluate(rate)
-    good, bad = (rate, figures) if figures["slo_goodput"] >= goodput else (None, None), None
+    good, bad = (rate, figures) if holds(figures) else (None, None), None
     if good[0] is not None:
         while bad is None and len(search.tried) < 30:
             rate *= 2
             figures = evaluate(rate)
-            if figures["slo_goodput"] >= goodput:
+            if holds(figures):
                 good = (rate, figures)
             else:
                 bad = rate
@@ -83,7 +92,7 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         while good[0] is None and len(search.tried) < 30:
             rate /= 2
             figures = evaluate(rate)
-            if figures["slo_goodput"] >= goodput:
+            if holds(figures):
                 good = (rate, figures)
             else:
                 bad = rate  # the lowest failing rate bounds the bisection
@@ -93,7 +102,7 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
     for _ in range(bisections):
         middle = (low + high) / 2
         figures = evaluate(middle)
-        if figures["slo_goodput"] >= goodput:
+        if holds(figures):
             low, good = middle, (middle, figures)
         else:
             high = middle

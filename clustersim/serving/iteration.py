@@ -27,6 +27,7 @@ the next n iterations is a closed form (`decode_run_s`): the simulator advances 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,8 +37,9 @@ import numpy as np
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
+from clustersim.scenario.serving import default_activations
 from clustersim.training.step import StepModel
-from clustersim.training.transformer import TransformerShape
+from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
     ATTENTION_CORE,
     BYTES_PER_ELEMENT,
@@ -57,13 +59,34 @@ _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this p
 
 @dataclass(frozen=True)
 class ReplicaShape:
-    """What the iteration model needs of a deployment: model, weight precision, tp, pp."""
+    """What the iteration model needs of a deployment: model, precisions (weights,
+    activations: default the weights', bf16 for fp8 weights; KV cache), tp, pp."""
 
     model: TransformerShape
-    precision: str
+    precision: str  # weights
     tp: int
     pp: int
     kv_precision: str = "bf16"
+    activations: str | None = None
+
+    @property
+    def activation_precision(self) -> str:
+        return self.activations or default_activations(self.precision)
+
+
+# Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
+# operands (m x k in, m x n out) at the activations'.
+_WEIGHT_MATMULS = frozenset(("qkv", "projection", "mlp_in", "mlp_out", "router", "logits"))
+
+
+def _with_weight_bytes(ops: list[Op], weight_bytes: float, activation_bytes: float) -> list[Op]:
+    """The ops (built at the activations' precision) with each weight operand's HBM traffic
+    at the weights' precision (weight-only quantisation reads one byte per weight)."""
+    if weight_bytes == activation_bytes:
+        return ops
+    return [op if op.name not in _WEIGHT_MATMULS else dataclasses.replace(
+        op, bytes=op.count * (activation_bytes * (op.m * op.k + op.m * op.n)
+                              + weight_bytes * op.k * op.n)) for op in ops]
 
 
 def kv_bytes_per_token(model: TransformerShape, kv_precision: str) -> float:
@@ -108,10 +131,15 @@ class IterationModel:
             else None
         self.stage_chips = [int(rank_chips[d * shape.tp]) for d in range(shape.pp)]
         self.layers_per_stage = shape.model.layers / shape.pp
+        self.heads = sharded_heads(shape.model, shape.tp)  # as NxD pads and replicates them
         self.overhead_s = hw.serving.iteration_overhead_s
-        self.element_bytes = BYTES_PER_ELEMENT[shape.precision]
-        # Compute precision: fp8 weights run fp8 matmuls where the chip has them.
-        self.compute_precision = shape.precision if shape.precision in hw.chip.tflops else "bf16"
+        self.element_bytes = BYTES_PER_ELEMENT[shape.precision]  # weights
+        self.activation_bytes = BYTES_PER_ELEMENT[shape.activation_precision]
+        self.kv_element_bytes = BYTES_PER_ELEMENT[shape.kv_precision]
+        # Matmuls run at the activations' precision where the chip has a peak for it (fp8
+        # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones).
+        compute = shape.activation_precision
+        self.compute_precision = compute if compute in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
         self._known: dict[tuple[int, int], float] = {}
 
@@ -122,7 +150,10 @@ class IterationModel:
         m = self.shape.model
         per_layer = (m.parameter_count() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
         ends = m.vocab * m.hidden * (2 if self.shape.pp == 1 else 1)
-        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp
+        # Padded heads (tp not dividing them) add their attention weights on every rank.
+        padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
+        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp \
+            + self.layers_per_stage * padding
         ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
         return per_rank * self.element_bytes * ranks_per_chip
 
@@ -130,17 +161,21 @@ class IterationModel:
         """All the replica's weights (bytes)."""
         return self.shape.model.parameter_count() * self.element_bytes
 
+    def kv_bytes_per_token_per_chip(self) -> float:
+        """KV cache bytes one token adds on the busiest chip."""
+        m = self.shape.model
+        # Each rank holds its KV heads (split over tp, replicated when tp exceeds them,
+        # padded with the query heads) for its stage's layers.
+        per_rank = (kv_bytes_per_token(m, self.shape.kv_precision) / m.n_kv_heads
+                    * self.heads.kv_per_rank / self.shape.pp)
+        return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
+
     def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
         """Tokens the KV cache holds: the HBM left after weights on the busiest chip, less a
         reserved fraction of HBM (activations, runtime), over one token's KV bytes per chip."""
         hw = self.hardware
         free = hw.chip.hbm_bytes * (1.0 - reserve_fraction) - self.weight_bytes_per_chip()
-        kv_heads = self.shape.model.n_kv_heads
-        # KV heads are split over tp (replicated when tp exceeds them) and layers over pp.
-        per_rank = kv_bytes_per_token(self.shape.model, self.shape.kv_precision) / (
-            self.shape.pp * min(self.shape.tp, kv_heads))
-        ranks_per_chip = min(hw.chip.ranks, self.shape.tp * self.shape.pp)
-        return max(0, int(free // (per_rank * ranks_per_chip)))
+        return max(0, int(free // self.kv_bytes_per_token_per_chip()))
 
     # ------------------------------------------------------------------ time
     def _op_s(self, ops: list[Op]) -> float:
@@ -168,7 +203,31 @@ class IterationModel:
     def _outputs_s(self, outputs: int) -> float:
         """Final norm, output layer and sampling for the sequences emitting a token."""
         s = self.shape
-        return self._op_s(_output_ops(s.model, 1, outputs, s.tp, self.compute_precision))
+        return self._op_s(self._weights_at_precision(
+            _output_ops(s.model, 1, outputs, s.tp, s.activation_precision)))
+
+    def _weights_at_precision(self, ops: list[Op], on_chip: bool = False) -> list[Op]:
+        """The ops with each weight operand at the weights' precision; `on_chip`: the
+        activations stay in the rank's on-chip SRAM, so only weights travel from HBM."""
+        ops = _with_weight_bytes(ops, self.element_bytes, self.activation_bytes)
+        if not on_chip:
+            return ops
+        return [dataclasses.replace(op, bytes=(
+            op.count * self.element_bytes * op.k * op.n if op.name in _WEIGHT_MATMULS else 0.0))
+            for op in ops]
+
+    def activations_on_chip(self, tokens: int) -> bool:
+        """Whether an iteration's hidden states (tokens x hidden at the activations'
+        precision, replicated on every tensor-parallel rank) fit a rank's on-chip SRAM
+        (the catalog's `chip.sram` over its ranks: 24 MiB of SBUF per NeuronCore-v2, 28 per
+        v3). While they fit, the compiler keeps them there between operations: norms,
+        residual adds and the matmuls' token operands never travel to HBM. Beyond it they
+        are written out and read back around every operation."""
+        sram = self.hardware.chip.sram_bytes
+        if not sram:
+            return False
+        per_rank = sram / self.hardware.chip.ranks
+        return tokens * self.shape.model.hidden * self.activation_bytes <= per_rank
 
     @lru_cache(maxsize=65536)  # noqa: B019
     def _body_s(self, tokens: int) -> float:
@@ -176,15 +235,17 @@ class IterationModel:
         the sends between stages, for `tokens` tokens."""
         s = self.shape
         layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
-                                                self.compute_precision)
+                                                s.activation_precision)
                  if op.name not in _ATTENTION_CORE]
-        layer_s = self._op_s(layer)
+        on_chip = self.activations_on_chip(tokens)
+        layer_s = self._op_s(self._weights_at_precision(layer, on_chip))
         comm_s = 0.0
-        activation = tokens * s.model.hidden * self.element_bytes
+        # The all-reduces and stage sends carry activations, at their own precision.
+        activation = tokens * s.model.hidden * self.activation_bytes
         if self.tp_group is not None:
             comm_s = 2 * self.tp_all_reduce_s(activation)
         stages_s = s.model.layers * (layer_s + comm_s)
-        ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, self.compute_precision))
+        ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, s.activation_precision))
         send_s = 0.0
         for d in range(s.pp - 1):
             shards = min(s.tp, self.hardware.chip.ranks)
@@ -216,13 +277,14 @@ class IterationModel:
         that token's keys and values on every layer and scoring it (all stages)."""
         s = self.shape
         m = s.model
-        heads = max(1, m.heads // s.tp)
-        kv_heads = max(1, m.n_kv_heads // s.tp)
+        heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         context = 1 << 16  # long enough that tile padding of the context is negligible
         group = heads // kv_heads  # query heads sharing a KV head score together
-        ops = [_matmul("scores", group, m.head_dim, context, self.element_bytes, count=kv_heads),
-               _matmul("attend", group, context, m.head_dim, self.element_bytes, count=kv_heads)]
-        # Operand traffic: the keys and values themselves (the matmul counts add the query).
+        e = self.kv_element_bytes
+        ops = [_matmul("scores", group, m.head_dim, context, e, count=kv_heads),
+               _matmul("attend", group, context, m.head_dim, e, count=kv_heads)]
+        # Operand traffic: the keys and values themselves, at the KV cache's precision (the
+        # matmul counts add the query and scores, a few bytes per token beside 2 x head_dim).
         return m.layers * self._op_s(ops) / context
 
     @lru_cache(maxsize=65536)  # noqa: B019
@@ -231,14 +293,14 @@ class IterationModel:
         itself: the quadratic term (scores and values), with fused (flash) attention."""
         s = self.shape
         m = s.model
-        heads = max(1, m.heads // s.tp)
-        kv_heads = max(1, m.n_kv_heads // s.tp)
+        heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         span = context + chunk
-        e = self.element_bytes
+        e = self.activation_bytes
         ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
                _matmul("attend", chunk, span, m.head_dim, e, count=heads),
-               _vector("attention_io", chunk * heads * m.head_dim * 2
-                       + span * kv_heads * m.head_dim * 2, e, passes=1)]
+               _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
+               _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
+                       passes=1)]
         return m.layers * self._op_s(ops)
 
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
@@ -256,6 +318,11 @@ class IterationModel:
     def prefill_s(self, input_tokens: int) -> float:
         """A whole prompt alone in one iteration (time to first token on an idle replica)."""
         return self.iteration_s([(input_tokens, 0)], 0, 0.0, prefill_outputs=1)
+
+    def step_s(self, batch: int) -> float:
+        """A decode step of `batch` sequences without the host overhead or attention over
+        context: a draft's step inside a fused speculation graph."""
+        return self._linear(batch, batch) - self.overhead_s
 
     def decode_base_s(self, batch: int) -> float:
         """A decode iteration of `batch` sequences, without their attention over context."""

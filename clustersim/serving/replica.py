@@ -32,14 +32,21 @@ __all__ = ["DecodeCost", "Replica"]
 class DecodeCost:
     """Decode iterations of a replica: time = base(batch) + kv x context tokens, each
     iteration emitting `tokens_per_iteration` tokens per sequence (more than one with
-    speculative decoding) and adding as many to its context."""
+    speculative decoding) and adding as many to its context.
+
+    With a draft, an iteration is the draft's `proposed` steps, each on the draft's own
+    shapes (its layers, precision and tensor-parallel group), then the target verifying the
+    proposals and its own token in one pass over `proposed + 1` tokens per sequence. Fused
+    (NxD Inference's fused speculation) the draft runs inside the target's graph: one host
+    overhead per iteration; unfused each draft step is a launch with its own."""
 
     def __init__(self, target: IterationModel, draft: IterationModel | None = None,
-                 proposed: int = 0, acceptance: float = 0.0):
+                 proposed: int = 0, acceptance: float = 0.0, fused: bool = True):
         self.target = target
         self.draft = draft
         self.proposed = proposed
         self.acceptance = acceptance
+        self.fused = fused
         if draft is None:
             self.tokens_per_iteration = 1.0
             self.kv_s = target.kv_coefficient_s
@@ -49,6 +56,10 @@ class DecodeCost:
             self.kv_s = target.kv_coefficient_s + k * draft.kv_coefficient_s
         self._base: dict[int, float] = {}
 
+    def _draft_step_s(self, batch: int) -> float:
+        assert self.draft is not None
+        return self.draft.step_s(batch) if self.fused else self.draft.decode_base_s(batch)
+
     def base_s(self, batch: int) -> float:
         base = self._base.get(batch)
         if base is None:
@@ -56,7 +67,7 @@ class DecodeCost:
                 base = self.target.decode_base_s(batch)
             else:
                 base = (self.target.iteration_s([], batch * (self.proposed + 1), 0.0)
-                        + self.proposed * self.draft.decode_base_s(batch))
+                        + self.proposed * self._draft_step_s(batch))
             self._base[batch] = base
         return base
 
@@ -86,8 +97,10 @@ class DecodeCost:
     def prefill_s(self, chunks: list[tuple[int, int]], batch: int, context: float,
                   outputs: int) -> float:
         time_s = self.target.iteration_s(chunks, batch, context, outputs)
-        if self.draft is not None:
+        if self.draft is not None:  # the draft fills its own KV cache from the prompt
             time_s += self.draft.iteration_s(chunks, batch, context, outputs)
+            if self.fused:
+                time_s -= self.draft.overhead_s
         return time_s
 
 

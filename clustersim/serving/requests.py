@@ -18,6 +18,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from clustersim.scenario.serving import LengthSpec, RequestWorkloadSpec
+from clustersim.serving.load import rescale_arrivals
 
 __all__ = ["Requests", "generate_requests", "read_request_trace", "TraceError"]
 
@@ -73,9 +74,9 @@ def read_request_trace(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _arrivals(spec: RequestWorkloadSpec, horizon_s: float, rng: np.random.Generator
-              ) -> np.ndarray:
-    rate = float(spec.rate_per_s or 0.0)
+def _arrivals(spec: RequestWorkloadSpec, horizon_s: float, rng: np.random.Generator,
+              rate: float | None = None) -> np.ndarray:
+    rate = float(spec.rate_per_s or 0.0) if rate is None else rate
     limit = spec.requests if spec.requests is not None else None
     expected = rate * horizon_s
     chunk = int(min(limit or expected, expected) * 1.05 + 64)
@@ -114,8 +115,10 @@ def _lengths(spec: LengthSpec, n: int, rng: np.random.Generator,
 
 
 def generate_requests(spec: RequestWorkloadSpec, horizon_s: float, seed: np.random.SeedSequence,
-                      base_dir: Path | None = None) -> Requests:
-    """The deployment's requests over [0, horizon_s), from its own seed stream."""
+                      base_dir: Path | None = None,
+                      load: tuple[np.ndarray, float] | None = None) -> Requests:
+    """The deployment's requests over [0, horizon_s), from its own seed stream. `load`:
+    (requests per second per step, the step) of a load curve (clustersim.serving.load)."""
     arrival_rng, input_rng, output_rng = (np.random.default_rng(s) for s in seed.spawn(3))
     trace = None
     if spec.trace is not None:
@@ -133,6 +136,14 @@ def generate_requests(spec: RequestWorkloadSpec, horizon_s: float, seed: np.rand
             keep &= np.arange(len(arrivals)) < spec.requests
         trace = {k: v[keep] for k, v in trace.items()}
         arrivals = trace["arrival_s"]
+    elif load is not None:  # a unit-rate process, time-rescaled onto the curve
+        rates, step_s = load
+        total = float(np.sum(rates) * step_s)
+        unit = _arrivals(spec, total, arrival_rng, rate=1.0) if total > 0 else np.zeros(0)
+        arrivals = rescale_arrivals(unit, rates, step_s)
+        arrivals = arrivals[arrivals < horizon_s]
+        if spec.requests is not None:
+            arrivals = arrivals[: spec.requests]
     else:
         arrivals = _arrivals(spec, horizon_s, arrival_rng)
     n = len(arrivals)

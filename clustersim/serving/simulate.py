@@ -36,11 +36,12 @@ from clustersim.scenario.serving import DeploymentSpec, deployment_instances
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
+from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
-           "requests_table", "replica_series_table", "replicas_on_instance"]
+           "requests_table", "replica_series_table", "replicas_on_instance", "saturated"]
 
 
 @dataclass
@@ -63,21 +64,24 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     ipu = hw.instances_per_ultraserver
     small = max(2 * per, ipu * math.ceil(2 * per / ipu))
     topology = build_topology(hw, small, scenario.cluster.fabric)
-    shape = ReplicaShape(d.model, d.precision, d.tp, d.pp, d.server.kv_precision)
+    p = d.precisions
+    shape = ReplicaShape(d.model, p.weights, d.tp, d.pp, p.kv_cache, p.activations)
     target = IterationModel(shape, topology)
     draft = None
-    if d.speculative is not None:
-        draft = IterationModel(ReplicaShape(d.speculative.draft, d.precision, d.tp, 1,
-                                            d.server.kv_precision), topology)
-    cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
-                      d.speculative.acceptance if d.speculative else 0.0)
     capacity = target.kv_capacity_tokens(d.server.kv_reserve)
-    if draft is not None:  # the draft's weights and KV share the HBM
-        capacity = int(capacity * target.kv_coefficient_s / (target.kv_coefficient_s
-                                                              + draft.kv_coefficient_s))
-        capacity -= int(draft.weight_bytes_per_chip() / max(1.0, kv_bytes_per_token(
-            d.model, d.server.kv_precision) / target.chips))
-    kv_per_chip = kv_bytes_per_token(d.model, d.server.kv_precision) / target.chips
+    if d.speculative is not None:
+        q = d.draft_precisions
+        draft = IterationModel(ReplicaShape(d.speculative.draft, q.weights, d.draft_tp, 1,
+                                            q.kv_cache, q.activations), topology)
+        # The draft's weights and its KV cache share the busiest chip's HBM.
+        free = (scenario.hardware.chip.hbm_bytes * (1.0 - d.server.kv_reserve)
+                - target.weight_bytes_per_chip() - draft.weight_bytes_per_chip())
+        capacity = int(free // (target.kv_bytes_per_token_per_chip()
+                                + draft.kv_bytes_per_token_per_chip()))
+    cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
+                      d.speculative.acceptance if d.speculative else 0.0,
+                      d.speculative.fused if d.speculative else True)
+    kv_per_chip = kv_bytes_per_token(d.model, p.kv_cache) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
     cache: dict[int, float] = {}
@@ -176,9 +180,14 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
     first = 0  # the deployment's first instance: deployments take instances in order
     for d, stream in zip(scenario.serve, streams, strict=True):
         request_seed, failure_seed = stream.spawn(2)
+        load = None
+        if d.workload.load is not None:  # the same curve and noise as the fluid level
+            step_s = scenario.fluid.interval_s
+            load = (load_rates(d.workload.load, d.start_s, horizon - d.start_s, step_s,
+                               load_seed(int(seed.entropy), len(fleets))), step_s)
         try:
             requests = generate_requests(d.workload, horizon - d.start_s, request_seed,
-                                         base_dir)
+                                         base_dir, load)
         except TraceError as error:
             index = scenario.serve.index(d)
             raise ScenarioError(scenario.source, [Issue(
@@ -220,8 +229,29 @@ def _quantiles(values: np.ndarray, name: str) -> dict[str, float | None]:
             f"{name}_p99_s": float(q[2])}
 
 
+def saturated(arrival_s: np.ndarray, finish_s: np.ndarray, settled: np.ndarray,
+              start_s: float, end_s: float, cv: float = 1.0) -> bool:
+    """Whether a deployment's queue grows over the window [start_s, end_s]: in its second
+    half, fewer requests finished than arrived by more than 5% of the arrivals plus three
+    standard deviations of their count (sqrt(A) for Poisson arrivals, scaled by the gaps'
+    coefficient of variation when bursty). A held load ends the half with as many requests
+    outstanding as it began with, up to that noise; an overload adds (rate - capacity) x
+    half a window of them. Rejected requests (`settled` False and finished never) count as
+    leaving when they arrive."""
+    middle = start_s + (end_s - start_s) / 2.0
+    arrived = int(((arrival_s > middle) & (arrival_s <= end_s) & settled).sum())
+    finished = int(((finish_s > middle) & (finish_s <= end_s)).sum())
+    return arrived - finished > 0.05 * arrived + 3.0 * max(1.0, cv) * math.sqrt(arrived)
+
+
 def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, dict[str, Any]]:
-    """summary.json `deployments.<name>`: the contract's figures, and a few more."""
+    """summary.json `deployments.<name>`: the contract's figures, and a few more.
+
+    Throughput, cost and energy per token are over the window from the deployment's start to
+    the horizon, from the requests completed inside it; requests that finish while the run
+    drains after the horizon are counted apart (`requests_drained`, `drain_s`), since
+    dividing their tokens by the window would credit a saturated deployment with work it
+    did after the window. Latencies are over every completed request, drained ones too."""
     hw = scenario.hardware
     out = {}
     for d in scenario.serve:
@@ -236,8 +266,11 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
         e2e = finish - arrival
         decoding = outputs > 1
         tpot = (finish[decoding] - first[decoding]) / (outputs[decoding] - 1)
-        span = max(result.horizon_s - d.start_s, 1e-9)
-        tokens = float(outputs.sum())
+        end = result.horizon_s
+        span = max(end - d.start_s, 1e-9)
+        inside = finish <= end
+        tokens = float(outputs[inside].sum())
+        drained = finish[~inside]
         meets = (ttft <= d.slo.ttft_s) & np.where(
             decoding, (finish - first) / np.maximum(outputs - 1, 1) <= d.slo.tpot_s, True)
         instances = deployment_instances(d, hw)
@@ -248,12 +281,22 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
         energy = None
         if hw.chip.power_w is not None and tokens > 0:
             energy = instances * hw.chips_per_instance * hw.chip.power_w * span / tokens
+        finish_all = np.where(fleet.status == 1, fleet.finish_s, math.inf)
+        arrived = fleet.arrival_s <= end
         out[d.name] = {
             "model": d.model.name, "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
             "instances": instances, "requests": int(len(fleet.arrival_s)),
-            "requests_completed": int(done.sum()),
-            "requests_per_s": float(done.sum()) / span,
+            "window_start_s": float(d.start_s), "window_end_s": float(end),
+            "requests_completed": int(inside.sum()),
+            "requests_per_s": float(inside.sum()) / span,
             "output_tokens_per_s": tokens / span,
+            "requests_drained": int(len(drained)),
+            "drain_s": float(drained.max() - end) if len(drained) else 0.0,
+            "requests_unfinished": int((fleet.status == 0).sum()),
+            "requests_outstanding_at_end": int((arrived & (fleet.status != 2)
+                                                & (finish_all > end)).sum()),
+            "saturated": saturated(fleet.arrival_s, finish_all, fleet.status != 2, d.start_s,
+                                   end, d.workload.cv if d.workload.arrival == "gamma" else 1.0),
             **_quantiles(ttft, "ttft"), **_quantiles(tpot, "tpot"), **_quantiles(e2e, "e2e"),
             "slo_goodput": float(meets.sum()) / max(1, len(fleet.arrival_s)),
             "cost_per_million_output_tokens_usd": cost_mtok,

@@ -46,6 +46,7 @@ from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import pipeline_order
 from clustersim.training.stages import chunk_layers, rank_layers
+from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
     BYTES_PER_ELEMENT,
     OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
@@ -404,6 +405,13 @@ class StepModel:
         if hw.instance.price_per_hour_usd is not None:
             cost = instances * hw.instance.price_per_hour_usd * step_time / 3600 / tokens * 1e6
         notes = []
+        layout = sharded_heads(model, par.tp)
+        if layout.padded(model):
+            notes.append(
+                f"attention heads padded from {model.heads} to {layout.heads} for tp {par.tp} "
+                f"({layout.per_rank} per rank, KV heads {model.n_kv_heads} -> "
+                f"{layout.kv_heads}), as NxD pads them: the padded heads' work and weights "
+                "are costed")
         if not memory.fits:
             notes.append(
                 f"does not fit: {memory.per_chip / 2**30:.1f} GiB per chip needed, "

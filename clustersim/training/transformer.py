@@ -7,6 +7,7 @@ The shape is all the step model needs to count FLOPs, bytes and memory; the pres
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -15,7 +16,8 @@ from clustersim.catalog import read_catalog
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 
-__all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source"]
+__all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source",
+           "ShardedHeads", "sharded_heads"]
 
 
 class TransformerShape(Spec):
@@ -87,6 +89,45 @@ class TransformerShape(Spec):
         norms = 2 * self.hidden
         embeddings = self.vocab * self.hidden * (1 if tied_embeddings else 2)
         return self.layers * (attention + ffn + norms) + embeddings + self.hidden
+
+
+@dataclass(frozen=True)
+class ShardedHeads:
+    """Attention heads over a tensor-parallel group, laid out as NxD lays them out."""
+
+    heads: int  # query heads after padding (a multiple of tp)
+    kv_heads: int  # KV heads after replication or padding
+    per_rank: int  # query heads each rank computes
+    kv_per_rank: int  # KV heads each rank holds
+
+    def padded(self, model: TransformerShape) -> bool:
+        return self.heads != model.heads
+
+    def extra_attention_parameters_per_rank(self, model: TransformerShape, tp: int) -> float:
+        """Weights a rank holds beyond its 1/tp share of a layer's attention when the query
+        heads are padded (Q, K, V and the output projection of the padded heads); zero when
+        tp divides the heads."""
+        if not self.padded(model):
+            return 0.0
+        d = model.head_dim
+        held = model.hidden * d * (2 * self.per_rank + 2 * self.kv_per_rank)
+        share = model.hidden * d * (2 * model.heads + 2 * model.n_kv_heads) / tp
+        return held - share
+
+
+def sharded_heads(model: TransformerShape, tp: int) -> ShardedHeads:
+    """NxD's layout (neuronx-distributed's GQA sharding: get_shardable_head_counts): query
+    heads are padded with zero heads up to a multiple of tp; KV heads are replicated to one
+    per rank when tp is a multiple of them, and otherwise converted to one per query head
+    (multi-head attention) when tp does not divide them; multi-head models pad both alike.
+    Llama 2 13B (40 heads) at tp 32 computes 64 heads, two per rank."""
+    heads = -(-model.heads // tp) * tp
+    kv = model.n_kv_heads
+    if kv == model.heads:
+        kv = heads
+    elif kv < tp or kv % tp:
+        kv = tp if tp % kv == 0 else heads
+    return ShardedHeads(heads, kv, heads // tp, kv // tp)
 
 
 def _document() -> dict[str, Any]:

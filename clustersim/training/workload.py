@@ -47,7 +47,7 @@ from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 from clustersim.training.schedule import in_flight
 from clustersim.training.stages import rank_layers
-from clustersim.training.transformer import TransformerShape
+from clustersim.training.transformer import TransformerShape, sharded_heads
 
 __all__ = [
     "BYTES_PER_ELEMENT",
@@ -222,8 +222,10 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     e = BYTES_PER_ELEMENT[precision]
     b, s, h = micro_batch, seq // cp, model.hidden
     tokens = b * s
-    heads = model.heads // tp
-    kv_heads = max(1, model.n_kv_heads // tp)
+    # Heads per rank as NxD shards them: padded up to a multiple of tp, KV heads replicated
+    # or converted (transformer.sharded_heads); the padded heads' work is done all the same.
+    layout = sharded_heads(model, tp)
+    heads, kv_heads = layout.per_rank, layout.kv_per_rank
     d = model.head_dim
     ffn = model.ffn // tp
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
@@ -315,8 +317,8 @@ def cp_exchange_per_layer(job: TrainingJob) -> tuple[list[tuple[str, float]],
     model, b = job.model, job.micro_batch
     e = BYTES_PER_ELEMENT[job.precision]
     local = b * (job.sequence_length // par.cp) * model.head_dim * e
-    heads = model.heads // par.tp
-    kv_heads = max(1, model.n_kv_heads // par.tp)
+    layout = sharded_heads(model, par.tp)
+    heads, kv_heads = layout.per_rank, layout.kv_per_rank
     if par.cp_comm == "ring":
         block = 2.0 * local * kv_heads * par.cp  # every rank's keys and values, gathered
         return [("all-gather", block)], [("all-gather", block), ("reduce-scatter", block)]
@@ -542,8 +544,10 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
     model, par = job.model, job.parallelism
     per_layer = _dense_layer_params(model)
     layers = model.layers / par.pp if layers is None else layers
-    # The router is replicated over tensor parallelism; the rest is split.
-    count = layers * (per_layer / par.tp + model.router_parameters)
+    # The router is replicated over tensor parallelism; the rest is split (with the padded
+    # heads' attention weights when tp does not divide the heads).
+    padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
+    count = layers * (per_layer / par.tp + model.router_parameters + padding)
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
@@ -566,12 +570,17 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     e = BYTES_PER_ELEMENT[job.precision]
     sbh = s * b * h
     kv = model.n_kv_heads / model.heads
+    attention_width = 1.0  # the query heads' share of the hidden size, over all ranks
+    layout = sharded_heads(model, t)
+    if layout.padded(model):  # padded heads hold activations too
+        attention_width = layout.heads / model.heads
+        kv = layout.kv_heads / model.heads
     f = model.ffn / h
     if job.recompute == "full":
         return e * sbh / (t if par.sequence_parallel else 1)
     # Kept whole without sequence parallelism: the two norms' inputs, the QKV and MLP inputs.
     replicated = e * sbh * 4  # 4 tensors of b x s x h
-    split = e * sbh * (1 + 2 * kv + 1)  # Q, K, V (grouped), projection input
+    split = e * sbh * (2 * attention_width + 2 * kv)  # Q, K, V (grouped), projection input
     # MLP intermediates (of top_k experts per token with a mixture of experts).
     split += e * sbh * (f * (2 if model.gated else 1) + f) * model.top_k
     if job.recompute == "none" and attention == "unfused":
@@ -612,8 +621,8 @@ def memory_per_rank(job: TrainingJob, in_flight_microbatches: float, hbm_bytes: 
     if par.cp > 1 and par.cp_comm == "ring":
         # Keys and values of the block being received and of the one attended to.
         e = BYTES_PER_ELEMENT[job.precision]
-        activations += 2 * 2.0 * job.micro_batch * (job.sequence_length // par.cp) * max(
-            1, job.model.n_kv_heads // par.tp) * job.model.head_dim * e
+        activations += 2 * 2.0 * job.micro_batch * (job.sequence_length // par.cp) * (
+            sharded_heads(job.model, par.tp).kv_per_rank) * job.model.head_dim * e
     logits = 0.0
     if last:  # fp32 logits of the vocabulary shard for one micro-batch
         logits = 4.0 * job.micro_batch * (job.sequence_length // par.cp) * math.ceil(

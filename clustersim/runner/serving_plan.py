@@ -1,0 +1,567 @@
+"""The serving planner: the cheapest way to serve a deployment's load within its SLO.
+
+`clustersim plan` on a scenario with a `serve:` deployment searches, on each hardware entry,
+the replica shape (tensor and pipeline parallelism, hence replicas per instance), the batch
+limit (`server.max_batch`) and the number of replicas, and ranks the configurations that meet
+the SLO at the deployment's load by cost per million output tokens at that load.
+
+How it searches, as the training planner does: the scenario's own validation prunes shapes
+that cannot run (tensor parallelism leaving a NeuronLink domain, heads not divisible, layers
+not divisible by the pipeline stages); a replica whose KV cache cannot hold one long request,
+or whose batch-of-one decode iteration already misses the TPOT bound, is pruned by the
+iteration model. For the rest a lower bound of the replicas the load needs (the load over an
+upper bound of what one replica serves within the TPOT bound: prefill of the mean prompt plus
+the mean output decoded at the best batch whose iteration meets the TPOT bound, KV and
+`max_batch` allowing) gives a lower bound of the fleet's cost per hour; candidates are
+simulated in that order, each with the fewest replicas that hold the load (the whole
+deployment simulated at the load, exactly as `clustersim run` would), until no bound left
+can beat the best found for that hardware. A configuration holds the load when at least
+`goodput` of its requests meet the TTFT and TPOT bounds and its queue does not grow (not
+`saturated`), the test `--find-rate` uses.
+
+Every figure comes from the serving simulation `run` uses: no second performance model. The
+best of each hardware is also given at its SLO capacity: the highest rate one replica holds
+(`find_rate`), and the cost per million output tokens there, charging a replica its share of
+an instance.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from clustersim.hardware.catalog import catalog_entry, catalog_names
+from clustersim.scenario.errors import ScenarioError
+from clustersim.scenario.loader import scenario_from_dict
+from clustersim.scenario.models import Scenario
+from clustersim.serving.capacity import find_rate
+from clustersim.serving.requests import generate_requests
+from clustersim.serving.simulate import replica_models
+
+__all__ = ["ServingPlanOptions", "ServingPlanResult", "ServingPlanError", "plan_serving",
+           "write_serving_plan", "serving_plan_scenario"]
+
+BATCHES = (16, 32, 64, 128, 256)
+PIPELINE = (1, 2, 4)
+MAX_SIMULATIONS_PER_CANDIDATE = 8
+
+
+class ServingPlanError(ValueError):
+    """The plan cannot be made (no deployment, a trace's arrivals, nothing fits)."""
+
+
+@dataclass(frozen=True)
+class ServingPlanOptions:
+    hardware: tuple[str, ...] = ()  # default: the scenario's
+    deployment: str | None = None  # default: the first
+    goodput: float = 0.99
+    top: int = 10
+    batches: tuple[int, ...] = BATCHES
+    capacity: bool = True  # find each hardware's best at its SLO capacity too
+
+
+@dataclass
+class ServingPlanResult:
+    scenario: Scenario
+    deployment: str
+    options: ServingPlanOptions
+    load_rate_per_s: float
+    mean_output_tokens: float
+    rows: pd.DataFrame  # every candidate considered, with why each pruned one is out
+    ranked: list[dict[str, Any]]  # simulated candidates that hold the load, cheapest first
+    best_scenarios: dict[str, dict[str, Any]]  # hardware -> raw scenario of its best
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def considered(self) -> int:
+        return len(self.rows)
+
+    @property
+    def pruned(self) -> int:
+        return int((self.rows["status"] == "pruned").sum())
+
+    @property
+    def simulated(self) -> int:
+        return int((self.rows["status"] != "pruned").sum())
+
+    @property
+    def best(self) -> dict[str, Any]:
+        return self.ranked[0]
+
+    def best_per_hardware(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for row in self.ranked:
+            out.setdefault(row["hardware"], row)
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": "serving", "deployment": self.deployment,
+                "load_rate_per_s": self.load_rate_per_s, "goodput": self.options.goodput,
+                "best": _jsonable(self.best),
+                "best_per_hardware": {k: _jsonable(v) for k, v in self.best_per_hardware().items()},
+                "candidates": [_jsonable(r) for r in self.ranked[: self.options.top]],
+                "considered": self.considered, "pruned": self.pruned,
+                "simulated": self.simulated, "notes": self.notes}
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenario variants
+
+
+def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any, tp: int,
+                 pp: int, replicas: int, max_batch: int, instances: int) -> dict[str, Any]:
+    """The scenario serving only this deployment on `instances` of `hardware`."""
+    out = copy.deepcopy(raw)
+    out.pop("jobs", None)
+    out.pop("workload", None)
+    out["hardware"] = copy.deepcopy(hardware)
+    cluster = {k: v for k, v in dict(out.get("cluster") or {}).items()
+               if k not in ("ultraservers", "instances")}
+    cluster["instances"] = instances
+    out["cluster"] = cluster
+    d = copy.deepcopy(deployment)
+    d["parallelism"] = {"tp": tp, "pp": pp}
+    d["replicas"] = replicas
+    d["server"] = {**dict(d.get("server") or {}), "max_batch": max_batch}
+    out["serve"] = [d]
+    return out
+
+
+def _instances_for(ranks_per_replica: int, replicas: int, hw: Any) -> int:
+    """Instances the replicas take, in whole UltraServers on UltraServer hardware."""
+    instances = -(-ranks_per_replica * replicas // hw.ranks_per_instance)
+    per = hw.instances_per_ultraserver if hw.ultraserver else 1
+    return per * -(-instances // per)
+
+
+@dataclass
+class _Shape:
+    """A replica shape on one hardware entry, with its bound."""
+
+    hardware: str
+    hw_value: Any  # what goes under `hardware:` in the scenario
+    spec: Any  # HardwareSpec
+    tp: int
+    pp: int
+    max_batch: int
+    why: str = ""
+    rate_bound_per_s: float = math.inf  # requests/s one replica can serve at most
+    replicas_bound: int = 1
+    instances_bound: int = 1
+    usd_per_h_bound: float = math.inf
+    kv_capacity_tokens: int = 0
+    decode_batch1_s: float = math.nan
+
+
+def _load(scenario: Scenario, index: int, base_dir: Path | None) -> tuple[float, float, float,
+                                                                           int, float]:
+    """(rate, mean input, mean output, longest request, median input) of the deployment's
+    requests over the horizon (the requests `run` draws)."""
+    d = scenario.serve[index]
+    requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
+                                 np.random.SeedSequence(scenario.seed), base_dir)
+    if len(requests.arrival_s) == 0:
+        raise ServingPlanError(f"deployment {d.name!r} gets no requests over the horizon")
+    span = max(scenario.duration_s - d.start_s, 1e-9)
+    rate = float(d.workload.rate_per_s) if d.workload.rate_per_s else len(requests.arrival_s) / span
+    inputs, outputs = requests.input_tokens, requests.output_tokens
+    return (rate, float(inputs.mean()), float(outputs.mean()),
+            int((inputs + outputs).max()), float(np.median(inputs)))
+
+
+def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_out: float,
+           longest: int, median_in: float) -> None:
+    """Prune the shape, or set its lower bound of replicas and cost per hour at the load."""
+    d = variant.serve[0]
+    cost, capacity, _ = replica_models(variant, d)
+    shape.kv_capacity_tokens = int(capacity)
+    if capacity < longest:
+        shape.why = (f"memory: the KV cache holds {capacity:,} tokens per replica, the longest "
+                     f"request needs {longest:,}")
+        return
+    tpi = cost.tokens_per_iteration
+    context = mean_in  # each sequence holds at least its prompt's KV while it decodes
+    shape.decode_batch1_s = cost.run_s(1, context, 1) / tpi
+    if shape.decode_batch1_s > d.slo.tpot_s:
+        shape.why = (f"slo: a decode iteration of one sequence takes "
+                     f"{shape.decode_batch1_s * 1e3:,.1f} ms per token, over the TPOT bound "
+                     f"{d.slo.tpot_s * 1e3:g} ms")
+        return
+    prefill = cost.target.prefill_s(max(1, int(median_in)))
+    if prefill > d.slo.ttft_s:
+        shape.why = (f"slo: the median prompt alone takes {prefill:,.2f} s to prefill, over "
+                     f"the TTFT bound {d.slo.ttft_s:g} s")
+        return
+    # The best seconds per output token: the largest batch whose iteration meets the TPOT
+    # bound, within max_batch and the KV cache (each sequence holds at least its prompt).
+    most = max(1, min(shape.max_batch, int(capacity // max(1.0, context))))
+    batches = np.unique(np.geomspace(1, most, num=min(most, 24)).astype(int))
+    per_token = [cost.run_s(int(b), b * context, 1) / (b * tpi) for b in batches
+                 if cost.run_s(int(b), b * context, 1) / tpi <= d.slo.tpot_s]
+    # Prefill counts at half its marginal time (its iteration less a one-token one): merged
+    # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
+    # streaming, so its standalone time overstates what it adds; halved, the rate stays an
+    # upper bound on the calibrated cases (tests/test_serving_plan.py checks it against the
+    # capacity found by simulation).
+    prefill = cost.target.prefill_s(max(1, int(mean_in))) - cost.target.prefill_s(1)
+    seconds_per_request = 0.5 * max(0.0, prefill) + mean_out * min(per_token)
+    shape.rate_bound_per_s = 1.0 / seconds_per_request
+    shape.replicas_bound = max(1, math.ceil(load / shape.rate_bound_per_s - 1e-9))
+    shape.instances_bound = _instances_for(shape.tp * shape.pp, shape.replicas_bound, shape.spec)
+    price = shape.spec.instance.price_per_hour_usd
+    shape.usd_per_h_bound = shape.instances_bound * (price if price is not None else
+                                                     shape.spec.chips_per_instance)
+
+
+# ---------------------------------------------------------------------------------------------
+# The search
+
+
+def _deployment_index(scenario: Scenario, name: str | None) -> int:
+    names = [d.name for d in scenario.serve]
+    if not names:
+        raise ServingPlanError("the scenario has no serve: deployment to plan")
+    if name is None:
+        return 0
+    if name not in names:
+        raise ServingPlanError(f"--serve {name!r}: no such deployment; expected one of "
+                               f"{', '.join(names)}")
+    return names.index(name)
+
+
+def plan_serving(scenario: Scenario, options: ServingPlanOptions,
+                 base_dir: Path | None = None) -> ServingPlanResult:
+    """Search each hardware entry for the cheapest configuration holding the load."""
+    from clustersim.runner.api import simulate
+
+    index = _deployment_index(scenario, options.deployment)
+    d = scenario.serve[index]
+    if d.disaggregated is not None:
+        raise ServingPlanError(f"deployment {d.name!r} is disaggregated: the serving planner "
+                               "does not plan separate prefill and decode pools yet")
+    raw = yaml.safe_load(scenario.source_yaml) if scenario.source_yaml else {}
+    raw_deployment = raw["serve"][index]
+    load, mean_in, mean_out, longest, median_in = _load(scenario, index, base_dir)
+    names = options.hardware or (scenario.hardware.name,)
+    known = set(catalog_names())
+    for name in names:
+        if name not in known and name != scenario.hardware.name:
+            raise ServingPlanError(f"--hardware {name!r}: not in the catalog; expected one of "
+                                   f"{', '.join(sorted(known))}")
+    rows: list[dict[str, Any]] = []
+    ranked: list[dict[str, Any]] = []
+    best_scenarios: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    source = f"{scenario.source} (planned)"
+
+    def variant(shape: _Shape, replicas: int) -> tuple[dict[str, Any], Scenario]:
+        instances = _instances_for(shape.tp * shape.pp, replicas, shape.spec)
+        mapping = _raw_variant(raw, raw_deployment, shape.hw_value, shape.tp, shape.pp,
+                               replicas, shape.max_batch, instances)
+        return mapping, scenario_from_dict(mapping, source, base_dir=base_dir)
+
+    for name in names:
+        spec = scenario.hardware if name == scenario.hardware.name else catalog_entry(name)
+        hw_value = raw.get("hardware") if name == scenario.hardware.name else name
+        if spec.instance.price_per_hour_usd is None:
+            notes.append(f"{name} has no price in the catalog: its candidates are ranked by "
+                         "chips and have no cost figures")
+        shapes = _shapes(name, hw_value, spec, options.batches, d)
+        for shape in shapes:
+            if shape.why:
+                continue
+            try:
+                _, one = variant(shape, 1)
+            except ScenarioError as error:
+                shape.why = "validation: " + _first_issue(error)
+                continue
+            _bound(shape, one, load, mean_in, mean_out, longest, median_in)
+        # Cheapest bound first; among equal ones (every shape that fits the load on one
+        # instance, say) the most an instance could serve first, so the one kept has the
+        # most headroom and the best cost at capacity.
+        live = sorted((s for s in shapes if not s.why),
+                      key=lambda s: (s.usd_per_h_bound, -s.rate_bound_per_s * max(
+                          1, s.spec.ranks_per_instance // (s.tp * s.pp)), s.tp * s.pp))
+        best_usd: float | None = None
+        for shape in live:
+            if best_usd is not None and shape.usd_per_h_bound >= best_usd:
+                shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best "
+                             f"found costs ${best_usd:,.2f}/h")
+                continue
+            outcome = _fewest_replicas(shape, variant, simulate, options.goodput, d.name)
+            row = _row(shape, outcome, "simulated")
+            rows.append(row)
+            if outcome["holds"]:
+                usd = outcome["usd_per_h"]
+                if best_usd is None or usd < best_usd:
+                    best_usd = usd
+                    best_scenarios[name] = outcome["mapping"]
+                ranked.append(row)
+        rows += [_row(s, None, "pruned") for s in shapes if s.why]
+    ranked.sort(key=lambda r: (r["usd_per_h"], r["cost_per_million_output_tokens_usd"] or 0))
+    frame = pd.DataFrame(rows)
+    if not ranked:
+        raise ServingPlanError(
+            f"no configuration of {d.name!r} on {', '.join(names)} holds {load:,.3g} requests/s "
+            f"within its SLO (TTFT {d.slo.ttft_s:g} s, TPOT {d.slo.tpot_s:g} s) for "
+            f"{options.goodput:.0%} of requests: see why per candidate with --json")
+    for name in names:
+        if name not in best_scenarios:
+            notes.append(f"{name}: no configuration holds the load within the SLO")
+    result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
+                               best_scenarios, notes)
+    if options.capacity:
+        _capacities(result, base_dir)
+    return result
+
+
+def _first_issue(error: ScenarioError) -> str:
+    text = str(error).strip().splitlines()
+    return (text[1] if len(text) > 1 else text[0]).strip().lstrip("- ")
+
+
+def _shapes(name: str, hw_value: Any, spec: Any, batches: tuple[int, ...], d: Any
+            ) -> list[_Shape]:
+    """Every replica shape to consider: tensor parallelism in powers of two up to the
+    NeuronLink (or NVLink) domain, pipeline stages, batch limits."""
+    domain = spec.ranks_per_instance * (spec.instances_per_ultraserver if spec.ultraserver
+                                        else 1)
+    tps = [2 ** k for k in range(int(math.log2(domain)) + 1)]
+    out = []
+    for tp in tps:
+        for pp in PIPELINE:
+            for batch in sorted(set(batches) | {d.server.max_batch}):
+                out.append(_Shape(name, hw_value, spec, tp, pp, batch))
+    return out
+
+
+def _fewest_replicas(shape: _Shape, variant: Any, simulate: Any, goodput: float,
+                     name: str) -> dict[str, Any]:
+    """The fewest replicas holding the load: from the bound's count, up (by half again)
+    until one holds or down (one less, then halving) until one fails, then bisection between
+    the last count that failed and the first that held."""
+    tried: dict[int, dict[str, Any]] = {}
+
+    def run(replicas: int) -> dict[str, Any]:
+        if replicas not in tried:
+            mapping, scenario = variant(shape, replicas)
+            figures = simulate(scenario).summary["deployments"][name]
+            holds = figures["slo_goodput"] >= goodput and not figures["saturated"]
+            price = shape.spec.instance.price_per_hour_usd
+            instances = figures["instances"]
+            tried[replicas] = {"replicas": replicas, "figures": figures, "holds": holds,
+                               "mapping": mapping, "instances": instances,
+                               "usd_per_h": instances * (price if price is not None
+                                                         else shape.spec.chips_per_instance)}
+        return tried[replicas]
+
+    replicas = shape.replicas_bound
+    if run(replicas)["holds"]:
+        # The bound is close to a lower bound, not proven one: check below it, one less,
+        # then halving, and bisect between the last count that failed and the first held.
+        high, low = replicas, replicas - 1
+        while low >= 1 and run(low)["holds"] and len(tried) < MAX_SIMULATIONS_PER_CANDIDATE:
+            high, low = low, low // 2
+    else:
+        previous = None
+        while not run(replicas)["holds"]:
+            figures = run(replicas)["figures"]
+            # Latency-bound, not load-bound: the queue holds and more replicas did not bring
+            # more requests within the SLO (long prompts that miss the TTFT bound on an idle
+            # replica, say). No count of replicas will do.
+            stuck = (previous is not None and not figures["saturated"]
+                     and not previous["saturated"]
+                     and figures["slo_goodput"] - previous["slo_goodput"] < 0.002)
+            if stuck or len(tried) >= MAX_SIMULATIONS_PER_CANDIDATE:
+                return {**run(replicas), "simulations": len(tried), "stuck": stuck}
+            previous = figures
+            replicas = max(replicas + 1, math.ceil(replicas * 1.5))
+        high = replicas
+        low = max(k for k in tried if not tried[k]["holds"])
+    while high - low > 1 and len(tried) < MAX_SIMULATIONS_PER_CANDIDATE:
+        middle = (low + high) // 2
+        if run(middle)["holds"]:
+            high = middle
+        else:
+            low = middle
+    return {**run(high), "simulations": len(tried)}
+
+
+def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "hardware": shape.hardware, "tp": shape.tp, "pp": shape.pp,
+        "replicas_per_instance": max(0, shape.spec.ranks_per_instance // (shape.tp * shape.pp)),
+        "max_batch": shape.max_batch, "status": status, "why": shape.why,
+        "kv_capacity_tokens": shape.kv_capacity_tokens or None,
+        "rate_bound_per_s": shape.rate_bound_per_s if math.isfinite(shape.rate_bound_per_s)
+        else None,
+        "usd_per_h_bound": shape.usd_per_h_bound if math.isfinite(shape.usd_per_h_bound)
+        else None,
+    }
+    keys = ("requests_per_s", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
+            "tpot_p99_s", "e2e_p99_s", "slo_goodput", "saturated",
+            "cost_per_million_output_tokens_usd")
+    if outcome is None:
+        row.update({"replicas": None, "instances": None, "usd_per_h": None, "meets_slo": None,
+                    "simulations": 0, **{k: None for k in keys}})
+    else:
+        figures = outcome["figures"]
+        row.update({"replicas": outcome["replicas"], "instances": outcome["instances"],
+                    "usd_per_h": outcome["usd_per_h"], "meets_slo": bool(outcome["holds"]),
+                    "simulations": outcome["simulations"],
+                    **{k: figures.get(k) for k in keys}})
+        if not outcome["holds"]:
+            row["why"] = (f"slo: {outcome['replicas']:,} replicas still miss the SLO "
+                          f"({figures['slo_goodput']:.1%} within it"
+                          f"{', saturated' if figures['saturated'] else ''}); "
+                          + ("more replicas do not help" if outcome.get("stuck")
+                             else "search stopped"))
+    row.update({"capacity_rate_per_s": None,
+                "cost_per_million_output_tokens_at_capacity_usd": None})
+    return row
+
+
+def _capacities(result: ServingPlanResult, base_dir: Path | None) -> None:
+    """Each hardware's best, and the shown candidates, at their SLO capacity: the highest
+    rate one replica holds, and the cost per million output tokens there (a replica charged
+    its share of an instance)."""
+    shown = {id(r) for r in result.ranked[: result.options.top]}
+    shown |= {id(r) for r in result.best_per_hardware().values()}
+    for row in result.ranked:
+        if id(row) not in shown:
+            continue
+        spec = (result.scenario.hardware if row["hardware"] == result.scenario.hardware.name
+                else catalog_entry(row["hardware"]))
+        index = _deployment_index(result.scenario, result.deployment)
+        if result.scenario.serve[index].workload.arrival == "trace":
+            continue  # a trace's rate is the trace's
+        raw = yaml.safe_load(result.scenario.source_yaml)
+        hw_value = (raw.get("hardware") if row["hardware"] == result.scenario.hardware.name
+                    else row["hardware"])
+        per_replica = result.load_rate_per_s / row["replicas"]
+        mapping = _raw_variant(raw, raw["serve"][index], hw_value, row["tp"], row["pp"], 1,
+                               row["max_batch"], _instances_for(row["tp"] * row["pp"], 1, spec))
+        mapping["serve"][0]["workload"]["rate"] = float(per_replica)
+        one = scenario_from_dict(mapping, f"{result.scenario.source} (capacity)",
+                                 base_dir=base_dir)
+        search = find_rate(one, None, result.options.goodput, None, bisections=4,
+                           base_dir=base_dir)
+        if search.rate_per_s is None or not search.figures:
+            continue
+        row["capacity_rate_per_s"] = search.rate_per_s
+        price = spec.instance.price_per_hour_usd
+        tokens = search.figures["output_tokens_per_s"]
+        if price is not None and tokens > 0:
+            share = row["tp"] * row["pp"] / spec.ranks_per_instance
+            row["cost_per_million_output_tokens_at_capacity_usd"] = (
+                min(1.0, share) * price / 3600.0 / tokens * 1e6)
+    frame = result.rows
+    for row in result.ranked:
+        match = ((frame["hardware"] == row["hardware"]) & (frame["tp"] == row["tp"])
+                 & (frame["pp"] == row["pp"]) & (frame["max_batch"] == row["max_batch"]))
+        for key in ("capacity_rate_per_s", "cost_per_million_output_tokens_at_capacity_usd"):
+            frame.loc[match, key] = row[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+def serving_plan_scenario(result: ServingPlanResult, hardware: str | None = None
+                          ) -> dict[str, Any]:
+    """The best configuration (of `hardware`, default overall) as a raw scenario `run` takes."""
+    row = result.best if hardware is None else result.best_per_hardware()[hardware]
+    mapping = copy.deepcopy(result.best_scenarios[row["hardware"]])
+    mapping["name"] = f"{result.scenario.name}-planned"[:128]
+    figures = (f"Planned by clustersim plan: {row['replicas']} replica(s) of tp {row['tp']} x "
+               f"pp {row['pp']} on {row['instances']} {row['hardware']} instance(s), max_batch "
+               f"{row['max_batch']}, at {result.load_rate_per_s:g} requests/s: TTFT p99 "
+               f"{row['ttft_p99_s']:.3g} s, TPOT p99 {row['tpot_p99_s']:.3g} s, "
+               f"{row['slo_goodput']:.1%} within the SLO")
+    if row["cost_per_million_output_tokens_usd"] is not None:
+        figures += f", ${row['cost_per_million_output_tokens_usd']:.2f} per million output tokens"
+    mapping["description"] = figures + "."
+    return mapping
+
+
+def write_serving_plan(result: ServingPlanResult, folder: Path) -> None:
+    """plan.parquet (every candidate), plan.json and pareto.png into `folder`."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(result.rows, preserve_index=False)
+    meta = {b"clustersim.scenario": result.scenario.source_yaml.encode(),
+            b"clustersim.plan": json.dumps(result.as_json()).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), folder / "plan.parquet")
+    (folder / "plan.json").write_text(json.dumps(result.as_json(), indent=2) + "\n",
+                                      encoding="utf-8")
+    plot_serving_pareto(result, folder / "pareto.png")
+
+
+def plot_serving_pareto(result: ServingPlanResult, path: Path) -> Path:
+    """Cost per million output tokens at the load against p99 TTFT and p99 TPOT, every
+    simulated candidate that holds the load, the SLO bounds dashed, the best circled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from clustersim.planning.outputs import pareto_front, usd_formatter
+
+    d = result.scenario.serve[_deployment_index(result.scenario, result.deployment)]
+    rows = [r for r in result.ranked if r["cost_per_million_output_tokens_usd"] is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    names = list(dict.fromkeys(r["hardware"] for r in rows))
+    for ax, key, bound, label in ((axes[0], "ttft_p99_s", d.slo.ttft_s, "TTFT p99 (s)"),
+                                  (axes[1], "tpot_p99_s", d.slo.tpot_s, "TPOT p99 (s)")):
+        for index, name in enumerate(names):
+            mine = [r for r in rows if r["hardware"] == name]
+            ax.scatter([r["cost_per_million_output_tokens_usd"] for r in mine],
+                       [r[key] for r in mine], s=22, color=f"C{index}", alpha=0.7, label=name)
+        if rows:
+            points = [(r["cost_per_million_output_tokens_usd"], r[key]) for r in rows]
+            front = pareto_front(points)
+            ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "k-", lw=1,
+                    label="Pareto front")
+            best = result.best
+            if best["cost_per_million_output_tokens_usd"] is not None:
+                ax.scatter([best["cost_per_million_output_tokens_usd"]], [best[key]], s=130,
+                           facecolors="none", edgecolors="red", linewidths=1.5, label="best")
+            for i in front:
+                r = rows[i]
+                ax.annotate(f"{r['hardware']} tp{r['tp']} pp{r['pp']} x{r['replicas']}",
+                            points[i], fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"SLO {bound:g} s")
+        ax.set_xlabel("cost per million output tokens at the load")
+        ax.xaxis.set_major_formatter(usd_formatter())
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"serving plan: {d.name} ({d.model.name}) at {result.load_rate_per_s:g} "
+                 f"requests/s: the {len(rows):,} simulated configurations that hold it\n(of "
+                 f"{result.considered:,} considered, {result.pruned:,} pruned)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

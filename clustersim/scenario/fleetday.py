@@ -1,0 +1,306 @@
+"""Serving over days: a deployment's load as a daily curve, its autoscaling, and the fleet
+level (fluid) model's settings (docs/fleet-day.md).
+
+`workload.load` gives the arrival rate over time (hourly points, or a sinusoid between a
+trough and a peak, with multiplicative noise); `autoscale` lets the replica count follow it;
+`fidelity` picks the request-level simulator or the fluid fleet model; the scenario's
+`fluid:` section sets the fleet model's step. Validated here; the drivers trust it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+
+from clustersim.hardware import limits, units
+from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
+
+if TYPE_CHECKING:
+    from clustersim.scenario.models import Scenario
+    from clustersim.scenario.serving import DeploymentSpec
+
+__all__ = ["elastic_unit", "elastic_smallest", "ElasticSpec", "SinusoidSpec",
+           "LoadCurveSpec", "AutoscaleSpec", "FluidSpec", "LoadRate", "fleet_day_checks",
+           "is_fleet_day", "resolved_fidelity", "replica_chips", "AUTO_REQUESTS"]
+
+DAY_S = 86400.0
+# fidelity auto: the request-level simulator up to this many expected requests per deployment
+# (about a minute of simulation), the fluid model beyond.
+AUTO_REQUESTS = 2_000_000
+
+
+def _rate_or_zero(value: object) -> float:
+    """A request rate that may be zero (a night with no traffic); negative refused."""
+    rate = units.parse_rate(value)
+    if not math.isfinite(rate):
+        raise ValueError(f"rate {value!r} is not finite")
+    if rate < 0:
+        raise ValueError(f"rate {value!r} is negative; expected requests per second >= 0")
+    if rate > limits.MAX_REQUEST_RATE_PER_S:
+        raise ValueError(f"rate {value!r} is above {limits.MAX_REQUEST_RATE_PER_S:g}/s "
+                         "(docs/limits.md)")
+    return rate
+
+
+# A request rate that may be zero: requests per second, or a string such as 20/s.
+LoadRate = Annotated[float, BeforeValidator(_rate_or_zero), WithJsonSchema({
+    "anyOf": [{"type": "number"}, {"type": "string"}],
+    "description": "requests per second (0 or more), or requests/time", "examples": ["20/s"]})]
+
+
+class ElasticSpec(Spec):
+    """A training job that shrinks by whole data-parallel groups instead of stopping when a
+    serving deployment of higher priority needs its chips (fleet-day runs only), and grows
+    back when they are free again; each resize restarts it from its last checkpoint."""
+
+    min_dp: int = Field(ge=1, le=limits.MAX_INSTANCES, description="the fewest data-parallel "
+                        "groups it runs on")
+
+
+class SinusoidSpec(Spec):
+    """A daily sinusoid: `trough` at `peak_at` + 12 h, `peak` at `peak_at`."""
+
+    peak_per_s: RequestRate = Field(alias="peak", description="requests per second at the peak")
+    trough_per_s: LoadRate = Field(alias="trough", description="requests per second at the trough")
+    peak_at_s: NonNegativeDuration = Field(default=14 * 3600.0, alias="peak_at",
+                                           le=DAY_S, description="time of day of the peak")
+
+    @model_validator(mode="after")
+    def _check(self) -> SinusoidSpec:
+        if self.trough_per_s > self.peak_per_s:
+            raise ValueError(f"trough {self.trough_per_s:g}/s is above peak "
+                             f"{self.peak_per_s:g}/s")
+        return self
+
+
+class LoadCurveSpec(Spec):
+    """A deployment's arrival rate over time: `hourly` points (requests per second at the
+    start of each hour, linear in between or held (`between: step`); `repeat: daily` repeats
+    24 of them), or a daily
+    `sinusoid`; times `noise`, a log-normal factor of mean 1 and spread `noise` drawn per
+    `noise_interval` (the same draws at both levels of fidelity)."""
+
+    hourly: list[LoadRate] | None = Field(default=None, description="requests per second at "
+                                       "each hour's start (linear between points)")
+    repeat: Literal["daily", "none"] = Field(default="daily", description="daily: 24 hourly "
+                                             "points repeated each day; none: the points "
+                                             "must cover the horizon")
+    between: Literal["linear", "step"] = Field(default="linear", description="between hourly "
+                                               "points: linear, or each held for its hour")
+    sinusoid: SinusoidSpec | None = None
+    noise: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
+                         description="standard deviation of the log of the noise factor")
+    noise_interval_s: Duration = Field(default=900.0, alias="noise_interval",
+                                       ge=60.0, description="time between noise draws")
+
+    @field_validator("hourly", mode="before")
+    @classmethod
+    def _points(cls, value: object) -> object:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            raise ValueError("expected a list of request rates (e.g. [20/s, 18/s, ...])")
+        out = []
+        for index, item in enumerate(value):
+            if isinstance(item, bool):
+                raise ValueError(f"point {index}: expected a rate, got {item!r}")
+            try:
+                out.append(_rate_or_zero(item))
+            except (ValueError, units.UnitError) as error:
+                raise ValueError(f"point {index} (hour {index}): {error}") from None
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> LoadCurveSpec:
+        if (self.hourly is None) == (self.sinusoid is None):
+            raise ValueError("give exactly one of hourly (a list of rates) or sinusoid")
+        if self.hourly is not None and self.repeat == "daily" and len(self.hourly) != 24:
+            raise ValueError(f"repeat daily needs 24 hourly points, got {len(self.hourly)} "
+                             "(or repeat: none with points covering the horizon)")
+        if self.hourly is not None and max(self.hourly) <= 0:
+            raise ValueError("every hourly point is zero: the deployment gets no requests")
+        return self
+
+    def covers_s(self) -> float:
+        """How long the curve is defined for (infinite when it repeats)."""
+        if self.hourly is None or self.repeat == "daily":
+            return math.inf
+        return len(self.hourly) * 3600.0
+
+    def peak_per_s(self) -> float:
+        """The curve's highest rate before noise."""
+        if self.sinusoid is not None:
+            return self.sinusoid.peak_per_s
+        assert self.hourly is not None
+        return max(self.hourly)
+
+    def mean_per_s(self) -> float:
+        """The curve's mean rate over a day (or over its points), before noise."""
+        if self.sinusoid is not None:
+            return (self.sinusoid.peak_per_s + self.sinusoid.trough_per_s) / 2.0
+        assert self.hourly is not None
+        return sum(self.hourly) / len(self.hourly)
+
+
+class AutoscaleSpec(Spec):
+    """Replicas follow the load: a decision every `interval`; a new replica serves after its
+    weights load from storage (the catalog's bandwidth) and `warmup`; a removed one holds its
+    chips for `drain`. `priority` ranks the deployment against training jobs: it preempts
+    jobs of lower priority for chips."""
+
+    min_replicas: int = Field(alias="min", ge=0, le=limits.MAX_REPLICAS)
+    max_replicas: int = Field(alias="max", gt=0, le=limits.MAX_REPLICAS)
+    policy: Literal["utilisation", "slo"] = Field(
+        default="utilisation", description="utilisation: keep load / capacity at target; slo: "
+        "provision the rate a replica holds within its SLO, plus headroom")
+    target: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
+                          description="utilisation: load over capacity to aim at")
+    headroom: float = Field(default=0.2, ge=0, le=10, allow_inf_nan=False,
+                            description="slo: extra capacity over the load")
+    interval_s: Duration = Field(default=60.0, alias="interval", description="between decisions")
+    warmup_s: NonNegativeDuration = Field(default=60.0, alias="warmup",
+                                          le=limits.MAX_DURATION_S,
+                                          description="after loading the weights, before serving")
+    drain_s: NonNegativeDuration = Field(default=60.0, alias="drain", le=limits.MAX_DURATION_S,
+                                         description="a removed replica's chips stay held")
+    scale_down_after_s: NonNegativeDuration = Field(
+        default=600.0, alias="scale_down_after", le=limits.MAX_DURATION_S,
+        description="scale down only after the need stayed lower this long")
+    priority: int = Field(default=limits.MAX_PRIORITY, ge=-limits.MAX_PRIORITY,
+                          le=limits.MAX_PRIORITY,
+                          description="against training jobs' priorities (default: above all)")
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscaleSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min replicas {self.min_replicas} is above max "
+                             f"{self.max_replicas}")
+        return self
+
+
+class FluidSpec(Spec):
+    """The fleet-level serving model (docs/fleet-day.md)."""
+
+    interval_s: Duration = Field(default=60.0, alias="interval", ge=1.0, le=3600.0,
+                                 description="the fleet's step")
+    curve_requests: int = Field(default=3000, ge=200, le=100_000,
+                                description="requests simulated per point of a replica's "
+                                "latency curve")
+    curve_replicas: int = Field(default=4, ge=1, le=64, description="replicas the curves are "
+                                "measured on (the router pools them)")
+
+
+def elastic_unit(instances: int, dp: int) -> int | None:
+    """Instances an elastic job grows or shrinks by: one data-parallel group's, or one
+    instance when several groups share an instance; None when neither divides the other."""
+    if instances % dp == 0:
+        return instances // dp
+    if dp % instances == 0:
+        return 1
+    return None
+
+
+def elastic_smallest(instances: int, dp: int, min_dp: int) -> int:
+    """Instances of `min_dp` data-parallel groups, in whole units (elastic_unit)."""
+    unit = elastic_unit(instances, dp) or instances
+    return min(instances, unit * -(-min_dp * instances // (dp * unit)))
+
+
+def _smallest(s: Scenario, job) -> int:
+    """Instances a job needs to run at all (its minimum when elastic)."""
+    instances, dp = s.job_instances(job), job.parallelism.dp
+    if job.elastic is None or elastic_unit(instances, dp) is None:
+        return instances
+    return elastic_smallest(instances, dp, job.elastic.min_dp)
+
+
+def replica_chips(d: DeploymentSpec, ranks_per_chip: int) -> int:
+    return max(1, -(-d.tp * d.pp // ranks_per_chip))
+
+
+def resolved_fidelity(d: DeploymentSpec, duration_s: float) -> str:
+    """requests or fluid: `auto` is fluid with autoscaling or past AUTO_REQUESTS requests;
+    unset, fluid with autoscaling, else requests."""
+    if d.fidelity is None:
+        return "fluid" if d.autoscale is not None else "requests"
+    if d.fidelity != "auto":
+        return d.fidelity
+    if d.autoscale is not None:
+        return "fluid"
+    w = d.workload
+    if w.load is not None:
+        expected = w.load.mean_per_s() * duration_s
+    elif w.rate_per_s is not None:
+        expected = w.rate_per_s * duration_s
+    else:
+        return "requests"  # a trace
+    if w.requests is not None:
+        expected = min(expected, w.requests)
+    return "fluid" if expected > AUTO_REQUESTS else "requests"
+
+
+def is_fleet_day(s: Scenario) -> bool:
+    """A run of the fleet-level model: some deployment is fluid (or autoscaled)."""
+    return any(resolved_fidelity(d, s.duration_s) == "fluid" for d in s.serve)
+
+
+def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
+    """(path, message, value) for load curves, autoscaling and fidelity that do not fit the
+    scenario: a curve short of the horizon, a fluid deployment without a rate, a request
+    -level one with autoscaling or beside fluid ones, minimums that do not fit."""
+    fleet = is_fleet_day(s)
+    hw = s.hardware
+    minimum_instances = 0
+    for index, d in enumerate(s.serve):
+        at = f"serve.{index}"
+        load = d.workload.load
+        if load is not None and load.covers_s() < s.duration_s:
+            yield (f"{at}.workload.load.hourly", f"the curve's {len(load.hourly or [])} "
+                   f"hourly points cover {units.format_duration(load.covers_s())}, the "
+                   f"horizon is {units.format_duration(s.duration_s)}; expected points up to "
+                   "the horizon (or repeat: daily with 24 points)", len(load.hourly or []))
+        fidelity = resolved_fidelity(d, s.duration_s)
+        if d.autoscale is not None and d.fidelity == "requests":
+            yield (f"{at}.fidelity", "the request-level simulator holds a fixed replica count; "
+                   "expected fluid or auto with autoscale", d.fidelity)
+        elif fleet and fidelity == "requests":
+            yield (f"{at}.fidelity", "requests beside fluid deployments: one run simulates its "
+                   "deployments at one level; expected fluid or auto", d.fidelity)
+        if fleet:
+            if d.workload.arrival == "trace":
+                yield (f"{at}.workload.arrival", "the fluid model needs a rate or a load "
+                       "curve, not a trace", d.workload.arrival)
+            if d.disaggregated is not None:
+                yield (f"{at}.disaggregated", "not yet in the fluid model: expected a "
+                       "deployment whose replicas both prefill and decode", "set")
+            per_chips = replica_chips(d, hw.chip.ranks)
+            count = d.autoscale.min_replicas if d.autoscale is not None else d.replicas
+            need = -(-count * per_chips // hw.chips_per_instance)
+            minimum_instances += need
+            if minimum_instances > s.working_instances:
+                yield (f"{at}.autoscale.min" if d.autoscale is not None else f"{at}.replicas",
+                       f"the deployments' minimum replicas need {minimum_instances} instances "
+                       f"up to this one; the cluster has {s.working_instances}", count)
+    for index, job in enumerate(s.jobs):
+        if job.elastic is None:
+            continue
+        dp = job.parallelism.dp
+        if job.elastic.min_dp > dp:
+            yield (f"jobs.{index}.elastic.min_dp", f"above the job's dp {dp}",
+                   job.elastic.min_dp)
+        elif elastic_unit(s.job_instances(job), dp) is None:
+            yield (f"jobs.{index}.elastic", f"the job's {s.job_instances(job)} instances do "
+                   f"not split into its {dp} data-parallel groups (nor they into them)",
+                   job.elastic.min_dp)
+    if fleet:
+        free = s.working_instances - minimum_instances
+        for index, job in enumerate(s.jobs):
+            if s.job_instances(job) > s.working_instances:
+                yield (f"jobs.{index}.instances", f"needs {s.job_instances(job)} instances; "
+                       f"the cluster has {s.working_instances}", s.job_instances(job))
+            elif _smallest(s, job) > free >= 0:
+                yield (f"jobs.{index}", f"needs {s.job_instances(job)} instances; the "
+                       f"deployments' minimum replicas leave {free}", s.job_instances(job))

@@ -1,0 +1,172 @@
+"""A replica's throughput and latency against load, measured by the request-level simulator:
+what the fluid fleet model (clustersim.serving.fleetday) steps with.
+
+For a deployment (model, hardware, parallelism, server, router, prompt and output lengths,
+SLO) the request-level simulator runs a small group of its replicas (`fluid.curve_replicas`,
+4 by default, at most the deployment's maximum: the router pools them as it pools the
+fleet's), without failures, through its public API (`simulate_serving` and the fleet's
+per-request arrays):
+
+- saturated (every request at once): the completion rate over the middle 80% of completions,
+  over the group's size, is a replica's capacity, `capacity_per_s` requests per second;
+- at a grid of utilisations rho (offered rate over that capacity): the quantiles of TTFT and
+  TPOT, the quantiles of the TTFT of the requests meeting the TPOT bound (requests missing it
+  count as infinite), and the mean time in the system (Little's law at the fleet level).
+
+So whatever the request-level model's constants are, the curves follow them. Each
+deployment shape is measured once per process (cached on its settings), with a fixed seed:
+the curves are a property of the deployment, not of a run's seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from clustersim.scenario.models import FailuresSpec, Scenario
+from clustersim.scenario.serving import DeploymentSpec
+from clustersim.serving.simulate import replica_models, simulate_serving
+
+__all__ = ["ReplicaCurve", "replica_curve", "LEVELS", "RHO_GRID", "CURVE_SEED"]
+
+LEVELS = np.linspace(0.0, 1.0, 201)  # quantile levels kept per grid point (p50 = 100, p99 = 198)
+RHO_GRID = np.array([0.05, 0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 0.93])
+CURVE_SEED = 20240  # fixed: a deployment's curve does not depend on the run's seed
+_CACHE: dict[str, ReplicaCurve] = {}
+
+
+@dataclass(frozen=True)
+class ReplicaCurve:
+    """One replica of a deployment, measured at utilisations `rho` of its capacity."""
+
+    capacity_per_s: float  # requests per second, saturated
+    output_tokens_mean: float
+    rho: np.ndarray  # (k,)
+    ttft_q: np.ndarray  # (k, len(LEVELS)) seconds
+    tpot_q: np.ndarray  # (k, len(LEVELS)) seconds
+    slo_ttft_q: np.ndarray  # (k, len(LEVELS)): TTFT of requests meeting the TPOT bound, else inf
+    e2e_mean_s: np.ndarray  # (k,)
+    weight_bytes: float  # the replica's weights, loaded from storage when it starts
+    requests_simulated: int
+
+    def at(self, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ttft, tpot, slo ttft quantiles, e2e mean) at utilisations `rho` (shape (t,)),
+        interpolated linearly between grid points and held beyond them."""
+        r = np.clip(np.asarray(rho, dtype=float), self.rho[0], self.rho[-1])
+        upper = np.clip(np.searchsorted(self.rho, r, side="right"), 1, len(self.rho) - 1)
+        lower = upper - 1
+        w = ((r - self.rho[lower]) / (self.rho[upper] - self.rho[lower]))[:, None]
+
+        def mix(table: np.ndarray) -> np.ndarray:
+            a, b = table[lower], table[upper]
+            with np.errstate(invalid="ignore"):  # inf - inf where both miss the bound
+                out = a * (1 - w) + b * w
+            return np.where(np.isinf(a) | np.isinf(b), np.inf, out)
+
+        e2e = self.e2e_mean_s[lower] * (1 - w[:, 0]) + self.e2e_mean_s[upper] * w[:, 0]
+        return mix(self.ttft_q), mix(self.tpot_q), mix(self.slo_ttft_q), e2e
+
+    def attainment(self, rho: float, wait_s: float, ttft_slo_s: float) -> float:
+        """Share of requests meeting both bounds at utilisation rho, with `wait_s` of queue."""
+        _, _, slo, _ = self.at(np.array([rho]))
+        return float(np.mean(slo[0] + wait_s <= ttft_slo_s))
+
+    def slo_rate_per_s(self, ttft_slo_s: float, goodput: float = 0.99) -> float:
+        """The highest rate per replica (on the grid, linear between points) at which at
+        least `goodput` of requests meet the SLO; the lowest grid rate if none does."""
+        shares = np.array([np.mean(row <= ttft_slo_s) for row in self.slo_ttft_q])
+        ok = shares >= goodput
+        if not ok[0]:
+            return float(self.rho[0] * self.capacity_per_s)
+        last = int(np.flatnonzero(ok)[-1]) if ok.all() else int(np.argmin(ok)) - 1
+        rho = self.rho[last]
+        if last + 1 < len(self.rho):  # linear to the first failing point
+            a, b = shares[last], shares[last + 1]
+            rho += (self.rho[last + 1] - rho) * (a - goodput) / max(a - b, 1e-12)
+        return float(rho * self.capacity_per_s)
+
+
+def group_size(scenario: Scenario, d: DeploymentSpec) -> int:
+    """Replicas the curve is measured on: the deployment's router spreads load over a few
+    (least outstanding routing pools them), as over the fleet's."""
+    most = d.autoscale.max_replicas if d.autoscale is not None else d.replicas
+    return max(1, min(scenario.fluid.curve_replicas, most))
+
+
+def _key(scenario: Scenario, d: DeploymentSpec, requests: int) -> str:
+    shape = d.model_dump(mode="json", exclude={"name", "autoscale", "fidelity", "replicas",
+                                                "start_s", "disaggregated"})
+    shape["group"] = group_size(scenario, d)
+    shape["workload"] = {k: shape["workload"][k] for k in ("arrival", "cv", "input_tokens",
+                                                           "output_tokens")}
+    return json.dumps([scenario.hardware.model_dump(mode="json"),
+                       scenario.cluster.fabric.model_dump(mode="json"), shape, requests],
+                      sort_keys=True, default=str)
+
+
+def _group(scenario: Scenario, d: DeploymentSpec, rate: float, requests: int) -> Scenario:
+    """The deployment alone on its curve group of replicas, `requests` at `rate`, no
+    failures (not revalidated: every field comes from a valid scenario)."""
+    workload = d.workload.model_copy(update={"rate_per_s": rate, "load": None,
+                                             "requests": requests})
+    one = d.model_copy(update={"replicas": group_size(scenario, d), "autoscale": None, "fidelity": "requests",
+                               "disaggregated": None, "start_s": 0.0, "workload": workload})
+    variant = scenario.model_copy(update={
+        "serve": [one], "jobs": [], "failures": FailuresSpec(),
+        "duration_s": max(86400.0, 1.2 * requests / rate)})  # ends when all are done
+    variant._source = scenario.source
+    return variant
+
+
+def _run(scenario: Scenario, d: DeploymentSpec, rate: float, requests: int, index: int):
+    variant = _group(scenario, d, rate, requests)
+    result = simulate_serving(variant, np.random.SeedSequence(CURVE_SEED, spawn_key=(index,)))
+    return result.fleets[d.name]
+
+
+def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
+    """The deployment's replica curve (measured once per process for its settings)."""
+    requests = scenario.fluid.curve_requests
+    key = _key(scenario, d, requests)
+    if key in _CACHE:
+        return _CACHE[key]
+    # Saturated: every request arrives within a few milliseconds.
+    fleet = _run(scenario, d, 1e5, requests, 0)
+    finish = np.sort(fleet.finish_s[fleet.status == 1])
+    if len(finish) < 10:
+        raise ValueError(f"deployment {d.name!r}: a replica completed {len(finish)} of "
+                         f"{requests} requests (do they fit its KV cache?)")
+    lo, hi = int(0.1 * len(finish)), int(0.9 * len(finish))
+    group = group_size(scenario, d)
+    capacity = (hi - lo) / max(finish[hi] - finish[lo], 1e-9) / group  # per replica
+    ttft, tpot, slo, e2e = [], [], [], []
+    simulated = requests
+    for index, rho in enumerate(RHO_GRID, start=1):
+        fleet = _run(scenario, d, float(rho * capacity * group), requests, index)
+        simulated += requests
+        keep = (fleet.status == 1) & (np.arange(len(fleet.status)) >= requests // 10)
+        arrival, first = fleet.arrival_s[keep], fleet.first_token_s[keep]
+        finish_s, outputs = fleet.finish_s[keep], fleet.output_tokens[keep]
+        t = first - arrival
+        per_token = np.where(outputs > 1, (finish_s - first) / np.maximum(outputs - 1, 1), 0.0)
+        decoding = outputs > 1
+        ttft.append(np.quantile(t, LEVELS))
+        tpot.append(np.quantile(per_token[decoding], LEVELS) if decoding.any()
+                    else np.zeros(len(LEVELS)))
+        slo.append(np.quantile(np.where(per_token <= d.slo.tpot_s, t, np.inf), LEVELS,
+                               method="inverted_cdf"))  # (no inf - inf between samples)
+        e2e.append(float(np.mean(finish_s - arrival)))
+    cost, _, _ = replica_models(scenario, d)
+    outputs_mean = float(np.mean(fleet.output_tokens))
+    curve = ReplicaCurve(
+        capacity_per_s=float(capacity), output_tokens_mean=outputs_mean, rho=RHO_GRID.copy(),
+        ttft_q=np.array(ttft), tpot_q=np.array(tpot), slo_ttft_q=np.array(slo),
+        e2e_mean_s=np.array(e2e), weight_bytes=float(cost.target.weight_bytes()),
+        requests_simulated=simulated)
+    if not math.isfinite(curve.capacity_per_s):
+        raise ValueError(f"deployment {d.name!r}: no finite capacity")
+    _CACHE[key] = curve
+    return curve
