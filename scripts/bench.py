@@ -195,6 +195,51 @@ figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("
 """,
         False,
     ),
+    "topology: 16,384 Trn2 UltraServers over four sites (1,048,576 chips), arrays and graph": (
+        """
+import resource, time
+from clustersim import load_scenario
+from clustersim.runner.api import topology_for
+scenario = load_scenario("scenarios/rainier-1m-4-sites.yaml")
+t0 = time.perf_counter()
+topo = topology_for(scenario)
+arrays = time.perf_counter() - t0
+edges = topo.graph.number_of_edges()  # the networkx graph, built on first use
+usage = resource.getrusage(resource.RUSAGE_SELF)
+figures = {"chips": topo.chips, "sites": topo.site_count, "edges": edges,
+           "arrays_s": round(arrays, 2), "with_graph_s": round(time.perf_counter() - t0, 2),
+           "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "bisection_tbit_per_s": topo.bisection_bytes_per_s() * 8 / 1e12}
+""",
+        False,
+    ),
+    "timeline: 30 days, 1,048,576 chips over four sites, one 1,000,000-chip job (run, CLI)": (
+        """
+import resource
+summary, wall = run_cli("scenarios/rainier-1m-4-sites.yaml")
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+job = summary["jobs"]["pretrain"]
+figures = {"run_wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "interruptions": job["interruptions"], "ettr": round(job["ettr"], 4),
+           "site_events": {k: v for k, v in summary["cluster"]["failures"].items()
+                           if k.startswith("site-")}}
+""",
+        False,
+    ),
+    "scheduler: a month of mixed jobs on 1,048,576 chips over four sites (run, CLI)": (
+        """
+import resource
+summary, wall = run_cli("scenarios/rainier-1m-4-sites-mix.yaml")
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+cluster = summary["cluster"]
+figures = {"run_wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "jobs": cluster["jobs_by_status"], "utilisation": round(cluster["utilisation"], 3),
+           "spread_jobs": sum(1 for j in summary["jobs"].values() if "cross_site" in j),
+           "site_events": {k: v for k, v in cluster["failures"].items()
+                           if k.startswith("site-")}}
+""",
+        False,
+    ),
     "sweep: checkpoint-interval study, 6 intervals x 4 seeds of a 4,096-chip month (local)": (
         """
 import time

@@ -78,12 +78,17 @@ def topology(
         raise UsageProblem(f"--draw {draw}: cannot write in {draw.parent} (permission denied)")
     started = time.perf_counter()
     topo = topology_for(spec)
+    topo.graph  # built on first use: this command reports it, so build it here  # noqa: B018
     build_s = time.perf_counter() - started
     if draw is not None:
         from clustersim.analysis.report import draw_topology
+        from clustersim.analysis.site_drawing import draw_sites
 
         try:
-            draw_topology(topo, draw)
+            if topo.site_count > 1:  # the sites and their links (a chip would be a speck)
+                draw_sites(topo, draw)
+            else:
+                draw_topology(topo, draw)
         except OSError as error:
             raise UsageProblem(f"--draw {draw}: cannot write it ({error.strerror or error})"
                                ) from None
@@ -107,6 +112,13 @@ def topology(
     table.add_row("graph", f"{figures['nodes']:,} nodes, {figures['edges']:,} edges, "
                   f"built in {build_s:.2f} s")
     table.add_row("fabric bisection", f"{figures['bisection_gbyte_per_s']:,.0f} GB/s per direction")
+    for site in figures.get("sites", []):
+        joined = ", ".join(f"{other} {link['gbyte_per_s']:,.0f} GB/s {link['latency_ms']:g} ms"
+                           + (" (backbone)" if link["via"] == "backbone" else "")
+                           for other, link in site["links"].items())
+        table.add_row(f"site {site['name']}", f"{site['chips']:,} chips ({site['spares']:,} "
+                      f"spare instances), {site['leaves']:,} leaves, {site['spines']} spines; "
+                      f"to {joined}")
     out_console.print(table)
     links = Table(title="links by kind", title_justify="left")
     for column in ("kind", "count", "per link, each way", "latency", "per chip (as quoted)"):

@@ -378,6 +378,8 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
 
     wide = Console(highlight=False, width=max(out_console.width, 160))
     wide.print(table)
+    if result.sites is not None:
+        _print_sites(result.sites)
     rows = result.rows
     pruned = rows[rows["status"] == "pruned"]["why"].str.split(":").str[0].value_counts()
     out_console.print(f"considered {result.considered:,}, pruned {result.pruned:,} ("
@@ -432,3 +434,27 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
         err_console.print(f"note: {escape(note)}")
     out_console.print(f"wrote {out_dir}/ (plan.parquet, plan.json, pareto.png)"
                       + (f" and {written}" if written else ""))
+
+
+def _print_sites(sites: dict[str, Any]) -> None:
+    """The spread and one-site options on a cluster of several sites (planning.sites)."""
+    if sites["fits_one_site"]:
+        out_console.print(f"sites: the best fits in one site ({sites['job_chips']:,} chips of "
+                          f"the largest site's {sites['largest_site_chips']:,})")
+        return
+    table = Table(title=f"over {sites['sites']} sites: {sites['job_chips']:,} chips, more than "
+                  f"the largest site's {sites['largest_site_chips']:,}", title_justify="left")
+    for name in ("option", "chips", "dp", "step s", "tokens/s", "$ per 1M tok"):
+        table.add_column(name, justify="left" if name == "option" else "right")
+    for row in sites["options"]:
+        cost = row["cost_per_million_tokens_usd"]
+        table.add_row(escape(row["option"]), f"{row['chips']:,}", f"{row['dp']:,}",
+                      f"{row['step_time_s']:,.3f}", f"{row['tokens_per_s']:,.0f}",
+                      "-" if cost is None else f"{cost:,.3f}")
+    out_console.print(table)
+    for row in sites["options"]:
+        if "convergence_factor" in row:
+            out_console.print(f"{escape(row['option'])}: convergence factor "
+                              f"{row['convergence_factor']:g} (set in jobs.0.cross_site_sync, "
+                              f"not modelled): {row['tokens_per_s_at_equal_loss']:,.0f} tokens/s "
+                              "at equal loss")

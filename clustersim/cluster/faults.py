@@ -172,7 +172,8 @@ class FailureSource:
         f = t.scenario.failures
         slot = int(t.serving_slot[inst])
         took_spare = False
-        free = np.flatnonzero(t.free_mask()) if t.scenario.cluster.spares > 0 else ()
+        spares = t.scenario.total_instances > t.scenario.working_instances  # per site too
+        free = np.flatnonzero(t.free_mask()) if spares else ()
         if len(free):
             spare = int(free[-1])  # the pool's last: spares sit at the end of the cluster
             t.owner[spare], t.serving_slot[spare] = SERVING, slot

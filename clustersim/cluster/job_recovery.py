@@ -100,7 +100,7 @@ class JobRecovery:
                 # Replacements come from the scheduler, which serves recovering jobs before
                 # queued ones (Scheduler._pass in scheduler.py) and adds them to this job as it grants them.
                 self.t.scheduler.schedule()
-                while self.held_count < self.instances_needed:
+                while self.held_count < self.instances_needed or self.t.cut_off(self):
                     yield self.t.hardware_event
                 self.set_state("restarting")
                 yield env.timeout(f.restart_s)

@@ -90,7 +90,8 @@ class Scheduler:
             if queued and run.job.priority <= floor:
                 return
             need = run.instances_needed - (0 if queued else run.held_count)
-            chosen = self.t.place(need, run.whole_ultraservers, free)
+            chosen = self.t.place(need, run.whole_ultraservers, free,
+                                  None if queued else run.held_mask)
             if chosen is None and self.preemption and (queued or run.state == "waiting_for_hardware"):
                 chosen = preempt_for(self.t, run, free, need)
             if chosen is not None:

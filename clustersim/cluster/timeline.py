@@ -39,6 +39,7 @@ from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
+from clustersim.cluster.sites import SiteEvents, SitePlacer, cut_off
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.training.step import StepModel, StepProfile
@@ -107,9 +108,23 @@ class Timeline:
         # hot spare takes a serving slot, so the scheduler need not recount them.
         self.serving_per_leaf = np.bincount(self.instance_leaf[: self.serving_instances],
                                             minlength=self.n_leaves)
-        self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf,
-                             hw.ultraserver is not None
-                             and hw.ultraserver.interconnect.topology == "ring")
+        ring = hw.ultraserver is not None and hw.ultraserver.interconnect.topology == "ring"
+        self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf, ring)
+        # Several sites (clustersim.cluster.sites): placement by site, site events.
+        network = scenario.site_network
+        self.site_network = network
+        self.instance_site = (network.site_of_instances(self.n_instances) if network
+                              else np.zeros(self.n_instances, dtype=np.int32))
+        self.site_first_instance = (network.first_instance if network
+                                    else np.array([0, self.n_instances]))
+        self.partitioned = np.zeros(network.count if network else 1, dtype=np.int64)
+        self.site_seed = streams[3]
+        self.site_events: SiteEvents | None = None
+        if network is not None:
+            self.placer = SitePlacer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf,
+                                     ring, self.site_first_instance, self.partitioned)
+            if scenario.failures.site_events:
+                self.site_events = SiteEvents(self, network, scenario.failures.site_events)
         self.scheduler = Scheduler(self, scenario.scheduler.policy, scenario.scheduler.preemption)
         # Stragglers: persistent slow instances.
         st = scenario.stragglers
@@ -145,12 +160,19 @@ class Timeline:
     def free_mask(self) -> np.ndarray:
         return self.healthy & (self.owner == FREE)
 
-    def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None
-              ) -> np.ndarray | None:
+    def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None,
+              held: np.ndarray | None = None) -> np.ndarray | None:
         """`count` free healthy instances for a job (see Placer.place); None when they are not
-        there."""
-        return self.placer.place(count, whole_ultraservers,
-                                 self.free_mask() if free is None else free)
+        there. `held`: what a recovering job still holds (on several sites, its
+        replacements come from its own sites first)."""
+        free = self.free_mask() if free is None else free
+        if held is not None and isinstance(self.placer, SitePlacer):
+            return self.placer.place(count, whole_ultraservers, free, held)
+        return self.placer.place(count, whole_ultraservers, free)
+
+    def cut_off(self, run: JobRun) -> bool:
+        """A job spanning a site that a network partition has cut off (it cannot train)."""
+        return cut_off(self, run) if self.site_events is not None else False
 
     def slowdown(self, held: np.ndarray) -> float:
         """The slowest of a job's instances (a mask) sets its pace (synchronous training)."""
@@ -196,6 +218,8 @@ class Timeline:
             if run.end_at is not None:
                 self.env.process(run.end_watch())
         self.env.process(self.faults.run())
+        if self.site_events is not None:
+            self.env.process(self.site_events.run())
         if self.scenario.stragglers.transient is not None:
             self.env.process(self._transients())
         if self.progress is not None:

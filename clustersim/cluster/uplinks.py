@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clustersim.cluster.sites import cross_site_seconds, share_site_links
+from clustersim.training.sites import site_profile
+
 if TYPE_CHECKING:
     from clustersim.cluster.timeline import Timeline
 
@@ -22,6 +25,7 @@ def share_uplinks(t: Timeline) -> None:
     demand is already in its step profile (its collectives were costed on the uplinks),
     so what sharing adds is the slowdown with everyone over the slowdown alone, at its
     worst leaf. On a non-blocking fabric demand never exceeds capacity."""
+    share_site_links(t)  # and the inter-site links (clustersim.cluster.sites)
     fabric = t.scenario.cluster.fabric
     if t.n_leaves <= 1 or fabric.oversubscription <= 1.0:
         return  # a leaf's uplinks carry all its instances' EFA: never oversubscribed
@@ -55,7 +59,7 @@ class UplinkPacing:
         model = self.t.step_model
         if model is None or self.held_count != self.instances_needed:
             return
-        profile = model.profile(self.job, self.job.name, instances=self.held)
+        profile = site_profile(model, self.job, self.job.name, instances=self.held)
         self.placed_step_time = profile.step_time_s
         leaves = np.unique(self.t.instance_leaf[self.held])
         self.spans_leaves = len(leaves) > 1
@@ -65,6 +69,8 @@ class UplinkPacing:
         exposed = profile.exposed_comm_s
         self.fabric_exposed_s = (exposed.get("dp", 0.0) + exposed.get("pp", 0.0)
                                  + exposed.get("ep", 0.0)) if len(leaves) > 1 else 0.0
+        if self.t.site_network is not None:  # what its cross-site reduction adds, alone
+            self.site_cross_s = cross_site_seconds(model, self.job, self.held)
         self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
@@ -72,10 +78,23 @@ class UplinkPacing:
 
     def fabric_factor_step(self) -> float:
         """Step time multiplier from sharing leaf uplinks with other jobs (1 when alone)."""
-        if self.fabric_exposed_s <= 0 or self.placed_step_time <= 0:
+        # Over several sites, its cross-site reduction slowed by other spread jobs.
+        site_extra = getattr(self, "site_cross_s", 0.0) * (
+            getattr(self, "site_slowdown", 1.0) - 1.0)
+        if (self.fabric_exposed_s <= 0 and site_extra <= 0) or self.placed_step_time <= 0:
             return 1.0
-        extra = self.fabric_exposed_s * (self.uplink_slowdown - 1.0)
+        extra = self.fabric_exposed_s * (self.uplink_slowdown - 1.0) + site_extra
         return (self.placed_step_time + extra) / self.placed_step_time
+
+    def set_site_slowdown(self, slowdown: float) -> None:
+        """Its share of the inter-site links (clustersim.cluster.sites.share_site_links)."""
+        if abs(slowdown - getattr(self, "site_slowdown", 1.0)) < 1e-9:
+            return
+        self.site_slowdown = slowdown
+        self.outcome.contention_slowdown = max(self.outcome.contention_slowdown, slowdown)
+        if self.placed_step_time > 0:
+            self.step_time = self.placed_step_time * self.fabric_factor_step()
+            self.pace_changed(self.t.env.now)
 
     def set_uplink_slowdown(self, slowdown: float) -> None:
         """The scheduler's verdict on this job's share of its leaves' uplinks."""

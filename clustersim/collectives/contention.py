@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.collectives.costs import CollectiveCost
+from clustersim.collectives.sites import site_link_rates
 
 if TYPE_CHECKING:
     from clustersim.collectives.model import CollectiveModel
@@ -43,6 +44,10 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, 
         if stage.level == "fabric":
             for domain in layout.domains.tolist():
                 peak(("efa", domain), 1.0)
+            continue
+        if stage.level == "site":
+            for key, rate in site_link_rates(topology, layout, stage).items():
+                peak(key, rate)
             continue
         chips, steps, span = model.stage_steps(stage, layout)
         link_rate: dict[tuple[int, int], float] = {}
@@ -83,7 +88,7 @@ def _translate(model: CollectiveModel, node: int, other: int, shift: int) -> int
 def capacity(model: CollectiveModel, key: tuple) -> float:
     """What a resource of `resource_rates` can carry."""
     if key[0] == "link":
-        data = model.topology.graph.edges[key[1], key[2]]
+        data = model.topology.edge(key[1], key[2])
         return data["bandwidth_bytes_per_s"] * model.coster.efficiency(data["kind"])
     if key[0] == "hbm":
         return model.coster.hbm_rate()

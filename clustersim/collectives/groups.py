@@ -87,12 +87,23 @@ class Layout:
     domains: np.ndarray  # first chip of each NeuronLink domain taking part
     domain_leaves: np.ndarray  # leaf of each domain
     chips_per_domain: int
+    # Across sites (clustersim.collectives.sites): `domains` are the representative site's
+    # (the one holding most of them); the sites the group spans, first chip in each, and
+    # the group's chips in all.
+    sites: int = 1
+    site_ids: tuple[int, ...] = ()
+    site_first_chips: tuple[int, ...] = ()
+    site_domain_counts: tuple[int, ...] = ()
+    group_chips: int = 0
 
     @property
     def key(self) -> tuple:
         leaf_pattern = tuple(sorted(Counter(Counter(self.domain_leaves.tolist()).values()).items()))
-        return (self.ranks_per_chip, self.instance_key, self.ultraserver_members,
-                len(self.domains), leaf_pattern)
+        key = (self.ranks_per_chip, self.instance_key, self.ultraserver_members,
+               len(self.domains), leaf_pattern)
+        if self.sites > 1:  # which sites (their links differ) and how the group splits
+            key += (self.site_ids, self.site_domain_counts)
+        return key
 
     @property
     def levels(self) -> list[str]:
@@ -102,10 +113,14 @@ class Layout:
             levels.append("ultraserver")
         if len(self.domains) > 1:
             levels.append("fabric")
+        if self.sites > 1:
+            levels.append("site")
         return levels
 
     @property
     def ranks(self) -> int:
+        if self.sites > 1:
+            return self.group_chips * self.ranks_per_chip
         return len(self.domains) * self.chips_per_domain * self.ranks_per_chip
 
 
@@ -151,6 +166,21 @@ def build_layout(topology: Topology, group: Group) -> Layout:
         us_chips = instance_chips
         domain_first = chips[unit_starts]
         domain_size = int(counts[0])
+    site_fields: dict = {}
+    if topology.chip_site is not None:
+        domain_sites = topology.chip_site[domain_first]
+        site_ids, site_starts, site_counts = np.unique(domain_sites, return_index=True,
+                                                       return_counts=True)
+        if len(site_ids) > 1:
+            # The site with the most domains stands for all in the within-site stages.
+            rep = int(np.argmax(site_counts))
+            site_fields = {
+                "sites": len(site_ids), "site_ids": tuple(int(s) for s in site_ids),
+                "site_first_chips": tuple(int(c) for c in domain_first[site_starts]),
+                "site_domain_counts": tuple(int(c) for c in site_counts),
+                "group_chips": len(chips),
+            }
+            domain_first = domain_first[domain_sites == site_ids[rep]]
     return Layout(
         ranks_per_chip=group.ranks_per_chip,
         instance_chips=instance_chips,
@@ -160,4 +190,5 @@ def build_layout(topology: Topology, group: Group) -> Layout:
         domains=domain_first,
         domain_leaves=topology.chip_leaf[domain_first],
         chips_per_domain=int(domain_size),
+        **site_fields,
     )

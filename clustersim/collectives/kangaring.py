@@ -58,7 +58,7 @@ class CycleFinder:
             graph = nx.Graph()
             graph.add_nodes_from(local)
             members = set(chips)
-            for u, v, data in self.topology.graph.edges(chips, data=True):
+            for u, v, data in (e for c in chips for e in self.topology.chip_edges(c)):
                 if data["kind"] in NEURONLINK_KINDS and data["kind"] != "switch" and (
                         v in members):
                     graph.add_edge(u - base, v - base)

@@ -36,6 +36,7 @@ from clustersim.collectives.mesh import mesh1_steps, mesh_steps
 from clustersim.collectives.ops import CollectiveError
 from clustersim.collectives.rdh import rdh_steps
 from clustersim.collectives.ring import ring_steps
+from clustersim.collectives.sites import site_cost
 from clustersim.collectives.zring import z_algorithms, z_columns, z_steps
 from clustersim.hardware.topology import Topology
 
@@ -59,6 +60,8 @@ class LevelCoster:
         `buffer` is the buffer each rank holds for all-reduce and reduce-scatter (input) and
         for all-gather (output), as nccl-tests counts sizes.
         """
+        if level == "site":
+            return self.site_stage(op, layout, buffer)
         if level == "fabric":
             return self.fabric_stage(op, layout, buffer, algorithm)
         if level == "ultraserver":
@@ -177,3 +180,11 @@ class LevelCoster:
             )
         latency, transfer, steps = fabric_cost(self.topology, op, layout, buffer, algorithm)
         return StageCost("fabric", op, algorithm, x, buffer, steps, latency, transfer)
+
+    # ------------------------------------------------------------------ site level
+    def site_stage(self, op: str, layout: Layout, buffer: float) -> StageCost:
+        """The group's sites over the inter-site links (`clustersim.collectives.sites`):
+        a ring, or direct sends for all-to-all."""
+        latency, transfer, steps = site_cost(self.topology, op, layout, buffer)
+        algorithm = "mesh" if op == "all-to-all" else "ring"
+        return StageCost("site", op, algorithm, layout.sites, buffer, steps, latency, transfer)

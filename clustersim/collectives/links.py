@@ -68,7 +68,7 @@ class StepCoster:
                 latency = max(latency, topo.path(a, b).latency_s)
             worst = 0.0  # seconds per byte of one flow on the busiest link
             for (u, v), count in loads.items():
-                data = topo.graph.edges[u, v]
+                data = topo.edge(u, v)
                 worst = max(worst, count / (data["bandwidth_bytes_per_s"] * self.efficiency(
                     data["kind"])))
             cached = (worst, latency)

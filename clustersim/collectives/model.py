@@ -128,6 +128,9 @@ class CollectiveModel:
                   inter: str) -> CollectiveCost:
         levels = layout.levels
         ranks = layout.ranks
+        if algorithm in ("ring", "biring") and "site" in levels:
+            raise CollectiveError("a flat ring over ranks in several sites is not modelled; "
+                                  "use hierarchical (the site level runs a ring over sites)")
         if algorithm in ("ring", "biring") and len(levels) > 1:
             stage = flat_ring_over_all(self.coster, op, layout, size, algorithm)
             return CollectiveCost(op, size, ranks, f"flat-{algorithm}", (stage,))
@@ -138,7 +141,7 @@ class CollectiveModel:
                 f"{algorithm} applies inside one instance; across instances use hierarchical "
                 f"(with intra/inter choices) or a flat ring/biring"
             )
-        choice = {"instance": intra, "ultraserver": "auto", "fabric": inter}
+        choice = {"instance": intra, "ultraserver": "auto", "fabric": inter, "site": "ring"}
         if op == "all-to-all":
             stages = self._all_to_all(layout, size, levels, choice)
         elif op == "broadcast":
@@ -159,7 +162,8 @@ class CollectiveModel:
         all levels at once (the pieces for other domains go over EFA, the rest stays)."""
         k = layout.ranks_per_chip
         per_instance = len(layout.instance_chips) * k
-        total = per_instance * layout.ultraserver_members * len(layout.domains)
+        site_total = per_instance * layout.ultraserver_members * len(layout.domains)
+        total = layout.ranks if "site" in levels else site_total
         intra = choice["instance"]
         if intra == "auto":  # direct writes, unless the level is a single rank
             intra = "mesh" if per_instance > 1 else "ring"
@@ -170,8 +174,11 @@ class CollectiveModel:
             stages.append(self.levels.ultraserver_stage("all-to-all", layout, share, "mesh"))
         if "fabric" in levels:
             inside = per_instance * layout.ultraserver_members
-            share = size * (total - inside) / total
+            share = size * (site_total - inside) / total
             stages.append(self.levels.fabric_stage("all-to-all", layout, share, "mesh"))
+        if "site" in levels:  # what goes to the other sites
+            share = size * (total - site_total) / total
+            stages.append(self.levels.site_stage("all-to-all", layout, share))
         if len(stages) > 1:  # concurrent: the slowest level's transfer, every level's latency
             slowest = max(stages, key=lambda s: s.transfer_s)
             stages = [replace(s, transfer_s=s.transfer_s if s is slowest else 0.0) for s in stages]
@@ -233,6 +240,7 @@ def hierarchical_plan(op: str, layout: Layout, size: float) -> list[tuple[str, s
         "instance": len(layout.instance_chips) * layout.ranks_per_chip,
         "ultraserver": layout.ultraserver_members,
         "fabric": len(layout.domains),
+        "site": layout.sites,
     }
     if op == "all-reduce":
         plan = [(lv, "reduce-scatter") for lv in levels[:-1]] + [(levels[-1], "all-reduce")]

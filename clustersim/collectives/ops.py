@@ -26,7 +26,7 @@ _OP_ALIASES = {
     "bcast": "broadcast", "sendrecv": "send-recv", "send_recv": "send-recv", "p2p": "send-recv",
 }
 NEURONLINK_KINDS = ("torus", "ring", "zring", "switch")
-FABRIC_KINDS = ("efa", "uplink")
+FABRIC_KINDS = ("efa", "uplink", "gateway", "intersite", "backbone")
 
 # HBM accesses per byte a rank moves in one step (Neuron docs on KangaRing: a ring hop is
 # one read and one write when copying, two reads and a write when reducing).

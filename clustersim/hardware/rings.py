@@ -59,6 +59,10 @@ class Rings:
         """
         group = np.unique(np.asarray(chips, dtype=np.int64))
         key = self._shape_key(group)
+        if key is not None and self.chip_site is not None:
+            sites = np.unique(self.chip_site[group])
+            if len(sites) > 1:  # across sites: which sites (their links differ)
+                key = (*key, tuple(sites.tolist()))
         if key is not None and key in self._ring_cache:
             cached = self._ring_cache[key]
             order = tuple(int(c) for c in self.ring_order(group))
@@ -78,7 +82,7 @@ class Rings:
             shares = []
             kinds = set()
             for (u, v), count in loads.items():
-                data = self.graph.edges[u, v]
+                data = self.edge(u, v)
                 shares.append(data["bandwidth_bytes_per_s"] / count)
                 kinds.add(data["kind"])
             bottleneck = min(shares)

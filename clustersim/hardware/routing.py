@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 __all__ = ["EDGE_KINDS", "NODE_KINDS", "PathSummary", "Routing"]
 
-EDGE_KINDS = ("torus", "ring", "zring", "switch", "efa", "uplink")
-NODE_KINDS = ("chip", "switch", "leaf", "spine")
+EDGE_KINDS = ("torus", "ring", "zring", "switch", "efa", "uplink", "gateway", "intersite",
+              "backbone")
+NODE_KINDS = ("chip", "switch", "leaf", "spine", "site", "backbone")
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,19 @@ class Routing:
         la, lb = int(self.chip_leaf[a]), int(self.chip_leaf[b])
         if la == lb:
             return [a, self.leaf_node(la), b]
-        spine = self.spine_node((a + b) % self.spines)
-        return [a, self.leaf_node(la), spine, self.leaf_node(lb), b]
+        sa, sb = self.site_of(a), self.site_of(b)
+        per_site = self.spines_per_site
+        spine_a = self.spine_node(sa * per_site + (a + b) % per_site)
+        if sa == sb:
+            return [a, self.leaf_node(la), spine_a, self.leaf_node(lb), b]
+        # Across sites: up to a spine of a's site, its gateway, the pair's link (or the
+        # backbone), b's site gateway, down through a spine of b's site.
+        spine_b = self.spine_node(sb * per_site + (a + b) % per_site)
+        middle = [self.site_node(sa)]
+        if not self.sites.direct(sa, sb):
+            middle.append(self.site_node(self.sites.count))  # the backbone node
+        middle.append(self.site_node(sb))
+        return [a, self.leaf_node(la), spine_a, *middle, spine_b, self.leaf_node(lb), b]
 
     def _switch_of(self, chip: int) -> int:
         if self.hardware.switch_spans_ultraserver:
@@ -114,7 +126,10 @@ class Routing:
             dz = _ring_distance(int(self.chip_z[a]), int(self.chip_z[b]),
                                 hw.instances_per_ultraserver)
             return ("ultraserver", dz, dx, dy)
-        return ("leaf",) if self.chip_leaf[a] == self.chip_leaf[b] else ("spine",)
+        if self.chip_leaf[a] == self.chip_leaf[b]:
+            return ("leaf",)
+        sa, sb = self.site_of(a), self.site_of(b)
+        return ("spine",) if sa == sb else ("site", sa, sb)
 
     def path(self, a: int, b: int) -> PathSummary:
         """Hops, latency and bottleneck of the route from a to b, cached by their relation."""
@@ -123,7 +138,7 @@ class Routing:
         if cached is not None:
             return cached
         nodes = self.route(a, b)
-        edges = [self.graph.edges[u, v] for u, v in zip(nodes, nodes[1:], strict=False)]
+        edges = [self.edge(u, v) for u, v in zip(nodes, nodes[1:], strict=False)]
         summary = PathSummary(
             hops=len(edges),
             latency_s=sum(e["latency_s"] for e in edges),

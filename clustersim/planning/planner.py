@@ -100,6 +100,7 @@ class PlanResult:
     stops_paying: dict[str, int | None]
     notes: list[str]
     met: bool = True  # False: nothing meets --deadline / --budget; `ranked` is the closest
+    sites: dict[str, Any] | None = None  # several sites: spread vs one site (planning.sites)
 
     @property
     def best(self) -> dict[str, Any]:
@@ -110,7 +111,8 @@ class PlanResult:
         return {"best": _public(self.best), "candidates": [_public(r) for r in
                                                             self.ranked[: self.options.top]],
                 "considered": self.considered, "pruned": self.pruned,
-                "simulated": self.simulated, "meets_constraints": self.met}
+                "simulated": self.simulated, "meets_constraints": self.met} | (
+                    {} if self.sites is None else {"sites": self.sites})
 
 
 PUBLIC = ("hardware", "chips", "tp", "cp", "pp", "dp", "ep", "interleave", "micro_batch",
@@ -348,7 +350,12 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
         screened[id(g)] = _screen(g, job, options, given, scenario)
     with engine or Engine("local", workers=1) as runner:
         _branch_and_bound(job, groups, screened, runner, progress)
-    return _finish(scenario, job, options, groups, notes)
+    result = _finish(scenario, job, options, groups, notes)
+    if scenario.site_network is not None:
+        from clustersim.planning.sites import site_options
+
+        result.sites = site_options(scenario, result.best)
+    return result
 
 
 def _branch_and_bound(job: JobSpec, groups: list[Group], screened: dict[int, list],

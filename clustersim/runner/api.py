@@ -34,6 +34,7 @@ from clustersim.serving import (
     requests_table,
     simulate_serving,
 )
+from clustersim.training.sites import cross_site_step, site_profile
 from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
@@ -56,7 +57,8 @@ class RunResult:
 
 def topology_for(scenario: Scenario) -> Topology:
     """The topology of a scenario's whole cluster, hot spares included."""
-    return build_topology(scenario.hardware, scenario.total_instances, scenario.cluster.fabric)
+    return build_topology(scenario.hardware, scenario.total_instances, scenario.cluster.fabric,
+                          scenario.site_network)
 
 
 def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
@@ -75,7 +77,7 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
         "ranks": chips * hw.chip.ranks,
         "instances": topology.instances,
         "working_instances": scenario.working_instances,
-        "spare_instances": scenario.cluster.spares,
+        "spare_instances": scenario.total_instances - scenario.working_instances,
         # held by the serving deployments for the whole run; jobs are placed around them
         "serving_instances": sum(deployment_instances(d, hw) for d in scenario.serve),
         "ultraservers": topology.ultraservers,
@@ -99,7 +101,7 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
     """One step of each job, as if it ran alone from the cluster's first instance."""
     topology = topology or topology_for(scenario)
     model = StepModel(topology)
-    return {job.name: model.profile(job, job.name) for job in scenario.jobs}
+    return {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
 
 
 def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str, dict[str, Any]]:
@@ -317,7 +319,7 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     check_run_budget(scenario, replications)
     topology = topology_for(scenario)
     model = StepModel(topology)
-    steps = {job.name: model.profile(job, job.name) for job in scenario.jobs}
+    steps = {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
     check_fit(scenario, steps)
     if is_fleet_day(scenario):
         if replications > 1:
@@ -333,6 +335,11 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
     shapes = _job_figures(scenario, steps)
+    if topology.site_count > 1:  # each job's step over the sites, synchronous and not
+        for job in scenario.jobs:
+            crossing = cross_site_step(model, job, job.name)
+            if crossing is not None:
+                shapes[job.name]["cross_site"] = crossing.figures()
     per_replication = []
     for result in timelines:
         jobs = {}

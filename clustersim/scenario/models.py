@@ -15,6 +15,13 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.failures import FailureRateSpec, StragglerSpec, failure_preset_names
+from clustersim.hardware.sites import (
+    InterSiteSpec,
+    SiteEventSpec,
+    SiteNetwork,
+    SiteSpec,
+    site_network,
+)
 from clustersim.hardware.spec import (
     Duration,
     NonNegativeDuration,
@@ -29,6 +36,7 @@ from clustersim.scenario.fleetday import ElasticSpec, FluidSpec
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
 from clustersim.scenario.serving import DeploymentSpec
+from clustersim.training.sites import CrossSiteSyncSpec
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import ParallelismSpec
 
@@ -57,6 +65,12 @@ class ClusterSpec(Spec):
         "`plan` keeps the share at every size it tries (a count is taken as its share of the "
         "scenario's size)")
     fabric: FabricSpec = FabricSpec()
+    sites: list[SiteSpec] = Field(
+        default_factory=list, max_length=16,
+        description="several data centers, each with its instances and its own leaf-spine "
+        "fabric (docs/sites.md); instead of instances or ultraservers")
+    inter_site: InterSiteSpec | None = Field(
+        default=None, description="links between sites: per pair and/or a shared backbone")
 
     @field_validator("spares")
     @classmethod
@@ -82,8 +96,17 @@ class ClusterSpec(Spec):
 
     @model_validator(mode="after")
     def _one_size(self) -> ClusterSpec:
+        if self.sites:
+            if self.instances is not None or self.ultraservers is not None:
+                raise ValueError("with sites, give each site's instances or ultraservers, not "
+                                 "the cluster's")
+            if self.spares:
+                raise ValueError("with sites, give spares per site")
+            return self
         if (self.instances is None) == (self.ultraservers is None):
             raise ValueError("give exactly one of instances or ultraservers")
+        if self.inter_site is not None:
+            raise ValueError("inter_site needs sites")
         return self
 
 
@@ -142,6 +165,9 @@ class JobSpec(Spec):
     priority: int = Field(default=0, ge=-limits.MAX_PRIORITY, le=limits.MAX_PRIORITY,
                           description="higher runs first (priority, backfill)")
     checkpoint: CheckpointSpec | None = None
+    cross_site_sync: CrossSiteSyncSpec | None = Field(
+        default=None, description="over several sites: average across them once every "
+        "`every` steps, local steps between (docs/sites.md)")
     elastic: ElasticSpec | None = Field(default=None, description="shrinks for serving "
                                         "instead of stopping (fleet-day runs; "
                                         "docs/fleet-day.md)")
@@ -165,6 +191,9 @@ class FailuresSpec(Spec):
         default=4 * 3600.0, alias="repair", description="time to repair an instance, or never"
     )
     restart_s: NonNegativeDuration = Field(default=600.0, alias="restart")
+    site_events: list[SiteEventSpec] = Field(
+        default_factory=list, description="power, cooling and network-partition events per "
+        "site (docs/sites.md)")
 
     @field_validator("preset")
     @classmethod
@@ -253,6 +282,8 @@ class Scenario(Spec):
     @property
     def working_instances(self) -> int:
         """Instances available to jobs (not counting hot spares)."""
+        if self.cluster.sites:
+            return self.total_instances - sum(site.spares for site in self.cluster.sites)
         if self.cluster.instances is not None:
             return self.cluster.instances
         assert self.cluster.ultraservers is not None
@@ -264,7 +295,7 @@ class Scenario(Spec):
         count's share of the cluster (what `plan` keeps at every size)."""
         if self._spares_share is not None:
             return self._spares_share
-        return self.cluster.spares / self.working_instances
+        return (self.total_instances - self.working_instances) / self.working_instances
 
     @property
     def cluster_given(self) -> bool:
@@ -273,7 +304,18 @@ class Scenario(Spec):
 
     @property
     def total_instances(self) -> int:
+        if self.cluster.sites:
+            return sum(self.site_network.instances)
         return self.working_instances + self.cluster.spares
+
+    @property
+    def site_network(self) -> SiteNetwork | None:
+        """The sites and their links, resolved (None for a single-site cluster)."""
+        if not self.cluster.sites:
+            return None
+        hw = self.hardware
+        return site_network(self.cluster.sites, self.cluster.inter_site,
+                            hw.instances_per_ultraserver, hw.instance.efa_bytes_per_s)
 
     @property
     def total_chips(self) -> int:

@@ -14,6 +14,7 @@ from clustersim.hardware.topology import TopologyTooLarge, check_topology_size
 from clustersim.scenario.errors import Issue
 from clustersim.scenario.fleetday import fleet_day_checks, is_fleet_day
 from clustersim.scenario.serving import serve_cross_checks
+from clustersim.scenario.sites import site_checks
 from clustersim.training.transformer import sharded_heads
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ __all__ = ["cross_checks"]
 def _size_checks(s: Scenario) -> Iterable[Issue]:
     """The whole cluster within what one machine simulates: chips, and the nodes and links of
     its topology graph (docs/limits.md)."""
-    where = "cluster.instances" if s.cluster.instances is not None else "cluster.ultraservers"
+    where = "cluster.sites" if s.cluster.sites else (
+        "cluster.instances" if s.cluster.instances is not None else "cluster.ultraservers")
     if s.total_chips > limits.MAX_CHIPS:
         yield Issue(where, f"the cluster would have {s.total_chips:,} chips (spares "
                     f"included); expected at most {limits.MAX_CHIPS:,} (docs/limits.md)",
@@ -65,6 +67,10 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     """Every problem that spans sections: cluster sizes against UltraServers and leaves, each
     job's parallelism against its instances, the model and the batch, times against the
     duration. With `planning`, the first job's parallelism may be omitted (plan chooses it)."""
+    site_issues = list(site_checks(s))
+    if site_issues:  # the cluster's size is not known: nothing else can be checked
+        yield from site_issues
+        return
     hw = s.hardware
     per_us = hw.instances_per_ultraserver
     if s.cluster.ultraservers is not None and hw.ultraserver is None:

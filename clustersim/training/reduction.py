@@ -17,11 +17,13 @@ with the last backward pass.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
+from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.ranks import rank_chips
 from clustersim.training.stages import rank_layers
@@ -63,6 +65,7 @@ class GradientReduction:
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
         z = par.shard_ranks if par.zero else len(offsets)
         per_rank = _layers_per_rank(job)
+        self._pipeline_ranks = par.pp  # their reductions cross the inter-site links together
         out = {}
         for d in range(par.pp):
             layers = per_rank[d]
@@ -108,7 +111,7 @@ class GradientReduction:
             return 0.0, 0.0
         hw = self.hardware
         key = (zero, rank_chips(hw, np.concatenate(groups), placed).tobytes(), len(groups),
-               params, grad_bytes, weight_bytes)
+               params, grad_bytes, weight_bytes, getattr(self, "_pipeline_ranks", 1))
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
@@ -124,6 +127,9 @@ class GradientReduction:
             first, count = by_chips.get(key, (ranks, 0))
             by_chips[key] = (first, count + 1)
         first_chips = rank_chips(hw, groups[0], placed)
+        # Over several sites, every group of every pipeline rank crosses the same inter-site
+        # links at once (clustersim.collectives.sites.share_site_links).
+        parallel = len(by_chips) * getattr(self, "_pipeline_ranks", 1)
         if len(np.unique(first_chips // hw.chips_per_instance)) == len(first_chips):
             # Each group has its own chip per instance (own NIC, own Z links): the groups
             # are translations of one another and share nothing; one stands for all.
@@ -142,6 +148,20 @@ class GradientReduction:
         chips = reduces[0].group.chips
         instances = len(np.unique(chips // hw.chips_per_instance))
         shared = len(chips) > instances  # several chips of one group in an instance
+        topology = self.collectives.topology
+        if topology.site_count > 1:
+            # Over several sites: the stages inside the sites share links as on one site;
+            # the site stage of every group of every pipeline rank crosses the same inter-site
+            # links at once (share_site_links), after them.
+            layout = self.collectives.layout(reduces[0].group)
+            site = [_site_part(share_site_links(topology, c, layout, parallel))
+                    for c in reduces + gathers]
+            reduce_site = max(site[: len(reduces)], default=0.0)
+            gather_site = max(site[len(reduces):], default=0.0)
+            return (_slowest(self.collectives, [_below_sites(c) for c in reduces], shared)
+                    + reduce_site,
+                    _slowest(self.collectives, [_below_sites(c) for c in gathers], shared)
+                    + gather_site)
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
 
@@ -151,6 +171,14 @@ def _layers_per_rank(job: TrainingJob) -> list[float]:
     if par.pp * par.interleave > layers:
         return [layers / par.pp] * par.pp
     return [float(n) for n in rank_layers(layers, par.pp, par.interleave)]
+
+
+def _site_part(cost: CollectiveCost) -> float:
+    return sum(s.time_s for s in cost.stages if s.level == "site")
+
+
+def _below_sites(cost: CollectiveCost) -> CollectiveCost:
+    return replace(cost, stages=tuple(s for s in cost.stages if s.level != "site"))
 
 
 def _slowest(model: CollectiveModel, costs: list[CollectiveCost], shared: bool) -> float:

@@ -45,6 +45,7 @@ from clustersim.training.pipeline import run_pipeline
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import pipeline_order
+from clustersim.training.spread import spread_shape
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
@@ -283,6 +284,12 @@ class StepModel:
         hw = self.hardware
         per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
         ipu = hw.instances_per_ultraserver
+        spread = spread_shape(self.topology, placed)
+        if spread is not None:  # over several sites: the shape is how it splits over them
+            split, canonical = spread
+            return (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
+                    job.precision, job.recompute, self.attention(job), hw.name, len(placed),
+                    "sites", split), canonical
         leaves = placed // per_leaf
         _, first_seen = np.unique(leaves, return_index=True)
         order = leaves[np.sort(first_seen)]
