@@ -93,13 +93,41 @@ class GradientReduction:
     def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
                           grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
         """(all-gather, reduce-scatter) of `params` weights per rank over the first shard
-        group of pipeline rank 0, with the groups of the other TP ranks that run at once."""
+        group of pipeline rank 0, with the groups of the other TP ranks that run at once.
+
+        The groups' contention is solved once per placement (at 2^28 parameters) and kept as
+        the factor it stretches a lone group's transfer by: transfers scale with the bytes,
+        latencies do not (a model has layers of one size, gathered again and again)."""
         par = job.parallelism
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
         groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
-        reduce_s, gather_s = self._over_groups(1, groups, params, grad_bytes, weight_bytes,
-                                               placed)
-        return gather_s, reduce_s
+        hw = self.hardware
+        chips = rank_chips(hw, np.concatenate(groups), placed)
+        key = ("zero3", chips.tobytes(), len(groups), grad_bytes, weight_bytes)
+        stretch = self._cache.get(key)
+        if stretch is None:
+            reference = 2.0**28
+            alone = self._alone(groups, placed, reference, grad_bytes, weight_bytes)
+            together = self._over_groups(1, groups, reference, grad_bytes, weight_bytes,
+                                         placed)
+            stretch = self._cache[key] = tuple(
+                (t - a.latency_s) / a.transfer_s if a.transfer_s > 0 else 1.0
+                for t, a in zip((together[1], together[0]), alone, strict=True))
+        gather, scatter = self._alone(groups, placed, params, grad_bytes, weight_bytes)
+        return (gather.latency_s + gather.transfer_s * stretch[0],
+                scatter.latency_s + scatter.transfer_s * stretch[1])
+
+    def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
+               grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
+        """(all-gather, reduce-scatter) of the first group alone, with the groups on its
+        own chips carried in it."""
+        hw = self.hardware
+        first = rank_chips(hw, groups[0], placed)
+        together = sum(1 for ranks in groups
+                       if np.array_equal(rank_chips(hw, ranks, placed), first))
+        group = Group.from_rank_chips(first.tolist())
+        return (self.collectives.cost("all-gather", group, params * weight_bytes * together),
+                self.collectives.cost("reduce-scatter", group, params * grad_bytes * together))
 
     def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
                      grad_bytes: int, weight_bytes: int, placed: np.ndarray
