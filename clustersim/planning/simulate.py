@@ -5,7 +5,7 @@ uses (its per-operation time), with no communication: the busiest pipeline rank 
 every forward and backward chunk of every micro-batch one after another, and the last rank
 cannot start before a forward chunk has passed through each rank before it. Candidates are
 taken in order of that bound; one that could still win gets the tighter `quick_bound` (the
-same chunks with their collectives, and the exposed ZeRO gather, from the step model),
+same chunks with their collectives, from the step model),
 and only one that could still win after that is simulated.
 
 Simulation runs the step model (simpy, one process per pipeline stage) on the candidate's
@@ -113,10 +113,9 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
 
 def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
     """A tighter lower bound on the group's own step model: each pipeline rank's chunks with
-    their tensor-, expert- and context-parallel collectives (and ZeRO-3's), plus the ZeRO
-    parameter gather that follows the last backward pass, as the step model costs them
-    (`StepModel.chunk_times` and `StepModel.data_parallel_times`, on the job's first
-    instances, without the simpy pipeline). Falls back to `fallback` if the step model
+    their tensor-, expert- and context-parallel collectives (and ZeRO-3's), as the step
+    model costs them (`StepModel.chunk_times`, on the job's first instances, without the
+    simpy pipeline). Falls back to `fallback` if the step model
     cannot cost the job."""
     try:
         par = job.parallelism
@@ -131,10 +130,11 @@ def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
                                                layers=kind[0]).forward_and_backward_s
             return seen[kind]
 
-        gather_s = {d: times.gather_s for d, times in model.data_parallel_times(job).items()}
+        # The data-parallel reduction is left out: solving its groups' contention on a large
+        # cluster costs more than simulating (the bound stays a lower bound without it).
         microbatches = job.global_batch // (job.micro_batch * par.dp)
         bound = max(microbatches * sum(chunk(c * par.pp + d) for c in range(par.interleave))
-                    + gather_s[d] for d in range(par.pp))
+                    for d in range(par.pp))
         return max(fallback, bound)
     except (AttributeError, TypeError, KeyError, ValueError):
         return fallback
