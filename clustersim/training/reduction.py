@@ -93,29 +93,17 @@ class GradientReduction:
     def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
                           grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
         """(all-gather, reduce-scatter) of `params` weights per rank over the first shard
-        group of pipeline rank 0, with the groups of the other TP ranks that run at once.
+        group of pipeline rank 0, carrying the groups of the TP ranks on its own chips.
 
-        The groups' contention is solved once per placement (at 2^28 parameters) and kept as
-        the factor it stretches a lone group's transfer by: transfers scale with the bytes,
-        latencies do not (a model has layers of one size, gathered again and again)."""
+        Not yet: the contention between shard groups on different chips of the same
+        instances (the ZeRO 0-2 reductions solve it; here it would be solved for every
+        candidate shape the planner bounds, minutes on a large cluster), so ZeRO-3 is
+        optimistic when several chips of a group share an instance's links."""
         par = job.parallelism
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
         groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
-        hw = self.hardware
-        chips = rank_chips(hw, np.concatenate(groups), placed)
-        key = ("zero3", chips.tobytes(), len(groups), grad_bytes, weight_bytes)
-        stretch = self._cache.get(key)
-        if stretch is None:
-            reference = 2.0**28
-            alone = self._alone(groups, placed, reference, grad_bytes, weight_bytes)
-            together = self._over_groups(1, groups, reference, grad_bytes, weight_bytes,
-                                         placed)
-            stretch = self._cache[key] = tuple(
-                (t - a.latency_s) / a.transfer_s if a.transfer_s > 0 else 1.0
-                for t, a in zip((together[1], together[0]), alone, strict=True))
         gather, scatter = self._alone(groups, placed, params, grad_bytes, weight_bytes)
-        return (gather.latency_s + gather.transfer_s * stretch[0],
-                scatter.latency_s + scatter.transfer_s * stretch[1])
+        return gather.time_s, scatter.time_s
 
     def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
                grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
