@@ -195,6 +195,29 @@ figures = {"run_wall_s": round(wall, 1), "done": cluster["jobs_by_status"].get("
 """,
         False,
     ),
+    "timeline: 365 days, 524,288 chips, one 512,000-chip job, llama3 failures (run, CLI)": (
+        """
+summary, wall = run_cli("scenarios/trn2-512k-month.yaml", "--set", "duration=365d")
+job = summary["jobs"]["pretrain"]
+figures = {"run_wall_s": round(wall, 1), "interruptions": job["interruptions"],
+           "ettr": round(job["ettr"], 4), "discrete_events": summary["cluster"]["discrete_events"]}
+""",
+        False,
+    ),
+    "fleet: 30 days of 100,000 jobs from 12 teams with quotas, 8,192 Trn2 UltraServers (run, CLI)": (
+        """
+summary, wall = run_cli("scenarios/fleet-100k-month.yaml")
+cluster = summary["cluster"]
+teams = summary["teams"]
+figures = {"run_wall_s": round(wall, 1), "jobs": cluster["jobs"],
+           "done": cluster["jobs_by_status"].get("done"),
+           "mean_queue_wait_h": round(cluster["mean_queue_wait_s"] / 3600, 2),
+           "utilisation": round(cluster["utilisation"], 3),
+           "chip_time_share_pretrain": round(teams["pretrain"]["chip_time_share"], 3),
+           "p95_wait_h_interns": round((teams["interns"]["p95_queue_wait_s"] or 0) / 3600, 2)}
+""",
+        False,
+    ),
     "topology: 16,384 Trn2 UltraServers over four sites (1,048,576 chips), arrays and graph": (
         """
 import resource, time
@@ -417,11 +440,11 @@ def run_one(code: str) -> dict[str, Any]:
 import json, resource, subprocess, sys, tempfile, time
 
 
-def run_cli(scenario):
+def run_cli(scenario, *more):
     # `clustersim run` end to end, as a user runs it: (summary, wall seconds).
     out = tempfile.mkdtemp() + "/run"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "clustersim", "run", scenario, "-o", out],
+    subprocess.run([sys.executable, "-m", "clustersim", "run", scenario, "-o", out, *more],
                    capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     with open(out + "/summary.json") as file:

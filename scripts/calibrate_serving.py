@@ -1,20 +1,37 @@
-"""Compare the serving iteration model with the published Trn1 serving rows.
+"""Compare the serving iteration model with every published serving row, and fit the GPU
+serving constants.
 
-Rows (`clustersim.calibration.serving`, sources in docs/calibration.md): Neuron docs, trn1
-inference performance, transformers-neuronx, SDK 2.18 (trn1.32xlarge, TP 32, bf16; TTFT and
-TPOT p50). The model's TTFT is one prefill iteration of the batch's prompts; its TPOT is the
-mean decode iteration of the batch while the context grows over the output. Nothing is
-fitted per row: the catalog's trn1 constants apply to all (they are fitted, with the
-collectives constants, by scripts/calibrate_collectives.py).
+    python scripts/calibrate_serving.py            # every Trn1, Trn2 and GPU row with its error
+    python scripts/calibrate_serving.py --family trn1 [--hbm-efficiency X] [--overhead S]
+    python scripts/calibrate_serving.py --fit-gpu  # refit the p5 serving constants
 
-    python scripts/calibrate_serving.py [--hbm-efficiency X] [--overhead S]
+Rows (sources in docs/calibration.md):
+- Trn1 (`clustersim.calibration.serving`): Neuron docs, trn1 inference performance,
+  transformers-neuronx, SDK 2.18 (trn1.32xlarge, TP 32, bf16; TTFT and TPOT p50). The model's
+  TTFT is one prefill iteration of the batch's prompts; its TPOT the mean decode iteration
+  while the context grows over the output. Fitted with the Trn1 collectives and step
+  constants by `scripts/calibrate_collectives.py --joint`.
+- Trn2 (`clustersim.calibration.trn2`): NxD Inference on trn2.48xlarge at TP 64 (Llama 3.3
+  70B tutorial and its prefix-caching table's rows without cache hits), fitted with the Trn2
+  collectives by `scripts/calibrate_collectives.py --family trn2`; the Llama 3.1 405B rows
+  judge (not fitted).
+- GPU (`clustersim.calibration.gpu_serving`): TensorRT-LLM's max-throughput table (v0.17,
+  FP8), output tokens/s of the tensor-parallel group, simulated with every request queued at
+  once. The H100 rows of Llama 3.1 8B at TP 1 and 70B at TP 2 are fitted here (`--fit-gpu`:
+  the p5 entry's serving HBM efficiency, matmul efficiency and iteration overhead, which
+  p5e and p5en inherit); the H200 rows and a later version's rows judge.
+Nothing is fitted per row.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,17 +58,126 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None) -
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hbm-efficiency", type=float)
-    parser.add_argument("--overhead", type=float, help="seconds per iteration")
-    args = parser.parse_args()
+def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> None:
+    print("== Trn1 (trn1.32xlarge, TP 32, bf16, transformers-neuronx SDK 2.18): fitted")
     print(f"{'model':<12}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}{'err':>8}"
           f"{'TPOT ms':>10}{'pub':>8}{'err':>8}")
-    for r in rows(args.hbm_efficiency, args.overhead):
+    for r in rows(hbm_efficiency, overhead_s):
         print(f"{r['model']:<12}{r['batch']:>6}{r['tokens']:>11}{r['ttft_ms']:>10.2f}"
               f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
               f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
+
+
+def print_trn2() -> None:
+    from clustersim.calibration.trn2 import (
+        TRN2_SERVING,
+        UNFITTED,
+        UNSEEN_TRN2_SERVING,
+        predict_trn2_serving,
+    )
+    for title, table in (("fitted", TRN2_SERVING), ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
+        print(f"\n== Trn2 (trn2.48xlarge, TP 64, LNC 2, NxD Inference): {title}")
+        print(f"{'row':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}{'pub':>7}{'err':>8}")
+        for row, p in zip(table, predict_trn2_serving(rows=table), strict=True):
+            if p is None:
+                print(f"{row.name:<50}  not priced: the serving model has no draft costs yet")
+                continue
+            tpot = "" if row.tpot_ms is None else (
+                f"{p[1] * 1e3:>9.2f}{row.tpot_ms:>7.2f}{p[1] * 1e3 / row.tpot_ms - 1:>+8.1%}")
+            note = "  (weight 0: see docs/calibration.md)" if row.name in UNFITTED else ""
+            print(f"{row.name:<50}{p[0] * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
+                  f"{p[0] * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot}{note}")
+
+
+def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
+    from clustersim.calibration.gpu_serving import (
+        GPU_SERVING,
+        UNSEEN_GPU_SERVING,
+        predict_throughput,
+    )
+    tables = [("fitted", GPU_SERVING)] + ([("unseen, not fitted", UNSEEN_GPU_SERVING)]
+                                          if unseen else [])
+    for title, table in tables:
+        print(f"\n== GPU (TensorRT-LLM max throughput, FP8; output tokens/s): {title}")
+        print(f"{'model':<14}{'hardware':>9}{'tp':>4}{'in/out':>12}{'published':>11}{'model':>9}"
+              f"{'err':>8}  source")
+        errors = []
+        for row, p in zip(table, predict_throughput(table, hardware), strict=True):
+            err = p / row.output_tokens_per_s - 1
+            errors.append(err)
+            print(f"{row.model:<14}{row.hardware:>9}{row.tp:>4}"
+                  f"{f'{row.input_tokens}/{row.output_tokens}':>12}"
+                  f"{row.output_tokens_per_s:>11.0f}{p:>9.0f}{err:>+8.1%}  {row.source[:40]}")
+        print(f"mean absolute error {np.mean(np.abs(errors)):.1%}, "
+              f"range [{min(errors):+.1%}, {max(errors):+.1%}]")
+
+
+GPU_PARAMETERS = {"hbm_efficiency": (0.3, 0.95), "matmul": (0.2, 0.9),
+                  "iteration_overhead": (1e-6, 5e-3)}  # all searched in log space
+GPU_LIMIT = 0.09  # the fit keeps every fitted row this close if it can (the issue asks 10%)
+
+
+def gpu_hardware(values: dict[str, float]) -> dict:
+    serving = {"hbm_efficiency": values["hbm_efficiency"], "matmul": values["matmul"],
+               "iteration_overhead": values["iteration_overhead"]}
+    return {"p5": {"base": "p5", "serving": serving}}
+
+
+def gpu_loss(values: dict[str, float]) -> float:
+    from clustersim.calibration.gpu_serving import GPU_SERVING, predict_throughput
+    predicted = predict_throughput(GPU_SERVING, gpu_hardware(values))
+    errors = np.array([math.log(max(p, 1e-9) / r.output_tokens_per_s)
+                       for p, r in zip(predicted, GPU_SERVING, strict=True)])
+    excess = np.maximum(0.0, np.abs(errors) - math.log(1 + GPU_LIMIT))
+    return float(np.sum(errors**2) + 100.0 * np.sum(excess**2))
+
+
+def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
+    """Coordinate search in log space, from the catalog's p5 values (or `start`)."""
+    s = catalog_entry("p5").serving
+    values = {"hbm_efficiency": s.hbm_efficiency,
+              "matmul": s.matmul_efficiency or catalog_entry("p5").chip.efficiency.matmul,
+              "iteration_overhead": max(1e-4, s.iteration_overhead_s)}
+    values.update(start or {})
+    best = gpu_loss(values)
+    step = 0.4
+    while step > 0.02:  # the overhead moves by factors too (it spans three decades)
+        improved = False
+        for name, (low, high) in GPU_PARAMETERS.items():
+            for direction in (1, -1):
+                trial = dict(values)
+                trial[name] = min(high, max(low, values[name] * math.exp(direction * step)))
+                score = gpu_loss(trial)
+                if score < best - 1e-9:
+                    values, best, improved = trial, score, True
+        if not improved:
+            step /= 2
+        print(f"  step {step:.3f} loss {best:.4f} {values}", flush=True)
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=("trn1", "trn2", "gpu"), action="append",
+                        help="only these families (default: all)")
+    parser.add_argument("--hbm-efficiency", type=float, help="trn1 trial value")
+    parser.add_argument("--overhead", type=float, help="trn1 trial seconds per iteration")
+    parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
+    parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "
+                        '\'{"iteration_overhead": 0.003}\'')
+    args = parser.parse_args()
+    if args.fit_gpu:
+        values = fit_gpu(json.loads(args.start) if args.start else None)
+        print("fitted p5 serving constants:", {k: round(v, 6) for k, v in values.items()})
+        print_gpu(gpu_hardware(values), unseen=False)
+        return
+    families = args.family or ["trn1", "trn2", "gpu"]
+    if "trn1" in families:
+        print_trn1(args.hbm_efficiency, args.overhead)
+    if "trn2" in families:
+        print_trn2()
+    if "gpu" in families:
+        print_gpu()
 
 
 if __name__ == "__main__":

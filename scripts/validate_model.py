@@ -12,9 +12,11 @@ constants were not fitted to), each with the published figure, the model's and t
 meaning and the step-time error band that `clustersim step` and summary.json carry (the
 largest under- and over-prediction over all the family's rows).
 Collectives (clustersim/calibration/collectives.py): every nccom-test point, published and
-model time. Serving (clustersim/calibration/serving.py): every Trn1 serving row's TTFT and
-TPOT, published and model. Everything is computed here from the catalog's constants; nothing
-is cached.
+model time, and the Trn2 16-rank example (clustersim/calibration/trn2.py). Serving: every
+Trn1 row's TTFT and TPOT (clustersim/calibration/serving.py), every Trn2 row's
+(clustersim/calibration/trn2.py) and every GPU max-throughput row's output tokens/s
+(clustersim/calibration/gpu_serving.py), published and model, fitted and unseen.
+Everything is computed here from the catalog's constants; nothing is cached.
 """
 
 from __future__ import annotations
@@ -120,6 +122,54 @@ def print_collectives() -> None:
         print(f"  {m.ranks:5d} {m.instances:9d} {m.size_bytes:12.0f} {m.time_us:10.0f} "
               f"{predicted * 1e6:10.0f} {err:+7.1%}  {m.source}")
     print(f"  mean absolute error {sum(abs(e) for e in errors) / len(errors):.1%}")
+    from clustersim.calibration.trn2 import (
+        EXAMPLE_FLOOR_US,
+        TRN2_COLLECTIVES,
+        predict_trn2_collectives,
+    )
+    print(f"\n== collectives (trn2, the 16-rank nccom-test example: 4 chips at LNC 2, the "
+          f"algorithm it chose, its {EXAMPLE_FLOOR_US:.0f} us floor)")
+    for m, predicted in zip(TRN2_COLLECTIVES, predict_trn2_collectives(), strict=True):
+        print(f"  {m.ranks:5d} {1:9d} {m.size_bytes:12.0f} {m.time_us:10.0f} "
+              f"{predicted * 1e6:10.0f} {predicted * 1e6 / m.time_us - 1:+7.1%}  {m.algorithm}")
+
+
+def print_serving_trn2() -> None:
+    from clustersim.calibration.trn2 import (
+        TRN2_SERVING,
+        UNFITTED,
+        UNSEEN_TRN2_SERVING,
+        predict_trn2_serving,
+    )
+    serving = catalog_entry("trn2").serving
+    for title, table in (("fitted", TRN2_SERVING), ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
+        print(f"\n== serving (trn2.48xlarge, TP 64, NxD Inference; milliseconds): {title}")
+        for m, p in zip(table, predict_trn2_serving(rows=table), strict=True):
+            if p is None:
+                print(f"  {m.name:50s} not priced (no draft costs in the serving model)")
+                continue
+            tpot = "" if m.tpot_ms is None else (
+                f"  TPOT {m.tpot_ms:7.2f} {p[1] * 1e3:8.2f} {p[1] * 1e3 / m.tpot_ms - 1:+7.1%}")
+            note = "  (weight 0 in the fit)" if m.name in UNFITTED else ""
+            print(f"  {m.name:50s} TTFT {m.ttft_ms:7.1f} {p[0] * 1e3:8.1f} "
+                  f"{p[0] * 1e3 / m.ttft_ms - 1:+7.1%}{tpot}{note}")
+    print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
+          f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
+          f"all_reduce {serving.all_reduce}, overlap_collectives {serving.overlap_collectives}")
+
+
+def print_serving_gpu() -> None:
+    from clustersim.calibration.gpu_serving import (
+        GPU_SERVING,
+        UNSEEN_GPU_SERVING,
+        predict_throughput,
+    )
+    for title, table in (("fitted", GPU_SERVING), ("unseen, not fitted", UNSEEN_GPU_SERVING)):
+        print(f"\n== serving (TensorRT-LLM max throughput, FP8; output tokens/s): {title}")
+        for m, p in zip(table, predict_throughput(table), strict=True):
+            print(f"  {m.model:13s} {m.hardware:5s} TP {m.tp} "
+                  f"{f'{m.input_tokens}/{m.output_tokens}':>11s} {m.output_tokens_per_s:9.0f} "
+                  f"{p:9.0f} {p / m.output_tokens_per_s - 1:+7.1%}")
 
 
 def print_serving() -> None:
@@ -162,6 +212,8 @@ def main() -> None:
     if not args.steps:
         print_collectives()
         print_serving()
+        print_serving_trn2()
+        print_serving_gpu()
 
 
 if __name__ == "__main__":

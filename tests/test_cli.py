@@ -388,8 +388,7 @@ def test_collective_cli_with_one_rank_prints_no_nan():
     ("2", "1", "1GiB", 52.8, 0.35), ("64", "2", "1GiB", 47.1, 0.35)])
 def test_collective_cli_on_the_calibration_cases(ranks, instances, size, busbw_gib_s, within):
     """Each fitted published large-message bus bandwidth, through the command itself: within
-    35%. The 16-rank rows are reported, not fitted (docs/calibration.md; their bounds are in
-    tests/test_collectives.py)."""
+    35%. The 16-rank example is Trn2's (docs/calibration.md; tests/test_calibration_trn2.py)."""
     result = invoke("collective", "--hardware", "trn1", "--op", "allr", "--ranks", ranks,
                     "--instances", instances, "--sizes", size, "--json")
     assert result.exit_code == 0, result.stderr

@@ -347,3 +347,92 @@ def test_outputs_of_a_fleet_day_run_and_its_report(tmp_path):
     report = write_report(tmp_path / "run")
     assert (report.parent / "day.png").stat().st_size > 10_000
     assert "Chip-hours" in report.read_text()
+
+
+def test_auto_beside_a_trace_deployment_compares_only_the_auto_one(tmp_path):
+    """The fluid level beside the request level simulates the `auto` deployments alone: a
+    deployment replaying a trace (no rate to follow) is neither measured nor compared."""
+    import json
+
+    arrivals = np.sort(np.random.default_rng(0).uniform(0, 60, 50))
+    (tmp_path / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
+        f"{t},256,64\n" for t in arrivals))
+    lengths = {"input_tokens": 256, "output_tokens": 64}
+    r = raw([deployment(replicas=2, fidelity="auto", workload={"rate": "5/s", **lengths}),
+             deployment(name="replay", replicas=1, workload={"arrival": "trace",
+                                                             "trace": "trace.csv"})],
+            duration="1min", instances=2, fluid={"curve_requests": 200})
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(r))
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stdout + (result.stderr or "")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert "fluid_check" in summary["deployments"]["chat"]
+    assert "fluid_check" not in summary["deployments"]["replay"]
+
+
+def test_a_replica_that_serves_nothing_is_refused(tmp_path):
+    """A Llama 3.1 70B draft beside an 8B target on one Trn2 chip leaves no HBM for the KV
+    cache: the replica curve would have nothing to measure, and the run says so (exit 2)."""
+    refused(tmp_path, raw([deployment(fidelity="fluid", speculative={
+        "draft": "llama3.1-70b", "tokens": 4})]), "serve.0", "no room for the KV cache")
+
+
+def test_software_faults_on_idle_chips_interrupt_nothing():
+    """A software fault rate per chip, over a cluster mostly idle: the job holding a quarter
+    of the chips is interrupted at a quarter of the cluster's rate (as in the timeline), not
+    by every fault of the cluster."""
+    r = raw([deployment(fidelity="fluid", replicas=1)], duration="10h", instances=8,
+            jobs=[JOB], failures={"rates": [{"component": "software", "per": "chip",
+                                             "mtbf": "8h"}],
+                                  "detect": "1s", "restart": "1s"})
+    s = build(r)
+    result = simulate_fleet_day(s, 0, {j.name: _profile(s, j) for j in s.jobs})
+    job = fleet_day_figures(s, result)["jobs"]["train"]
+    expected = 32 * 10 / 8  # the job's 32 chips over 10 h at one fault per 8 h each
+    assert expected / 2 < job["interruptions"] < 1.5 * expected  # all 128 chips': 160
+    assert result.failures["software"] == pytest.approx(expected, rel=0.5)
+
+
+def test_ettr_of_a_job_that_ends_early_is_over_its_own_time():
+    """A job that runs 1 h of a 3 h horizon, no failures: its ETTR is its useful time over
+    that hour (the checkpoint writes' share off), as the timeline's, not over the horizon;
+    goodput counts from its submission (here its start)."""
+    job = dict(JOB, run_for="1h", submit="30min")
+    s = build(raw([deployment(fidelity="fluid", replicas=1)], duration="3h", instances=4,
+                  jobs=[job]))
+    result = simulate_fleet_day(s, 0, {j.name: _profile(s, j) for j in s.jobs})
+    figures = fleet_day_figures(s, result)["jobs"]["train"]
+    assert figures["status"] == "done" and figures["start_s"] == 1800
+    writes = 30 / (30 * 60 + 30)  # 30 s written every 30 min, blocking
+    assert figures["ettr"] == pytest.approx(1 - writes, rel=1e-6)
+    assert figures["goodput"] == pytest.approx(figures["useful_s"] / 3600, rel=1e-9)
+
+
+def test_a_load_curve_beside_a_trace_is_refused(tmp_path):
+    """arrival: trace replays the trace's times: a load curve beside it was silently
+    ignored."""
+    (tmp_path / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n1.0,256,64\n")
+    refused(tmp_path, raw([deployment(workload={
+        "arrival": "trace", "trace": "trace.csv",
+        "load": {"sinusoid": {"peak": "30/s", "trough": "10/s"}}})]),
+        "serve.0.workload", "load curve would be ignored")
+
+
+def test_a_request_count_at_the_fluid_level_is_refused(tmp_path):
+    """The fluid level runs to the horizon: `workload.requests` was silently ignored."""
+    refused(tmp_path, raw([deployment(fidelity="fluid", workload={
+        "rate": "10/s", "requests": 500, **LENGTHS})]),
+        "serve.0.workload.requests", "would be ignored")
+
+
+def test_job_status_at_the_horizon_in_the_timeline_s_words():
+    """A job still training reads `running at horizon`, one still waiting for instances
+    `queued at horizon`, as the timeline says (a job waiting for hardware read as running)."""
+    jobs = [dict(JOB, name="first"), dict(JOB, name="second", submit="1min")]
+    s = build(raw([deployment(fidelity="fluid", replicas=1)], duration="1h", instances=4,
+                  jobs=jobs))
+    result = simulate_fleet_day(s, 0, {j.name: _profile(s, j) for j in s.jobs})
+    figures = fleet_day_figures(s, result)["jobs"]
+    assert figures["first"]["status"] == "running at horizon"
+    assert figures["second"]["status"] == "queued at horizon"

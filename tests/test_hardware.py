@@ -65,18 +65,18 @@ PUBLISHED: dict[str, dict[str, Any]] = {
                   "efa": 28800 * Gbps / 36,
                   "ultraserver": {"instances": 36, "chips": 144, "topology": "switch",
                                   "link": None, "efa": 28800 * Gbps}},
-    # GPU comparators: 8 GPUs, dense BF16, HBM per GPU (decimal GB), HBM bandwidth,
-    # NVLink per GPU, EFA per instance.
-    "p4d": {"chips": 8, "bf16": 312, "hbm": 40e9, "hbm_bw": 1.555e12, "topology": "switch",
+    # GPU comparators: 8 GPUs, dense BF16, HBM per GPU (as nvidia-smi reports it, MiB: the
+    # datasheets' 40/80/141 GB are rounded), HBM bandwidth, NVLink per GPU, EFA per instance.
+    "p4d": {"chips": 8, "bf16": 312, "hbm": 40960 * 2**20, "hbm_bw": 1.555e12, "topology": "switch",
             "link": 600e9, "efa": 400 * Gbps, "ranks": 1, "ultraserver": None},
-    "p4de": {"chips": 8, "bf16": 312, "hbm": 80e9, "hbm_bw": 2.039e12, "topology": "switch",
+    "p4de": {"chips": 8, "bf16": 312, "hbm": 81920 * 2**20, "hbm_bw": 2.039e12, "topology": "switch",
              "link": 600e9, "efa": 400 * Gbps, "ranks": 1, "ultraserver": None},
-    "p5": {"chips": 8, "bf16": 989, "fp8": 1979, "hbm": 80e9, "hbm_bw": 3.35e12,
+    "p5": {"chips": 8, "bf16": 989, "fp8": 1979, "hbm": 81559 * 2**20, "hbm_bw": 3.35e12,
            "topology": "switch", "link": 900e9, "efa": 3200 * Gbps, "ranks": 1,
            "ultraserver": None},
-    "p5e": {"chips": 8, "bf16": 989, "hbm": 141e9, "hbm_bw": 4.8e12, "topology": "switch",
+    "p5e": {"chips": 8, "bf16": 989, "hbm": 143771 * 2**20, "hbm_bw": 4.8e12, "topology": "switch",
             "link": 900e9, "efa": 3200 * Gbps, "ranks": 1, "ultraserver": None},
-    "p5en": {"chips": 8, "bf16": 989, "hbm": 141e9, "hbm_bw": 4.8e12, "topology": "switch",
+    "p5en": {"chips": 8, "bf16": 989, "hbm": 143771 * 2**20, "hbm_bw": 4.8e12, "topology": "switch",
              "link": 900e9, "efa": 3200 * Gbps, "ranks": 1, "ultraserver": None},
 }
 

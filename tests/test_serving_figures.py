@@ -98,3 +98,49 @@ def test_saturated_closed_forms() -> None:
     none = np.full(len(arrivals), np.inf)
     assert saturated(arrivals, none, settled, 0.0, 100.0)
     assert not saturated(arrivals, none, ~settled, 0.0, 100.0)
+
+
+def test_a_deployment_whose_weights_fill_the_hbm_is_refused(tmp_path) -> None:
+    """Llama 3.1 70B at tp 4 on one Trn2 chip, or an 8B target with a 70B draft: no HBM left
+    for a single KV token, so every request would be rejected. Refused (exit 2), naming the
+    deployment and the sizes, nothing written."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    for name, extra in (("big", {"model": "llama3.1-70b", "parallelism": {"tp": 4}}),
+                        ("draft", {"parallelism": {"tp": 4},
+                                   "speculative": {"draft": "llama3.1-70b"}})):
+        raw = _scenario(1.0, "2min")
+        raw["serve"][0].update(extra)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        out = tmp_path / name
+        result = CliRunner().invoke(app, ["run", str(path), "--out", str(out)])
+        text = result.stdout + (result.stderr or "")
+        assert result.exit_code == 2, text
+        assert "serve.0" in text and "no room for the KV cache" in text
+        assert ("draft" in text) == (name == "draft")
+        assert "Traceback" not in text and not out.exists()
+
+
+def test_the_run_table_prints_latencies_when_nothing_drained(tmp_path) -> None:
+    """`clustersim run` prints TTFT and TPOT under every deployment with completed requests;
+    they were printed only when some requests finished while draining."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    raw = _scenario(0.5, "1min")
+    raw["serve"][0]["workload"]["output_tokens"] = 4
+    path = tmp_path / "light.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stdout
+    d = json.loads((tmp_path / "out" / "summary.json").read_text())["deployments"]["chat"]
+    assert d["requests_drained"] == 0 and d["requests_completed"] > 0
+    assert "TTFT p50" in result.stdout and "TPOT p50" in result.stdout

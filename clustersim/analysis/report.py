@@ -21,6 +21,7 @@ from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clustersim.analysis.day_report import write_day_report  # noqa: E402
+from clustersim.analysis.fleet_report import fleet_plots  # noqa: E402
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.serving_report import serving_lines, serving_plots  # noqa: E402
 from clustersim.hardware.topology import Topology  # noqa: E402
@@ -398,6 +399,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
         plots |= {"Where the hours went": plot_hours(run, folder / "hours.png"),
                   "Training step": plot_step(run, folder / "step.png")}
     plots |= serving_plots(run, folder)
+    plots |= fleet_plots(run, folder)
     summary = run.summary
     cluster = summary["cluster"]
     horizon = float(summary["simulated_s"])

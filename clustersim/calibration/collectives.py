@@ -6,6 +6,8 @@ tools/neuron-sys-tools/nccom-test, fp32 all-reduce): 2 ranks on one instance fro
 32 ranks per instance and its date make it trn1.32xlarge, as which they are evaluated here
 (ranks fill a chip's two cores before the next chip, as the runtime places them).
 `scripts/calibrate_collectives.py` fits the catalog's `collectives` constants to them.
+The same page's 16-rank `--show-algorithm` example (mesh, RDH, KangaRing) is a Trn2 example:
+it is in `clustersim.calibration.trn2`, with the Trn2 fit.
 """
 
 from __future__ import annotations
@@ -41,9 +43,6 @@ _CURVE_64_RANKS = [(16, 520), (64, 525), (256, 709), (1024, 840), (4096, 916), (
 
 MEASUREMENTS: tuple[Measurement, ...] = (
     Measurement(2, 1, 1 * GIB, 18930, 52.8, "docs/calibration.md"),
-    Measurement(16, 1, 2e6, 686, 5.7, "docs/calibration.md (RDH)"),
-    Measurement(16, 1, 32e6, 2754, 22.8, "docs/calibration.md (KangaRing)"),
-    Measurement(16, 1, 512e6, 9690, 103.9, "docs/calibration.md (KangaRing)"),
     Measurement(64, 2, 8, 520, None, "docs/calibration.md"),
     Measurement(64, 2, 32 * 2**20, 2711, 22.7, "docs/calibration.md"),
     Measurement(64, 2, 1 * GIB, 41806, 47.1, "docs/calibration.md"),

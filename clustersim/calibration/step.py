@@ -31,8 +31,9 @@ MICRO_BATCHES = (1, 2, 4, 8)
 INTERLEAVES = (1, 2, 3, 4)
 
 # Chip family -> the catalog entry whose constants are fitted, and the entries that take them.
+# Trn2 (trn2, trn2u) has its own constants, fitted on Trn2 data (clustersim.calibration.trn2).
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "trainium": ("trn1", ("trn1", "trn1n", "trn2", "trn2u", "trn3-gen1", "trn3-gen2")),
+    "trainium": ("trn1", ("trn1", "trn1n", "trn3-gen1", "trn3-gen2")),
     "gpu": ("p4d", ("p4d", "p4de", "p5", "p5e", "p5en")),
 }
 

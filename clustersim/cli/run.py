@@ -173,6 +173,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
         if d.get("requests_drained"):
             table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
                           f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
+        if d["ttft_p50_s"] is not None:  # any request completed, inside the horizon or after
             table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
                           f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
         if d["cost_per_million_output_tokens_usd"] is not None:

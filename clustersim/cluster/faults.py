@@ -124,7 +124,7 @@ class FailureSource:
         if proc.per == "job":  # a job-level fault (software): no hardware goes down
             run = self.t.jobs[unit]
             if run.state in ("running", "checkpointing"):  # software fails while it trains
-                first = int(np.argmax(run.held_mask))
+                first = int(run.held[0]) if run.held_count else 0
                 self._count(proc, first * self.t.cpi, first, unit)
                 run.interrupt(proc.component, [])
             return
@@ -138,6 +138,7 @@ class FailureSource:
             return
         hit_jobs: dict[int, list[int]] = {}
         downed = free_downed = False
+        repaired: list[int] = []  # what this failure downed: repaired together
         for inst in instances:
             if not self.t.healthy[inst]:
                 continue  # already down: this failure changes nothing
@@ -152,10 +153,11 @@ class FailureSource:
             elif job == SERVING:  # the serving simulator takes its replicas down
                 chip_in_instance = unit - inst * self.t.cpi if proc.per == "chip" else -1
                 free_downed |= self._serving_down(inst, chip_in_instance, now)
-            if math.isfinite(self.t.repair_s):
-                self.t.env.process(self._repair(inst))
+            repaired.append(inst)
         if not downed:
             return
+        if math.isfinite(self.t.repair_s):
+            self.t.env.process(self._repair(repaired))
         self._count(proc, chip, instances[0], next(iter(hit_jobs), -1))
         if free_downed:  # the free pool shrank with no job to tell: record it now
             self.t.scheduler.record_state()
@@ -195,14 +197,17 @@ class FailureSource:
         if self.t.recorder is not None:
             self.t.recorder.event(self.t.env.now, "failure", proc.component, chip, instance, job)
 
-    def _repair(self, inst: int):
+    def _repair(self, instances: list[int]):
+        """The instances one failure downed come back together, in one scheduler pass (an
+        UltraServer or a leaf switch is one repair, not one pass per instance)."""
         yield self.t.env.timeout(self.t.repair_s)
-        self.t.healthy[inst] = True
-        self.repairs += 1
-        if self.t.recorder is not None:
-            self.record_down(inst, self.t.env.now)
-            self.t.recorder.event(self.t.env.now, "repair", "", inst * self.t.cpi, inst, -1)
-        self.t.release([inst])
+        for inst in instances:
+            self.t.healthy[inst] = True
+            self.repairs += 1
+            if self.t.recorder is not None:
+                self.record_down(inst, self.t.env.now)
+                self.t.recorder.event(self.t.env.now, "repair", "", inst * self.t.cpi, inst, -1)
+        self.t.release(instances)
 
     def record_down(self, inst: int, end_s: float) -> None:
         """Chip intervals of a downed instance: `failed` until the failure is detected, then

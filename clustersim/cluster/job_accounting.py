@@ -55,6 +55,13 @@ class JobAccounting:
     def _why_not_done(self) -> str:
         out = self.outcome
         if self.state == "queued":
+            quota = self.t.teams.quota.get(self.team)
+            if quota is not None and self.instances_needed > quota and not (
+                    self.t.teams.borrowing):
+                return (f"never started: it needs {self.instances_needed:,} instances, over "
+                        f"its team {self.team}'s quota of {quota:,}")
+            if not self.t.teams.admits(self):
+                return f"never started: its team {self.team} was at its quota"
             return "never started: not enough healthy instances"
         if self.state == "waiting_for_hardware":
             if not math.isfinite(self.t.repair_s):
@@ -85,7 +92,15 @@ class JobAccounting:
 
     @property
     def held(self) -> np.ndarray:
+        if self.held_mask is None:
+            return np.empty(0, dtype=np.int64)
         return np.flatnonzero(self.held_mask)
+
+    def holds(self, instances: np.ndarray) -> np.ndarray:
+        """Whether the job holds each of these instances."""
+        if self.held_mask is None:
+            return np.zeros(len(instances), dtype=bool)
+        return self.held_mask[instances]
 
     def _account(self) -> None:
         now = self.t.env.now
@@ -96,10 +111,16 @@ class JobAccounting:
         """Start holding these instances."""
         added = np.asarray(instances, dtype=np.int64)
         self._account()
+        if self.held_mask is None:
+            # A mask over the cluster only while the job holds something: a 100,000-job mix
+            # must not keep one per job (100,000 x 32,768 instances would be 3 GiB).
+            self.held_mask = np.zeros(self.t.n_instances, dtype=bool)
         self.held_mask[added] = True
         self.held_count += len(added)
+        self.t.active.add(self)
         self.t.taken_at[added] = self.t.env.now
         self.pace = self._pace()
+        self.t.uplinks.update(self)
 
     def remove(self, instances: Any) -> None:
         """Stop holding these instances (an allocation row each)."""
@@ -109,9 +130,14 @@ class JobAccounting:
             for inst in removed.tolist():
                 self.t.recorder.allocation(self.index, inst, float(self.t.taken_at[inst]),
                                            self.t.env.now)
-        self.held_mask[removed] = False
-        self.held_count -= len(removed)
+        if len(removed):
+            self.held_mask[removed] = False
+            self.held_count -= len(removed)
+        if not self.held_count:
+            self.t.active.discard(self)
+            self.held_mask = None
         self.pace = self._pace()
+        self.t.uplinks.update(self)
 
     def _pace(self) -> float:
         if self.held_count == 0:

@@ -70,6 +70,7 @@ class JobRecovery:
             self._credit_segment(self.t.env.now)
             self._lose_work()
         self.outcome.preemptions += 1
+        self.t.teams.release(self)  # queued again: admitted again when it restarts
         held = self.held
         self.remove(held)
         self.t.owner[held] = -1
@@ -126,12 +127,15 @@ class JobRecovery:
         if self.whole_ultraservers:
             units = np.unique(lost_array // ipu)
             candidates = (units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()
-            held = self.held_mask[candidates]
+            held = self.holds(candidates)
             self.outcome.ultraservers_lost += int(held.reshape(len(units), ipu).any(axis=1).sum())
             gone = candidates[held]
         else:
-            gone = lost_array[self.held_mask[lost_array]]
+            gone = lost_array[self.holds(lost_array)]
         self.remove(gone)
         healthy = self.t.healthy[gone]
+        # The failed ones go to repair, then back to the pool: no longer the job's before the
+        # scheduler's pass that the release runs (backfill would count them as coming back
+        # at the job's end).
+        self.t.owner[gone[~healthy]] = -1
         self.t.release(gone[healthy].tolist())
-        self.t.owner[gone[~healthy]] = -1  # they go to repair, then back to the pool

@@ -20,6 +20,8 @@ import simpy
 from clustersim.cluster.job_accounting import JobAccounting
 from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
+from clustersim.cluster.owners import FREE
+from clustersim.cluster.quotas import team_of
 from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint, job_failure_rate
 from clustersim.cluster.uplinks import UplinkPacing
 from clustersim.scenario.models import JobSpec
@@ -46,12 +48,15 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         scenario = timeline.scenario
         hw = scenario.hardware
         self.instances_needed = scenario.job_instances(job)
+        self.team = team_of(job.team)
+        self.admitted = False  # counted against its team's quota (TeamBook)
         self.whole_ultraservers = hw.whole_ultraservers(job.parallelism.tp)
         self.outcome = JobOutcome(
             name=job.name, instances=self.instances_needed,
             chips=self.instances_needed * hw.chips_per_instance,
             step_time_s=profile.step_time_s, tokens_per_step=profile.tokens_per_step,
-            steps_target=job.steps, submit_s=job.submit_s,
+            steps_target=job.steps, submit_s=job.submit_s, team=team_of(job.team),
+            trace_outcome=job.trace_outcome,
         )
         rate = job_failure_rate(scenario, job)
         self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None
@@ -69,8 +74,9 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         if math.isfinite(self.interval):
             self.outcome.checkpoint_interval_s = self.interval
             self.outcome.checkpoint_write_s = self.checkpoint.write_s
-        # Instances held: a mask over the cluster, changed incrementally (no O(n) per change).
-        self.held_mask = np.zeros(timeline.n_instances, dtype=bool)
+        # Instances held: a mask over the cluster, changed incrementally (no O(n) per change),
+        # allocated while the job holds instances (JobAccounting.add).
+        self.held_mask: np.ndarray | None = None
         self.held_count = 0
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
         self.state = "queued"
@@ -193,6 +199,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
 
     def _finish(self, status: str, reason: str) -> None:
         self.t.scheduler.withdraw(self)
+        self.t.teams.release(self)
         self._credit_segment(self.t.env.now)  # ended mid-segment: credit what was done
         self.set_state("done")
         self.outcome.progress_steps = self.progress
@@ -201,6 +208,17 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         cause = self.low_ettr_cause()
         self.outcome.reason = f"{reason}; {cause}" if cause else reason
         held = self.held.tolist()
+        self.t.active.discard(self)
+        if not held and self.granted is not None and self.granted.triggered and (
+                self.granted.ok and self.granted.value is not None):
+            # Ended (deadline, run time) in the same instant it was granted instances, before
+            # its process took them up: they go back to the pool, not to a finished job.
+            granted = np.asarray(self.granted.value, dtype=np.int64)
+            held = granted[self.t.owner[granted] == self.index].tolist()
+            if held:
+                self.t.owner[held] = FREE
+                self.t.release([])
+                return
         if held:
             self.remove(held)
             self.t.release(held)

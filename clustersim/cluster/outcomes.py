@@ -49,6 +49,8 @@ class JobOutcome:
     placement_step_time_s: float | None = None
     contention_slowdown: float = 1.0  # worst slowdown of its uplink traffic by other jobs
     ideal_s: float | None = None  # run time alone, without failures or queueing
+    team: str = "-"  # its team (clustersim.scenario.teams; "-" for none)
+    trace_outcome: str | None = None  # how it ended in the trace it was read from
 
     @property
     def steps_completed(self) -> int:
@@ -126,6 +128,8 @@ class JobOutcome:
             "uplink_contention": self.contention_slowdown,
             "start_s": self.start_s,
             "end_s": self.end_s,
+            **({"trace_outcome": self.trace_outcome} if self.trace_outcome is not None
+               else {}),
         }
 
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-__all__ = ["pack", "Placer"]
+__all__ = ["pack", "whole_units", "Placer"]
 
 
 def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | None:
@@ -18,7 +18,13 @@ def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | 
     if count <= 0:
         return np.empty(0, dtype=np.int64)
     leaves = leaf_of[free_ids]
-    _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
+    if len(leaves) > 1 and bool((leaves[1:] >= leaves[:-1]).all()):
+        # Ids ascending under leaves numbered in id order (every caller's case): each leaf's
+        # ids are one run, found in one pass (np.unique would sort them again).
+        starts = np.concatenate(([0], np.flatnonzero(leaves[1:] != leaves[:-1]) + 1))
+        counts = np.diff(np.append(starts, len(leaves)))
+    else:
+        _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
     fits = np.flatnonzero(counts >= count)
     if len(fits):
         best = fits[np.argmin(counts[fits])]
@@ -31,6 +37,20 @@ def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | 
         if got == count:
             break
     return np.sort(np.concatenate(chosen))
+
+
+_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def whole_units(free: np.ndarray, n_units: int, per_unit: int) -> np.ndarray:
+    """Which units (UltraServers) have all their instances free. With 2, 4 or 8 instances a
+    unit, each unit's booleans are read as one machine word (all ones: 0x01 in every byte),
+    one comparison a unit instead of a reduction over its instances."""
+    block = free[: n_units * per_unit]
+    word = _WORDS.get(per_unit)
+    if word is not None and block.dtype == np.bool_ and block.flags.c_contiguous:
+        return block.view(word) == word(int.from_bytes(b"\x01" * per_unit, "little"))
+    return block.reshape(n_units, per_unit).all(axis=1)
 
 
 class Placer:
@@ -58,7 +78,7 @@ class Placer:
                 return aligned
         if whole_ultraservers:
             ipu = self.ipu
-            units = free[: self.n_us * ipu].reshape(self.n_us, ipu).all(axis=1)
+            units = whole_units(free, self.n_us, ipu)
             need = math.ceil(count / ipu)
             chosen_units = pack(np.flatnonzero(units), (np.arange(self.n_us) * ipu
                                                          // self.per_leaf), need)

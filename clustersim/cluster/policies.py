@@ -7,6 +7,7 @@ policies is `clustersim.cluster.scheduler`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,7 +23,8 @@ __all__ = ["queue_key", "recovering_key", "easy_backfill", "preempt_for"]
 
 
 def queue_key(policy: str, run: JobRun) -> tuple:
-    """FIFO: by time queued; priority and backfill: the highest priority first, then FIFO."""
+    """FIFO: by time queued; priority and backfill (and within a team, fairshare): the
+    highest priority first, then FIFO."""
     if policy == "fifo":
         return (run.queued_at, run.index)
     return (-run.job.priority, run.queued_at, run.index)
@@ -33,26 +35,35 @@ def recovering_key(run: JobRun) -> tuple:
     return (-math.inf, -run.job.priority, run.index)
 
 
-def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: list[JobRun],
+def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[JobRun],
                   free: np.ndarray) -> None:
     """EASY backfill: `head` (needing `need` instances) gets a reservation at the earliest time
-    enough are expected free (the shadow time); a later job starts now if it ends before then,
-    or uses only instances the reservation will not need."""
-    now = scheduler.t.env.now
+    enough are expected free (the shadow time); a later job (`rest`: the walk of the queue
+    after the head) starts now if it ends before then, or uses only instances the
+    reservation will not need."""
+    t = scheduler.t
+    queue = scheduler.queue
+    now = t.env.now
     available = int(np.count_nonzero(free))
-    # Instances per job from the owner array: a job just granted holds them already,
-    # even before its process has taken them up.
-    owners = scheduler.t.owner[scheduler.t.owner >= 0]
-    held = np.bincount(owners, minlength=len(scheduler.t.jobs)) if len(owners) else np.zeros(
-        len(scheduler.t.jobs), dtype=np.int64)
-    ends = [(scheduler.t.jobs[j].expected_end(), int(held[j]))
-            for j in np.flatnonzero(held).tolist() if j != head.index]
+    if available < queue.smallest():
+        return  # nothing that waits fits in what is free (place would refuse each one)
+    # Instances per job: those it holds, or those just granted it (its process has not
+    # taken them up yet); over the jobs started and not done, not every job.
+    ends = []
+    for run in t.active:
+        if run is head:
+            continue
+        count = run.held_count or (run.instances_needed if run.state == "queued"
+                                   and run.granted is not None and run.granted.triggered
+                                   else 0)
+        if count:
+            ends.append((run.expected_end(), count))
     # Instances in repair come back at known times too.
-    down = np.flatnonzero(~scheduler.t.healthy)
-    if len(down) and math.isfinite(scheduler.t.repair_s):
-        back = scheduler.t.instance_down_since[down] + scheduler.t.repair_s
+    down = np.flatnonzero(~t.healthy)
+    if len(down) and math.isfinite(t.repair_s):
+        back = t.instance_down_since[down] + t.repair_s
         # (to the pool; a serving deployment's instance goes back to its deployment)
-        ends += [(float(t), 1) for t in back[scheduler.t.owner[down] == FREE].tolist()]
+        ends += [(float(when), 1) for when in back[t.owner[down] == FREE].tolist()]
     ends.sort()
     shadow, extra = math.inf, available
     for end, count in ends:
@@ -60,16 +71,33 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: list[JobR
         if available >= need:
             shadow, extra = end, available - need
             break
+    if scheduler.reservations is not None:  # kept for the tests' properties
+        scheduler.reservations.append((now, head.index, shadow))
+    free_count = int(np.count_nonzero(free))
+    smallest = queue.smallest()
+    # The fewest instances that did not fit, whole UltraServers or not: the pool only shrinks
+    # during the walk and placement fails for every larger count once it fails for one, so
+    # no larger job of that kind is tried again (the same starts, far fewer placements).
+    refused = {True: math.inf, False: math.inf}
     for run in rest:
-        chosen = scheduler.t.place(run.instances_needed, run.whole_ultraservers, free)
+        if free_count < smallest:
+            return  # nothing that waits fits any more
+        need = run.instances_needed
+        if need > free_count or need >= refused[run.whole_ultraservers]:
+            continue  # cannot fit now (place would refuse it)
+        if not t.teams.admits(run):
+            continue  # over its team's quota
+        chosen = t.place(need, run.whole_ultraservers, free)
         if chosen is None:
+            refused[run.whole_ultraservers] = need
             continue
         ends_before = now + run.expected_duration() <= shadow
         if ends_before or run.instances_needed <= extra:
             if not ends_before:
                 extra -= run.instances_needed
-            scheduler.start(run, chosen)
+            scheduler.start(run, chosen)  # it leaves the queue: the walk moves on
             free[chosen] = False
+            free_count -= len(chosen)
 
 
 def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
@@ -77,16 +105,25 @@ def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.nda
     the instances it would get, with the victims' added to `free`, or None (nobody evicted)."""
     # A job whose own process runs this pass (releasing instances as it recovers) cannot
     # be interrupted from inside itself: it is not a victim this time.
+    if t.active.lowest_priority() >= run.job.priority:
+        return None  # nobody it outranks holds anything
     active = t.env.active_process
-    victims = sorted((r for r in t.jobs if r.held_count and r.state != "done"
+    victims = sorted((r for r in t.active if r.held_count and r.state != "done"
                       and r.job.priority < run.job.priority
                       and (active is None or r.process is not active)),
-                     key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0)))
+                     key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0), r.index))
+    if not victims:
+        return None
     trial = free.copy()
+    count = int(np.count_nonzero(trial))
     chosen_victims = []
     for victim in victims:
-        trial[victim.held] = True
+        held = victim.held
+        count += int(np.count_nonzero(~trial[held]))
+        trial[held] = True
         chosen_victims.append(victim)
+        if count < need:
+            continue  # not enough yet: placement would refuse
         placement = t.place(need, run.whole_ultraservers, trial)
         if placement is not None:
             for v in chosen_victims:

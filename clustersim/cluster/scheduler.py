@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
+from clustersim.cluster.queues import FairShareQueue, JobQueue
 from clustersim.cluster.uplinks import share_uplinks
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ __all__ = ["Scheduler"]
 
 
 class Scheduler:
-    """Starts queued jobs: FIFO, priority, or EASY backfill; optional preemption.
+    """Starts queued jobs: FIFO, priority, EASY backfill, or fair share between teams (with
+    EASY backfill); optional preemption; team quotas (`clustersim.cluster.quotas`).
 
     FIFO and priority start jobs strictly in order (the first that does not fit blocks the
     rest). Backfill (EASY) gives the first waiting job a reservation (the earliest time enough
@@ -38,9 +40,13 @@ class Scheduler:
         self.t = timeline
         self.policy = policy
         self.preemption = preemption
-        self.queue: list[JobRun] = []
+        key = lambda run: queue_key(policy, run)  # noqa: E731
+        self.queue = (FairShareQueue(key, timeline.teams) if policy == "fairshare"
+                      else JobQueue(key))
         self._busy = False
         self._again = False
+        # (time, head job, shadow time) of every backfill reservation, when a list (tests)
+        self.reservations: list[tuple[float, int, float]] | None = None
         self.fragmentation_s = 0.0  # time integral of fragmentation
         self._last = (0.0, 0.0)
         # Instances per leaf: fixed, counted once (record_state runs after every pass).
@@ -51,8 +57,7 @@ class Scheduler:
         self.schedule()
 
     def withdraw(self, run: JobRun) -> None:
-        if run in self.queue:
-            self.queue.remove(run)
+        self.queue.discard(run)
 
     def schedule(self) -> None:
         if self._busy:  # a start or an eviction changed the pool: pass again afterwards
@@ -73,49 +78,57 @@ class Scheduler:
         # A job that lost instances has first claim on the instances freed, before every
         # queued job (it holds the rest of its allocation idle meanwhile): they are reserved
         # for it from the failure and granted once the failure is detected.
-        recovering = [(recovering_key(r), False, r) for r in self.t.recovering
-                      if r.held_count < r.instances_needed]
-        order = sorted([(queue_key(self.policy, r), True, r) for r in self.queue] + recovering,
-                       key=lambda entry: entry[0])
+        recovering = sorted((r for r in self.t.recovering if r.held_count < r.instances_needed),
+                            key=recovering_key)
         free = self.t.free_mask()
         floor = -math.inf  # priority policy: queued jobs at or below it wait for a recovery
         blocked: tuple[JobRun, int] | None = None  # the first recovery that did not fit
-        for position, (_, queued, run) in enumerate(order):
-            if queued and blocked is not None and self.policy != "priority":
-                # Every recovery had its turn; a blocked one is the queue's head.
-                if self.policy == "backfill":
-                    easy_backfill(self, blocked[0], blocked[1],
-                                   [r for _, q, r in order[position:] if q], free)
-                return
-            if queued and run.job.priority <= floor:
-                return
-            need = run.instances_needed - (0 if queued else run.held_count)
-            chosen = self.t.place(need, run.whole_ultraservers, free,
-                                  None if queued else run.held_mask)
-            if chosen is None and self.preemption and (queued or run.state == "waiting_for_hardware"):
+        for run in recovering:
+            need = run.instances_needed - run.held_count
+            # (on several sites, its replacements come from its own sites first)
+            chosen = self.t.place(need, run.whole_ultraservers, free, run.held_mask)
+            if chosen is None and self.preemption and run.state == "waiting_for_hardware":
                 chosen = preempt_for(self.t, run, free, need)
             if chosen is not None:
-                if queued:
-                    self.start(run, chosen)
-                elif run.state == "waiting_for_hardware":
+                if run.state == "waiting_for_hardware":
                     self._replace(run, chosen)
                 free[chosen] = False  # granted, or reserved until its failure is detected
                 continue
-            if not queued:
-                # A recovery blocked on hardware does not hold back the recoveries after it;
-                # under priority it holds back only the queued jobs it is not outranked by.
-                if blocked is None:
-                    blocked = (run, need)
-                floor = max(floor, run.job.priority)
-                continue
-            if self.policy == "backfill":
-                easy_backfill(self, run, need, [r for _, q, r in order[position + 1:] if q],
-                               free)
+            # A recovery blocked on hardware does not hold back the recoveries after it;
+            # under priority it holds back only the queued jobs it is not outranked by.
+            if blocked is None:
+                blocked = (run, need)
+            floor = max(floor, run.job.priority)
+        # The queue in order (a walk, not a copy or a sort of the queue per pass). A job over
+        # its team's quota does not hold back the jobs after it.
+        order = self.queue.ordered()
+        backfill = self.policy in ("backfill", "fairshare")
+        if blocked is not None and self.policy != "priority":
+            # Every recovery had its turn; a blocked one is the queue's head.
+            if backfill and len(self.queue):
+                easy_backfill(self, blocked[0], blocked[1], order, free)
             return
+        for run in order:
+            if run.job.priority <= floor:
+                return
+            if not self.t.teams.admits(run):
+                continue
+            need = run.instances_needed
+            chosen = self.t.place(need, run.whole_ultraservers, free)
+            if chosen is None and self.preemption:
+                chosen = preempt_for(self.t, run, free, need)
+            if chosen is None:
+                if backfill:
+                    easy_backfill(self, run, need, order, free)
+                return
+            self.start(run, chosen)
+            free[chosen] = False
 
     def start(self, run: JobRun, chosen: np.ndarray) -> None:
         self.queue.remove(run)
         self.t.owner[chosen] = run.index
+        self.t.active.add(run)  # granted: it holds them from now (its process takes them)
+        self.t.teams.admit(run, self.t.env.now)
         run.grant(chosen)
 
     def _replace(self, run: JobRun, chosen: np.ndarray) -> None:
@@ -150,9 +163,8 @@ class Scheduler:
         self._last = (now, fragmentation)
         self.t.min_free = min(self.t.min_free, count)
         # Jobs holding instances, counting one granted them in this pass before its process
-        # has taken them up (O(jobs): this runs at every failure of a 500k-chip job).
-        running = sum(1 for r in self.t.jobs if r.state != "done" and (
-            r.held_count or (r.state == "queued" and r.granted is not None
-                             and r.granted.triggered)))
+        # has taken them up: the active set (kept as jobs are granted, add, drop and end
+        # instances; not a count over every job per pass).
         if self.t.recorder is not None:
-            self.t.recorder.cluster_state(now, count, len(self.queue), running, fragmentation)
+            self.t.recorder.cluster_state(now, count, len(self.queue), len(self.t.active),
+                                          fragmentation)

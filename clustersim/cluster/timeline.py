@@ -37,9 +37,12 @@ from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
 from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
+from clustersim.cluster.queues import ActiveJobs
+from clustersim.cluster.quotas import TeamBook
 from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
 from clustersim.cluster.scheduler import Scheduler
 from clustersim.cluster.sites import SiteEvents, SitePlacer, cut_off
+from clustersim.cluster.uplinks import UplinkBook
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.training.step import StepModel, StepProfile
@@ -125,7 +128,9 @@ class Timeline:
                                      ring, self.site_first_instance, self.partitioned)
             if scenario.failures.site_events:
                 self.site_events = SiteEvents(self, network, scenario.failures.site_events)
+        self.teams = TeamBook(scenario)
         self.scheduler = Scheduler(self, scenario.scheduler.policy, scenario.scheduler.preemption)
+        self.uplinks = UplinkBook(self)
         # Stragglers: persistent slow instances.
         st = scenario.stragglers
         self.slow = np.ones(self.n_instances)
@@ -138,6 +143,9 @@ class Timeline:
         # Bookkeeping.
         self.instance_down_since = np.zeros(self.n_instances)
         self.recovering: set[JobRun] = set()  # jobs that lost instances, until running again
+        # Jobs holding instances or granted them (the scheduler's passes look at these, not
+        # at every job of a 100,000-job mix); order-free: every use sorts or counts.
+        self.active = ActiveJobs()
         self.jobs: list[JobRun] = []
         self.faults = FailureSource(self)
 

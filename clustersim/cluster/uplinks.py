@@ -3,7 +3,6 @@ on an oversubscribed fabric."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,7 +13,66 @@ from clustersim.training.sites import site_profile
 if TYPE_CHECKING:
     from clustersim.cluster.timeline import Timeline
 
-__all__ = ["share_uplinks", "UplinkPacing"]
+__all__ = ["share_uplinks", "UplinkBook", "UplinkPacing"]
+
+
+class UplinkBook:
+    """Leaf uplink demand, kept incrementally: each job spread over several leaves puts its
+    instances' EFA bandwidth on every leaf it spans. A job's share is looked at again only
+    when the demand on one of its leaves changed (not every spread job at every pass)."""
+
+    def __init__(self, t: Timeline):
+        self.t = t
+        fabric = t.scenario.cluster.fabric
+        # A leaf's uplinks carry all its instances' EFA on a non-blocking fabric: never
+        # oversubscribed, nothing to keep.
+        self.enabled = t.n_leaves > 1 and fabric.oversubscription > 1.0
+        self.efa = t.scenario.hardware.instance.efa_bytes_per_s
+        self.capacity = t.per_leaf * self.efa / fabric.oversubscription
+        self.demand = np.zeros(t.n_leaves, dtype=np.int64)  # instances of spread jobs
+        self.on_leaf: dict[int, set[int]] = {}  # leaf -> spread jobs on it
+        self.counts: dict[int, dict[int, int]] = {}  # job -> {leaf: its instances there}
+        self.dirty: set[int] = set()  # leaves whose demand changed since the last share
+
+    def update(self, run) -> None:
+        """A job's holding, state or spread changed: move its demand."""
+        if not self.enabled:
+            return
+        new: dict[int, int] = {}
+        if run.held_count and run.state != "done" and run.spans_leaves:
+            leaves, counts = np.unique(self.t.instance_leaf[run.held], return_counts=True)
+            new = dict(zip(leaves.tolist(), counts.tolist(), strict=True))
+        old = self.counts.get(run.index, {})
+        if new == old:
+            return
+        for leaf, count in old.items():
+            self.demand[leaf] -= count
+            self.on_leaf[leaf].discard(run.index)
+            self.dirty.add(leaf)
+        for leaf, count in new.items():
+            self.demand[leaf] += count
+            self.on_leaf.setdefault(leaf, set()).add(run.index)
+            self.dirty.add(leaf)
+        if new:
+            self.counts[run.index] = new
+        else:
+            self.counts.pop(run.index, None)
+
+    def share(self) -> None:
+        """Each spread job on a leaf whose demand changed: its slowdown, in job order."""
+        if not self.dirty:
+            return
+        touched: set[int] = set()
+        for leaf in self.dirty:
+            touched |= self.on_leaf.get(leaf, set())
+        self.dirty.clear()
+        for index in sorted(touched):
+            worst = 1.0
+            for leaf, count in self.counts[index].items():
+                together = max(1.0, float(self.demand[leaf]) * self.efa / self.capacity)
+                alone = max(1.0, count * self.efa / self.capacity)
+                worst = max(worst, together / alone)
+            self.t.jobs[index].set_uplink_slowdown(worst)
 
 
 def share_uplinks(t: Timeline) -> None:
@@ -24,28 +82,10 @@ def share_uplinks(t: Timeline) -> None:
     oversubscription) the crossing traffic is slowed by demand / capacity. A job's own
     demand is already in its step profile (its collectives were costed on the uplinks),
     so what sharing adds is the slowdown with everyone over the slowdown alone, at its
-    worst leaf. On a non-blocking fabric demand never exceeds capacity."""
+    worst leaf. On a non-blocking fabric demand never exceeds capacity. (The demand is kept
+    by `UplinkBook` as jobs come and go.)"""
     share_site_links(t)  # and the inter-site links (clustersim.cluster.sites)
-    fabric = t.scenario.cluster.fabric
-    if t.n_leaves <= 1 or fabric.oversubscription <= 1.0:
-        return  # a leaf's uplinks carry all its instances' EFA: never oversubscribed
-    efa = t.scenario.hardware.instance.efa_bytes_per_s
-    capacity = t.per_leaf * efa / fabric.oversubscription
-    spread = [r for r in t.jobs if r.held_count and r.state != "done" and r.spans_leaves]
-    demand: Counter = Counter()
-    per_job = {}
-    for run in spread:
-        leaves, counts = np.unique(t.instance_leaf[run.held], return_counts=True)
-        per_job[run.index] = dict(zip(leaves.tolist(), counts.tolist(), strict=True))
-        for leaf, count in per_job[run.index].items():
-            demand[leaf] += count * efa
-    for run in spread:
-        worst = 1.0
-        for leaf, count in per_job[run.index].items():
-            together = max(1.0, demand[leaf] / capacity)
-            alone = max(1.0, count * efa / capacity)
-            worst = max(worst, together / alone)
-        run.set_uplink_slowdown(worst)
+    t.uplinks.share()
 
 
 class UplinkPacing:
@@ -74,6 +114,7 @@ class UplinkPacing:
         self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
+        self.t.uplinks.update(self)
         share_uplinks(self.t)  # its traffic now loads the leaves it spans
 
     def fabric_factor_step(self) -> float:

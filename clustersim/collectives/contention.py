@@ -105,24 +105,32 @@ def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> lis
     get half the bandwidth. Only the transfer part slows; latency does not.
     """
     rates = [model.resource_rates(c) for c in costs]
-    keys = {key for r in rates for key in r}
-    limit = {key: model.capacity(key) for key in keys}
-    speed = [0.0 if r else 1.0 for r in rates]
-    frozen = [not r for r in rates]
-    while not all(frozen):
-        active = [i for i in range(len(costs)) if not frozen[i]]
-        step = min(1.0 - speed[i] for i in active)
-        for key in keys:
-            growth = sum(rates[i].get(key, 0.0) for i in active)
-            if growth > 0:
-                load = sum(speed[i] * rates[i].get(key, 0.0) for i in range(len(costs)))
-                step = min(step, max(0.0, limit[key] - load) / growth)
-        for i in active:
-            speed[i] += step
-        full = {key for key in keys
-                if sum(speed[i] * rates[i].get(key, 0.0) for i in range(len(costs)))
-                >= limit[key] * (1 - 1e-9)}
-        for i in active:
-            if speed[i] >= 1.0 - 1e-12 or any(rates[i].get(key, 0.0) > 0 for key in full):
-                frozen[i] = True
-    return [c.scaled(1.0 / s) if 0 < s < 1 else c for c, s in zip(costs, speed, strict=True)]
+    keys = list({key for r in rates for key in r})
+    if not keys:
+        return list(costs)
+    # One row per collective, one column per resource: the loops below are over arrays
+    # (sums run row by row, in the same order as a loop over the collectives would).
+    column = {key: j for j, key in enumerate(keys)}
+    use = np.zeros((len(costs), len(keys)))
+    for i, r in enumerate(rates):
+        for key, rate in r.items():
+            use[i, column[key]] = rate
+    limit = np.array([model.capacity(key) for key in keys])
+    speed = np.array([0.0 if r else 1.0 for r in rates])
+    frozen = np.array([not r for r in rates])
+    while not frozen.all():
+        active = np.flatnonzero(~frozen)
+        step = float((1.0 - speed[active]).min())
+        growth = use[active].sum(axis=0)
+        rising = growth > 0
+        if rising.any():
+            load = (speed[:, None] * use[:, rising]).sum(axis=0)
+            step = min(step, float((np.maximum(0.0, limit[rising] - load)
+                                    / growth[rising]).min()))
+        speed[active] += step
+        full = (speed[:, None] * use).sum(axis=0) >= limit * (1 - 1e-9)
+        stop = (speed[active] >= 1.0 - 1e-12) | (use[np.ix_(active, np.flatnonzero(full))]
+                                                  > 0).any(axis=1)
+        frozen[active[stop]] = True
+    return [c.scaled(1.0 / s) if 0 < s < 1 else c
+            for c, s in zip(costs, speed.tolist(), strict=True)]

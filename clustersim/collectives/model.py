@@ -74,6 +74,7 @@ class CollectiveModel:
         self.levels = LevelCoster(topology, self.coster)
         self._cache: dict[tuple, CollectiveCost] = {}
         self._layouts: dict[tuple, Layout] = {}
+        self._capacities: dict[tuple, float] = {}  # the topology is fixed: look a link up once
 
     def cost(
         self,
@@ -228,7 +229,10 @@ class CollectiveModel:
 
     def capacity(self, key: tuple) -> float:
         """What a resource of `resource_rates` can carry."""
-        return capacity(self, key)
+        found = self._capacities.get(key)
+        if found is None:
+            found = self._capacities[key] = capacity(self, key)
+        return found
 
 
 def hierarchical_plan(op: str, layout: Layout, size: float) -> list[tuple[str, str, float]]:

@@ -183,11 +183,30 @@ class ServingConstants(Spec):
         description="fixed host time per iteration: launching the compiled graph, sampling, "
         "scheduling the next batch",
     )
+    prefill_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="prefill_overhead",
+        description="fixed time added to an iteration that encodes prompt tokens (NxD "
+        "Inference compiles context encoding as a graph of its own, apart from token "
+        "generation); 0 where no data separates it",
+    )
     hbm_efficiency: float = Field(
         default=0.94, gt=0, le=1,
         description="fraction of peak HBM bandwidth inference kernels reach streaming weights "
         "and the KV cache (in place of the training fit's efficiency.vector); default: the "
         "Trn1 serving fit",
+    )
+    matmul_efficiency: float | None = Field(
+        default=None, gt=0, le=1, alias="matmul",
+        description="fraction of the dense peak (at the compute precision) inference "
+        "matrix multiplies reach; default: the chip's efficiency.matmul (the training fit)",
+    )
+    overlap_collectives: bool = Field(
+        default=False,
+        description="the tensor-parallel all-reduces run under the layer's matrix work, "
+        "pipelined over tiles of the tokens (NxD Inference compiles with "
+        "--enable-ccop-compute-overlap): a layer takes max(compute, collectives) + "
+        "min(compute, collectives) / tiles, tiles = tokens / chip tile rows (one tile in "
+        "decode: no overlap)",
     )
     all_reduce: Literal["mesh", "auto"] = Field(
         default="mesh",

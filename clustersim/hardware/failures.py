@@ -9,6 +9,7 @@ per accelerator.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -109,6 +110,11 @@ def failure_preset_source(name: str) -> str:
 
 def failure_preset_rates(name: str) -> list[FailureRateSpec]:
     """A preset's causes as per-chip exponential rates (KeyError for an unknown preset)."""
+    return list(_preset_rates(name))
+
+
+@cache  # (the catalog is read once; every job of a 100,000-job mix asks for its rates)
+def _preset_rates(name: str) -> tuple[FailureRateSpec, ...]:
     preset = _document()["presets"][name]
     rates = []
     for cause in preset["causes"]:
@@ -122,4 +128,4 @@ def failure_preset_rates(name: str) -> list[FailureRateSpec]:
                 component=cause["component"], per="chip", rate=per_chip_s, cause=cause["cause"]
             )
         )
-    return rates
+    return tuple(rates)

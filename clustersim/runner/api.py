@@ -16,6 +16,13 @@ import pyarrow as pa
 
 import clustersim
 from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
+from clustersim.cluster.fleet import (
+    SUMMARY_JOBS,
+    finite_or_none,
+    flat_job_rows,
+    largest_jobs,
+    team_figures,
+)
 from clustersim.cluster.timeline import Timeline, TimelineResult
 from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
@@ -52,6 +59,7 @@ class RunResult:
     steps: dict[str, StepProfile]
     timelines: list[TimelineResult] = field(default_factory=list)
     serving: ServingResult | None = None
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # every job's figures
     fleet_day: Any = None  # a FleetDayResult, for a fleet-day run
 
 
@@ -341,13 +349,23 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
             if crossing is not None:
                 shapes[job.name]["cross_site"] = crossing.figures()
     per_replication = []
+    with_teams = uses_teams(scenario)
     for result in timelines:
         jobs = {}
         for name, outcome in result.jobs.items():
             jobs[name] = {**shapes[name], **outcome.figures(result.horizon_s)}
             jobs[name].update(effective_figures(scenario, jobs[name]))
+            if with_teams:
+                jobs[name]["team"] = outcome.team
         per_replication.append({"jobs": jobs, "cluster": result.cluster_figures()})
+        if with_teams:
+            per_replication[-1]["teams"] = team_figures(
+                jobs, {t.name: t.quota for t in scenario.teams},
+                {t.name: t.share for t in scenario.teams})
     combined = _combine(per_replication)
+    all_jobs = combined["jobs"]
+    if len(all_jobs) > SUMMARY_JOBS:  # every job is in job_summary.parquet
+        combined["jobs"] = largest_jobs(all_jobs)
     cluster = cluster_figures(scenario, topology)
     cluster.update(combined["cluster"])
     summary: dict[str, Any] = {
@@ -361,6 +379,11 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
         "jobs": combined["jobs"],
         "cluster": cluster,
     }
+    if len(all_jobs) > SUMMARY_JOBS:
+        summary["jobs_listed"] = (f"the {len(combined['jobs']):,} largest of "
+                                  f"{len(all_jobs):,} jobs; every job is in job_summary.parquet")
+    if with_teams:
+        summary["teams"] = combined["teams"]
     serving = None
     if scenario.serve:
         # The first replication's failures of serving instances: one failure history for
@@ -372,7 +395,7 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
             summary["deployments"][name]["fluid_check"] = check
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
-                     timelines=timelines, serving=serving)
+                     timelines=timelines, serving=serving, jobs=all_jobs)
 
 
 def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,
@@ -488,3 +511,29 @@ def _write_summary(result: RunResult, folder: Path) -> None:
     text = json.dumps(result.summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
     (folder / "summary.json").write_text(text, encoding="utf-8")
     (folder / "scenario.yaml").write_text(result.scenario.source_yaml, encoding="utf-8")
+    if result.jobs:
+        write_job_summary(result, folder / "job_summary.parquet")
+
+
+def uses_teams(scenario: Scenario) -> bool:
+    """Per-team figures when the scenario has teams or a job names one."""
+    return bool(scenario.teams) or any(job.team is not None for job in scenario.jobs)
+
+
+def write_job_summary(result: RunResult, path: Path) -> None:
+    """Every job's figures (the summary's per-job figures, means over replications), one
+    row a job and one column a figure, with its team, as Parquet (zstd)."""
+    import pyarrow.parquet as pq
+
+    from clustersim.analysis.trace import table_metadata
+
+    teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
+    jobs = {name: {"team": teams.get(name, "-"), **figures}
+            for name, figures in result.jobs.items()}
+    columns, rows = flat_job_rows(jobs)
+    table = pa.table({column: [finite_or_none(row.get(column)) for row in rows]
+                      for column in columns})
+    table = table.replace_schema_metadata(table_metadata(
+        "job_summary", version=clustersim.__version__, seed=result.summary["seed"],
+        scenario_yaml=result.scenario.source_yaml))
+    pq.write_table(table, path, compression="zstd")

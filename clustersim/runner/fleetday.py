@@ -45,14 +45,16 @@ def compare_levels(scenario: Scenario, seed: int, requests: dict[str, dict[str, 
                    serving: ServingResult) -> dict[str, dict[str, Any]]:
     """For each `fidelity: auto` deployment the request-level simulator ran, the fluid
     model's figures for the same deployment (same curve and noise, no failures, no jobs) and
-    their relative differences (fluid / requests - 1)."""
-    auto = [d for d in scenario.serve if d.fidelity == "auto"]
+    their relative differences (fluid / requests - 1). A deployment replaying a trace has no
+    rate for the fluid level: not compared."""
+    auto = [d for d in scenario.serve if d.fidelity == "auto" and d.workload.arrival != "trace"]
     if not auto:
         return {}
-    # Every deployment, so each keeps its index (its load curve's noise stream).
     alone = scenario.model_copy(update={"jobs": [], "failures": FailuresSpec()})
     alone._source = scenario.source
-    result = simulate_fleet_day(alone, seed, {})
+    # The auto deployments alone (the others' curves are not needed, and a trace's cannot
+    # be measured), each at its index in the scenario (its load curve's noise stream).
+    result = simulate_fleet_day(alone, seed, {}, only={d.name for d in auto})
     fluid = fleet_day_figures(alone, result)["deployments"]
     out = {}
     for d in auto:

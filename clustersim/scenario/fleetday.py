@@ -276,6 +276,10 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
             if d.disaggregated is not None:
                 yield (f"{at}.disaggregated", "not yet in the fluid model: expected a "
                        "deployment whose replicas both prefill and decode", "set")
+            if d.workload.requests is not None:
+                yield (f"{at}.workload.requests", "the fluid model runs to the horizon: a "
+                       "count of requests would be ignored; expected no requests key (or "
+                       "fidelity: requests)", d.workload.requests)
             per_chips = replica_chips(d, hw.chip.ranks)
             count = d.autoscale.min_replicas if d.autoscale is not None else d.replicas
             need = -(-count * per_chips // hw.chips_per_instance)

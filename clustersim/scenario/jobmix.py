@@ -24,15 +24,16 @@ the global batch is dp x micro_batch x microbatches.
 Trace files (CSV or Parquet), one job a row, relative to the scenario file: `submit`
 (seconds, or a duration such as `2h`), `instances`, `template` (the template giving the
 model, parallelism and batch), and optionally `run_for` (seconds or a duration), `steps`,
-`priority`, `name`.
+`priority`, `name`, `team`. Published cluster traces (Philly, Helios, PAI, Acme) are read by
+`workload.trace` (clustersim.scenario.traces).
 """
 
 from __future__ import annotations
 
-import copy
 import math
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -40,6 +41,7 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.scenario.reading import regular_file_problem
+from clustersim.scenario.traces import TraceMapping, TraceTarget, read_trace
 
 __all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
 
@@ -65,6 +67,8 @@ class RunTime(Spec):
 class JobTemplate(Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     weight: float = Field(default=1.0, gt=0)
+    teams: dict[str, float] | None = Field(default=None, description="team -> weight: each "
+                                           "job's team drawn from these")
     instances: list[int] | SizeRange
     run_for: RunTime | None = None
     steps: int | None = Field(default=None, gt=0)
@@ -75,6 +79,8 @@ class JobTemplate(Spec):
     def _check(self) -> JobTemplate:
         if isinstance(self.instances, list) and (not self.instances or min(self.instances) < 1):
             raise ValueError("instances: expected a non-empty list of positive counts")
+        if self.teams is not None and (not self.teams or min(self.teams.values()) <= 0):
+            raise ValueError("teams: expected team names with positive weights")
         for key in ("name", "instances", "global_batch", "submit"):
             if key in self.job:
                 raise ValueError(f"job.{key} is set by the template; remove it")
@@ -97,11 +103,24 @@ class WorkloadSpec(Spec):
     arrivals: Arrivals | None = None
     templates: list[JobTemplate] = Field(default_factory=list)
     file: str | None = Field(default=None, description="CSV or Parquet job trace")
+    trace: str | None = Field(default=None, description="a published cluster trace "
+                              "(docs/traces-in.md), beside the scenario")
+    format: Literal["philly", "helios", "pai", "acme", "native"] | None = Field(
+        default=None, description="the trace's format")
+    mapping: TraceMapping = Field(default_factory=TraceMapping,
+                                  description="GPU jobs to Trainium jobs (docs/traces-in.md)")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
         if self.arrivals is not None and not self.templates:
             raise ValueError("arrivals need at least one template")
+        if self.trace is not None and self.format is None:
+            raise ValueError("trace needs its format: philly, helios, pai, acme or native")
+        if self.trace is not None and not self.templates:
+            raise ValueError("a trace needs a template (the jobs' model, parallelism, batch)")
+        if self.mapping.template is not None and self.mapping.template not in {
+                t.name for t in self.templates}:
+            raise ValueError(f"mapping.template {self.mapping.template!r} is not a template")
         names = [t.name for t in self.templates]
         if len(set(names)) != len(names):
             raise ValueError("template names must be unique")
@@ -120,7 +139,10 @@ def _size(template: JobTemplate, rng: np.random.Generator) -> int:
 def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: str,
          submit_s: float, run_for_s: float | None, steps: int | None,
          priority: int | None) -> dict[str, Any]:
-    job = copy.deepcopy(template.job)
+    # A shallow copy: the loader deep-copies the jobs once as it resolves their models, and
+    # nothing here changes a nested mapping but the parallelism, copied (a deep copy per job
+    # of a 100,000-job mix was most of its load time).
+    job = dict(template.job)
     parallelism = dict(job.get("parallelism") or {})
     tp, pp = int(parallelism.get("tp", 1)), int(parallelism.get("pp", 1))
     ranks = instances * ranks_per_instance
@@ -141,7 +163,8 @@ def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: s
 
 
 def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
-                  base_dir: Path | None) -> list[dict[str, Any]]:
+                  base_dir: Path | None, target: TraceTarget | None = None
+                  ) -> list[dict[str, Any]]:
     """Raw job mappings (validated later with the rest of the scenario)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
@@ -166,10 +189,83 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
             if template.run_for is not None:
                 run_for = float(template.run_for.median_s * math.exp(
                     template.run_for.sigma * rng.standard_normal()))
-            jobs.append(_job(template, _size(template, rng), ranks_per_instance,
-                             f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None))
+            job = _job(template, _size(template, rng), ranks_per_instance,
+                       f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None)
+            if template.teams is not None:
+                names = list(template.teams)
+                weights_t = np.array([template.teams[n] for n in names])
+                job["team"] = names[int(rng.choice(len(names), p=weights_t / weights_t.sum()))]
+            jobs.append(job)
     if workload.file is not None:
         jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir)
+    if workload.trace is not None:
+        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target)
+    return jobs
+
+
+def _trace_path(text: str, base_dir: Path | None) -> Path:
+    path = Path(text)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES)
+    if problem is not None:
+        raise ValueError(f"workload.trace {path}: {problem}")
+    return path
+
+
+def _team_name(text: str | None) -> str | None:
+    """A trace's user or virtual cluster as a team name (letters, digits, . _ -)."""
+    if text is None:
+        return None
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", text.strip())[:128]
+    return name if name and name[0].isalnum() else f"t{name}"[:128]
+
+
+def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
+                ranks_per_instance: int, base_dir: Path | None,
+                target: TraceTarget | None) -> list[dict[str, Any]]:
+    assert workload.trace is not None and workload.format is not None
+    path = _trace_path(workload.trace, base_dir)
+    target = target or TraceTarget(1, None, None)
+    if workload.format == "native":
+        return _native(path, templates, ranks_per_instance, base_dir, target)
+    template = templates[workload.mapping.template or next(iter(templates))]
+    jobs = []
+    for row in read_trace(path, workload.format, workload.mapping, target):
+        job = _job(template, row.instances, ranks_per_instance,
+                   f"{workload.format}-{_team_name(row.id)}", row.submit_s, row.run_for_s,
+                   None, None)
+        team = _team_name(row.team)
+        if team is not None:
+            job["team"] = team
+        if row.outcome is not None:
+            job["trace_outcome"] = row.outcome
+        jobs.append(job)
+    return jobs
+
+
+def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: int,
+            base_dir: Path | None, target: TraceTarget) -> list[dict[str, Any]]:
+    """The native trace (the `file:` columns) with the trace checks: names once, rows in
+    submission order, run times >= 0, sizes within the cluster."""
+    jobs = _from_file(str(path), templates, ranks_per_instance, None)
+    seen: dict[str, int] = {}
+    previous = -math.inf
+    for number, job in enumerate(jobs, start=1):
+        where = f"workload.trace {path}, row {number}"
+        if job["name"] in seen:
+            raise ValueError(f"{where}, column name: {job['name']!r} is also row "
+                             f"{seen[job['name']]}; expected each job once")
+        seen[job["name"]] = number
+        if job["submit"] < previous:
+            raise ValueError(f"{where}, column submit: before the row above; expected rows in "
+                             "submission order")
+        previous = job["submit"]
+        if job.get("run_for") is not None and job["run_for"] < 0:
+            raise ValueError(f"{where}, column run_for: {job['run_for']}; expected >= 0")
+        if target.max_instances is not None and job["instances"] > target.max_instances:
+            raise ValueError(f"{where}, column instances: {job['instances']:,} is more than "
+                             f"the cluster's {target.max_instances:,} instances")
     return jobs
 
 
@@ -219,11 +315,25 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
         return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
 
     run_for = value("run_for")
-    return _job(
-        template, int(row["instances"]), ranks_per_instance,
+    try:
+        instances = int(row["instances"])
+        if instances != float(row["instances"]) or instances < 1:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"column instances: {row['instances']!r}; expected a whole number "
+                         ">= 1") from None
+    try:
+        submit = units.parse_duration(row["submit"])
+    except (TypeError, ValueError, units.UnitError) as error:
+        raise ValueError(f"column submit: {error}") from None
+    job = _job(
+        template, instances, ranks_per_instance,
         str(value("name") or f"{template.name}-trace-{number:04d}"),
-        units.parse_duration(row["submit"]),
+        submit,
         units.parse_duration(run_for) if run_for is not None else (
             float(template.run_for.median_s) if template.run_for else None),
         int(value("steps")) if value("steps") is not None else template.steps,
         int(value("priority")) if value("priority") is not None else None)
+    if value("team") is not None:
+        job["team"] = _team_name(str(value("team")))
+    return job

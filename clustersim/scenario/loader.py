@@ -41,6 +41,7 @@ from clustersim.scenario.reading import (
 )
 from clustersim.scenario.schema import scenario_json_schema
 from clustersim.scenario.serving import resolve_serve_models
+from clustersim.scenario.traces import TraceTarget
 from clustersim.training.transformer import model_preset_names, model_preset_values
 from clustersim.training.workload import ParallelismSpec
 
@@ -121,6 +122,24 @@ def _resolve_model(holder: dict[str, Any], key: str, where: str) -> list[Issue]:
     return []
 
 
+def _trace_target(resolved: dict[str, Any]) -> TraceTarget:
+    """What a trace's mapping needs of the hardware and the cluster (None where the file
+    does not say yet: its own validation reports that)."""
+    hardware = resolved.get("hardware") or {}
+    cluster = resolved.get("cluster") or {}
+    chips = int(hardware["instance"]["chips"])
+    tflops = (hardware.get("chip", {}).get("tflops") or {}).get("bf16")
+    instances = cluster.get("instances")
+    if instances is None and cluster.get("ultraservers") is not None:
+        per_us = (hardware.get("ultraserver") or {}).get("instances", 1)
+        instances = int(cluster["ultraservers"]) * int(per_us)
+    try:
+        limit = int(instances) if instances is not None else None
+    except (TypeError, ValueError):
+        limit = None
+    return TraceTarget(chips, float(tflops) if isinstance(tflops, int | float) else None, limit)
+
+
 def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
                      base_dir: Path | None) -> None:
     """Append the jobs of a `workload:` section (templates x arrivals, trace file)."""
@@ -139,16 +158,17 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
     try:
-        generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir)
+        generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
+                                  _trace_target(resolved))
     except ValueError as error:
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []
     resolved["_generated_from"] = len(jobs)
     resolved["jobs"] = list(jobs) + generated
-    _, issues = _resolve_catalog_names({"jobs": resolved["jobs"]})
+    expanded, issues = _resolve_catalog_names({"jobs": resolved["jobs"]})
     if issues:
         raise ScenarioError(source, issues)
-    resolved["jobs"] = _resolve_catalog_names({"jobs": resolved["jobs"]})[0]["jobs"]
+    resolved["jobs"] = expanded["jobs"]
 
 
 def scenario_from_dict(

@@ -36,6 +36,7 @@ from clustersim.scenario.fleetday import ElasticSpec, FluidSpec
 from clustersim.scenario.jobmix import WorkloadSpec
 from clustersim.scenario.rules import cross_checks
 from clustersim.scenario.serving import DeploymentSpec
+from clustersim.scenario.teams import TeamSpec
 from clustersim.training.sites import CrossSiteSyncSpec
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import ParallelismSpec
@@ -164,6 +165,11 @@ class JobSpec(Spec):
     )
     priority: int = Field(default=0, ge=-limits.MAX_PRIORITY, le=limits.MAX_PRIORITY,
                           description="higher runs first (priority, backfill)")
+    team: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                             max_length=128, description="the team (or user) it belongs to: "
+                             "its quota and fair share (teams)")
+    trace_outcome: str | None = Field(default=None, max_length=64, description="how the "
+                                      "job ended in the trace it came from (kept in outputs)")
     checkpoint: CheckpointSpec | None = None
     cross_site_sync: CrossSiteSyncSpec | None = Field(
         default=None, description="over several sites: average across them once every "
@@ -206,11 +212,14 @@ class FailuresSpec(Spec):
 
 
 class SchedulerSpec(Spec):
-    """How queued jobs start: fifo, priority or backfill (EASY); preemption of lower
-    priorities by a job that does not fit."""
+    """How queued jobs start: fifo, priority, backfill (EASY) or fairshare (the team
+    furthest below its share first, EASY backfill behind it); preemption of lower
+    priorities by a job that does not fit; borrowing of idle team quota."""
 
-    policy: Literal["fifo", "priority", "backfill"] = "fifo"
+    policy: Literal["fifo", "priority", "backfill", "fairshare"] = "fifo"
     preemption: bool = False
+    borrowing: bool = Field(default=False, description="a team may borrow the quota other "
+                            "teams leave idle (Kueue cohorts; docs/fleet.md)")
 
 
 class TraceSpec(Spec):
@@ -240,6 +249,9 @@ class Scenario(Spec):
                                         "deployments (clustersim.scenario.serving)")
     failures: FailuresSpec = FailuresSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
+    teams: list[TeamSpec] = Field(default_factory=list, max_length=10_000,
+                                  description="quotas and fair-share weights "
+                                  "(clustersim.scenario.teams)")
     workload: WorkloadSpec | None = None
     stragglers: StragglerSpec = StragglerSpec()
     trace: TraceSpec = TraceSpec()

@@ -63,6 +63,26 @@ def _sharding_checks(at: str, job: JobSpec) -> Iterable[Issue]:
                     par.zero, True)
 
 
+def _team_checks(s: Scenario) -> Iterable[Issue]:
+    """Teams named once; with a `teams:` list, every job's team is on it (a typo would
+    otherwise make a team without quota); a quota no job could ever fit under."""
+    names = [t.name for t in s.teams]
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if name in seen:
+            yield Issue(f"teams.{index}.name", "named twice; expected each team once", name,
+                        True)
+        seen.add(name)
+    if not s.teams:
+        return
+    quotas = {t.name: t.quota for t in s.teams}
+    for index, job in enumerate(s.jobs):
+        if job.team is not None and job.team not in quotas:
+            yield Issue(f"jobs.{index}.team", f"not a team of `teams:`; expected one of "
+                        f"{', '.join(sorted(quotas)[:10])}", job.team, True)
+            return  # one is enough: a generated mix would repeat it 100,000 times
+
+
 def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     """Every problem that spans sections: cluster sizes against UltraServers and leaves, each
     job's parallelism against its instances, the model and the batch, times against the
@@ -211,6 +231,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     # UltraServers (as the timeline places it).
     whole = max((-(-s.job_instances(job) // hw.instances_per_ultraserver) for job in s.jobs
                  if hw.whole_ultraservers(job.parallelism.tp)), default=0)
+    yield from _team_checks(s)
     yield from (Issue(path, message, value, True) for path, message, value in fleet_day_checks(s))
     if is_fleet_day(s):  # replicas come and go, jobs wait or are preempted for them
         largest_job = whole = 0

@@ -92,6 +92,9 @@ class RequestWorkloadSpec(Spec):
         if self.arrival == "trace":
             if self.trace is None:
                 raise ValueError("arrival trace needs trace: a CSV or Parquet file")
+            if self.load is not None:
+                raise ValueError("arrival trace replays the trace's arrival times; a load "
+                                 "curve would be ignored: give one or the other")
         elif self.load is not None:
             if self.rate_per_s is not None:
                 raise ValueError("give rate or load (a curve over time), not both")
@@ -132,6 +135,15 @@ class PrecisionSpec(Spec):
         default=None, description="defaults to the weights' precision (bf16 for fp8 weights)")
     kv_cache: ServePrecision | None = Field(
         default=None, description="defaults to server.kv_precision")
+
+    @model_validator(mode="after")
+    def _check(self) -> PrecisionSpec:
+        # A matmul runs at its wider operand's precision: fp8 matmuls need fp8 weights too.
+        if self.activations == "fp8" and self.weights != "fp8":
+            raise ValueError(f"activations fp8 with {self.weights} weights: a matmul runs at "
+                             "its wider operand's precision; expected weights: fp8 (W8A8) "
+                             "or 16-bit activations")
+        return self
 
 
 @dataclass(frozen=True)

@@ -137,8 +137,10 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
     fleet = _run(scenario, d, 1e5, requests, 0)
     finish = np.sort(fleet.finish_s[fleet.status == 1])
     if len(finish) < 10:
+        _, kv_tokens, _ = replica_models(scenario, d)
         raise ValueError(f"deployment {d.name!r}: a replica completed {len(finish)} of "
-                         f"{requests} requests (do they fit its KV cache?)")
+                         f"{requests} requests (do they fit its KV cache of {kv_tokens:,} "
+                         "tokens?)")
     lo, hi = int(0.1 * len(finish)), int(0.9 * len(finish))
     group = group_size(scenario, d)
     capacity = (hi - lo) / max(finish[hi] - finish[lo], 1e-9) / group  # per replica

@@ -26,8 +26,9 @@ token: each step costs a few operations per deployment and per job.
   the horizon. A hardware failure downs one instance (an UltraServer's or a leaf's, all of
   theirs) for the detection plus the repair, taken from a deployment, a job or the free
   pool in proportion to the instances each holds; its replicas are gone (the autoscaler
-  replaces them), its job recovers on free instances. A software failure restarts one
-  replica or one job where it is.
+  replaces them), its job recovers on free instances. A software failure restarts the
+  replica or the training job on the chip it hits (as in the timeline: nothing on an idle
+  chip, nor a job that is not training), one job in every job's stream when per job.
 
 Placement is by count of instances (no topology): a deployment's replicas smaller than an
 instance share instances; the chips of a deployment's partly used instance count as idle.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +56,13 @@ from clustersim.cluster.rates import (
     job_failure_rate,
     storage_bandwidth_per_instance,
 )
+from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.fleetday import elastic_smallest, elastic_unit, replica_chips
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
 from clustersim.serving.load import load_rates, load_seed
+from clustersim.serving.simulate import no_kv_room, replica_models
 from clustersim.training.step import StepProfile
 
 __all__ = ["FleetDayResult", "simulate_fleet_day", "fleet_day_figures", "day_table",
@@ -131,6 +135,7 @@ class _Job:
     end_s: float = math.inf  # the deadline (since submission) or run_for (since the start)
     run_for_s: float | None = None
     done_why: str = ""
+    done_s: float | None = None  # when it finished (its target or its end)
     lost_work_s: float = 0.0
     checkpointing_s: float = 0.0
     checkpoints: int = 0
@@ -183,9 +188,11 @@ def _failure_events(scenario: Scenario, rng: np.random.Generator, horizon_s: flo
     return events
 
 
-def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile]
-                       ) -> FleetDayResult:
-    """Step the scenario's fleet over its horizon (module docstring)."""
+def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile],
+                       only: Collection[str] | None = None) -> FleetDayResult:
+    """Step the scenario's fleet over its horizon (module docstring). `only`: the names of
+    the deployments to simulate (the others left out; each keeps its index, so its load
+    curve's noise stream)."""
     hw = scenario.hardware
     cpi = hw.chips_per_instance
     horizon = scenario.duration_s
@@ -201,7 +208,16 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
 
     deployments: list[_Deployment] = []
     for index, d in enumerate(scenario.serve):
-        curve = replica_curve(scenario, d)
+        if only is not None and d.name not in only:
+            continue
+        cost, kv_tokens, _ = replica_models(scenario, d)
+        if kv_tokens <= 0:
+            raise ScenarioError(scenario.source, [no_kv_room(scenario, d, cost)])
+        try:
+            curve = replica_curve(scenario, d)
+        except ValueError as error:  # a replica that serves nothing: the scenario's fault
+            raise ScenarioError(scenario.source, [Issue(
+                f"serve.{index}", str(error), d.name, True)]) from None
         chips = replica_chips(d, hw.chip.ranks)
         if d.workload.load is not None:
             rates = load_rates(d.workload.load, 0.0, horizon, step, load_seed(seed, index))
@@ -376,32 +392,42 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             heapq.heappush(repairs, (now + f.detect_s + repair_s, downed))
 
     def fail_software(now: float, per: str) -> None:
-        failures["software"] += 1
+        """A software fault, drawn over the whole population its rate is given for (every
+        chip, or every job): as in the timeline it interrupts what runs there, a serving
+        replica or a training job, and changes nothing on an idle chip or a job that is not
+        training."""
         if per == "job":
-            running = [j for j in jobs if j.held]
-            weights = np.ones(len(running))
             serving: list[_Deployment] = []
+            holders = list(jobs)
+            weights = np.ones(len(jobs))
         else:
-            running = [j for j in jobs if j.held]
             serving = [dep for dep in deployments if dep.up]
+            holders = [j for j in jobs if j.held]
             weights = np.array([dep.up * dep.chips for dep in serving]
-                               + [j.held * cpi for j in running], dtype=float)
+                               + [j.held * cpi for j in holders], dtype=float)
+            rest = total_instances * cpi - weights.sum()  # idle, down, scaling: no one to stop
+            weights = np.append(weights, max(rest, 0.0))
         if not len(weights) or weights.sum() <= 0:
             return
         choice = int(rng_victims.choice(len(weights), p=weights / weights.sum()))
         if choice < len(serving):
+            failures["software"] += 1
             dep = serving[choice]
             dep.up -= 1
             dep.failures += 1
             dep.retries += dep.curve.e2e_mean_s[0] * dep.per_replica_rate
             dep.restarting.append(now + f.detect_s + f.restart_s)
             return
-        job = running[choice - len(serving)]
+        if choice - len(serving) >= len(holders):
+            return
+        job = holders[choice - len(serving)]
+        if job.state != "running" or not job.held:
+            return  # software fails while it trains
+        failures["software"] += 1
         lose(job)
         job.interruptions += 1
-        if job.state != "waiting_for_hardware":  # (that one restarts once it is whole)
-            job.state = "restarting"
-            job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
+        job.state = "restarting"
+        job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
 
     # The fleet was serving before the horizon: each deployment starts with the replicas
     # its first step's load needs (at least `replicas`), within [min, max], loaded.
@@ -532,6 +558,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 job.tokens >= job.steps_target * job.tokens_per_step
             if target or (job.state not in ("pending", "done") and end >= job.end_s):
                 job.done_why = "reached its step target" if target else "its end came"
+                job.done_s = end
                 job.state = "done"
                 state["free"] += job.held
                 job.held = 0
@@ -705,9 +732,11 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
     for job in result.jobs:
         tokens = max(0.0, job.tokens)
         trained += tokens
+        end = job.done_s if job.done_s is not None else result.horizon_s
         jobs[job.name] = {
-            "status": "done" if job.state == "done" else "running at the horizon"
-            if job.held else job.state, "reason": job.done_why,
+            # the timeline's words: done, or the state it was in "at horizon"
+            "status": "done" if job.state == "done" else f"{job.state} at horizon",
+            "reason": job.done_why,
             "instances": job.instances, "chips": job.instances * hw.chips_per_instance,
             "start_s": job.start_s, "tokens_trained": tokens,
             "useful_s": max(0.0, job.useful_s), "lost_work_s": job.lost_work_s,
@@ -717,7 +746,11 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
             "shrinks": job.shrinks, "grows": job.grows,
             "held_chip_s": job.held_chip_s,
             "time_by_state_s": dict(sorted(job.time_by_state_s.items())),
-            "ettr": max(0.0, job.useful_s) / max(result.horizon_s - job.submit_s, 1e-9),
+            # As the timeline's: useful time over the wall time since it started (ETTR) and
+            # since it was submitted (goodput), up to its end or the horizon.
+            "ettr": (max(0.0, job.useful_s) / max(end - job.start_s, 1e-9)
+                     if job.start_s is not None else 0.0),
+            "goodput": max(0.0, job.useful_s) / max(end - job.submit_s, 1e-9),
             "effective_cost_per_million_tokens_usd": (
                 job.held_chip_s / 3600 * chip_price_h / tokens * 1e6
                 if chip_price_h is not None and tokens > 0 else None),

@@ -111,9 +111,11 @@ class IterationModel:
         hw = topology.hardware
         self.hardware = hw
         # The roofline of the training step model, with the serving HBM efficiency in place
-        # of the training fit's vector efficiency (collectives keep their own constants).
+        # of the training fit's vector efficiency, and the serving matmul efficiency where the
+        # family has one (collectives keep their own constants).
         efficiency = hw.chip.efficiency.model_copy(
-            update={"vector": hw.serving.hbm_efficiency})
+            update={"vector": hw.serving.hbm_efficiency,
+                    "matmul": hw.serving.matmul_efficiency or hw.chip.efficiency.matmul})
         serving_hw = hw.model_copy(update={"chip": hw.chip.model_copy(
             update={"efficiency": efficiency})})
         self.steps = StepModel(_with_hardware(topology, serving_hw), CollectiveModel(topology))
@@ -244,7 +246,14 @@ class IterationModel:
         activation = tokens * s.model.hidden * self.activation_bytes
         if self.tp_group is not None:
             comm_s = 2 * self.tp_all_reduce_s(activation)
-        stages_s = s.model.layers * (layer_s + comm_s)
+        if self.hardware.serving.overlap_collectives and comm_s > 0:
+            # a two-stage pipeline over the tokens' row tiles: the all-reduce of one tile
+            # runs while the next is computed (one tile, as in decode: nothing overlaps)
+            tiles = math.ceil(tokens / self.hardware.chip.efficiency.tile)
+            per_layer_s = max(layer_s, comm_s) + min(layer_s, comm_s) / tiles
+        else:
+            per_layer_s = layer_s + comm_s
+        stages_s = s.model.layers * per_layer_s
         ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, s.activation_precision))
         send_s = 0.0
         for d in range(s.pp - 1):
@@ -312,6 +321,8 @@ class IterationModel:
         if tokens == 0:
             return 0.0
         time_s = self._linear(tokens, decode_batch + prefill_outputs)
+        if prefill:  # the context-encoding graph's own fixed time
+            time_s += self.hardware.serving.prefill_overhead_s
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         return time_s + self.kv_coefficient_s * decode_context_tokens
 

@@ -99,8 +99,9 @@ class DecodeCost:
         time_s = self.target.iteration_s(chunks, batch, context, outputs)
         if self.draft is not None:  # the draft fills its own KV cache from the prompt
             time_s += self.draft.iteration_s(chunks, batch, context, outputs)
-            if self.fused:
-                time_s -= self.draft.overhead_s
+            if self.fused:  # one graph: one host overhead, one context-encoding overhead
+                time_s -= self.draft.overhead_s + (
+                    self.draft.hardware.serving.prefill_overhead_s if chunks else 0.0)
         return time_s
 
 

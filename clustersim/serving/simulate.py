@@ -41,7 +41,8 @@ from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
-           "requests_table", "replica_series_table", "replicas_on_instance", "saturated"]
+           "requests_table", "replica_series_table", "replicas_on_instance", "saturated",
+           "no_kv_room"]
 
 
 @dataclass
@@ -94,6 +95,19 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
         return cache[tokens]
 
     return cost, max(0, capacity), transfer_s
+
+
+def no_kv_room(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost) -> Issue:
+    """The issue of a deployment whose weights leave no HBM for a single KV cache token."""
+    hbm = scenario.hardware.chip.hbm_bytes * (1.0 - d.server.kv_reserve)
+    weights = cost.target.weight_bytes_per_chip()
+    if cost.draft is not None:
+        weights += cost.draft.weight_bytes_per_chip()
+    draft = " and its draft's" if cost.draft is not None else ""
+    return Issue(f"serve.{scenario.serve.index(d)}", f"the model's weights{draft} take "
+                 f"{weights / 2**30:,.1f} GiB of the busiest chip's {hbm / 2**30:,.1f} GiB "
+                 "(HBM less server.kv_reserve): no room for the KV cache; expected more "
+                 "tensor or pipeline parallelism, or a smaller precision", d.name, True)
 
 
 def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: bool = False
@@ -196,6 +210,8 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
             requests = type(requests)(requests.arrival_s + d.start_s, requests.input_tokens,
                                       requests.output_tokens)
         cost, capacity, transfer = replica_models(scenario, d)
+        if capacity <= 0:
+            raise ScenarioError(scenario.source, [no_kv_room(scenario, d, cost)])
         if d.disaggregated is not None:
             roles = (["prefill"] * d.disaggregated.prefill_replicas
                      + ["decode"] * d.disaggregated.decode_replicas)

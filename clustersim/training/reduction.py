@@ -138,8 +138,11 @@ class GradientReduction:
                weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:
         hw = self.hardware
         by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
-        for ranks in groups:
-            key = rank_chips(hw, ranks, placed).tobytes()
+        # Every group's chips at once (the groups have one length): one array operation,
+        # not one per group.
+        all_chips = rank_chips(hw, np.stack(groups), placed)
+        for ranks, chips in zip(groups, all_chips, strict=True):
+            key = chips.tobytes()
             first, count = by_chips.get(key, (ranks, 0))
             by_chips[key] = (first, count + 1)
         first_chips = rank_chips(hw, groups[0], placed)

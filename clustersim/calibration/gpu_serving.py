@@ -1,0 +1,130 @@
+"""Published GPU serving throughput: the TensorRT-LLM performance overview's max-throughput runs.
+
+Fitted (the H100 rows of the page whose data was "generated using version 0.17"):
+Llama 3.1 8B on one H100 (TP 1) and Llama 3.1 70B on two (TP 2), FP8 weights and FP8 KV
+cache, `trtllm-bench throughput`: every request of a fixed input and output length queued at
+once (30,000 for 128/128; 3,000 for 128/2048, 2048/128, 1000/1000, 500/2000; 1,500 for
+128/4096, 2048/2048, 5000/500; 1,000 for 20000/2000), KV cache at 0.95 of the free memory.
+The figure is the output tokens per second of the whole tensor-parallel group: all output
+tokens over the time from the first request to the last completion.
+
+The model runs the same thing through the serving simulator: one replica on p5 (H100), the
+requests all arriving at once (a fixed count at the highest rate the scenario allows),
+TensorRT-LLM's default in-flight batching limits (max_batch_size 2,048 and max_num_tokens
+8,192, chunked context), and the throughput measured the same way (output tokens over the
+time to the last completion). Request counts are the page's, scaled down to at most
+`max_requests` (default 1,500; at least eight full batches' worth whenever the page had as
+many) to keep a fit fast: with identical requests the steady state is reached long before.
+
+Unseen (they judge, not fitted): the same page family's later tables (TensorRT-LLM 1.0,
+PyTorch backend, the same methodology): H200 at TP 1 for Llama 3.1 8B and Llama 3.3 70B
+(Llama 3.1 70B's shape), and the H100 TP 2 70B rows of that version beside the fitted ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "predict_throughput"]
+
+_V017 = "TensorRT-LLM performance overview (data generated with v0.17), FP8, max throughput"
+_V10 = "TensorRT-LLM performance overview 1.0 (PyTorch backend), FP8, max throughput"
+
+# (input, output): requests queued, as the page lists them.
+REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
+            (1000, 1000): 3000, (2048, 128): 3000, (2048, 2048): 1500, (5000, 500): 1500,
+            (20000, 2000): 1000, (1000, 2000): 1500}
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    model: str
+    hardware: str
+    tp: int
+    input_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    source: str = _V017
+
+
+def _rows(model: str, hardware: str, tp: int, values: dict, source: str = _V017):
+    return tuple(ThroughputRow(model, hardware, tp, i, o, v, source)
+                 for (i, o), v in values.items())
+
+
+GPU_SERVING: tuple[ThroughputRow, ...] = _rows("llama3.1-8b", "p5", 1, {
+    (128, 128): 28836.77, (128, 2048): 21109.38, (128, 4096): 13593.65,
+    (500, 2000): 16500.69, (1000, 1000): 15244.78, (2048, 128): 3556.73,
+    (2048, 2048): 9488.42, (5000, 500): 3559.36, (20000, 2000): 1401.31,
+}) + _rows("llama3.1-70b", "p5", 2, {
+    (128, 128): 6645.12, (128, 2048): 6169.58, (128, 4096): 3897.06,
+    (500, 2000): 4972.57, (1000, 1000): 4390.53, (2048, 128): 772.66,
+    (2048, 2048): 2898.16, (5000, 500): 919.73, (20000, 2000): 443.01,
+})
+
+UNSEEN_GPU_SERVING: tuple[ThroughputRow, ...] = _rows("llama3.1-8b", "p5en", 1, {
+    (128, 128): 27911, (128, 2048): 26221, (128, 4096): 18027, (500, 2000): 20770,
+    (1000, 1000): 17744, (1000, 2000): 16828, (2048, 128): 3538, (2048, 2048): 12194,
+    (5000, 500): 3902, (20000, 2000): 1804,
+}, _V10) + _rows("llama3.1-70b", "p5en", 1, {
+    (128, 128): 3803, (128, 2048): 4336, (128, 4096): 2872, (500, 2000): 3666,
+    (1000, 1000): 2909, (1000, 2000): 2994, (2048, 128): 442, (2048, 2048): 2003,
+    (5000, 500): 566, (20000, 2000): 283,
+}, _V10) + _rows("llama3.1-70b", "p5", 2, {
+    (128, 128): 6378, (128, 2048): 6651, (128, 4096): 4199, (500, 2000): 5222,
+    (1000, 1000): 4205, (1000, 2000): 4146, (2048, 128): 762, (2048, 2048): 3082,
+    (5000, 500): 898, (20000, 2000): 437,
+}, _V10)
+
+MAX_BATCH = 2048  # TensorRT-LLM's default max_batch_size
+MAX_TOKENS = 8192  # and max_num_tokens
+KV_RESERVE = 0.05  # the KV cache takes 0.95 of the memory left
+
+
+def _scenario(row: ThroughputRow, requests: int, hardware: dict | str):
+    from clustersim.scenario.loader import scenario_from_dict
+
+    raw = {
+        "name": "trtllm-max-throughput", "seed": 0, "duration": "1h",
+        "hardware": hardware, "cluster": {"instances": 1},
+        "serve": [{
+            "name": "bench", "model": row.model,
+            # ModelOpt FP8 checkpoints: FP8 GEMMs on FP8 activations (W8A8), FP8 KV cache
+            "precision": {"weights": "fp8", "activations": "fp8", "kv_cache": "fp8"},
+            "parallelism": {"tp": row.tp}, "replicas": 1,
+            "server": {"max_batch": MAX_BATCH, "max_tokens_per_iteration": MAX_TOKENS,
+                       "chunked_prefill": True, "kv_precision": "fp8",
+                       "kv_reserve": KV_RESERVE},
+            "workload": {"arrival": "poisson", "rate": "100000/s", "requests": requests,
+                         "input_tokens": row.input_tokens,
+                         "output_tokens": row.output_tokens},
+            "slo": {"ttft": "1h", "tpot": "1h"},
+        }],
+    }
+    return scenario_from_dict(raw)
+
+
+def predict_throughput(rows: tuple[ThroughputRow, ...] = GPU_SERVING,
+                       hardware: dict[str, dict | str] | None = None,
+                       max_requests: int = 1500) -> list[float]:
+    """Model output tokens/s of every row (its hardware, or `hardware[row.hardware]`: a
+    catalog name or a `base:` mapping with trial constants)."""
+    from clustersim.serving.simulate import simulate_serving
+
+    out = []
+    for row in rows:
+        page = REQUESTS[(row.input_tokens, row.output_tokens)]
+        requests = min(page, max_requests)
+        hw = (hardware or {}).get(row.hardware, row.hardware)
+        scenario = _scenario(row, requests, hw)
+        result = simulate_serving(scenario, np.random.SeedSequence(0))
+        fleet = result.fleets["bench"]
+        done = fleet.status == 1
+        if not done.any():
+            out.append(0.0)
+            continue
+        span = float(fleet.finish_s[done].max() - fleet.arrival_s.min())
+        out.append(float(fleet.output_tokens[done].sum()) / span)
+    return out

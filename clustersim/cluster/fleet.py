@@ -1,0 +1,108 @@
+"""Figures of a fleet of jobs: per team, the largest jobs, and every job as one flat row.
+
+A month of 100,000 jobs does not belong in summary.json job by job: it keeps the cluster's
+figures, each team's, and the largest jobs (`SUMMARY_JOBS`); every job's figures go to
+`job_summary.parquet`, one row a job, one column a figure (nested figures by dotted name).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SUMMARY_JOBS", "LARGEST_JOBS", "team_figures", "largest_jobs", "flat_job_rows"]
+
+SUMMARY_JOBS = 2_000  # up to this many jobs, summary.json lists every one
+LARGEST_JOBS = 100  # past it, the largest this many (by chips, then chip-time held)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return float(np.quantile(values, q)) if values else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def team_figures(jobs: Mapping[str, Mapping[str, Any]], quotas: Mapping[str, int | None],
+                 weights: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    """Per team: jobs and how they ended, queue waits (mean, median, 95th percentile),
+    slowdowns, chip-time held and its share of all chip-time held, useful chip-time,
+    preemptions, and its quota and fair-share weight. `jobs` are the summary's per-job
+    figures (with `team`, `chips`, `held_chip_s`, `useful_s`, `queue_wait_s`, `slowdown`)."""
+    by_team: dict[str, list[Mapping[str, Any]]] = {}
+    for job in jobs.values():
+        by_team.setdefault(job["team"], []).append(job)
+    total_held = sum(job["held_chip_s"] for job in jobs.values())
+    out = {}
+    for team in sorted(set(by_team) | set(quotas)):
+        members = by_team.get(team, [])
+        waits = [job["queue_wait_s"] for job in members]
+        slowdowns = [job["slowdown"] for job in members if job["slowdown"] is not None]
+        held = float(sum(job["held_chip_s"] for job in members))
+        statuses: dict[str, int] = {}
+        for job in members:
+            statuses[job["status"]] = statuses.get(job["status"], 0) + 1
+        out[team] = {
+            "jobs": len(members),
+            "jobs_by_status": dict(sorted(statuses.items())),
+            "quota_instances": quotas.get(team),
+            "share_weight": weights.get(team, 1.0),
+            "mean_queue_wait_s": _mean(waits),
+            "p50_queue_wait_s": _quantile(waits, 0.5),
+            "p95_queue_wait_s": _quantile(waits, 0.95),
+            "mean_slowdown": _mean(slowdowns),
+            "p95_slowdown": _quantile(slowdowns, 0.95),
+            "held_chip_s": held,
+            "chip_time_share": held / total_held if total_held > 0 else 0.0,
+            "useful_chip_s": float(sum(job["useful_s"] * job["chips"] for job in members)),
+            "preemptions": int(sum(job["preemptions"] for job in members)),
+        }
+    return out
+
+
+def largest_jobs(jobs: Mapping[str, Mapping[str, Any]], count: int = LARGEST_JOBS
+                 ) -> dict[str, Mapping[str, Any]]:
+    """The `count` largest jobs (chips, then chip-time held; then name), in the jobs' order."""
+    ranked = sorted(jobs, key=lambda name: (-jobs[name]["chips"], -jobs[name]["held_chip_s"],
+                                            name))[:count]
+    keep = set(ranked)
+    return {name: figures for name, figures in jobs.items() if name in keep}
+
+
+def _flatten(prefix: str, value: Any, row: dict[str, Any]) -> None:
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), inner, row)
+    elif isinstance(value, list | tuple):
+        for index, inner in enumerate(value):
+            _flatten(f"{prefix}.{index}", inner, row)
+    else:
+        row[prefix] = value
+
+
+def flat_job_rows(jobs: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[dict]]:
+    """(columns, rows): every per-job figure as a column (`time_by_state_s.queued`,
+    `interruptions_by_cause.hbm`, ...), `name` first; a cause a job never met is 0."""
+    rows = []
+    columns: dict[str, None] = {"name": None}
+    for name, figures in jobs.items():
+        row: dict[str, Any] = {"name": name}
+        _flatten("", figures, row)
+        rows.append(row)
+        columns.update(dict.fromkeys(row))
+    counted = [c for c in columns if c.startswith("interruptions_by_cause.")]
+    for row in rows:
+        for column in counted:
+            row.setdefault(column, 0)
+    return list(columns), rows
+
+
+def finite_or_none(value: Any) -> Any:
+    """A NaN or an infinity as None (a Parquet null), anything else as it is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,175 @@
+"""The scheduler's queue of waiting jobs, kept in order as jobs come and go.
+
+A pass of the scheduler walks the queue from its head and stops at the first job that does
+not fit (FIFO, priority) or tries the rest for backfill: it must not sort or rescan every
+waiting job at every pass. Jobs are kept sorted by their queue key (fixed while a job
+waits: priority, time queued, index) in a list updated by bisection, and the sizes waiting
+are counted so a backfill pass stops as soon as nothing that waits can fit.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clustersim.cluster.jobrun import JobRun
+    from clustersim.cluster.quotas import TeamBook
+
+__all__ = ["JobQueue", "FairShareQueue", "ActiveJobs"]
+
+
+class JobQueue:
+    """Waiting jobs in queue order (`key(run)`, unique per job: it ends with the index)."""
+
+    def __init__(self, key: Callable[[JobRun], tuple]):
+        self.key = key
+        self._keys: list[tuple] = []
+        self._runs: dict[int, JobRun] = {}
+        self._key_of: dict[int, tuple] = {}
+        self.sizes: Counter = Counter()  # instances needed -> jobs waiting
+
+    def append(self, run: JobRun) -> None:
+        """Queue a job (its key is taken now and kept while it waits)."""
+        if run.index in self._runs:
+            return
+        key = self.key(run)
+        bisect.insort(self._keys, key)
+        self._runs[run.index] = run
+        self._key_of[run.index] = key
+        self.sizes[run.instances_needed] += 1
+
+    def remove(self, run: JobRun) -> None:
+        key = self._key_of.pop(run.index)
+        del self._runs[run.index]
+        del self._keys[bisect.bisect_left(self._keys, key)]
+        self.sizes[run.instances_needed] -= 1
+        if not self.sizes[run.instances_needed]:
+            del self.sizes[run.instances_needed]
+
+    def discard(self, run: JobRun) -> None:
+        if run.index in self._runs:
+            self.remove(run)
+
+    def __contains__(self, run: object) -> bool:
+        return getattr(run, "index", None) in self._runs and self._runs[run.index] is run
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[JobRun]:
+        return (self._runs[key[-1]] for key in list(self._keys))
+
+    def smallest(self) -> int:
+        """The fewest instances any waiting job needs (0 when none waits)."""
+        return min(self.sizes) if self.sizes else 0
+
+    def ordered(self) -> Iterator[JobRun]:
+        """Jobs in queue order, walked by position: safe while the walker starts (removes)
+        the job it was given, the next one then moves up to its position (no copy of the
+        queue per pass)."""
+        position = 0
+        while position < len(self._keys):
+            key = self._keys[position]
+            yield self._runs[key[-1]]
+            if position < len(self._keys) and self._keys[position] == key:
+                position += 1  # still there: step past it
+
+    def at(self, position: int) -> JobRun:
+        """The job at this position (0: the head). A pass walks the queue by position: a job
+        it starts leaves the queue, and the next one moves up to its position."""
+        return self._runs[self._keys[position][-1]]
+
+
+class FairShareQueue:
+    """Waiting jobs by team, each team's in priority then FIFO order; walked team by team,
+    the team furthest below its fair share (instances held over its weight) first, its
+    position looked at again after every job (a start raises the team's share)."""
+
+    def __init__(self, key: Callable[[JobRun], tuple], book: TeamBook):
+        self.key = key
+        self.book = book
+        self.teams: dict[str, JobQueue] = {}
+        self.sizes: Counter = Counter()
+        self._count = 0
+
+    def append(self, run: JobRun) -> None:
+        queue = self.teams.get(run.team)
+        if queue is None:
+            queue = self.teams[run.team] = JobQueue(self.key)
+        if run in queue:
+            return
+        queue.append(run)
+        self.sizes[run.instances_needed] += 1
+        self._count += 1
+
+    def remove(self, run: JobRun) -> None:
+        self.teams[run.team].remove(run)
+        self._count -= 1
+        self.sizes[run.instances_needed] -= 1
+        if not self.sizes[run.instances_needed]:
+            del self.sizes[run.instances_needed]
+
+    def discard(self, run: JobRun) -> None:
+        if run in self:
+            self.remove(run)
+
+    def __contains__(self, run: object) -> bool:
+        queue = self.teams.get(getattr(run, "team", None))
+        return queue is not None and run in queue
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[JobRun]:
+        return iter(list(self.ordered()))
+
+    def smallest(self) -> int:
+        return min(self.sizes) if self.sizes else 0
+
+    def ordered(self) -> Iterator[JobRun]:
+        cursor = {team: 0 for team, queue in self.teams.items() if len(queue)}
+        while cursor:
+            team = min(cursor, key=lambda t: (self.book.share(t), t))
+            queue = self.teams[team]
+            run = queue.at(cursor[team])
+            yield run
+            if cursor[team] < len(queue) and queue.at(cursor[team]) is run:
+                cursor[team] += 1  # still there: step past it
+            if cursor[team] >= len(queue):
+                del cursor[team]
+
+
+class ActiveJobs:
+    """The jobs holding instances or granted them, with how many of each priority: a job
+    that cannot fit looks for lower-priority victims only when there are some."""
+
+    def __init__(self) -> None:
+        self._runs: set[JobRun] = set()
+        self.priorities: Counter = Counter()
+
+    def add(self, run: JobRun) -> None:
+        if run not in self._runs:
+            self._runs.add(run)
+            self.priorities[run.job.priority] += 1
+
+    def discard(self, run: JobRun) -> None:
+        if run in self._runs:
+            self._runs.remove(run)
+            self.priorities[run.job.priority] -= 1
+            if not self.priorities[run.job.priority]:
+                del self.priorities[run.job.priority]
+
+    def lowest_priority(self) -> float:
+        return min(self.priorities) if self.priorities else float("inf")
+
+    def __contains__(self, run: object) -> bool:
+        return run in self._runs
+
+    def __iter__(self) -> Iterator[JobRun]:
+        return iter(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)

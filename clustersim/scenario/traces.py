@@ -1,0 +1,361 @@
+"""Published cluster traces as job mixes: Philly, Helios, Alibaba PAI, Acme, and the native
+format, read as their owners publish them and mapped onto the scenario's hardware.
+
+```yaml
+workload:
+  trace: traces/helios-sample.csv     # beside the scenario
+  format: helios                      # philly | helios | pai | acme | native
+  mapping: {rule: compute, gpu: p4de, template: research, team: vc}
+  templates: [{name: research, instances: [1], job: {...}}]
+```
+
+Each format's columns and how they map are in docs/traces-in.md. In short, every GPU job of
+the trace becomes one job that keeps its submission time (relative to the trace's first),
+its size (GPUs -> instances by the mapping's rule), its run time (end - start: `run_for`) and
+its outcome (`trace_outcome`); the model, parallelism and batch come from the mapping's
+template; the team from the trace's user or virtual cluster. Jobs without GPUs, never
+started or still running at the trace's end are left out (they have no GPU run time).
+
+Rules (`mapping.rule`):
+- `instances`: a GPU node is an instance: ceil(GPUs / `gpus_per_instance`) instances (8 by
+  default: the 8-GPU servers of all four traces).
+- `compute`: the same peak dense BF16 compute: ceil(GPUs x the `gpu` hardware's per-chip
+  peak / the scenario chip's peak) chips, rounded up to whole instances. (`gpu` names a
+  catalog hardware entry: p4de for A100, p5en for H200; Philly's P100 and P40 had no BF16,
+  choose the closest.)
+
+A malformed trace (a missing column, a negative duration, a size that is not a number or
+larger than the cluster, ids out of order or twice) is refused naming the file, the row and
+the column (ValueError; the loader makes it a scenario error, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from clustersim.hardware import limits
+from clustersim.hardware.spec import Spec
+
+__all__ = ["FORMATS", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
+
+FORMATS = ("philly", "helios", "pai", "acme", "native")
+
+
+class TraceMapping(Spec):
+    """How a GPU trace's jobs become the scenario's jobs."""
+
+    rule: Literal["instances", "compute"] = Field(
+        default="instances", description="GPUs to instances: by GPU nodes, or by compute")
+    gpus_per_instance: int = Field(default=8, gt=0, le=64,
+                                   description="rule instances: GPUs per instance")
+    gpu: str = Field(default="p4de", description="rule compute: the catalog hardware whose "
+                     "chip the trace's GPUs were (p4de: A100, p5en: H200)")
+    template: str | None = Field(default=None, description="the template giving every job's "
+                                 "model, parallelism and batch (default: the first)")
+    team: Literal["user", "vc", "none"] | None = Field(
+        default=None, description="the team of a job: the trace's user or virtual cluster "
+        "(default: vc where the trace has one, else user)")
+
+
+@dataclass(frozen=True)
+class TraceTarget:
+    """What the mapping needs of the scenario's hardware and cluster."""
+
+    chips_per_instance: int
+    chip_bf16_tflops: float | None
+    max_instances: int | None  # the cluster's working instances, when known
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of a trace, mapped: seconds from the trace's first submission."""
+
+    id: str
+    submit_s: float
+    run_for_s: float
+    instances: int
+    team: str | None
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class _Row:
+    where: str  # "row 12" (CSV) or "job 12 (jobid ...)" (JSON)
+    id: str
+    submit: float  # seconds, absolute as in the trace
+    start: float | None
+    end: float | None
+    gpus: float | None  # None: a job without GPUs
+    team: str | None
+    outcome: str | None
+    size_column: str
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _seconds(value: Any, where: str, column: str) -> float | None:
+    """A time as seconds: a number, or a date and time (with or without a zone)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(float(value)):
+            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
+        return float(value)
+    try:  # seconds written as text (PAI's tables)
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is not None:
+        return _seconds(seconds, where, column)
+    import pandas as pd
+
+    try:
+        stamp = pd.Timestamp(str(value))
+    except (ValueError, TypeError):
+        raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
+                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
+    if stamp is pd.NaT:
+        return None
+    if stamp.tzinfo is not None:
+        stamp = stamp.tz_convert("UTC").tz_localize(None)
+    return stamp.value / 1e9
+
+
+def _number(value: Any, where: str, column: str) -> float:
+    if isinstance(value, bool):
+        raise _Bad(f"{where}, column {column}: {value!r} is not a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _Bad(f"{where}, column {column}: {value!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise _Bad(f"{where}, column {column}: {value!r}; expected a finite count >= 0")
+    return number
+
+
+def _csv(path: Path, columns: tuple[str, ...], header: bool = True):
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, header=0 if header else None, dtype=str,
+                            keep_default_na=False, names=None if header else list(columns))
+    except Exception as error:  # pandas raises many kinds for a damaged file
+        raise _Bad(f"cannot read it as CSV ({type(error).__name__}: {error})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise _Bad(f"column {missing[0]} missing; expected the columns "
+                   f"{', '.join(columns)}")
+    if len(frame) > limits.MAX_TRACE_ROWS:
+        raise _Bad(f"{len(frame):,} rows; expected at most {limits.MAX_TRACE_ROWS:,} "
+                   "(docs/limits.md)")
+    return frame.to_dict("records")
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def _slurm_rows(path: Path, team_column: str, with_fail_time: bool) -> list[_Row]:
+    """Helios' cluster_log.csv and Acme's trace_seren.csv / trace_kalos.csv: one job a row."""
+    needed = ("job_id", "user", "gpu_num", "state", "submit_time", "start_time", "end_time")
+    if team_column == "vc":
+        needed += ("vc",)
+    rows = []
+    for number, record in enumerate(_csv(path, needed), start=1):
+        where = f"row {number}"
+        end = _seconds(record["end_time"], where, "end_time")
+        if with_fail_time and _text(record.get("fail_time")):
+            fail = _seconds(record["fail_time"], where, "fail_time")
+            end = fail if end is None or (fail is not None and fail < end) else end
+        gpus = _number(record["gpu_num"], where, "gpu_num")
+        rows.append(_Row(where, str(record["job_id"]),
+                         _seconds(record["submit_time"], where, "submit_time") or 0.0,
+                         _seconds(record["start_time"], where, "start_time"), end,
+                         gpus or None, _text(record.get(team_column)),
+                         _text(record["state"]), "gpu_num"))
+    return rows
+
+
+def _philly_rows(path: Path, team_column: str) -> list[_Row]:
+    """Philly's cluster_job_log: a JSON list of jobs, each with its scheduling attempts; the
+    job's GPUs are its last attempt's, its run time from the first attempt's start to the
+    last attempt's end (the retries between count as running: it held GPUs)."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise _Bad(f"cannot read it as JSON ({error})") from None
+    if not isinstance(document, list):
+        raise _Bad("expected a JSON list of jobs (Philly's cluster_job_log)")
+    if len(document) > limits.MAX_TRACE_ROWS:
+        raise _Bad(f"{len(document):,} jobs; expected at most {limits.MAX_TRACE_ROWS:,}")
+    rows = []
+    for number, job in enumerate(document, start=1):
+        where = f"job {number}"
+        if not isinstance(job, dict):
+            raise _Bad(f"{where}: expected a mapping of job keys")
+        for key in ("jobid", "status", "submitted_time", "attempts", team_column):
+            if key not in job:
+                raise _Bad(f"{where}, column {key} missing; expected jobid, status, vc, "
+                           "user, submitted_time and attempts")
+        where = f"job {number} (jobid {job['jobid']})"
+        attempts = job["attempts"]
+        if not isinstance(attempts, list):
+            raise _Bad(f"{where}, column attempts: expected a list")
+        start = end = None
+        gpus = None
+        if attempts:
+            first, last = attempts[0], attempts[-1]
+            if not isinstance(first, dict) or not isinstance(last, dict):
+                raise _Bad(f"{where}, column attempts: expected mappings")
+            start = _seconds(first.get("start_time"), where, "attempts.start_time")
+            end = _seconds(last.get("end_time"), where, "attempts.end_time")
+            detail = last.get("detail") or []
+            if not isinstance(detail, list):
+                raise _Bad(f"{where}, column attempts.detail: expected a list")
+            try:
+                gpus = float(sum(len(d["gpus"]) for d in detail))
+            except (KeyError, TypeError):
+                raise _Bad(f"{where}, column attempts.detail.gpus: expected a list of "
+                           "GPUs per server") from None
+        rows.append(_Row(where, str(job["jobid"]),
+                         _seconds(job["submitted_time"], where, "submitted_time") or 0.0,
+                         start, end, gpus or None, _text(job.get(team_column)),
+                         _text(job["status"]), "attempts.detail.gpus"))
+    return rows
+
+
+PAI_JOB_COLUMNS = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
+PAI_TASK_COLUMNS = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time",
+                    "plan_cpu", "plan_mem", "plan_gpu", "gpu_type")
+
+
+def _pai_rows(path: Path) -> list[_Row]:
+    """Alibaba PAI 2020: pai_job_table.csv (given) and pai_task_table.csv beside it, both
+    without a header row as published. A job's GPUs: the sum over its tasks of inst_num x
+    plan_gpu / 100; its submission: the job's start_time; its run: from its earliest task
+    start to its latest task end."""
+    tasks_path = path.with_name(path.name.replace("job_table", "task_table"))
+    if tasks_path == path or not tasks_path.is_file():
+        raise _Bad(f"no task table beside it ({tasks_path.name}); expected "
+                   "pai_job_table.csv and pai_task_table.csv in one folder")
+    header = _has_header(path, "job_name")
+    jobs = _csv(path, PAI_JOB_COLUMNS, header)
+    tasks: dict[str, list[tuple[float, float | None, float | None]]] = {}
+    for number, task in enumerate(_csv(tasks_path, PAI_TASK_COLUMNS,
+                                       _has_header(tasks_path, "job_name")), start=1):
+        where = f"{tasks_path}: row {number}"
+        try:
+            gpus = (_number(task["inst_num"] or 0, where, "inst_num")
+                    * _number(task["plan_gpu"] or 0, where, "plan_gpu") / 100.0)
+            tasks.setdefault(str(task["job_name"]), []).append(
+                (gpus, _seconds(task["start_time"], where, "start_time"),
+                 _seconds(task["end_time"], where, "end_time")))
+        except _Bad as error:
+            raise _Bad(str(error)) from None
+    rows = []
+    for number, job in enumerate(jobs, start=1):
+        where = f"row {number}"
+        own = tasks.get(str(job["job_name"]), [])
+        starts = [s for _, s, _ in own if s is not None]
+        ends = [e for _, _, e in own if e is not None]
+        gpus = sum(g for g, _, _ in own)
+        rows.append(_Row(where, str(job["inst_id"] or job["job_name"]),
+                         _seconds(job["start_time"], where, "start_time") or 0.0,
+                         min(starts) if starts else None, max(ends) if ends else None,
+                         gpus or None, _text(job["user"]), _text(job["status"]),
+                         "plan_gpu"))
+    return rows
+
+
+def _has_header(path: Path, first: str) -> bool:
+    """The published PAI tables have no header row; a file written with one is read too."""
+    try:
+        with path.open(encoding="utf-8") as file:
+            return file.readline().split(",")[0].strip() == first
+    except (OSError, UnicodeDecodeError) as error:
+        raise _Bad(f"cannot read it ({error})") from None
+
+
+def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: float | None
+          ) -> int:
+    if mapping.rule == "instances":
+        return max(1, math.ceil(gpus / mapping.gpus_per_instance - 1e-9))
+    assert gpu_tflops is not None and target.chip_bf16_tflops
+    chips = math.ceil(gpus * gpu_tflops / target.chip_bf16_tflops - 1e-9)
+    return max(1, math.ceil(chips / target.chips_per_instance))
+
+
+def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
+               ) -> list[TraceJob]:
+    """The GPU jobs of a trace file, mapped (ValueError naming the file, row and column)."""
+    try:
+        return _read(path, fmt, mapping, target)
+    except _Bad as error:
+        text = str(error)
+        raise ValueError(text if text.startswith(str(path)) or text.startswith("/")
+                         else f"{path}: {text}") from None
+
+
+def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
+          ) -> list[TraceJob]:
+    gpu_tflops = None
+    if mapping.rule == "compute":
+        from clustersim.hardware.catalog import catalog_entry
+
+        try:
+            gpu_tflops = catalog_entry(mapping.gpu).chip.tflops.get("bf16")
+        except (KeyError, ValueError):
+            raise _Bad(f"mapping.gpu {mapping.gpu!r} is not a catalog hardware entry "
+                       "(`clustersim hardware` lists them)") from None
+        if not gpu_tflops or not target.chip_bf16_tflops:
+            raise _Bad("mapping.rule compute needs a BF16 peak of both chips")
+    team = mapping.team or ("user" if fmt in ("pai", "acme") else "vc")
+    if team == "vc" and fmt in ("pai", "acme"):
+        raise _Bad(f"mapping.team vc: the {fmt} trace has no virtual cluster; use user")
+    if fmt == "philly":
+        rows = _philly_rows(path, "user" if team == "none" else team)
+    elif fmt == "helios":
+        rows = _slurm_rows(path, "user" if team == "none" else team, False)
+    elif fmt == "acme":
+        rows = _slurm_rows(path, "user", True)
+    elif fmt == "pai":
+        rows = _pai_rows(path)
+    else:
+        raise _Bad(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    seen: dict[str, str] = {}
+    jobs = []
+    previous = -math.inf
+    base = min((row.submit for row in rows), default=0.0)
+    for row in rows:
+        if row.id in seen:
+            raise _Bad(f"{row.where}, column id: {row.id!r} is there twice (also "
+                       f"{seen[row.id]}); expected each job once")
+        seen[row.id] = row.where
+        if row.submit < previous:
+            raise _Bad(f"{row.where}, column submit: submitted before the row above; "
+                       "expected rows in submission order")
+        previous = row.submit
+        if row.start is not None and row.end is not None and row.end < row.start:
+            raise _Bad(f"{row.where}, column end_time: it ends {row.start - row.end:,.0f} s "
+                       "before it starts; expected a duration >= 0")
+        if row.start is not None and row.start < row.submit - 1e-6 and fmt != "pai":
+            raise _Bad(f"{row.where}, column start_time: it starts before its submission; "
+                       "expected start >= submit")
+        if row.gpus is None or row.start is None or row.end is None:
+            continue  # no GPUs, never started, or still running: no GPU run to replay
+        instances = _size(row.gpus, mapping, target, gpu_tflops)
+        if target.max_instances is not None and instances > target.max_instances:
+            raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs map to "
+                       f"{instances:,} instances, more than the cluster's "
+                       f"{target.max_instances:,}")
+        jobs.append(TraceJob(row.id, row.submit - base, max(row.end - row.start, 1.0),
+                             instances, None if team == "none" else row.team, row.outcome))
+    return jobs

@@ -1,0 +1,484 @@
+"""Fleets: teams, quotas and fair share; published traces read in each format (small files
+written here, never a downloaded trace) and refused when malformed; the outputs that scale
+(job_summary.parquet, per-team figures, the largest jobs); and properties of generated fleets
+with teams and quotas (hypothesis)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from clustersim.analysis.trace import MemoryRecorder
+from clustersim.cli.app import app
+from clustersim.cluster.fleet import team_figures
+from clustersim.cluster.timeline import Timeline
+from clustersim.runner.api import simulate, step_profiles, topology_for
+from clustersim.scenario.loader import ScenarioError, load_scenario, scenario_from_dict
+from clustersim.training.step import StepModel
+
+runner = CliRunner()
+
+SMALL = {"model": "llama3-8b", "seq_len": 2048, "recompute": "selective",
+         "parallelism": {"tp": 8, "pp": 1, "zero": 1, "sequence_parallel": True}}
+
+
+def small_job(name: str, instances: int, **more) -> dict:
+    body = dict(SMALL, name=name, instances=instances, global_batch=instances * 8 * 4, **more)
+    body["parallelism"] = dict(SMALL["parallelism"], dp=instances * 8)
+    return body
+
+
+def fleet(jobs: list[dict], instances: int = 16, **more) -> dict:
+    return {"name": "fleet", "hardware": "trn2", "duration": "3d",
+            "cluster": {"instances": instances, "fabric": {"instances_per_leaf": 4}},
+            "jobs": jobs, **more}
+
+
+# ---------------------------------------------------------------------------------------------
+# Teams, quotas, fair share
+
+
+def run(raw: dict, record: bool = False):
+    scenario = scenario_from_dict(raw)
+    recorder = MemoryRecorder()
+    timeline = Timeline(scenario, step_profiles(scenario), np.random.SeedSequence(0),
+                        recorder=recorder, step_model=StepModel(topology_for(scenario)))
+    timeline.teams.admissions = []
+    timeline.scheduler.reservations = []
+    return scenario, timeline, timeline.run(), recorder
+
+
+def test_a_team_at_its_quota_waits_while_another_team_starts():
+    jobs = [small_job("a1", 4, team="a", run_for="10h"),
+            small_job("a2", 4, team="a", run_for="10h", submit="1h"),
+            small_job("b1", 4, team="b", run_for="10h", submit="2h")]
+    raw = fleet(jobs, scheduler={"policy": "fifo"},
+                teams=[{"name": "a", "quota": 4}, {"name": "b", "quota": 8}])
+    _, _, result, _ = run(raw)
+    assert result.jobs["a1"].start_s == 0
+    assert result.jobs["b1"].start_s == pytest.approx(2 * 3600)  # not held back by a2
+    assert result.jobs["a2"].start_s == pytest.approx(10 * 3600)  # when a1 gave back quota
+
+
+def test_borrowing_lets_a_team_past_its_quota_while_the_cohort_has_room():
+    jobs = [small_job("a1", 4, team="a", run_for="10h"),
+            small_job("a2", 4, team="a", run_for="10h", submit="1h")]
+    teams = [{"name": "a", "quota": 4}, {"name": "b", "quota": 8}]
+    _, _, strict, _ = run(fleet(jobs, teams=teams))
+    _, timeline, borrowed, _ = run(fleet(jobs, teams=teams,
+                                         scheduler={"policy": "fifo", "borrowing": True}))
+    assert strict.jobs["a2"].start_s == pytest.approx(10 * 3600)
+    assert borrowed.jobs["a2"].start_s == pytest.approx(3600)
+    over = [a for a in timeline.teams.admissions if a[3] is not None and a[2] > a[3]]
+    assert over and all(cohort <= cohort_quota for *_, cohort, cohort_quota in over)
+
+
+def test_a_job_larger_than_its_teams_quota_never_starts_and_says_why():
+    raw = fleet([small_job("big", 8, team="a", run_for="1h")],
+                teams=[{"name": "a", "quota": 4}])
+    result = simulate(scenario_from_dict(raw))
+    job = result.summary["jobs"]["big"]
+    assert job["status"] == "queued at horizon"
+    assert "quota of 4" in job["reason"]
+
+
+def test_fair_share_starts_the_team_furthest_below_its_share_first():
+    """Team a holds 8 of 16 instances; when 8 come free, b's job (submitted after a's
+    second one) goes first: b holds nothing."""
+    jobs = [small_job("a-run", 8, team="a", run_for="2d"),
+            small_job("c-run", 8, team="c", run_for="5h"),
+            small_job("a-next", 8, team="a", run_for="5h", submit="1h"),
+            small_job("b-next", 8, team="b", run_for="5h", submit="2h")]
+    _, _, fair, _ = run(fleet(jobs, scheduler={"policy": "fairshare"}))
+    _, _, fifo, _ = run(fleet(jobs, scheduler={"policy": "fifo"}))
+    assert fair.jobs["b-next"].start_s == pytest.approx(5 * 3600)
+    assert fifo.jobs["a-next"].start_s == pytest.approx(5 * 3600)
+    assert fair.jobs["a-next"].start_s > fair.jobs["b-next"].start_s
+
+
+def test_an_undeclared_team_is_refused_naming_the_job():
+    raw = fleet([small_job("j", 4, team="typo")], teams=[{"name": "a", "quota": 4}])
+    with pytest.raises(ScenarioError, match=r"jobs\.0\.team"):
+        scenario_from_dict(raw)
+
+
+def test_team_figures_attribute_every_chip_hour(tmp_path: Path):
+    jobs = [small_job(f"j{i}", 2 + 2 * (i % 3), team="ab"[i % 2], run_for=f"{3 + i}h",
+                      submit=f"{i}h") for i in range(8)]
+    raw = fleet(jobs, scheduler={"policy": "fairshare"},
+                teams=[{"name": "a", "quota": 8, "share": 2}, {"name": "b", "quota": 8}],
+                failures={"preset": "llama3", "scale": 300})
+    result = simulate(scenario_from_dict(raw))
+    teams = result.summary["teams"]
+    assert set(teams) == {"a", "b"}
+    assert sum(t["chip_time_share"] for t in teams.values()) == pytest.approx(1.0)
+    held = sum(t["held_chip_s"] for t in teams.values())
+    assert held == pytest.approx(result.timelines[0].allocated_chip_s, rel=1e-9)
+    assert teams["a"]["share_weight"] == 2 and teams["b"]["quota_instances"] == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs that scale
+
+
+def test_job_summary_parquet_has_every_per_job_figure(tmp_path: Path):
+    path = tmp_path / "s.yaml"
+    jobs = [small_job(f"j{i}", 2, team="ab"[i % 2], run_for="5h", submit=f"{i}h")
+            for i in range(3)]
+    path.write_text(yaml.safe_dump(fleet(jobs, teams=[{"name": "a"}, {"name": "b"}])))
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", str(path), "-o", str(out)]).exit_code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    table = pd.read_parquet(out / "job_summary.parquet")
+    assert list(table["name"]) == ["j0", "j1", "j2"]
+    assert list(table["team"]) == ["a", "b", "a"]
+    job = summary["jobs"]["j1"]
+    for key, value in job.items():
+        if isinstance(value, dict):
+            for inner in value:
+                assert f"{key}.{inner}" in table.columns
+        elif isinstance(value, list):
+            assert f"{key}.0" in table.columns
+        else:
+            assert key in table.columns
+            if isinstance(value, float):
+                assert table.loc[1, key] == pytest.approx(value)
+    assert table["time_by_state_s.queued"].tolist() == [
+        summary["jobs"][n]["time_by_state_s"]["queued"] for n in ("j0", "j1", "j2")]
+    # The report draws waits, slowdowns and chip-time by size and by team from it.
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    assert (out / "report" / "fleet.png").stat().st_size > 10_000
+    assert "fleet.png" in (out / "report" / "report.md").read_text()
+
+
+def test_past_the_limit_summary_json_keeps_the_largest_jobs(monkeypatch):
+    import clustersim.runner.api as api
+
+    monkeypatch.setattr(api, "SUMMARY_JOBS", 3)
+    monkeypatch.setattr(api, "largest_jobs",
+                        lambda jobs: __import__("clustersim.cluster.fleet", fromlist=["x"])
+                        .largest_jobs(jobs, 2))
+    jobs = [small_job(f"j{i}", 1 + i, run_for="2h", submit=f"{i}h") for i in range(5)]
+    result = simulate(scenario_from_dict(fleet(jobs)))
+    assert list(result.summary["jobs"]) == ["j3", "j4"]
+    assert "every job is in job_summary.parquet" in result.summary["jobs_listed"]
+    assert len(result.jobs) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Traces in
+
+TEMPLATE = {"name": "research", "instances": [1],
+            "job": {"model": "llama3-8b", "seq_len": 2048, "recompute": "selective",
+                    "parallelism": {"tp": 8, "pp": 1, "zero": 1}}}
+
+HELIOS = (
+    "job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,"
+    "duration,queue\n"
+    "10,ua,vca,8,8,1,COMPLETED,2020-06-09 18:00:00,2020-06-09 18:00:00,"
+    "2020-06-09 20:00:00,7200,0\n"
+    "11,ub,vcb,16,8,2,FAILED,2020-06-09 18:30:00,2020-06-09 18:40:00,"
+    "2020-06-09 19:40:00,3600,600\n"
+    "12,ub,vcb,0,4,1,COMPLETED,2020-06-09 19:00:00,2020-06-09 19:00:00,"
+    "2020-06-09 19:10:00,600,0\n"
+)
+
+ACME = (
+    "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,"
+    "fail_time,duration,queue,gpu_time\n"
+    "a1,u1,1,8,64,Pretrain,FAILED,2023-05-17 11:00:00+00:00,"
+    "2023-05-17 11:00:10+00:00,2023-05-17 15:00:10+00:00,2023-05-17 13:00:10+00:00,"
+    "14400,10,0\n"
+    "a2,u2,4,32,64,SFT,COMPLETED,2023-05-17 20:00:00+08:00,2023-05-17 20:00:00+08:00,"
+    "2023-05-17 22:00:00+08:00,,7200,0,0\n"
+)
+
+PAI_JOBS = (
+    "j1,i1,ua,Terminated,1000.0,5000.0\n"
+    "j2,i2,ub,Failed,2000.0,3000.0\n"
+)
+PAI_TASKS = (
+    "j1,worker,4.0,Terminated,1100.0,4100.0,600.0,10.0,100.0,V100\n"
+    "j1,ps,1.0,Terminated,1100.0,4100.0,600.0,10.0,0.0,MISC\n"
+    "j2,worker,2.0,Failed,2050.0,2950.0,400.0,10.0,50.0,T4\n"
+)
+
+PHILLY = [
+    {"status": "Pass", "vc": "v1", "jobid": "app_1", "user": "u1",
+     "submitted_time": "2017-10-07 01:00:00",
+     "attempts": [{"start_time": "2017-10-07 01:00:30", "end_time": "2017-10-07 01:30:00",
+                   "detail": [{"ip": "m1", "gpus": ["gpu0", "gpu1"]}]},
+                  {"start_time": "2017-10-07 01:31:00", "end_time": "2017-10-07 03:00:30",
+                   "detail": [{"ip": "m2", "gpus": [f"gpu{i}" for i in range(8)]},
+                              {"ip": "m3", "gpus": [f"gpu{i}" for i in range(8)]}]}]},
+    {"status": "Failed", "vc": "v2", "jobid": "app_2", "user": "u2",
+     "submitted_time": "2017-10-07 02:00:00", "attempts": []},
+]
+
+
+def trace_scenario(tmp_path: Path, name: str, fmt: str, mapping: dict | None = None,
+                   instances: int = 32) -> Path:
+    raw = {"name": f"t-{fmt}", "hardware": "trn2", "duration": "2d",
+           "cluster": {"instances": instances, "fabric": {"instances_per_leaf": 8}},
+           "workload": {"trace": name, "format": fmt, "mapping": mapping or {},
+                        "templates": [TEMPLATE]}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def jobs_of(path: Path) -> dict:
+    return {j.name: j for j in load_scenario(path).jobs}
+
+
+def test_helios_by_compute_keeps_submit_sizes_run_times_outcomes_and_teams(tmp_path: Path):
+    (tmp_path / "cluster_log.csv").write_text(HELIOS)
+    jobs = jobs_of(trace_scenario(tmp_path, "cluster_log.csv", "helios",
+                                  {"rule": "compute", "gpu": "p4de"}))
+    assert list(jobs) == ["helios-10", "helios-11"]  # the CPU job is left out
+    first, second = jobs["helios-10"], jobs["helios-11"]
+    assert (first.submit_s, second.submit_s) == (0.0, 1800.0)
+    assert (first.run_for_s, second.run_for_s) == (7200.0, 3600.0)
+    # 8 A100 (312 TF/s) = 3.7 Trainium2 (667): 4 chips, one trn2 (16 chips); 16 -> 8 -> 1
+    assert (first.instances, second.instances) == (1, 1)
+    assert (first.team, second.team) == ("vca", "vcb")
+    assert (first.trace_outcome, second.trace_outcome) == ("COMPLETED", "FAILED")
+
+
+def test_acme_uses_the_failure_time_and_time_zones(tmp_path: Path):
+    (tmp_path / "trace_kalos.csv").write_text(ACME)
+    jobs = jobs_of(trace_scenario(tmp_path, "trace_kalos.csv", "acme",
+                                  {"rule": "instances", "gpus_per_instance": 8}))
+    a1, a2 = jobs["acme-a1"], jobs["acme-a2"]
+    assert a1.run_for_s == pytest.approx(2 * 3600)  # failed at 13:00:10, not 15:00:10
+    assert a2.submit_s == pytest.approx(3600)  # 20:00+08:00 is 12:00 UTC
+    assert (a1.instances, a2.instances) == (1, 4)
+    assert (a1.team, a2.team) == ("u1", "u2")
+
+
+def test_acme_rows_out_of_submission_order_are_refused_when_zones_say_so(tmp_path: Path):
+    # 12:00+08:00 is 04:00 UTC, before the first row's 11:00 UTC.
+    (tmp_path / "trace_kalos.csv").write_text(ACME.replace("2023-05-17 20:00:00+08:00,2023",
+                                                           "2023-05-17 12:00:00+08:00,2023"))
+    result = runner.invoke(app, ["validate", str(trace_scenario(tmp_path, "trace_kalos.csv",
+                                                                "acme"))])
+    assert result.exit_code == 2 and "row 2, column submit" in result.stderr
+
+
+def test_pai_joins_the_task_table_beside_it(tmp_path: Path):
+    (tmp_path / "pai_job_table.csv").write_text(PAI_JOBS)
+    (tmp_path / "pai_task_table.csv").write_text(PAI_TASKS)
+    jobs = jobs_of(trace_scenario(tmp_path, "pai_job_table.csv", "pai",
+                                  {"rule": "instances", "gpus_per_instance": 2}))
+    j1, j2 = jobs["pai-i1"], jobs["pai-i2"]
+    assert (j1.submit_s, j2.submit_s) == (0.0, 1000.0)
+    assert (j1.run_for_s, j2.run_for_s) == (3000.0, 900.0)
+    assert (j1.instances, j2.instances) == (2, 1)  # 4 x 100% GPUs; 2 x 50%
+    assert (j1.trace_outcome, j2.trace_outcome) == ("Terminated", "Failed")
+
+
+def test_philly_spans_its_attempts_and_skips_jobs_that_never_ran(tmp_path: Path):
+    (tmp_path / "cluster_job_log").write_text(json.dumps(PHILLY))
+    jobs = jobs_of(trace_scenario(tmp_path, "cluster_job_log", "philly"))
+    assert list(jobs) == ["philly-app_1"]
+    job = jobs["philly-app_1"]
+    assert job.run_for_s == pytest.approx(2 * 3600)  # first start to last end
+    assert job.instances == 2  # its last attempt: 16 GPUs on two 8-GPU servers
+    assert job.team == "v1" and job.trace_outcome == "Pass"
+
+
+def test_a_native_trace_carries_teams(tmp_path: Path):
+    (tmp_path / "jobs.csv").write_text("name,submit,instances,template,run_for,team\n"
+                                       "x,0,2,research,1h,alpha\ny,1h,4,research,2h,beta\n")
+    jobs = jobs_of(trace_scenario(tmp_path, "jobs.csv", "native"))
+    assert (jobs["x"].team, jobs["y"].instances, jobs["y"].submit_s) == ("alpha", 4, 3600.0)
+
+
+@pytest.mark.parametrize(("fmt", "name", "text", "expected"), [
+    ("helios", "log.csv", HELIOS.replace("gpu_num,", "gpus,"), "column gpu_num missing"),
+    ("helios", "log.csv", HELIOS.replace("2020-06-09 19:40:00", "2020-06-09 18:20:00"),
+     "row 2, column end_time"),
+    ("helios", "log.csv", HELIOS.replace("ub,vcb,16", "ub,vcb,many"), "row 2, column gpu_num"),
+    ("helios", "log.csv", HELIOS.replace("ub,vcb,16", "ub,vcb,4096"), "row 2, column gpu_num"),
+    ("helios", "log.csv", HELIOS.replace("\n11,", "\n10,"), "row 2, column id"),
+    ("helios", "log.csv", HELIOS.replace("2020-06-09 18:30:00,2020-06-09 18:40",
+                                         "2020-06-09 17:30:00,2020-06-09 18:40"),
+     "row 2, column submit"),
+    ("native", "jobs.csv", "name,submit,instances,template\nx,0,two,research\n",
+     "row 1: column instances"),
+    ("native", "jobs.csv", "name,submit,instances,template\nx,1h,1,research\ny,0,1,research\n",
+     "row 2, column submit"),
+    ("native", "jobs.csv", "name,submit,instances,template\nx,0,1,research\nx,1,1,research\n",
+     "row 2, column name"),
+    ("native", "jobs.csv", "name,submit,instances,template\nx,0,64,research\n",
+     "row 1, column instances"),
+])
+def test_a_malformed_trace_exits_2_naming_file_row_and_column(tmp_path: Path, fmt, name, text,
+                                                               expected):
+    (tmp_path / name).write_text(text)
+    path = trace_scenario(tmp_path, name, fmt)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(path), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr and name in result.stderr
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_the_library_trace_examples_load():
+    root = Path(__file__).resolve().parent.parent / "scenarios"
+    for fmt in ("philly", "helios", "pai", "acme", "native"):
+        scenario = load_scenario(root / f"trace-{fmt}.yaml")
+        assert len(scenario.jobs) >= 3 and scenario.scheduler.policy == "fairshare"
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties of generated fleets with teams and quotas
+
+
+@st.composite
+def fleets(draw, policy: str | None = None, failures: int | None = None,
+           preemption: bool | None = None):
+    instances = draw(st.integers(6, 16))
+    teams = [{"name": f"t{k}", "quota": draw(st.one_of(st.none(), st.integers(2, instances))),
+              "share": draw(st.sampled_from([1, 2, 3]))} for k in range(draw(st.integers(1, 3)))]
+    jobs = []
+    for k in range(draw(st.integers(2, 9))):
+        jobs.append(small_job(
+            f"j{k}", draw(st.integers(1, instances)), team=f"t{draw(st.integers(0, len(teams) - 1))}",
+            submit=f"{draw(st.integers(0, 30))}h", run_for=f"{draw(st.integers(1, 20))}h",
+            priority=0 if policy == "backfill" else draw(st.integers(0, 2))))
+    policy = policy or draw(st.sampled_from(["fifo", "priority", "backfill", "fairshare"]))
+    failures = draw(st.sampled_from([0, 300, 3000])) if failures is None else failures
+    preemption = draw(st.booleans()) if preemption is None else preemption
+    return scenario_from_dict(fleet(
+        jobs, instances=instances, teams=teams,
+        scheduler={"policy": policy, "preemption": preemption,
+                   "borrowing": draw(st.booleans())},
+        failures={"preset": "llama3", "scale": failures, "repair": "6h"},
+        trace={"bin": "1h", "levels": ["cluster"]}))
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=st.one_of(fleets(), fleets("backfill", 0, False)),
+       seed=st.integers(0, 2**32 - 1))
+def test_fleet_invariants(scenario, seed):
+    recorder = MemoryRecorder()
+    timeline = Timeline(scenario, step_profiles(scenario), np.random.SeedSequence(seed),
+                        recorder=recorder, step_model=StepModel(topology_for(scenario)))
+    timeline.teams.admissions = []
+    timeline.scheduler.reservations = []
+    result = timeline.run()
+    eps = 1e-6
+
+    # No double booking: an instance is held by one job at a time.
+    busy: dict[int, list[tuple[float, float]]] = {}
+    for _, inst, start, end in recorder.allocations:
+        busy.setdefault(inst, []).append((start, end))
+    for spans in busy.values():
+        spans.sort()
+        assert all(b[0] >= a[1] - eps for a, b in zip(spans, spans[1:], strict=False))
+
+    # A quota is never exceeded, but by borrowing while the cohort stays within its quotas.
+    borrowing = scenario.scheduler.borrowing
+    for _, _, usage, quota, cohort, cohort_quota in timeline.teams.admissions:
+        assert quota is None or usage <= quota or (borrowing and cohort <= cohort_quota)
+
+    # Every chip-hour is attributed: to a job, so to its team, and the teams' add up.
+    jobs = {name: {**o.figures(result.horizon_s), "team": o.team, "chips": o.chips}
+            for name, o in result.jobs.items()}
+    teams = team_figures(jobs, timeline.teams.quota, timeline.teams.weight)
+    held = sum(t["held_chip_s"] for t in teams.values())
+    assert held == pytest.approx(result.allocated_chip_s, rel=1e-9, abs=1e-3)
+    allocated = sum((end - start) * scenario.hardware.chips_per_instance
+                    for _, _, start, end in recorder.allocations)
+    assert allocated == pytest.approx(result.allocated_chip_s, rel=1e-9, abs=1e-3)
+
+    # Backfill never delays the head: without failures or preemption, with exact run times,
+    # a head starts by its reservation's shadow time unless a job ahead of it in the queue
+    # started in between (it is no longer the head then).
+    if (scenario.scheduler.policy == "backfill" and not sum(result.failures.values())
+            and not scenario.scheduler.preemption
+            and len({j.priority for j in scenario.jobs}) == 1):
+        starts = {i: result.jobs[j.name].start_s for i, j in enumerate(scenario.jobs)}
+        first: dict[int, tuple[float, float]] = {}
+        for now, head, shadow in timeline.scheduler.reservations:
+            first.setdefault(head, (now, shadow))
+        for head, (now, shadow) in first.items():
+            began = starts[head]
+            if not np.isfinite(shadow) or (began is not None and began <= shadow + eps):
+                continue
+            ahead = [i for i, j in enumerate(scenario.jobs)
+                     if (j.submit_s, i) < (scenario.jobs[head].submit_s, head)
+                     and starts[i] is not None and now - eps <= starts[i]
+                     and (began is None or starts[i] <= began + eps)]
+            assert ahead, (head, now, shadow, began)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scheduler's structures
+
+
+class _Run:
+    def __init__(self, index: int, priority: int, queued_at: float, instances: int,
+                 team: str = "-"):
+        from types import SimpleNamespace
+
+        self.index, self.queued_at, self.instances_needed = index, queued_at, instances
+        self.team = team
+        self.job = SimpleNamespace(priority=priority)
+
+
+def test_the_queue_walk_survives_starting_the_job_it_gave():
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import JobQueue
+
+    queue = JobQueue(lambda run: queue_key("priority", run))
+    runs = [_Run(i, priority=i % 3, queued_at=float(10 - i), instances=1 + i) for i in range(9)]
+    for run in runs:
+        queue.append(run)
+    expected = sorted(runs, key=lambda r: (-r.job.priority, r.queued_at, r.index))
+    seen = []
+    for run in queue.ordered():
+        seen.append(run)
+        if run.index % 2 == 0:
+            queue.remove(run)  # started: the walk goes on with the next one
+    assert seen == expected
+    assert [r.index for r in queue] == [r.index for r in expected if r.index % 2]
+    assert queue.smallest() == min(r.instances_needed for r in runs if r.index % 2)
+
+
+def test_the_fair_share_walk_picks_the_team_furthest_below_its_share_each_time():
+    from types import SimpleNamespace
+
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import FairShareQueue
+    from clustersim.cluster.quotas import TeamBook
+
+    scenario = SimpleNamespace(teams=[SimpleNamespace(name="a", quota=None, share=1.0),
+                                      SimpleNamespace(name="b", quota=None, share=3.0)],
+                               scheduler=SimpleNamespace(borrowing=False))
+    book = TeamBook(scenario)
+    book.usage.update({"a": 2, "b": 3})  # shares: a 2, b 1
+    queue = FairShareQueue(lambda run: queue_key("fairshare", run), book)
+    runs = [_Run(i, 0, float(i), 2, team="ab"[i % 2]) for i in range(6)]
+    for run in runs:
+        queue.append(run)
+    order = []
+    for run in queue.ordered():
+        order.append(run.index)
+        run.admitted = False
+        book.admit(run, 0.0)  # started: its team's share rises
+        queue.remove(run)
+    # b (share 1.0) first: 5 instances (1.67 < a's 2.0), b again: 7 (2.33); a (2.0): 4
+    # (4.0); b (2.33): 9; b has no more jobs, a's two go.
+    assert order == [1, 3, 0, 5, 2, 4]
+    assert len(queue) == 0

@@ -1,0 +1,47 @@
+"""The Ray engine gives what the local one gives: a sweep's rows and a plan, on a local Ray
+instance these tests start once and stop at the end (CI installs the `ray` extra; these
+tests are not skipped when it is missing, they fail)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+from sweep_helpers import write_sweep
+from test_planning import _scenario
+
+from clustersim.planning import PlanOptions, plan
+from clustersim.planning.engine import Engine
+from clustersim.runner.sweep import run_sweep
+
+pytestmark = pytest.mark.slow  # starting Ray takes seconds
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray instance for the module (two CPUs: the machine has two), stopped after.
+    The engines' own ray.init finds it running and joins it."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def test_a_sweep_on_ray_gives_the_local_rows(tmp_path: Path):
+    grid = {"jobs.0.checkpoint.interval": ["30min", "2h"], "failures.scale": [20, 80]}
+    path = write_sweep(tmp_path, grid=grid, seeds=[0, 1])
+    local, _ = run_sweep(path, workers=1)
+    remote, _ = run_sweep(path, engine="ray")
+    assert ray.is_initialized()
+    pd.testing.assert_frame_equal(local, remote)
+
+
+def test_a_plan_on_ray_gives_the_local_answer():
+    scenario = _scenario()
+    serial = plan(scenario, PlanOptions(top=3))
+    with Engine("ray", workers=2) as engine:
+        remote = plan(scenario, PlanOptions(top=3), engine)
+    assert remote.as_json() == serial.as_json()
+    pd.testing.assert_frame_equal(remote.rows, serial.rows)
