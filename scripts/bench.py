@@ -292,8 +292,33 @@ figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
            "pruned": shown["pruned"], "simulated": shown["simulated"],
            "best": f"tp {best['tp']} pp {best['pp']} dp {best['dp']} v {best['interleave']} "
                    f"mb {best['micro_batch']} {best['recompute']}"
-                   f"{' sp' if best['sequence_parallel'] else ''}{' zero1' if best['zero1'] else ''}",
+                   f"{' sp' if best['sequence_parallel'] else ''}"
+                   f"{(' zero' + str(best['zero'])) if best['zero'] else ''}",
            "step_time_s": round(best["step_time_s"], 3), "mfu": round(best["mfu"], 3)}
+""",
+        False,
+    ),
+    "plan: a newcomer's question, 405B on trn2 and trn2u, 4,096-32,768 chips, 15T tokens, "
+    "30-day deadline, cheapest (CLI, local)": (
+        """
+import subprocess, sys, json, tempfile, time
+t0 = time.perf_counter()
+done = subprocess.run([sys.executable, "-m", "clustersim", "plan",
+                       "scenarios/plan-405b-trn2-cost.yaml", "--hardware", "trn2,trn2u",
+                       "--chips", "4096:32768", "--tokens", "15T", "--deadline", "30d",
+                       "--objective", "cost", "--json", "-o", tempfile.mkdtemp() + "/plan"],
+                      capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+shown = json.loads(done.stdout)
+best = shown["best"]
+figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
+           "pruned": shown["pruned"], "simulated": shown["simulated"],
+           "meets_constraints": shown["meets_constraints"],
+           "best": f"{best['hardware']} x {best['chips']}: tp {best['tp']} cp {best['cp']} "
+                   f"pp {best['pp']} dp {best['dp']} v {best['interleave']} "
+                   f"mb {best['micro_batch']} {best['recompute']} zero {best['zero']}",
+           "days": round(best["time_to_train_s"] / 86400, 1),
+           "cost_usd": round(best["cost_usd"]), "mfu": round(best["mfu"], 3)}
 """,
         False,
     ),
@@ -315,7 +340,8 @@ for m in STEP_MEASUREMENTS:
         "faster_by": f"{1 - best['step_time_s'] / float(ref['step_time_s']):.1%}",
         "best": f"tp {best['tp']} pp {best['pp']} dp {best['dp']} v {best['interleave']} "
                 f"mb {best['micro_batch']} {best['recompute']}"
-                f"{' sp' if best['sequence_parallel'] else ''}{' zero1' if best['zero1'] else ''}",
+                f"{' sp' if best['sequence_parallel'] else ''}"
+                f"{(' zero' + str(best['zero'])) if best['zero'] else ''}",
         "simulated": result.simulated}
 """,
         False,

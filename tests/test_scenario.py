@@ -411,10 +411,9 @@ MALFORMED = [
                  id="more-job-ranks-than-cluster"),
     pytest.param({"jobs.0.global_batch": 60}, [], "jobs.0.global_batch", "divisible",
                  id="global-batch-not-divisible"),
-    pytest.param({"jobs.0.parallelism.pp": 3}, [], "jobs.0.parallelism", "layers",
-                 id="layers-not-divisible-by-pp"),
-    pytest.param({"jobs.0.parallelism.interleave": 3}, [], "jobs.0.parallelism", "layers",
-                 id="layers-not-divisible-by-interleave"),
+    # Uneven stages are fine (training.stages); a stage with no layer is not.
+    pytest.param({"jobs.0.parallelism.interleave": 64}, [], "jobs.0.parallelism", "layers",
+                 id="fewer-layers-than-stages"),
     pytest.param({"jobs.0.parallelism": {"tp": 4, "pp": 1, "dp": 64, "interleave": 2}}, [],
                  "jobs.0.parallelism.interleave", "pp", id="interleave-with-pp-1"),
     pytest.param({"cluster": {"ultraservers": 4}}, [], "cluster.ultraservers", "UltraServer",
@@ -572,7 +571,7 @@ def test_several_cross_field_errors_are_all_reported(tmp_path: Path) -> None:
         "hardware": "trn2u",
         "cluster.instances": 6,
         "jobs.0.global_batch": 60,
-        "jobs.0.parallelism.pp": 3,
+        "jobs.0.parallelism.interleave": 64,  # more stages than layers
         "jobs.1": copy.deepcopy(SMALL["jobs"][0]),
     })
     with pytest.raises(ScenarioError) as info:

@@ -131,8 +131,9 @@ def plan(
                       ] = None,
     max_chips: Annotated[int | None, typer.Option(help="Largest size to consider.", min=1)
                          ] = None,
-    memory_headroom: Annotated[float, typer.Option(
-        help="Fraction of HBM kept free.", min=0.0, max=0.9)] = 0.0,
+    memory_headroom: Annotated[float | None, typer.Option(
+        help="Fraction of HBM kept free for the runtime and fragmentation [default: 0.10, "
+        "catalog/planning.yaml].", min=0.0, max=0.9)] = None,
     top: Annotated[int, typer.Option(help="Candidates to show and print.", min=1)] = 10,
     engine: Annotated[str, typer.Option(help="local or ray.")] = "local",
     workers: Annotated[int | None, typer.Option(help="Processes [default: cores].", min=1)
@@ -205,7 +206,7 @@ def plan(
         chips=parse_chips(chips) if chips else (), objective=objective,
         tokens=parse_count(tokens, "--tokens") if tokens else None,
         deadline_s=_duration(deadline, "--deadline"), budget_usd=budget, max_chips=max_chips,
-        memory_headroom=memory_headroom, top=top,
+        top=top, **({} if memory_headroom is None else {"memory_headroom": memory_headroom}),
     )
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
@@ -256,8 +257,8 @@ def _plan_into(spec: Any, options: Any, engine: str, workers: int | None, addres
     from clustersim.runner.outputs import atomic_output_dir
 
     try:
-        with Engine(engine, workers, address) as runner:
-            result = make_plan(spec, options, runner)
+        with Engine(engine, workers, address) as runner, _progress() as progress:
+            result = make_plan(spec, options, runner, progress)
     except PlanError as error:
         raise UsageProblem(f"{scenario}: {error}") from None
     with atomic_output_dir(out_dir, force=force) as staging:
@@ -265,6 +266,29 @@ def _plan_into(spec: Any, options: Any, engine: str, workers: int | None, addres
         if also is not None:
             also(result)
     return result
+
+
+class _progress:
+    """Simulations done against those that may be needed, on stderr, only on a terminal."""
+
+    def __enter__(self) -> Any:
+        if not err_console.is_terminal:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self._bar = Progress("plan: {task.description}", BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), console=err_console, transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task("starting", total=None)
+
+        def update(done: int, total: int, what: str = "simulating candidates") -> None:
+            self._bar.update(self._task, completed=done, total=total, description=what)
+
+        return update
+
+    def __exit__(self, *exc: Any) -> None:
+        if getattr(self, "_bar", None) is not None:
+            self._bar.stop()
 
 
 def _serving_only(scenario: Path, sets: list[str]) -> bool:
@@ -384,11 +408,13 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
 
     job = result.scenario.jobs[0]
     tokens = result.options.tokens
+    if not result.met:
+        out_console.print(f"[bold]{escape(result.notes[0])}[/bold]; the closest candidates:")
     table = Table(title=escape(f"plan for {job.model.name} (objective: {result.options.objective}"
                                f"{f', {tokens:.3g} tokens' if tokens else ''}): top "
                                f"{min(result.options.top, len(result.ranked))} of "
                                f"{result.simulated:,} simulated"), title_justify="left")
-    for name in ("#", "hardware", "chips", "tp pp dp ep v", "mb", "recompute", "sp z1",
+    for name in ("#", "hardware", "chips", "tp cp pp dp ep v", "mb", "recompute", "sp zero",
                  "step s", "MFU", "GiB/chip", "ETTR",
                  "time to train" if tokens else "s per 1M tok",
                  "cost" if tokens else "$ per 1M tok",
@@ -400,9 +426,9 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
             1e6 / (r["tokens_per_s"] * r["ettr"]) if r["ettr"] > 0 else math.inf)
         table.add_row(
             str(rank), r["hardware"], f"{r['chips']:,}",
-            f"{r['tp']} {r['pp']} {r['dp']} {r['ep']} {r['interleave']}", str(r["micro_batch"]),
-            r["recompute"], f"{'y' if r['sequence_parallel'] else 'n'} "
-            f"{'y' if r['zero1'] else 'n'}",
+            f"{r['tp']} {r['cp']} {r['pp']} {r['dp']} {r['ep']} {r['interleave']}",
+            str(r["micro_batch"]), r["recompute"],
+            f"{'y' if r['sequence_parallel'] else 'n'} {r['zero']}",
             f"{r['step_time_s']:,.3f}", f"{r['mfu']:.1%}", f"{r['memory_per_chip_gib']:.1f}",
             f"{r['ettr']:.3f}", _fmt(wall, "days") if tokens else f"{wall:,.1f}",
             _fmt(r["cost_usd"], "usd"),
@@ -465,7 +491,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
         if chips is not None:
             out_console.print(f"{name}: more chips stop paying past {chips:,} chips (time to "
                               f"train no longer falls)")
-    for note in result.notes:
+    for note in result.notes[0 if result.met else 1:]:
         err_console.print(f"note: {escape(note)}")
     out_console.print(f"wrote {out_dir}/ (plan.parquet, plan.json, pareto.png)"
                       + (f" and {written}" if written else ""))

@@ -17,6 +17,8 @@ __all__ = [
     "checkpoint_bytes",
     "default_checkpoint",
     "storage_bandwidth_per_instance",
+    "storage_aggregate_bandwidth",
+    "checkpoint_bandwidth",
     "effective_rates",
     "job_failure_rate",
 ]
@@ -78,11 +80,24 @@ def checkpoint_bytes(job: JobSpec) -> float:
     return job.model.parameter_count() * (weights + optimizer)
 
 
+def storage_aggregate_bandwidth() -> float:
+    """Bytes/s the whole file system moves, shared by every writer (catalog/storage.yaml)."""
+    figure = read_catalog("storage")["storage"]["aggregate_bandwidth"]
+    return units.parse_bandwidth(figure["value"])
+
+
+def checkpoint_bandwidth(instances: int) -> float:
+    """Bytes/s a job of `instances` instances writes (or reads back) its checkpoint at: each
+    instance its shard at the per-client throughput, all of them within the file system's
+    aggregate throughput."""
+    return min(storage_bandwidth_per_instance() * instances, storage_aggregate_bandwidth())
+
+
 def default_checkpoint(scenario: Scenario, job: JobSpec) -> CheckpointSpec:
     """What a job without a `checkpoint:` block is given when failures can hit it: Daly's
     interval, and a write (and restore) time of its checkpoint's bytes over the storage
-    bandwidth of its instances (each writes its shard)."""
-    bandwidth = storage_bandwidth_per_instance() * scenario.job_instances(job)
+    bandwidth of its instances (each writes its shard, within the file system's aggregate)."""
+    bandwidth = checkpoint_bandwidth(scenario.job_instances(job))
     seconds = checkpoint_bytes(job) / bandwidth
     return CheckpointSpec(interval="auto", write=seconds, restore=seconds)
 

@@ -18,7 +18,7 @@ import pandas as pd
 from clustersim.hardware import units
 from clustersim.planning.ettr import renewal_ettr, stops_paying_chips
 from clustersim.planning.planner import OBJECTIVES, Group, PlanError, PlanOptions, PlanResult
-from clustersim.planning.space import job_for, memory_of
+from clustersim.planning.space import memory_of, screen_job
 from clustersim.scenario.loader import JobSpec, Scenario
 
 __all__ = ["finish", "fewest_chips"]
@@ -26,6 +26,7 @@ __all__ = ["finish", "fewest_chips"]
 
 def _add_figures(group: Group, row: dict[str, Any], job: JobSpec, options: PlanOptions,
                  spares: int) -> None:
+    """ETTR, time to train, cost (the job's instances and `spares`) and energy of a row."""
     hw = group.hw
     recovery = group.recovery[group.hw.whole_ultraservers(row["tp"])]
     ettr = renewal_ettr(recovery)
@@ -55,19 +56,14 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
     for g in groups:
         for row in g.rows:
             if row.get("step_time_s") is not None:
-                _add_figures(g, row, job, options,
-                             scenario.total_instances - scenario.working_instances)
+                _add_figures(g, row, job, options, g.key.instances - g.instances)
                 if row["status"] == "simulated":
                     simulated.append(row)
     considered = len(rows)
     pruned = sum(1 for r in rows if r["status"] == "pruned")
     for g in groups:
         if not any(r["status"] == "simulated" for r in g.rows):
-            needed = [r["memory_per_chip_gib"] for r in g.rows if r.get("memory_per_chip_gib")]
-            least = (f"the least memory a candidate needs is {min(needed):.1f} GiB per chip, "
-                     f"{g.hw.chip.hbm_bytes / 2**30:.0f} GiB available" if needed
-                     else "no candidate passes divisibility and placement")
-            notes.append(f"{g.name} x {g.chips:,} chips: nothing fits ({least})")
+            notes.append(f"{g.name} x {g.chips:,} chips: nothing runs ({_causes(g)})")
     if not simulated:
         raise PlanError(_nothing_fits(scenario, job, options, groups))
     metric = OBJECTIVES[options.objective]
@@ -77,10 +73,26 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
         raise PlanError(f"--objective {options.objective}: {', '.join(sorted(set(missing)))} "
                         f"has no {what} in the catalog; set hardware.{what} in the scenario "
                         f"or choose another objective")
-    feasible = [r for r in simulated if _feasible(r, options)]
-    if not feasible:
-        raise PlanError(_infeasible(simulated, options))
-    ranked = sorted(feasible, key=lambda r: (r[metric], r["step_time_s"], r["chips"]))
+    for r in simulated:
+        r["unmet"] = _unmet(r, options)
+        r["meets"] = not r["unmet"]
+    feasible = [r for r in simulated if r["meets"]]
+    met = bool(feasible)
+    if not met:
+        # Nothing meets the constraints: the closest ones are ranked instead (the fastest to
+        # train for a deadline, the cheapest for a budget), and the plan says so.
+        notes.insert(0, _infeasible(simulated, options))
+        closest = "time_to_train_s" if options.deadline_s is not None else "cost_usd"
+        ranked = sorted(simulated, key=lambda r: (_or_inf(r.get(closest)), r[metric],
+                                                  r["step_time_s"], r["chips"]))
+    else:
+        ranked = sorted(feasible, key=lambda r: (r[metric], r["step_time_s"], r["chips"]))
+    missed = len(simulated) - len(feasible)
+    if met and missed:
+        notes.append(f"{missed:,} simulated candidates miss the constraints (plan.parquet: "
+                     f"meets false, unmet says which)")
+    _mark_dominated(simulated)
+    ranked = [r for r in ranked if not r["dominated"]]
     stops = {}
     for name in dict.fromkeys(g.name for g in groups):
         per_size = {}
@@ -93,7 +105,8 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
         stops[name] = stops_paying_chips(list(per_size), list(per_size.values())) if len(
             per_size) > 1 else None
     frame = pd.DataFrame(rows)
-    for column in ("why", "step_time_s", "bound_s", "memory_per_chip_gib"):
+    for column in ("why", "step_time_s", "bound_s", "memory_per_chip_gib", "meets", "unmet",
+                   "dominated"):
         if column not in frame:
             frame[column] = None
     frame["why"] = frame["why"].fillna("")
@@ -101,20 +114,68 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
         frame["step_time_s_band"] = frame["step_time_s_band"].map(
             lambda b: None if b is None or (isinstance(b, float) and math.isnan(b))
             else list(b))
-    return PlanResult(scenario, options, frame, ranked, groups, considered, pruned,
-                      len(simulated) + sum(1 for r in rows if r["status"] == "pruned"
-                                           and r.get("step_time_s") is not None),
-                      stops, notes)
+    result = PlanResult(scenario, options, frame, ranked, groups, considered, pruned,
+                        len(simulated) + sum(1 for r in rows if r["status"] == "pruned"
+                                             and r.get("step_time_s") is not None),
+                        stops, notes)
+    result.met = met
+    return result
 
 
-def _feasible(row: dict[str, Any], options: PlanOptions) -> bool:
+def _or_inf(value: Any) -> float:
+    return math.inf if value is None else float(value)
+
+
+def _unmet(row: dict[str, Any], options: PlanOptions) -> str:
+    """Which constraints a simulated candidate misses ("" when it meets them all)."""
+    misses = []
     if options.deadline_s is not None and row["time_to_train_s"] > options.deadline_s:
-        return False
+        misses.append(f"deadline: trains in {units.format_duration(row['time_to_train_s'])}")
     if options.budget_usd is not None:
         cost = row.get("cost_usd")
         if cost is None or cost > options.budget_usd:
-            return False
-    return True
+            misses.append("budget: no price" if cost is None else f"budget: costs {cost:,.0f} USD")
+    return "; ".join(misses)
+
+
+def _mark_dominated(rows: list[dict[str, Any]]) -> None:
+    """A candidate is dominated when another of the same hardware and size is no slower and
+    needs no more memory, and is better in one of the two (selective recompute with flash
+    attention, say, costs time and saves nothing; ZeRO-1 beside ZeRO-2 at the same step).
+    Dominated rows stay in plan.parquet (`dominated`) but out of the ranked list."""
+    by_group: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        r["dominated"] = False
+        by_group.setdefault((r["hardware"], r["chips"]), []).append(r)
+    for members in by_group.values():
+        members.sort(key=lambda r: (r["step_time_s"], r["memory_per_chip_gib"]))
+        least_memory = math.inf
+        for r in members:  # faster first: dominated when an earlier one needs no more
+            if r["memory_per_chip_gib"] >= least_memory:
+                r["dominated"] = True
+            least_memory = min(least_memory, r["memory_per_chip_gib"])
+
+
+def _causes(g: Group) -> str:
+    """Why nothing of a group runs: each kind of pruning with its count and an example."""
+    kinds: dict[str, list[str]] = {}
+    for r in g.rows:
+        if r["status"] == "pruned" and r["why"]:
+            kinds.setdefault(r["why"].split(":")[0], []).append(r["why"])
+    parts = []
+    for kind in ("divisibility", "placement", "memory", "bound"):
+        whys = kinds.get(kind)
+        if not whys:
+            continue
+        if kind == "memory":
+            needed = [r.get("memory_per_chip_gib") or r["memory_least_gib"] for r in g.rows
+                      if r["why"].startswith("memory")]
+            parts.append(f"{len(whys):,} need more memory than there is, the least "
+                         f"{min(needed):.1f} GiB per chip of {g.hw.chip.hbm_bytes / 2**30:.0f}")
+        else:
+            common = max(set(whys), key=whys.count)
+            parts.append(f"{len(whys):,} out for {kind} ({common.split(': ', 1)[1]}, ...)")
+    return "; ".join(parts) or "no candidate"
 
 
 def _infeasible(rows: list[dict[str, Any]], options: PlanOptions) -> str:
@@ -156,7 +217,7 @@ def fewest_chips(scenario: Scenario, job: JobSpec, hw: Any, options: PlanOptions
         for c in enumerate_space(hw.name, hw, chips, job):
             if c.recompute != "full" or prune_reason(c, hw, job) is not None:
                 continue  # full recompute needs the least memory of the three
-            if memory_of(job_for(job, c), hw).per_chip <= usable:
+            if memory_of(screen_job(job, c), hw).per_chip <= usable:
                 return chips
         chips *= 2
     return None
@@ -164,13 +225,7 @@ def fewest_chips(scenario: Scenario, job: JobSpec, hw: Any, options: PlanOptions
 
 def _nothing_fits(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[Group]
                   ) -> str:
-    lines = []
-    for g in groups:
-        needed = [r["memory_per_chip_gib"] for r in g.rows if r.get("memory_per_chip_gib")]
-        least = f"; the least memory any candidate needs is {min(needed):.1f} GiB per chip" if (
-            needed) else "; no candidate passes the divisibility and placement rules"
-        lines.append(f"{g.name} x {g.chips} chips: nothing fits in "
-                     f"{g.hw.chip.hbm_bytes / 2**30:.0f} GiB of HBM{least}")
+    lines = [f"{g.name} x {g.chips} chips: {_causes(g)}" for g in groups]
     hints = []
     for name in dict.fromkeys(g.name for g in groups):
         hw = next(g.hw for g in groups if g.name == name)
@@ -180,5 +235,5 @@ def _nothing_fits(scenario: Scenario, job: JobSpec, options: PlanOptions, groups
                          f"{'UltraServers' if hw.ultraserver else 'instances'})")
         else:
             hints.append(f"{name}: it fits on no size up to 2M chips")
-    return (f"{job.model.name} fits nowhere: " + "; ".join(lines) + ". What would make it "
+    return (f"{job.model.name} runs nowhere: " + "; ".join(lines) + ". What would make it "
             "feasible: " + "; ".join(hints))

@@ -153,16 +153,21 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
     cluster = dict(raw.get("cluster") or {})
     cluster.pop("ultraservers", None)
     cluster["instances"] = instances
+    if not isinstance(cluster.get("spares"), str):  # a share stays a share
+        group = next(g for g in result.groups if g.name == best["hardware"]
+                     and g.chips == best["chips"])
+        cluster["spares"] = group.key.instances - group.instances
     raw["cluster"] = cluster
     job = dict(raw["jobs"][0])
     job.update({
-        "parallelism": {"tp": best["tp"], "pp": best["pp"], "dp": best["dp"], "ep": best["ep"],
-                        "interleave": best["interleave"], "zero": 1 if best["zero1"] else 0,
+        "parallelism": {"tp": best["tp"], "cp": best["cp"], "pp": best["pp"], "dp": best["dp"],
+                        "ep": best["ep"], "interleave": best["interleave"],
+                        "zero": int(best["zero"]),
                         "sequence_parallel": bool(best["sequence_parallel"])},
         "micro_batch": best["micro_batch"], "recompute": best["recompute"],
         "instances": instances,
     })
-    ck = checkpoint_of(scenario.jobs[0])
+    ck = checkpoint_of(scenario.jobs[0], scenario, instances)
     job["checkpoint"] = {"interval": "auto" if ck.interval_s == "auto" else ck.interval_s,
                          "write": ck.write_s, "restore": ck.restore_s, "async": ck.async_write}
     options = result.options

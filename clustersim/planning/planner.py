@@ -15,12 +15,12 @@ failure-aware figures (ETTR, time to train, cost, energy) rank them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
-from clustersim.cluster.rates import effective_rates, job_failure_rate
+from clustersim.cluster.rates import default_checkpoint, effective_rates, job_failure_rate
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
 from clustersim.planning.engine import Engine
@@ -39,16 +39,24 @@ from clustersim.planning.space import (
     job_for,
     memory_of,
     prune_reason,
+    screen_job,
     space_size,
 )
 from clustersim.scenario.loader import CheckpointSpec, JobSpec, Scenario
 
 __all__ = ["PlanOptions", "PlanError", "PlanResult", "Group", "plan", "OBJECTIVES",
-           "checkpoint_of", "recovery_for"]
+           "checkpoint_of", "recovery_for", "spares_for"]
 
 OBJECTIVES = {"step": "step_time_s", "cost": "cost_per_million_tokens_usd",
               "energy": "energy_per_token_j", "time-to-train": "time_to_train_s"}
 ROUND = 4  # candidates simulated per group per round (fixed: the answer must not depend on it)
+
+
+def default_memory_headroom() -> float:
+    """The fraction of HBM the planner keeps free unless told (catalog/planning.yaml)."""
+    from clustersim.catalog import read_catalog
+
+    return float(read_catalog("planning")["memory_headroom"]["value"])
 
 
 class PlanError(Exception):
@@ -64,7 +72,7 @@ class PlanOptions:
     deadline_s: float | None = None
     budget_usd: float | None = None
     max_chips: int | None = None
-    memory_headroom: float = 0.0  # fraction of HBM kept free
+    memory_headroom: float = field(default_factory=lambda: default_memory_headroom())
     top: int = 10
 
 
@@ -93,6 +101,7 @@ class PlanResult:
     simulated: int
     stops_paying: dict[str, int | None]
     notes: list[str]
+    met: bool = True  # False: nothing meets --deadline / --budget; `ranked` is the closest
     sites: dict[str, Any] | None = None  # several sites: spread vs one site (planning.sites)
 
     @property
@@ -104,15 +113,15 @@ class PlanResult:
         return {"best": _public(self.best), "candidates": [_public(r) for r in
                                                             self.ranked[: self.options.top]],
                 "considered": self.considered, "pruned": self.pruned,
-                "simulated": self.simulated} | ({} if self.sites is None else
-                                               {"sites": self.sites})
+                "simulated": self.simulated, "meets_constraints": self.met} | (
+                    {} if self.sites is None else {"sites": self.sites})
 
 
-PUBLIC = ("hardware", "chips", "tp", "pp", "dp", "ep", "interleave", "micro_batch", "recompute",
-          "sequence_parallel", "zero1", "step_time_s", "mfu", "memory_per_chip_gib", "ettr",
+PUBLIC = ("hardware", "chips", "tp", "cp", "pp", "dp", "ep", "interleave", "micro_batch",
+          "recompute", "sequence_parallel", "zero", "step_time_s", "mfu", "memory_per_chip_gib", "ettr",
           "time_to_train_s", "cost_usd", "energy_j", "tokens_per_s", "job_mtbf_s", "recovery_s",
           "checkpoint_interval_s", "cost_per_million_tokens_usd", "energy_per_token_j",
-          "step_time_s_band", "reference")
+          "step_time_s_band", "reference", "meets", "unmet")
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
@@ -125,9 +134,26 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checkpoint_of(job: JobSpec) -> CheckpointSpec:
-    """The job's checkpointing, or the default one the plan assumes (and writes)."""
-    return job.checkpoint if job.checkpoint is not None else CheckpointSpec()
+def checkpoint_of(job: JobSpec, scenario: Scenario | None = None, instances: int | None = None
+                  ) -> CheckpointSpec:
+    """The job's checkpointing, or the default one the plan assumes (and writes): as the
+    timeline gives a job without one (`rates.default_checkpoint`: Daly's interval, the
+    weights and optimizer state written and read back at the storage's per-instance
+    throughput within its aggregate), on `instances` instances."""
+    if job.checkpoint is not None:
+        return job.checkpoint
+    if scenario is None or instances is None:
+        return CheckpointSpec()
+    return default_checkpoint(scenario, job.model_copy(update={"instances": instances}))
+
+
+def spares_for(scenario: Scenario, hw: HardwareSpec, instances: int) -> int:
+    """Hot spares of a cluster of `instances` working instances of `hw`: the scenario's share
+    (`cluster.spares: 5%`, or its count over its own size), rounded up to whole UltraServers
+    where `hw` has them, so that every size keeps the same share."""
+    unit = hw.instances_per_ultraserver
+    share = scenario.spares_share
+    return math.ceil(share * instances / unit - 1e-9) * unit
 
 
 def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: int,
@@ -140,7 +166,7 @@ def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: 
         "preset": "none",
         "rates": [r for r in effective_rates(scenario) if r.component != "software"]})})
     hw_rate = job_failure_rate(hardware_only, sized)
-    ck = checkpoint_of(job)
+    ck = checkpoint_of(job, group, instances)
     f = scenario.failures
     ipu = hw.instances_per_ultraserver
     return Recovery(
@@ -150,7 +176,7 @@ def recovery_for(scenario: Scenario, hw: HardwareSpec, job: JobSpec, instances: 
                     else float(ck.interval_s)),
         async_write=ck.async_write,
         repair_s=math.inf if f.repair_s == "never" else float(f.repair_s),
-        spare_units=scenario.total_instances - scenario.working_instances,
+        spare_units=spares_for(scenario, hw, instances),
         units_per_replacement=ipu if whole_ultraservers else 1,
     )
 
@@ -176,6 +202,9 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
     """Chip counts to try on `hw`: whole instances (whole UltraServers where it has them)."""
     if options.chips:
         wanted = list(options.chips)
+    elif not scenario.cluster_given:
+        raise PlanError("the scenario has no cluster: give the sizes to plan with --chips "
+                        "(e.g. --chips 4096:32768) or a cluster: section")
     else:
         instances = job.instances or scenario.working_instances
         wanted = [instances * scenario.hardware.chips_per_instance]
@@ -195,8 +224,8 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
 def _make_group(scenario: Scenario, job: JobSpec, name: str, hw: HardwareSpec, chips: int
                 ) -> Group:
     instances = chips // hw.chips_per_instance
-    spares = scenario.total_instances - scenario.working_instances  # per site too
-    key = GroupKey(name, hw.model_dump_json(by_alias=True), instances + spares,
+    key = GroupKey(name, hw.model_dump_json(by_alias=True),
+                   instances + spares_for(scenario, hw, instances),
                    scenario.cluster.fabric.model_dump_json(by_alias=True))
     recovery = {whole: recovery_for(scenario, hw, job, instances, whole) for whole in (False, True)}
     return Group(name, hw, chips, instances, key, recovery)
@@ -207,21 +236,52 @@ def _is_reference(c: Candidate, job: JobSpec, given: bool, chips: int, name: str
     if not given or name != scenario.hardware.name:
         return False
     par = job.parallelism
-    return (c.chips == chips and (c.tp, c.pp, c.dp, c.ep, c.interleave) ==
-            (par.tp, par.pp, par.dp, par.ep, par.interleave) and c.micro_batch == job.micro_batch
-            and c.recompute == job.recompute and c.sequence_parallel == par.sequence_parallel
-            and c.zero1 == (par.zero == 1))
+    return (c.chips == chips and (c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave) ==
+            (par.tp, par.cp, par.pp, par.dp, par.ep, par.interleave)
+            and c.micro_batch == job.micro_batch and c.recompute == job.recompute
+            and c.sequence_parallel == par.sequence_parallel and c.zero == par.zero)
+
+
+def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
+    """The scenario's parallelism as a candidate of this group (None at another size)."""
+    par = job.parallelism
+    if par.ranks != group.chips * group.hw.chip.ranks:
+        return None
+    return Candidate(group.name, group.chips, par.tp, par.pp, par.dp, par.ep, par.interleave,
+                     job.micro_batch, job.recompute, par.sequence_parallel, par.zero, par.cp)
+
+
+def _least_memory(c: Candidate, job: JobSpec, hw: HardwareSpec) -> float:
+    """Bytes per chip of the candidate's (tp, cp, pp, dp, ep, interleave, micro-batch) at its
+    leanest: full recompute, sequence parallelism, the ZeRO stage that keeps the least."""
+    zeros = [z for z in (2, 3) if c.dp * c.cp > 1 and not (z == 3 and c.ep > 1)] or [0]
+    return min(memory_of(screen_job(job, replace(c, recompute="full",
+                                                 sequence_parallel=c.tp > 1, zero=z)),
+                         hw).per_chip for z in zeros)
 
 
 def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario
             ) -> list[tuple[float, dict[str, Any], Any]]:
-    """Prune a group's space; the survivors as (bound, row, job), and every row recorded."""
+    """Prune a group's space; the survivors as (bound, row, candidate), and every row
+    recorded. Memory never falls as the micro-batch grows (activations of min(in flight x
+    micro-batch, batch / dp) sequences, logits of one micro-batch), so once a micro-batch
+    does not fit at its leanest (`_least_memory`), the larger ones of the same degrees are
+    pruned without being costed one by one."""
     hw = group.hw
     model = op_model(group.key.hardware_json)
     cache: dict = {}
     survivors = []
     usable = hw.chip.hbm_bytes * (1.0 - options.memory_headroom)
-    for c in enumerate_space(group.name, hw, group.chips, job):
+    too_big: dict[tuple, tuple[int, float]] = {}  # degrees -> (first micro-batch, bytes)
+    probed: set[tuple] = set()
+    space = enumerate_space(group.name, hw, group.chips, job)
+    if given and group.name == scenario.hardware.name:
+        # The scenario's own configuration is simulated even where the search leaves it out
+        # (selective recompute with flash attention, hybrid sharding is not searched).
+        own = _own_candidate(job, group)
+        if own is not None and own not in space:
+            space.append(own)
+    for c in space:
         row: dict[str, Any] = c.as_dict()
         row["reference"] = _is_reference(c, job, given, group.chips, group.name, scenario)
         row["why"] = ""
@@ -230,7 +290,20 @@ def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scena
         if reason is not None:
             row["status"], row["why"] = "pruned", reason
             continue
-        candidate_job = job_for(job, c)
+        degrees = (c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave)
+        if degrees not in too_big and (degrees, c.micro_batch) not in probed:
+            probed.add((degrees, c.micro_batch))
+            least = _least_memory(c, job, hw)
+            if least > usable:
+                too_big[degrees] = (c.micro_batch, least)
+        if degrees in too_big and not row["reference"]:
+            first, least = too_big[degrees]
+            row["status"], row["memory_least_gib"] = "pruned", least / 2**30
+            row["why"] = (f"memory: at least {least / 2**30:.1f} GiB per chip with micro-batch "
+                          f"{first} or more, even with full recompute, sequence parallelism "
+                          f"and ZeRO; {usable / 2**30:.1f} GiB usable")
+            continue
+        candidate_job = screen_job(job, c)  # the scenario's job when it is simulated
         memory = memory_of(candidate_job, hw)
         row["memory_per_chip_gib"] = memory.per_chip / 2**30
         bound = step_lower_bound(model, candidate_job, cache)
@@ -240,10 +313,10 @@ def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scena
             row["why"] = (f"memory: {memory.per_chip / 2**30:.1f} GiB per chip, "
                           f"{usable / 2**30:.1f} GiB usable")
             if row["reference"]:
-                survivors.append((bound, row, candidate_job))  # simulated all the same
+                survivors.append((bound, row, c))  # simulated all the same
             continue
         row["status"] = "bounded"
-        survivors.append((bound, row, candidate_job))
+        survivors.append((bound, row, c))
     survivors.sort(key=lambda s: (s[0], tuple(str(v) for v in s[1].values())))
     return survivors
 
@@ -279,9 +352,13 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
                         f"hardware and size(s); expected at most {limits.MAX_PLAN_CANDIDATES:,} "
                         "(docs/limits.md): fewer --chips sizes or --hardware, or a global batch "
                         "with fewer divisors")
-    screened = {id(g): _screen(g, job, options, given, scenario) for g in groups}
+    screened = {}
+    for index, g in enumerate(groups):
+        if progress is not None:
+            progress(index, len(groups), f"screening {g.name} x {g.chips:,} chips")
+        screened[id(g)] = _screen(g, job, options, given, scenario)
     with engine or Engine("local", workers=1) as runner:
-        _branch_and_bound(groups, screened, runner, progress)
+        _branch_and_bound(job, groups, screened, runner, progress)
     result = _finish(scenario, job, options, groups, notes)
     if scenario.site_network is not None:
         from clustersim.planning.sites import site_options
@@ -290,14 +367,14 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
     return result
 
 
-def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: Engine,
-                      progress: Any) -> None:
+def _branch_and_bound(job: JobSpec, groups: list[Group], screened: dict[int, list],
+                      runner: Engine, progress: Any) -> None:
     """Simulate each group's survivors in order of bound, in rounds, until every bound left
     is no faster than the group's best step (a reference is simulated first, always)."""
     position = {id(g): 0 for g in groups}
     best = {id(g): math.inf for g in groups}
     total = sum(len(s) for s in screened.values())
-    first = [(g, row, cjob) for g in groups for _, row, cjob in screened[id(g)]
+    first = [(g, row, job_for(job, c)) for g in groups for _, row, c in screened[id(g)]
              if row["reference"]]
     done = 0
     while True:
@@ -307,12 +384,13 @@ def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: En
             queue = screened[id(g)]
             taken = 0
             while position[id(g)] < len(queue) and taken < ROUND:
-                bound, row, cjob = queue[position[id(g)]]
+                bound, row, c = queue[position[id(g)]]
                 if bound >= best[id(g)]:
                     break
                 position[id(g)] += 1
                 if row["reference"]:
                     continue
+                cjob = job_for(job, c)
                 tighter = quick_bound(step_model(g.key), cjob, bound)
                 row["bound_s"] = tighter
                 if tighter >= best[id(g)]:
@@ -332,7 +410,7 @@ def _branch_and_bound(groups: list[Group], screened: dict[int, list], runner: En
                 best[id(g)] = min(best[id(g)], row["step_time_s"])
         done += len(batch)
         if progress is not None:
-            progress(done, total)
+            progress(done, total, "simulating candidates")
     for g in groups:
         for bound, row, _ in screened[id(g)][position[id(g)]:]:
             if row["status"] == "bounded" and row.get("step_time_s") is None:

@@ -5,7 +5,7 @@ uses (its per-operation time), with no communication: the busiest pipeline rank 
 every forward and backward chunk of every micro-batch one after another, and the last rank
 cannot start before a forward chunk has passed through each rank before it. Candidates are
 taken in order of that bound; one that could still win gets the tighter `quick_bound` (the
-same chunks with their collectives, and the exposed ZeRO-1 gather, from the step model),
+same chunks with their collectives, from the step model),
 and only one that could still win after that is simulated.
 
 Simulation runs the step model (simpy, one process per pipeline stage) on the candidate's
@@ -22,6 +22,7 @@ from typing import Any
 
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec, build_topology
+from clustersim.training.stages import chunk_layers
 from clustersim.training.step import StepModel
 from clustersim.training.workload import TrainingJob, stage_work
 
@@ -72,8 +73,13 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
     """A lower bound of the step model's step time for this job (see the module doc)."""
     par = job.parallelism
     cache = cache if cache is not None else {}
-    base = (job.model, job.sequence_length, job.micro_batch, par.tp, par.sequence_parallel,
-            par.ep, job.recompute, job.precision)
+    base = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
+            par.sequence_parallel, par.ep, job.recompute, job.precision)
+
+    microbatches = job.global_batch // (job.micro_batch * par.dp)
+    whole = base + (par.pp, par.interleave, microbatches)  # ZeRO does not change it
+    if whole in cache:
+        return cache[whole]
 
     def one_layer(first: bool, last: bool) -> tuple[float, float]:
         key = base + (first, last)
@@ -82,47 +88,53 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
         return cache[key]
 
     stages = par.pp * par.interleave
-    layers = job.model.layers // stages
+    counts = chunk_layers(job.model.layers, stages)
     mid_f, mid_b = one_layer(False, False)
-
-    def chunk(first: bool, last: bool) -> float:
+    extra = {}
+    for first, last in ((True, False), (False, True), (True, True)):
         f, b = one_layer(first, last)
-        return layers * (mid_f + mid_b) + (f - mid_f) + (b - mid_b)
+        extra[first, last] = (f - mid_f) + (b - mid_b)
 
-    microbatches = job.global_batch // (job.micro_batch * par.dp)
-    mid = chunk(False, False)
+    def chunk(g: int) -> float:
+        first, last = g == 0, g == stages - 1
+        return counts[g] * (mid_f + mid_b) + (extra[first, last] if first or last else 0.0)
+
     if stages == 1:
-        return microbatches * chunk(True, True)
-    first_rank = chunk(True, False) + (par.interleave - 1) * mid
-    last_rank = chunk(False, True) + (par.interleave - 1) * mid
-    fill = (par.pp - 1) * layers * mid_f
-    return max(microbatches * first_rank, fill + microbatches * last_rank,
-               microbatches * par.interleave * mid)
+        cache[whole] = microbatches * chunk(0)
+        return cache[whole]
+    # Every rank runs all its chunks for every micro-batch; the last rank cannot start before
+    # the first micro-batch went forward through every chunk before its first.
+    per_rank = [sum(chunk(c * par.pp + d) for c in range(par.interleave))
+                for d in range(par.pp)]
+    fill = mid_f * sum(counts[: par.pp - 1])
+    cache[whole] = max(microbatches * max(per_rank), fill + microbatches * per_rank[-1])
+    return cache[whole]
 
 
 def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
     """A tighter lower bound on the group's own step model: each pipeline rank's chunks with
-    their tensor- (and expert-) parallel collectives, plus the ZeRO-1 parameter gather that
-    follows the last backward pass, as the step model costs them (`StepModel.chunk_times`
-    and `StepModel.data_parallel_times`, on the job's first instances, without the simpy
-    pipeline). Falls back to `fallback` if the step model cannot cost the job."""
+    their tensor-, expert- and context-parallel collectives (and ZeRO-3's), as the step
+    model costs them (`StepModel.chunk_times`, on the job's first instances, without the
+    simpy pipeline). Falls back to `fallback` if the step model
+    cannot cost the job."""
     try:
         par = job.parallelism
-
-        def chunk(first: bool, last: bool) -> float:
-            return model.chunk_times(job, first, last).forward_and_backward_s
-
-        gather_s = {d: times.gather_s for d, times in model.data_parallel_times(job).items()}
         stages = par.pp * par.interleave
+        counts = chunk_layers(job.model.layers, stages)
+        seen: dict[tuple[int, bool, bool], float] = {}
+
+        def chunk(g: int) -> float:
+            kind = (counts[g], g == 0, g == stages - 1)
+            if kind not in seen:
+                seen[kind] = model.chunk_times(job, kind[1], kind[2],
+                                               layers=kind[0]).forward_and_backward_s
+            return seen[kind]
+
+        # The data-parallel reduction is left out: solving its groups' contention on a large
+        # cluster costs more than simulating (the bound stays a lower bound without it).
         microbatches = job.global_batch // (job.micro_batch * par.dp)
-        if stages == 1:
-            return max(fallback, microbatches * chunk(True, True) + gather_s[0])
-        mid = chunk(False, False)
-        first_rank = microbatches * (chunk(True, False) + (par.interleave - 1) * mid)
-        last_rank = microbatches * (chunk(False, True) + (par.interleave - 1) * mid)
-        bound = max(first_rank + gather_s[0], last_rank + gather_s[par.pp - 1])
-        if par.pp > 2:
-            bound = max(bound, microbatches * par.interleave * mid + gather_s[1])
+        bound = max(microbatches * sum(chunk(c * par.pp + d) for c in range(par.interleave))
+                    for d in range(par.pp))
         return max(fallback, bound)
     except (AttributeError, TypeError, KeyError, ValueError):
         return fallback

@@ -1,45 +1,60 @@
 """The search space of a training job: every parallelism the model can run on a chip count,
 and why each one that cannot run is out.
 
-A candidate is (hardware, chips, tp, pp, dp, ep, interleave, micro-batch, recompute,
-sequence parallelism, ZeRO-1). Degrees count ranks and tp x pp x dp equals the job's ranks,
-so for a size the space is every tp dividing the ranks, every pp dividing what is left (dp
-follows), every ep dividing dp (mixtures of experts), every interleave dividing the layers a
-pipeline rank holds, every micro-batch dividing a data-parallel rank's share of the batch,
-the three recompute modes, sequence parallelism with tp > 1 and ZeRO-1 with dp > 1.
-Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO-1
-without dp, no interleave without pp).
+A candidate is (hardware, chips, tp, cp, pp, dp, ep, interleave, micro-batch, recompute,
+sequence parallelism, ZeRO stage). Degrees count ranks and tp x cp x pp x dp equals the
+job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
+degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS`
+positions per rank), every pp dividing what is left up to the layers (stages may be uneven:
+training.stages), dp following, every ep dividing dp (mixtures of experts), every interleave
+up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
+every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
+modes (two with flash attention, where selective recompute frees nothing and costs time),
+sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel rank.
+Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
+without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`) and the
+all-to-all context exchange are evaluated when a scenario gives them, not searched.
 
 A candidate is pruned, in this order, for
-- divisibility: layers over pp x interleave, the batch over
-  micro-batch x dp, micro-batches over pp for interleaving, experts over ep (the scenario
-  loader's rules);
+- divisibility: at least one layer per stage (pp x interleave at most the layers), the
+  sequence over cp, the batch over micro-batch x dp, micro-batches over pp for interleaving,
+  experts over ep (the scenario loader's rules; a tp that does not divide the heads pads
+  them, as NxD does);
 - placement: tensor parallelism must stay inside a NeuronLink (or NVLink) domain: an
   instance, or the UltraServer (Z ring or NeuronSwitch) taken whole, never across EFA;
-- memory: the step model's exact memory of the busiest rank against the chip's HBM (less a
-  headroom).
+- memory: the step model's exact memory of the busiest rank against the chip's HBM less a
+  headroom (`--memory-headroom`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.training.schedule import peak_in_flight, pipeline_order
+from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import (
+    Degrees,
     ParallelismSpec,
     TrainingJob,
     attention_of,
-    memory_per_rank,
+    busiest_memory,
 )
 
-__all__ = ["Candidate", "RECOMPUTE", "divisors", "enumerate_space", "space_size", "prune_reason", "job_for",
-           "memory_of", "tp_domain_ranks"]
+__all__ = ["Candidate", "ScreenJob", "screen_job", "RECOMPUTE", "CP_DEGREES", "MIN_CP_POSITIONS", "divisors",
+           "enumerate_space", "space_size", "prune_reason", "job_for", "memory_of", "tp_domain_ranks"]
 
 RECOMPUTE = ("none", "selective", "full")
+# With flash attention selective recompute (Korthikanti et al.: recompute the attention core,
+# whose stored scores it frees) frees nothing, flash never stores them, and costs time: it is
+# not searched (a scenario may still give it).
+FLASH_RECOMPUTE = ("none", "full")
+# Context-parallel degrees searched, and the fewest sequence positions a rank keeps: splitting
+# an 8k sequence finer than 1k positions costs more in exchange than it saves (Megatron-Core
+# and Llama 3 use CP 2 to 16 for 32k-128k sequences).
+CP_DEGREES = (1, 2, 4, 8, 16)
+MIN_CP_POSITIONS = 1024
 
 
 @dataclass(frozen=True)
@@ -56,23 +71,28 @@ class Candidate:
     micro_batch: int
     recompute: str
     sequence_parallel: bool
-    zero1: bool
+    zero: int
+    cp: int = 1
 
     @property
     def parallelism(self) -> ParallelismSpec:
-        return ParallelismSpec(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep,
-                               interleave=self.interleave, zero=1 if self.zero1 else 0,
-                               sequence_parallel=self.sequence_parallel)
+        # Not validated again: the space only makes degrees within the spec's bounds (the
+        # planner makes tens of thousands of these).
+        return ParallelismSpec.model_construct(
+            tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, ep=self.ep,
+            interleave=self.interleave, zero=self.zero,
+            sequence_parallel=self.sequence_parallel, cp_comm="ring", shard=None)
 
     def key(self) -> tuple:
-        return (self.hardware, self.chips, self.tp, self.pp, self.dp, self.ep, self.interleave,
-                self.micro_batch, self.recompute, self.sequence_parallel, self.zero1)
+        return (self.hardware, self.chips, self.tp, self.cp, self.pp, self.dp, self.ep,
+                self.interleave, self.micro_batch, self.recompute, self.sequence_parallel,
+                self.zero)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"hardware": self.hardware, "chips": self.chips, "tp": self.tp, "pp": self.pp,
-                "dp": self.dp, "ep": self.ep, "interleave": self.interleave,
+        return {"hardware": self.hardware, "chips": self.chips, "tp": self.tp, "cp": self.cp,
+                "pp": self.pp, "dp": self.dp, "ep": self.ep, "interleave": self.interleave,
                 "micro_batch": self.micro_batch, "recompute": self.recompute,
-                "sequence_parallel": self.sequence_parallel, "zero1": self.zero1}
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero}
 
 
 def divisors(n: int) -> list[int]:
@@ -88,49 +108,93 @@ def divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
+def _interleaves(layers: int, pp: int) -> list[int]:
+    """Interleaves for pp stages: dividing the most or the fewest layers a rank holds, at
+    most `limits.MAX_INTERLEAVE`, at least one layer per chunk."""
+    if pp == 1 or pp > layers:
+        return [1]
+    values = set(divisors(-(-layers // pp))) | set(divisors(layers // pp))
+    return sorted(v for v in values if v <= limits.MAX_INTERLEAVE and pp * v <= layers)
+
+
 def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: TrainingJob
                     ) -> list[Candidate]:
-    """Every candidate considered on `chips` chips of `hw` (before any pruning)."""
+    """Every candidate considered on `chips` chips of `hw` (before any pruning). A (tp, cp,
+    pp) that cannot run whatever the rest (heads over tp, the batch over dp, placement, ...)
+    is listed once, with the first of the other settings, not once per micro-batch, recompute
+    and so on; so is an (ep, interleave, micro-batch) whose micro-batches do not suit it."""
     ranks = chips * hw.chip.ranks
     model = job.model
+    seq = job.sequence_length
+    attention = attention_of(job, hw.chip.framework.attention)
     out: list[Candidate] = []
+    cps = [cp for cp in CP_DEGREES
+           if seq % cp == 0 and (cp == 1 or seq // cp >= MIN_CP_POSITIONS)]
     for tp in divisors(ranks):
-        for pp in divisors(ranks // tp):
-            dp = ranks // (tp * pp)
-            eps = divisors(dp) if model.moe else [1]
-            layers_per_rank = model.layers // pp if model.layers % pp == 0 else 0
-            interleaves = [1] if pp == 1 or not layers_per_rank else divisors(layers_per_rank)
-            per_rank = job.global_batch // dp if job.global_batch % dp == 0 else 0
-            micro = divisors(per_rank) if per_rank else [1]
-            sps = (False, True) if tp > 1 else (False,)
-            zeros = (False, True) if dp > 1 else (False,)
-            for ep in eps:
-                for v in interleaves:
-                    for mb in micro:
-                        for recompute in RECOMPUTE:
-                            for sp in sps:
-                                for z in zeros:
-                                    out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
-                                                         mb, recompute, sp, z))
+        for cp in cps:
+            if (ranks // tp) % cp:
+                continue
+            for pp in divisors(ranks // (tp * cp)):
+                if pp > model.layers:
+                    break
+                dp = ranks // (tp * cp * pp)
+                first = Candidate(hardware_name, chips, tp, pp, dp, 1, 1, 1, "none", False, 0,
+                                  cp)
+                if prune_reason(first, hw, job) is not None:
+                    out.append(first)  # out whatever the other settings
+                    continue
+                eps = divisors(dp) if model.moe else [1]
+                micro = divisors(job.global_batch // dp)
+                sps = (False, True) if tp > 1 else (False,)
+                zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
+                recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
+                for ep in eps:
+                    if ep > 1 and model.experts % ep:
+                        out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
+                                             False, 0, cp))
+                        continue
+                    for v in _interleaves(model.layers, pp):
+                        for mb in micro:
+                            if v > 1 and (job.global_batch // (mb * dp)) % pp:
+                                out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
+                                                     mb, "none", False, 0, cp))
+                                continue
+                            for recompute in recomputes:
+                                for sp in sps:
+                                    for z in zeros:
+                                        if z == 3 and ep > 1:
+                                            continue  # not modelled (scenario rules)
+                                        out.append(Candidate(hardware_name, chips, tp, pp, dp,
+                                                             ep, v, mb, recompute, sp, z, cp))
     return out
 
 
 def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
-    """How many candidates `enumerate_space` lists, counted without listing them (the plan's
-    size is bounded before any work: limits.MAX_PLAN_CANDIDATES)."""
+    """At most how many candidates `enumerate_space` lists, counted without listing them (the
+    plan's size is bounded before any work: limits.MAX_PLAN_CANDIDATES). The same loops over
+    (tp, cp, pp) as the enumeration, with the settings under each multiplied out instead of
+    listed; a (tp, cp, pp) the enumeration lists once is counted in full, so this is an upper
+    bound."""
     ranks = chips * hw.chip.ranks
     model = job.model
+    seq = job.sequence_length
+    flash = attention_of(job, hw.chip.framework.attention) != "unfused"
+    recomputes = len(FLASH_RECOMPUTE if flash else RECOMPUTE)
+    cps = [cp for cp in CP_DEGREES
+           if seq % cp == 0 and (cp == 1 or seq // cp >= MIN_CP_POSITIONS)]
     total = 0
     for tp in divisors(ranks):
-        for pp in divisors(ranks // tp):
-            dp = ranks // (tp * pp)
-            eps = len(divisors(dp)) if model.moe else 1
-            layers_per_rank = model.layers // pp if model.layers % pp == 0 else 0
-            interleaves = 1 if pp == 1 or not layers_per_rank else len(divisors(layers_per_rank))
-            per_rank = job.global_batch // dp if job.global_batch % dp == 0 else 0
-            micro = len(divisors(per_rank)) if per_rank else 1
-            total += (eps * interleaves * micro * len(RECOMPUTE) * (2 if tp > 1 else 1)
-                      * (2 if dp > 1 else 1))
+        for cp in cps:
+            if (ranks // tp) % cp:
+                continue
+            for pp in divisors(ranks // (tp * cp)):
+                if pp > model.layers:
+                    break
+                dp = ranks // (tp * cp * pp)
+                eps = len(divisors(dp)) if model.moe else 1
+                micro = len(divisors(job.global_batch // dp)) if job.global_batch % dp == 0 else 1
+                total += (eps * len(_interleaves(model.layers, pp)) * micro * recomputes
+                          * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1))
     return total
 
 
@@ -144,8 +208,9 @@ def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None
     model = job.model
     # A tp that does not divide the heads pads them (as NxD does; the padded work is costed),
     # as the scenario rules accept it.
-    if model.layers % (c.pp * c.interleave):
-        return f"divisibility: {model.layers} layers over pp x interleave {c.pp * c.interleave}"
+    if model.layers < c.pp * c.interleave:
+        return (f"divisibility: {model.layers} layers cannot fill pp x interleave "
+                f"{c.pp * c.interleave} stages")
     if job.global_batch % (c.micro_batch * c.dp):
         return (f"divisibility: global batch {job.global_batch} over micro-batch x dp "
                 f"{c.micro_batch * c.dp}")
@@ -160,8 +225,10 @@ def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None
         return f"divisibility: {microbatches} micro-batches over pp {c.pp} (interleaved)"
     if c.ep > 1 and model.experts % c.ep:
         return f"divisibility: {model.experts} experts over ep {c.ep}"
+    if job.sequence_length % c.cp:
+        return f"divisibility: sequence {job.sequence_length} over cp {c.cp}"
     rpi = hw.ranks_per_instance
-    ranks = c.tp * c.pp * c.dp
+    ranks = c.tp * c.cp * c.pp * c.dp
     if ranks % rpi:
         return f"placement: {ranks} ranks are not whole instances of {rpi}"
     if c.tp > rpi:
@@ -176,6 +243,46 @@ def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None
     return None
 
 
+@dataclass(frozen=True)
+class _Degrees(Degrees):
+    """A candidate's parallelism for screening (memory and bound): the spec's fields
+    without its validation, which would cost more than the screening itself."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    interleave: int
+    zero: int
+    sequence_parallel: bool
+    shard: int | None = None
+    cp_comm: str = "ring"
+
+
+@dataclass(frozen=True)
+class ScreenJob:
+    """What memory and the bound read of a candidate's job (a TrainingJob)."""
+
+    model: TransformerShape
+    global_batch: int
+    micro_batch: int
+    parallelism: _Degrees
+    precision: str
+    recompute: str
+    attention: str | None
+    sequence_length: int
+
+
+def screen_job(base: Any, c: Candidate) -> ScreenJob:
+    """The light job of a candidate, for screening; `job_for` gives the scenario's."""
+    return ScreenJob(base.model, base.global_batch, c.micro_batch,
+                     _Degrees(c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave, c.zero,
+                              c.sequence_parallel),
+                     base.precision, c.recompute, getattr(base, "attention", None),
+                     base.sequence_length)
+
+
 def job_for(base: Any, c: Candidate) -> Any:
     """The scenario job with this candidate's parallelism, micro-batch and recompute."""
     return base.model_copy(update={
@@ -184,19 +291,11 @@ def job_for(base: Any, c: Candidate) -> Any:
     })
 
 
-@functools.lru_cache(maxsize=65536)
-def _in_flight(pp: int, microbatches: int, interleave: int) -> float:
-    """Micro-batches of activations the first pipeline rank holds at once (as the step
-    model's memory: the schedule's peak over the interleave)."""
-    return peak_in_flight(pipeline_order(pp, microbatches, interleave)[0]) / interleave
-
-
 def memory_of(job: TrainingJob, hw: HardwareSpec):
-    """The step model's memory breakdown of a job (cached schedule peak)."""
+    """The step model's memory breakdown of a job (its busiest pipeline rank)."""
     par = job.parallelism
     microbatches = job.global_batch // (job.micro_batch * par.dp)
     framework = hw.chip.framework
-    return memory_per_rank(job, _in_flight(par.pp, microbatches, par.interleave),
-                           hw.chip.hbm_bytes, min(hw.chip.ranks, par.ranks),
-                           attention=attention_of(job, framework.attention),
-                           gradients=framework.gradients)
+    return busiest_memory(job, microbatches, hw.chip.hbm_bytes, min(hw.chip.ranks, par.ranks),
+                          attention=attention_of(job, framework.attention),
+                          gradients=framework.gradients)

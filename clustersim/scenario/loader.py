@@ -193,6 +193,14 @@ def scenario_from_dict(
         if section in raw and raw[section] is None:
             del raw[section]
     resolved, issues = _resolve_catalog_names(raw)
+    cluster = resolved.get("cluster")
+    cluster_given = not (cluster is None or (isinstance(cluster, Mapping) and not (
+        {"instances", "ultraservers"} & set(cluster))))
+    if planning and not cluster_given and isinstance(resolved.get("hardware"), Mapping):
+        # `plan --chips` gives the sizes: a stand-in size of one instance (UltraServer), the
+        # rest of `cluster:` (spares as a share, the fabric) as written.
+        whole = resolved["hardware"].get("ultraserver") is not None
+        resolved["cluster"] = {**(cluster or {}), "ultraservers" if whole else "instances": 1}
     if not issues:
         _expand_workload(raw, resolved, source, base_dir)
     generated_from = resolved.pop("_generated_from", None)
@@ -212,6 +220,7 @@ def scenario_from_dict(
         raise ScenarioError(source, issues)
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
     scenario._source = source
+    scenario._cluster_given = cluster_given
     return scenario
 
 

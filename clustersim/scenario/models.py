@@ -7,6 +7,7 @@ whole scenario is read.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
@@ -59,8 +60,11 @@ class ClusterSpec(Spec):
 
     instances: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
     ultraservers: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
-    spares: int = Field(default=0, ge=0, le=limits.MAX_INSTANCES,
-                        description="hot-spare instances, beyond the rest")
+    spares: int | str = Field(
+        default=0, description="hot-spare instances, beyond the rest: a count, or a share of "
+        "the working instances such as 5% (rounded up to whole instances, or UltraServers); "
+        "`plan` keeps the share at every size it tries (a count is taken as its share of the "
+        "scenario's size)")
     fabric: FabricSpec = FabricSpec()
     sites: list[SiteSpec] = Field(
         default_factory=list, max_length=16,
@@ -68,6 +72,28 @@ class ClusterSpec(Spec):
         "fabric (docs/sites.md); instead of instances or ultraservers")
     inter_site: InterSiteSpec | None = Field(
         default=None, description="links between sites: per pair and/or a shared backbone")
+
+    @field_validator("spares")
+    @classmethod
+    def _spares(cls, value: int | str) -> int | str:
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                share = float(text.removesuffix("%"))
+            except ValueError:
+                share = math.nan
+            if not text.endswith("%") or not (0 <= share <= 100):
+                raise ValueError(f"expected a count of instances or a share from 0% to 100% "
+                                 f"such as 5%, got {value!r}")
+            return text
+        if not 0 <= value <= limits.MAX_INSTANCES:
+            raise ValueError(f"expected 0 to {limits.MAX_INSTANCES:,} instances, got {value}")
+        return value
+
+    @property
+    def spares_share(self) -> float | None:
+        """The share of the working instances given as `spares: N%`, or None for a count."""
+        return float(self.spares.removesuffix("%")) / 100 if isinstance(self.spares, str) else None
 
     @model_validator(mode="after")
     def _one_size(self) -> ClusterSpec:
@@ -240,6 +266,21 @@ class Scenario(Spec):
 
     _source_yaml: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="<scenario>")
+    _spares_share: float | None = PrivateAttr(default=None)
+    _cluster_given: bool = PrivateAttr(default=True)
+
+    @model_validator(mode="after")
+    def _resolve_spares(self) -> Scenario:
+        """`spares: N%` becomes a count: the share of the working instances, rounded up to
+        whole UltraServers where the hardware has them (the share is kept: spares_share)."""
+        share = self.cluster.spares_share
+        if share is not None:
+            unit = self.hardware.instances_per_ultraserver
+            count = math.ceil(share * self.working_instances / unit - 1e-9) * unit
+            cluster = self.cluster.model_copy(update={"spares": count})
+            object.__setattr__(self, "cluster", cluster)
+            self._spares_share = share
+        return self
 
     @model_validator(mode="after")
     def _check_together(self, info: ValidationInfo) -> Scenario:
@@ -259,6 +300,19 @@ class Scenario(Spec):
             return self.cluster.instances
         assert self.cluster.ultraservers is not None
         return self.cluster.ultraservers * self.hardware.instances_per_ultraserver
+
+    @property
+    def spares_share(self) -> float:
+        """Hot spares as a share of the working instances: as written (`spares: 5%`), or the
+        count's share of the cluster (what `plan` keeps at every size)."""
+        if self._spares_share is not None:
+            return self._spares_share
+        return (self.total_instances - self.working_instances) / self.working_instances
+
+    @property
+    def cluster_given(self) -> bool:
+        """False when `plan` was given no `cluster:` (its --chips give the sizes)."""
+        return self._cluster_given
 
     @property
     def total_instances(self) -> int:

@@ -15,9 +15,10 @@ from clustersim.scenario.errors import Issue
 from clustersim.scenario.fleetday import fleet_day_checks, is_fleet_day
 from clustersim.scenario.serving import serve_budget_checks, serve_cross_checks
 from clustersim.scenario.sites import site_checks
+from clustersim.training.transformer import sharded_heads
 
 if TYPE_CHECKING:
-    from clustersim.scenario.models import Scenario
+    from clustersim.scenario.models import JobSpec, Scenario
 
 __all__ = ["cross_checks"]
 
@@ -36,6 +37,30 @@ def _size_checks(s: Scenario) -> Iterable[Issue]:
         check_topology_size(s.hardware, s.total_instances, s.cluster.fabric)
     except TopologyTooLarge as error:
         yield Issue("cluster", str(error))
+
+
+def _sharding_checks(at: str, job: JobSpec) -> Iterable[Issue]:
+    """Context parallelism and ZeRO's shard groups against the model and the degrees."""
+    par, model = job.parallelism, job.model
+    if par.cp > 1:
+        if job.sequence_length % par.cp:
+            yield Issue(f"{at}.parallelism.cp", f"the sequence length {job.sequence_length} is "
+                        f"not divisible by cp", par.cp, True)
+        per_rank = sharded_heads(model, par.tp).per_rank
+        if par.cp_comm == "all-to-all" and per_rank % par.cp:
+            yield Issue(f"{at}.parallelism.cp", f"all-to-all context parallelism splits the "
+                        f"{per_rank} heads of a tensor-parallel rank over cp", par.cp, True)
+    if par.shard is not None:
+        if par.zero == 0:
+            yield Issue(f"{at}.parallelism.shard", "a shard group needs zero 1, 2 or 3",
+                        par.shard, True)
+        elif par.replicas % par.shard:
+            yield Issue(f"{at}.parallelism.shard", f"must divide the {par.replicas} "
+                        f"data-parallel ranks (dp x cp)", par.shard, True)
+    if par.ep > 1 and (par.zero == 3 or par.shard is not None):
+        yield Issue(f"{at}.parallelism.zero", "ZeRO-3 and hybrid sharding of a mixture of "
+                    "experts with ep > 1 are not modelled yet; use zero 0 or 1 without shard",
+                    par.zero, True)
 
 
 def _team_checks(s: Scenario) -> Iterable[Issue]:
@@ -114,7 +139,8 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 yield Issue(f"{at}.parallelism", "required key is missing: give {tp, pp, dp} "
                             "or let `clustersim plan SCENARIO --write-scenario FILE` choose it")
             continue
-        shown = f"tp {par.tp} x pp {par.pp} x dp {par.dp} = {par.ranks} ranks"
+        cp_shown = f" x cp {par.cp}" if par.cp > 1 else ""
+        shown = f"tp {par.tp}{cp_shown} x pp {par.pp} x dp {par.dp} = {par.ranks} ranks"
         if job.instances is not None:
             if par.ranks != job.instances * rpi:
                 yield Issue(
@@ -152,13 +178,15 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                         f"ep must divide both dp ({par.dp}) and the model's {model.experts} "
                         f"experts", par.ep, True)
         stages = par.pp * par.interleave
-        if model.layers % stages:
+        if model.layers < stages:
+            # Uneven stages are fine (training.stages); an empty one is not.
             yield Issue(
                 f"{at}.parallelism",
-                f"the model's {model.layers} layers do not split into pp x interleave = "
-                f"{stages} equal stages",
+                f"the model's {model.layers} layers cannot fill pp x interleave = {stages} "
+                f"stages (each needs at least one layer)",
                 {"pp": par.pp, "interleave": par.interleave}, True,
             )
+        yield from _sharding_checks(at, job)
         if par.interleave > 1 and par.pp == 1:
             yield Issue(
                 f"{at}.parallelism.interleave",

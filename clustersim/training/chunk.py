@@ -50,12 +50,25 @@ class ChunkTimes:
     backward_tp_s: float
     forward_ep_s: float = 0.0  # expert-parallel all-to-alls (mixture of experts)
     backward_ep_s: float = 0.0
+    forward_cp_s: float = 0.0  # context parallelism's exchange, exposed
+    backward_cp_s: float = 0.0
+    forward_dp_s: float = 0.0  # ZeRO-3's parameter gathers (and gradient reduce-scatters)
+    backward_dp_s: float = 0.0
+
+    @property
+    def forward_s(self) -> float:
+        return self.forward_compute_s + self.forward_tp_s + self.forward_ep_s + (
+            self.forward_cp_s + self.forward_dp_s)
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward_compute_s + self.backward_tp_s + self.backward_ep_s + (
+            self.backward_cp_s + self.backward_dp_s)
 
     @property
     def forward_and_backward_s(self) -> float:
-        """The six parts added up: the chunk's busy time for one micro-batch."""
-        return (self.forward_compute_s + self.forward_tp_s + self.forward_ep_s
-                + self.backward_compute_s + self.backward_tp_s + self.backward_ep_s)
+        """Every part added up: the chunk's busy time for one micro-batch."""
+        return self.forward_s + self.backward_s
 
 
 class ChunkModel:
@@ -80,10 +93,15 @@ class ChunkModel:
         return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
 
     def times(self, job: TrainingJob, layers: int, first: bool, last: bool,
-              tp_group: Group | None, ep_group: tuple[Group, int] | None = None) -> ChunkTimes:
+              tp_group: Group | None, ep_group: tuple[Group, int] | None = None,
+              cp_group: tuple[Group, int] | None = None) -> ChunkTimes:
         """`layers` layers (plus the embedding if `first`, the output layer and loss if
-        `last`) with their TP collectives on `tp_group` and their all-to-alls on `ep_group`
-        (the group, and how many such groups share each of its chips)."""
+        `last`) with their TP collectives on `tp_group`, their all-to-alls on `ep_group` and
+        context parallelism's exchange on `cp_group` (each: the group, and how many such
+        groups share each of its chips).
+
+        The ring exchange of context parallelism runs during the attention kernel: only
+        what it takes beyond the attention's own time is exposed; the all-to-alls are."""
         shape = None
         if tp_group is not None:  # the TP group's shape: chips relative to its instance
             cpi = self.hardware.chips_per_instance
@@ -92,9 +110,11 @@ class ChunkModel:
                      (base // cpi) % self.hardware.instances_per_ultraserver)
         ep_shape = None if ep_group is None else (tuple(ep_group[0].chips.tolist()),
                                                   ep_group[0].ranks_per_chip, ep_group[1])
+        cp_shape = None if cp_group is None else (tuple(cp_group[0].chips.tolist()),
+                                                  cp_group[0].ranks_per_chip, cp_group[1])
         attention = attention_of(job, self.hardware.chip.framework.attention)
         key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
-               job.recompute, attention, layers, first, last, shape, ep_shape)
+               job.recompute, attention, layers, first, last, shape, ep_shape, cp_shape)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -121,10 +141,23 @@ class ChunkModel:
             wgrad = sum(self.op_time_s(op, job.precision) for op in work.backward
                         if op.name in _TP_WGRADS)
             tp_backward -= min(comm(work.tp_collectives_overlappable, tp_group), wgrad)
+        cp_fwd = cp_bwd = 0.0
+        if cp_group is not None:
+            cp_fwd = comm(work.cp_collectives_forward, cp_group[0], cp_group[1])
+            cp_bwd = comm(work.cp_collectives_backward, cp_group[0], cp_group[1])
+            if work.cp_overlaps_attention:
+                names = ("attention", "scores", "softmax", "dropout", "attend")
+                hidden_f = sum(self.op_time_s(op, job.precision) for op in work.forward
+                               if op.name in names)
+                hidden_b = sum(self.op_time_s(op, job.precision) for op in work.backward
+                               if op.name.split("_")[0] in names)
+                cp_fwd = max(0.0, cp_fwd - hidden_f)
+                cp_bwd = max(0.0, cp_bwd - hidden_b)
         cached = ChunkTimes(fwd, comm(work.tp_collectives_forward, tp_group), bwd,
                             tp_backward,
                             comm(work.ep_collectives_forward, expert_group, sharing),
-                            comm(work.ep_collectives_backward, expert_group, sharing))
+                            comm(work.ep_collectives_backward, expert_group, sharing),
+                            cp_fwd, cp_bwd)
         self._cache[key] = cached
         return cached
 

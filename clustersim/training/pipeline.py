@@ -27,6 +27,8 @@ class StageLedger:
     compute_s: float = 0.0
     tp_s: float = 0.0  # exposed tensor-parallel collectives
     ep_s: float = 0.0  # exposed expert-parallel all-to-alls
+    cp_s: float = 0.0  # exposed context-parallel exchange
+    dp_s: float = 0.0  # exposed ZeRO-3 gathers and reduce-scatters
     pp_s: float = 0.0  # waiting for a transfer from a neighbouring stage
     idle_s: float = 0.0  # waiting for a neighbouring stage, transfers included
     end_s: float = 0.0  # when its last pass was done
@@ -75,11 +77,15 @@ def run_pipeline(orders: list[list[Task]], stages: int,
             compute = t.forward_compute_s if kind == "F" else t.backward_compute_s
             tp = t.forward_tp_s if kind == "F" else t.backward_tp_s
             ep = t.forward_ep_s if kind == "F" else t.backward_ep_s
+            cp = t.forward_cp_s if kind == "F" else t.backward_cp_s
+            dp = t.forward_dp_s if kind == "F" else t.backward_dp_s
             start = env.now
-            yield env.timeout(compute + tp + ep)
+            yield env.timeout(compute + tp + ep + cp + dp)
             led.compute_s += compute
             led.tp_s += tp
             led.ep_s += ep
+            led.cp_s += cp
+            led.dp_s += dp
             key = (kind, g, mb)
             finished_at[key] = env.now
             event(key).succeed()

@@ -1,14 +1,18 @@
 """The data-parallel gradient reduction of a training step, per pipeline rank.
 
-Each pipeline rank reduces its gradients over its data-parallel ranks: an all-reduce, or with
-ZeRO-1 a reduce-scatter and an all-gather of the updated parameters. A stage has one
-data-parallel group per TP rank. Groups on the same chips run as one collective carrying all
-their gradients; groups on different chips of the same instances share the instance's links
-max-min fairly (`simultaneous`) when they have several chips per instance (one chip per
-instance each means their own NICs and Z links: nothing shared). A mixture of experts
-reduces its expert weights afterwards, over the dp / ep ranks that hold the same experts.
-This module gives durations; the step model starts the reduction with the last backward
-pass.
+Each pipeline rank reduces its gradients over its data-parallel ranks (dp x cp: context-
+parallel ranks hold the same weights): an all-reduce, or with ZeRO-1 and ZeRO-2 a reduce-
+scatter and an all-gather of the updated parameters. With hybrid sharding (`shard` ranks per
+group) the reduce-scatter and the gather run within a shard group and the shard's gradients are
+all-reduced across the groups. ZeRO-3 reduce-scatters its gradients layer by layer in every
+backward pass (the step model costs those with the passes): after the last one only the hybrid
+all-reduce is left. A stage has one data-parallel group per TP rank. Groups on the same chips
+run as one collective carrying all their gradients; groups on different chips of the same
+instances share the instance's links max-min fairly (`simultaneous`) when they have several
+chips per instance (one chip per instance each means their own NICs and Z links: nothing
+shared). A mixture of experts reduces its expert weights afterwards, over the dp / ep ranks
+that hold the same experts. This module gives durations; the step model starts the reduction
+with the last backward pass.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group,
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.ranks import rank_chips
+from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob, expert_params_per_rank, params_per_rank
 
-__all__ = ["DataParallelTimes", "GradientReduction"]
+__all__ = ["DataParallelTimes", "GradientReduction", "data_parallel_offsets"]
 
 
 class DataParallelTimes(NamedTuple):
@@ -35,30 +40,49 @@ class DataParallelTimes(NamedTuple):
     gather_s: float
 
 
+def data_parallel_offsets(tp: int, cp: int, pp: int, dp: int) -> np.ndarray:
+    """Rank offsets of the dp x cp ranks holding the same weights as rank 0 (context-parallel
+    rank innermost), in the order shard groups take them."""
+    index = np.arange(dp * cp)
+    return tp * (index % cp) + tp * cp * pp * (index // cp)
+
+
 class GradientReduction:
     """Durations of the data-parallel gradient reduction of jobs on one hardware."""
 
     def __init__(self, hardware: HardwareSpec, collectives: CollectiveModel):
         self.hardware = hardware
         self.collectives = collectives
+        # By (ZeRO stage, every group's chips, bytes): the planner asks again and again for
+        # the same groups, and collectives sharing links are costly to solve.
+        self._cache: dict[tuple, tuple[float, float]] = {}
 
     def per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                           weight_bytes: int) -> dict[int, DataParallelTimes]:
         """(gradient reduction, parameter gather) of each pipeline rank of `job` on the
         instances `placed`, with `grad_bytes` and `weight_bytes` per parameter."""
         par = job.parallelism
-        stride = par.tp * par.pp
+        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        z = par.shard_ranks if par.zero else len(offsets)
+        per_rank = _layers_per_rank(job)
         self._pipeline_ranks = par.pp  # their reductions cross the inter-site links together
-        experts = expert_params_per_rank(job)
         out = {}
         for d in range(par.pp):
-            dense = params_per_rank(job, d == 0, d == par.pp - 1) - experts
-            dp_ranks = [d * par.tp + t + stride * np.arange(par.dp) for t in range(par.tp)]
-            reduce_s, gather_s = self._over_groups(par.zero, dp_ranks, dense, grad_bytes,
+            layers = per_rank[d]
+            experts = expert_params_per_rank(job, layers)
+            dense = params_per_rank(job, d == 0, d == par.pp - 1, layers) - experts
+            base = d * par.tp * par.cp
+            shard_groups = [base + t + offsets[:z] for t in range(par.tp)]
+            reduce_s, gather_s = self._over_groups(par.zero, shard_groups, dense, grad_bytes,
                                                    weight_bytes, placed)
+            if z < len(offsets):  # hybrid: the shard's gradients across the shard groups
+                across = [base + t + offsets[::z] for t in range(par.tp)]
+                reduce_s += self._over_groups(0, across, dense / z, grad_bytes, weight_bytes,
+                                              placed)[0]
             if experts and par.dp > par.ep:
                 replicas = np.arange(0, par.dp, par.ep)  # dp ranks holding the same experts
-                expert_ranks = [d * par.tp + t + stride * (r + replicas)
+                stride = par.tp * par.cp * par.pp
+                expert_ranks = [base + t + stride * (r + replicas)
                                 for t in range(par.tp) for r in range(par.ep)]
                 more = self._over_groups(par.zero, expert_ranks, experts, grad_bytes,
                                          weight_bytes, placed)
@@ -66,12 +90,52 @@ class GradientReduction:
             out[d] = DataParallelTimes(reduce_s, gather_s)
         return out
 
+    def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
+                          grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) of `params` weights per rank over the first shard
+        group of pipeline rank 0, carrying the groups of the TP ranks on its own chips.
+
+        Not yet: the contention between shard groups on different chips of the same
+        instances (the ZeRO 0-2 reductions solve it; here it would be solved for every
+        candidate shape the planner bounds, minutes on a large cluster), so ZeRO-3 is
+        optimistic when several chips of a group share an instance's links."""
+        par = job.parallelism
+        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
+        gather, scatter = self._alone(groups, placed, params, grad_bytes, weight_bytes)
+        return gather.time_s, scatter.time_s
+
+    def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
+               grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
+        """(all-gather, reduce-scatter) of the first group alone, with the groups on its
+        own chips carried in it."""
+        hw = self.hardware
+        first = rank_chips(hw, groups[0], placed)
+        together = sum(1 for ranks in groups
+                       if np.array_equal(rank_chips(hw, ranks, placed), first))
+        group = Group.from_rank_chips(first.tolist())
+        return (self.collectives.cost("all-gather", group, params * weight_bytes * together),
+                self.collectives.cost("reduce-scatter", group, params * grad_bytes * together))
+
     def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
                      grad_bytes: int, weight_bytes: int, placed: np.ndarray
                      ) -> tuple[float, float]:
-        """(reduction, gather) of `params` per rank over these groups of ranks at once."""
-        if len(groups[0]) == 1:
+        """(reduction, gather) of `params` per rank over these groups of ranks at once:
+        an all-reduce (ZeRO 0), a reduce-scatter and an all-gather (ZeRO 1 and 2), nothing
+        after the step with ZeRO-3 (its reduce-scatters are in the passes)."""
+        if len(groups[0]) == 1 or zero == 3:
             return 0.0, 0.0
+        hw = self.hardware
+        key = (zero, rank_chips(hw, np.concatenate(groups), placed).tobytes(), len(groups),
+               params, grad_bytes, weight_bytes, getattr(self, "_pipeline_ranks", 1))
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
+                                                    weight_bytes, placed)
+        return cached
+
+    def _solve(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
+               weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:
         hw = self.hardware
         by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
         # Every group's chips at once (the groups have one length): one array operation,
@@ -94,7 +158,7 @@ class GradientReduction:
         for ranks, together in by_chips.values():
             group = Group.from_rank_chips(rank_chips(hw, ranks, placed).tolist())
             grads = params * grad_bytes * together
-            if zero == 1:
+            if zero in (1, 2):
                 reduces.append(self.collectives.cost("reduce-scatter", group, grads))
                 gathers.append(self.collectives.cost(
                     "all-gather", group, params * weight_bytes * together))
@@ -119,6 +183,13 @@ class GradientReduction:
                     + gather_site)
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
+
+
+def _layers_per_rank(job: TrainingJob) -> list[float]:
+    par, layers = job.parallelism, job.model.layers
+    if par.pp * par.interleave > layers:
+        return [layers / par.pp] * par.pp
+    return [float(n) for n in rank_layers(layers, par.pp, par.interleave)]
 
 
 def _site_part(cost: CollectiveCost) -> float:

@@ -3,7 +3,7 @@ passes (Megatron-LM's 1F1B and interleaved 1F1B; Narayanan et al. 2021)."""
 
 from __future__ import annotations
 
-__all__ = ["Task", "pipeline_order", "peak_in_flight"]
+__all__ = ["Task", "pipeline_order", "peak_in_flight", "in_flight"]
 
 Task = tuple[str, int, int]  # ("F" or "B", chunk on this rank, micro-batch)
 
@@ -58,3 +58,14 @@ def peak_in_flight(order: list[Task]) -> int:
         live += 1 if kind == "F" else -1
         peak = max(peak, live)
     return peak
+
+
+def in_flight(stages: int, microbatches: int, interleave: int, rank: int) -> int:
+    """`peak_in_flight` of `rank`'s order in `pipeline_order(stages, microbatches,
+    interleave)`, without building it: its warm-up forwards plus the first steady one."""
+    total = microbatches * interleave
+    if interleave == 1:
+        warmup = min(stages - rank - 1, microbatches)
+    else:
+        warmup = min((stages - rank - 1) * 2 + (interleave - 1) * stages, total)
+    return min(warmup + 1, total)

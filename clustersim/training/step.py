@@ -2,17 +2,23 @@
 pipeline stage (never per chip).
 
 Ranks are placed as Neuron and Megatron place them (`ranks`: tensor parallelism innermost,
-then pipeline stages, then data parallelism across instances), so every collective runs on a
+then context parallelism, then pipeline stages, then data parallelism across instances);
+stages may hold uneven layer counts (`stages`), so every collective runs on a
 real group of the graph:
 
 - tensor-parallel collectives inside each layer (all-reduce, or all-gather and
   reduce-scatter with sequence parallelism), on the critical path, timed with each chunk's
   compute (`chunk`: the per-operation roofline and its three fitted constants);
+- context parallelism's key/value exchange (ring, hidden behind the attention kernel as far
+  as it goes, or all-to-all), timed with each chunk;
+- ZeRO-3's per-layer parameter gathers and gradient reduce-scatters in every pass, the next
+  layer's gather overlapping this layer's compute;
 - send/receive of activations and gradients between neighbouring stages (each TP rank sends
   its shard);
 - the data-parallel gradient reduction (all-reduce, or reduce-scatter then parameter
-  all-gather with ZeRO-1; `reduction`), started with the last backward pass as bucketed
-  frameworks do, shared by the data-parallel groups that run at once on the same links;
+  all-gather with ZeRO-1 and 2, across shard groups with hybrid sharding; `reduction`),
+  started with the last backward pass as bucketed frameworks do, shared by the
+  data-parallel groups that run at once on the same links;
 - the optimizer step, memory-bound.
 
 The chunk times and the data-parallel times are public (`StepModel.chunk_times`,
@@ -38,8 +44,9 @@ from clustersim.training.chunk import ChunkModel, ChunkTimes, matmul_quantisatio
 from clustersim.training.pipeline import run_pipeline
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
-from clustersim.training.schedule import peak_in_flight, pipeline_order
+from clustersim.training.schedule import pipeline_order
 from clustersim.training.spread import spread_shape
+from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
     BYTES_PER_ELEMENT,
@@ -48,8 +55,9 @@ from clustersim.training.workload import (
     Op,
     TrainingJob,
     attention_of,
+    busiest_memory,
     hardware_flops_per_step,
-    memory_per_rank,
+    layer_params_per_rank,
     model_flops_per_step,
     optimizer_params_per_rank,
     weight_bytes_per_param,
@@ -175,30 +183,78 @@ class StepModel:
         return attention_of(job, self.hardware.chip.framework.attention)
 
     def memory(self, job: TrainingJob) -> MemoryBreakdown:
+        """Memory of the busiest pipeline rank (`workload.busiest_memory`)."""
         par = job.parallelism
-        microbatches = self._microbatches(job)
-        orders = pipeline_order(par.pp, microbatches, par.interleave)
-        in_flight = peak_in_flight(orders[0]) / par.interleave
         chip = self.hardware.chip
-        return memory_per_rank(job, in_flight, chip.hbm_bytes, min(chip.ranks, par.ranks),
-                               attention=self.attention(job),
-                               gradients=chip.framework.gradients)
+        return busiest_memory(job, self._microbatches(job), chip.hbm_bytes,
+                              min(chip.ranks, par.ranks), attention=self.attention(job),
+                              gradients=chip.framework.gradients)
 
     def op_time(self, op: Op, precision: str) -> float:
         """Roofline time of one operation of one rank (the serving model times its ops here)."""
         return self.chunks.op_time_s(op, precision)
 
     def chunk_times(self, job: TrainingJob, first: bool, last: bool,
-                    placed: np.ndarray | None = None) -> ChunkTimes:
-        """One micro-batch through one chunk of the job's layers (layers / (pp x
-        interleave), plus the embedding if `first`, the output layer and loss if `last`):
-        compute and exposed TP and EP collectives, on rank 0's groups when the job runs on the
-        instances `placed` (default: from instance 0). The step simulates these chunks."""
+                    placed: np.ndarray | None = None, layers: int | None = None
+                    ) -> ChunkTimes:
+        """One micro-batch through one chunk of `layers` of the job's layers (default the
+        most a chunk holds: ceil(layers / (pp x interleave))), plus the embedding if `first`,
+        the output layer and loss if `last`): compute and exposed TP, EP, CP and ZeRO-3
+        collectives, on rank 0's groups when the job runs on the instances `placed`
+        (default: from instance 0). The step simulates these chunks."""
         placed = self._placement(job) if placed is None else placed
-        stages = job.parallelism.pp * job.parallelism.interleave
-        tp_group, ep_group = self._parallel_groups(job, placed)
-        return self.chunks.times(job, job.model.layers // stages, first, last, tp_group,
-                                 ep_group)
+        par = job.parallelism
+        if layers is None:
+            layers = -(-job.model.layers // (par.pp * par.interleave))
+        groups = self._parallel_groups(job, placed)
+        return self._chunk(job, layers, first, last, groups, self._zero3(job, placed))
+
+    def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
+               zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
+        tp_group, ep_group, cp_group = groups
+        times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+        if zero3 is None:
+            return times
+        # ZeRO-3: each layer's weights gathered before its forward and again before its
+        # backward, its gradients reduce-scattered after; the next layer's gather runs during
+        # this layer's compute (one ahead), so the first gather is exposed and each later
+        # one by what it takes beyond its layer's compute; the last reduce-scatter too.
+        gather_s, scatter_s, extra_gather_s, extra_scatter_s = zero3
+        units = layers + (1 if first or last else 0)
+        extra_g = extra_gather_s * (first + last)
+        extra_r = extra_scatter_s * (first + last)
+        fwd_comm = layers * gather_s + extra_g
+        bwd_gather = layers * gather_s + extra_g
+        bwd_comm = bwd_gather + layers * scatter_s + extra_r
+        fwd_c = times.forward_compute_s / units
+        bwd_c = times.backward_compute_s / units
+        fwd = fwd_comm / units + (units - 1) * max(0.0, fwd_comm / units - fwd_c)
+        bwd = (bwd_gather / units + (units - 1) * max(0.0, bwd_comm / units - bwd_c)
+               + (layers * scatter_s + extra_r) / units)
+        return replace(times, forward_dp_s=fwd, backward_dp_s=bwd)
+
+    def zero3_traffic_s(self, job: TrainingJob, placed: np.ndarray | None = None
+                        ) -> tuple[float, float, float, float] | None:
+        """ZeRO-3's collectives, unoverlapped: (all-gather of one layer's weights,
+        reduce-scatter of one layer's gradients, the same for the embedding or output
+        layer) over rank 0's shard group; None without ZeRO-3."""
+        placed = self._placement(job) if placed is None else placed
+        return self._zero3(job, placed)
+
+    def _zero3(self, job: TrainingJob, placed: np.ndarray
+               ) -> tuple[float, float, float, float] | None:
+        par = job.parallelism
+        if par.zero != 3 or par.shard_ranks == 1:
+            return None
+        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
+                                                     self.hardware.chip.framework.gradients)
+        layer = layer_params_per_rank(job)
+        extra = job.model.vocab * job.model.hidden / par.tp
+        gather_s, scatter_s = self.reduction.zero3_layer_times(job, placed, layer, g_bytes,
+                                                               w_bytes)
+        extra_gather_s, extra_scatter_s = self.reduction.zero3_layer_times(
+            job, placed, extra, g_bytes, w_bytes)
+        return gather_s, scatter_s, extra_gather_s, extra_scatter_s
 
     def data_parallel_times(self, job: TrainingJob, placed: np.ndarray | None = None
                             ) -> dict[int, DataParallelTimes]:
@@ -256,19 +312,23 @@ class StepModel:
         return job.global_batch // (job.micro_batch * par.dp)
 
     def _parallel_groups(self, job: TrainingJob, placed: np.ndarray
-                         ) -> tuple[Group | None, tuple[Group, int] | None]:
-        """Rank 0's tensor-parallel group and its expert-parallel group (dp ranks 0 .. ep-1)
-        with how many such groups share each chip; None where the job has no such group."""
+                         ) -> tuple[Group | None, tuple[Group, int] | None,
+                                    tuple[Group, int] | None]:
+        """Rank 0's tensor-parallel group, its expert-parallel group (dp ranks 0 .. ep-1) and
+        its context-parallel group, the last two with how many such groups share each chip;
+        None where the job has no such group."""
         par = job.parallelism
-        all_ranks = np.arange(par.ranks)
         tp_group = None
         if par.tp > 1:
-            tp_group, _ = rank_group(self.hardware, all_ranks[: par.tp], placed)
+            tp_group, _ = rank_group(self.hardware, np.arange(par.tp), placed)
         ep_group = None
         if job.model.moe and par.ep > 1:
-            stride = par.tp * par.pp
-            ep_group = rank_group(self.hardware, all_ranks[: par.ep * stride: stride], placed)
-        return tp_group, ep_group
+            stride = par.tp * par.cp * par.pp
+            ep_group = rank_group(self.hardware, np.arange(par.ep) * stride, placed)
+        cp_group = None
+        if par.cp > 1:
+            cp_group = rank_group(self.hardware, np.arange(par.cp) * par.tp, placed)
+        return tp_group, ep_group, cp_group
 
     # ------------------------------------------------------------------ simulation
     def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
@@ -285,26 +345,30 @@ class StepModel:
                 f"the topology has {self.topology.instances}"
             )
         stages = par.pp * par.interleave
-        layers_per_chunk = model.layers // stages
-        tp_group, ep_group = self._parallel_groups(job, placed)
+        counts = chunk_layers(model.layers, stages)
+        groups = self._parallel_groups(job, placed)
+        zero3 = self._zero3(job, placed)
 
-        # Per global chunk g (0 .. stages-1): forward and backward durations.
-        kinds = {}
-        for g in (0, stages - 1, 1 if stages > 2 else 0):
-            kinds[g] = self.chunks.times(job, layers_per_chunk, g == 0, g == stages - 1,
-                                         tp_group, ep_group)
+        # Per global chunk g (0 .. stages-1): forward and backward durations, by its layers
+        # and whether it is the first or the last.
+        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
 
         def times(g: int) -> ChunkTimes:
-            return kinds[g] if g in kinds else kinds[1 if stages > 2 else 0]
+            kind = (counts[g], g == 0, g == stages - 1)
+            if kind not in kinds:
+                kinds[kind] = self._chunk(job, kind[0], kind[1], kind[2], groups, zero3)
+            return kinds[kind]
 
-        # Send/receive between stages: each TP rank sends its shard of the activations.
-        act_bytes = job.micro_batch * job.sequence_length * model.hidden * BYTES_PER_ELEMENT[
-            job.precision] / par.tp
+        # Send/receive between stages: each TP rank sends its shard of the activations (of
+        # its context-parallel share of the sequence).
+        act_bytes = job.micro_batch * (job.sequence_length // par.cp) * model.hidden * \
+            BYTES_PER_ELEMENT[job.precision] / par.tp
         p2p = [0.0] * par.pp  # transfer from pipeline rank d to d+1 (mod pp)
         if par.pp > 1:
+            stride = par.tp * par.cp
             for d in range(par.pp):
-                src = rank_chips(hw, np.array([d * par.tp]), placed)[0]
-                dst = rank_chips(hw, np.array([((d + 1) % par.pp) * par.tp]), placed)[0]
+                src = rank_chips(hw, np.array([d * stride]), placed)[0]
+                dst = rank_chips(hw, np.array([((d + 1) % par.pp) * stride]), placed)[0]
                 shards = min(par.tp, hw.chip.ranks)
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
@@ -318,8 +382,9 @@ class StepModel:
         exposed_dp = {}
         hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
         ends = {}
+        per_rank = rank_layers(model.layers, par.pp, par.interleave)
         for d in range(par.pp):
-            shard = optimizer_params_per_rank(job, d == 0, d == par.pp - 1)
+            shard = optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
             optimizer[d] = shard * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
             reduce_time, gather_time = dp_times[d]
             led = ledgers[d]
@@ -331,9 +396,11 @@ class StepModel:
         led = ledgers[critical]
         step_time = ends[critical]
         bubble = led.idle_s - led.pp_s
-        exposed = {"tp": led.tp_s, "pp": led.pp_s, "dp": exposed_dp[critical]}
+        exposed = {"tp": led.tp_s, "pp": led.pp_s, "dp": exposed_dp[critical] + led.dp_s}
         if model.moe and par.ep > 1:
             exposed["ep"] = led.ep_s
+        if par.cp > 1:
+            exposed["cp"] = led.cp_s
 
         memory = self.memory(job)
         tokens = job.global_batch * job.sequence_length

@@ -36,6 +36,7 @@ sequence parallelism and recompute, times the micro-batches a pipeline stage hol
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -44,10 +45,13 @@ from pydantic import Field
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
+from clustersim.training.schedule import in_flight
+from clustersim.training.stages import rank_layers
 from clustersim.training.transformer import TransformerShape, sharded_heads
 
 __all__ = [
     "BYTES_PER_ELEMENT",
+    "Degrees",
     "ParallelismSpec",
     "TrainingJob",
     "Op",
@@ -58,6 +62,9 @@ __all__ = [
     "hardware_flops_per_step",
     "stage_work",
     "memory_per_rank",
+    "busiest_memory",
+    "layer_params_per_rank",
+    "cp_exchange_per_layer",
     "params_per_rank",
     "expert_params_per_rank",
     "optimizer_params_per_rank",
@@ -75,23 +82,56 @@ BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 OPTIMIZER_BYTES_TOUCHED_PER_PARAM = 30
 
 
-class ParallelismSpec(Spec):
-    """Degrees count ranks: tp x pp x dp equals the job's ranks."""
+class Degrees:
+    """What follows from the degrees (shared by the scenario's spec and the planner's light
+    stand-in for it), whose classes give tp, cp, pp, dp, zero and shard."""
+
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same (dense) weights: dp x cp."""
+        return self.dp * self.cp
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks a ZeRO shard group spreads the state over (1 without ZeRO)."""
+        if self.zero == 0:
+            return 1
+        return self.shard if self.shard is not None else self.replicas
+
+
+class ParallelismSpec(Spec, Degrees):
+    """Degrees count ranks: tp x cp x pp x dp equals the job's ranks (rank = tp rank + tp x
+    (cp rank + cp x (pp rank + pp x dp rank)))."""
 
     tp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
     pp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
     dp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
-    zero: Literal[0, 1] = Field(default=0, description="ZeRO stage: 1 shards optimizer state")
+    cp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE,
+                    description="context parallel: ranks that split each sequence between "
+                    "them (attention exchanges keys and values); they hold the same weights")
+    cp_comm: Literal["ring", "all-to-all"] = Field(
+        default="ring", description="context parallelism's exchange: ring (keys and values "
+        "passed around the cp ranks during attention, as ring attention and Megatron-Core "
+        "do) or all-to-all (DeepSpeed Ulysses: heads and sequence swapped around attention)")
+    zero: Literal[0, 1, 2, 3] = Field(
+        default=0, description="sharded data parallelism (ZeRO stage): 1 shards the "
+        "optimizer state over the data-parallel ranks, 2 also the gradients, 3 (FSDP) also "
+        "the parameters, gathered layer by layer in forward and backward")
+    shard: int | None = Field(
+        default=None, gt=0, le=limits.MAX_PARALLEL_DEGREE,
+        description="hybrid sharding: data-parallel ranks (of dp x cp) in a shard group; "
+        "ZeRO shards within a group and replicates across groups (gradients all-reduced "
+        "between them); default all of them")
     sequence_parallel: bool = False
     interleave: int = Field(default=1, gt=0, le=limits.MAX_INTERLEAVE,
                             description="virtual pipeline stages per rank")
     ep: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE,
                     description="expert parallel: data-parallel ranks that "
                     "split a layer's experts between them (mixture-of-experts models)")
-
-    @property
-    def ranks(self) -> int:
-        return self.tp * self.pp * self.dp
 
 
 class TrainingJob(Protocol):
@@ -147,36 +187,40 @@ def _vector(name: str, elements: float, element: float, passes: float = 2.0,
     return Op(name, "vector", 0.0, passes * elements * element, grad_traffic=grad_traffic)
 
 
-def _attention_ops(b: int, s: int, heads: int, kv_heads: int, d: int, e: int, attention: str
-                   ) -> list[Op]:
-    """The attention core of one layer (after the QKV projection, before the output one)."""
+def _attention_ops(b: int, s: int, heads: int, kv_heads: int, d: int, e: int, attention: str,
+                   s_kv: int | None = None) -> list[Op]:
+    """The attention core of one layer (after the QKV projection, before the output one):
+    `s` query positions against `s_kv` key positions (all of them, `s`, unless context
+    parallelism splits the queries)."""
+    s_kv = s if s_kv is None else s_kv
     if attention == "flash":
         # One kernel: both GEMMs on chip; HBM sees Q, K, V read and the output written.
-        flops = 4.0 * b * heads * s * s * d
-        traffic = float(e * b * s * (2 * heads + 2 * kv_heads) * d)
-        return [Op("attention", "matmul", flops, traffic, s, s, d, b * heads)]
-    scores = float(b) * heads * s * s
+        flops = 4.0 * b * heads * s * s_kv * d
+        traffic = float(e * b * (2 * heads * s + 2 * kv_heads * s_kv) * d)
+        return [Op("attention", "matmul", flops, traffic, s, s_kv, d, b * heads)]
+    scores = float(b) * heads * s * s_kv
     return [
-        _matmul("scores", s, d, s, e, count=b * heads),  # writes the scores
+        _matmul("scores", s, d, s_kv, e, count=b * heads),  # writes the scores
         # Fused scale-mask-softmax: reads the scores, writes the probabilities; backward
         # reads the output and its gradient and writes one (3 passes for 2).
         _vector("softmax", scores, e, passes=2, grad_traffic=1.5),
         # Dropout: reads, writes and writes a 1-byte mask; backward reads the gradient and
         # the mask and writes one (as many bytes as forward).
         _vector("dropout", scores, e, passes=2 + 1 / e, grad_traffic=1.0),
-        _matmul("attend", s, s, d, e, count=b * heads),  # reads them back
+        _matmul("attend", s, s_kv, d, e, count=b * heads),  # reads them back
     ]
 
 
 def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
-                      sequence_parallel: bool, precision: str, attention: str = "flash"
-                      ) -> list[Op]:
-    """Forward operations of one transformer layer on one tensor-parallel rank.
+                      sequence_parallel: bool, precision: str, attention: str = "flash",
+                      cp: int = 1) -> list[Op]:
+    """Forward operations of one transformer layer on one tensor-parallel rank (of one
+    context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`).
 
     With `flash` attention the scores never reach HBM; with `unfused` they are written,
     softmaxed, dropped out and read back (b x heads x s x s values, see the module)."""
     e = BYTES_PER_ELEMENT[precision]
-    b, s, h = micro_batch, seq, model.hidden
+    b, s, h = micro_batch, seq // cp, model.hidden
     tokens = b * s
     # Heads per rank as NxD shards them: padded up to a multiple of tp, KV heads replicated
     # or converted (transformer.sharded_heads); the padded heads' work is done all the same.
@@ -189,7 +233,7 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
-        *_attention_ops(b, s, heads, kv_heads, d, e, attention),
+        *_attention_ops(b, s, heads, kv_heads, d, e, attention, s_kv=seq),
         _matmul("projection", tokens, heads * d, h, e),
         _vector("residual_attention", outside, e, passes=3),
         _vector("norm_mlp", outside, e, passes=2),
@@ -249,6 +293,38 @@ class StageWork:
     # The backward pass proper's TP collectives (not the recomputed forward's): those a
     # framework can run during the weight-gradient GEMMs.
     tp_collectives_overlappable: tuple[tuple[str, float], ...] = ()
+    # Context parallelism's exchange over the cp group, and whether it runs during the
+    # attention kernel (ring) or around it (all-to-all).
+    cp_collectives_forward: tuple[tuple[str, float], ...] = ()
+    cp_collectives_backward: tuple[tuple[str, float], ...] = ()
+    cp_overlaps_attention: bool = False
+
+
+def cp_exchange_per_layer(job: TrainingJob) -> tuple[list[tuple[str, float]],
+                                                     list[tuple[str, float]]]:
+    """Context parallelism's collectives of one layer for one micro-batch on one rank,
+    forward and backward, as (operation, bytes of the whole buffer).
+
+    Ring (ring attention; Megatron-Core's context parallelism): each rank's keys and values
+    (2 x b x s / cp x kv heads / tp x head dim) go around the cp ranks while attention
+    runs on the block already there: the traffic of an all-gather of the cp blocks, forward;
+    backward the keys and values again and their gradients back (a reduce-scatter).
+    All-to-all (DeepSpeed Ulysses): Q, K and V swapped from sequence to heads before
+    attention and the output back after, forward and again (gradients) backward."""
+    par = job.parallelism
+    if par.cp == 1:
+        return [], []
+    model, b = job.model, job.micro_batch
+    e = BYTES_PER_ELEMENT[job.precision]
+    local = b * (job.sequence_length // par.cp) * model.head_dim * e
+    layout = sharded_heads(model, par.tp)
+    heads, kv_heads = layout.per_rank, layout.kv_per_rank
+    if par.cp_comm == "ring":
+        block = 2.0 * local * kv_heads * par.cp  # every rank's keys and values, gathered
+        return [("all-gather", block)], [("all-gather", block), ("reduce-scatter", block)]
+    qkv = float(local * (heads + 2 * kv_heads))
+    out = float(local * heads)
+    return [("all-to-all", qkv), ("all-to-all", out)], [("all-to-all", out), ("all-to-all", qkv)]
 
 
 def _backward_of(ops: list[Op]) -> list[Op]:
@@ -270,9 +346,10 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
     """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank
     (`attention`: the kernel, default the job's own or flash)."""
     par = job.parallelism
-    model, b, s = job.model, job.micro_batch, job.sequence_length
-    layer = layer_forward_ops(model, b, s, par.tp, par.sequence_parallel, job.precision,
-                              attention=attention or attention_of(job))
+    model, b, seq = job.model, job.micro_batch, job.sequence_length
+    s = seq // par.cp  # positions of each sequence on this rank
+    layer = layer_forward_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
+                              attention=attention or attention_of(job), cp=par.cp)
     forward = layer * layers
     extra_forward: list[Op] = []
     if first:
@@ -314,8 +391,14 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
             tp_fwd.append(("reduce-scatter" if par.sequence_parallel else "all-reduce",
                            activation_bytes))
     overlappable = tuple(per_layer * layers) if par.tp > 1 else ()
+    cp_fwd, cp_bwd = cp_exchange_per_layer(job)
+    cp_fwd, cp_bwd = cp_fwd * layers, cp_bwd * layers
+    ring = par.cp_comm == "ring"
+    if job.recompute == "full" or (job.recompute == "selective" and ring):
+        cp_bwd = cp_fwd + cp_bwd  # the recomputed attention needs the keys and values again
     return StageWork(tuple(forward + extra_forward), tuple(backward), layers, tuple(tp_fwd),
-                     tuple(tp_bwd), first, last, tuple(ep_fwd), tuple(ep_bwd), overlappable)
+                     tuple(tp_bwd), first, last, tuple(ep_fwd), tuple(ep_bwd), overlappable,
+                     tuple(cp_fwd), tuple(cp_bwd), ring)
 
 
 def _matmul_weights(model: TransformerShape) -> int:
@@ -366,8 +449,9 @@ class MemoryBreakdown:
     logits: float
     ranks_per_chip: int
     hbm_bytes: float
-    in_flight_microbatches: int
+    in_flight_microbatches: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    stage: int = 0  # the pipeline rank these are of
 
     @property
     def per_rank(self) -> float:
@@ -406,36 +490,60 @@ def weight_bytes_per_param(precision: str, gradients: str = "fp32") -> tuple[int
         gradients], 12
 
 
-def params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
-    """Parameters one rank of a (first/last) pipeline stage holds."""
-    return _dense_params_per_rank(job, first, last) + expert_params_per_rank(job)
+def params_per_rank(job: TrainingJob, first: bool, last: bool,
+                    layers: float | None = None) -> float:
+    """Parameters one rank of a (first/last) pipeline stage of `layers` layers holds (default:
+    layers / pp) before any ZeRO-3 sharding."""
+    return _dense_params_per_rank(job, first, last, layers) + expert_params_per_rank(job, layers)
 
 
-def expert_params_per_rank(job: TrainingJob) -> float:
+def expert_params_per_rank(job: TrainingJob, layers: float | None = None) -> float:
     """Expert weights one rank holds: its stage's layers' experts, split over tp and ep."""
     model, par = job.model, job.parallelism
     if not model.moe:
         return 0.0
-    return model.layers / par.pp * model.experts * model.expert_parameters / (par.tp * par.ep)
+    layers = model.layers / par.pp if layers is None else layers
+    return layers * model.experts * model.expert_parameters / (par.tp * par.ep)
 
 
-def optimizer_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
-    """Parameters whose optimizer state one rank keeps: with ZeRO-1, its share over the ranks
-    holding the same weights (all of dp for dense weights, dp / ep for experts)."""
+def _expert_shard(par: ParallelismSpec) -> int:
+    """Ranks of a shard group holding the same experts (every ep-th data-parallel rank)."""
+    return max(1, par.shard_ranks // par.ep)
+
+
+def optimizer_params_per_rank(job: TrainingJob, first: bool, last: bool,
+                              layers: float | None = None) -> float:
+    """Parameters whose optimizer state one rank keeps: with ZeRO (any stage), its share over
+    the shard group (all of dp x cp, or `shard` ranks with hybrid sharding; a share over the
+    ranks of the group holding the same experts for experts)."""
     par = job.parallelism
-    experts = expert_params_per_rank(job)
-    dense = params_per_rank(job, first, last) - experts
-    if par.zero != 1:
+    experts = expert_params_per_rank(job, layers)
+    dense = params_per_rank(job, first, last, layers) - experts
+    if par.zero == 0:
         return dense + experts
-    return dense / par.dp + experts / (par.dp // par.ep)
+    return dense / par.shard_ranks + experts / _expert_shard(par)
 
 
-def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool) -> float:
-    model, par = job.model, job.parallelism
+def layer_params_per_rank(job: TrainingJob) -> float:
+    """Weights of one layer on one tensor-parallel rank (a ZeRO-3 gather or reduce-scatter
+    moves these for every layer)."""
+    return params_per_rank(job, False, False, 1.0)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_layer_params(model: TransformerShape) -> float:
+    """Weights of one layer other than its experts and router (cached: the planner asks
+    for it for every candidate)."""
     experts = model.experts * model.expert_parameters if model.moe else 0
-    per_layer = (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
+    return (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
         model.layers) - experts - model.router_parameters
-    layers = model.layers / par.pp
+
+
+def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
+                           layers: float | None = None) -> float:
+    model, par = job.model, job.parallelism
+    per_layer = _dense_layer_params(model)
+    layers = model.layers / par.pp if layers is None else layers
     # The router is replicated over tensor parallelism; the rest is split (with the padded
     # heads' attention weights when tp does not divide the heads).
     padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
@@ -452,10 +560,13 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     2022, generalised to grouped-query attention and gated MLPs; no dropout masks outside
     attention). The 5as/h term (softmax output, dropout mask and output: 5 a s^2 b bytes) is
     kept only with `unfused` attention and no recompute: flash attention never stores it,
-    selective recompute recomputes it."""
+    selective recompute recomputes it. Context parallelism keeps s / cp positions per rank
+    (the scores: s / cp queries against all s keys)."""
     attention = attention or attention_of(job)
     model, par = job.model, job.parallelism
-    b, s, h, t = job.micro_batch, job.sequence_length, model.hidden, par.tp
+    b, t = job.micro_batch, par.tp
+    seq = job.sequence_length
+    s, h = seq // par.cp, model.hidden
     e = BYTES_PER_ELEMENT[job.precision]
     sbh = s * b * h
     kv = model.n_kv_heads / model.heads
@@ -473,29 +584,115 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     # MLP intermediates (of top_k experts per token with a mixture of experts).
     split += e * sbh * (f * (2 if model.gated else 1) + f) * model.top_k
     if job.recompute == "none" and attention == "unfused":
-        split += 5.0 * model.heads * s * s * b
+        split += 5.0 * model.heads * s * seq * b
     if par.sequence_parallel:
         return (replicated + split) / t
     return replicated + split / t
 
 
+def _stage_layers(job: TrainingJob, stage: int) -> float:
+    """Layers pipeline rank `stage` holds: as evenly as possible (training.stages)."""
+    par, layers = job.parallelism, job.model.layers
+    if par.pp * par.interleave > layers:
+        return layers / par.pp  # cannot be split; refused by the scenario's rules
+    return float(rank_layers(layers, par.pp, par.interleave)[stage])
+
+
 def memory_per_rank(job: TrainingJob, in_flight_microbatches: float, hbm_bytes: float,
                     ranks_per_chip: int, attention: str | None = None,
-                    gradients: str = "fp32") -> MemoryBreakdown:
-    """Memory of the busiest rank (the first pipeline stage, which holds the most
-    micro-batches and the embedding) of a job (`gradients`: see weight_bytes_per_param)."""
+                    gradients: str = "fp32", stage: int = 0) -> MemoryBreakdown:
+    """Memory of one rank of pipeline rank `stage` (default the first, which holds the most
+    micro-batches and the embedding) when it keeps `in_flight_microbatches` chunk
+    micro-batches of activations over its interleave (`gradients`: see
+    weight_bytes_per_param).
+
+    ZeRO: 1 keeps 1/Z of the optimizer state (Z: the shard group's ranks), 2 also 1/Z of the
+    gradients plus one layer's whole gradients (the bucket being reduce-scattered), 3 also
+    1/Z of the weights plus two layers' whole weights (the layer computing and the one
+    being gathered ahead). Gradients are otherwise kept whole: Megatron-LM's distributed
+    optimizer (ZeRO-1) shards its fp32 master weights and Adam moments but not the fp32
+    gradient buffer ("[no] distribute model gradients", 6 + 12/d bytes per parameter with
+    bf16 parameters and fp32 gradients), nor does NeuronX Distributed's ZeRO-1."""
     par = job.parallelism
-    first, last = True, par.pp == 1
-    params = params_per_rank(job, first, last)
-    w, g, o = weight_bytes_per_param(job.precision, gradients)
-    optimizer = optimizer_params_per_rank(job, first, last) * o
-    layers = job.model.layers / par.pp
-    activations = activation_bytes_per_layer(job, attention) * layers * in_flight_microbatches
+    last = stage == par.pp - 1
+    layers = _stage_layers(job, stage)
+    weights, grads, optimizer = _state_bytes(job, stage, gradients)
+    activations = _activation_bytes(job, attention) * layers * in_flight_microbatches
+    if par.cp > 1 and par.cp_comm == "ring":
+        # Keys and values of the block being received and of the one attended to.
+        e = BYTES_PER_ELEMENT[job.precision]
+        activations += 2 * 2.0 * job.micro_batch * (job.sequence_length // par.cp) * (
+            sharded_heads(job.model, par.tp).kv_per_rank) * job.model.head_dim * e
     logits = 0.0
     if last:  # fp32 logits of the vocabulary shard for one micro-batch
-        logits = 4.0 * job.micro_batch * job.sequence_length * math.ceil(job.model.vocab / par.tp)
+        logits = 4.0 * job.micro_batch * (job.sequence_length // par.cp) * math.ceil(
+            job.model.vocab / par.tp)
     return MemoryBreakdown(
-        weights=params * w, gradients=params * g, optimizer=optimizer, activations=activations,
+        weights=weights, gradients=grads, optimizer=optimizer, activations=activations,
         logits=logits, ranks_per_chip=ranks_per_chip, hbm_bytes=hbm_bytes,
-        in_flight_microbatches=in_flight_microbatches,
+        in_flight_microbatches=in_flight_microbatches, stage=stage,
     )
+
+
+# The planner asks for the memory of tens of thousands of candidates that share their
+# degrees (the state's bytes) or their micro-batch and recompute (the activations): both
+# parts are kept by what they depend on. Bounded: cleared when full.
+_STATE_CACHE: dict[tuple, tuple[float, float, float]] = {}
+_ACTIVATION_CACHE: dict[tuple, float] = {}
+_CACHE_SIZE = 200_000
+
+
+def _state_bytes(job: TrainingJob, stage: int, gradients: str) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes of one rank of pipeline rank `stage`."""
+    par = job.parallelism
+    key = (job.model, job.precision, gradients, par.tp, par.cp, par.pp, par.dp, par.ep,
+           par.interleave, par.zero, par.shard_ranks, stage)
+    cached = _STATE_CACHE.get(key)
+    if cached is not None:
+        return cached
+    first, last = stage == 0, stage == par.pp - 1
+    layers = _stage_layers(job, stage)
+    params = params_per_rank(job, first, last, layers)
+    w, g, o = weight_bytes_per_param(job.precision, gradients)
+    optimizer = optimizer_params_per_rank(job, first, last, layers) * o
+    z = par.shard_ranks
+    layer = layer_params_per_rank(job)
+    weights = params * w if par.zero < 3 else params * w / z + 2 * layer * w
+    grads = params * g if par.zero < 2 else params * g / z + layer * g
+    if len(_STATE_CACHE) >= _CACHE_SIZE:
+        _STATE_CACHE.clear()
+    _STATE_CACHE[key] = (weights, grads, optimizer)
+    return weights, grads, optimizer
+
+
+def _activation_bytes(job: TrainingJob, attention: str | None) -> float:
+    """activation_bytes_per_layer, kept by what it depends on."""
+    par = job.parallelism
+    key = (job.model, job.precision, job.micro_batch, job.sequence_length, job.recompute,
+           attention or attention_of(job), par.tp, par.cp, par.sequence_parallel)
+    cached = _ACTIVATION_CACHE.get(key)
+    if cached is None:
+        if len(_ACTIVATION_CACHE) >= _CACHE_SIZE:
+            _ACTIVATION_CACHE.clear()
+        cached = _ACTIVATION_CACHE[key] = activation_bytes_per_layer(job, attention)
+    return cached
+
+
+def busiest_memory(job: TrainingJob, microbatches: int, hbm_bytes: float, ranks_per_chip: int,
+                   attention: str | None = None, gradients: str = "fp32") -> MemoryBreakdown:
+    """Memory of the busiest pipeline rank: the most of the first (most micro-batches in
+    flight, the embedding), the first of those holding the most layers (uneven stages) and
+    the last (the output layer and its logits). Ranks further on hold no more than these."""
+    par = job.parallelism
+    candidates = {0, par.pp - 1}
+    if par.pp * par.interleave <= job.model.layers:
+        per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
+        candidates.add(per_rank.index(max(per_rank)))
+    out = None
+    for d in sorted(candidates):
+        held = in_flight(par.pp, microbatches, par.interleave, d) / par.interleave
+        m = memory_per_rank(job, held, hbm_bytes, ranks_per_chip, attention, gradients, d)
+        if out is None or m.per_rank > out.per_rank:
+            out = m
+    assert out is not None
+    return out
