@@ -404,6 +404,10 @@ def _branch_and_bound(job: JobSpec, groups: list[Group], screened: dict[int, lis
             break
         tasks = [(g.key, [cjob]) for g, _, cjob in batch]
         for (g, row, _), figures in zip(batch, runner.map(simulate_task, tasks), strict=True):
+            if "unplaceable" in figures[0]:
+                row["status"] = "pruned"
+                row["why"] = f"placement: {figures[0]['unplaceable']}"
+                continue
             row.update(figures[0])
             if row["status"] == "bounded":  # a reference pruned for memory stays pruned
                 row["status"] = "simulated"

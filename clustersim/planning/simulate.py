@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec, build_topology
 from clustersim.training.stages import chunk_layers
@@ -146,7 +147,13 @@ def simulate_task(task: tuple[GroupKey, list[Any]]) -> list[dict[str, Any]]:
     model = step_model(key)
     out = []
     for job in jobs:
-        profile = model.profile(job, job.name)
+        try:
+            profile = model.profile(job, job.name)
+        except CollectiveError as error:
+            # A group the collectives cannot form on this placement (an uneven split over
+            # sites, say): the candidate is out for its placement, not a crash of the plan.
+            out.append({"unplaceable": str(error)})
+            continue
         band = getattr(profile, "step_time_s_band", None)
         out.append({
             "step_time_s": profile.step_time_s,

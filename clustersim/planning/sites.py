@@ -27,7 +27,7 @@ DEFAULT_SYNC_EVERY = 16  # the less frequent option when the job gives none
 def _job_of(base: Any, row: dict[str, Any], dp: int, global_batch: int, instances: int,
             sync: CrossSiteSyncSpec | None) -> Any:
     par = ParallelismSpec(tp=row["tp"], pp=row["pp"], dp=dp, ep=row["ep"],
-                          interleave=row["interleave"], zero=1 if row["zero1"] else 0,
+                          interleave=row["interleave"], zero=int(row["zero"]), cp=int(row["cp"]),
                           sequence_parallel=bool(row["sequence_parallel"]))
     return base.model_copy(update={"parallelism": par, "micro_batch": row["micro_batch"],
                                    "recompute": row["recompute"], "global_batch": global_batch,
@@ -86,16 +86,17 @@ def site_options(scenario: Scenario, best: dict[str, Any]) -> dict[str, Any] | N
     # The largest data-parallel cut of it that one site holds (whole UltraServers when
     # its tensor parallelism needs them).
     group = best["tp"] * best["pp"] * max(1, best["ep"])
-    dp = min(best["dp"], largest * rpi // (best["tp"] * best["pp"]))
+    replica = best["tp"] * best["cp"] * best["pp"]  # ranks of one data-parallel replica
+    dp = min(best["dp"], largest * rpi // replica)
     while dp > 0:
-        ranks = best["tp"] * best["pp"] * dp
+        ranks = replica * dp
         fits = ranks % rpi == 0 and dp % max(1, best["ep"]) == 0
         count = ranks // rpi if fits else 0
         if fits and (not hw.whole_ultraservers(best["tp"]) or count % ipu == 0):
             break
         dp -= 1
     if dp > 0 and group:
-        count = best["tp"] * best["pp"] * dp // rpi
+        count = replica * dp // rpi
         one = _job_of(base, best, dp, per_replica * dp, count, None)
         first = int(net.first_instance[site])
         profile = model.profile(one, "plan", instances=list(range(first, first + count)))

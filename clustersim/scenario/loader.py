@@ -195,7 +195,7 @@ def scenario_from_dict(
     resolved, issues = _resolve_catalog_names(raw)
     cluster = resolved.get("cluster")
     cluster_given = not (cluster is None or (isinstance(cluster, Mapping) and not (
-        {"instances", "ultraservers"} & set(cluster))))
+        {"instances", "ultraservers", "sites"} & set(cluster))))
     if planning and not cluster_given and isinstance(resolved.get("hardware"), Mapping):
         # `plan --chips` gives the sizes: a stand-in size of one instance (UltraServer), the
         # rest of `cluster:` (spares as a share, the fabric) as written.
