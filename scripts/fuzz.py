@@ -252,6 +252,8 @@ def _mutate(draw: Any, raw: dict[str, Any], prefix: tuple = (), times: tuple = (
     """Replace, delete or add one to three keys of `raw` (under `prefix` when given)."""
     for _ in range(draw(st.integers(*times))):
         paths = [p for p in _paths(raw) if p[: len(prefix)] == prefix] or _paths(raw)
+        if not paths:  # an earlier mutation emptied it: nothing left to change
+            return
         path = draw(st.sampled_from(paths))
         try:
             node = raw

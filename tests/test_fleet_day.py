@@ -377,8 +377,8 @@ def test_auto_beside_a_trace_deployment_compares_only_the_auto_one(tmp_path):
 def test_a_replica_that_serves_nothing_is_refused(tmp_path):
     """A Llama 3.1 70B draft beside an 8B target on one Trn2 chip leaves no HBM for the KV
     cache: the replica curve would have nothing to measure, and the run says so (exit 2)."""
-    refused(tmp_path, raw([deployment(fidelity="fluid", speculative={
-        "draft": "llama3.1-70b", "tokens": 4})]), "serve.0", "no room for the KV cache")
+    refused(tmp_path, raw([deployment(fidelity="fluid", model="llama3.1-70b",
+                                      parallelism={"tp": 4})]), "serve.0", "do not fit")
 
 
 def test_software_faults_on_idle_chips_interrupt_nothing():

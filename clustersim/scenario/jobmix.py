@@ -320,17 +320,17 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
         if item is None:
             return None
         if isinstance(item, bool) or type(item).__name__ == "bool_":
-            raise ValueError(f"{key} {item!r}: expected a whole number, not a boolean")
+            raise ValueError(f"column {key} {item!r}: expected a whole number, not a boolean")
         if isinstance(item, str):
             text = item.strip()
             if not text.lstrip("+-").isdigit() or not text.isascii():
-                raise ValueError(f"{key} {item!r}: expected a whole number")
+                raise ValueError(f"column {key} {item!r}: expected a whole number")
             item = int(text)
         number = float(item)
         if not math.isfinite(number) or number != math.floor(number):
-            raise ValueError(f"{key} {item!r}: expected a whole number")
+            raise ValueError(f"column {key} {item!r}: expected a whole number")
         if not low <= number <= high:
-            raise ValueError(f"{key} {item!r}: expected {low:,} to {high:,}")
+            raise ValueError(f"column {key} {item!r}: expected {low:,} to {high:,}")
         return int(item)
 
     if value("instances") is None:
