@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -366,10 +366,29 @@ def fleets(draw, policy: str | None = None, failures: int | None = None,
         trace={"bin": "1h", "levels": ["cluster"]}))
 
 
+def _quota_backfill_case():
+    """Found by the property: team t0 (quota 7) has a 7-instance head waiting; a 1-instance
+    t0 job that fits in the head's spare instance was backfilled, took the quota the head
+    needed, and held the head back 14 hours."""
+    jobs = [small_job("j0", 1, team="t0", submit="0h", run_for="1h", priority=0),
+            small_job("j1", 1, team="t0", submit="0h", run_for="1h", priority=0),
+            small_job("j2", 2, team="t1", submit="0h", run_for="5h", priority=0),
+            small_job("j3", 7, team="t0", submit="2h", run_for="1h", priority=0),
+            small_job("j4", 1, team="t0", submit="5h", run_for="14h", priority=0)]
+    teams = [{"name": "t0", "quota": 7, "share": 1}, {"name": "t1", "quota": None, "share": 1},
+             {"name": "t2", "quota": None, "share": 1}]
+    return scenario_from_dict(fleet(
+        jobs, instances=8, teams=teams,
+        scheduler={"policy": "backfill", "preemption": False, "borrowing": False},
+        failures={"preset": "llama3", "scale": 0, "repair": "6h"},
+        trace={"bin": "1h", "levels": ["cluster"]}))
+
+
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=st.one_of(fleets(), fleets("backfill", 0, False)),
        seed=st.integers(0, 2**32 - 1))
+@example(scenario=_quota_backfill_case(), seed=0)
 def test_fleet_invariants(scenario, seed):
     recorder = MemoryRecorder()
     timeline = Timeline(scenario, step_profiles(scenario), np.random.SeedSequence(seed),

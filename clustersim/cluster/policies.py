@@ -92,6 +92,8 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
             refused[run.whole_ultraservers] = need
             continue
         ends_before = now + run.expected_duration() <= shadow
+        if not ends_before and not t.teams.admits_beside(run, head):
+            continue  # it would hold the quota the head needs past the head's start
         if ends_before or run.instances_needed <= extra:
             if not ends_before:
                 extra -= run.instances_needed

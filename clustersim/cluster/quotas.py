@@ -51,6 +51,19 @@ class TeamBook:
             return True
         return self.borrowing and self.cohort_usage + run.instances_needed <= self.cohort_quota
 
+    def admits_beside(self, run: JobRun, ahead: JobRun) -> bool:
+        """Whether `run` is admitted with `ahead` (the queue's head, waiting) counted as
+        admitted too: a backfilled job must not take the quota the head needs."""
+        if ahead.admitted or self.quota.get(ahead.team) is None:
+            return self.admits(run)
+        self.usage[ahead.team] += ahead.instances_needed
+        self.cohort_usage += ahead.instances_needed
+        try:
+            return self.admits(run)
+        finally:
+            self.usage[ahead.team] -= ahead.instances_needed
+            self.cohort_usage -= ahead.instances_needed
+
     def admit(self, run: JobRun, now: float) -> None:
         if run.admitted:
             return
