@@ -28,6 +28,7 @@ A candidate is pruned, in this order, for
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,17 +118,13 @@ def _interleaves(layers: int, pp: int) -> list[int]:
     return sorted(v for v in values if v <= limits.MAX_INTERLEAVE and pp * v <= layers)
 
 
-def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: TrainingJob
-                    ) -> list[Candidate]:
-    """Every candidate considered on `chips` chips of `hw` (before any pruning). A (tp, cp,
-    pp) that cannot run whatever the rest (heads over tp, the batch over dp, placement, ...)
-    is listed once, with the first of the other settings, not once per micro-batch, recompute
-    and so on; so is an (ep, interleave, micro-batch) whose micro-batches do not suit it."""
+def _layouts(hw: HardwareSpec, chips: int, job: TrainingJob
+             ) -> Iterator[tuple[int, int, int, int]]:
+    """Every (tp, cp, pp, dp) over the job's ranks on `chips` chips, in the search's order:
+    cp among CP_DEGREES splitting the sequence no finer than MIN_CP_POSITIONS, pp no more
+    stages than layers."""
     ranks = chips * hw.chip.ranks
-    model = job.model
     seq = job.sequence_length
-    attention = attention_of(job, hw.chip.framework.attention)
-    out: list[Candidate] = []
     cps = [cp for cp in CP_DEGREES
            if seq % cp == 0 and (cp == 1 or seq // cp >= MIN_CP_POSITIONS)]
     for tp in divisors(ranks):
@@ -135,37 +132,49 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
             if (ranks // tp) % cp:
                 continue
             for pp in divisors(ranks // (tp * cp)):
-                if pp > model.layers:
+                if pp > job.model.layers:
                     break
-                dp = ranks // (tp * cp * pp)
-                first = Candidate(hardware_name, chips, tp, pp, dp, 1, 1, 1, "none", False, 0,
-                                  cp)
-                if prune_reason(first, hw, job) is not None:
-                    out.append(first)  # out whatever the other settings
-                    continue
-                eps = divisors(dp) if model.moe else [1]
-                micro = divisors(job.global_batch // dp)
-                sps = (False, True) if tp > 1 else (False,)
-                zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
-                recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
-                for ep in eps:
-                    if ep > 1 and model.experts % ep:
-                        out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
-                                             False, 0, cp))
+                yield tp, cp, pp, ranks // (tp * cp * pp)
+
+
+def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: TrainingJob
+                    ) -> list[Candidate]:
+    """Every candidate considered on `chips` chips of `hw` (before any pruning). A (tp, cp,
+    pp) that cannot run whatever the rest (heads over tp, the batch over dp, placement, ...)
+    is listed once, with the first of the other settings, not once per micro-batch, recompute
+    and so on; so is an (ep, interleave, micro-batch) whose micro-batches do not suit it."""
+    model = job.model
+    attention = attention_of(job, hw.chip.framework.attention)
+    out: list[Candidate] = []
+    for tp, cp, pp, dp in _layouts(hw, chips, job):
+        first = Candidate(hardware_name, chips, tp, pp, dp, 1, 1, 1, "none", False, 0,
+                          cp)
+        if prune_reason(first, hw, job) is not None:
+            out.append(first)  # out whatever the other settings
+            continue
+        eps = divisors(dp) if model.moe else [1]
+        micro = divisors(job.global_batch // dp)
+        sps = (False, True) if tp > 1 else (False,)
+        zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
+        recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
+        for ep in eps:
+            if ep > 1 and model.experts % ep:
+                out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
+                                     False, 0, cp))
+                continue
+            for v in _interleaves(model.layers, pp):
+                for mb in micro:
+                    if v > 1 and (job.global_batch // (mb * dp)) % pp:
+                        out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
+                                             mb, "none", False, 0, cp))
                         continue
-                    for v in _interleaves(model.layers, pp):
-                        for mb in micro:
-                            if v > 1 and (job.global_batch // (mb * dp)) % pp:
-                                out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
-                                                     mb, "none", False, 0, cp))
-                                continue
-                            for recompute in recomputes:
-                                for sp in sps:
-                                    for z in zeros:
-                                        if z == 3 and ep > 1:
-                                            continue  # not modelled (scenario rules)
-                                        out.append(Candidate(hardware_name, chips, tp, pp, dp,
-                                                             ep, v, mb, recompute, sp, z, cp))
+                    for recompute in recomputes:
+                        for sp in sps:
+                            for z in zeros:
+                                if z == 3 and ep > 1:
+                                    continue  # not modelled (scenario rules)
+                                out.append(Candidate(hardware_name, chips, tp, pp, dp,
+                                                     ep, v, mb, recompute, sp, z, cp))
     return out
 
 
@@ -175,26 +184,15 @@ def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
     (tp, cp, pp) as the enumeration, with the settings under each multiplied out instead of
     listed; a (tp, cp, pp) the enumeration lists once is counted in full, so this is an upper
     bound."""
-    ranks = chips * hw.chip.ranks
     model = job.model
-    seq = job.sequence_length
     flash = attention_of(job, hw.chip.framework.attention) != "unfused"
     recomputes = len(FLASH_RECOMPUTE if flash else RECOMPUTE)
-    cps = [cp for cp in CP_DEGREES
-           if seq % cp == 0 and (cp == 1 or seq // cp >= MIN_CP_POSITIONS)]
     total = 0
-    for tp in divisors(ranks):
-        for cp in cps:
-            if (ranks // tp) % cp:
-                continue
-            for pp in divisors(ranks // (tp * cp)):
-                if pp > model.layers:
-                    break
-                dp = ranks // (tp * cp * pp)
-                eps = len(divisors(dp)) if model.moe else 1
-                micro = len(divisors(job.global_batch // dp)) if job.global_batch % dp == 0 else 1
-                total += (eps * len(_interleaves(model.layers, pp)) * micro * recomputes
-                          * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1))
+    for tp, cp, pp, dp in _layouts(hw, chips, job):
+        eps = len(divisors(dp)) if model.moe else 1
+        micro = len(divisors(job.global_batch // dp)) if job.global_batch % dp == 0 else 1
+        total += (eps * len(_interleaves(model.layers, pp)) * micro * recomputes
+                  * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1))
     return total
 
 
