@@ -117,22 +117,7 @@ def _value(draw: Any, current: Any) -> Any:
 def scenario_case(draw: Any) -> dict[str, Any]:
     """A library scenario with one to three keys replaced, deleted or added, and a command."""
     raw = base_scenario(draw(st.sampled_from(BASES + ["tiny"] * 3)))
-    for _ in range(draw(st.integers(1, 3))):
-        paths = _paths(raw)
-        path = draw(st.sampled_from(paths))
-        try:
-            node = raw
-            for part in path:
-                node = node[part]
-        except (KeyError, IndexError, TypeError):
-            continue
-        action = draw(st.integers(0, 9))
-        if action == 0:
-            _set(raw, path, None, delete=True)
-        elif action == 1 and isinstance(node, dict):
-            node[draw(st.sampled_from(["extra", "seed", "x.y", "1"]))] = _value(draw, None)
-        else:
-            _set(raw, path, _value(draw, node))
+    _mutate(draw, raw, keys=("extra", "seed", "x.y", "1"))
     command = draw(st.sampled_from(["validate", "run", "run", "run", "step", "topology"]))
     args = [command, "scenario.yaml"]
     if command == "run":
@@ -248,8 +233,10 @@ SERVE_EXTRA = [
 ]
 
 
-def _mutate(draw: Any, raw: dict[str, Any], prefix: tuple = (), times: tuple = (1, 3)) -> None:
-    """Replace, delete or add one to three keys of `raw` (under `prefix` when given)."""
+def _mutate(draw: Any, raw: dict[str, Any], prefix: tuple = (), times: tuple = (1, 3),
+            keys: tuple[str, ...] = ("extra", "rate", "requests", "1")) -> None:
+    """Replace, delete or add one to three keys of `raw` (under `prefix` when given; an added
+    key is one of `keys`)."""
     for _ in range(draw(st.integers(*times))):
         paths = [p for p in _paths(raw) if p[: len(prefix)] == prefix] or _paths(raw)
         if not paths:  # an earlier mutation emptied it: nothing left to change
@@ -265,7 +252,7 @@ def _mutate(draw: Any, raw: dict[str, Any], prefix: tuple = (), times: tuple = (
         if action == 0:
             _set(raw, path, None, delete=True)
         elif action == 1 and isinstance(node, dict):
-            node[draw(st.sampled_from(["extra", "rate", "requests", "1"]))] = _value(draw, None)
+            node[draw(st.sampled_from(list(keys)))] = _value(draw, None)
         else:
             _set(raw, path, _value(draw, node))
 
