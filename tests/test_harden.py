@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import refused
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -45,14 +46,6 @@ def write(tmp_path: Path, mapping, name: str = "scenario.yaml") -> Path:
     path.write_text(mapping if isinstance(mapping, str) else yaml.safe_dump(mapping),
                     encoding="utf-8")
     return path
-
-
-def refused(result, *words: str) -> None:
-    output = result.stdout + result.stderr
-    assert result.exit_code == 2, output
-    assert "Traceback" not in output and "internal error" not in output, output
-    for word in words:
-        assert word in result.stderr, (word, result.stderr)
 
 
 def leftovers(folder: Path) -> list[str]:

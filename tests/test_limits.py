@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import refused
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -51,14 +52,6 @@ def write(tmp_path: Path, text_or_mapping, name: str = "bad.yaml") -> Path:
         text_or_mapping)
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def refused(result, *words: str) -> None:
-    output = result.stdout + result.stderr
-    assert result.exit_code == 2, output
-    assert "Traceback" not in output and "internal error" not in output, output
-    for word in words:
-        assert word in result.stderr, (word, result.stderr)
 
 
 # ---------------------------------------------------------------------------------------------

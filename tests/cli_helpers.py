@@ -1,0 +1,13 @@
+"""Helpers shared by the tests of the command line's refusals."""
+
+from __future__ import annotations
+
+
+def refused(result, *words: str) -> None:
+    """A command refused its input: exit 2, no traceback or internal error, and each of
+    `words` in what it printed on stderr."""
+    output = result.stdout + result.stderr
+    assert result.exit_code == 2, output
+    assert "Traceback" not in output and "internal error" not in output, output
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
