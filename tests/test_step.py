@@ -429,3 +429,96 @@ def test_expert_gradients_are_reduced_over_the_ranks_sharing_the_experts():
     for ranks, per_rank in ((64, dense * 4), (8, experts * 4)):  # groups on a chip add up
         together = sizes[ranks] / per_rank
         assert together == pytest.approx(round(together)) and round(together) >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache by placement shape
+
+
+def _ultraserver_cluster(parallelism, instances, oversubscription=1.0):
+    """A 64-UltraServer Trn2 cluster (16 leaves of 16 instances) and a Llama 2 7B job on
+    `instances` of its instances."""
+    ranks = instances * 64
+    dp = ranks // (parallelism["tp"] * parallelism["pp"])
+    job = {"name": "train", "model": "llama2-7b", "global_batch": 2 * dp, "micro_batch": 1,
+           "seq_len": 2048, "recompute": "selective",
+           "parallelism": {**parallelism, "dp": dp}}
+    s = scenario_from_dict({"name": "t", "hardware": "trn2u", "cluster": {
+        "ultraservers": 64, "fabric": {"instances_per_leaf": 16,
+                                       "oversubscription": oversubscription}},
+        "jobs": [job]})
+    return topology_for(s), s.jobs[0]
+
+
+def _placement(pieces, servers):
+    """Instances in rank order: each piece (first z, count) on an UltraServer of `servers`."""
+    return np.concatenate([server * 4 + z + np.arange(count)
+                           for (z, count), server in zip(pieces, servers, strict=False)])
+
+
+def _figures(profile):
+    return (profile.step_time_s, profile.compute_s, profile.bubble_s, profile.optimizer_s,
+            *(profile.exposed_comm_s[kind] for kind in sorted(profile.exposed_comm_s)))
+
+
+@st.composite
+def _pieces(draw, instances):
+    """`instances` instances as pieces of UltraServers, (first z, count) each: one piece
+    repeated (whole UltraServers, or the same instances of each: a group on the Z rings)
+    as far as it goes, then any."""
+    z = draw(st.integers(0, 3))
+    count = draw(st.integers(1, 4 - z))
+    pieces = [(z, count)] * (instances // count if draw(st.booleans()) else 0)
+    instances -= sum(n for _, n in pieces)
+    while instances:
+        z = draw(st.integers(0, 3))
+        count = draw(st.integers(1, min(4 - z, instances)))
+        pieces.append((z, count))
+        instances -= count
+    return pieces
+
+
+@settings(max_examples=20, deadline=None)
+@given(layout=st.sampled_from([{"tp": 32, "pp": 1, "zero": 1}, {"tp": 64, "pp": 2},
+                               {"tp": 128, "pp": 1}, {"tp": 16, "pp": 1},
+                               {"tp": 128, "pp": 4}]),
+       instances=st.sampled_from([2, 4, 6, 8]), data=st.data(),
+       oversubscription=st.sampled_from([1.0, 1.0, 1.0, 2.0]))
+def test_a_cached_step_is_the_step_simulated_alone(layout, instances, data, oversubscription):
+    """Placements of one shape on different UltraServers and leaves share a simulation (and
+    groups of one shape a reduction); each placement's step, simulated alone by a fresh
+    model (no cached collectives, no cached reductions), is the one the shared model gives:
+    the caches are exact, not an approximation."""
+    per_replica = max(1, layout["tp"] * layout["pp"] // 64)
+    instances = -(-instances // per_replica) * per_replica
+    topology, job = _ultraserver_cluster(layout, instances, oversubscription)
+    shared = StepModel(topology)
+    for _ in range(4):
+        pieces = data.draw(_pieces(instances))
+        placed = _placement(pieces, data.draw(st.permutations(range(64))))
+        cached = shared.profile(job, instances=placed)
+        alone = StepModel(topology).profile(job, instances=placed)
+        assert _figures(cached) == pytest.approx(_figures(alone), rel=1e-12)
+        # The same pieces elsewhere (other UltraServers, other leaves): one shape.
+        elsewhere = _placement(pieces, data.draw(st.permutations(range(64))))
+        assert _figures(shared.profile(job, instances=elsewhere)) == pytest.approx(
+            _figures(StepModel(topology).profile(job, instances=elsewhere)), rel=1e-12)
+
+
+def test_placements_differing_only_in_their_leaves_share_one_simulation():
+    """Two whole UltraServers under one leaf, or under two: one shape on a non-blocking
+    fabric (and the same step simulated alone), two on an oversubscribed one, and two where
+    a pipeline stage sends to the next across a spine (the shape keeps which leaf each
+    stage starts on)."""
+    for layout, oversubscription, shapes in (({"tp": 32, "pp": 1}, 1.0, 1),
+                                              ({"tp": 32, "pp": 1}, 2.0, 2),
+                                              ({"tp": 128, "pp": 4}, 1.0, 2)):
+        topology, job = _ultraserver_cluster(layout, 8, oversubscription)
+        model = StepModel(topology)
+        one_leaf = model.profile(job, instances=np.arange(8))
+        two_leaves = model.profile(job, instances=np.r_[0:4, 16:20])
+        assert len(model._cache) == shapes
+        alone = StepModel(topology).profile(job, instances=np.r_[0:4, 16:20])
+        assert _figures(two_leaves) == pytest.approx(_figures(alone), rel=1e-12)
+        if shapes == 1:
+            assert _figures(one_leaf) == pytest.approx(_figures(alone), rel=1e-12)

@@ -17,8 +17,9 @@ with the last backward pass.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group,
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.ranks import rank_chips
+from clustersim.training.spread import leaves_matter
 from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob, expert_params_per_rank, params_per_rank
 
@@ -53,9 +55,10 @@ class GradientReduction:
     def __init__(self, hardware: HardwareSpec, collectives: CollectiveModel):
         self.hardware = hardware
         self.collectives = collectives
-        # By (ZeRO stage, every group's chips, bytes): the planner asks again and again for
-        # the same groups, and collectives sharing links are costly to solve.
+        # By (ZeRO stage, the groups' shape, bytes): the planner and the timeline ask again
+        # and again for the same groups, and collectives sharing links are costly to solve.
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self._leaves_matter = leaves_matter(collectives.topology)
 
     def per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                           weight_bytes: int) -> dict[int, DataParallelTimes]:
@@ -125,14 +128,54 @@ class GradientReduction:
         after the step with ZeRO-3 (its reduce-scatters are in the passes)."""
         if len(groups[0]) == 1 or zero == 3:
             return 0.0, 0.0
-        hw = self.hardware
-        key = (zero, rank_chips(hw, np.concatenate(groups), placed).tobytes(), len(groups),
-               params, grad_bytes, weight_bytes, getattr(self, "_pipeline_ranks", 1))
+        chips = rank_chips(self.hardware, np.stack(groups), placed)
+        key = (zero, self._groups_shape(chips), len(groups), params, grad_bytes, weight_bytes,
+               getattr(self, "_pipeline_ranks", 1))
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
                                                     weight_bytes, placed)
         return cached
+
+    def _groups_shape(self, chips: np.ndarray) -> Any:
+        """The groups' chips (one row a group) up to renaming domains: for each UltraServer
+        (or each instance, when no group runs on an UltraServer's Z rings), which groups hold
+        which of its chips, as a multiset. The reduction's times depend on nothing else where
+        leaves do not matter (`spread.leaves_matter`): every level below the fabric repeats
+        identically in each domain, the fabric level counts domains, and groups sharing a
+        domain's links share them alike wherever it is. Otherwise: the chips themselves."""
+        if self._leaves_matter:
+            return chips.tobytes()
+        hw = self.hardware
+        unit = hw.chips_per_instance * hw.instances_per_ultraserver
+        if not hw.switch_spans_ultraserver and not self._on_z_rings(
+                chips // hw.chips_per_instance):
+            unit = hw.chips_per_instance
+        group = np.broadcast_to(np.arange(chips.shape[0])[:, None], chips.shape).ravel()
+        domain, within = np.divmod(chips.ravel(), unit)
+        order = np.lexsort((within, group, domain))
+        domain = domain[order]
+        pairs = np.stack([group[order], within[order]], axis=1)
+        cuts = np.flatnonzero(domain[1:] != domain[:-1]) + 1
+        return (unit, tuple(sorted(Counter(part.tobytes()
+                                           for part in np.split(pairs, cuts)).items())))
+
+    def _on_z_rings(self, instances: np.ndarray) -> bool:
+        """Whether a group on these instances (one row a group) runs a Z-ring stage: each
+        UltraServer it touches holds the same two or more of its instances
+        (`groups.build_layout`)."""
+        ipu = self.hardware.instances_per_ultraserver
+        if self.hardware.ultraserver is None or ipu == 1:
+            return False
+        for row in {row.tobytes(): row for row in instances}.values():
+            members = np.unique(row)
+            servers, counts = np.unique(members // ipu, return_counts=True)
+            if counts[0] < 2 or np.any(counts != counts[0]):
+                continue
+            z_sets = (members % ipu).reshape(len(servers), counts[0])
+            if np.all(z_sets == z_sets[0]):
+                return True
+        return False
 
     def _solve(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
                weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:

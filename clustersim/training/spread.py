@@ -14,7 +14,7 @@ import numpy as np
 if TYPE_CHECKING:
     from clustersim.hardware.topology import Topology
 
-__all__ = ["spread_shape"]
+__all__ = ["spread_shape", "leaves_matter"]
 
 
 def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndarray] | None:
@@ -31,3 +31,16 @@ def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndar
                                 for s, c in zip(ids.tolist(), counts.tolist(), strict=True)])
     split = tuple(zip(ids.tolist(), counts.tolist(), strict=True))
     return split, canonical
+
+
+def leaves_matter(topology: Topology) -> bool:
+    """Whether the leaves a placement's instances fall on can change a collective beyond
+    which spine a send crosses: over several sites, on an oversubscribed fabric, or with
+    UltraServers split across leaves. Otherwise a leaf's uplinks carry all its chips' EFA,
+    so crossing flows never outrun their NICs (`collectives.fabric`), and the step model
+    keys its caches without the leaves."""
+    hw = topology.hardware
+    ipu = hw.instances_per_ultraserver
+    fabric = topology.fabric
+    return (topology.site_count > 1 or fabric.oversubscription > 1.0
+            or fabric.leaf_size(ipu) % ipu != 0)

@@ -45,7 +45,7 @@ from clustersim.training.pipeline import run_pipeline
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import pipeline_order
-from clustersim.training.spread import spread_shape
+from clustersim.training.spread import leaves_matter, spread_shape
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
@@ -163,6 +163,7 @@ class StepModel:
         self.chunks = ChunkModel(self.hardware, self.collectives)
         self.reduction = GradientReduction(self.hardware, self.collectives)
         self._cache: dict[tuple, StepProfile] = {}
+        self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
@@ -278,34 +279,48 @@ class StepModel:
         return placed
 
     def _shape(self, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
-        """The placement's shape (instances per leaf, in order, and per UltraServer) and a
-        canonical placement of that shape: each leaf's share from the start of a leaf."""
+        """The placement's shape and a canonical placement of that shape (each leaf's share
+        from the start of a leaf), on which the step is simulated.
+
+        The shape is what the step on the canonical placement depends on: in rank order, each
+        instance's UltraServer (renamed by first appearance) and its place in it, and the leaf
+        of each pipeline rank's first instance (its sends cross a spine or not). On a
+        non-blocking fabric the leaves change nothing else: a leaf's uplinks carry all its
+        chips' EFA, so a collective's crossing flows never outrun their NICs
+        (`collectives.fabric`). There, placements that differ only in how their instances
+        fall on leaves share one simulation (tests/test_step.py checks it against simulating
+        each); on an oversubscribed fabric the shape keeps the instances per leaf."""
         par = job.parallelism
         hw = self.hardware
         per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
         ipu = hw.instances_per_ultraserver
+        head = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
+                job.precision, job.recompute, self.attention(job), hw.name, len(placed))
         spread = spread_shape(self.topology, placed)
         if spread is not None:  # over several sites: the shape is how it splits over them
             split, canonical = spread
-            return (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-                    job.precision, job.recompute, self.attention(job), hw.name, len(placed),
-                    "sites", split), canonical
+            return (*head, "sites", split), canonical
         leaves = placed // per_leaf
         _, first_seen = np.unique(leaves, return_index=True)
         order = leaves[np.sort(first_seen)]
         leaf_counts = tuple(int(np.count_nonzero(leaves == leaf)) for leaf in order)
-        us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
         offset = int(placed[0] % ipu)
-        key = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-               job.precision, job.recompute, self.attention(job), hw.name, len(placed), offset,
-               leaf_counts, us_counts)
         if np.array_equal(placed, np.arange(placed[0], placed[0] + len(placed))):
-            return key, placed
-        canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
-                                    for leaf, count in enumerate(leaf_counts)])
-        if canonical.max() >= self.topology.instances or len(np.unique(canonical)) != len(placed):
-            canonical = placed  # no room for the canonical form: use the placement itself
-        return key, canonical
+            canonical = placed
+        else:
+            canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
+                                        for leaf, count in enumerate(leaf_counts)])
+            if (canonical.max() >= self.topology.instances
+                    or len(np.unique(canonical)) != len(placed)):
+                canonical = placed  # no room for the canonical form: use the placement itself
+        if self._leaves_matter:
+            us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
+            return (*head, offset, leaf_counts, us_counts), canonical
+        stride = par.tp * par.cp
+        firsts = canonical[np.arange(par.pp) * stride // hw.ranks_per_instance]
+        return (*head, "ultraservers", _first_seen_labels(canonical // ipu).tobytes(),
+                (canonical % ipu).tobytes(), _first_seen_labels(firsts // per_leaf).tobytes()
+                ), canonical
 
     def _microbatches(self, job: TrainingJob) -> int:
         par = job.parallelism
@@ -434,6 +449,14 @@ class StepModel:
             cost_per_million_tokens_usd=cost, notes=tuple(notes),
             error_band=tuple(hw.chip.efficiency.step_error_band),
         )
+
+
+def _first_seen_labels(ids: np.ndarray) -> np.ndarray:
+    """Each id renamed by the order of its first appearance: [7, 3, 7, 9] -> [0, 1, 0, 2]."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse]
 
 
 def _renamed(profile: StepProfile, name: str) -> StepProfile:
