@@ -300,22 +300,29 @@ class StepModel:
         if spread is not None:  # over several sites: the shape is how it splits over them
             split, canonical = spread
             return (*head, "sites", split), canonical
+        n = len(placed)
         leaves = placed // per_leaf
-        _, first_seen = np.unique(leaves, return_index=True)
-        order = leaves[np.sort(first_seen)]
-        leaf_counts = tuple(int(np.count_nonzero(leaves == leaf)) for leaf in order)
+        # Instances per leaf, leaves in order of first appearance (one pass when sorted).
+        if n > 1 and bool((leaves[1:] >= leaves[:-1]).all()):
+            starts = np.concatenate(([0], np.flatnonzero(leaves[1:] != leaves[:-1]) + 1))
+            counts = np.diff(np.append(starts, n))
+        else:
+            _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
+            counts = counts[np.argsort(starts)]
         offset = int(placed[0] % ipu)
-        if np.array_equal(placed, np.arange(placed[0], placed[0] + len(placed))):
+        contiguous = int(placed[-1]) - int(placed[0]) == n - 1 and (
+            n == 1 or bool((np.diff(placed) == 1).all()))
+        if contiguous:
             canonical = placed
         else:
-            canonical = np.concatenate([leaf * per_leaf + offset % per_leaf + np.arange(count)
-                                        for leaf, count in enumerate(leaf_counts)])
-            if (canonical.max() >= self.topology.instances
-                    or len(np.unique(canonical)) != len(placed)):
+            # Each leaf's share from the start of the leaf (in leaf order: ascending).
+            first = np.arange(len(counts)) * per_leaf + offset % per_leaf
+            canonical = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(n)
+            if canonical[-1] >= self.topology.instances:
                 canonical = placed  # no room for the canonical form: use the placement itself
         if self._leaves_matter:
             us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
-            return (*head, offset, leaf_counts, us_counts), canonical
+            return (*head, offset, tuple(counts.tolist()), us_counts), canonical
         stride = par.tp * par.cp
         firsts = canonical[np.arange(par.pp) * stride // hw.ranks_per_instance]
         return (*head, "ultraservers", _first_seen_labels(canonical // ipu).tobytes(),
@@ -453,6 +460,8 @@ class StepModel:
 
 def _first_seen_labels(ids: np.ndarray) -> np.ndarray:
     """Each id renamed by the order of its first appearance: [7, 3, 7, 9] -> [0, 1, 0, 2]."""
+    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):  # sorted: count the changes
+        return np.concatenate(([0], np.cumsum(ids[1:] != ids[:-1])))
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first)] = np.arange(len(first))
