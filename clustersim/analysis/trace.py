@@ -351,12 +351,20 @@ def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) ->
     states = np.asarray(job_intervals["state"].cast(pa.string()).to_pylist(), dtype=object)
     start = job_intervals["start_s"].to_numpy()
     end = job_intervals["end_s"].to_numpy()
+    # Each job's intervals by start time (ties in table order), every job at once: one
+    # sort, then a slice per job (not a scan of every interval per job: jobs x intervals).
+    order = np.lexsort((start, ids))
+    ids, start, end, states = ids[order], start[order], end[order], states[order]
+    bounds = np.flatnonzero(np.diff(ids)) + 1
+    first = np.concatenate(([0], bounds))
+    last = np.append(bounds, len(ids))
+    where = dict(zip(ids[first].tolist(), zip(first.tolist(), last.tolist(), strict=True),
+                     strict=True))
     for job in jobs:
-        mask = ids == job
-        if not mask.any():
+        span = where.get(job)
+        if span is None:
             continue
-        order = np.argsort(start[mask], kind="stable")
-        s, e, st = start[mask][order], end[mask][order], states[mask][order]
+        s, e, st = start[span[0]:span[1]], end[span[0]:span[1]], states[span[0]:span[1]]
         points = np.concatenate([s, e[-1:]])
         out.breakpoints[job] = points
         for state in JOB_STATES:
@@ -501,10 +509,14 @@ def utilisation_rows(
                 members = np.ones(keys, dtype=np.int64)
                 names = [str(k) for k in chosen.tolist()]
             chip_time = {state: np.zeros((keys, len(starts))) for state in UTILISATION_STATES}
-            for job in np.unique(a_job).tolist():
+            # Each job's allocations, in table order: one stable sort, a slice per job.
+            by_job = np.argsort(a_job, kind="stable")
+            by_job = by_job[a_key[by_job] >= 0]
+            cuts = np.flatnonzero(np.diff(a_job[by_job])) + 1
+            for rows in np.split(by_job, cuts) if len(by_job) else []:
+                job = int(a_job[rows[0]])
                 if job not in functions.breakpoints:
                     continue
-                rows = np.flatnonzero((a_job == job) & (a_key >= 0))
                 if len(rows) == 0:
                     continue
                 if keys == 1:
