@@ -187,6 +187,23 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
             candidates.append(self.job.run_for_s)
         return min(candidates) if candidates else math.inf
 
+    def fixed_expected_end(self) -> float | None:
+        """Its expected end when nothing can change it any more: started, with a run time and
+        no step target (`expected_end` is then its start plus its run time, or its
+        deadline); None otherwise."""
+        start = self.outcome.start_s
+        if self.job.steps is not None or self.job.run_for_s is None or start is None:
+            return None
+        end = start + self.job.run_for_s
+        return end if self.end_at is None else min(end, self.end_at)
+
+    def backfill_count(self) -> int:
+        """Instances it holds, or those just granted it (its process has not taken them up
+        yet): what backfill expects back at its end."""
+        return self.held_count or (self.instances_needed if self.state == "queued"
+                                   and self.granted is not None and self.granted.triggered
+                                   else 0)
+
     def expected_end(self) -> float:
         now = self.t.env.now
         end = now + self.expected_duration()

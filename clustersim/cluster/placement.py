@@ -63,6 +63,7 @@ class Placer:
         self.per_leaf = per_leaf
         self.instance_leaf = instance_leaf
         self.ring = ring  # UltraServers joined by NeuronLink rings (Trn2 Z rings)
+        self.unit_leaf = np.arange(n_us) * ipu // per_leaf  # each UltraServer's leaf
 
     def place(self, count: int, whole_ultraservers: bool, free: np.ndarray
               ) -> np.ndarray | None:
@@ -80,8 +81,7 @@ class Placer:
             ipu = self.ipu
             units = whole_units(free, self.n_us, ipu)
             need = math.ceil(count / ipu)
-            chosen_units = pack(np.flatnonzero(units), (np.arange(self.n_us) * ipu
-                                                         // self.per_leaf), need)
+            chosen_units = pack(np.flatnonzero(units), self.unit_leaf, need)
             if chosen_units is None:
                 return None
             return (chosen_units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()[:count]

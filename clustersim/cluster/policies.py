@@ -6,6 +6,7 @@ policies is `clustersim.cluster.scheduler`.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -47,24 +48,16 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
     available = int(np.count_nonzero(free))
     if available < queue.smallest():
         return  # nothing that waits fits in what is free (place would refuse each one)
-    # Instances per job: those it holds, or those just granted it (its process has not
-    # taken them up yet); over the jobs started and not done, not every job.
-    ends = []
-    for run in t.active:
-        if run is head:
-            continue
-        count = run.held_count or (run.instances_needed if run.state == "queued"
-                                   and run.granted is not None and run.granted.triggered
-                                   else 0)
-        if count:
-            ends.append((run.expected_end(), count))
+    # Instances per job (those it holds, or those just granted it) back at its expected end,
+    # over the jobs started and not done, in order of end (`ActiveJobs.expected_ends`).
+    ends = t.active.expected_ends(head)
     # Instances in repair come back at known times too.
     down = np.flatnonzero(~t.healthy)
     if len(down) and math.isfinite(t.repair_s):
         back = t.instance_down_since[down] + t.repair_s
         # (to the pool; a serving deployment's instance goes back to its deployment)
-        ends += [(float(when), 1) for when in back[t.owner[down] == FREE].tolist()]
-    ends.sort()
+        ends = heapq.merge(ends, [(when, 1) for when in np.sort(back[t.owner[down] == FREE])
+                                  .tolist()])
     shadow, extra = math.inf, available
     for end, count in ends:
         available += count
@@ -87,19 +80,23 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
             continue  # cannot fit now (place would refuse it)
         if not t.teams.admits(run):
             continue  # over its team's quota
+        # Whether it may start, before where: a job that would still run at the head's start
+        # needs the instances the head leaves over, and must not take the quota the head
+        # needs. (Placing it first and then refusing it cost a placement per such job per
+        # pass. A placement refused here is no different: placement fails for every larger
+        # count once it fails for one, and the pool only shrinks during the walk.)
+        ends_before = now + run.expected_duration() <= shadow
+        if not ends_before and (need > extra or not t.teams.admits_beside(run, head)):
+            continue
         chosen = t.place(need, run.whole_ultraservers, free)
         if chosen is None:
             refused[run.whole_ultraservers] = need
             continue
-        ends_before = now + run.expected_duration() <= shadow
-        if not ends_before and not t.teams.admits_beside(run, head):
-            continue  # it would hold the quota the head needs past the head's start
-        if ends_before or run.instances_needed <= extra:
-            if not ends_before:
-                extra -= run.instances_needed
-            scheduler.start(run, chosen)  # it leaves the queue: the walk moves on
-            free[chosen] = False
-            free_count -= len(chosen)
+        if not ends_before:
+            extra -= need
+        scheduler.start(run, chosen)  # it leaves the queue: the walk moves on
+        free[chosen] = False
+        free_count -= len(chosen)
 
 
 def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:

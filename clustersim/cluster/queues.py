@@ -10,6 +10,7 @@ are counted so a backfill pass stops as soon as nothing that waits can fit.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -144,16 +145,26 @@ class FairShareQueue:
 
 class ActiveJobs:
     """The jobs holding instances or granted them, with how many of each priority: a job
-    that cannot fit looks for lower-priority victims only when there are some."""
+    that cannot fit looks for lower-priority victims only when there are some.
+
+    Backfill asks at every pass when they are expected to end (`expected_ends`). A started
+    job with a run time and no step target ends at its start plus its run time, whatever
+    happens meanwhile: those are kept sorted by that end as they come and go, and only the
+    others are asked again at each pass (not every running job of a 100,000-job mix)."""
 
     def __init__(self) -> None:
         self._runs: set[JobRun] = set()
         self.priorities: Counter = Counter()
+        self._fixed: list[tuple[float, int]] = []  # (expected end, index), sorted
+        self._fixed_entry: dict[int, tuple[float, int]] = {}
+        self._fixed_runs: dict[int, JobRun] = {}
+        self._live: set[JobRun] = set()  # the others: their end asked at each use
 
     def add(self, run: JobRun) -> None:
         if run not in self._runs:
             self._runs.add(run)
             self.priorities[run.job.priority] += 1
+            self._live.add(run)
 
     def discard(self, run: JobRun) -> None:
         if run in self._runs:
@@ -161,6 +172,47 @@ class ActiveJobs:
             self.priorities[run.job.priority] -= 1
             if not self.priorities[run.job.priority]:
                 del self.priorities[run.job.priority]
+            entry = self._fixed_entry.pop(run.index, None)
+            if entry is None:
+                self._live.discard(run)
+            else:
+                del self._fixed[bisect.bisect_left(self._fixed, entry)]
+                del self._fixed_runs[run.index]
+
+    def expected_ends(self, head: JobRun) -> Iterator[tuple[float, int]]:
+        """(expected end, instances held or granted) of each job but `head` that holds or
+        was granted some, by end then instances: the list backfill sorts, lazily."""
+        live = []
+        for run in list(self._live):
+            end = run.fixed_expected_end()
+            if end is not None:  # started: its end is fixed from now on
+                self._live.remove(run)
+                entry = (end, run.index)
+                bisect.insort(self._fixed, entry)
+                self._fixed_entry[run.index] = entry
+                self._fixed_runs[run.index] = run
+            elif run is not head:
+                count = run.backfill_count()
+                if count:
+                    live.append((run.expected_end(), count))
+        live.sort()
+        return heapq.merge(self._fixed_ends(head), live)
+
+    def _fixed_ends(self, head: JobRun) -> Iterator[tuple[float, int]]:
+        """The fixed ends in order; jobs ending at the same time by instances, as a sort of
+        (end, instances) pairs would have them."""
+        fixed, i = self._fixed, 0
+        while i < len(fixed):
+            end, j, counts = fixed[i][0], i, []
+            while j < len(fixed) and fixed[j][0] == end:
+                run = self._fixed_runs[fixed[j][1]]
+                count = run.backfill_count() if run is not head else 0
+                if count:
+                    counts.append(count)
+                j += 1
+            for count in sorted(counts):
+                yield end, count
+            i = j
 
     def lowest_priority(self) -> float:
         return min(self.priorities) if self.priorities else float("inf")
