@@ -31,6 +31,7 @@ class JobQueue:
         self._runs: dict[int, JobRun] = {}
         self._key_of: dict[int, tuple] = {}
         self.sizes: Counter = Counter()  # instances needed -> jobs waiting
+        self._by_size: dict[int, list[tuple]] = {}  # instances needed -> their keys, sorted
 
     def append(self, run: JobRun) -> None:
         """Queue a job (its key is taken now and kept while it waits)."""
@@ -38,6 +39,7 @@ class JobQueue:
             return
         key = self.key(run)
         bisect.insort(self._keys, key)
+        bisect.insort(self._by_size.setdefault(run.instances_needed, []), key)
         self._runs[run.index] = run
         self._key_of[run.index] = key
         self.sizes[run.instances_needed] += 1
@@ -46,13 +48,40 @@ class JobQueue:
         key = self._key_of.pop(run.index)
         del self._runs[run.index]
         del self._keys[bisect.bisect_left(self._keys, key)]
+        same = self._by_size[run.instances_needed]
+        del same[bisect.bisect_left(same, key)]
         self.sizes[run.instances_needed] -= 1
         if not self.sizes[run.instances_needed]:
             del self.sizes[run.instances_needed]
+            del self._by_size[run.instances_needed]
 
     def discard(self, run: JobRun) -> None:
         if run.index in self._runs:
             self.remove(run)
+
+    def after(self, run: JobRun | None, limit: Callable[[], float]) -> Iterator[JobRun]:
+        """The jobs queued after `run` (all of them when it is not queued), in queue order,
+        but only those needing at most `limit()` instances (asked as the walk goes; it may
+        only fall): a backfill walk visits the jobs that could fit, not every waiting job.
+        Safe while the walker starts (removes) the job it was given."""
+        start = self._key_of.get(run.index) if run is not None else None
+        heap = []
+        for size, keys in self._by_size.items():
+            if size <= limit():
+                i = bisect.bisect_right(keys, start) if start is not None else 0
+                if i < len(keys):
+                    heap.append((keys[i], size))
+        heapq.heapify(heap)
+        while heap:
+            key, size = heapq.heappop(heap)
+            if size > limit():
+                continue  # nothing of this size fits any more
+            yield self._runs[key[-1]]
+            keys = self._by_size.get(size)
+            if keys:
+                i = bisect.bisect_right(keys, key)
+                if i < len(keys):
+                    heapq.heappush(heap, (keys[i], size))
 
     def __contains__(self, run: object) -> bool:
         return getattr(run, "index", None) in self._runs and self._runs[run.index] is run
