@@ -139,9 +139,9 @@ def _size(template: JobTemplate, rng: np.random.Generator) -> int:
 def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: str,
          submit_s: float, run_for_s: float | None, steps: int | None,
          priority: int | None) -> dict[str, Any]:
-    # A shallow copy: the loader deep-copies the jobs once as it resolves their models, and
-    # nothing here changes a nested mapping but the parallelism, copied (a deep copy per job
-    # of a 100,000-job mix was most of its load time).
+    # A shallow copy: nothing here changes a nested mapping but the parallelism, copied,
+    # and the loader only replaces the model name (a deep copy per job of a 100,000-job mix
+    # was most of its load time).
     job = dict(template.job)
     parallelism = dict(job.get("parallelism") or {})
     tp, pp = int(parallelism.get("tp", 1)), int(parallelism.get("pp", 1))
@@ -162,6 +162,19 @@ def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: s
     return job
 
 
+def _cumulative(p: np.ndarray) -> np.ndarray:
+    """What `Generator.choice(len(p), p=p)` searches: the cumulative sum, over its last."""
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    return cdf
+
+
+def _draw(rng: np.random.Generator, cdf: np.ndarray) -> int:
+    """`rng.choice(len(p), p=p)` with `cdf = _cumulative(p)`: the same draw from the same
+    stream (one uniform, searched), without checking p again at every job."""
+    return int(cdf.searchsorted(rng.random(), side="right"))
+
+
 def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                   base_dir: Path | None, target: TraceTarget | None = None
                   ) -> list[dict[str, Any]]:
@@ -172,7 +185,13 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
     if workload.arrivals is not None:
         a = workload.arrivals
         weights = np.array([t.weight for t in workload.templates])
-        weights = weights / weights.sum()
+        which = _cumulative(weights / weights.sum())
+        team_choice = {}
+        for template in workload.templates:
+            if template.teams is not None:
+                names = list(template.teams)
+                weights_t = np.array([template.teams[n] for n in names])
+                team_choice[template.name] = (names, _cumulative(weights_t / weights_t.sum()))
         t = 0.0
         while True:
             t += rng.exponential(1.0 / a.rate_per_s)
@@ -184,7 +203,7 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                 raise ValueError(f"arrivals: more than {limits.MAX_JOBS:,} jobs before `until` "
                                  "(docs/limits.md); expected a lower rate, an earlier until or "
                                  "a count")
-            template = workload.templates[int(rng.choice(len(weights), p=weights))]
+            template = workload.templates[_draw(rng, which)]
             run_for = None
             if template.run_for is not None:
                 run_for = float(template.run_for.median_s * math.exp(
@@ -192,9 +211,8 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
             job = _job(template, _size(template, rng), ranks_per_instance,
                        f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None)
             if template.teams is not None:
-                names = list(template.teams)
-                weights_t = np.array([template.teams[n] for n in names])
-                job["team"] = names[int(rng.choice(len(names), p=weights_t / weights_t.sum()))]
+                names, cumulative = team_choice[template.name]
+                job["team"] = names[_draw(rng, cumulative)]
             jobs.append(job)
     if workload.file is not None:
         jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir)
