@@ -7,6 +7,7 @@ policies is `clustersim.cluster.scheduler`.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -109,12 +110,13 @@ def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.nda
     if t.active.lowest_priority() >= run.job.priority:
         return None  # nobody it outranks holds anything
     active = t.env.active_process
-    victims = sorted((r for r in t.active if r.held_count and r.state != "done"
-                      and r.job.priority < run.job.priority
-                      and (active is None or r.process is not active)),
-                     key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0), r.index))
-    if not victims:
+    victims = (r for r in t.active.by_preemption_order(run.job.priority)
+               if r.held_count and r.state != "done"
+               and (active is None or r.process is not active))
+    first = next(victims, None)
+    if first is None:
         return None
+    victims = itertools.chain([first], victims)
     trial = free.copy()
     count = int(np.count_nonzero(trial))
     chosen_victims = []

@@ -195,12 +195,20 @@ class ActiveJobs:
         self._fixed_entry: dict[int, tuple[float, int]] = {}
         self._fixed_runs: dict[int, JobRun] = {}
         self._live: set[JobRun] = set()  # the others: their end asked at each use
+        # Preemption's order within a priority: latest started first (start time, fixed once
+        # started, negated; then index), kept sorted; jobs not started yet aside.
+        self._started: dict[int, list[tuple[float, int]]] = {}
+        self._started_entry: dict[int, tuple[float, int]] = {}
+        self._unstarted: set[JobRun] = set()
+        self._by_index: dict[int, JobRun] = {}
 
     def add(self, run: JobRun) -> None:
         if run not in self._runs:
             self._runs.add(run)
             self.priorities[run.job.priority] += 1
             self._live.add(run)
+            self._by_index[run.index] = run
+            self._unstarted.add(run)
 
     def discard(self, run: JobRun) -> None:
         if run in self._runs:
@@ -214,6 +222,29 @@ class ActiveJobs:
             else:
                 del self._fixed[bisect.bisect_left(self._fixed, entry)]
                 del self._fixed_runs[run.index]
+            del self._by_index[run.index]
+            started = self._started_entry.pop(run.index, None)
+            if started is None:
+                self._unstarted.discard(run)
+            else:
+                same = self._started[run.job.priority]
+                del same[bisect.bisect_left(same, started)]
+
+    def by_preemption_order(self, below: float) -> Iterator[JobRun]:
+        """The jobs of priority below `below`, lowest priority first, then latest started
+        first, then by index: the order preemption takes victims in (a job not started
+        yet counts as started at 0), without sorting every running job at each call."""
+        for run in [r for r in self._unstarted if r.outcome.start_s is not None]:
+            self._unstarted.remove(run)
+            entry = (-(run.outcome.start_s or 0.0), run.index)
+            bisect.insort(self._started.setdefault(run.job.priority, []), entry)
+            self._started_entry[run.index] = entry
+        for priority in sorted(p for p in self.priorities if p < below):
+            pending = sorted((-0.0, r.index) for r in self._unstarted
+                             if r.job.priority == priority)
+            # (a copy of the sorted keys: the caller may evict once it stops walking)
+            for _, index in heapq.merge(list(self._started.get(priority, ())), pending):
+                yield self._by_index[index]
 
     def expected_ends(self, head: JobRun) -> Iterator[tuple[float, int]]:
         """(expected end, instances held or granted) of each job but `head` that holds or
