@@ -522,3 +522,36 @@ def test_placements_differing_only_in_their_leaves_share_one_simulation():
         assert _figures(two_leaves) == pytest.approx(_figures(alone), rel=1e-12)
         if shapes == 1:
             assert _figures(one_leaf) == pytest.approx(_figures(alone), rel=1e-12)
+
+
+def test_the_shape_of_a_small_placement_is_the_general_one(monkeypatch):
+    """Placements of a few instances take a path on Python integers (`_small_shape`): the
+    same keys and canonical placements as the general one, on either fabric."""
+    from clustersim.training import step as step_module
+
+    rng = np.random.default_rng(3)
+    for layout, oversubscription in (({"tp": 32, "pp": 1}, 1.0), ({"tp": 64, "pp": 2}, 1.0),
+                                     ({"tp": 32, "pp": 1}, 2.0)):
+        for instances in (1, 2, 3, 4, 6, 8, 12, 16):
+            if instances % max(1, layout["tp"] * layout["pp"] // 64):
+                continue
+            topology, job = _ultraserver_cluster(layout, instances, oversubscription)
+            model = StepModel(topology)
+            for _ in range(40):
+                kind = rng.integers(3)
+                if kind == 0:  # scattered, in any order
+                    placed = rng.choice(topology.instances, instances, replace=False)
+                elif kind == 1:  # a run
+                    start = int(rng.integers(topology.instances - instances))
+                    placed = np.arange(start, start + instances)
+                else:  # runs near the cluster's end (no room for the canonical form)
+                    placed = np.sort(rng.choice(np.arange(topology.instances - 40,
+                                                          topology.instances),
+                                                instances, replace=False))
+                placed = np.asarray(placed, dtype=np.int64)
+                small = model._shape(job, placed)
+                monkeypatch.setattr(step_module, "_SMALL", 0)
+                general = model._shape(job, placed)
+                monkeypatch.setattr(step_module, "_SMALL", 16)
+                assert small[0] == general[0]
+                assert np.array_equal(small[1], general[1])

@@ -301,6 +301,8 @@ class StepModel:
             split, canonical = spread
             return (*head, "sites", split), canonical
         n = len(placed)
+        if n <= _SMALL:
+            return self._small_shape(job, head, placed, per_leaf, ipu)
         leaves = placed // per_leaf
         # Instances per leaf, leaves in order of first appearance (one pass when sorted).
         if n > 1 and bool((leaves[1:] >= leaves[:-1]).all()):
@@ -328,6 +330,37 @@ class StepModel:
         return (*head, "ultraservers", _first_seen_labels(canonical // ipu).tobytes(),
                 (canonical % ipu).tobytes(), _first_seen_labels(firsts // per_leaf).tobytes()
                 ), canonical
+
+    def _small_shape(self, job: TrainingJob, head: tuple, placed: np.ndarray, per_leaf: int,
+                     ipu: int) -> tuple[tuple, np.ndarray]:
+        """`_shape` of a placement of a few instances, the same key and canonical placement
+        computed on Python integers (most jobs of a fleet are a few instances, placed again
+        at every start and recovery; numpy's per-call cost was most of their shape)."""
+        ids = placed.tolist()
+        counts: dict[int, int] = {}  # instances per leaf, in order of first appearance
+        for i in ids:
+            counts[i // per_leaf] = counts.get(i // per_leaf, 0) + 1
+        offset = ids[0] % ipu
+        canonical_ids = ids
+        if any(b - a != 1 for a, b in zip(ids, ids[1:], strict=False)):
+            shares = [leaf * per_leaf + offset % per_leaf + k
+                      for leaf, count in enumerate(counts.values()) for k in range(count)]
+            if shares[-1] < self.topology.instances:
+                canonical_ids = shares
+        canonical = placed if canonical_ids is ids else np.array(canonical_ids, dtype=np.int64)
+        if self._leaves_matter:
+            servers: dict[int, int] = {}
+            for i in ids:
+                servers[i // ipu] = servers.get(i // ipu, 0) + 1
+            return (*head, offset, tuple(counts.values()), tuple(sorted(servers.values()))
+                    ), canonical
+        par = job.parallelism
+        stride = par.tp * par.cp
+        rpi = self.hardware.ranks_per_instance
+        firsts = [canonical_ids[d * stride // rpi] for d in range(par.pp)]
+        return (*head, "ultraservers", _labels_bytes([i // ipu for i in canonical_ids]),
+                np.array([i % ipu for i in canonical_ids], dtype=np.int64).tobytes(),
+                _labels_bytes([i // per_leaf for i in firsts])), canonical
 
     def _microbatches(self, job: TrainingJob) -> int:
         par = job.parallelism
@@ -456,6 +489,15 @@ class StepModel:
             cost_per_million_tokens_usd=cost, notes=tuple(notes),
             error_band=tuple(hw.chip.efficiency.step_error_band),
         )
+
+
+_SMALL = 16  # placements of at most this many instances: `_small_shape`
+
+
+def _labels_bytes(ids: list[int]) -> bytes:
+    """`_first_seen_labels(np.array(ids)).tobytes()` for a short list."""
+    seen: dict[int, int] = {}
+    return np.array([seen.setdefault(i, len(seen)) for i in ids], dtype=np.int64).tobytes()
 
 
 def _first_seen_labels(ids: np.ndarray) -> np.ndarray:
