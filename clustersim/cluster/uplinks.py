@@ -99,7 +99,8 @@ class UplinkPacing:
         model = self.t.step_model
         if model is None or self.held_count != self.instances_needed:
             return
-        profile = site_profile(model, self.job, self.job.name, instances=self.held)
+        # (its figures only: the profile as cached, whatever its name)
+        profile = site_profile(model, self.job, None, instances=self.held)
         self.placed_step_time = profile.step_time_s
         leaves = np.unique(self.t.instance_leaf[self.held])
         self.spans_leaves = len(leaves) > 1

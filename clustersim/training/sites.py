@@ -134,10 +134,11 @@ def cross_site_step(model: StepModel, job: Any, name: str = "job",
     return step
 
 
-def site_profile(model: StepModel, job: Any, name: str = "job",
+def site_profile(model: StepModel, job: Any, name: str | None = "job",
                  instances: Any = None) -> StepProfile:
     """The job's step profile on its instances; with `cross_site_sync` and a placement over
-    several sites, at the mean step time of its local and synchronising steps."""
+    several sites, at the mean step time of its local and synchronising steps. (`name`
+    None: any name, as `StepModel.profile`.)"""
     profile = model.profile(job, name, instances=instances)
     spec = getattr(job, "cross_site_sync", None)
     if spec is None or spec.every == 1:

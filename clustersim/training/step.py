@@ -166,18 +166,19 @@ class StepModel:
         self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
 
     # ------------------------------------------------------------------ public
-    def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
+    def profile(self, job: TrainingJob, name: str | None = "job", first_instance: int = 0,
                 instances: Any = None) -> StepProfile:
         """Simulate one step of `job` on its instances: `instances` (in rank order), or those
         from `first_instance` on. Cached by the placement's shape, so the profile is computed
-        on a canonical placement of that shape."""
+        on a canonical placement of that shape. `name` None: whatever name the cached
+        profile has (a caller reading only its figures saves a copy)."""
         placed = self._placement(job, first_instance, instances)
         key, canonical = self._shape(job, placed)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._simulate(job, name, canonical)
+            cached = self._simulate(job, name or "job", canonical)
             self._cache[key] = cached
-        return cached if cached.name == name else _renamed(cached, name)
+        return cached if name is None or cached.name == name else _renamed(cached, name)
 
     def attention(self, job: TrainingJob) -> str:
         """The job's attention kernel, or the hardware family's usual one."""
