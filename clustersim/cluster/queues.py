@@ -73,8 +73,9 @@ class JobQueue:
     def after_key(self, start: tuple | None, limit: Callable[[], float]) -> Iterator[JobRun]:
         """`after`, from a key (None: from the head)."""
         heap = []
+        bound = limit()
         for size, keys in self._by_size.items():
-            if size <= limit():
+            if size <= bound:
                 i = bisect.bisect_right(keys, start) if start is not None else 0
                 if i < len(keys):
                     heap.append((keys[i], size))

@@ -52,6 +52,7 @@ class Scheduler:
         self._last = (0.0, 0.0)
         # Instances per leaf: fixed, counted once (record_state runs after every pass).
         self._leaf_size = np.bincount(timeline.instance_leaf, minlength=timeline.n_leaves)
+        self._whole_leaves = timeline.n_instances == timeline.n_leaves * timeline.per_leaf
 
     def submit(self, run: JobRun) -> None:
         self.queue.append(run)
@@ -172,7 +173,10 @@ class Scheduler:
         count = int(np.count_nonzero(free))
         whole = 0
         if count:
-            per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
+            if self._whole_leaves:  # free instances per leaf: a sum over each leaf's row
+                per_leaf = free.reshape(self.t.n_leaves, -1).sum(axis=1)
+            else:
+                per_leaf = np.bincount(self.t.instance_leaf[free], minlength=self.t.n_leaves)
             size = self._leaf_size
             if self.t.serving_instances:  # serving instances never come free for jobs
                 size = size - self.t.serving_per_leaf
