@@ -32,6 +32,7 @@ class JobQueue:
         self._key_of: dict[int, tuple] = {}
         self.sizes: Counter = Counter()  # instances needed -> jobs waiting
         self._by_size: dict[int, list[tuple]] = {}  # instances needed -> their keys, sorted
+        self._size_list: list[int] = []  # the sizes waiting, ascending
 
     def append(self, run: JobRun) -> None:
         """Queue a job (its key is taken now and kept while it waits)."""
@@ -39,6 +40,8 @@ class JobQueue:
             return
         key = self.key(run)
         bisect.insort(self._keys, key)
+        if run.instances_needed not in self._by_size:
+            bisect.insort(self._size_list, run.instances_needed)
         bisect.insort(self._by_size.setdefault(run.instances_needed, []), key)
         self._runs[run.index] = run
         self._key_of[run.index] = key
@@ -54,6 +57,7 @@ class JobQueue:
         if not self.sizes[run.instances_needed]:
             del self.sizes[run.instances_needed]
             del self._by_size[run.instances_needed]
+            del self._size_list[bisect.bisect_left(self._size_list, run.instances_needed)]
 
     def discard(self, run: JobRun) -> None:
         if run.index in self._runs:
@@ -73,12 +77,12 @@ class JobQueue:
     def after_key(self, start: tuple | None, limit: Callable[[], float]) -> Iterator[JobRun]:
         """`after`, from a key (None: from the head)."""
         heap = []
-        bound = limit()
-        for size, keys in self._by_size.items():
-            if size <= bound:
-                i = bisect.bisect_right(keys, start) if start is not None else 0
-                if i < len(keys):
-                    heap.append((keys[i], size))
+        sizes = self._size_list
+        for size in sizes[: bisect.bisect_right(sizes, limit())]:
+            keys = self._by_size[size]
+            i = bisect.bisect_right(keys, start) if start is not None else 0
+            if i < len(keys):
+                heap.append((keys[i], size))
         heapq.heapify(heap)
         while heap:
             key, size = heapq.heappop(heap)
