@@ -501,3 +501,98 @@ def test_the_fair_share_walk_picks_the_team_furthest_below_its_share_each_time()
     # (4.0); b (2.33): 9; b has no more jobs, a's two go.
     assert order == [1, 3, 0, 5, 2, 4]
     assert len(queue) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=30), data=st.data())
+def test_the_walk_by_size_is_the_queue_in_order_without_the_jobs_too_large(sizes, data):
+    """JobQueue.after visits, in queue order, the jobs after a given one needing at most the
+    bound (which falls as the walker starts jobs), as a walk of the whole queue skipping the
+    others would."""
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import JobQueue
+
+    queue, brute = JobQueue(lambda run: queue_key("priority", run)), []
+    runs = [_Run(i, priority=i % 2, queued_at=float(i % 5), instances=n)
+            for i, n in enumerate(sizes)]
+    for run in runs:
+        queue.append(run)
+    ordered = list(queue)
+    after = data.draw(st.sampled_from([None, *ordered]))
+    bound = [data.draw(st.integers(0, 7))]
+    first_bound = bound[0]
+    starts = set(data.draw(st.lists(st.sampled_from(runs), max_size=10)))
+    seen = []
+    for run in queue.after(after, lambda: bound[0]):
+        seen.append(run)
+        if run in starts:
+            queue.remove(run)
+            bound[0] -= run.instances_needed
+    # The same walk over the whole queue, skipping the jobs too large one by one.
+    position = 0 if after is None else ordered.index(after) + 1
+    for run in ordered[position:]:
+        if run.instances_needed <= first_bound:
+            brute.append(run)
+            if run in starts:
+                first_bound -= run.instances_needed
+    assert seen == brute
+
+
+class _Active:
+    """A running job as ActiveJobs sees it."""
+
+    def __init__(self, index, priority, start, run_for, held, steps=None):
+        from types import SimpleNamespace
+
+        self.index, self.held_count, self.state, self.granted = index, held, "running", None
+        self.instances_needed = held
+        self.job = SimpleNamespace(priority=priority, steps=steps, run_for_s=run_for)
+        self.outcome = SimpleNamespace(start_s=start)
+        self.end_at = None
+
+    def fixed_expected_end(self):
+        if self.job.steps is not None or self.outcome.start_s is None:
+            return None
+        return self.outcome.start_s + self.job.run_for_s
+
+    def backfill_count(self):
+        return self.held_count
+
+    def expected_end(self):
+        return 1e9 + self.index  # (a job with a step target: asked each time)
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=st.lists(st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(0, 5)),
+                               st.integers(1, 3), st.integers(1, 4), st.booleans()),
+                     min_size=1, max_size=25), data=st.data())
+def test_running_jobs_by_end_and_by_preemption_order_are_the_sorts(jobs, data):
+    """ActiveJobs keeps the ends and the preemption order as jobs come, start and go: the
+    same sequences as sorting every running job at each use."""
+    from clustersim.cluster.queues import ActiveJobs
+
+    active, runs = ActiveJobs(), []
+    for index, (priority, start, run_for, held, stepped) in enumerate(jobs):
+        run = _Active(index, priority, None if start is None else float(start),
+                      float(run_for), held, steps=100 if stepped else None)
+        runs.append(run)
+        active.add(run)
+    for _ in range(3):
+        gone = data.draw(st.lists(st.sampled_from(runs), max_size=3))
+        for run in gone:
+            active.discard(run)
+        for run in runs:  # some start meanwhile
+            if run.outcome.start_s is None and data.draw(st.booleans()):
+                run.outcome.start_s = 9.0
+        present = [r for r in runs if r in active]
+        head = data.draw(st.sampled_from(present)) if present else None
+        expected = sorted((r.expected_end() if r.fixed_expected_end() is None
+                           else r.fixed_expected_end(), r.backfill_count())
+                          for r in present if r is not head)
+        assert list(active.expected_ends(head)) == expected
+        below = data.draw(st.integers(0, 3))
+        victims = sorted((r for r in present if r.job.priority < below),
+                         key=lambda r: (r.job.priority, -(r.outcome.start_s or 0.0), r.index))
+        assert list(active.by_preemption_order(below)) == victims
+        for run in gone:
+            active.add(run)
