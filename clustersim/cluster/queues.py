@@ -68,14 +68,7 @@ class JobQueue:
         but only those needing at most `limit()` instances (asked as the walk goes; it may
         only fall): a backfill walk visits the jobs that could fit, not every waiting job.
         Safe while the walker starts (removes) the job it was given."""
-        return self.after_key(self._key_of.get(run.index) if run is not None else None,
-                              limit)
-
-    def key_of(self, run: JobRun) -> tuple:
-        return self._key_of[run.index]
-
-    def after_key(self, start: tuple | None, limit: Callable[[], float]) -> Iterator[JobRun]:
-        """`after`, from a key (None: from the head)."""
+        start = self._key_of.get(run.index) if run is not None else None
         heap = []
         sizes = self._size_list
         for size in sizes[: bisect.bisect_right(sizes, limit())]:

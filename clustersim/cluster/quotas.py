@@ -38,12 +38,6 @@ class TeamBook:
         # admission past the team's quota, and of every admission when `record`.
         self.admissions: list[tuple[float, str, int, int | None, int, int]] | None = (
             [] if record else None)
-        # Whether every job's team has a quota (then `admission_limit` bounds who may
-        # start), and how many admissions were given back (an eviction frees quota).
-        jobs = getattr(scenario, "jobs", None)
-        self.bounded = bool(self.quota) and jobs is not None and all(
-            self.quota.get(team_of(job.team)) is not None for job in jobs)
-        self.releases = 0
 
     def share(self, team: str) -> float:
         """Fair-share position: instances held over the team's weight (lowest goes first)."""
@@ -56,15 +50,6 @@ class TeamBook:
         if self.usage[run.team] + run.instances_needed <= quota:
             return True
         return self.borrowing and self.cohort_usage + run.instances_needed <= self.cohort_quota
-
-    def admission_limit(self) -> float:
-        """The most instances a job of some team would be admitted with now (every team
-        has a quota: `bounded`): a larger job is admitted by no team."""
-        limit = max(quota - self.usage[team] for team, quota in self.quota.items()
-                    if quota is not None)
-        if self.borrowing:
-            limit = max(limit, self.cohort_quota - self.cohort_usage)
-        return limit
 
     def admits_beside(self, run: JobRun, ahead: JobRun) -> bool:
         """Whether `run` is admitted with `ahead` (the queue's head, waiting) counted as
@@ -95,7 +80,6 @@ class TeamBook:
         if not run.admitted:
             return
         run.admitted = False
-        self.releases += 1
         self.usage[run.team] -= run.instances_needed
         if self.quota.get(run.team) is not None:
             self.cohort_usage -= run.instances_needed

@@ -4,7 +4,6 @@ policies of `clustersim.cluster.policies`; records the free pool's fragmentation
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -115,9 +114,7 @@ class Scheduler:
             if backfill and len(self.queue):
                 easy_backfill(self, blocked[0], blocked[1], order, free)
             return
-        walk = (self._admissible() if isinstance(self.queue, JobQueue) and self.t.teams.bounded
-                else order)
-        for run in walk:
+        for run in order:
             if run.job.priority <= floor:
                 return
             if not self.t.teams.admits(run):
@@ -132,23 +129,6 @@ class Scheduler:
                 return
             self.start(run, chosen)
             free[chosen] = False
-
-    def _admissible(self) -> Iterator[JobRun]:
-        """The queue in order, without the jobs larger than any team may be admitted with
-        (`TeamBook.admission_limit`): those the pass would skip one by one (a month of
-        100,000 jobs keeps thousands over their quotas waiting). The limit falls as jobs
-        start; an eviction gives quota back, and the walk goes on from where it was with the
-        new limit."""
-        teams, key = self.t.teams, None
-        while True:
-            releases = teams.releases
-            for run in self.queue.after_key(key, teams.admission_limit):
-                key = self.queue.key_of(run)
-                yield run
-                if teams.releases != releases:
-                    break  # quota given back: walk on with the new limit
-            else:
-                return
 
     def start(self, run: JobRun, chosen: np.ndarray) -> None:
         self.queue.remove(run)
