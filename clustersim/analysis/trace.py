@@ -256,6 +256,13 @@ class MemoryRecorder:
     def allocation(self, job: int, instance: int, start_s: float, end_s: float) -> None:
         self._append("allocations", self.allocations, (job, instance, start_s, end_s))
 
+    def allocations_ended(self, job: int, instances: list[int], starts_s: list[float],
+                          end_s: float) -> None:
+        """An allocation row for each instance a job stops holding, in order."""
+        self._extend("allocations", self.allocations,
+                     [(job, instance, start, end_s)
+                      for instance, start in zip(instances, starts_s, strict=True)])
+
     def cluster_state(self, time_s: float, free: int, queued: int, running: int,
                       fragmentation: float) -> None:
         self._append("cluster_state", self.states, (time_s, free, queued, running, fragmentation))
@@ -263,6 +270,10 @@ class MemoryRecorder:
     def _append(self, table: str, rows: list[tuple], row: tuple) -> None:
         """One row of a fact table (a streaming recorder may write the rows out here)."""
         rows.append(row)
+
+    def _extend(self, table: str, rows: list[tuple], new: list[tuple]) -> None:
+        """Rows of a fact table, as `_append` of each in turn."""
+        rows.extend(new)
 
     def _facts(self) -> tuple[tuple[str, list[tuple]], ...]:
         """The fact tables and their rows kept so far."""
@@ -300,6 +311,15 @@ class ParquetRecorder(MemoryRecorder):
     def _append(self, table: str, rows: list[tuple], row: tuple) -> None:
         rows.append(row)
         self._maybe_flush(table, rows)
+
+    def _extend(self, table: str, rows: list[tuple], new: list[tuple]) -> None:
+        # Up to each row group's end, then flushed: the same row groups as row by row.
+        done = 0
+        while done < len(new):
+            room = self.ROW_GROUP - len(rows)
+            rows.extend(new[done: done + room])
+            done += room
+            self._maybe_flush(table, rows)
 
     def write_table(self, table: str, rows: Sequence[tuple] | pa.Table) -> None:
         """Write a whole table at once (dimension tables, utilisation)."""

@@ -127,9 +127,8 @@ class JobAccounting:
         removed = np.asarray(instances, dtype=np.int64)
         self._account()
         if self.t.recorder is not None:
-            for inst in removed.tolist():
-                self.t.recorder.allocation(self.index, inst, float(self.t.taken_at[inst]),
-                                           self.t.env.now)
+            self.t.recorder.allocations_ended(self.index, removed.tolist(),
+                                              self.t.taken_at[removed].tolist(), self.t.env.now)
         if len(removed):
             self.held_mask[removed] = False
             self.held_count -= len(removed)
