@@ -389,7 +389,7 @@ def _damaged_json(draw: Any, text: str) -> str:
                                      '{"jobs": NaN}', "", "\u0000", '{"a": 1e400}']))
     try:
         summary = json.loads(text)
-    except ValueError:  # already damaged by an earlier draw
+    except (ValueError, RecursionError):  # already damaged by an earlier draw (or deep)
         return text[: draw(st.integers(0, max(0, len(text) - 1)))]
     _mutate(draw, summary)
     return json.dumps(summary, allow_nan=True, default=str)

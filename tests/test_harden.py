@@ -561,3 +561,94 @@ def test_19_address_with_the_local_engine_and_tiny_budgets(tmp_path: Path):
 
     refused(invoke("plan", write(tmp_path, TINY_PLAN), "--address", "ray://x:1"), "--address")
     assert usd(0.000001) == "1e-06" and usd(1234.5) == "1,234"
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by the long fuzz (scripts/fuzz.py --surfaces all): report, sweep, validate, signals
+
+SERVED = dict(json.loads(json.dumps(TRACED)), duration="10min",
+              cluster={"instances": 5, "spares": 1}, serve=[{
+    "name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4}, "replicas": 2,
+    "workload": {"arrival": "poisson", "rate": "2/s", "requests": 100, "input_tokens": 64,
+                 "output_tokens": 16},
+    "slo": {"ttft": "1s", "tpot": "100ms"}}])
+
+
+@pytest.fixture(scope="module")
+def served_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("served")
+    out = folder / "run"
+    result = invoke("run", write(folder, SERVED), "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _report_figures() -> list[tuple[str, str, str]]:
+    from clustersim.analysis.runs import _RUN_FIGURES
+
+    return [(section, key, kind) for section, figures in _RUN_FIGURES.items()
+            for key, (kind, _) in figures.items()]
+
+
+@pytest.mark.parametrize("section, key, kind", _report_figures())
+def test_report_refuses_a_wrongly_typed_figure_by_its_key_path(served_run: Path,
+                                                               tmp_path: Path, section, key,
+                                                               kind):
+    # The fuzz's 13 internal errors: `ETTR {job['ettr']:.1%}` on a figure of text, exit 1.
+    run = copy_run(served_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    where = {"": summary, "cluster": summary["cluster"], "jobs.*": summary["jobs"]["train"],
+             "deployments.*": summary["deployments"]["chat"]}[section]
+    where[key] = {"a": "x"} if kind == "an object of numbers" else (
+        5 if kind == "text" else "x")
+    (run / "summary.json").write_text(json.dumps(summary))
+    path = {"": "", "cluster": "cluster.", "jobs.*": "jobs.train.",
+            "deployments.*": "deployments.chat."}[section] + key
+    refused(invoke("report", run), "summary.json", f"{path}: expected {kind}")
+    assert not (run / "report").exists()
+
+
+def test_report_reads_no_figure_it_does_not_check(served_run: Path, tmp_path: Path):
+    # Every figure of a job, the cluster and a deployment that the check does not type is
+    # made text: the report still draws (so whatever it formats as a number is checked).
+    from clustersim.analysis.runs import _RUN_FIGURES
+
+    run = copy_run(served_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    kept = {"chips", "instances", "chips_per_instance", "instances_per_ultraserver"}
+    for section, entry in [("cluster", summary["cluster"]), ("jobs.*", summary["jobs"]["train"]),
+                           ("deployments.*", summary["deployments"]["chat"])]:
+        for key in entry:
+            if key not in _RUN_FIGURES[section] and key not in kept:
+                entry[key] = "text"
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = invoke("report", run)
+    assert result.exit_code == 0, result.output
+
+
+FLEET_DAY = {"name": "day", "duration": "1h", "hardware": "trn2", "cluster": {"instances": 2},
+             "fluid": {"curve_requests": 500},
+             "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                        "fidelity": "fluid", "slo": {"ttft": "1s", "tpot": "50ms"},
+                        "workload": {"rate": "5/s", "input_tokens": 256,
+                                     "output_tokens": 64}}]}
+
+
+@pytest.mark.parametrize("damage", [None, ("fleet_day", "chip_hours_total", "x"),
+                                    ("fleet_day", "chip_hours", {"serving": "x"}),
+                                    ("deployments.chat", "replicas_max", None)])
+def test_report_of_a_fleet_day_run_checks_the_figures_it_reads(tmp_path: Path, damage):
+    out = tmp_path / "run"
+    assert invoke("run", write(tmp_path, FLEET_DAY), "-o", out).exit_code == 0
+    if damage is not None:
+        summary = json.loads((out / "summary.json").read_text())
+        section, key, value = damage
+        node = summary
+        for part in section.split("."):
+            node = node[part]
+        node[key] = value
+        (out / "summary.json").write_text(json.dumps(summary))
+        refused(invoke("report", out), f"{section}.{key}: expected")
+    else:
+        result = invoke("report", out)
+        assert result.exit_code == 0, result.output

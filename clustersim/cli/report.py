@@ -48,7 +48,6 @@ def _check_run_folder(run_dir: Path) -> None:
 
     from clustersim.analysis.runs import (
         MAX_SUMMARY_BYTES,
-        figures_problem,
         summary_problem,
         table_problem,
     )
@@ -70,10 +69,8 @@ def _check_run_folder(run_dir: Path) -> None:
     traces = TRACES
     if (run_dir / "day.parquet").exists() or (run_dir / "fleet.parquet").exists():
         traces = ("day", "fleet")  # a fleet-day run (docs/fleet-day.md)
-    # A fleet-day run's summary has a shape of its own: only its figures are checked.
-    problem = (summary_problem(parsed) if traces == TRACES else
-               "expected a JSON object" if not isinstance(parsed, dict)
-               else figures_problem(parsed, "summary"))
+    # A fleet-day run's summary has a shape of its own (docs/fleet-day.md).
+    problem = summary_problem(parsed, fleet_day=traces != TRACES)
     if problem:
         raise UsageProblem(f"{summary}: not a run's summary ({problem}); run the scenario "
                            "again")
