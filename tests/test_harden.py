@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from cli_helpers import refused
@@ -652,3 +653,58 @@ def test_report_of_a_fleet_day_run_checks_the_figures_it_reads(tmp_path: Path, d
     else:
         result = invoke("report", out)
         assert result.exit_code == 0, result.output
+
+
+def _tiny_sweep(tmp_path: Path, **extra) -> Path:
+    scenario = write(tmp_path, dict(json.loads(json.dumps(TRACED)), duration="6h",
+                                    trace={"enabled": False}))
+    return write(tmp_path, {"scenario": str(scenario), "grid": {"failures.scale": [1, 2]},
+                            "seeds": [0], **extra}, "sweep.yaml")
+
+
+@pytest.mark.parametrize("address, words", [
+    ("localhost:1", "no Ray cluster answers there"), ("x", "expected HOST:PORT"),
+    ("auto", "cannot join a Ray cluster there")])
+def test_ray_engine_without_a_ray_cluster_is_refused(tmp_path: Path, monkeypatch, address,
+                                                    words):
+    # The fuzz: `sweep --engine ray --address auto` with no Ray cluster was exit 1
+    # (ConnectionError); `localhost:1` waited on Ray's GCS for minutes.
+    import ray
+
+    def no_cluster(**options):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)  # `auto` finds none, whatever runs here
+    sweep = _tiny_sweep(tmp_path)
+    refused(invoke("sweep", sweep, "--engine", "ray", "--address", address, "-o",
+                   tmp_path / "s"), words)
+    refused(invoke("plan", write(tmp_path, TINY_PLAN, "plan.yaml"), "--engine", "ray",
+                   "--address", address, "-o", tmp_path / "p"), words)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "p").exists()
+
+
+def test_validate_runs_the_weights_fit_check_run_makes(tmp_path: Path):
+    raw = _serving()
+    raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
+    path = write(tmp_path, raw)
+    for args in (["validate", path], ["run", path, "-o", tmp_path / "out"]):
+        refused(invoke(*args), "serve.0.parallelism", "the weights do not fit", "GiB per chip")
+    assert invoke("validate", write(tmp_path, _serving())).exit_code == 0
+
+
+def test_one_weights_fit_check_for_both_serving_levels():
+    # Simulated directly (no runner before it), the request and fluid levels refuse a
+    # deployment that does not fit with the same issue `run` and `validate` give.
+    from clustersim.scenario.errors import ScenarioError
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.serving.fleetday import simulate_fleet_day
+    from clustersim.serving.simulate import simulate_serving
+
+    raw = _serving()
+    raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
+    scenario = scenario_from_dict(raw)
+    for call in (lambda: simulate_serving(scenario, np.random.SeedSequence(0)),
+                 lambda: simulate_fleet_day(scenario, 0, {})):
+        with pytest.raises(ScenarioError, match="the weights do not fit") as error:
+            call()
+        assert "serve.0.parallelism" in str(error.value)

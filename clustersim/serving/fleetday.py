@@ -62,7 +62,7 @@ from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
 from clustersim.serving.load import load_rates, load_seed
-from clustersim.serving.simulate import no_kv_room, replica_models
+from clustersim.serving.simulate import replica_models, weights_fit_issue
 from clustersim.training.step import StepProfile
 
 __all__ = ["FleetDayResult", "simulate_fleet_day", "fleet_day_figures", "day_table",
@@ -211,8 +211,9 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         if only is not None and d.name not in only:
             continue
         cost, kv_tokens, _ = replica_models(scenario, d)
-        if kv_tokens <= 0:
-            raise ScenarioError(scenario.source, [no_kv_room(scenario, d, cost)])
+        issue = weights_fit_issue(scenario, d, cost, kv_tokens)
+        if issue is not None:
+            raise ScenarioError(scenario.source, [issue])
         try:
             curve = replica_curve(scenario, d)
         except ValueError as error:  # a replica that serves nothing: the scenario's fault
