@@ -708,3 +708,45 @@ def test_one_weights_fit_check_for_both_serving_levels():
         with pytest.raises(ScenarioError, match="the weights do not fit") as error:
             call()
         assert "serve.0.parallelism" in str(error.value)
+
+
+@pytest.mark.parametrize("autoscale", [None, {"min": 1, "max": 4}])
+def test_a_fleet_day_deployment_holds_its_chips_from_its_start(autoscale):
+    # It held its replicas (and their chip-hours) from t = 0 though it serves from `start`.
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import scenario_from_dict
+
+    def run(start: str):
+        raw = json.loads(json.dumps(FLEET_DAY))
+        raw["serve"][0].update(start=start, replicas=2)
+        if autoscale:
+            raw["serve"][0]["autoscale"] = autoscale
+        return simulate(scenario_from_dict(raw)).summary
+
+    whole, late = run("0s"), run("30min")
+    hours = whole["deployments"]["chat"]["chip_hours"]
+    assert late["deployments"]["chat"]["chip_hours"] == pytest.approx(hours / 2, rel=0.05)
+    assert late["fleet_day"]["chip_hours"]["serving"] == pytest.approx(
+        whole["fleet_day"]["chip_hours"]["serving"] / 2, rel=0.05)
+    # Its replicas are counted over its own span: as many as when it started at 0.
+    for key in ("replicas_min", "replicas_max"):
+        assert late["deployments"]["chat"][key] == whole["deployments"]["chat"][key]
+    assert late["deployments"]["chat"]["requests_per_s"] == pytest.approx(
+        whole["deployments"]["chat"]["requests_per_s"], rel=0.1)
+
+
+@pytest.mark.parametrize("job, grid, words", [
+    ("cluster", {"failures.scale": [1, 2]}, "figures named alike"),
+    ("j", {"failures.scale": [-1, -2]}, "ScenarioError"),
+])
+def test_a_sweep_whose_every_variant_is_refused_exits_2_with_the_first_error(
+        tmp_path: Path, job, grid, words):
+    # The fuzz: every run failed on figures named alike (a job named `cluster`): exit 1.
+    raw = dict(json.loads(json.dumps(TRACED)), duration="6h", trace={"enabled": False})
+    raw["jobs"][0]["name"] = job
+    scenario = write(tmp_path, raw)
+    sweep = write(tmp_path, {"scenario": str(scenario), "grid": grid, "seeds": [0]},
+                  "sweep.yaml")
+    result = invoke("sweep", sweep, "-o", tmp_path / "out", "--workers", "1")
+    refused(result, "error: no run succeeded", "the first, variant base, seed 0", words)
+    assert not (tmp_path / "out").exists()

@@ -223,8 +223,10 @@ class SweepInterrupted(Interrupted):
         self.total = total
 
 
-# Errors that are the sweep's input at fault (a grid value the scenario refuses), not a bug.
-INPUT_FAULTS = ("ScenarioError", "JobDoesNotFit", "OutputDirError")
+# Errors that are the sweep's input at fault (a grid value the scenario refuses, figures of
+# a job and the cluster named alike), not a bug: how a failed row's `error` begins.
+INPUT_FAULTS = ("ScenarioError", "JobDoesNotFit", "OutputDirError", "TopologyTooLarge",
+                "figures named alike")
 
 
 def run_sweep(path: str | Path, engine: str = "local", workers: int | None = None,
