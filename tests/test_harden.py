@@ -750,3 +750,20 @@ def test_a_sweep_whose_every_variant_is_refused_exits_2_with_the_first_error(
     result = invoke("sweep", sweep, "-o", tmp_path / "out", "--workers", "1")
     refused(result, "error: no run succeeded", "the first, variant base, seed 0", words)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scale", [None, 2000])
+def test_a_serving_only_report_draws_failures_only_when_there_were_some(tmp_path: Path,
+                                                                        scale):
+    # It drew failures.png saying "no failures" for a run with no training job and none.
+    raw = dict(_serving(), duration="1h", trace={"enabled": True})
+    raw["cluster"] = {"instances": 2}
+    if scale:
+        raw["failures"] = {"preset": "llama3", "scale": scale}
+    out = tmp_path / "run"
+    assert invoke("run", write(tmp_path, raw), "-o", out).exit_code == 0
+    failed = json.loads((out / "summary.json").read_text())["cluster"]["failures"]
+    assert bool(failed) == bool(scale)
+    assert invoke("report", out).exit_code == 0
+    assert (out / "report" / "failures.png").exists() == bool(scale)
+    assert ("## Failures" in (out / "report" / "report.md").read_text()) == bool(scale)
