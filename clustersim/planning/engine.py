@@ -97,11 +97,14 @@ class Engine:
             return []
         if self.kind == "ray":
             return self._map_ray(fn, tasks)
-        if self.workers <= 1 or len(tasks) == 1:
+        if min(self.workers, os.cpu_count() or 1) <= 1 or len(tasks) == 1:
             return [fn(task) for task in tasks]
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers,
-                                             initializer=_worker_start)
+            # At most one process per core, whatever --workers asks (--workers 100000 forked
+            # hundreds of processes until the machine stalled, as the fuzz found).
+            self._pool = ProcessPoolExecutor(
+                max_workers=min(self.workers, os.cpu_count() or 1),
+                initializer=_worker_start)
         return list(self._pool.map(fn, tasks))
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
