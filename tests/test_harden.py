@@ -440,6 +440,7 @@ def test_14_plan_takes_a_checkpoint_interval_of_never(tmp_path: Path):
     "deep-nesting", "nan-goodput", "events-is-jobs", "utilisation-is-events", "jobs-is-chips",
     "requests-is-jobs", "replicas-is-intervals", "string-columns", "scenario-garbage",
     "summary-fifo", "chips-text", "figure-1e400", "deployment-no-ttft",
+    "job_summary-is-cluster_state", "job_summary-is-jobs",  # found by the long fuzz
 ])
 def test_15_report_on_a_damaged_run_folder_exits_2_and_writes_nothing(traced_run: Path,
                                                                       tmp_path: Path, damage):

@@ -26,7 +26,7 @@ from clustersim.hardware import limits
 from clustersim.scenario.loader import load_scenario
 
 __all__ = ["Run", "TraceSchemaError", "load_run", "compare", "summary_problem", "figures_problem",
-           "table_problem", "MAX_SUMMARY_BYTES"]
+           "table_problem", "job_summary_problem", "MAX_SUMMARY_BYTES"]
 
 
 class TraceSchemaError(ValueError):
@@ -231,6 +231,34 @@ def table_problem(path: Path, name: str) -> str | None:
 
         if kind(found) != kind(want):
             return f"column {field.name} is {found}; expected {want}"
+    return None
+
+
+# What the report's fleet plots read of job_summary.parquet (one column a figure, no fixed
+# schema): column -> kind. A null column (a figure no job had) reads as a number.
+JOB_SUMMARY_READ = {"instances": "number", "team": "text", "queue_wait_s": "number",
+                    "slowdown": "number", "held_chip_s": "number"}
+
+
+def job_summary_problem(path: Path) -> str | None:
+    """What makes `path` not a run's job_summary.parquet as the report reads it (another
+    table in its place, a column of another kind), or None."""
+    import pyarrow as pa
+
+    schema = pq.read_schema(path)
+    for column, kind in JOB_SUMMARY_READ.items():
+        if column not in schema.names:
+            return f"lacks column {column}; expected the job_summary table of a run"
+        if schema.names.count(column) > 1:
+            return f"has column {column} twice"
+        found = schema.field(column).type
+        if pa.types.is_dictionary(found):
+            found = found.value_type
+        ok = (pa.types.is_string(found) or pa.types.is_large_string(found)) if kind == "text" \
+            else (pa.types.is_integer(found) or pa.types.is_floating(found)
+                  or pa.types.is_null(found))
+        if not ok:
+            return f"column {column} is {found}; expected {kind}"
     return None
 
 

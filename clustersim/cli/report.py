@@ -48,6 +48,7 @@ def _check_run_folder(run_dir: Path) -> None:
 
     from clustersim.analysis.runs import (
         MAX_SUMMARY_BYTES,
+        job_summary_problem,
         summary_problem,
         table_problem,
     )
@@ -99,6 +100,8 @@ def _check_run_folder(run_dir: Path) -> None:
         try:
             pq.read_table(table)
             problem = table_problem(table, table.name.removesuffix(".parquet"))
+            if table.name == "job_summary.parquet" and traces == TRACES and not problem:
+                problem = job_summary_problem(table)  # what the fleet plots read of it
         except (pa.ArrowException, OSError) as error:
             raise UsageProblem(f"{table}: not a readable Parquet table ({error}); run the "
                                "scenario again") from None
