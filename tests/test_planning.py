@@ -22,6 +22,7 @@ from clustersim.planning.space import (
     job_for,
     memory_of,
     prune_reason,
+    space_size,
 )
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 from clustersim.training.step import StepModel
@@ -63,6 +64,17 @@ def test_space_counts_follow_the_divisors():
     assert len(set(c.key() for c in space)) == len(space)
     assert not any(c.sequence_parallel and c.tp == 1 for c in space)
     assert not any(c.zero and c.dp * c.cp == 1 for c in space)
+    assert space_size(hw, 32, job) == len(space)  # counted as listed for a dense model
+
+
+def test_space_size_bounds_a_mixture_of_experts():
+    """With experts, the count is an upper bound (ep that does not divide the experts, ZeRO-3
+    with ep > 1 are listed once or not at all but counted in full)."""
+    moe = {**SMALL, "experts": 6, "top_k": 2}
+    job = scenario_from_dict(_raw(model=moe), planning=True).jobs[0]
+    hw = catalog_entry("trn1")
+    for chips in (16, 32):
+        assert space_size(hw, chips, job) >= len(enumerate_space("trn1", hw, chips, job))
 
 
 def test_prune_reasons_follow_the_loader_rules():

@@ -181,18 +181,29 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
 def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
     """At most how many candidates `enumerate_space` lists, counted without listing them (the
     plan's size is bounded before any work: limits.MAX_PLAN_CANDIDATES). The same loops over
-    (tp, cp, pp) as the enumeration, with the settings under each multiplied out instead of
-    listed; a (tp, cp, pp) the enumeration lists once is counted in full, so this is an upper
-    bound."""
+    (tp, cp, pp) and (interleave, micro-batch) as the enumeration, with the settings under
+    them multiplied out instead of listed: what the enumeration lists once (a (tp, cp, pp)
+    that cannot run whatever the rest, an interleave whose micro-batches do not suit it)
+    counts once; experts that ep does not divide and ZeRO-3 with ep > 1 count in full, so
+    this is an upper bound (and equal for dense models)."""
     model = job.model
     flash = attention_of(job, hw.chip.framework.attention) != "unfused"
     recomputes = len(FLASH_RECOMPUTE if flash else RECOMPUTE)
     total = 0
     for tp, cp, pp, dp in _layouts(hw, chips, job):
+        first = Candidate("", chips, tp, pp, dp, 1, 1, 1, "none", False, 0, cp)
+        if prune_reason(first, hw, job) is not None:
+            total += 1
+            continue
         eps = len(divisors(dp)) if model.moe else 1
-        micro = len(divisors(job.global_batch // dp)) if job.global_batch % dp == 0 else 1
-        total += (eps * len(_interleaves(model.layers, pp)) * micro * recomputes
-                  * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1))
+        settings = recomputes * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1)
+        micro = divisors(job.global_batch // dp)  # dp divides the batch: `first` runs
+        per_ep = 0
+        for v in _interleaves(model.layers, pp):
+            for mb in micro:
+                unsuited = v > 1 and (job.global_batch // (mb * dp)) % pp
+                per_ep += 1 if unsuited else settings
+        total += eps * per_ep
     return total
 
 

@@ -113,8 +113,10 @@ class ChunkModel:
         cp_shape = None if cp_group is None else (tuple(cp_group[0].chips.tolist()),
                                                   cp_group[0].ranks_per_chip, cp_group[1])
         attention = attention_of(job, self.hardware.chip.framework.attention)
-        key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
-               job.recompute, attention, layers, first, last, shape, ep_shape, cp_shape)
+        par = job.parallelism  # what stage_work reads of it: not pp, dp, ZeRO or interleave
+        key = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
+               par.sequence_parallel, par.ep, par.cp_comm, job.precision, job.recompute,
+               attention, layers, first, last, shape, ep_shape, cp_shape)
         cached = self._cache.get(key)
         if cached is not None:
             return cached

@@ -90,6 +90,32 @@ class GradientReduction:
             out[d] = DataParallelTimes(reduce_s, gather_s)
         return out
 
+    def alone_per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
+                                weight_bytes: int) -> dict[int, DataParallelTimes]:
+        """A lower bound of `per_pipeline_rank`, cheap to get: each pipeline rank's first
+        shard group alone (with the groups on its own chips carried in it), without the
+        other groups it shares links with, the hybrid all-reduce or the experts'
+        reduction. On one site only (over several the site stage is shared otherwise)."""
+        par = job.parallelism
+        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        z = par.shard_ranks if par.zero else len(offsets)
+        per_rank = _layers_per_rank(job)
+        out = {}
+        for d in range(par.pp):
+            if z == 1 or par.zero == 3:
+                out[d] = DataParallelTimes(0.0, 0.0)
+                continue
+            layers = per_rank[d]
+            dense = (params_per_rank(job, d == 0, d == par.pp - 1, layers)
+                     - expert_params_per_rank(job, layers))
+            base = d * par.tp * par.cp
+            groups = [base + t + offsets[:z] for t in range(par.tp)]
+            op = "reduce-scatter" if par.zero in (1, 2) else "all-reduce"
+            reduce, gather = self._alone(groups, placed, dense, grad_bytes, weight_bytes, op)
+            out[d] = DataParallelTimes(reduce.time_s,
+                                       gather.time_s if par.zero in (1, 2) else 0.0)
+        return out
+
     def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
                           grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
         """(all-gather, reduce-scatter) of `params` weights per rank over the first shard
@@ -102,20 +128,20 @@ class GradientReduction:
         par = job.parallelism
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
         groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
-        gather, scatter = self._alone(groups, placed, params, grad_bytes, weight_bytes)
+        scatter, gather = self._alone(groups, placed, params, grad_bytes, weight_bytes)
         return gather.time_s, scatter.time_s
 
     def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
-               grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
-        """(all-gather, reduce-scatter) of the first group alone, with the groups on its
+               grad_bytes: int, weight_bytes: int, reduce_op: str = "reduce-scatter"
+               ) -> tuple[CollectiveCost, CollectiveCost]:
+        """(the reduction, all-gather) of the first group alone, with the groups on its
         own chips carried in it."""
         hw = self.hardware
-        first = rank_chips(hw, groups[0], placed)
-        together = sum(1 for ranks in groups
-                       if np.array_equal(rank_chips(hw, ranks, placed), first))
-        group = Group.from_rank_chips(first.tolist())
-        return (self.collectives.cost("all-gather", group, params * weight_bytes * together),
-                self.collectives.cost("reduce-scatter", group, params * grad_bytes * together))
+        chips = rank_chips(hw, np.stack(groups), placed)
+        together = int(np.count_nonzero((chips == chips[0]).all(axis=1)))
+        group = Group.from_rank_chips(chips[0].tolist())
+        return (self.collectives.cost(reduce_op, group, params * grad_bytes * together),
+                self.collectives.cost("all-gather", group, params * weight_bytes * together))
 
     def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
                      grad_bytes: int, weight_bytes: int, placed: np.ndarray

@@ -64,7 +64,8 @@ from clustersim.training.workload import (
 )
 
 # matmul_quantisation lives in `chunk`; it stays importable from here.
-__all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation"]
+__all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation",
+           "pipeline_bound"]
 
 
 class JobDoesNotFit(Exception):
@@ -163,6 +164,7 @@ class StepModel:
         self.chunks = ChunkModel(self.hardware, self.collectives)
         self.reduction = GradientReduction(self.hardware, self.collectives)
         self._cache: dict[tuple, StepProfile] = {}
+        self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
@@ -209,6 +211,45 @@ class StepModel:
         groups = self._parallel_groups(job, placed)
         return self._chunk(job, layers, first, last, groups, self._zero3(job, placed))
 
+    def lower_bound(self, job: TrainingJob) -> float:
+        """A lower bound of `profile(job).step_time_s` (on the job's first instances) from
+        the step's own pieces, without the simpy pipeline and without solving the contention
+        of the data-parallel groups (the planner's bound; `pipeline_bound` for the argument).
+        Pass durations are the chunk times the pipeline runs; each pipeline rank's data-
+        parallel reduction and gather are those of its first group alone (sharing links only
+        slows them: `contention.simultaneous`), left out over several sites."""
+        placed = self._placement(job)
+        par = job.parallelism
+        stages = par.pp * par.interleave
+        counts = chunk_layers(job.model.layers, stages)
+        groups = self._parallel_groups(job, placed)
+        zero3 = self._zero3(job, placed)
+        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
+        forward, backward = [], []
+        for g in range(stages):
+            kind = (counts[g], g == 0, g == stages - 1)
+            if kind not in kinds:
+                kinds[kind] = self._chunk(job, kind[0], kind[1], kind[2], groups, zero3)
+            forward.append(kinds[kind].forward_s)
+            backward.append(kinds[kind].backward_s)
+        reduce_s = gather_s = [0.0] * par.pp
+        if self.topology.site_count == 1:
+            w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
+                                                         self.hardware.chip.framework.gradients)
+            alone = self.reduction.alone_per_pipeline_rank(job, placed, g_bytes, w_bytes)
+            reduce_s = [alone[d].reduce_s for d in range(par.pp)]
+            gather_s = [alone[d].gather_s for d in range(par.pp)]
+        return pipeline_bound(forward, backward, par.pp, self._microbatches(job), reduce_s,
+                              gather_s, self._optimizer_s(job))
+
+    def _optimizer_s(self, job: TrainingJob) -> list[float]:
+        """The optimizer step of each pipeline rank: its state's bytes at HBM speed."""
+        hw, par = self.hardware, job.parallelism
+        hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
+        per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
+        return [optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
+                * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank for d in range(par.pp)]
+
     def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
                zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
         tp_group, ep_group, cp_group = groups
@@ -246,6 +287,12 @@ class StepModel:
         par = job.parallelism
         if par.zero != 3 or par.shard_ranks == 1:
             return None
+        # What the costs depend on (the planner asks for many candidates that share it).
+        key = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
+               par.shard_ranks, placed.tobytes())
+        cached = self._zero3_cache.get(key)
+        if cached is not None:
+            return cached
         w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
                                                      self.hardware.chip.framework.gradients)
         layer = layer_params_per_rank(job)
@@ -254,7 +301,8 @@ class StepModel:
                                                                w_bytes)
         extra_gather_s, extra_scatter_s = self.reduction.zero3_layer_times(
             job, placed, extra, g_bytes, w_bytes)
-        return gather_s, scatter_s, extra_gather_s, extra_scatter_s
+        cached = self._zero3_cache[key] = (gather_s, scatter_s, extra_gather_s, extra_scatter_s)
+        return cached
 
     def data_parallel_times(self, job: TrainingJob, placed: np.ndarray | None = None
                             ) -> dict[int, DataParallelTimes]:
@@ -378,14 +426,10 @@ class StepModel:
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         dp_times = self.data_parallel_times(job, placed)
-        optimizer = {}
+        optimizer = dict(enumerate(self._optimizer_s(job)))
         exposed_dp = {}
-        hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
         ends = {}
-        per_rank = rank_layers(model.layers, par.pp, par.interleave)
         for d in range(par.pp):
-            shard = optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
-            optimizer[d] = shard * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
             reduce_time, gather_time = dp_times[d]
             led = ledgers[d]
             # The reduction starts with the last backward pass (bucketed overlap).
@@ -438,3 +482,38 @@ class StepModel:
 
 def _renamed(profile: StepProfile, name: str) -> StepProfile:
     return replace(profile, name=name)
+
+
+def pipeline_bound(forward_s: list[float], backward_s: list[float], pp: int,
+                   microbatches: int, reduce_s: list[float], gather_s: list[float],
+                   optimizer_s: list[float]) -> float:
+    """A lower bound of the step `StepModel.profile` simulates, from each global chunk's
+    forward and backward pass durations and each pipeline rank's data-parallel reduction,
+    gather and optimizer step (any lower bounds of them).
+
+    The pipeline (`run_pipeline`) runs each rank's passes one at a time, a forward of chunk g
+    after the forward of chunk g - 1 of the same micro-batch, a backward of chunk g after the
+    backward of chunk g + 1. So pipeline rank d starts no earlier than the forward of its
+    first micro-batch through chunks 0 .. d-1, then is busy for all its passes, and ends with
+    a backward (of its chunk d), after which that micro-batch's backward still runs through
+    chunks d-1 .. 0 before rank 0 ends. After its last pass, a rank waits for what of its
+    reduction outlasted that pass (the reduction starts with it), its gather and its
+    optimizer step; the step ends when the last rank does. The bound is lowered by 1e-9
+    of itself, for the sums' rounding."""
+    bound = 0.0
+    fill = drain = 0.0
+    chunks = len(forward_s)
+
+    def tail(d: int) -> float:
+        longest = max(backward_s[g] for g in range(d, chunks, pp))
+        return max(0.0, reduce_s[d] - longest) + gather_s[d] + optimizer_s[d]
+
+    last_of_first = tail(0)
+    for d in range(pp):
+        own = range(d, chunks, pp)
+        busy = microbatches * sum(forward_s[g] + backward_s[g] for g in own)
+        end = fill + busy
+        bound = max(bound, end + tail(d), end + drain + last_of_first)
+        fill += forward_s[d]
+        drain += backward_s[d]
+    return bound * (1.0 - 1e-9)
