@@ -25,8 +25,8 @@ from typing import Any
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec, build_topology
-from clustersim.training.stages import chunk_layers
-from clustersim.training.step import StepModel, pipeline_bound
+from clustersim.training.stages import chunk_layers, rank_layers
+from clustersim.training.step import StepModel
 from clustersim.training.workload import TrainingJob, stage_work
 
 __all__ = ["GroupKey", "step_model", "op_model", "step_lower_bound", "quick_bound",
@@ -75,16 +75,35 @@ def _pass_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool
 
 
 def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = None) -> float:
-    """A lower bound of the step model's step time for this job (see the module doc)."""
+    """A lower bound of the step model's step time for this job (see the module doc):
+    `pipeline_bound` on compute alone, without the data-parallel terms, that is the most over
+    the pipeline ranks of fill + drain + micro-batches x busy (`pipeline_terms`), kept by
+    what they depend on (not dp, nor ZeRO)."""
     par = job.parallelism
     cache = cache if cache is not None else {}
     base = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
             par.sequence_parallel, par.ep, job.recompute, job.precision)
-
     microbatches = job.global_batch // (job.micro_batch * par.dp)
-    whole = base + (par.pp, par.interleave, microbatches)  # ZeRO does not change it
-    if whole in cache:
-        return cache[whole]
+    whole = base + (par.pp, par.interleave, microbatches)
+    found = cache.get(whole)
+    if found is not None:
+        return found
+    shape = base + (par.pp, par.interleave)
+    terms = cache.get(shape)
+    if terms is None:
+        terms = cache[shape] = _pipeline_terms(model, job, cache, base)
+    bound = max(ends + microbatches * busy for ends, busy in terms) * (1.0 - 1e-9)
+    cache[whole] = bound
+    return bound
+
+
+def _pipeline_terms(model: StepModel, job: TrainingJob, cache: dict, base: tuple
+                    ) -> list[tuple[float, float]]:
+    """(fill + drain, busy per micro-batch) of each pipeline rank on compute alone
+    (`pipeline_terms`), from one layer's passes: a chunk of n layers runs n layers'
+    operations, one pass overhead and the embedding (first chunk) or the output layer (last
+    chunk), so each term is a count of layers, of passes and of those extras."""
+    par = job.parallelism
 
     def one_layer(first: bool, last: bool) -> tuple[float, float]:
         key = base + (first, last)
@@ -92,20 +111,34 @@ def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = No
             cache[key] = _pass_seconds(model, job, first, last)
         return cache[key]
 
+    overhead = model.hardware.chip.efficiency.pass_overhead_s
+    mid_f, mid_b = one_layer(False, False)
+    first_f, first_b = one_layer(True, False)
+    last_f, last_b = one_layer(False, True)
+    layer = mid_f + mid_b - 2 * overhead  # one layer's operations, forward and backward
+    passes = 2 * overhead
+    embedding = first_f + first_b - mid_f - mid_b
+    output = last_f + last_b - mid_f - mid_b
+    forward_layer = mid_f - overhead
+    backward_layer = mid_b - overhead
+    held = rank_layers(job.model.layers, par.pp, par.interleave)
     stages = par.pp * par.interleave
     counts = chunk_layers(job.model.layers, stages)
-    overhead = model.hardware.chip.efficiency.pass_overhead_s
-    mid_f, mid_b = (t - overhead for t in one_layer(False, False))
-    forward, backward = [], []
-    for g in range(stages):
-        first, last = g == 0, g == stages - 1
-        # A chunk of n layers: n layers' operations, the first / last extras, one overhead.
-        f, b = one_layer(first, last)
-        forward.append(f + (counts[g] - 1) * mid_f)
-        backward.append(b + (counts[g] - 1) * mid_b)
-    zeros = [0.0] * par.pp
-    cache[whole] = pipeline_bound(forward, backward, par.pp, microbatches, zeros, zeros, zeros)
-    return cache[whole]
+    terms = []
+    before = 0  # layers of chunks 0 .. d-1
+    for d in range(par.pp):
+        busy = held[d] * layer + par.interleave * passes
+        if d == 0:
+            busy += embedding
+        if d == (stages - 1) % par.pp:
+            busy += output
+        # The forward and backward passes of chunks 0 .. d-1 (the first with the embedding).
+        ends = before * (forward_layer + backward_layer) + d * passes
+        if d > 0:
+            ends += embedding
+        terms.append((ends, busy))
+        before += counts[d]
+    return terms
 
 
 def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:

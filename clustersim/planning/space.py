@@ -36,6 +36,7 @@ from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import (
+    BusiestMemory,
     Degrees,
     ParallelismSpec,
     TrainingJob,
@@ -44,7 +45,8 @@ from clustersim.training.workload import (
 )
 
 __all__ = ["Candidate", "ScreenJob", "screen_job", "RECOMPUTE", "CP_DEGREES", "MIN_CP_POSITIONS", "divisors",
-           "enumerate_space", "space_size", "prune_reason", "job_for", "memory_of", "tp_domain_ranks"]
+           "enumerate_space", "space_size", "prune_reason", "job_for", "memory_of",
+           "MemoryScreen", "tp_domain_ranks"]
 
 RECOMPUTE = ("none", "selective", "full")
 # With flash attention selective recompute (Korthikanti et al.: recompute the attention core,
@@ -298,6 +300,22 @@ def job_for(base: Any, c: Candidate) -> Any:
         "parallelism": c.parallelism, "micro_batch": c.micro_batch, "recompute": c.recompute,
         "instances": None,
     })
+
+
+class MemoryScreen:
+    """Bytes per chip of the busiest pipeline rank of many candidates of one job on one
+    hardware: `memory_of(...).per_chip`, the same figure, at a fraction of the cost
+    (`workload.BusiestMemory`)."""
+
+    def __init__(self, job: Any, hw: HardwareSpec):
+        framework = hw.chip.framework
+        self.ranks = hw.chip.ranks
+        self.table = BusiestMemory(attention_of(job, framework.attention), framework.gradients)
+
+    def per_chip(self, job: Any) -> float:
+        par = job.parallelism
+        microbatches = job.global_batch // (job.micro_batch * par.dp)
+        return self.table.per_rank(job, microbatches) * min(self.ranks, par.ranks)
 
 
 def memory_of(job: TrainingJob, hw: HardwareSpec):

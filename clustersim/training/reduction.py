@@ -56,6 +56,7 @@ class GradientReduction:
         # By (ZeRO stage, every group's chips, bytes): the planner asks again and again for
         # the same groups, and collectives sharing links are costly to solve.
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self._first_groups: dict[tuple, tuple[Group, int]] = {}
 
     def per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                           weight_bytes: int) -> dict[int, DataParallelTimes]:
@@ -108,12 +109,23 @@ class GradientReduction:
             layers = per_rank[d]
             dense = (params_per_rank(job, d == 0, d == par.pp - 1, layers)
                      - expert_params_per_rank(job, layers))
-            base = d * par.tp * par.cp
-            groups = [base + t + offsets[:z] for t in range(par.tp)]
-            op = "reduce-scatter" if par.zero in (1, 2) else "all-reduce"
-            reduce, gather = self._alone(groups, placed, dense, grad_bytes, weight_bytes, op)
-            out[d] = DataParallelTimes(reduce.time_s,
-                                       gather.time_s if par.zero in (1, 2) else 0.0)
+            key = (par.tp, par.cp, par.pp, par.dp, z, d, placed.tobytes())
+            found = self._first_groups.get(key)
+            if found is None:
+                base = d * par.tp * par.cp
+                groups = [base + t + offsets[:z] for t in range(par.tp)]
+                found = self._first_groups[key] = self._first_group(groups, placed)
+            group, together = found
+            if par.zero in (1, 2):
+                out[d] = DataParallelTimes(
+                    self.collectives.cost("reduce-scatter", group,
+                                          dense * grad_bytes * together).time_s,
+                    self.collectives.cost("all-gather", group,
+                                          dense * weight_bytes * together).time_s)
+            else:
+                out[d] = DataParallelTimes(
+                    self.collectives.cost("all-reduce", group,
+                                          dense * grad_bytes * together).time_s, 0.0)
         return out
 
     def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
@@ -131,16 +143,18 @@ class GradientReduction:
         scatter, gather = self._alone(groups, placed, params, grad_bytes, weight_bytes)
         return gather.time_s, scatter.time_s
 
-    def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
-               grad_bytes: int, weight_bytes: int, reduce_op: str = "reduce-scatter"
-               ) -> tuple[CollectiveCost, CollectiveCost]:
-        """(the reduction, all-gather) of the first group alone, with the groups on its
-        own chips carried in it."""
-        hw = self.hardware
-        chips = rank_chips(hw, np.stack(groups), placed)
+    def _first_group(self, groups: list[np.ndarray], placed: np.ndarray) -> tuple[Group, int]:
+        """The first group's chips, and how many of the groups are on those chips."""
+        chips = rank_chips(self.hardware, np.stack(groups), placed)
         together = int(np.count_nonzero((chips == chips[0]).all(axis=1)))
-        group = Group.from_rank_chips(chips[0].tolist())
-        return (self.collectives.cost(reduce_op, group, params * grad_bytes * together),
+        return Group.from_rank_chips(chips[0].tolist()), together
+
+    def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
+               grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
+        """(reduce-scatter, all-gather) of the first group alone, with the groups on its
+        own chips carried in it."""
+        group, together = self._first_group(groups, placed)
+        return (self.collectives.cost("reduce-scatter", group, params * grad_bytes * together),
                 self.collectives.cost("all-gather", group, params * weight_bytes * together))
 
     def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
@@ -152,7 +166,9 @@ class GradientReduction:
         if len(groups[0]) == 1 or zero == 3:
             return 0.0, 0.0
         hw = self.hardware
-        key = (zero, rank_chips(hw, np.concatenate(groups), placed).tobytes(), len(groups),
+        # ZeRO-1 and ZeRO-2 reduce alike (a reduce-scatter and an all-gather).
+        key = (min(zero, 1), rank_chips(hw, np.concatenate(groups), placed).tobytes(),
+               len(groups),
                params, grad_bytes, weight_bytes, getattr(self, "_pipeline_ranks", 1))
         cached = self._cache.get(key)
         if cached is None:

@@ -65,7 +65,7 @@ from clustersim.training.workload import (
 
 # matmul_quantisation lives in `chunk`; it stays importable from here.
 __all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation",
-           "pipeline_bound"]
+           "pipeline_bound", "pipeline_terms"]
 
 
 class JobDoesNotFit(Exception):
@@ -224,12 +224,26 @@ class StepModel:
         counts = chunk_layers(job.model.layers, stages)
         groups = self._parallel_groups(job, placed)
         zero3 = self._zero3(job, placed)
+        tp_group, ep_group, cp_group = groups
+
+        def times(layers: int, first: bool, last: bool) -> ChunkTimes:
+            return self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+
+        # A chunk's times are affine in its layers (each layer adds its operations and
+        # collectives; what TP overlap hides and what the ring exchange hides behind
+        # attention are per layer too): from chunks of one and two layers, any count
+        # (rounding aside: the bound keeps a margin), without listing its operations.
+        one = {(first, last): times(1, first, last) for first in (False, True)
+               for last in (False, True)
+               if (first and last) == (stages == 1) or not (first or last)}
+        per_layer = _difference(times(2, False, False), one[False, False])
         kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
         forward, backward = [], []
         for g in range(stages):
             kind = (counts[g], g == 0, g == stages - 1)
             if kind not in kinds:
-                kinds[kind] = self._chunk(job, kind[0], kind[1], kind[2], groups, zero3)
+                chunk = _affine(one[kind[1], kind[2]], per_layer, kind[0] - 1)
+                kinds[kind] = self._with_zero3(chunk, kind[0], kind[1], kind[2], zero3)
             forward.append(kinds[kind].forward_s)
             backward.append(kinds[kind].backward_s)
         reduce_s = gather_s = [0.0] * par.pp
@@ -254,6 +268,11 @@ class StepModel:
                zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
         tp_group, ep_group, cp_group = groups
         times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+        return self._with_zero3(times, layers, first, last, zero3)
+
+    @staticmethod
+    def _with_zero3(times: ChunkTimes, layers: int, first: bool, last: bool,
+                    zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
         if zero3 is None:
             return times
         # ZeRO-3: each layer's weights gathered before its forward and again before its
@@ -484,6 +503,34 @@ def _renamed(profile: StepProfile, name: str) -> StepProfile:
     return replace(profile, name=name)
 
 
+def _difference(a: ChunkTimes, b: ChunkTimes) -> ChunkTimes:
+    return ChunkTimes(*(x - y for x, y in zip(vars(a).values(), vars(b).values(),
+                                               strict=True)))
+
+
+def _affine(base: ChunkTimes, step: ChunkTimes, times: int) -> ChunkTimes:
+    """`base` plus `times` x `step`, field by field."""
+    if times == 0:
+        return base
+    return ChunkTimes(*(x + times * y for x, y in zip(vars(base).values(),
+                                                       vars(step).values(), strict=True)))
+
+
+def pipeline_terms(forward_s: list[float], backward_s: list[float], pp: int
+                   ) -> list[tuple[float, float, float]]:
+    """Per pipeline rank d, (fill, drain, busy): the forward passes of chunks 0 .. d-1, their
+    backward passes, and rank d's passes of one micro-batch (`pipeline_bound`)."""
+    chunks = len(forward_s)
+    terms = []
+    fill = drain = 0.0
+    for d in range(pp):
+        busy = sum(forward_s[g] + backward_s[g] for g in range(d, chunks, pp))
+        terms.append((fill, drain, busy))
+        fill += forward_s[d]
+        drain += backward_s[d]
+    return terms
+
+
 def pipeline_bound(forward_s: list[float], backward_s: list[float], pp: int,
                    microbatches: int, reduce_s: list[float], gather_s: list[float],
                    optimizer_s: list[float]) -> float:
@@ -500,8 +547,6 @@ def pipeline_bound(forward_s: list[float], backward_s: list[float], pp: int,
     reduction outlasted that pass (the reduction starts with it), its gather and its
     optimizer step; the step ends when the last rank does. The bound is lowered by 1e-9
     of itself, for the sums' rounding."""
-    bound = 0.0
-    fill = drain = 0.0
     chunks = len(forward_s)
 
     def tail(d: int) -> float:
@@ -509,11 +554,8 @@ def pipeline_bound(forward_s: list[float], backward_s: list[float], pp: int,
         return max(0.0, reduce_s[d] - longest) + gather_s[d] + optimizer_s[d]
 
     last_of_first = tail(0)
-    for d in range(pp):
-        own = range(d, chunks, pp)
-        busy = microbatches * sum(forward_s[g] + backward_s[g] for g in own)
-        end = fill + busy
+    bound = 0.0
+    for d, (fill, drain, busy) in enumerate(pipeline_terms(forward_s, backward_s, pp)):
+        end = fill + microbatches * busy
         bound = max(bound, end + tail(d), end + drain + last_of_first)
-        fill += forward_s[d]
-        drain += backward_s[d]
     return bound * (1.0 - 1e-9)
