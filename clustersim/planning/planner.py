@@ -260,17 +260,17 @@ def _least_memory(c: Candidate, job: JobSpec, memory: MemoryScreen) -> float:
                for z in zeros)
 
 
-def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario
-            ) -> list[tuple[float, dict[str, Any], Any]]:
+def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario,
+            shared: dict) -> list[tuple[float, dict[str, Any], Any]]:
     """Prune a group's space; the survivors as (bound, row, candidate), and every row
     recorded. Memory never falls as the micro-batch grows (activations of min(in flight x
     micro-batch, batch / dp) sequences, logits of one micro-batch), so once a micro-batch
     does not fit at its leanest (`_least_memory`), the larger ones of the same degrees are
-    pruned without being costed one by one."""
+    pruned without being costed one by one. Bounds and memory depend on the hardware, not
+    on the size: the groups of one hardware share their tables (`shared`)."""
     hw = group.hw
     model = op_model(group.key.hardware_json)
-    cache: dict = {}
-    screen = MemoryScreen(job, hw)
+    cache, screen = shared.setdefault(group.key.hardware_json, ({}, MemoryScreen(job, hw)))
     survivors = []
     usable = hw.chip.hbm_bytes * (1.0 - options.memory_headroom)
     too_big: dict[tuple, tuple[int, float]] = {}  # degrees -> (first micro-batch, bytes)
@@ -354,10 +354,11 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
                         "(docs/limits.md): fewer --chips sizes or --hardware, or a global batch "
                         "with fewer divisors")
     screened = {}
+    shared: dict[str, tuple[dict, MemoryScreen]] = {}
     for index, g in enumerate(groups):
         if progress is not None:
             progress(index, len(groups), f"screening {g.name} x {g.chips:,} chips")
-        screened[id(g)] = _screen(g, job, options, given, scenario)
+        screened[id(g)] = _screen(g, job, options, given, scenario, shared)
     with engine or Engine("local", workers=1) as runner:
         _branch_and_bound(job, groups, screened, runner, progress)
     result = _finish(scenario, job, options, groups, notes)

@@ -57,6 +57,7 @@ class GradientReduction:
         # the same groups, and collectives sharing links are costly to solve.
         self._cache: dict[tuple, tuple[float, float]] = {}
         self._first_groups: dict[tuple, tuple[Group, int]] = {}
+        self._alone_times: dict[tuple, dict[int, DataParallelTimes]] = {}
 
     def per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                           weight_bytes: int) -> dict[int, DataParallelTimes]:
@@ -97,6 +98,20 @@ class GradientReduction:
         shard group alone (with the groups on its own chips carried in it), without the
         other groups it shares links with, the hybrid all-reduce or the experts'
         reduction. On one site only (over several the site stage is shared otherwise)."""
+        par = job.parallelism
+        # ZeRO-1 and 2 reduce alike; the micro-batch, recompute and sequence parallelism do
+        # not change what is reduced (the planner bounds many candidates that share this).
+        kind = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
+                par.interleave, min(par.zero, 1) if par.zero < 3 else 3, par.shard_ranks,
+                grad_bytes, weight_bytes, placed.tobytes())
+        found = self._alone_times.get(kind)
+        if found is None:
+            found = self._alone_times[kind] = self._alone_per_rank(job, placed,
+                                                                   grad_bytes, weight_bytes)
+        return found
+
+    def _alone_per_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
+                        weight_bytes: int) -> dict[int, DataParallelTimes]:
         par = job.parallelism
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
         z = par.shard_ranks if par.zero else len(offsets)

@@ -165,6 +165,8 @@ class StepModel:
         self.reduction = GradientReduction(self.hardware, self.collectives)
         self._cache: dict[tuple, StepProfile] = {}
         self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
+        self._optimizer_cache: dict[tuple, list[float]] = {}
+        self._groups_cache: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
@@ -259,10 +261,17 @@ class StepModel:
     def _optimizer_s(self, job: TrainingJob) -> list[float]:
         """The optimizer step of each pipeline rank: its state's bytes at HBM speed."""
         hw, par = self.hardware, job.parallelism
-        hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
-        per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
-        return [optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
+        key = (job.model, par.tp, par.cp, par.pp, par.dp, par.ep, par.interleave,
+               par.zero > 0, par.shard_ranks)
+        found = self._optimizer_cache.get(key)
+        if found is None:
+            hbm_rank = (hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks
+                        * hw.chip.efficiency.vector)
+            per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
+            found = self._optimizer_cache[key] = [
+                optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
                 * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank for d in range(par.pp)]
+        return found
 
     def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
                zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
@@ -384,6 +393,15 @@ class StepModel:
         """Rank 0's tensor-parallel group, its expert-parallel group (dp ranks 0 .. ep-1) and
         its context-parallel group, the last two with how many such groups share each chip;
         None where the job has no such group."""
+        par = job.parallelism
+        moe = job.model.moe and par.ep > 1
+        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, placed.tobytes())
+        found = self._groups_cache.get(key)
+        if found is None:
+            found = self._groups_cache[key] = self._groups_of(job, placed)
+        return found
+
+    def _groups_of(self, job: TrainingJob, placed: np.ndarray) -> tuple:
         par = job.parallelism
         tp_group = None
         if par.tp > 1:
