@@ -144,19 +144,32 @@ class GradientReduction:
         return out
 
     def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
-                          grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
-        """(all-gather, reduce-scatter) of `params` weights per rank over the first shard
-        group of pipeline rank 0, carrying the groups of the TP ranks on its own chips.
-
-        Not yet: the contention between shard groups on different chips of the same
-        instances (the ZeRO 0-2 reductions solve it; here it would be solved for every
-        candidate shape the planner bounds, minutes on a large cluster), so ZeRO-3 is
-        optimistic when several chips of a group share an instance's links."""
+                          grad_bytes: int, weight_bytes: int, every_stage: bool = True
+                          ) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) of `params` weights per rank over the shard group of
+        rank 0, run at once with the other shard groups on the same instances, sharing their
+        links and HBM as the ZeRO 0-2 reductions do (`_solve`): the groups of the other TP
+        ranks and, with `every_stage` (a layer's weights: every pipeline stage gathers its
+        layers at the same time in the steady state of the pipeline), those of the other
+        pipeline ranks and of the other shard groups (hybrid sharding) on those instances.
+        Groups on the same chips run as one collective carrying all their bytes; groups
+        with one chip per instance each share nothing (their own NIC and Z links)."""
         par = job.parallelism
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
-        groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
-        scatter, gather = self._alone(groups, placed, params, grad_bytes, weight_bytes)
-        return gather.time_s, scatter.time_s
+        z = par.shard_ranks
+        stride = par.tp * par.cp
+        bases = [t + stride * d for d in range(par.pp if every_stage else 1)
+                 for t in range(par.tp)]
+        shards = range(0, len(offsets), z) if every_stage else range(0, z, z)
+        groups = [b + offsets[j: j + z] for j in shards for b in bases]
+        if len(groups) > 1:  # keep the groups on the first group's instances
+            hw = self.hardware
+            instances = rank_chips(hw, np.stack(groups), placed) // hw.chips_per_instance
+            mine = np.isin(instances, instances[0]).any(axis=1)
+            groups = [g for g, keep in zip(groups, mine.tolist(), strict=True) if keep]
+        scatter_s, gather_s = self._over_groups(1, groups, params, grad_bytes, weight_bytes,
+                                                placed, pipeline_ranks=1)
+        return gather_s, scatter_s
 
     def _first_group(self, groups: list[np.ndarray], placed: np.ndarray) -> tuple[Group, int]:
         """The first group's chips, and how many of the groups are on those chips."""
@@ -164,35 +177,31 @@ class GradientReduction:
         together = int(np.count_nonzero((chips == chips[0]).all(axis=1)))
         return Group.from_rank_chips(chips[0].tolist()), together
 
-    def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
-               grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
-        """(reduce-scatter, all-gather) of the first group alone, with the groups on its
-        own chips carried in it."""
-        group, together = self._first_group(groups, placed)
-        return (self.collectives.cost("reduce-scatter", group, params * grad_bytes * together),
-                self.collectives.cost("all-gather", group, params * weight_bytes * together))
-
     def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
-                     grad_bytes: int, weight_bytes: int, placed: np.ndarray
-                     ) -> tuple[float, float]:
+                     grad_bytes: int, weight_bytes: int, placed: np.ndarray,
+                     pipeline_ranks: int | None = None) -> tuple[float, float]:
         """(reduction, gather) of `params` per rank over these groups of ranks at once:
         an all-reduce (ZeRO 0), a reduce-scatter and an all-gather (ZeRO 1 and 2), nothing
-        after the step with ZeRO-3 (its reduce-scatters are in the passes)."""
+        after the step with ZeRO-3 (its reduce-scatters are in the passes). Over several
+        sites, `pipeline_ranks` (default: the job's last asked) sets of such groups cross
+        the inter-site links at once."""
         if len(groups[0]) == 1 or zero == 3:
             return 0.0, 0.0
         hw = self.hardware
+        if pipeline_ranks is None:
+            pipeline_ranks = getattr(self, "_pipeline_ranks", 1)
         # ZeRO-1 and ZeRO-2 reduce alike (a reduce-scatter and an all-gather).
         key = (min(zero, 1), rank_chips(hw, np.concatenate(groups), placed).tobytes(),
-               len(groups),
-               params, grad_bytes, weight_bytes, getattr(self, "_pipeline_ranks", 1))
+               len(groups), params, grad_bytes, weight_bytes, pipeline_ranks)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
-                                                    weight_bytes, placed)
+                                                    weight_bytes, placed, pipeline_ranks)
         return cached
 
     def _solve(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
-               weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:
+               weight_bytes: int, placed: np.ndarray, pipeline_ranks: int
+               ) -> tuple[float, float]:
         hw = self.hardware
         by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
         # Every group's chips at once (the groups have one length): one array operation,
@@ -205,7 +214,7 @@ class GradientReduction:
         first_chips = rank_chips(hw, groups[0], placed)
         # Over several sites, every group of every pipeline rank crosses the same inter-site
         # links at once (clustersim.collectives.sites.share_site_links).
-        parallel = len(by_chips) * getattr(self, "_pipeline_ranks", 1)
+        parallel = len(by_chips) * pipeline_ranks
         if len(np.unique(first_chips // hw.chips_per_instance)) == len(first_chips):
             # Each group has its own chip per instance (own NIC, own Z links): the groups
             # are translations of one another and share nothing; one stands for all.

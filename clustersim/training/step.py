@@ -327,8 +327,9 @@ class StepModel:
         extra = job.model.vocab * job.model.hidden / par.tp
         gather_s, scatter_s = self.reduction.zero3_layer_times(job, placed, layer, g_bytes,
                                                                w_bytes)
+        # The embedding's and output layer's: the first or last stage's TP ranks at once.
         extra_gather_s, extra_scatter_s = self.reduction.zero3_layer_times(
-            job, placed, extra, g_bytes, w_bytes)
+            job, placed, extra, g_bytes, w_bytes, every_stage=False)
         cached = self._zero3_cache[key] = (gather_s, scatter_s, extra_gather_s, extra_scatter_s)
         return cached
 
