@@ -550,6 +550,25 @@ def test_18_plan_workers_leave_ctrl_c_to_the_parent():
         assert engine.map(_handler, [0, 1, 2]) == [True, True, True]
 
 
+def _pid(_: int) -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_plan_workers_are_capped_at_the_cores(monkeypatch):
+    """`plan --workers 100000` forked a process per worker asked for (the fuzz saw 1,500)."""
+    import os
+
+    from clustersim.planning.engine import Engine
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with Engine("local", workers=100_000) as engine:
+        pids = engine.map(_pid, list(range(40)))
+        assert len(engine._pool._processes) <= 2
+    assert len(set(pids)) <= 2
+
+
 def test_19_names_stay_in_their_table_cell():
     from clustersim.analysis.serving_report import cell
 
