@@ -217,15 +217,18 @@ class StepModel:
         """A lower bound of `profile(job).step_time_s` (on the job's first instances) from
         the step's own pieces, without the simpy pipeline and without solving the contention
         of the data-parallel groups (the planner's bound; `pipeline_bound` for the argument).
-        Pass durations are the chunk times the pipeline runs; each pipeline rank's data-
-        parallel reduction and gather are those of its first group alone (sharing links only
-        slows them: `contention.simultaneous`), left out over several sites."""
+        Pass durations are the chunk times the pipeline runs, with ZeRO-3's collectives
+        those of rank 0's shard group alone; each pipeline rank's data-parallel reduction
+        and gather are those of its first group alone (sharing links only slows them:
+        `contention.simultaneous`), left out over several sites."""
         placed = self._placement(job)
         par = job.parallelism
         stages = par.pp * par.interleave
         counts = chunk_layers(job.model.layers, stages)
         groups = self._parallel_groups(job, placed)
-        zero3 = self._zero3(job, placed)
+        # ZeRO-3's collectives alone: sharing links only slows them, and a chunk's time does
+        # not fall as they grow.
+        zero3 = self._zero3(job, placed, alone=True)
         tp_group, ep_group, cp_group = groups
 
         def times(layers: int, first: bool, last: bool) -> ChunkTimes:
@@ -310,14 +313,16 @@ class StepModel:
         placed = self._placement(job) if placed is None else placed
         return self._zero3(job, placed)
 
-    def _zero3(self, job: TrainingJob, placed: np.ndarray
+    def _zero3(self, job: TrainingJob, placed: np.ndarray, alone: bool = False
                ) -> tuple[float, float, float, float] | None:
+        """ZeRO-3's layer and extra gathers and reduce-scatters; `alone`: rank 0's shard
+        group without the others it shares links with (a lower bound)."""
         par = job.parallelism
         if par.zero != 3 or par.shard_ranks == 1:
             return None
         # What the costs depend on (the planner asks for many candidates that share it).
         key = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
-               par.shard_ranks, placed.tobytes())
+               par.shard_ranks, placed.tobytes(), alone)
         cached = self._zero3_cache.get(key)
         if cached is not None:
             return cached
@@ -325,6 +330,11 @@ class StepModel:
                                                      self.hardware.chip.framework.gradients)
         layer = layer_params_per_rank(job)
         extra = job.model.vocab * job.model.hidden / par.tp
+        if alone:
+            cached = self._zero3_cache[key] = (
+                *self.reduction.zero3_layer_times_alone(job, placed, layer, g_bytes, w_bytes),
+                *self.reduction.zero3_layer_times_alone(job, placed, extra, g_bytes, w_bytes))
+            return cached
         gather_s, scatter_s = self.reduction.zero3_layer_times(job, placed, layer, g_bytes,
                                                                w_bytes)
         # The embedding's and output layer's: the first or last stage's TP ranks at once.
