@@ -290,8 +290,8 @@ shown = json.loads(done.stdout)
 best = shown["best"]
 figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
            "pruned": shown["pruned"], "simulated": shown["simulated"],
-           "best": f"tp {best['tp']} pp {best['pp']} dp {best['dp']} v {best['interleave']} "
-                   f"mb {best['micro_batch']} {best['recompute']}"
+           "best": f"tp {best['tp']} cp {best['cp']} pp {best['pp']} dp {best['dp']} "
+                   f"v {best['interleave']} mb {best['micro_batch']} {best['recompute']}"
                    f"{' sp' if best['sequence_parallel'] else ''}"
                    f"{(' zero' + str(best['zero'])) if best['zero'] else ''}",
            "step_time_s": round(best["step_time_s"], 3), "mfu": round(best["mfu"], 3)}
@@ -338,8 +338,8 @@ for m in STEP_MEASUREMENTS:
         "published_fits": not ref["why"],
         "best_s": round(best["step_time_s"], 3),
         "faster_by": f"{1 - best['step_time_s'] / float(ref['step_time_s']):.1%}",
-        "best": f"tp {best['tp']} pp {best['pp']} dp {best['dp']} v {best['interleave']} "
-                f"mb {best['micro_batch']} {best['recompute']}"
+        "best": f"tp {best['tp']} cp {best['cp']} pp {best['pp']} dp {best['dp']} "
+                f"v {best['interleave']} mb {best['micro_batch']} {best['recompute']}"
                 f"{' sp' if best['sequence_parallel'] else ''}"
                 f"{(' zero' + str(best['zero'])) if best['zero'] else ''}",
         "simulated": result.simulated}

@@ -373,6 +373,33 @@ def test_contention_on_a_shared_fabric():
     assert together[0].transfer_s == pytest.approx(2 * alone.transfer_s, rel=1e-6)
 
 
+@pytest.mark.parametrize("hardware", ["trn2", "trn2u"])
+def test_groups_on_the_same_instances_share_alike_on_each(hardware, monkeypatch):
+    """Data-parallel groups of different chips of the same instances (several chips of each
+    per instance): solving their shares on the first instance only gives the speeds solving
+    them on every link of every instance gives, to the bit."""
+    from clustersim.collectives import contention
+
+    hw = catalog_entry(hardware)
+    topo = build_topology(hw, 8)
+    model = CollectiveModel(topo)
+    cpi = hw.chips_per_instance
+    # Four groups of four chips of each of the 8 instances, on diagonals of the 4 x 4 torus
+    # (their rings cross the same links).
+    groups = [Group(np.array(sorted(i * cpi + c for i in range(8)
+                                    for c in (t, (t + 5) % 16, (t + 10) % 16, (t + 15) % 16))), 2)
+              for t in range(4)]
+    for op in ("all-reduce", "reduce-scatter", "all-gather"):
+        costs = [model.cost(op, g, 3e8) for g in groups]
+        fast = [c.transfer_s for c in simultaneous(model, costs)]
+        assert contention._common_instance(model, costs) == 0
+        monkeypatch.setattr(contention, "_common_instance", lambda model, costs: None)
+        full = [c.transfer_s for c in simultaneous(model, costs)]
+        monkeypatch.undo()
+        assert fast == full
+        assert fast[0] > costs[0].transfer_s  # they do share
+
+
 def test_send_recv_costs_the_path():
     topo = build_topology(catalog_entry("trn2"), 2)
     model = CollectiveModel(topo)

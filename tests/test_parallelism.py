@@ -155,6 +155,48 @@ def test_zero3_moves_three_times_the_parameters_per_step():
     assert profile.exposed_comm_s["dp"] > 0
 
 
+def _zero3_gather(par: dict, hardware: str = "trn2") -> tuple[float, float, float]:
+    """(the job's ZeRO-3 layer gather, the same over pipeline rank 0's TP groups only, rank
+    0's shard group alone with the TP ranks on its chips carried in it) on 8 instances."""
+    model = {**MODEL, "hidden": 4096, "heads": 32, "layers": 8}
+    raw = {"name": "z3", "hardware": hardware, "cluster": {"instances": 8},
+           "jobs": [{"name": "j", "model": model, "global_batch": 128,
+                     "parallelism": {**par, "zero": 3}}]}
+    job = scenario_from_dict(raw).jobs[0]
+    hw = catalog_entry(hardware)
+    step = StepModel(build_topology(hw, 8))
+    placed = np.arange(8)
+    gather_s = step.zero3_traffic_s(job)[0]
+    layer = layer_params_per_rank(job)
+    stage_only = step.reduction.zero3_layer_times(job, placed, layer, 2, 2,
+                                                  every_stage=False)[0]
+    p = job.parallelism
+    group, sharing = rank_group(hw, data_parallel_offsets(p.tp, p.cp, p.pp, p.dp), placed)
+    together = min(sharing, p.tp)
+    alone = step.collectives.cost("all-gather", group, layer * 2 * together).time_s
+    return gather_s, stage_only, alone
+
+
+def test_zero3_shard_groups_share_the_links_of_their_instances():
+    """ZeRO-3's per-layer gathers run at once in every shard group: groups on other chips
+    of the same instances share their links (max-min fair, as the ZeRO 0-2 reductions),
+    so a gather takes longer than alone but at most as long as the bytes of all of them
+    through one group's links; groups on the same chips run as one, and groups with one chip
+    per instance share nothing."""
+    # TP 4 (one chip): the 4 TP ranks' groups are one collective over every chip.
+    gather, _, alone = _zero3_gather({"tp": 4, "pp": 1, "dp": 128})
+    assert gather == pytest.approx(alone, rel=1e-12)
+    # TP 8 (two chips): two groups (even and odd chips) on the same torus.
+    gather, stage_only, alone = _zero3_gather({"tp": 8, "pp": 1, "dp": 64})
+    assert alone < gather <= 2 * alone and gather == stage_only
+    # TP 4, PP 2: pipeline rank 1's groups gather their layers at the same time.
+    gather, stage_only, alone = _zero3_gather({"tp": 4, "pp": 2, "dp": 64})
+    assert stage_only == pytest.approx(alone, rel=1e-12) and alone < gather <= 2 * alone
+    # TP 64 (a whole instance): each group has one chip per instance, its own NIC share.
+    gather, _, alone = _zero3_gather({"tp": 64, "pp": 1, "dp": 8})
+    assert gather == pytest.approx(alone, rel=1e-12)
+
+
 def test_zero2_and_zero1_cost_the_same_step_zero2_less_memory():
     s1 = _scenario({"tp": 4, "pp": 1, "dp": 16, "zero": 1}, instances=1, global_batch=16)
     s2 = _scenario({"tp": 4, "pp": 1, "dp": 16, "zero": 2}, instances=1, global_batch=16)

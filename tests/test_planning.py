@@ -17,11 +17,14 @@ from clustersim.planning import Engine, PlanError, PlanOptions, plan
 from clustersim.planning.outputs import best_scenario, pareto_front
 from clustersim.planning.simulate import op_model, quick_bound, step_lower_bound
 from clustersim.planning.space import (
+    MemoryScreen,
     divisors,
     enumerate_space,
     job_for,
     memory_of,
     prune_reason,
+    screen_job,
+    space_size,
 )
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 from clustersim.training.step import StepModel
@@ -63,6 +66,17 @@ def test_space_counts_follow_the_divisors():
     assert len(set(c.key() for c in space)) == len(space)
     assert not any(c.sequence_parallel and c.tp == 1 for c in space)
     assert not any(c.zero and c.dp * c.cp == 1 for c in space)
+    assert space_size(hw, 32, job) == len(space)  # counted as listed for a dense model
+
+
+def test_space_size_bounds_a_mixture_of_experts():
+    """With experts, the count is an upper bound (ep that does not divide the experts, ZeRO-3
+    with ep > 1 are listed once or not at all but counted in full)."""
+    moe = {**SMALL, "experts": 6, "top_k": 2}
+    job = scenario_from_dict(_raw(model=moe), planning=True).jobs[0]
+    hw = catalog_entry("trn1")
+    for chips in (16, 32):
+        assert space_size(hw, chips, job) >= len(enumerate_space("trn1", hw, chips, job))
 
 
 def test_prune_reasons_follow_the_loader_rules():
@@ -101,6 +115,24 @@ def test_memory_is_the_step_models():
             candidate = job_for(job, c)
             assert memory_of(candidate, hw).per_chip == pytest.approx(
                 model.memory(candidate).per_chip)
+
+
+@pytest.mark.parametrize("hardware", ["trn1", "p4de"])
+def test_screening_memory_is_memory_of_exactly(hardware):
+    """The screening's memory table gives memory_of's figure to the bit, for every candidate
+    of a space with uneven stages (10 layers), interleaving, context parallelism, ZeRO 0-3,
+    flash (trn1) and unfused (p4de) attention."""
+    model = {**SMALL, "layers": 10}
+    job = scenario_from_dict(_raw(model=model, global_batch=64), planning=True).jobs[0]
+    hw = catalog_entry(hardware)
+    screen = MemoryScreen(job, hw)
+    checked = 0
+    for c in enumerate_space(hardware, hw, 32, job):
+        if prune_reason(c, hw, job) is None:
+            light = screen_job(job, c)
+            assert screen.per_chip(light) == memory_of(light, hw).per_chip, c
+            checked += 1
+    assert checked > 1000
 
 
 def test_bound_is_below_the_simulated_step():

@@ -86,3 +86,21 @@ def test_renewal_ettr_matches_the_timeline_within_two_percent(mtbf, interval):
     measured = sum(simulate(scenario, seed=s).summary["jobs"]["train"]["ettr"]
                    for s in seeds) / len(seeds)
     assert measured == pytest.approx(predicted, rel=0.02), (measured, predicted)
+
+
+def test_waiting_for_spares_with_hundreds_of_them():
+    """P(faults under repair >= spares) for a Poisson count, with 820 spares (5% of 16,384
+    instances), where k! and mu**k overflow a float: no error, and the tail as it should be
+    (none left when far fewer faults are under repair, all waiting when far more)."""
+    from clustersim.planning.ettr import hardware_wait_s
+
+    few = _recovery(1e-4, spare_units=820)  # mu = 0.36 faults under repair
+    assert hardware_wait_s(few) == 0.0
+    many = _recovery(1.0, spare_units=820)  # mu = 3,600
+    assert hardware_wait_s(many) == pytest.approx(3600.0)
+    # Small counts: the sum of the Poisson terms as written.
+    r = _recovery(5e-4, spare_units=3)
+    mu = 5e-4 * 3600.0
+    tail = 1 - sum(math.exp(-mu) * mu**k / math.factorial(k) for k in range(3))
+    assert hardware_wait_s(r) == pytest.approx(3600.0 * tail, rel=1e-12)
+    assert renewal_ettr(many) < renewal_ettr(few)

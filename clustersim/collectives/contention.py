@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 __all__ = ["resource_rates", "capacity", "simultaneous"]
 
 
-def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, float]:
+def resource_rates(model: CollectiveModel, cost: CollectiveCost, instance: int | None = None
+                   ) -> dict[tuple, float]:
     """Peak rate at which the collective uses each resource while it transfers.
 
     Resources: directed links (`("link", u, v)`, bytes/s) and chips' HBM (`("hbm", chip)`,
@@ -26,7 +27,8 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, 
     each domain's EFA (`("efa", first chip)`, as a fraction of it: 1 when a fabric stage
     runs). The rate of a resource is the highest over the steps that use it (bytes of the
     step on it over the step's time alone), so collectives sharing it are assumed to meet
-    in their busiest steps: two identical collectives each take twice as long.
+    in their busiest steps: two identical collectives each take twice as long. With
+    `instance`, the links and HBM of that instance (and its UltraServer) only.
     """
     if cost.group is None or cost.transfer_s <= 0:
         return {}
@@ -66,7 +68,11 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost) -> dict[tuple, 
             for edge, count in loads.items():
                 link_rate[edge] = max(link_rate.get(edge, 0.0), count * step.flow_bytes / step_s)
         rep_base = chips[0] - chips[0] % span
-        bases = (np.unique(cost.group.chips // span) * span).tolist()
+        if instance is None:
+            bases = (np.unique(cost.group.chips // span) * span).tolist()
+        else:
+            first = instance * model.hardware.chips_per_instance
+            bases = [first - first % span]
         for base in bases:
             shift = base - rep_base
             for (u, v), rate in link_rate.items():
@@ -104,7 +110,8 @@ def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> lis
     rising (to at most their speed alone). Two identical collectives on the same links each
     get half the bandwidth. Only the transfer part slows; latency does not.
     """
-    rates = [model.resource_rates(c) for c in costs]
+    instance = _common_instance(model, costs)
+    rates = [model.resource_rates(c, instance) for c in costs]
     keys = list({key for r in rates for key in r})
     if not keys:
         return list(costs)
@@ -134,3 +141,18 @@ def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> lis
         frozen[active[stop]] = True
     return [c.scaled(1.0 / s) if 0 < s < 1 else c
             for c, s in zip(costs, speed.tolist(), strict=True)]
+
+
+def _common_instance(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> int | None:
+    """The first instance of the collectives' groups when every group spans the same
+    instances (on one site), else None. Each collective then loads every one of those
+    instances (and UltraServers) alike, so the shares found on one are those found on all:
+    `simultaneous` looks at that one only (the same speeds, without a resource per link of
+    every instance)."""
+    if model.topology.site_count > 1 or any(c.group is None for c in costs):
+        return None
+    cpi = model.hardware.chips_per_instance
+    spans = [np.unique(c.group.chips // cpi) for c in costs if c.group is not None]
+    if any(not np.array_equal(s, spans[0]) for s in spans[1:]):
+        return None
+    return int(spans[0][0])

@@ -223,9 +223,10 @@ class CollectiveModel:
                         stage.algorithm)
         return chips, steps, cpi * hw.instances_per_ultraserver
 
-    def resource_rates(self, cost: CollectiveCost) -> dict[tuple, float]:
+    def resource_rates(self, cost: CollectiveCost, instance: int | None = None
+                       ) -> dict[tuple, float]:
         """Peak rate of use of each link, HBM and EFA (see `contention.resource_rates`)."""
-        return resource_rates(self, cost)
+        return resource_rates(self, cost, instance)
 
     def capacity(self, key: tuple) -> float:
         """What a resource of `resource_rates` can carry."""

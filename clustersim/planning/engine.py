@@ -56,8 +56,10 @@ class Engine:
         if self.workers <= 1 or len(tasks) == 1:
             return [fn(task) for task in tasks]
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers,
-                                             initializer=_worker_start)
+            # One process per core at most, as run and sweep do: more only competes for the
+            # cores, and `--workers 100000` would otherwise fork a hundred thousand processes.
+            processes = max(1, min(self.workers, os.cpu_count() or 1, len(tasks)))
+            self._pool = ProcessPoolExecutor(max_workers=processes, initializer=_worker_start)
         return list(self._pool.map(fn, tasks))
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:

@@ -35,9 +35,9 @@ from clustersim.planning.simulate import (
 )
 from clustersim.planning.space import (
     Candidate,
+    MemoryScreen,
     enumerate_space,
     job_for,
-    memory_of,
     prune_reason,
     screen_job,
     space_size,
@@ -251,25 +251,26 @@ def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
                      job.micro_batch, job.recompute, par.sequence_parallel, par.zero, par.cp)
 
 
-def _least_memory(c: Candidate, job: JobSpec, hw: HardwareSpec) -> float:
+def _least_memory(c: Candidate, job: JobSpec, memory: MemoryScreen) -> float:
     """Bytes per chip of the candidate's (tp, cp, pp, dp, ep, interleave, micro-batch) at its
     leanest: full recompute, sequence parallelism, the ZeRO stage that keeps the least."""
     zeros = [z for z in (2, 3) if c.dp * c.cp > 1 and not (z == 3 and c.ep > 1)] or [0]
-    return min(memory_of(screen_job(job, replace(c, recompute="full",
-                                                 sequence_parallel=c.tp > 1, zero=z)),
-                         hw).per_chip for z in zeros)
+    return min(memory.per_chip(screen_job(job, replace(c, recompute="full",
+                                                       sequence_parallel=c.tp > 1, zero=z)))
+               for z in zeros)
 
 
-def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario
-            ) -> list[tuple[float, dict[str, Any], Any]]:
+def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scenario: Scenario,
+            shared: dict) -> list[tuple[float, dict[str, Any], Any]]:
     """Prune a group's space; the survivors as (bound, row, candidate), and every row
     recorded. Memory never falls as the micro-batch grows (activations of min(in flight x
     micro-batch, batch / dp) sequences, logits of one micro-batch), so once a micro-batch
     does not fit at its leanest (`_least_memory`), the larger ones of the same degrees are
-    pruned without being costed one by one."""
+    pruned without being costed one by one. Bounds and memory depend on the hardware, not
+    on the size: the groups of one hardware share their tables (`shared`)."""
     hw = group.hw
     model = op_model(group.key.hardware_json)
-    cache: dict = {}
+    cache, screen = shared.setdefault(group.key.hardware_json, ({}, MemoryScreen(job, hw)))
     survivors = []
     usable = hw.chip.hbm_bytes * (1.0 - options.memory_headroom)
     too_big: dict[tuple, tuple[int, float]] = {}  # degrees -> (first micro-batch, bytes)
@@ -293,7 +294,7 @@ def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scena
         degrees = (c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave)
         if degrees not in too_big and (degrees, c.micro_batch) not in probed:
             probed.add((degrees, c.micro_batch))
-            least = _least_memory(c, job, hw)
+            least = _least_memory(c, job, screen)
             if least > usable:
                 too_big[degrees] = (c.micro_batch, least)
         if degrees in too_big and not row["reference"]:
@@ -304,13 +305,13 @@ def _screen(group: Group, job: JobSpec, options: PlanOptions, given: bool, scena
                           f"and ZeRO; {usable / 2**30:.1f} GiB usable")
             continue
         candidate_job = screen_job(job, c)  # the scenario's job when it is simulated
-        memory = memory_of(candidate_job, hw)
-        row["memory_per_chip_gib"] = memory.per_chip / 2**30
+        per_chip = screen.per_chip(candidate_job)
+        row["memory_per_chip_gib"] = per_chip / 2**30
         bound = step_lower_bound(model, candidate_job, cache)
         row["bound_s"] = bound
-        if memory.per_chip > usable:
+        if per_chip > usable:
             row["status"] = "pruned"
-            row["why"] = (f"memory: {memory.per_chip / 2**30:.1f} GiB per chip, "
+            row["why"] = (f"memory: {per_chip / 2**30:.1f} GiB per chip, "
                           f"{usable / 2**30:.1f} GiB usable")
             if row["reference"]:
                 survivors.append((bound, row, c))  # simulated all the same
@@ -353,10 +354,11 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
                         "(docs/limits.md): fewer --chips sizes or --hardware, or a global batch "
                         "with fewer divisors")
     screened = {}
+    shared: dict[str, tuple[dict, MemoryScreen]] = {}
     for index, g in enumerate(groups):
         if progress is not None:
             progress(index, len(groups), f"screening {g.name} x {g.chips:,} chips")
-        screened[id(g)] = _screen(g, job, options, given, scenario)
+        screened[id(g)] = _screen(g, job, options, given, scenario, shared)
     with engine or Engine("local", workers=1) as runner:
         _branch_and_bound(job, groups, screened, runner, progress)
     result = _finish(scenario, job, options, groups, notes)

@@ -1,12 +1,14 @@
 """The quick bound and the simulation of a candidate's step, both on the step model.
 
 The bound is a lower bound of the simulated step time from the same roofline the step model
-uses (its per-operation time), with no communication: the busiest pipeline rank must run
-every forward and backward chunk of every micro-batch one after another, and the last rank
-cannot start before a forward chunk has passed through each rank before it. Candidates are
-taken in order of that bound; one that could still win gets the tighter `quick_bound` (the
-same chunks with their collectives, from the step model),
-and only one that could still win after that is simulated.
+uses (its per-operation time and pass overhead), with no communication, through the
+pipeline's dependencies (`training.step.pipeline_bound`): each pipeline rank runs every
+forward and backward pass of its chunks one after another, starts only after the first
+micro-batch went forward through the ranks before it, and its last backward pass still has
+to go back through them. Candidates are taken in order of that bound; one that could still
+win gets the tighter `quick_bound` (the same passes with their collectives, each pipeline
+rank's data-parallel reduction alone and its optimizer step, from the step model), and only
+one that could still win after that is simulated.
 
 Simulation runs the step model (simpy, one process per pipeline stage) on the candidate's
 own cluster (its instances plus the scenario's spares, as `clustersim run` builds it), one
@@ -23,7 +25,7 @@ from typing import Any
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec, build_topology
-from clustersim.training.stages import chunk_layers
+from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.step import StepModel
 from clustersim.training.workload import TrainingJob, stage_work
 
@@ -61,82 +63,92 @@ def op_model(hardware_json: str) -> StepModel:
     return StepModel(build_topology(hw, hw.instances_per_ultraserver))
 
 
-def _chunk_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool
-                   ) -> tuple[float, float]:
-    """(forward, backward) compute of one layer's chunk plus the first / last extras."""
+def _pass_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool
+                  ) -> tuple[float, float]:
+    """(forward, backward) compute of one pass through a one-layer chunk plus the first /
+    last extras: each operation's roofline time and the pass overhead."""
     work = stage_work(job, 1, first, last)
     precision = job.precision
-    return (sum(model.op_time(op, precision) for op in work.forward),
-            sum(model.op_time(op, precision) for op in work.backward))
+    overhead = model.hardware.chip.efficiency.pass_overhead_s
+    return (overhead + sum(model.op_time(op, precision) for op in work.forward),
+            overhead + sum(model.op_time(op, precision) for op in work.backward))
 
 
 def step_lower_bound(model: StepModel, job: TrainingJob, cache: dict | None = None) -> float:
-    """A lower bound of the step model's step time for this job (see the module doc)."""
+    """A lower bound of the step model's step time for this job (see the module doc):
+    `pipeline_bound` on compute alone, without the data-parallel terms, that is the most over
+    the pipeline ranks of fill + drain + micro-batches x busy (`pipeline_terms`), kept by
+    what they depend on (not dp, nor ZeRO)."""
     par = job.parallelism
     cache = cache if cache is not None else {}
     base = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
             par.sequence_parallel, par.ep, job.recompute, job.precision)
-
     microbatches = job.global_batch // (job.micro_batch * par.dp)
-    whole = base + (par.pp, par.interleave, microbatches)  # ZeRO does not change it
-    if whole in cache:
-        return cache[whole]
+    whole = base + (par.pp, par.interleave, microbatches)
+    found = cache.get(whole)
+    if found is not None:
+        return found
+    shape = base + (par.pp, par.interleave)
+    terms = cache.get(shape)
+    if terms is None:
+        terms = cache[shape] = _pipeline_terms(model, job, cache, base)
+    bound = max(ends + microbatches * busy for ends, busy in terms) * (1.0 - 1e-9)
+    cache[whole] = bound
+    return bound
+
+
+def _pipeline_terms(model: StepModel, job: TrainingJob, cache: dict, base: tuple
+                    ) -> list[tuple[float, float]]:
+    """(fill + drain, busy per micro-batch) of each pipeline rank on compute alone
+    (`pipeline_terms`), from one layer's passes: a chunk of n layers runs n layers'
+    operations, one pass overhead and the embedding (first chunk) or the output layer (last
+    chunk), so each term is a count of layers, of passes and of those extras."""
+    par = job.parallelism
 
     def one_layer(first: bool, last: bool) -> tuple[float, float]:
         key = base + (first, last)
         if key not in cache:
-            cache[key] = _chunk_seconds(model, job, first, last)
+            cache[key] = _pass_seconds(model, job, first, last)
         return cache[key]
 
+    overhead = model.hardware.chip.efficiency.pass_overhead_s
+    mid_f, mid_b = one_layer(False, False)
+    first_f, first_b = one_layer(True, False)
+    last_f, last_b = one_layer(False, True)
+    layer = mid_f + mid_b - 2 * overhead  # one layer's operations, forward and backward
+    passes = 2 * overhead
+    embedding = first_f + first_b - mid_f - mid_b
+    output = last_f + last_b - mid_f - mid_b
+    forward_layer = mid_f - overhead
+    backward_layer = mid_b - overhead
+    held = rank_layers(job.model.layers, par.pp, par.interleave)
     stages = par.pp * par.interleave
     counts = chunk_layers(job.model.layers, stages)
-    mid_f, mid_b = one_layer(False, False)
-    extra = {}
-    for first, last in ((True, False), (False, True), (True, True)):
-        f, b = one_layer(first, last)
-        extra[first, last] = (f - mid_f) + (b - mid_b)
-
-    def chunk(g: int) -> float:
-        first, last = g == 0, g == stages - 1
-        return counts[g] * (mid_f + mid_b) + (extra[first, last] if first or last else 0.0)
-
-    if stages == 1:
-        cache[whole] = microbatches * chunk(0)
-        return cache[whole]
-    # Every rank runs all its chunks for every micro-batch; the last rank cannot start before
-    # the first micro-batch went forward through every chunk before its first.
-    per_rank = [sum(chunk(c * par.pp + d) for c in range(par.interleave))
-                for d in range(par.pp)]
-    fill = mid_f * sum(counts[: par.pp - 1])
-    cache[whole] = max(microbatches * max(per_rank), fill + microbatches * per_rank[-1])
-    return cache[whole]
+    terms = []
+    before = 0  # layers of chunks 0 .. d-1
+    for d in range(par.pp):
+        busy = held[d] * layer + par.interleave * passes
+        if d == 0:
+            busy += embedding
+        if d == (stages - 1) % par.pp:
+            busy += output
+        # The forward and backward passes of chunks 0 .. d-1 (the first with the embedding).
+        ends = before * (forward_layer + backward_layer) + d * passes
+        if d > 0:
+            ends += embedding
+        terms.append((ends, busy))
+        before += counts[d]
+    return terms
 
 
 def quick_bound(model: StepModel, job: TrainingJob, fallback: float) -> float:
-    """A tighter lower bound on the group's own step model: each pipeline rank's chunks with
-    their tensor-, expert- and context-parallel collectives (and ZeRO-3's), as the step
-    model costs them (`StepModel.chunk_times`, on the job's first instances, without the
-    simpy pipeline). Falls back to `fallback` if the step model
-    cannot cost the job."""
+    """A tighter lower bound on the group's own step model (`StepModel.lower_bound`): the
+    pipeline's fill and drain and each rank's passes with their tensor-, expert- and
+    context-parallel collectives (and ZeRO-3's), as the step model costs them, each pipeline
+    rank's data-parallel reduction alone and its optimizer step. Falls back to `fallback`
+    if the step model cannot cost the job."""
     try:
-        par = job.parallelism
-        stages = par.pp * par.interleave
-        counts = chunk_layers(job.model.layers, stages)
-        seen: dict[tuple[int, bool, bool], float] = {}
-
-        def chunk(g: int) -> float:
-            kind = (counts[g], g == 0, g == stages - 1)
-            if kind not in seen:
-                seen[kind] = model.chunk_times(job, kind[1], kind[2],
-                                               layers=kind[0]).forward_and_backward_s
-            return seen[kind]
-
-        # The data-parallel reduction is left out: solving its groups' contention on a large
-        # cluster costs more than simulating (the bound stays a lower bound without it).
-        microbatches = job.global_batch // (job.micro_batch * par.dp)
-        bound = max(microbatches * sum(chunk(c * par.pp + d) for c in range(par.interleave))
-                    for d in range(par.pp))
-        return max(fallback, bound)
+        return max(fallback, model.lower_bound(job))
     except (AttributeError, TypeError, KeyError, ValueError):
         return fallback
 

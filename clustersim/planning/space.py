@@ -36,6 +36,7 @@ from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import (
+    BusiestMemory,
     Degrees,
     ParallelismSpec,
     TrainingJob,
@@ -44,7 +45,8 @@ from clustersim.training.workload import (
 )
 
 __all__ = ["Candidate", "ScreenJob", "screen_job", "RECOMPUTE", "CP_DEGREES", "MIN_CP_POSITIONS", "divisors",
-           "enumerate_space", "space_size", "prune_reason", "job_for", "memory_of", "tp_domain_ranks"]
+           "enumerate_space", "space_size", "prune_reason", "job_for", "memory_of",
+           "MemoryScreen", "tp_domain_ranks"]
 
 RECOMPUTE = ("none", "selective", "full")
 # With flash attention selective recompute (Korthikanti et al.: recompute the attention core,
@@ -181,18 +183,29 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
 def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
     """At most how many candidates `enumerate_space` lists, counted without listing them (the
     plan's size is bounded before any work: limits.MAX_PLAN_CANDIDATES). The same loops over
-    (tp, cp, pp) as the enumeration, with the settings under each multiplied out instead of
-    listed; a (tp, cp, pp) the enumeration lists once is counted in full, so this is an upper
-    bound."""
+    (tp, cp, pp) and (interleave, micro-batch) as the enumeration, with the settings under
+    them multiplied out instead of listed: what the enumeration lists once (a (tp, cp, pp)
+    that cannot run whatever the rest, an interleave whose micro-batches do not suit it)
+    counts once; experts that ep does not divide and ZeRO-3 with ep > 1 count in full, so
+    this is an upper bound (and equal for dense models)."""
     model = job.model
     flash = attention_of(job, hw.chip.framework.attention) != "unfused"
     recomputes = len(FLASH_RECOMPUTE if flash else RECOMPUTE)
     total = 0
     for tp, cp, pp, dp in _layouts(hw, chips, job):
+        first = Candidate("", chips, tp, pp, dp, 1, 1, 1, "none", False, 0, cp)
+        if prune_reason(first, hw, job) is not None:
+            total += 1
+            continue
         eps = len(divisors(dp)) if model.moe else 1
-        micro = len(divisors(job.global_batch // dp)) if job.global_batch % dp == 0 else 1
-        total += (eps * len(_interleaves(model.layers, pp)) * micro * recomputes
-                  * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1))
+        settings = recomputes * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1)
+        micro = divisors(job.global_batch // dp)  # dp divides the batch: `first` runs
+        per_ep = 0
+        for v in _interleaves(model.layers, pp):
+            for mb in micro:
+                unsuited = v > 1 and (job.global_batch // (mb * dp)) % pp
+                per_ep += 1 if unsuited else settings
+        total += eps * per_ep
     return total
 
 
@@ -287,6 +300,22 @@ def job_for(base: Any, c: Candidate) -> Any:
         "parallelism": c.parallelism, "micro_batch": c.micro_batch, "recompute": c.recompute,
         "instances": None,
     })
+
+
+class MemoryScreen:
+    """Bytes per chip of the busiest pipeline rank of many candidates of one job on one
+    hardware: `memory_of(...).per_chip`, the same figure, at a fraction of the cost
+    (`workload.BusiestMemory`)."""
+
+    def __init__(self, job: Any, hw: HardwareSpec):
+        framework = hw.chip.framework
+        self.ranks = hw.chip.ranks
+        self.table = BusiestMemory(attention_of(job, framework.attention), framework.gradients)
+
+    def per_chip(self, job: Any) -> float:
+        par = job.parallelism
+        microbatches = job.global_batch // (job.micro_batch * par.dp)
+        return self.table.per_rank(job, microbatches) * min(self.ranks, par.ranks)
 
 
 def memory_of(job: TrainingJob, hw: HardwareSpec):

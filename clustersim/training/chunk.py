@@ -113,15 +113,25 @@ class ChunkModel:
         cp_shape = None if cp_group is None else (tuple(cp_group[0].chips.tolist()),
                                                   cp_group[0].ranks_per_chip, cp_group[1])
         attention = attention_of(job, self.hardware.chip.framework.attention)
-        key = (job.model, job.sequence_length, job.micro_batch, job.parallelism, job.precision,
-               job.recompute, attention, layers, first, last, shape, ep_shape, cp_shape)
+        par = job.parallelism  # what stage_work reads of it: not pp, dp, ZeRO or interleave
+        key = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
+               par.sequence_parallel, par.ep, par.cp_comm, job.precision, job.recompute,
+               attention, layers, first, last, shape, ep_shape, cp_shape)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         work = stage_work(job, layers, first, last, attention)
         overhead = self.hardware.chip.efficiency.pass_overhead_s
-        fwd = overhead + sum(self.op_time_s(op, job.precision) for op in work.forward)
-        bwd = overhead + sum(self.op_time_s(op, job.precision) for op in work.backward)
+        seen: dict[int, float] = {}  # a layer's operations repeat (the same objects)
+
+        def op_time(op: Op) -> float:
+            found = seen.get(id(op))
+            if found is None:
+                found = seen[id(op)] = self.op_time_s(op, job.precision)
+            return found
+
+        fwd = overhead + sum(op_time(op) for op in work.forward)
+        bwd = overhead + sum(op_time(op) for op in work.backward)
 
         def comm(collectives: tuple[tuple[str, float], ...], group: Group | None,
                  sharing: int = 1) -> float:
@@ -138,8 +148,7 @@ class ChunkModel:
         if self.hardware.chip.framework.tp_overlap and tp_group is not None:
             # Hidden behind the weight-gradient GEMMs of the linear layers (Korthikanti et
             # al. 2022, section 6.2): as much as those take.
-            wgrad = sum(self.op_time_s(op, job.precision) for op in work.backward
-                        if op.name in _TP_WGRADS)
+            wgrad = sum(op_time(op) for op in work.backward if op.name in _TP_WGRADS)
             tp_backward -= min(comm(work.tp_collectives_overlappable, tp_group), wgrad)
         cp_fwd = cp_bwd = 0.0
         if cp_group is not None:
@@ -147,9 +156,8 @@ class ChunkModel:
             cp_bwd = comm(work.cp_collectives_backward, cp_group[0], cp_group[1])
             if work.cp_overlaps_attention:
                 names = ("attention", "scores", "softmax", "dropout", "attend")
-                hidden_f = sum(self.op_time_s(op, job.precision) for op in work.forward
-                               if op.name in names)
-                hidden_b = sum(self.op_time_s(op, job.precision) for op in work.backward
+                hidden_f = sum(op_time(op) for op in work.forward if op.name in names)
+                hidden_b = sum(op_time(op) for op in work.backward
                                if op.name.split("_")[0] in names)
                 cp_fwd = max(0.0, cp_fwd - hidden_f)
                 cp_bwd = max(0.0, cp_bwd - hidden_b)

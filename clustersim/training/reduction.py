@@ -56,6 +56,8 @@ class GradientReduction:
         # By (ZeRO stage, every group's chips, bytes): the planner asks again and again for
         # the same groups, and collectives sharing links are costly to solve.
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self._first_groups: dict[tuple, tuple[Group, int]] = {}
+        self._alone_times: dict[tuple, dict[int, DataParallelTimes]] = {}
 
     def per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                           weight_bytes: int) -> dict[int, DataParallelTimes]:
@@ -90,52 +92,130 @@ class GradientReduction:
             out[d] = DataParallelTimes(reduce_s, gather_s)
         return out
 
-    def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
-                          grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
-        """(all-gather, reduce-scatter) of `params` weights per rank over the first shard
-        group of pipeline rank 0, carrying the groups of the TP ranks on its own chips.
+    def alone_per_pipeline_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
+                                weight_bytes: int) -> dict[int, DataParallelTimes]:
+        """A lower bound of `per_pipeline_rank`, cheap to get: each pipeline rank's first
+        shard group alone (with the groups on its own chips carried in it), without the
+        other groups it shares links with, the hybrid all-reduce or the experts'
+        reduction. On one site only (over several the site stage is shared otherwise)."""
+        par = job.parallelism
+        # ZeRO-1 and 2 reduce alike; the micro-batch, recompute and sequence parallelism do
+        # not change what is reduced (the planner bounds many candidates that share this).
+        kind = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
+                par.interleave, min(par.zero, 1) if par.zero < 3 else 3, par.shard_ranks,
+                grad_bytes, weight_bytes, placed.tobytes())
+        found = self._alone_times.get(kind)
+        if found is None:
+            found = self._alone_times[kind] = self._alone_per_rank(job, placed,
+                                                                   grad_bytes, weight_bytes)
+        return found
 
-        Not yet: the contention between shard groups on different chips of the same
-        instances (the ZeRO 0-2 reductions solve it; here it would be solved for every
-        candidate shape the planner bounds, minutes on a large cluster), so ZeRO-3 is
-        optimistic when several chips of a group share an instance's links."""
+    def _alone_per_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
+                        weight_bytes: int) -> dict[int, DataParallelTimes]:
+        par = job.parallelism
+        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        z = par.shard_ranks if par.zero else len(offsets)
+        per_rank = _layers_per_rank(job)
+        out = {}
+        for d in range(par.pp):
+            if z == 1 or par.zero == 3:
+                out[d] = DataParallelTimes(0.0, 0.0)
+                continue
+            layers = per_rank[d]
+            dense = (params_per_rank(job, d == 0, d == par.pp - 1, layers)
+                     - expert_params_per_rank(job, layers))
+            key = (par.tp, par.cp, par.pp, par.dp, z, d, placed.tobytes())
+            found = self._first_groups.get(key)
+            if found is None:
+                base = d * par.tp * par.cp
+                groups = [base + t + offsets[:z] for t in range(par.tp)]
+                found = self._first_groups[key] = self._first_group(groups, placed)
+            group, together = found
+            if par.zero in (1, 2):
+                out[d] = DataParallelTimes(
+                    self.collectives.cost("reduce-scatter", group,
+                                          dense * grad_bytes * together).time_s,
+                    self.collectives.cost("all-gather", group,
+                                          dense * weight_bytes * together).time_s)
+            else:
+                out[d] = DataParallelTimes(
+                    self.collectives.cost("all-reduce", group,
+                                          dense * grad_bytes * together).time_s, 0.0)
+        return out
+
+    def zero3_layer_times(self, job: TrainingJob, placed: np.ndarray, params: float,
+                          grad_bytes: int, weight_bytes: int, every_stage: bool = True
+                          ) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) of `params` weights per rank over the shard group of
+        rank 0, run at once with the other shard groups on the same instances, sharing their
+        links and HBM as the ZeRO 0-2 reductions do (`_solve`): the groups of the other TP
+        ranks and, with `every_stage` (a layer's weights: every pipeline stage gathers its
+        layers at the same time in the steady state of the pipeline), those of the other
+        pipeline ranks and of the other shard groups (hybrid sharding) on those instances.
+        Groups on the same chips run as one collective carrying all their bytes; groups
+        with one chip per instance each share nothing (their own NIC and Z links)."""
+        par = job.parallelism
+        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        z = par.shard_ranks
+        stride = par.tp * par.cp
+        bases = [t + stride * d for d in range(par.pp if every_stage else 1)
+                 for t in range(par.tp)]
+        shards = range(0, len(offsets), z) if every_stage else range(0, z, z)
+        groups = [b + offsets[j: j + z] for j in shards for b in bases]
+        if len(groups) > 1:  # keep the groups on the first group's instances
+            hw = self.hardware
+            instances = rank_chips(hw, np.stack(groups), placed) // hw.chips_per_instance
+            mine = np.isin(instances, instances[0]).any(axis=1)
+            groups = [g for g, keep in zip(groups, mine.tolist(), strict=True) if keep]
+        scatter_s, gather_s = self._over_groups(1, groups, params, grad_bytes, weight_bytes,
+                                                placed, pipeline_ranks=1)
+        return gather_s, scatter_s
+
+    def zero3_layer_times_alone(self, job: TrainingJob, placed: np.ndarray, params: float,
+                                grad_bytes: int, weight_bytes: int) -> tuple[float, float]:
+        """A lower bound of `zero3_layer_times`, cheap to get: rank 0's shard group alone,
+        with the TP ranks' groups on its own chips carried in it (sharing links with the
+        others only slows it)."""
         par = job.parallelism
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
         groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
-        gather, scatter = self._alone(groups, placed, params, grad_bytes, weight_bytes)
-        return gather.time_s, scatter.time_s
+        group, together = self._first_group(groups, placed)
+        return (self.collectives.cost("all-gather", group,
+                                      params * weight_bytes * together).time_s,
+                self.collectives.cost("reduce-scatter", group,
+                                      params * grad_bytes * together).time_s)
 
-    def _alone(self, groups: list[np.ndarray], placed: np.ndarray, params: float,
-               grad_bytes: int, weight_bytes: int) -> tuple[CollectiveCost, CollectiveCost]:
-        """(all-gather, reduce-scatter) of the first group alone, with the groups on its
-        own chips carried in it."""
-        hw = self.hardware
-        first = rank_chips(hw, groups[0], placed)
-        together = sum(1 for ranks in groups
-                       if np.array_equal(rank_chips(hw, ranks, placed), first))
-        group = Group.from_rank_chips(first.tolist())
-        return (self.collectives.cost("all-gather", group, params * weight_bytes * together),
-                self.collectives.cost("reduce-scatter", group, params * grad_bytes * together))
+    def _first_group(self, groups: list[np.ndarray], placed: np.ndarray) -> tuple[Group, int]:
+        """The first group's chips, and how many of the groups are on those chips."""
+        chips = rank_chips(self.hardware, np.stack(groups), placed)
+        together = int(np.count_nonzero((chips == chips[0]).all(axis=1)))
+        return Group.from_rank_chips(chips[0].tolist()), together
 
     def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
-                     grad_bytes: int, weight_bytes: int, placed: np.ndarray
-                     ) -> tuple[float, float]:
+                     grad_bytes: int, weight_bytes: int, placed: np.ndarray,
+                     pipeline_ranks: int | None = None) -> tuple[float, float]:
         """(reduction, gather) of `params` per rank over these groups of ranks at once:
         an all-reduce (ZeRO 0), a reduce-scatter and an all-gather (ZeRO 1 and 2), nothing
-        after the step with ZeRO-3 (its reduce-scatters are in the passes)."""
+        after the step with ZeRO-3 (its reduce-scatters are in the passes). Over several
+        sites, `pipeline_ranks` (default: the job's last asked) sets of such groups cross
+        the inter-site links at once."""
         if len(groups[0]) == 1 or zero == 3:
             return 0.0, 0.0
         hw = self.hardware
-        key = (zero, rank_chips(hw, np.concatenate(groups), placed).tobytes(), len(groups),
-               params, grad_bytes, weight_bytes, getattr(self, "_pipeline_ranks", 1))
+        if pipeline_ranks is None:
+            pipeline_ranks = getattr(self, "_pipeline_ranks", 1)
+        # ZeRO-1 and ZeRO-2 reduce alike (a reduce-scatter and an all-gather).
+        key = (min(zero, 1), rank_chips(hw, np.concatenate(groups), placed).tobytes(),
+               len(groups), params, grad_bytes, weight_bytes, pipeline_ranks)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
-                                                    weight_bytes, placed)
+                                                    weight_bytes, placed, pipeline_ranks)
         return cached
 
     def _solve(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
-               weight_bytes: int, placed: np.ndarray) -> tuple[float, float]:
+               weight_bytes: int, placed: np.ndarray, pipeline_ranks: int
+               ) -> tuple[float, float]:
         hw = self.hardware
         by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
         # Every group's chips at once (the groups have one length): one array operation,
@@ -148,7 +228,7 @@ class GradientReduction:
         first_chips = rank_chips(hw, groups[0], placed)
         # Over several sites, every group of every pipeline rank crosses the same inter-site
         # links at once (clustersim.collectives.sites.share_site_links).
-        parallel = len(by_chips) * getattr(self, "_pipeline_ranks", 1)
+        parallel = len(by_chips) * pipeline_ranks
         if len(np.unique(first_chips // hw.chips_per_instance)) == len(first_chips):
             # Each group has its own chip per instance (own NIC, own Z links): the groups
             # are translations of one another and share nothing; one stands for all.

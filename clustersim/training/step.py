@@ -64,7 +64,8 @@ from clustersim.training.workload import (
 )
 
 # matmul_quantisation lives in `chunk`; it stays importable from here.
-__all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation"]
+__all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation",
+           "pipeline_bound", "pipeline_terms"]
 
 
 class JobDoesNotFit(Exception):
@@ -163,6 +164,9 @@ class StepModel:
         self.chunks = ChunkModel(self.hardware, self.collectives)
         self.reduction = GradientReduction(self.hardware, self.collectives)
         self._cache: dict[tuple, StepProfile] = {}
+        self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
+        self._optimizer_cache: dict[tuple, list[float]] = {}
+        self._groups_cache: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str = "job", first_instance: int = 0,
@@ -209,10 +213,78 @@ class StepModel:
         groups = self._parallel_groups(job, placed)
         return self._chunk(job, layers, first, last, groups, self._zero3(job, placed))
 
+    def lower_bound(self, job: TrainingJob) -> float:
+        """A lower bound of `profile(job).step_time_s` (on the job's first instances) from
+        the step's own pieces, without the simpy pipeline and without solving the contention
+        of the data-parallel groups (the planner's bound; `pipeline_bound` for the argument).
+        Pass durations are the chunk times the pipeline runs, with ZeRO-3's collectives
+        those of rank 0's shard group alone; each pipeline rank's data-parallel reduction
+        and gather are those of its first group alone (sharing links only slows them:
+        `contention.simultaneous`), left out over several sites."""
+        placed = self._placement(job)
+        par = job.parallelism
+        stages = par.pp * par.interleave
+        counts = chunk_layers(job.model.layers, stages)
+        groups = self._parallel_groups(job, placed)
+        # ZeRO-3's collectives alone: sharing links only slows them, and a chunk's time does
+        # not fall as they grow.
+        zero3 = self._zero3(job, placed, alone=True)
+        tp_group, ep_group, cp_group = groups
+
+        def times(layers: int, first: bool, last: bool) -> ChunkTimes:
+            return self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+
+        # A chunk's times are affine in its layers (each layer adds its operations and
+        # collectives; what TP overlap hides and what the ring exchange hides behind
+        # attention are per layer too): from chunks of one and two layers, any count
+        # (rounding aside: the bound keeps a margin), without listing its operations.
+        one = {(first, last): times(1, first, last) for first in (False, True)
+               for last in (False, True)
+               if (first and last) == (stages == 1) or not (first or last)}
+        per_layer = _difference(times(2, False, False), one[False, False])
+        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
+        forward, backward = [], []
+        for g in range(stages):
+            kind = (counts[g], g == 0, g == stages - 1)
+            if kind not in kinds:
+                chunk = _affine(one[kind[1], kind[2]], per_layer, kind[0] - 1)
+                kinds[kind] = self._with_zero3(chunk, kind[0], kind[1], kind[2], zero3)
+            forward.append(kinds[kind].forward_s)
+            backward.append(kinds[kind].backward_s)
+        reduce_s = gather_s = [0.0] * par.pp
+        if self.topology.site_count == 1:
+            w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
+                                                         self.hardware.chip.framework.gradients)
+            alone = self.reduction.alone_per_pipeline_rank(job, placed, g_bytes, w_bytes)
+            reduce_s = [alone[d].reduce_s for d in range(par.pp)]
+            gather_s = [alone[d].gather_s for d in range(par.pp)]
+        return pipeline_bound(forward, backward, par.pp, self._microbatches(job), reduce_s,
+                              gather_s, self._optimizer_s(job))
+
+    def _optimizer_s(self, job: TrainingJob) -> list[float]:
+        """The optimizer step of each pipeline rank: its state's bytes at HBM speed."""
+        hw, par = self.hardware, job.parallelism
+        key = (job.model, par.tp, par.cp, par.pp, par.dp, par.ep, par.interleave,
+               par.zero > 0, par.shard_ranks)
+        found = self._optimizer_cache.get(key)
+        if found is None:
+            hbm_rank = (hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks
+                        * hw.chip.efficiency.vector)
+            per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
+            found = self._optimizer_cache[key] = [
+                optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
+                * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank for d in range(par.pp)]
+        return found
+
     def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
                zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
         tp_group, ep_group, cp_group = groups
         times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+        return self._with_zero3(times, layers, first, last, zero3)
+
+    @staticmethod
+    def _with_zero3(times: ChunkTimes, layers: int, first: bool, last: bool,
+                    zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
         if zero3 is None:
             return times
         # ZeRO-3: each layer's weights gathered before its forward and again before its
@@ -241,20 +313,35 @@ class StepModel:
         placed = self._placement(job) if placed is None else placed
         return self._zero3(job, placed)
 
-    def _zero3(self, job: TrainingJob, placed: np.ndarray
+    def _zero3(self, job: TrainingJob, placed: np.ndarray, alone: bool = False
                ) -> tuple[float, float, float, float] | None:
+        """ZeRO-3's layer and extra gathers and reduce-scatters; `alone`: rank 0's shard
+        group without the others it shares links with (a lower bound)."""
         par = job.parallelism
         if par.zero != 3 or par.shard_ranks == 1:
             return None
+        # What the costs depend on (the planner asks for many candidates that share it).
+        key = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
+               par.shard_ranks, placed.tobytes(), alone)
+        cached = self._zero3_cache.get(key)
+        if cached is not None:
+            return cached
         w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
                                                      self.hardware.chip.framework.gradients)
         layer = layer_params_per_rank(job)
         extra = job.model.vocab * job.model.hidden / par.tp
+        if alone:
+            cached = self._zero3_cache[key] = (
+                *self.reduction.zero3_layer_times_alone(job, placed, layer, g_bytes, w_bytes),
+                *self.reduction.zero3_layer_times_alone(job, placed, extra, g_bytes, w_bytes))
+            return cached
         gather_s, scatter_s = self.reduction.zero3_layer_times(job, placed, layer, g_bytes,
                                                                w_bytes)
+        # The embedding's and output layer's: the first or last stage's TP ranks at once.
         extra_gather_s, extra_scatter_s = self.reduction.zero3_layer_times(
-            job, placed, extra, g_bytes, w_bytes)
-        return gather_s, scatter_s, extra_gather_s, extra_scatter_s
+            job, placed, extra, g_bytes, w_bytes, every_stage=False)
+        cached = self._zero3_cache[key] = (gather_s, scatter_s, extra_gather_s, extra_scatter_s)
+        return cached
 
     def data_parallel_times(self, job: TrainingJob, placed: np.ndarray | None = None
                             ) -> dict[int, DataParallelTimes]:
@@ -318,6 +405,15 @@ class StepModel:
         its context-parallel group, the last two with how many such groups share each chip;
         None where the job has no such group."""
         par = job.parallelism
+        moe = job.model.moe and par.ep > 1
+        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, placed.tobytes())
+        found = self._groups_cache.get(key)
+        if found is None:
+            found = self._groups_cache[key] = self._groups_of(job, placed)
+        return found
+
+    def _groups_of(self, job: TrainingJob, placed: np.ndarray) -> tuple:
+        par = job.parallelism
         tp_group = None
         if par.tp > 1:
             tp_group, _ = rank_group(self.hardware, np.arange(par.tp), placed)
@@ -378,14 +474,10 @@ class StepModel:
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         dp_times = self.data_parallel_times(job, placed)
-        optimizer = {}
+        optimizer = dict(enumerate(self._optimizer_s(job)))
         exposed_dp = {}
-        hbm_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
         ends = {}
-        per_rank = rank_layers(model.layers, par.pp, par.interleave)
         for d in range(par.pp):
-            shard = optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
-            optimizer[d] = shard * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
             reduce_time, gather_time = dp_times[d]
             led = ledgers[d]
             # The reduction starts with the last backward pass (bucketed overlap).
@@ -438,3 +530,61 @@ class StepModel:
 
 def _renamed(profile: StepProfile, name: str) -> StepProfile:
     return replace(profile, name=name)
+
+
+def _difference(a: ChunkTimes, b: ChunkTimes) -> ChunkTimes:
+    return ChunkTimes(*(x - y for x, y in zip(vars(a).values(), vars(b).values(),
+                                               strict=True)))
+
+
+def _affine(base: ChunkTimes, step: ChunkTimes, times: int) -> ChunkTimes:
+    """`base` plus `times` x `step`, field by field."""
+    if times == 0:
+        return base
+    return ChunkTimes(*(x + times * y for x, y in zip(vars(base).values(),
+                                                       vars(step).values(), strict=True)))
+
+
+def pipeline_terms(forward_s: list[float], backward_s: list[float], pp: int
+                   ) -> list[tuple[float, float, float]]:
+    """Per pipeline rank d, (fill, drain, busy): the forward passes of chunks 0 .. d-1, their
+    backward passes, and rank d's passes of one micro-batch (`pipeline_bound`)."""
+    chunks = len(forward_s)
+    terms = []
+    fill = drain = 0.0
+    for d in range(pp):
+        busy = sum(forward_s[g] + backward_s[g] for g in range(d, chunks, pp))
+        terms.append((fill, drain, busy))
+        fill += forward_s[d]
+        drain += backward_s[d]
+    return terms
+
+
+def pipeline_bound(forward_s: list[float], backward_s: list[float], pp: int,
+                   microbatches: int, reduce_s: list[float], gather_s: list[float],
+                   optimizer_s: list[float]) -> float:
+    """A lower bound of the step `StepModel.profile` simulates, from each global chunk's
+    forward and backward pass durations and each pipeline rank's data-parallel reduction,
+    gather and optimizer step (any lower bounds of them).
+
+    The pipeline (`run_pipeline`) runs each rank's passes one at a time, a forward of chunk g
+    after the forward of chunk g - 1 of the same micro-batch, a backward of chunk g after the
+    backward of chunk g + 1. So pipeline rank d starts no earlier than the forward of its
+    first micro-batch through chunks 0 .. d-1, then is busy for all its passes, and ends with
+    a backward (of its chunk d), after which that micro-batch's backward still runs through
+    chunks d-1 .. 0 before rank 0 ends. After its last pass, a rank waits for what of its
+    reduction outlasted that pass (the reduction starts with it), its gather and its
+    optimizer step; the step ends when the last rank does. The bound is lowered by 1e-9
+    of itself, for the sums' rounding."""
+    chunks = len(forward_s)
+
+    def tail(d: int) -> float:
+        longest = max(backward_s[g] for g in range(d, chunks, pp))
+        return max(0.0, reduce_s[d] - longest) + gather_s[d] + optimizer_s[d]
+
+    last_of_first = tail(0)
+    bound = 0.0
+    for d, (fill, drain, busy) in enumerate(pipeline_terms(forward_s, backward_s, pp)):
+        end = fill + microbatches * busy
+        bound = max(bound, end + tail(d), end + drain + last_of_first)
+    return bound * (1.0 - 1e-9)

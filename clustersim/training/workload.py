@@ -63,6 +63,7 @@ __all__ = [
     "stage_work",
     "memory_per_rank",
     "busiest_memory",
+    "BusiestMemory",
     "layer_params_per_rank",
     "cp_exchange_per_layer",
     "params_per_rank",
@@ -329,15 +330,20 @@ def cp_exchange_per_layer(job: TrainingJob) -> tuple[list[tuple[str, float]],
 
 def _backward_of(ops: list[Op]) -> list[Op]:
     """Backward of forward ops: matmuls twice (input and weight gradients), vector work twice."""
-    out = []
+    out: list[Op] = []
+    made: dict[int, tuple[Op, ...]] = {}  # a layer's ops repeat: one backward per distinct op
     for op in ops:
-        if op.kind == "matmul":
-            out.append(Op(op.name + "_dgrad", "matmul", op.flops, op.bytes, op.m, op.k, op.n,
-                          op.count))
-            out.append(Op(op.name + "_wgrad", "matmul", op.flops, op.bytes, op.k, op.n, op.m,
-                          op.count))
-        else:
-            out.append(Op(op.name + "_grad", "vector", 0.0, op.grad_traffic * op.bytes))
+        grads = made.get(id(op))
+        if grads is None:
+            if op.kind == "matmul":
+                grads = (Op(op.name + "_dgrad", "matmul", op.flops, op.bytes, op.m, op.k, op.n,
+                            op.count),
+                         Op(op.name + "_wgrad", "matmul", op.flops, op.bytes, op.k, op.n, op.m,
+                            op.count))
+            else:
+                grads = (Op(op.name + "_grad", "vector", 0.0, op.grad_traffic * op.bytes),)
+            made[id(op)] = grads
+        out.extend(grads)
     return out
 
 
@@ -696,3 +702,80 @@ def busiest_memory(job: TrainingJob, microbatches: int, hbm_bytes: float, ranks_
             out = m
     assert out is not None
     return out
+
+
+class BusiestMemory:
+    """`busiest_memory(...).per_rank` of many configurations of one job (the planner's
+    screening): the same pieces and the same arithmetic, in the same order, without building
+    a breakdown per configuration, its pieces kept by the integers they depend on (the job's
+    model, sequence, batch and precision are this object's)."""
+
+    def __init__(self, attention: str, gradients: str):
+        self.attention = attention
+        self.gradients = gradients
+        self._state: dict[tuple, tuple[float, float, float]] = {}
+        self._activation: dict[tuple, float] = {}
+        self._stages: dict[tuple, tuple[tuple[int, float, float], ...]] = {}
+        self._extras: dict[tuple, tuple[float, float]] = {}
+
+    def per_rank(self, job: TrainingJob, microbatches: int) -> float:
+        """Bytes per rank of the busiest pipeline rank of `job` (a job of this object's)."""
+        par = job.parallelism
+        degrees = (par.tp, par.cp, par.pp, par.dp, par.ep, par.interleave)
+        stages = self._stages.get(degrees + (microbatches,))
+        if stages is None:
+            stages = self._stages[degrees + (microbatches,)] = self._stage_shape(job,
+                                                                                 microbatches)
+        act_key = (job.micro_batch, job.recompute, par.tp, par.cp, par.sequence_parallel)
+        per_layer = self._activation.get(act_key)
+        if per_layer is None:
+            per_layer = self._activation[act_key] = activation_bytes_per_layer(job,
+                                                                               self.attention)
+        extra_key = (job.micro_batch, par.tp, par.cp, par.cp_comm)
+        extras = self._extras.get(extra_key)
+        if extras is None:
+            extras = self._extras[extra_key] = self._ring_and_logits(job)
+        ring, logits_last = extras
+        best = None
+        for d, layers, held in stages:
+            state_key = degrees + (par.zero, par.shard_ranks, d)
+            state = self._state.get(state_key)
+            if state is None:
+                state = self._state[state_key] = _state_bytes(job, d, self.gradients)
+            weights, grads, optimizer = state
+            activations = per_layer * layers * held
+            if ring is not None:
+                activations += ring
+            logits = logits_last if d == par.pp - 1 else 0.0
+            total = weights + grads + optimizer + activations + logits
+            if best is None or total > best:
+                best = total
+        assert best is not None
+        return best
+
+    @staticmethod
+    def _stage_shape(job: TrainingJob, microbatches: int) -> tuple[tuple[int, float, float], ...]:
+        """(pipeline rank, layers, chunk micro-batches held) of the ranks busiest_memory
+        weighs, in its order."""
+        par = job.parallelism
+        candidates = {0, par.pp - 1}
+        if par.pp * par.interleave <= job.model.layers:
+            per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
+            candidates.add(per_rank.index(max(per_rank)))
+        return tuple((d, _stage_layers(job, d),
+                      in_flight(par.pp, microbatches, par.interleave, d) / par.interleave)
+                     for d in sorted(candidates))
+
+    @staticmethod
+    def _ring_and_logits(job: TrainingJob) -> tuple[float | None, float]:
+        """Context parallelism's ring buffers (None without) and the last rank's logits, as
+        memory_per_rank counts them."""
+        par = job.parallelism
+        ring = None
+        if par.cp > 1 and par.cp_comm == "ring":
+            e = BYTES_PER_ELEMENT[job.precision]
+            ring = 2 * 2.0 * job.micro_batch * (job.sequence_length // par.cp) * (
+                sharded_heads(job.model, par.tp).kv_per_rank) * job.model.head_dim * e
+        logits = 4.0 * job.micro_batch * (job.sequence_length // par.cp) * math.ceil(
+            job.model.vocab / par.tp)
+        return ring, logits
