@@ -17,9 +17,11 @@ Rows (sources in docs/calibration.md):
   judge (not fitted).
 - GPU (`clustersim.calibration.gpu_serving`): TensorRT-LLM's max-throughput table (v0.17,
   FP8), output tokens/s of the tensor-parallel group, simulated with every request queued at
-  once. The H100 rows of Llama 3.1 8B at TP 1 and 70B at TP 2 are fitted here (`--fit-gpu`:
-  the p5 entry's serving HBM efficiency, matmul efficiency and iteration overhead, which
-  p5e and p5en inherit); the H200 rows and a later version's rows judge.
+  once. `--fit-gpu` first fits the p5 TP all-reduce kernels (`serving.tp_link_efficiency`,
+  `tp_step_latency`) to TensorRT-LLM's custom all-reduce as measured on H100, then the p5
+  entry's serving HBM efficiency, matmul efficiency and iteration overhead on the H100 rows
+  of Llama 3.1 8B at TP 1 and 70B at TP 2 (p5e and p5en inherit them); the H200 rows and a
+  later version's rows judge.
 Nothing is fitted per row.
 """
 
