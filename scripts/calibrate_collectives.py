@@ -24,7 +24,8 @@ a fixed time per iteration, a fixed time per layer of a prefill, the HBM efficie
 unfused attention's spilled score passes) with `--all-reduce` the serving all-reduce choice,
 and with --joint the three step constants (`matmul`, `vector`, `pass_overhead`); a refit
 with --joint keeps every training row no worse than before the prefill terms and every
-serving row no worse than before or 10% (SERVING_BEFORE, STEP_BEFORE). The fit (a coordinate search: multiplicative steps, additive ones for a
+serving row no worse than before or 10% (SERVING_BEFORE, STEP_BEFORE). The fit (a
+coordinate search: multiplicative steps, additive ones for a
 constant at zero) minimises the summed squared log errors: nccom-test points (1 MiB and up
 weigh 3x), serving TTFTs and TPOTs (3x), training rows (3x), with a steep penalty beyond 20%
 on the 2-rank and 64-rank curves from 1 MiB up, 14% on a serving figure and 7.5% on a
