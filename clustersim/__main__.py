@@ -1,5 +1,5 @@
 """`python -m clustersim` is the same program as the `clustersim` command."""
 
-from clustersim.cli.app import main
+from clustersim.cli import main
 
 main()

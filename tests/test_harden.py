@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from cli_helpers import refused
@@ -439,6 +440,7 @@ def test_14_plan_takes_a_checkpoint_interval_of_never(tmp_path: Path):
     "deep-nesting", "nan-goodput", "events-is-jobs", "utilisation-is-events", "jobs-is-chips",
     "requests-is-jobs", "replicas-is-intervals", "string-columns", "scenario-garbage",
     "summary-fifo", "chips-text", "figure-1e400", "deployment-no-ttft",
+    "job_summary-is-cluster_state", "job_summary-is-jobs",  # found by the long fuzz
 ])
 def test_15_report_on_a_damaged_run_folder_exits_2_and_writes_nothing(traced_run: Path,
                                                                       tmp_path: Path, damage):
@@ -580,3 +582,208 @@ def test_19_address_with_the_local_engine_and_tiny_budgets(tmp_path: Path):
 
     refused(invoke("plan", write(tmp_path, TINY_PLAN), "--address", "ray://x:1"), "--address")
     assert usd(0.000001) == "1e-06" and usd(1234.5) == "1,234"
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by the long fuzz (scripts/fuzz.py --surfaces all): report, sweep, validate, signals
+
+SERVED = dict(json.loads(json.dumps(TRACED)), duration="10min",
+              cluster={"instances": 5, "spares": 1}, serve=[{
+    "name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4}, "replicas": 2,
+    "workload": {"arrival": "poisson", "rate": "2/s", "requests": 100, "input_tokens": 64,
+                 "output_tokens": 16},
+    "slo": {"ttft": "1s", "tpot": "100ms"}}])
+
+
+@pytest.fixture(scope="module")
+def served_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("served")
+    out = folder / "run"
+    result = invoke("run", write(folder, SERVED), "-o", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _report_figures() -> list[tuple[str, str, str]]:
+    from clustersim.analysis.runs import _RUN_FIGURES
+
+    return [(section, key, kind) for section, figures in _RUN_FIGURES.items()
+            for key, (kind, _) in figures.items()]
+
+
+@pytest.mark.parametrize("section, key, kind", _report_figures())
+def test_report_refuses_a_wrongly_typed_figure_by_its_key_path(served_run: Path,
+                                                               tmp_path: Path, section, key,
+                                                               kind):
+    # The fuzz's 13 internal errors: `ETTR {job['ettr']:.1%}` on a figure of text, exit 1.
+    run = copy_run(served_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    where = {"": summary, "cluster": summary["cluster"], "jobs.*": summary["jobs"]["train"],
+             "deployments.*": summary["deployments"]["chat"]}[section]
+    where[key] = {"a": "x"} if kind == "an object of numbers" else (
+        5 if kind == "text" else "x")
+    (run / "summary.json").write_text(json.dumps(summary))
+    path = {"": "", "cluster": "cluster.", "jobs.*": "jobs.train.",
+            "deployments.*": "deployments.chat."}[section] + key
+    refused(invoke("report", run), "summary.json", f"{path}: expected {kind}")
+    assert not (run / "report").exists()
+
+
+def test_report_reads_no_figure_it_does_not_check(served_run: Path, tmp_path: Path):
+    # Every figure of a job, the cluster and a deployment that the check does not type is
+    # made text: the report still draws (so whatever it formats as a number is checked).
+    from clustersim.analysis.runs import _RUN_FIGURES
+
+    run = copy_run(served_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    kept = {"chips", "instances", "chips_per_instance", "instances_per_ultraserver"}
+    for section, entry in [("cluster", summary["cluster"]), ("jobs.*", summary["jobs"]["train"]),
+                           ("deployments.*", summary["deployments"]["chat"])]:
+        for key in entry:
+            if key not in _RUN_FIGURES[section] and key not in kept:
+                entry[key] = "text"
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = invoke("report", run)
+    assert result.exit_code == 0, result.output
+
+
+FLEET_DAY = {"name": "day", "duration": "1h", "hardware": "trn2", "cluster": {"instances": 2},
+             "fluid": {"curve_requests": 500},
+             "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                        "fidelity": "fluid", "slo": {"ttft": "1s", "tpot": "50ms"},
+                        "workload": {"rate": "5/s", "input_tokens": 256,
+                                     "output_tokens": 64}}]}
+
+
+@pytest.mark.parametrize("damage", [None, ("fleet_day", "chip_hours_total", "x"),
+                                    ("fleet_day", "chip_hours", {"serving": "x"}),
+                                    ("deployments.chat", "replicas_max", None)])
+def test_report_of_a_fleet_day_run_checks_the_figures_it_reads(tmp_path: Path, damage):
+    out = tmp_path / "run"
+    assert invoke("run", write(tmp_path, FLEET_DAY), "-o", out).exit_code == 0
+    if damage is not None:
+        summary = json.loads((out / "summary.json").read_text())
+        section, key, value = damage
+        node = summary
+        for part in section.split("."):
+            node = node[part]
+        node[key] = value
+        (out / "summary.json").write_text(json.dumps(summary))
+        refused(invoke("report", out), f"{section}.{key}: expected")
+    else:
+        result = invoke("report", out)
+        assert result.exit_code == 0, result.output
+
+
+def _tiny_sweep(tmp_path: Path, **extra) -> Path:
+    scenario = write(tmp_path, dict(json.loads(json.dumps(TRACED)), duration="6h",
+                                    trace={"enabled": False}))
+    return write(tmp_path, {"scenario": str(scenario), "grid": {"failures.scale": [1, 2]},
+                            "seeds": [0], **extra}, "sweep.yaml")
+
+
+@pytest.mark.parametrize("address, words", [
+    ("localhost:1", "no Ray cluster answers there"), ("x", "expected HOST:PORT"),
+    ("auto", "cannot join a Ray cluster there")])
+def test_ray_engine_without_a_ray_cluster_is_refused(tmp_path: Path, monkeypatch, address,
+                                                    words):
+    # The fuzz: `sweep --engine ray --address auto` with no Ray cluster was exit 1
+    # (ConnectionError); `localhost:1` waited on Ray's GCS for minutes.
+    import ray
+
+    def no_cluster(**options):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)  # `auto` finds none, whatever runs here
+    sweep = _tiny_sweep(tmp_path)
+    refused(invoke("sweep", sweep, "--engine", "ray", "--address", address, "-o",
+                   tmp_path / "s"), words)
+    refused(invoke("plan", write(tmp_path, TINY_PLAN, "plan.yaml"), "--engine", "ray",
+                   "--address", address, "-o", tmp_path / "p"), words)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "p").exists()
+
+
+def test_validate_runs_the_weights_fit_check_run_makes(tmp_path: Path):
+    raw = _serving()
+    raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
+    path = write(tmp_path, raw)
+    for args in (["validate", path], ["run", path, "-o", tmp_path / "out"]):
+        refused(invoke(*args), "serve.0.parallelism", "the weights do not fit", "GiB per chip")
+    assert invoke("validate", write(tmp_path, _serving())).exit_code == 0
+
+
+def test_one_weights_fit_check_for_both_serving_levels():
+    # Simulated directly (no runner before it), the request and fluid levels refuse a
+    # deployment that does not fit with the same issue `run` and `validate` give.
+    from clustersim.scenario.errors import ScenarioError
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.serving.fleetday import simulate_fleet_day
+    from clustersim.serving.simulate import simulate_serving
+
+    raw = _serving()
+    raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
+    scenario = scenario_from_dict(raw)
+    for call in (lambda: simulate_serving(scenario, np.random.SeedSequence(0)),
+                 lambda: simulate_fleet_day(scenario, 0, {})):
+        with pytest.raises(ScenarioError, match="the weights do not fit") as error:
+            call()
+        assert "serve.0.parallelism" in str(error.value)
+
+
+@pytest.mark.parametrize("autoscale", [None, {"min": 1, "max": 4}])
+def test_a_fleet_day_deployment_holds_its_chips_from_its_start(autoscale):
+    # It held its replicas (and their chip-hours) from t = 0 though it serves from `start`.
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import scenario_from_dict
+
+    def run(start: str):
+        raw = json.loads(json.dumps(FLEET_DAY))
+        raw["serve"][0].update(start=start, replicas=2)
+        if autoscale:
+            raw["serve"][0]["autoscale"] = autoscale
+        return simulate(scenario_from_dict(raw)).summary
+
+    whole, late = run("0s"), run("30min")
+    hours = whole["deployments"]["chat"]["chip_hours"]
+    assert late["deployments"]["chat"]["chip_hours"] == pytest.approx(hours / 2, rel=0.05)
+    assert late["fleet_day"]["chip_hours"]["serving"] == pytest.approx(
+        whole["fleet_day"]["chip_hours"]["serving"] / 2, rel=0.05)
+    # Its replicas are counted over its own span: as many as when it started at 0.
+    for key in ("replicas_min", "replicas_max"):
+        assert late["deployments"]["chat"][key] == whole["deployments"]["chat"][key]
+    assert late["deployments"]["chat"]["requests_per_s"] == pytest.approx(
+        whole["deployments"]["chat"]["requests_per_s"], rel=0.1)
+
+
+@pytest.mark.parametrize("job, grid, words", [
+    ("cluster", {"failures.scale": [1, 2]}, "figures named alike"),
+    ("j", {"failures.scale": [-1, -2]}, "ScenarioError"),
+])
+def test_a_sweep_whose_every_variant_is_refused_exits_2_with_the_first_error(
+        tmp_path: Path, job, grid, words):
+    # The fuzz: every run failed on figures named alike (a job named `cluster`): exit 1.
+    raw = dict(json.loads(json.dumps(TRACED)), duration="6h", trace={"enabled": False})
+    raw["jobs"][0]["name"] = job
+    scenario = write(tmp_path, raw)
+    sweep = write(tmp_path, {"scenario": str(scenario), "grid": grid, "seeds": [0]},
+                  "sweep.yaml")
+    result = invoke("sweep", sweep, "-o", tmp_path / "out", "--workers", "1")
+    refused(result, "error: no run succeeded", "the first, variant base, seed 0", words)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scale", [None, 2000])
+def test_a_serving_only_report_draws_failures_only_when_there_were_some(tmp_path: Path,
+                                                                        scale):
+    # It drew failures.png saying "no failures" for a run with no training job and none.
+    raw = dict(_serving(), duration="1h", trace={"enabled": True})
+    raw["cluster"] = {"instances": 2}
+    if scale:
+        raw["failures"] = {"preset": "llama3", "scale": scale}
+    out = tmp_path / "run"
+    assert invoke("run", write(tmp_path, raw), "-o", out).exit_code == 0
+    failed = json.loads((out / "summary.json").read_text())["cluster"]["failures"]
+    assert bool(failed) == bool(scale)
+    assert invoke("report", out).exit_code == 0
+    assert (out / "report" / "failures.png").exists() == bool(scale)
+    assert ("## Failures" in (out / "report" / "report.md").read_text()) == bool(scale)

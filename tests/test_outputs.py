@@ -298,6 +298,41 @@ def test_a_signalled_sweep_stops_promptly_and_writes_a_partial_table(tmp_path: P
     assert "partial" in stderr
 
 
+# A signal sent to the process itself the moment it imports `module`: while the command
+# line loads (clustersim.cli.app), or inside typer before the command's own handling
+# (clustersim.runner.interrupts, imported by the command's wrapper).
+_SIGNAL_ON_IMPORT = """
+import builtins, os, signal, sys
+real, sent, module, signum = builtins.__import__, [], sys.argv[1], int(sys.argv[2])
+def hooked(name, *args, **kwargs):
+    if name == module and not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signum)
+    return real(name, *args, **kwargs)
+builtins.__import__ = hooked
+sys.argv = ["clustersim", *sys.argv[3:]]
+from clustersim.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module", ["clustersim.cli.app", "clustersim.runner.interrupts"])
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_command_line_loads_exits_128_n_without_a_traceback(
+        tmp_path: Path, module, signum, status):
+    # The sweep parent's window outside interruptible(): a Ctrl-C while the command line
+    # loaded escaped as a KeyboardInterrupt (a traceback, exit 1 or -2), and SIGTERM killed
+    # it (-15); the entry point handles both from its first line.
+    path = write_sweep(tmp_path, grid={"failures.scale": [1, 2]}, seeds=[0])
+    result = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_ON_IMPORT, module, str(int(signum)), "sweep", str(path),
+         "-o", str(tmp_path / "out")], env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == status, result.stderr
+    assert "Traceback" not in result.stderr and "interrupted" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
 def test_workers_are_capped_at_the_work_and_the_cores():
     cores = os.cpu_count() or 1
     assert capped_workers(40, 2) == min(2, cores)

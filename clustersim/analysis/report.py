@@ -394,7 +394,10 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
         plots["Around the first failure"] = plot_job_timelines(
             run, folder / "first_failure.png", (lo, hi), "job states around the first failure",
             first_job=job)
-    plots["Failures"] = plot_failures(run, folder / "failures.png")
+    # A serving-only run without failures has nothing to show there ("no failures" is in
+    # the report's text): drawn for training, or when something failed.
+    if training or (run.events["kind"] == "failure").any():
+        plots["Failures"] = plot_failures(run, folder / "failures.png")
     if training:
         plots |= {"Where the hours went": plot_hours(run, folder / "hours.png"),
                   "Training step": plot_step(run, folder / "step.png")}

@@ -62,8 +62,10 @@ for _command in (
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (clustersim.cli.main: signals handled from its first line)."""
+    from clustersim.cli import main as entry
+
+    entry()
 
 
 if __name__ == "__main__":

@@ -43,11 +43,13 @@ class UsageProblem(Exception):
 def _user_error_types() -> tuple[type[Exception], ...]:
     """The exceptions that mean bad input, not a bug (imported only once something failed)."""
     from clustersim.hardware.topology import TopologyTooLarge
+    from clustersim.planning.engine import EngineUnavailable
     from clustersim.runner.outputs import OutputDirError
     from clustersim.scenario.errors import ScenarioError
     from clustersim.training.step import JobDoesNotFit
 
-    return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit, TopologyTooLarge)
+    return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit, TopologyTooLarge,
+            EngineUnavailable)
 
 
 def user_errors(command: F) -> F:

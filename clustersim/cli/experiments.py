@@ -90,13 +90,21 @@ def _run_or_write_partial(sweep_file: Path, engine: str, workers: int | None,
 
 
 def _no_run_succeeded(failed: Any) -> None:
-    """Every run failed: nothing is written; exit 2 when the sweep's values are at fault."""
+    """Every run failed: nothing is written. When every failure is the input's (each
+    variant's scenario refused), exit 2 with the first error; otherwise exit 1."""
     from clustersim.runner.sweep import INPUT_FAULTS
 
     input_faults = failed["error"].astype(str).str.startswith(INPUT_FAULTS).all()
+    if input_faults:
+        first = failed.iloc[0]
+        err_console.print(f"[red]error:[/red] no run succeeded, nothing written: every "
+                          f"variant's scenario was refused; the first, variant "
+                          f"{escape(str(first['variant']))}, seed {first['seed']}: "
+                          f"{escape(str(first['error']))}", soft_wrap=True)
+        raise typer.Exit(2)
     err_console.print("[red]no run succeeded[/red], nothing written: check the grid's paths "
                       "and values", soft_wrap=True)
-    raise typer.Exit(2 if input_faults else 1)
+    raise typer.Exit(1)
 
 
 def _print_sweep(summary: Any, grid_paths: list[str]) -> None:

@@ -39,6 +39,10 @@ def validate(
         try:
             # A first job without parallelism is a scenario for `plan` (which chooses it).
             spec = load_scenario(path, overrides or [], planning=True)
+            if spec.serve:  # the weights-fit check `run` makes before any work
+                from clustersim.runner.api import check_serving_fit
+
+                check_serving_fit(spec)
         except ScenarioError as error:
             failed += 1
             err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)

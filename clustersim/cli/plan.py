@@ -136,7 +136,8 @@ def plan(
         "catalog/planning.yaml].", min=0.0, max=0.9)] = None,
     top: Annotated[int, typer.Option(help="Candidates to show and print.", min=1)] = 10,
     engine: Annotated[str, typer.Option(help="local or ray.")] = "local",
-    workers: Annotated[int | None, typer.Option(help="Processes [default: cores].", min=1)
+    workers: Annotated[int | None, typer.Option(help="Processes (at most the cores).",
+                                                show_default="cores", min=1)
                        ] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address.")] = None,
     out: Annotated[Path | None, typer.Option(

@@ -48,7 +48,7 @@ def _check_run_folder(run_dir: Path) -> None:
 
     from clustersim.analysis.runs import (
         MAX_SUMMARY_BYTES,
-        figures_problem,
+        job_summary_problem,
         summary_problem,
         table_problem,
     )
@@ -70,10 +70,8 @@ def _check_run_folder(run_dir: Path) -> None:
     traces = TRACES
     if (run_dir / "day.parquet").exists() or (run_dir / "fleet.parquet").exists():
         traces = ("day", "fleet")  # a fleet-day run (docs/fleet-day.md)
-    # A fleet-day run's summary has a shape of its own: only its figures are checked.
-    problem = (summary_problem(parsed) if traces == TRACES else
-               "expected a JSON object" if not isinstance(parsed, dict)
-               else figures_problem(parsed, "summary"))
+    # A fleet-day run's summary has a shape of its own (docs/fleet-day.md).
+    problem = summary_problem(parsed, fleet_day=traces != TRACES)
     if problem:
         raise UsageProblem(f"{summary}: not a run's summary ({problem}); run the scenario "
                            "again")
@@ -102,6 +100,8 @@ def _check_run_folder(run_dir: Path) -> None:
         try:
             pq.read_table(table)
             problem = table_problem(table, table.name.removesuffix(".parquet"))
+            if table.name == "job_summary.parquet" and traces == TRACES and not problem:
+                problem = job_summary_problem(table)  # what the fleet plots read of it
         except (pa.ArrowException, OSError) as error:
             raise UsageProblem(f"{table}: not a readable Parquet table ({error}); run the "
                                "scenario again") from None

@@ -12,9 +12,53 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["Engine", "ENGINES"]
+__all__ = ["Engine", "ENGINES", "EngineUnavailable", "start_ray"]
 
 ENGINES = ("local", "ray")
+RAY_CONNECT_S = 5.0  # a reachable head answers a TCP connect at once; Ray itself retries ~minutes
+
+
+class EngineUnavailable(RuntimeError):
+    """The Ray engine cannot start: Ray not installed, or no Ray cluster at the address (the
+    user's setup, exit 2)."""
+
+
+def start_ray(address: str | None) -> Any:
+    """`ray`, initialised: joined to the cluster at `address` (host:port, ray://host:port or
+    auto) or a local one started. An address with nothing listening is refused after a
+    RAY_CONNECT_S connect, where Ray would wait for minutes (a GCS address) or 35 s (a Ray
+    Client one) before its own error."""
+    try:
+        import ray
+    except ImportError:
+        raise EngineUnavailable("--engine ray needs Ray: pip install -e '.[ray]'") from None
+    if address not in (None, "auto", "local"):
+        _check_reachable(address)
+    try:
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
+                 log_to_driver=False)
+    except (ConnectionError, ValueError) as error:
+        raise EngineUnavailable(
+            f"--address {address!r}: cannot join a Ray cluster there ({str(error)[:200]}); "
+            "start one with `ray start --head`, or leave out --address for a local one") from None
+    return ray
+
+
+def _check_reachable(address: str) -> None:
+    import socket
+
+    where = address.removeprefix("ray://").split("/", 1)[0]
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EngineUnavailable(f"--address {address!r}: expected HOST:PORT, ray://HOST:PORT "
+                                "or auto")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S):
+            pass
+    except OSError as error:
+        raise EngineUnavailable(f"--address {address!r}: no Ray cluster answers there "
+                                f"({error}); start one with `ray start --head`, or leave out "
+                                "--address for a local one") from None
 
 
 def _worker_start() -> None:
@@ -64,12 +108,7 @@ class Engine:
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
         if self._ray is None:
-            try:
-                import ray
-            except ImportError:
-                raise RuntimeError("the ray engine needs Ray: pip install -e '.[ray]'") from None
-            ray.init(address=self.address, ignore_reinit_error=True, include_dashboard=False,
-                     log_to_driver=False)
+            ray = start_ray(self.address)
             self._ray = (ray, ray.remote(fn))
         ray, remote = self._ray
         return ray.get([remote.remote(task) for task in tasks])

@@ -36,6 +36,7 @@ from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
 from clustersim.serving import (
     ServingResult,
+    check_serving_fit,
     deployment_figures,
     replica_series_table,
     requests_table,
@@ -46,7 +47,7 @@ from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
            "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile",
-           "capped_workers", "check_run_arguments"]
+           "capped_workers", "check_run_arguments", "check_serving_fit"]
 
 
 @dataclass
@@ -295,37 +296,6 @@ def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
             "trace.levels", f"utilisation at these levels would write {rows:,} rows "
             f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin or "
             f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])
-
-
-def check_serving_fit(scenario: Scenario) -> None:
-    """Refuse (exit 2, before any work) a deployment whose weights leave no room in its share
-    of HBM for one KV block: every request would be rejected (training's equivalent is
-    check_fit). The message gives the memory breakdown."""
-    from clustersim.scenario.errors import Issue, ScenarioError
-    from clustersim.serving.simulate import replica_models
-
-    gib = 2.0**30
-    issues = []
-    for index, d in enumerate(scenario.serve):
-        cost, capacity, _ = replica_models(scenario, d)
-        if capacity >= d.server.kv_block_tokens:
-            continue
-        target = cost.target
-        draft = cost.draft.weight_bytes_per_chip() if cost.draft is not None else 0.0
-        usable = target.usable_hbm_bytes(d.server.kv_reserve)
-        block = target.kv_bytes_per_token_per_chip() * d.server.kv_block_tokens
-        drafted = f", the draft's {draft / gib:.2f} GiB" if cost.draft is not None else ""
-        issues.append(Issue(
-            f"serve.{index}.parallelism",
-            f"the weights do not fit: {target.weight_bytes_per_chip() / gib:.2f} GiB per chip "
-            f"of {d.model.name} (tp {d.tp}, pp {d.pp}){drafted} and one KV block of "
-            f"{d.server.kv_block_tokens} tokens ({block / gib:.3f} GiB) against "
-            f"{usable / gib:.2f} GiB usable ({scenario.hardware.chip.hbm_bytes / gib:.0f} GiB "
-            f"of HBM, the replica's ranks' share of the chip, less kv_reserve "
-            f"{d.server.kv_reserve:g}); expected more tp or pp, fp8 weights or a smaller "
-            "model", dict(d.parallelism), True))
-    if issues:
-        raise ScenarioError(scenario.source, issues)
 
 
 def check_run_arguments(seed: int | None, replications: int) -> str | None:

@@ -72,9 +72,10 @@ def interruptible() -> Iterator[None]:
         yield
         return
     _received.clear()
-    previous = {sig: signal.signal(sig, _raise_interrupted)
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
+    previous: dict[int, object] = {}
+    try:  # a signal between two installs still restores the ones installed
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _raise_interrupted)
         yield
         raise_if_interrupted()
     finally:

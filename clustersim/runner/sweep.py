@@ -41,6 +41,7 @@ from pydantic import Field, ValidationError, model_validator
 from clustersim.hardware import limits
 from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Spec
+from clustersim.planning.engine import start_ray
 from clustersim.runner.api import capped_workers, simulate, t_quantile
 from clustersim.runner.interrupts import Interrupted, interrupt_handled, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
@@ -202,12 +203,7 @@ def _local(tasks: list[Task], workers: int | None) -> Iterator[dict[str, Any]]:
 
 
 def _ray(tasks: list[Task], address: str | None) -> Iterator[dict[str, Any]]:
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("the ray engine needs Ray: pip install -e '.[ray]'") from None
-    ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
-             log_to_driver=False)
+    ray = start_ray(address)
     remote = ray.remote(run_task)
     pending = [remote.remote(task) for task in tasks]
     while pending:
@@ -227,8 +223,10 @@ class SweepInterrupted(Interrupted):
         self.total = total
 
 
-# Errors that are the sweep's input at fault (a grid value the scenario refuses), not a bug.
-INPUT_FAULTS = ("ScenarioError", "JobDoesNotFit", "OutputDirError")
+# Errors that are the sweep's input at fault (a grid value the scenario refuses, figures of
+# a job and the cluster named alike), not a bug: how a failed row's `error` begins.
+INPUT_FAULTS = ("ScenarioError", "JobDoesNotFit", "OutputDirError", "TopologyTooLarge",
+                "figures named alike")
 
 
 def run_sweep(path: str | Path, engine: str = "local", workers: int | None = None,

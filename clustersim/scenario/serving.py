@@ -319,7 +319,7 @@ def serve_budget_checks(serve: list[DeploymentSpec], hardware: HardwareSpec, dur
     the horizon, a draft no smaller than its target, a name shared with a job or `cluster`
     (their figures would share the sweep's columns), and more requests in all than
     limits.MAX_SERVED_REQUESTS. (Weights that do not fit are checked by the runner, with
-    the serving model's memory: runner.api.check_serving_fit.)"""
+    the serving model's memory: serving.simulate.check_serving_fit.)"""
     jobs = set(job_names)
     for index, d in enumerate(serve):
         at = f"serve.{index}"

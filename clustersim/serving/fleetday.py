@@ -62,7 +62,7 @@ from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
 from clustersim.serving.load import load_rates, load_seed
-from clustersim.serving.simulate import no_kv_room, replica_models
+from clustersim.serving.simulate import replica_models, weights_fit_issue
 from clustersim.training.step import StepProfile
 
 __all__ = ["FleetDayResult", "simulate_fleet_day", "fleet_day_figures", "day_table",
@@ -97,6 +97,7 @@ class _Deployment:
     preempted_for: int = 0
     scale_ups: int = 0
     scale_downs: int = 0
+    placed: bool = False  # holds instances from its `start` on, none before
 
     @property
     def active(self) -> int:
@@ -211,8 +212,9 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         if only is not None and d.name not in only:
             continue
         cost, kv_tokens, _ = replica_models(scenario, d)
-        if kv_tokens <= 0:
-            raise ScenarioError(scenario.source, [no_kv_room(scenario, d, cost)])
+        issue = weights_fit_issue(scenario, d, cost, kv_tokens)
+        if issue is not None:
+            raise ScenarioError(scenario.source, [issue])
         try:
             curve = replica_curve(scenario, d)
         except ValueError as error:  # a replica that serves nothing: the scenario's fault
@@ -429,15 +431,26 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         job.state = "restarting"
         job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
 
-    # The fleet was serving before the horizon: each deployment starts with the replicas
-    # its first step's load needs (at least `replicas`), within [min, max], loaded.
-    for dep in sorted(deployments, key=lambda x: -x.priority):
+    def place(dep: _Deployment, k: int, now: float) -> None:
+        """The deployment starts with the replicas its first step's load needs (at least
+        `replicas`), within [min, max], loaded: it was loaded before the horizon, or before
+        its `start` (from which it holds its chips). A later start takes its instances from
+        the jobs below it when none are free, and starts with what fits."""
         first = dep.spec.replicas
         if dep.spec.autoscale is not None:
-            first = max(first, math.ceil(float(dep.rates[0]) / dep.per_replica_rate - 1e-9))
+            first = max(first, math.ceil(float(dep.rates[k]) / dep.per_replica_rate - 1e-9))
+        wanted = max(dep.minimum, min(dep.maximum, first))
+        if k and instances_for(dep, wanted) > state["free"]:
+            preempt_for(dep, instances_for(dep, wanted), now)
         fits = state["free"] * cpi // dep.chips  # whole free instances, shared by replicas
-        dep.up = max(dep.minimum, min(dep.maximum, first, fits))
+        dep.up = max(dep.minimum, min(dep.maximum, first, fits)) if not k else min(wanted, fits)
+        dep.placed = True
         state["free"] -= resize(dep)
+
+    # The fleet was serving before the horizon (or its deployment's start).
+    for dep in sorted(deployments, key=lambda x: -x.priority):
+        if dep.spec.start_s <= 0:
+            place(dep, 0, 0.0)
     if state["free"] < 0:
         raise ValueError("the deployments' starting replicas do not fit the cluster")
 
@@ -473,6 +486,9 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             if dep.draining and min(dep.draining) <= now:
                 dep.draining = [t for t in dep.draining if t > now]
                 state["free"] -= resize(dep)
+        for dep in order:  # a deployment's start: its replicas, loaded, from this step
+            if not dep.placed and now >= dep.spec.start_s:
+                place(dep, k, now)
         while cursor < len(events) and events[cursor][0] < end:
             t, software, width, per = events[cursor]
             cursor += 1
@@ -483,7 +499,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         # Autoscaling, the highest priority first.
         for dep in order:
             a = dep.spec.autoscale
-            if a is None or k % decide_every[dep.spec.name]:
+            if a is None or not dep.placed or k % decide_every[dep.spec.name]:
                 continue
             observed = float(dep.rates[k - 1]) if k else float(dep.rates[0])
             wanted = (observed + dep.backlog / a.interval_s) / dep.per_replica_rate
@@ -702,11 +718,15 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
                               dts)) / 3600.0
         met = float(np.dot(s["slo_attainment"], s["arrived"]))
         span = max(result.horizon_s - dep.spec.start_s, 1e-9)
+        # Its replicas over its own span: from the step of its start (it holds none before).
+        since = result.times_s >= dep.spec.start_s
+        since[-1] = True  # a start in the last step
+        live = s["replicas"][since]
         deployments[dep.spec.name] = {
             "model": dep.spec.model.name, "fidelity": "fluid", "tp": dep.spec.tp,
             "pp": dep.spec.pp, "chips_per_replica": dep.chips,
-            "replicas_min": int(s["replicas"].min()), "replicas_max": int(s["replicas"].max()),
-            "replicas_mean": float(np.dot(s["replicas"], dts) / dts.sum()),
+            "replicas_min": int(live.min()), "replicas_max": int(live.max()),
+            "replicas_mean": float(np.dot(live, dts[since]) / dts[since].sum()),
             "capacity_per_replica_per_s": dep.curve.capacity_per_s,
             "provisioned_per_replica_per_s": dep.per_replica_rate,
             "replica_start_s": dep.start_s,

@@ -43,7 +43,7 @@ from clustersim.serving.requests import TraceError, generate_requests
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
            "requests_table", "replica_series_table", "replicas_on_instance", "saturated",
-           "no_kv_room"]
+           "weights_fit_issue", "check_serving_fit"]
 
 
 @dataclass
@@ -98,17 +98,42 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     return cost, max(0, capacity), transfer_s
 
 
-def no_kv_room(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost) -> Issue:
-    """The issue of a deployment whose weights leave no HBM for a single KV cache token."""
-    hbm = scenario.hardware.chip.hbm_bytes * (1.0 - d.server.kv_reserve)
-    weights = cost.target.weight_bytes_per_chip()
-    if cost.draft is not None:
-        weights += cost.draft.weight_bytes_per_chip()
-    draft = " and its draft's" if cost.draft is not None else ""
-    return Issue(f"serve.{scenario.serve.index(d)}", f"the model's weights{draft} take "
-                 f"{weights / 2**30:,.1f} GiB of the busiest chip's {hbm / 2**30:,.1f} GiB "
-                 "(HBM less server.kv_reserve): no room for the KV cache; expected more "
-                 "tensor or pipeline parallelism, or a smaller precision", d.name, True)
+def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
+                      capacity: int) -> Issue | None:
+    """The issue of a deployment whose weights (and its draft's) leave no room in its share of
+    HBM for one KV block, with the memory breakdown, or None: every request would be
+    rejected (training's equivalent is check_fit). The one weights-fit check: `run`,
+    `validate`, --find-rate and both serving levels ask it."""
+    if capacity >= d.server.kv_block_tokens:
+        return None
+    gib = 2.0**30
+    target = cost.target
+    draft = cost.draft.weight_bytes_per_chip() if cost.draft is not None else 0.0
+    usable = target.usable_hbm_bytes(d.server.kv_reserve)
+    block = target.kv_bytes_per_token_per_chip() * d.server.kv_block_tokens
+    drafted = f", the draft's {draft / gib:.2f} GiB" if cost.draft is not None else ""
+    return Issue(
+        f"serve.{scenario.serve.index(d)}.parallelism",
+        f"the weights do not fit: {target.weight_bytes_per_chip() / gib:.2f} GiB per chip "
+        f"of {d.model.name} (tp {d.tp}, pp {d.pp}){drafted} and one KV block of "
+        f"{d.server.kv_block_tokens} tokens ({block / gib:.3f} GiB) against "
+        f"{usable / gib:.2f} GiB usable ({scenario.hardware.chip.hbm_bytes / gib:.0f} GiB "
+        f"of HBM, the replica's ranks' share of the chip, less kv_reserve "
+        f"{d.server.kv_reserve:g}); expected more tp or pp, fp8 weights or a smaller "
+        "model", dict(d.parallelism), True)
+
+
+def check_serving_fit(scenario: Scenario) -> None:
+    """Refuse (ScenarioError, exit 2, before any work) every deployment whose weights do not
+    fit (weights_fit_issue)."""
+    issues = []
+    for d in scenario.serve:
+        cost, capacity, _ = replica_models(scenario, d)
+        issue = weights_fit_issue(scenario, d, cost, capacity)
+        if issue is not None:
+            issues.append(issue)
+    if issues:
+        raise ScenarioError(scenario.source, issues)
 
 
 def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: bool = False
@@ -212,8 +237,9 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
             requests = type(requests)(requests.arrival_s + d.start_s, requests.input_tokens,
                                       requests.output_tokens)
         cost, capacity, transfer = replica_models(scenario, d)
-        if capacity <= 0:
-            raise ScenarioError(scenario.source, [no_kv_room(scenario, d, cost)])
+        issue = weights_fit_issue(scenario, d, cost, capacity)
+        if issue is not None:
+            raise ScenarioError(scenario.source, [issue])
         if d.disaggregated is not None:
             roles = (["prefill"] * d.disaggregated.prefill_replicas
                      + ["decode"] * d.disaggregated.decode_replicas)
