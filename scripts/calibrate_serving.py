@@ -17,9 +17,11 @@ Rows (sources in docs/calibration.md):
   judge (not fitted).
 - GPU (`clustersim.calibration.gpu_serving`): TensorRT-LLM's max-throughput table (v0.17,
   FP8), output tokens/s of the tensor-parallel group, simulated with every request queued at
-  once. The H100 rows of Llama 3.1 8B at TP 1 and 70B at TP 2 are fitted here (`--fit-gpu`:
-  the p5 entry's serving HBM efficiency, matmul efficiency and iteration overhead, which
-  p5e and p5en inherit); the H200 rows and a later version's rows judge.
+  once. `--fit-gpu` first fits the p5 TP all-reduce kernels (`serving.tp_link_efficiency`,
+  `tp_step_latency`) to TensorRT-LLM's custom all-reduce as measured on H100, then the p5
+  entry's serving HBM efficiency, matmul efficiency and iteration overhead on the H100 rows
+  of Llama 3.1 8B at TP 1 and 70B at TP 2 (p5e and p5en inherit them); the H200 rows and a
+  later version's rows judge.
 Nothing is fitted per row.
 """
 
@@ -39,7 +41,8 @@ from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving
 from clustersim.hardware.catalog import catalog_entry  # noqa: E402
 
 
-def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> list[dict]:
+def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None,
+         table=SERVING_MEASUREMENTS) -> list[dict]:
     hw = catalog_entry("trn1")
     update = {}
     if hbm_efficiency is not None:
@@ -49,7 +52,7 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None) -
     if update:
         hw = hw.model_copy(update={"serving": hw.serving.model_copy(update=update)})
     out = []
-    for m, (ttft, tpot) in zip(SERVING_MEASUREMENTS, predict_serving(hw), strict=True):
+    for m, (ttft, tpot) in zip(table, predict_serving(hw, table), strict=True):
         out.append({"model": m.model, "batch": m.batch,
                     "tokens": f"{m.input_tokens}/{m.output_tokens}",
                     "ttft_ms": ttft * 1e3, "ttft_published_ms": m.ttft_ms,
@@ -59,13 +62,17 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None) -
 
 
 def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> None:
-    print("== Trn1 (trn1.32xlarge, TP 32, bf16, transformers-neuronx SDK 2.18): fitted")
-    print(f"{'model':<12}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}{'err':>8}"
-          f"{'TPOT ms':>10}{'pub':>8}{'err':>8}")
-    for r in rows(hbm_efficiency, overhead_s):
-        print(f"{r['model']:<12}{r['batch']:>6}{r['tokens']:>11}{r['ttft_ms']:>10.2f}"
-              f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
-              f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
+    from clustersim.calibration.serving import UNSEEN_SERVING_218
+    for title, table in (("fitted", SERVING_MEASUREMENTS),
+                         ("unseen, not fitted (the same SDK's data file)", UNSEEN_SERVING_218)):
+        print(f"== Trn1 (trn1.32xlarge, TP 32, bf16, transformers-neuronx SDK 2.18): {title}")
+        print(f"{'model':<12}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}{'err':>8}"
+              f"{'TPOT ms':>10}{'pub':>8}{'err':>8}")
+        for r in rows(hbm_efficiency, overhead_s, table):
+            print(f"{r['model']:<12}{r['batch']:>6}{r['tokens']:>11}{r['ttft_ms']:>10.2f}"
+                  f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
+                  f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
+        print()
 
 
 def print_trn2() -> None:
@@ -110,6 +117,53 @@ def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
                   f"{row.output_tokens_per_s:>11.0f}{p:>9.0f}{err:>+8.1%}  {row.source[:40]}")
         print(f"mean absolute error {np.mean(np.abs(errors)):.1%}, "
               f"range [{min(errors):+.1%}, {max(errors):+.1%}]")
+
+
+ALL_REDUCE_PARAMETERS = {"tp_link_efficiency": (0.02, 1.0), "tp_step_latency": (1e-7, 2e-5)}
+
+
+def all_reduce_hardware(values: dict[str, float]):
+    hw = catalog_entry("p5")
+    return hw.model_copy(update={"serving": hw.serving.model_copy(update={
+        "tp_link_efficiency": values["tp_link_efficiency"],
+        "tp_step_latency_s": values["tp_step_latency"]})})
+
+
+def all_reduce_loss(values: dict[str, float]) -> float:
+    from clustersim.calibration.gpu_serving import predict_tp_all_reduce
+    return float(sum(math.log(model / measured) ** 2 for _, _, measured, model
+                     in predict_tp_all_reduce(all_reduce_hardware(values))))
+
+
+def fit_all_reduce() -> dict[str, float]:
+    """The p5 TP all-reduce kernels' link efficiency and step latency, fitted to TensorRT-LLM's
+    custom all-reduce on H100 (NVLINK_ALL_REDUCE_US): coordinate search in log space."""
+    s = catalog_entry("p5").serving
+    values = {"tp_link_efficiency": s.tp_link_efficiency or 0.5,
+              "tp_step_latency": s.tp_step_latency_s or 5e-6}
+    best = all_reduce_loss(values)
+    step = 0.4
+    while step > 0.005:
+        improved = False
+        for name, (low, high) in ALL_REDUCE_PARAMETERS.items():
+            for direction in (1, -1):
+                trial = dict(values)
+                trial[name] = min(high, max(low, values[name] * math.exp(direction * step)))
+                score = all_reduce_loss(trial)
+                if score < best - 1e-12:
+                    values, best, improved = trial, score, True
+        if not improved:
+            step /= 2
+    return values
+
+
+def print_all_reduce(hardware=None) -> None:
+    from clustersim.calibration.gpu_serving import predict_tp_all_reduce
+    print("\n== p5 TP all-reduce (TensorRT-LLM custom all-reduce on H100, sglang PR 2904; us)")
+    print(f"{'bytes':>9}{'tp':>4}{'measured':>10}{'model':>8}{'err':>8}")
+    for size, tp, measured, model in predict_tp_all_reduce(hardware):
+        print(f"{size:>9}{tp:>4}{measured * 1e6:>10.1f}{model * 1e6:>8.1f}"
+              f"{model / measured - 1:>+8.1%}")
 
 
 GPU_PARAMETERS = {"hbm_efficiency": (0.3, 0.95), "matmul": (0.2, 0.9),
@@ -167,6 +221,9 @@ def main() -> None:
                         '\'{"iteration_overhead": 0.003}\'')
     args = parser.parse_args()
     if args.fit_gpu:
+        kernels = fit_all_reduce()
+        print("fitted p5 TP all-reduce kernels:", {k: round(v, 9) for k, v in kernels.items()})
+        print_all_reduce(all_reduce_hardware(kernels))
         values = fit_gpu(json.loads(args.start) if args.start else None)
         print("fitted p5 serving constants:", {k: round(v, 6) for k, v in values.items()})
         print_gpu(gpu_hardware(values), unseen=False)
@@ -177,6 +234,7 @@ def main() -> None:
     if "trn2" in families:
         print_trn2()
     if "gpu" in families:
+        print_all_reduce()
         print_gpu()
 
 

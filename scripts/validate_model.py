@@ -182,7 +182,17 @@ def print_serving() -> None:
         print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
               f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
               f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
-    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
+    from clustersim.calibration.serving import (
+        UNSEEN_SERVING,
+        UNSEEN_SERVING_218,
+        predict_token_latency,
+    )
+    print("  unseen rows (not fitted), the same SDK's data file:")
+    for m, (ttft, tpot) in zip(UNSEEN_SERVING_218, predict_serving(rows=UNSEEN_SERVING_218),
+                               strict=True):
+        print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
+              f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
+              f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
     print("  unseen rows (not fitted): request time over input + output tokens, ms")
     for m, predicted in zip(UNSEEN_SERVING, predict_token_latency(), strict=True):
         print(f"  {m.model:12s} {'1':>5s} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
@@ -190,6 +200,8 @@ def print_serving() -> None:
               f"{predicted * 1e3 / m.ms_per_token - 1:+7.1%}  SDK {m.sdk}")
     print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
           f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
+          f"prefill_layer_overhead {serving.prefill_layer_overhead_s * 1e3:g} ms, "
+          f"attention {serving.attention} (score_efficiency {serving.score_efficiency}), "
           f"all_reduce {serving.all_reduce}")
     from clustersim.calibration.speculation import TRN2_SPECULATION, predict_speculation
     print("\n== serving on trn2 (check: NxD Inference Llama 3.3 70B tutorial, TP 64, "

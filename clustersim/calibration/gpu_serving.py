@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "predict_throughput"]
+__all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "predict_throughput",
+           "NVLINK_ALL_REDUCE_US", "predict_tp_all_reduce"]
 
 _V017 = "TensorRT-LLM performance overview (data generated with v0.17), FP8, max throughput"
 _V10 = "TensorRT-LLM performance overview 1.0 (PyTorch backend), FP8, max throughput"
@@ -77,6 +78,38 @@ UNSEEN_GPU_SERVING: tuple[ThroughputRow, ...] = _rows("llama3.1-8b", "p5en", 1, 
     (1000, 1000): 4205, (1000, 2000): 4146, (2048, 128): 762, (2048, 2048): 3082,
     (5000, 500): 898, (20000, 2000): 437,
 }, _V10)
+
+# TensorRT-LLM's custom all-reduce kernels on H100 (NVLink through NVSwitch), measured in
+# sgl-project/sglang pull request 2904 without CUDA graphs: microseconds at TP 2, 4 and 8 by
+# message size. The p5 entry's `serving.tp_link_efficiency` and `serving.tp_step_latency`
+# are fitted to them (`scripts/calibrate_serving.py --fit-gpu`): the TP all-reduce of a
+# decode step is one of these kernels, not NCCL's large-message ring.
+_SGLANG = "sgl-project/sglang pull request 2904: TensorRT-LLM custom all-reduce on H100"
+NVLINK_ALL_REDUCE_US: dict[int, tuple[float, float, float]] = {
+    512: (3.7, 4.8, 5.9), 4096: (3.9, 3.7, 5.7), 32768: (4.5, 4.8, 7.8),
+    262144: (7.9, 13.9, 16.7), 524288: (12.5, 20.2, 22.1), 1048576: (19.9, 31.1, 33.8),
+}
+ALL_REDUCE_TP = (2, 4, 8)
+
+
+def predict_tp_all_reduce(hardware=None) -> list[tuple[int, int, float, float]]:
+    """(bytes, tp, measured s, model s) of every point of NVLINK_ALL_REDUCE_US: the serving
+    model's TP all-reduce of a replica on p5 (or on `hardware`, a HardwareSpec)."""
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.hardware.topology import build_topology
+    from clustersim.serving.iteration import IterationModel, ReplicaShape
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    hardware = hardware or catalog_entry("p5")
+    topology = build_topology(hardware, 1)
+    model = TransformerShape(**model_preset_values("llama3.1-8b"))
+    out = []
+    for i, tp in enumerate(ALL_REDUCE_TP):
+        replica = IterationModel(ReplicaShape(model, "bf16", tp, 1), topology)
+        for size, times in NVLINK_ALL_REDUCE_US.items():
+            out.append((size, tp, times[i] * 1e-6, replica.tp_all_reduce_s(size)))
+    return out
+
 
 MAX_BATCH = 2048  # TensorRT-LLM's default max_batch_size
 MAX_TOKENS = 8192  # and max_num_tokens

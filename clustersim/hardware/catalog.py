@@ -189,6 +189,25 @@ class ServingConstants(Spec):
         "Inference compiles context encoding as a graph of its own, apart from token "
         "generation); 0 where no data separates it",
     )
+    prefill_layer_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="prefill_layer_overhead", le=limits.MAX_LATENCY_S,
+        description="fixed time per layer of an iteration that encodes prompt tokens (each "
+        "layer's context-encoding kernels start and synchronise once, whatever the prompt's "
+        "length); 0 where no data separates it",
+    )
+    attention: Literal["flash", "unfused"] = Field(
+        default="flash",
+        description="the prefill (context-encoding) attention kernel: `flash`, one fused "
+        "kernel whose scores never leave the chip; `unfused`, the scores written out by the "
+        "first matmul and passed through mask and softmax as separate operations "
+        "(transformers-neuronx's context encoding): free while they fit a rank's on-chip "
+        "SRAM, priced at `score_efficiency` of HBM bandwidth when they do not",
+    )
+    score_efficiency: float = Field(
+        default=0.369, ge=limits.MIN_EFFICIENCY, le=1,
+        description="unfused attention: fraction of HBM bandwidth the passes over spilled "
+        "attention scores reach (mask, softmax's reductions and elementwise steps)",
+    )
     hbm_efficiency: float = Field(
         default=0.94, ge=limits.MIN_EFFICIENCY, le=1,
         description="fraction of peak HBM bandwidth inference kernels reach streaming weights "
@@ -208,13 +227,33 @@ class ServingConstants(Spec):
         "min(compute, collectives) / tiles, tiles = tokens / chip tile rows (one tile in "
         "decode: no overlap)",
     )
-    all_reduce: Literal["mesh", "auto"] = Field(
+    tp_link_efficiency: float | None = Field(
+        default=None, ge=limits.MIN_EFFICIENCY, le=1,
+        description="the replica's tensor-parallel all-reduce: fraction of the link "
+        "bandwidth the inference stack's own all-reduce kernels reach (TensorRT-LLM's custom "
+        "all-reduce on NVLink); default: the collectives' link_efficiency",
+    )
+    tp_step_latency_s: NonNegativeDuration | None = Field(
+        default=None, alias="tp_step_latency", le=limits.MAX_LATENCY_S,
+        description="the replica's tensor-parallel all-reduce: fixed time per algorithm step "
+        "of the inference stack's own kernels; default: the collectives' step_latency",
+    )
+    tp_kernel_max_bytes: Bytes | None = Field(
+        default=None, alias="tp_kernel_max",
+        description="with tp_link_efficiency or tp_step_latency: the largest message the "
+        "inference stack's own all-reduce kernels take at TP 2, half of it at a larger TP "
+        "(TensorRT-LLM's custom all-reduce workspace: 16 MB at TP 2, 8 MB beyond); larger "
+        "messages run the collectives' own algorithm, and no smaller message costs more "
+        "than the workspace-sized one would there; default: the kernels at every size",
+    )
+    all_reduce: Literal["mesh", "auto", "cheapest"] = Field(
         default="mesh",
         description="how a replica's tensor-parallel all-reduce runs inside an instance: "
         "`mesh`, the cheaper of mesh and single-step mesh at every size (what the published "
         "Trn1 serving TTFTs show: the size bands would make the short-prompt ones 35-88% "
         "slow and a long-prompt one 28% fast, KangaRing at 32 MiB that one 28% fast too); "
-        "`auto`, the training runtime's choice by size bands",
+        "`auto`, the training runtime's choice by size bands; `cheapest`, the cheapest of "
+        "mesh, single-step mesh, RDH and KangaRing at every size",
     )
 
 

@@ -136,7 +136,9 @@ class PrecisionSpec(Spec):
     """Precision per tensor: weights, activations (matmul inputs and outputs, and so the
     tensor-parallel all-reduce messages) and the KV cache. fp8 weights alone are weight-only
     quantisation (bf16 activations: weights stream from HBM at one byte, matmuls and
-    messages stay bf16); `{weights: fp8, activations: fp8}` runs fp8 matmuls (W8A8)."""
+    messages stay bf16); `{weights: fp8, activations: fp8}` runs fp8 matmuls (W8A8), whose
+    inputs are quantised just before each GEMM: the hidden state between them, and so the
+    all-reduce messages, stays 16-bit (as TensorRT-LLM's FP8 checkpoints run)."""
 
     weights: ServePrecision = "bf16"
     activations: ServePrecision | None = Field(

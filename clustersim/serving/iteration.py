@@ -55,6 +55,11 @@ __all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
 
 _ATTENTION_CORE = ATTENTION_CORE  # costed separately, over the context
 _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
+# Unfused prefill attention (transformers-neuronx's context encoding, layers/attention_hsb.py
+# score, mask and context_combined with hlo.softmax): each score element is written by the
+# QK^T matmul, read and written by the mask's select, read by softmax's max, read and written
+# by its subtract, exp and divide, read by its sum, and read by the P.V matmul: 12 passes.
+_UNFUSED_SCORE_PASSES = 12
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,14 @@ class IterationModel:
             update={"efficiency": efficiency})})
         self.steps = StepModel(_with_hardware(topology, serving_hw), CollectiveModel(topology))
         self.collectives = self.steps.collectives
+        self.tp_collectives = self.collectives
+        tp_constants = {field: value for field, value in (
+            ("link_efficiency", hw.serving.tp_link_efficiency),
+            ("step_latency_s", hw.serving.tp_step_latency_s)) if value is not None}
+        if tp_constants:  # the inference stack's own TP all-reduce kernels
+            tp_hw = hw.model_copy(update={
+                "collectives": hw.collectives.model_copy(update=tp_constants)})
+            self.tp_collectives = CollectiveModel(_with_hardware(topology, tp_hw))
         ranks = shape.tp * shape.pp
         instances = max(1, math.ceil(ranks / hw.ranks_per_instance))
         placed = np.arange(first_instance, first_instance + instances)
@@ -137,12 +150,20 @@ class IterationModel:
         self.overhead_s = hw.serving.iteration_overhead_s
         self.element_bytes = BYTES_PER_ELEMENT[shape.precision]  # weights
         self.activation_bytes = BYTES_PER_ELEMENT[shape.activation_precision]
+        # The hidden state between operations (the residual stream, and so the TP
+        # all-reduces and the stage sends): fp8 activations are the matmuls' inputs,
+        # quantised just before each GEMM (TensorRT-LLM's and ModelOpt's W8A8); the stream
+        # itself stays 16-bit.
+        self.hidden_bytes = 2 if shape.activation_precision == "fp8" else self.activation_bytes
         self.kv_element_bytes = BYTES_PER_ELEMENT[shape.kv_precision]
         # Matmuls run at the activations' precision where the chip has a peak for it (fp8
         # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones).
         compute = shape.activation_precision
         self.compute_precision = compute if compute in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
+        serving = hw.serving
+        self.prefill_fixed_s = (serving.prefill_overhead_s
+                                + shape.model.layers * serving.prefill_layer_overhead_s)
         self._known: dict[tuple[int, int], float] = {}
 
     # ------------------------------------------------------------------ memory
@@ -236,7 +257,7 @@ class IterationModel:
         if not sram:
             return False
         per_rank = sram / self.hardware.chip.ranks
-        return tokens * self.shape.model.hidden * self.activation_bytes <= per_rank
+        return tokens * self.shape.model.hidden * self.hidden_bytes <= per_rank
 
     @lru_cache(maxsize=65536)  # noqa: B019
     def _body_s(self, tokens: int) -> float:
@@ -249,8 +270,8 @@ class IterationModel:
         on_chip = self.activations_on_chip(tokens)
         layer_s = self._op_s(self._weights_at_precision(layer, on_chip))
         comm_s = 0.0
-        # The all-reduces and stage sends carry activations, at their own precision.
-        activation = tokens * s.model.hidden * self.activation_bytes
+        # The all-reduces and stage sends carry the hidden state (16-bit with fp8 matmuls).
+        activation = tokens * s.model.hidden * self.hidden_bytes
         if self.tp_group is not None:
             comm_s = 2 * self.tp_all_reduce_s(activation)
         if self.hardware.serving.overlap_collectives and comm_s > 0:
@@ -274,12 +295,31 @@ class IterationModel:
         """One tensor-parallel all-reduce of the replica: with the catalog's
         `serving.all_reduce: mesh`, the cheaper of mesh and single-step mesh inside the
         instance at every size (a minimum of non-decreasing costs, so still non-decreasing
-        in size); with `auto`, the training runtime's choice."""
-        cost = self.collectives.cost
+        in size); with `auto`, the training runtime's choice. With the inference stack's own
+        kernels (`serving.tp_link_efficiency`, `tp_step_latency`), those up to their
+        workspace (`serving.tp_kernel_max`) and the collectives' algorithm beyond it; the
+        kernels are capped at what the workspace-sized message costs there, which keeps the
+        cost non-decreasing in size."""
+        if self.tp_collectives is self.collectives:
+            return self._tp_all_reduce_s(self.collectives, size_bytes)
+        limit = self.hardware.serving.tp_kernel_max_bytes
+        if limit is None:
+            return self._tp_all_reduce_s(self.tp_collectives, size_bytes)
+        if self.shape.tp > 2:
+            limit /= 2
+        beyond = self._tp_all_reduce_s(self.collectives, max(size_bytes, limit))
+        if size_bytes > limit:
+            return beyond
+        return min(beyond, self._tp_all_reduce_s(self.tp_collectives, size_bytes))
+
+    def _tp_all_reduce_s(self, collectives: CollectiveModel, size_bytes: float) -> float:
+        cost = collectives.cost
         if self.hardware.serving.all_reduce == "auto":
             return cost("all-reduce", self.tp_group, size_bytes).time_s
         times = []
-        for name in ("mesh", "mesh1"):
+        names = ("mesh", "mesh1", "rdh", "kangaring") \
+            if self.hardware.serving.all_reduce == "cheapest" else ("mesh", "mesh1")
+        for name in names:
             try:  # a group over several instances runs a reduce-scatter inside each: no mesh1
                 times.append(cost("all-reduce", self.tp_group, size_bytes, intra=name).time_s)
             except CollectiveError:
@@ -317,7 +357,21 @@ class IterationModel:
                _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
                _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
                        passes=1)]
-        return m.layers * self._op_s(ops)
+        return m.layers * (self._op_s(ops) + self._spilled_scores_s(heads * chunk * span))
+
+    def _spilled_scores_s(self, elements: float) -> float:
+        """Unfused attention: one layer's passes over its `elements` scores (heads x chunk x
+        span on a rank) through HBM, when a pass's input and output do not both fit the
+        rank's on-chip SRAM (while they fit, the passes stay on chip beside the matmuls)."""
+        hw = self.hardware
+        if hw.serving.attention != "unfused":
+            return 0.0
+        e = self.activation_bytes
+        per_rank_sram = (hw.chip.sram_bytes or 0.0) / hw.chip.ranks
+        if 2 * elements * e <= per_rank_sram:
+            return 0.0
+        bandwidth = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks
+        return _UNFUSED_SCORE_PASSES * elements * e / (bandwidth * hw.serving.score_efficiency)
 
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
                     decode_context_tokens: float, prefill_outputs: int = 0) -> float:
@@ -328,8 +382,8 @@ class IterationModel:
         if tokens == 0:
             return 0.0
         time_s = self._linear(tokens, decode_batch + prefill_outputs)
-        if prefill:  # the context-encoding graph's own fixed time
-            time_s += self.hardware.serving.prefill_overhead_s
+        if prefill:  # the context-encoding graph's own fixed time, and each layer's
+            time_s += self.prefill_fixed_s
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         return time_s + self.kv_coefficient_s * decode_context_tokens
 

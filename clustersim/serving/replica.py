@@ -100,6 +100,7 @@ class DecodeCost:
         if self.draft is not None:  # the draft fills its own KV cache from the prompt
             time_s += self.draft.iteration_s(chunks, batch, context, outputs)
             if self.fused:  # one graph: one host overhead, one context-encoding overhead
+                # (the draft's layers keep their per-layer share: they run in the graph)
                 time_s -= self.draft.overhead_s + (
                     self.draft.hardware.serving.prefill_overhead_s if chunks else 0.0)
         return time_s
