@@ -417,6 +417,8 @@ def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_e
         if state == "done":
             continue
         cumulative = functions.cumulative[(job, state)]
+        if not cumulative[-1] > 0:
+            continue  # never in this state: it would add only zeros (most jobs, most states)
         in_state = np.diff(cumulative)[index] > 0  # the interval at this piece is this state
         chip_seconds = np.where(in_state, held * length, 0.0)
         total = np.concatenate([[0.0], np.cumsum(chip_seconds)])

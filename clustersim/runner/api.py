@@ -18,7 +18,7 @@ import clustersim
 from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisation_rows
 from clustersim.cluster.fleet import (
     SUMMARY_JOBS,
-    finite_or_none,
+    finite_or_none_column,
     flat_job_rows,
     largest_jobs,
     team_figures,
@@ -534,7 +534,7 @@ def write_job_summary(result: RunResult, path: Path) -> None:
     jobs = {name: {"team": teams.get(name, "-"), **figures}
             for name, figures in result.jobs.items()}
     columns, rows = flat_job_rows(jobs)
-    table = pa.table({column: [finite_or_none(row.get(column)) for row in rows]
+    table = pa.table({column: finite_or_none_column([row.get(column) for row in rows])
                       for column in columns})
     table = table.replace_schema_metadata(table_metadata(
         "job_summary", version=clustersim.__version__, seed=result.summary["seed"],
