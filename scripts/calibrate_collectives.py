@@ -85,8 +85,8 @@ TRN1_ALL_REDUCE: str | None = None  # --all-reduce: the trn1 serving.all_reduce 
 # than its error or 10%, whichever is larger.
 BEFORE: dict[str, np.ndarray] = {}
 NO_WORSE_SLACK = 0.0
-# The Trn1 rows' errors before unfused attention and the per-layer prefill overhead (issue 20,
-# item 4): (TTFT, TPOT) per serving row, and per training row; docs/calibration.md.
+# The Trn1 rows' errors before unfused attention and the per-layer prefill overhead:
+# (TTFT, TPOT) per serving row, and per training row; docs/calibration.md.
 SERVING_BEFORE = {("llama2-7b", 1, 128, 8064): (-0.032, 0.020),
                   ("llama2-70b", 1, 128, 128): (-0.043, 0.018),
                   ("llama2-70b", 1, 2048, 2048): (-0.115, -0.034),

@@ -1,5 +1,5 @@
 """The published Trn2 speculative-decoding rows that check the serving model's fused
-speculation (issue 20, item 3): Neuron docs, NxD Inference tutorial "Using Speculative
+speculation: Neuron docs, NxD Inference tutorial "Using Speculative
 Decoding to improve Llama-3.3-70B inference performance on Trn2 instances" (SDK 2.29):
 trn2.48xlarge, LNC 2, TP 64, bf16, vLLM with one sequence at a time, LLMPerf with 10,000
 input and 1,500 output tokens per request; p50 TTFT and TPOT. Without speculation, and with
