@@ -141,19 +141,30 @@ def fit_all_reduce() -> dict[str, float]:
     s = catalog_entry("p5").serving
     values = {"tp_link_efficiency": s.tp_link_efficiency or 0.5,
               "tp_step_latency": s.tp_step_latency_s or 5e-6}
-    best = all_reduce_loss(values)
+    return log_coordinate_search(values, ALL_REDUCE_PARAMETERS, all_reduce_loss,
+                                 last_step=0.005, tolerance=1e-12)
+
+
+def log_coordinate_search(values: dict[str, float], bounds: dict[str, tuple[float, float]],
+                          loss, last_step: float, tolerance: float,
+                          report: bool = False) -> dict[str, float]:
+    """Coordinate search in log space within `bounds`: each parameter is multiplied by
+    exp(+-step) while that lowers `loss`; the step halves when nothing does."""
+    best = loss(values)
     step = 0.4
-    while step > 0.005:
+    while step > last_step:
         improved = False
-        for name, (low, high) in ALL_REDUCE_PARAMETERS.items():
+        for name, (low, high) in bounds.items():
             for direction in (1, -1):
                 trial = dict(values)
                 trial[name] = min(high, max(low, values[name] * math.exp(direction * step)))
-                score = all_reduce_loss(trial)
-                if score < best - 1e-12:
+                score = loss(trial)
+                if score < best - tolerance:
                     values, best, improved = trial, score, True
         if not improved:
             step /= 2
+        if report:
+            print(f"  step {step:.3f} loss {best:.4f} {values}", flush=True)
     return values
 
 
@@ -193,21 +204,9 @@ def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
               "matmul": s.matmul_efficiency or catalog_entry("p5").chip.efficiency.matmul,
               "iteration_overhead": max(1e-4, s.iteration_overhead_s)}
     values.update(start or {})
-    best = gpu_loss(values)
-    step = 0.4
-    while step > 0.02:  # the overhead moves by factors too (it spans three decades)
-        improved = False
-        for name, (low, high) in GPU_PARAMETERS.items():
-            for direction in (1, -1):
-                trial = dict(values)
-                trial[name] = min(high, max(low, values[name] * math.exp(direction * step)))
-                score = gpu_loss(trial)
-                if score < best - 1e-9:
-                    values, best, improved = trial, score, True
-        if not improved:
-            step /= 2
-        print(f"  step {step:.3f} loss {best:.4f} {values}", flush=True)
-    return values
+    # In log space: the overhead moves by factors too (it spans three decades).
+    return log_coordinate_search(values, GPU_PARAMETERS, gpu_loss, last_step=0.02,
+                                 tolerance=1e-9, report=True)
 
 
 def main() -> None:
