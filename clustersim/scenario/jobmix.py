@@ -221,13 +221,15 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
     return jobs
 
 
-def _trace_path(text: str, base_dir: Path | None) -> Path:
+def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -> Path:
+    """A job file or trace path, relative to the scenario's folder, refused (under `key`) if
+    it is not a regular file within the trace size limit."""
     path = Path(text)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
     problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES)
     if problem is not None:
-        raise ValueError(f"workload.trace {path}: {problem}")
+        raise ValueError(f"{key} {path}: {problem}")
     return path
 
 
@@ -291,12 +293,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
                base_dir: Path | None) -> list[dict[str, Any]]:
     import pandas as pd
 
-    path = Path(path_text)
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES)
-    if problem is not None:
-        raise ValueError(f"workload.file {path}: {problem}")
+    path = _trace_path(path_text, base_dir, "workload.file")
     try:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
