@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # calibrate_serving's row printing
 
 from clustersim.calibration.step import (  # noqa: E402
     FAMILIES,
@@ -135,24 +136,11 @@ def print_collectives() -> None:
 
 
 def print_serving_trn2() -> None:
-    from clustersim.calibration.trn2 import (
-        TRN2_SERVING,
-        UNFITTED,
-        UNSEEN_TRN2_SERVING,
-        predict_trn2_serving,
-    )
+    """The Trn2 serving rows as scripts/calibrate_serving.py prints them, and the constants."""
+    from calibrate_serving import print_trn2
+
+    print_trn2()
     serving = catalog_entry("trn2").serving
-    for title, table in (("fitted", TRN2_SERVING), ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
-        print(f"\n== serving (trn2.48xlarge, TP 64, NxD Inference; milliseconds): {title}")
-        for m, p in zip(table, predict_trn2_serving(rows=table), strict=True):
-            if p is None:
-                print(f"  {m.name:50s} not priced (no draft costs in the serving model)")
-                continue
-            tpot = "" if m.tpot_ms is None else (
-                f"  TPOT {m.tpot_ms:7.2f} {p[1] * 1e3:8.2f} {p[1] * 1e3 / m.tpot_ms - 1:+7.1%}")
-            note = "  (weight 0 in the fit)" if m.name in UNFITTED else ""
-            print(f"  {m.name:50s} TTFT {m.ttft_ms:7.1f} {p[0] * 1e3:8.1f} "
-                  f"{p[0] * 1e3 / m.ttft_ms - 1:+7.1%}{tpot}{note}")
     print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
           f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
           f"all_reduce {serving.all_reduce}, overlap_collectives {serving.overlap_collectives}")
