@@ -29,7 +29,8 @@ TRAINIUM = ["trn1", "trn1n", "trn2", "trn2u", "trn3-gen1", "trn3-gen2"]
 GPUS = ["p4d", "p4de", "p5", "p5e", "p5en"]
 
 # ---------------------------------------------------------------------------------------------
-# The published figures of HARDWARE.md, written out again by hand.
+# The published figures (the catalog's sources: AWS Neuron docs, AWS and NVIDIA pages),
+# written out again by hand.
 #
 # Keys: bf16/fp8/fp32 (dense TFLOPS), hbm (bytes), hbm_bw (bytes/s), chips (per instance),
 # ranks (per chip), link (per-chip interconnect bandwidth inside the instance, bytes/s, as the
@@ -80,7 +81,7 @@ PUBLISHED: dict[str, dict[str, Any]] = {
              "link": 900e9, "efa": 3200 * Gbps, "ranks": 1, "ultraserver": None},
 }
 
-# Instance / UltraServer totals of HARDWARE.md (bf16 and fp8 in TFLOPS, HBM in bytes, HBM
+# Published instance / UltraServer totals (bf16 and fp8 in TFLOPS, HBM in bytes, HBM
 # bandwidth in bytes/s), checked against chips x per-chip figures within the rounding of
 # the published totals.
 PUBLISHED_TOTALS = [

@@ -16,7 +16,7 @@ where links_per_chip is 4 on a 4x4 torus (two neighbours per dimension), 2 on th
 a 4-instance UltraServer, and 1 for a chip attached to a switch. Trn2's 1,024 GB/s inside the
 instance is therefore 128 GB/s per torus link per direction, and its 256 GB/s between
 instances 64 GB/s per Z link per direction. AWS does not publish per-link figures; this
-reading is an inference (HARDWARE.md) and can be changed per scenario.
+reading is an inference (docs/models.md) and can be changed per scenario.
 """
 
 from __future__ import annotations
