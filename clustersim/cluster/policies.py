@@ -73,8 +73,9 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
     # during the walk and placement fails for every larger count once it fails for one, so
     # no larger job of that kind is tried again (the same starts, far fewer placements).
     refused = {True: math.inf, False: math.inf}
-    if hasattr(queue, "after"):  # by size: only the jobs that could still fit
-        rest = queue.after(head, lambda: min(free_count, max(refused.values()) - 1))
+    if hasattr(queue, "after"):  # by team and size: only the jobs that could still start
+        rest = queue.after(head, lambda: min(free_count, max(refused.values()) - 1),
+                           t.teams.room)
     for run in rest:
         if free_count < smallest:
             return  # nothing that waits fits any more

@@ -31,8 +31,9 @@ class JobQueue:
         self._runs: dict[int, JobRun] = {}
         self._key_of: dict[int, tuple] = {}
         self.sizes: Counter = Counter()  # instances needed -> jobs waiting
-        self._by_size: dict[int, list[tuple]] = {}  # instances needed -> their keys, sorted
-        self._size_list: list[int] = []  # the sizes waiting, ascending
+        # (team, instances needed) -> their keys, sorted; team -> its sizes waiting, ascending
+        self._groups: dict[tuple[str, int], list[tuple]] = {}
+        self._team_sizes: dict[str, list[int]] = {}
 
     def append(self, run: JobRun) -> None:
         """Queue a job (its key is taken now and kept while it waits)."""
@@ -40,9 +41,11 @@ class JobQueue:
             return
         key = self.key(run)
         bisect.insort(self._keys, key)
-        if run.instances_needed not in self._by_size:
-            bisect.insort(self._size_list, run.instances_needed)
-        bisect.insort(self._by_size.setdefault(run.instances_needed, []), key)
+        group = (run.team, run.instances_needed)
+        if group not in self._groups:
+            self._groups[group] = []
+            bisect.insort(self._team_sizes.setdefault(run.team, []), run.instances_needed)
+        bisect.insort(self._groups[group], key)
         self._runs[run.index] = run
         self._key_of[run.index] = key
         self.sizes[run.instances_needed] += 1
@@ -51,42 +54,60 @@ class JobQueue:
         key = self._key_of.pop(run.index)
         del self._runs[run.index]
         del self._keys[bisect.bisect_left(self._keys, key)]
-        same = self._by_size[run.instances_needed]
+        group = (run.team, run.instances_needed)
+        same = self._groups[group]
         del same[bisect.bisect_left(same, key)]
+        if not same:
+            del self._groups[group]
+            sizes = self._team_sizes[run.team]
+            del sizes[bisect.bisect_left(sizes, run.instances_needed)]
+            if not sizes:
+                del self._team_sizes[run.team]
         self.sizes[run.instances_needed] -= 1
         if not self.sizes[run.instances_needed]:
             del self.sizes[run.instances_needed]
-            del self._by_size[run.instances_needed]
-            del self._size_list[bisect.bisect_left(self._size_list, run.instances_needed)]
 
     def discard(self, run: JobRun) -> None:
         if run.index in self._runs:
             self.remove(run)
 
-    def after(self, run: JobRun | None, limit: Callable[[], float]) -> Iterator[JobRun]:
-        """The jobs queued after `run` (all of them when it is not queued), in queue order,
-        but only those needing at most `limit()` instances (asked as the walk goes; it may
-        only fall): a backfill walk visits the jobs that could fit, not every waiting job.
-        Safe while the walker starts (removes) the job it was given."""
-        start = self._key_of.get(run.index) if run is not None else None
+    def after(self, run: JobRun | tuple | None, limit: Callable[[], float],
+              room: Callable[[str], float] | None = None) -> Iterator[JobRun]:
+        """The jobs queued after `run` (or after a queue key; all of them when it is not
+        queued), in queue order, but only those needing at most `limit()` instances and, with
+        `room`, at most `room(team)` (its team's quota room, `TeamBook.room`), both asked as
+        the walk goes: a walk visits the jobs that could start, not every waiting job (a
+        month's queue holds thousands over their team's quota). `limit()` may only fall during
+        the walk, and so may `room` (a walker that frees quota starts a new walk). Safe while
+        the walker starts (removes) the job it was given."""
+        if run is None or isinstance(run, tuple):
+            start = run
+        else:
+            start = self._key_of.get(run.index)
         heap = []
-        sizes = self._size_list
-        for size in sizes[: bisect.bisect_right(sizes, limit())]:
-            keys = self._by_size[size]
-            i = bisect.bisect_right(keys, start) if start is not None else 0
-            if i < len(keys):
-                heap.append((keys[i], size))
+        top = limit()
+        for team, sizes in self._team_sizes.items():
+            bound = top if room is None else min(top, room(team))
+            for size in sizes[: bisect.bisect_right(sizes, bound)]:
+                keys = self._groups[(team, size)]
+                i = bisect.bisect_right(keys, start) if start is not None else 0
+                if i < len(keys):
+                    heap.append((keys[i], team, size))
         heapq.heapify(heap)
         while heap:
-            key, size = heapq.heappop(heap)
-            if size > limit():
-                continue  # nothing of this size fits any more
+            key, team, size = heapq.heappop(heap)
+            if size > limit() or (room is not None and size > room(team)):
+                continue  # nothing of this team and size may start any more
             yield self._runs[key[-1]]
-            keys = self._by_size.get(size)
+            keys = self._groups.get((team, size))
             if keys:
                 i = bisect.bisect_right(keys, key)
                 if i < len(keys):
-                    heapq.heappush(heap, (keys[i], size))
+                    heapq.heappush(heap, (keys[i], team, size))
+
+    def key_of(self, run: JobRun) -> tuple:
+        """The queue key of a waiting job."""
+        return self._key_of[run.index]
 
     def __contains__(self, run: object) -> bool:
         return getattr(run, "index", None) in self._runs and self._runs[run.index] is run

@@ -8,6 +8,7 @@ cohort of teams with quotas stays within the sum of their quotas.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,17 @@ class TeamBook:
         if self.usage[run.team] + run.instances_needed <= quota:
             return True
         return self.borrowing and self.cohort_usage + run.instances_needed <= self.cohort_quota
+
+    def room(self, team: str) -> float:
+        """The most instances a job of this team may need and be admitted now: `admits(run)`
+        is `run.instances_needed <= room(run.team)` (a team without a quota: infinite)."""
+        quota = self.quota.get(team)
+        if quota is None:
+            return math.inf
+        own = quota - self.usage[team]
+        if self.borrowing:
+            return max(own, self.cohort_quota - self.cohort_usage)
+        return own
 
     def admits_beside(self, run: JobRun, ahead: JobRun) -> bool:
         """Whether `run` is admitted with `ahead` (the queue's head, waiting) counted as

@@ -22,6 +22,11 @@ _BYTE_ONES = np.uint64(0x0101010101010101)  # x this: a word's bytes summed in i
 _TOP_BYTE = np.uint64(56)
 
 
+def _no_limit() -> float:
+    """A queue walk's size bound when only quota bounds it (`JobQueue.after`)."""
+    return math.inf
+
+
 class Scheduler:
     """Starts queued jobs: FIFO, priority, EASY backfill, or fair share between teams (with
     EASY backfill); optional preemption; team quotas (`clustersim.cluster.quotas`).
@@ -106,23 +111,32 @@ class Scheduler:
                 blocked = (run, need)
             floor = max(floor, run.job.priority)
         # The queue in order (a walk, not a copy or a sort of the queue per pass). A job over
-        # its team's quota does not hold back the jobs after it.
-        order = self.queue.ordered()
+        # its team's quota does not hold back the jobs after it; by team and size
+        # (`JobQueue.after`), the walk does not even visit it (a month's queue holds thousands
+        # such, and the walk used to step past each one at every pass).
+        teams = self.t.teams
+        by_team = isinstance(self.queue, JobQueue)
+        order = (self.queue.after(None, _no_limit, teams.room) if by_team
+                 else self.queue.ordered())
         backfill = self.policy in ("backfill", "fairshare")
         if blocked is not None and self.policy != "priority":
             # Every recovery had its turn; a blocked one is the queue's head.
             if backfill and len(self.queue):
                 easy_backfill(self, blocked[0], blocked[1], order, free)
             return
-        for run in order:
+        while (run := next(order, None)) is not None:
             if run.job.priority <= floor:
                 return
-            if not self.t.teams.admits(run):
+            if not teams.admits(run):
                 continue
             need = run.instances_needed
             chosen = self.t.place(need, run.whole_ultraservers, free)
             if chosen is None and self.preemption:
                 chosen = preempt_for(self.t, run, free, need)
+                if chosen is not None and by_team:
+                    # Victims were evicted and their quota came back: the room a walk
+                    # checks may only fall, so walk on from this job afresh.
+                    order = self.queue.after(self.queue.key_of(run), _no_limit, teams.room)
             if chosen is None:
                 if backfill:
                     easy_backfill(self, run, need, order, free)
