@@ -538,6 +538,64 @@ def test_the_walk_by_size_is_the_queue_in_order_without_the_jobs_too_large(sizes
     assert seen == brute
 
 
+@settings(max_examples=60, deadline=None)
+@given(jobs=st.lists(st.tuples(st.integers(1, 6), st.sampled_from("abc")), min_size=1,
+                     max_size=30), data=st.data())
+def test_the_walk_by_team_is_the_queue_in_order_without_the_jobs_over_quota(jobs, data):
+    """JobQueue.after with a quota room visits, in queue order, the jobs a walk of the whole
+    queue would not skip: those needing at most the size bound and their team's room, both
+    asked when the walk reaches them (each start lowers the bound, its team's room, and
+    with a shared cohort every team's)."""
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import JobQueue
+
+    runs = [_Run(i, priority=i % 2, queued_at=float(i % 5), instances=n, team=team)
+            for i, (n, team) in enumerate(jobs)]
+    queue = JobQueue(lambda run: queue_key("priority", run))
+    for run in runs:
+        queue.append(run)
+    ordered = list(queue)
+    after = data.draw(st.sampled_from([None, *ordered]))
+    starts = set(data.draw(st.lists(st.sampled_from(runs), max_size=10)))
+    first = {"bound": data.draw(st.integers(0, 12)), "cohort": data.draw(st.integers(0, 12)),
+             **{team: data.draw(st.integers(0, 7)) for team in "abc"}}
+
+    def walk(visit):
+        state = dict(first)
+
+        def room(team):
+            return max(state[team], state["cohort"])
+
+        def started(run):
+            for name in ("bound", "cohort", run.team):
+                state[name] -= run.instances_needed
+
+        return visit(lambda: state["bound"], room, started)
+
+    def by_index(limit, room, started):
+        seen = []
+        for run in queue.after(after, limit, room):
+            seen.append(run)
+            if run in starts:
+                queue.remove(run)
+                started(run)
+        return seen
+
+    def brute(limit, room, started):
+        seen = []
+        position = 0 if after is None else ordered.index(after) + 1
+        for run in ordered[position:]:
+            if run.instances_needed <= min(limit(), room(run.team)):
+                seen.append(run)
+                if run in starts:
+                    started(run)
+        return seen
+
+    expected = walk(brute)
+    assert walk(by_index) == expected
+    assert len(queue) == len(runs) - len(starts & set(expected))
+
+
 class _Active:
     """A running job as ActiveJobs sees it."""
 
