@@ -273,6 +273,45 @@ def test_template_errors_are_reported_once():
     assert "more jobs the workload generated" in text
 
 
+@pytest.mark.parametrize("change", [
+    {},  # valid: the same jobs
+    {"model": {"base": "llama3-8b", "heads": 7}},  # hidden not divisible by heads
+    {"model": "no-such-model"},
+    {"model": {"base": "no-such-model"}},
+    {"parallelism": {"tp": True}},
+    {"parallelism": {"tp": 3}},  # dp not a whole number at some sizes
+    {"parallelism": {"tp": 8, "pp": 1, "ep": 2}, "model": "llama2-13b"},
+    {"checkpoint": {"interval": "auto", "write": 0}},
+    {"checkpoint": {"write": True}},
+    {"recompute": "sometimes", "seq_len": True},
+])
+def test_template_parts_validated_once_give_the_jobs_and_errors_of_each_job_validated(
+        monkeypatch, change):
+    """The generated jobs share their template's model, checkpoint and parallelism,
+    validated once (loader._share_template_specs): the scenario, or its error, is the same
+    as when every generated job is validated on its own."""
+    import clustersim.scenario.loader as loader
+
+    mix = dict(MIX, templates=[dict(MIX["templates"][0], job=dict(SMALL_JOB, **change)),
+                               MIX["templates"][1]])
+
+    def load():
+        try:
+            return scenario([], instances=64, per_leaf=16, workload=mix).jobs
+        except ScenarioError as error:
+            return str(error)
+
+    shared = load()
+    monkeypatch.setattr(loader, "_validated", lambda spec, values: None)  # each job alone
+    alone = load()
+    assert shared == alone
+    assert isinstance(shared, str) == bool(change)
+    if not change:
+        small = [job for job in shared if job.name.startswith("small")]
+        assert small[0].model is small[-1].model  # validated once, shared
+        assert small[0].model is not alone[0].model
+
+
 def test_jobs_sharing_leaf_uplinks_slow_each_other():
     """Three jobs spread over leaves of 4 instances (A: leaves 0-1, B: 2-3, C: 1 and 3). With
     uplinks at half the leaves' EFA, leaf 1 carries A's and C's crossing traffic, twice its

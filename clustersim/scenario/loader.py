@@ -42,7 +42,11 @@ from clustersim.scenario.reading import (
 from clustersim.scenario.schema import scenario_json_schema
 from clustersim.scenario.serving import resolve_serve_models
 from clustersim.scenario.traces import TraceTarget
-from clustersim.training.transformer import model_preset_names, model_preset_values
+from clustersim.training.transformer import (
+    TransformerShape,
+    model_preset_names,
+    model_preset_values,
+)
 from clustersim.training.workload import ParallelismSpec
 
 # The names this module has always offered (the specs, errors, reading and schema now live in
@@ -164,17 +168,69 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []
     resolved["_generated_from"] = len(jobs)
-    # The jobs written out were resolved with the rest; the generated ones are fresh
-    # mappings (their nested ones shared with their template and never changed): their model
-    # names are resolved in place, not on a deep copy of every job (most of a 100,000-job
-    # mix's load time).
-    issues = []
-    for index, job in enumerate(generated, start=len(jobs)):
-        if isinstance(job, Mapping):
-            issues += _resolve_model(job, "model", f"jobs.{index}.model")
+    issues = _share_template_specs(generated, len(jobs))
     if issues:
         raise ScenarioError(source, issues)
     resolved["jobs"] = list(jobs) + generated
+
+
+def _share_template_specs(generated: list[dict[str, Any]], first: int) -> list[Issue]:
+    """Resolve the generated jobs' model names, and validate once the parts they share.
+
+    Generated jobs are fresh mappings whose nested ones are their template's (never
+    changed), so their model names are resolved in place, not on a deep copy of every job.
+    The model, the checkpoint and the parallelism (one per size) are the same for many jobs:
+    each distinct one is validated once and the jobs are given the validated spec, which
+    the scenario's validation takes as it is (validating 100,000 copies was most of a
+    100,000-job mix's load time). One that does not validate is left as written, so its
+    errors are reported for each job as before."""
+    issues: list[Issue] = []
+    # id of a template's model or checkpoint entry -> (the entry, kept so its id stays its
+    # own; its spec, or None); the parallelism as a key -> its spec, or None
+    models: dict[int, tuple[Any, Any]] = {}
+    checkpoints: dict[int, tuple[Any, Any]] = {}
+    parallelisms: dict[tuple, Any] = {}
+    for index, job in enumerate(generated, start=first):
+        if not isinstance(job, Mapping):
+            continue
+        model = job.get("model")
+        if id(model) not in models:
+            holder = {"model": model}
+            models[id(model)] = (model, None if _resolve_model(holder, "model", "model")
+                                 else _validated(TransformerShape, holder["model"]))
+        shape = models[id(model)][1]
+        if shape is None:  # not resolved, or not valid: as before, job by job
+            issues += _resolve_model(job, "model", f"jobs.{index}.model")
+        else:
+            job["model"] = shape
+        checkpoint = job.get("checkpoint")
+        if isinstance(checkpoint, Mapping):
+            if id(checkpoint) not in checkpoints:
+                checkpoints[id(checkpoint)] = (checkpoint, _validated(CheckpointSpec, checkpoint))
+            spec = checkpoints[id(checkpoint)][1]
+            if spec is not None:
+                job["checkpoint"] = spec
+        parallelism = job.get("parallelism")
+        if isinstance(parallelism, Mapping):
+            # (each value's type in the key: `tp: true` is not `tp: 1`)
+            key = tuple(sorted((str(k), type(v).__name__, v) for k, v in parallelism.items()))
+            try:
+                known = key in parallelisms
+            except TypeError:  # an unhashable value: validated with its job
+                continue
+            if not known:
+                parallelisms[key] = _validated(ParallelismSpec, parallelism)
+            if parallelisms[key] is not None:
+                job["parallelism"] = parallelisms[key]
+    return issues
+
+
+def _validated(spec: type, values: Any) -> Any:
+    """`spec` validated from `values`, or None if they are not valid."""
+    try:
+        return spec.model_validate(values)
+    except ValidationError:
+        return None
 
 
 def scenario_from_dict(
