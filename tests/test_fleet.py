@@ -596,6 +596,81 @@ def test_the_walk_by_team_is_the_queue_in_order_without_the_jobs_over_quota(jobs
     assert len(queue) == len(runs) - len(starts & set(expected))
 
 
+@settings(max_examples=150, deadline=None)
+@given(jobs=st.lists(st.tuples(st.integers(1, 3), st.sampled_from("ab"), st.integers(1, 9)),
+                     min_size=1, max_size=30), data=st.data())
+def test_the_backfill_walk_finds_the_jobs_a_whole_queue_walk_would_start(jobs, data):
+    """JobQueue.after with `viable` (as backfill asks it: a size within what the reservation
+    leaves over, or some job of that team and size short enough to end before it) finds
+    the same jobs, in the same order, that a walk of the whole queue checking each job
+    (within the bound, its team's room, and within the extra or ending before the shadow
+    time) would; each start lowers the bound, the team's room and, when it runs past the
+    shadow time, the extra."""
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import JobQueue
+
+    runs = [_Run(i, priority=i % 2, queued_at=float(i % 5), instances=n, team=team)
+            for i, (n, team, _) in enumerate(jobs)]
+    runtime = {run.index: float(hours) for run, (_, _, hours) in zip(runs, jobs, strict=True)}
+    queue = JobQueue(lambda run: queue_key("priority", run), lambda run: runtime[run.index])
+    for run in runs:
+        queue.append(run)
+    ordered = list(queue)
+    after = data.draw(st.sampled_from([None, *ordered]))
+    starts = set(data.draw(st.lists(st.sampled_from(runs), max_size=10)))
+    shadow = data.draw(st.integers(0, 10))
+    first = {"bound": data.draw(st.integers(0, 12)), "extra": data.draw(st.integers(0, 4)),
+             **{team: data.draw(st.integers(0, 9)) for team in "ab"}}
+
+    def walk(by_index):
+        state = dict(first)
+        found = []
+        if by_index:
+            candidates = queue.after(
+                after, lambda: state["bound"], lambda team: state[team],
+                lambda size, shortest: size <= state["extra"] or shortest <= shadow)
+        else:
+            candidates = ordered[0 if after is None else ordered.index(after) + 1:]
+        for run in candidates:
+            need, ends_before = run.instances_needed, runtime[run.index] <= shadow
+            if need > min(state["bound"], state[run.team]) or not (
+                    ends_before or need <= state["extra"]):
+                continue  # the walker's own checks
+            found.append(run)
+            if run in starts:
+                if by_index:
+                    queue.remove(run)
+                for name in ("bound", run.team) if ends_before else ("bound", run.team,
+                                                                      "extra"):
+                    state[name] -= need
+        return found
+
+    expected = walk(by_index=False)
+    assert walk(by_index=True) == expected
+
+
+def test_the_backfill_walk_keeps_a_size_while_one_of_its_jobs_is_short_enough():
+    """A team's jobs of a size too large for the extra are skipped only when none ends
+    before the shadow time: the short one behind a long one is still found."""
+    from clustersim.cluster.policies import queue_key
+    from clustersim.cluster.queues import JobQueue
+
+    runtime = {0: 9.0, 1: 1.0, 2: 8.0}
+    runs = [_Run(0, 0, 0.0, 3, "a"), _Run(1, 0, 1.0, 3, "a"), _Run(2, 0, 2.0, 2, "a")]
+    queue = JobQueue(lambda run: queue_key("priority", run), lambda run: runtime[run.index])
+    for run in runs:
+        queue.append(run)
+
+    def walk(shadow):
+        return [run.index for run in queue.after(None, lambda: 10, lambda team: 10,
+                                                 lambda size, shortest: shortest <= shadow)]
+
+    assert walk(5.0) == [0, 1]  # size 3 has a short job: both visited; size 2 has none
+    assert walk(0.5) == []
+    queue.remove(runs[1])
+    assert walk(5.0) == []  # the short one started: nothing of size 3 may
+
+
 class _Active:
     """A running job as ActiveJobs sees it."""
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from clustersim.cluster.scheduler import Scheduler
     from clustersim.cluster.timeline import Timeline
 
-__all__ = ["queue_key", "recovering_key", "easy_backfill", "preempt_for"]
+__all__ = ["queue_key", "recovering_key", "runtime_floor", "easy_backfill", "preempt_for"]
 
 
 def queue_key(policy: str, run: JobRun) -> tuple:
@@ -35,6 +35,13 @@ def queue_key(policy: str, run: JobRun) -> tuple:
 def recovering_key(run: JobRun) -> tuple:
     """Recovering jobs go before every queued job, the highest priority first."""
     return (-math.inf, -run.job.priority, run.index)
+
+
+def runtime_floor(run: JobRun) -> float:
+    """A lower bound of `run.expected_duration()` while it waits (JobQueue's `shortest`): its
+    run time when it has no step target (its run_for, or infinite: fixed), else -infinity
+    (its remaining steps' time is not assumed fixed)."""
+    return run.expected_duration() if run.job.steps is None else -math.inf
 
 
 def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[JobRun],
@@ -74,8 +81,11 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
     # no larger job of that kind is tried again (the same starts, far fewer placements).
     refused = {True: math.inf, False: math.inf}
     if hasattr(queue, "after"):  # by team and size: only the jobs that could still start
+        # (a team's jobs of a size larger than the reservation leaves over, none of which
+        # would end before the shadow time, are not visited: `extra` only falls)
         rest = queue.after(head, lambda: min(free_count, max(refused.values()) - 1),
-                           t.teams.room)
+                           t.teams.room,
+                           lambda size, shortest: size <= extra or now + shortest <= shadow)
     for run in rest:
         if free_count < smallest:
             return  # nothing that waits fits any more

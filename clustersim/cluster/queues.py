@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -25,14 +26,21 @@ __all__ = ["JobQueue", "FairShareQueue", "ActiveJobs"]
 class JobQueue:
     """Waiting jobs in queue order (`key(run)`, unique per job: it ends with the index)."""
 
-    def __init__(self, key: Callable[[JobRun], tuple]):
+    def __init__(self, key: Callable[[JobRun], tuple],
+                 shortest: Callable[[JobRun], float] | None = None):
         self.key = key
+        # A lower bound of each job's run time, fixed while it waits (backfill's walk skips
+        # a team's jobs of a size when none is short enough); None: nothing known.
+        self.shortest = shortest
         self._keys: list[tuple] = []
         self._runs: dict[int, JobRun] = {}
         self._key_of: dict[int, tuple] = {}
         self.sizes: Counter = Counter()  # instances needed -> jobs waiting
-        # (team, instances needed) -> their keys, sorted; team -> its sizes waiting, ascending
+        # (team, instances needed) -> their keys, sorted, and their run times' lower bounds,
+        # ascending; team -> its sizes waiting, ascending
         self._groups: dict[tuple[str, int], list[tuple]] = {}
+        self._group_runtimes: dict[tuple[str, int], list[float]] = {}
+        self._runtime_of: dict[int, float] = {}
         self._team_sizes: dict[str, list[int]] = {}
 
     def append(self, run: JobRun) -> None:
@@ -44,8 +52,12 @@ class JobQueue:
         group = (run.team, run.instances_needed)
         if group not in self._groups:
             self._groups[group] = []
+            self._group_runtimes[group] = []
             bisect.insort(self._team_sizes.setdefault(run.team, []), run.instances_needed)
         bisect.insort(self._groups[group], key)
+        runtime = self.shortest(run) if self.shortest is not None else -math.inf
+        self._runtime_of[run.index] = runtime
+        bisect.insort(self._group_runtimes[group], runtime)
         self._runs[run.index] = run
         self._key_of[run.index] = key
         self.sizes[run.instances_needed] += 1
@@ -57,8 +69,11 @@ class JobQueue:
         group = (run.team, run.instances_needed)
         same = self._groups[group]
         del same[bisect.bisect_left(same, key)]
+        runtimes = self._group_runtimes[group]
+        del runtimes[bisect.bisect_left(runtimes, self._runtime_of.pop(run.index))]
         if not same:
             del self._groups[group]
+            del self._group_runtimes[group]
             sizes = self._team_sizes[run.team]
             del sizes[bisect.bisect_left(sizes, run.instances_needed)]
             if not sizes:
@@ -72,14 +87,18 @@ class JobQueue:
             self.remove(run)
 
     def after(self, run: JobRun | tuple | None, limit: Callable[[], float],
-              room: Callable[[str], float] | None = None) -> Iterator[JobRun]:
+              room: Callable[[str], float] | None = None,
+              viable: Callable[[int, float], bool] | None = None) -> Iterator[JobRun]:
         """The jobs queued after `run` (or after a queue key; all of them when it is not
         queued), in queue order, but only those needing at most `limit()` instances and, with
-        `room`, at most `room(team)` (its team's quota room, `TeamBook.room`), both asked as
-        the walk goes: a walk visits the jobs that could start, not every waiting job (a
-        month's queue holds thousands over their team's quota). `limit()` may only fall during
-        the walk, and so may `room` (a walker that frees quota starts a new walk). Safe while
-        the walker starts (removes) the job it was given."""
+        `room`, at most `room(team)` (its team's quota room, `TeamBook.room`), and, with
+        `viable`, only a team's jobs of a size for which `viable(size, shortest)` holds
+        (`shortest`: the lowest of their run times' bounds), all asked as the walk goes: a
+        walk visits the jobs that could start, not every waiting job (a month's queue holds
+        thousands over their team's quota, or too long to backfill). `limit()` may only fall
+        during the walk, and so may `room` (a walker that frees quota starts a new walk), and
+        `viable` may only turn false. Safe while the walker starts (removes) the job it was
+        given."""
         if run is None or isinstance(run, tuple):
             start = run
         else:
@@ -90,6 +109,9 @@ class JobQueue:
             bound = top if room is None else min(top, room(team))
             for size in sizes[: bisect.bisect_right(sizes, bound)]:
                 keys = self._groups[(team, size)]
+                if viable is not None and not viable(size, self._group_runtimes[
+                        (team, size)][0]):
+                    continue
                 i = bisect.bisect_right(keys, start) if start is not None else 0
                 if i < len(keys):
                     heap.append((keys[i], team, size))
@@ -98,6 +120,8 @@ class JobQueue:
             key, team, size = heapq.heappop(heap)
             if size > limit() or (room is not None and size > room(team)):
                 continue  # nothing of this team and size may start any more
+            if viable is not None and not viable(size, self._group_runtimes[(team, size)][0]):
+                continue  # none of them may start any more
             yield self._runs[key[-1]]
             keys = self._groups.get((team, size))
             if keys:

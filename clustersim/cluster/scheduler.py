@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clustersim.cluster.policies import easy_backfill, preempt_for, queue_key, recovering_key
+from clustersim.cluster.policies import (
+    easy_backfill,
+    preempt_for,
+    queue_key,
+    recovering_key,
+    runtime_floor,
+)
 from clustersim.cluster.queues import FairShareQueue, JobQueue
 from clustersim.cluster.uplinks import share_uplinks
 
@@ -50,7 +56,7 @@ class Scheduler:
         self.preemption = preemption
         key = lambda run: queue_key(policy, run)  # noqa: E731
         self.queue = (FairShareQueue(key, timeline.teams) if policy == "fairshare"
-                      else JobQueue(key))
+                      else JobQueue(key, runtime_floor))
         self._busy = False
         self._again = False
         # (time, head job, shadow time) of every backfill reservation, when a list (tests)
