@@ -729,3 +729,36 @@ def test_running_jobs_by_end_and_by_preemption_order_are_the_sorts(jobs, data):
         assert list(active.by_preemption_order(below)) == victims
         for run in gone:
             active.add(run)
+
+
+@settings(max_examples=60, deadline=None)
+@given(per_leaf=st.sampled_from([8, 16, 5]), leaves=st.integers(1, 6), partial=st.booleans(),
+       serving=st.sampled_from([0, 0, 3, 10]), data=st.data())
+def test_fragmentation_is_the_share_of_free_instances_outside_wholly_free_leaves(
+        per_leaf, leaves, partial, serving, data):
+    """Scheduler.record_state (whichever way it counts: words of 8 instances, with or
+    without serving instances, or a count per leaf) gives the definition: 1 - (free
+    instances in leaves whose instances, serving ones aside, are all free) / free."""
+    from types import SimpleNamespace
+
+    from clustersim.cluster.scheduler import Scheduler
+
+    n = leaves * per_leaf - (per_leaf // 2 if partial and leaves > 1 else 0)
+    serving = min(serving, n)
+    leaf = np.arange(n) // per_leaf
+    free = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    # (some leaves wholly free: random instances seldom make one)
+    free |= np.repeat(data.draw(st.lists(st.booleans(), min_size=leaves, max_size=leaves)),
+                      per_leaf)[:n]
+    free[:serving] = False
+    t = SimpleNamespace(instance_leaf=leaf, n_leaves=leaves, n_instances=n, per_leaf=per_leaf,
+                        teams=None, env=SimpleNamespace(now=1.0), free_mask=lambda: free,
+                        serving_instances=serving, min_free=n, recorder=None,
+                        serving_per_leaf=np.bincount(leaf[:serving], minlength=leaves))
+    scheduler = Scheduler(t, "fifo", False)
+    scheduler.record_state()
+    in_whole = sum(int(free[leaf == k].sum()) for k in range(leaves)
+                   if free[(leaf == k) & (np.arange(n) >= serving)].all())
+    count = int(free.sum())
+    expected = 1.0 - in_whole / count if count else 0.0
+    assert scheduler._last == (1.0, expected)

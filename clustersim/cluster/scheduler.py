@@ -177,7 +177,14 @@ class Scheduler:
         free = self.t.free_mask()
         count = int(np.count_nonzero(free))
         whole = 0
-        if count:
+        if count and self._leaf_words and not self.t.serving_instances and (
+                free.flags.c_contiguous):
+            # Every leaf whole and no serving instance: a wholly free leaf's words all read
+            # 0x01 in every byte, and it adds all its instances.
+            all_free = free.view(np.uint64) == _BYTE_ONES
+            leaves_free = all_free.reshape(-1, self._leaf_words).all(axis=1)
+            whole = int(np.count_nonzero(leaves_free)) * self.t.per_leaf
+        elif count:
             if self._leaf_words and free.flags.c_contiguous:
                 # Free instances per leaf, 8 at a time: each 8 booleans read as one word,
                 # summed by a multiplication (one byte of ones each), a leaf its words.
