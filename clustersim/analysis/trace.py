@@ -368,7 +368,7 @@ def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) ->
     if job_intervals is None or job_intervals.num_rows == 0:
         return out
     ids = np.asarray(job_intervals["entity_id"].to_numpy(), dtype=np.int64)
-    states = np.asarray(job_intervals["state"].cast(pa.string()).to_pylist(), dtype=object)
+    states = _state_codes(job_intervals["state"])
     start = job_intervals["start_s"].to_numpy()
     end = job_intervals["end_s"].to_numpy()
     # Each job's intervals by start time (ties in table order), every job at once: one
@@ -387,10 +387,27 @@ def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) ->
         s, e, st = start[span[0]:span[1]], end[span[0]:span[1]], states[span[0]:span[1]]
         points = np.concatenate([s, e[-1:]])
         out.breakpoints[job] = points
-        for state in JOB_STATES:
-            inside = np.where(st == state, e - s, 0.0)
+        entered = set(st.tolist())
+        never = np.zeros(len(s) + 1)  # (what the cumulative sum of no time is, exactly)
+        for code, state in enumerate(JOB_STATES):
+            if code not in entered:
+                out.cumulative[(job, state)] = never
+                continue
+            inside = np.where(st == code, e - s, 0.0)
             out.cumulative[(job, state)] = np.concatenate([[0.0], np.cumsum(inside)])
     return out
+
+
+def _state_codes(column: pa.ChunkedArray) -> np.ndarray:
+    """A state column as each value's position in JOB_STATES (-1: another state), read from
+    its dictionary: integers compared per job, not a Python string per interval."""
+    column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not pa.types.is_dictionary(column.type):
+        column = column.dictionary_encode()
+    lookup = np.array([JOB_STATES.index(name) if name in JOB_STATES else -1
+                       for name in column.dictionary.to_pylist()] + [-1], dtype=np.int64)
+    indices = column.indices.fill_null(len(lookup) - 1).to_numpy()
+    return lookup[indices]
 
 
 def _integrate(points: np.ndarray, cumulative: np.ndarray, t: np.ndarray) -> np.ndarray:
