@@ -181,8 +181,12 @@ class Scheduler:
                 free.flags.c_contiguous):
             # Every leaf whole and no serving instance: a wholly free leaf's words all read
             # 0x01 in every byte, and it adds all its instances.
+            # (strided ANDs of a leaf's words: a reduction along a short axis costs more)
             all_free = free.view(np.uint64) == _BYTE_ONES
-            leaves_free = all_free.reshape(-1, self._leaf_words).all(axis=1)
+            k = self._leaf_words
+            leaves_free = all_free[0::k] if k == 1 else all_free[0::k] & all_free[1::k]
+            for j in range(2, k):
+                leaves_free &= all_free[j::k]
             whole = int(np.count_nonzero(leaves_free)) * self.t.per_leaf
         elif count:
             if self._leaf_words and free.flags.c_contiguous:
