@@ -92,9 +92,16 @@ class JobAccounting:
 
     @property
     def held(self) -> np.ndarray:
+        """The instances it holds, ascending (read-only: kept until it adds or removes some,
+        not found again in the cluster-wide mask at each of its many uses)."""
         if self.held_mask is None:
             return np.empty(0, dtype=np.int64)
-        return np.flatnonzero(self.held_mask)
+        ids = self._held_ids
+        if ids is None:
+            ids = np.flatnonzero(self.held_mask)
+            ids.flags.writeable = False
+            self._held_ids = ids
+        return ids
 
     def holds(self, instances: np.ndarray) -> np.ndarray:
         """Whether the job holds each of these instances."""
@@ -116,6 +123,7 @@ class JobAccounting:
             # must not keep one per job (100,000 x 32,768 instances would be 3 GiB).
             self.held_mask = np.zeros(self.t.n_instances, dtype=bool)
         self.held_mask[added] = True
+        self._held_ids = None
         self.held_count += len(added)
         self.t.active.add(self)
         self.t.taken_at[added] = self.t.env.now
@@ -131,6 +139,7 @@ class JobAccounting:
                                               self.t.taken_at[removed].tolist(), self.t.env.now)
         if len(removed):
             self.held_mask[removed] = False
+            self._held_ids = None
             self.held_count -= len(removed)
         if not self.held_count:
             self.t.active.discard(self)

@@ -22,7 +22,7 @@ from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
 from clustersim.cluster.owners import FREE
 from clustersim.cluster.quotas import team_of
-from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint, job_failure_rate
+from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint
 from clustersim.cluster.uplinks import UplinkPacing
 from clustersim.scenario.models import JobSpec
 from clustersim.training.step import StepProfile
@@ -58,7 +58,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
             steps_target=job.steps, submit_s=job.submit_s, team=team_of(job.team),
             trace_outcome=job.trace_outcome,
         )
-        rate = job_failure_rate(scenario, job)
+        rate = timeline.failure_rate(job)
         self.outcome.mtbf_s = 1.0 / rate if rate > 0 else None
         ideal = [t for t in ((job.steps * profile.step_time_s) if job.steps else None,
                              job.run_for_s) if t is not None]
@@ -77,6 +77,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         # Instances held: a mask over the cluster, changed incrementally (no O(n) per change),
         # allocated while the job holds instances (JobAccounting.add).
         self.held_mask: np.ndarray | None = None
+        self._held_ids: np.ndarray | None = None  # `held`, kept until the mask changes
         self.held_count = 0
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
         self.state = "queued"
