@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from clustersim.catalog import read_catalog
 from clustersim.hardware import units
@@ -21,6 +22,7 @@ __all__ = [
     "checkpoint_bandwidth",
     "effective_rates",
     "job_failure_rate",
+    "job_failure_rates",
 ]
 
 
@@ -62,6 +64,21 @@ def job_failure_rate(scenario: Scenario, job: JobSpec) -> float:
     }
     scale = scenario.failures.scale
     return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario))
+
+
+def job_failure_rates(scenario: Scenario) -> Callable[[JobSpec], float]:
+    """`job_failure_rate` for the jobs of one scenario, computed once per job size (all it
+    depends on of a job): a 100,000-job mix has a few dozen sizes."""
+    by_size: dict[int, float] = {}
+
+    def rate(job: JobSpec) -> float:
+        instances = scenario.job_instances(job)
+        found = by_size.get(instances)
+        if found is None:
+            found = by_size[instances] = job_failure_rate(scenario, job)
+        return found
+
+    return rate
 
 
 # ---------------------------------------------------------------------------------------------

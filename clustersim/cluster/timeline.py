@@ -39,7 +39,13 @@ from clustersim.cluster.owners import FREE, SERVING
 from clustersim.cluster.placement import Placer
 from clustersim.cluster.queues import ActiveJobs
 from clustersim.cluster.quotas import TeamBook
-from clustersim.cluster.rates import daly_interval, effective_rates, job_failure_rate, young_interval
+from clustersim.cluster.rates import (
+    daly_interval,
+    effective_rates,
+    job_failure_rate,
+    job_failure_rates,
+    young_interval,
+)
 from clustersim.cluster.scheduler import Scheduler
 from clustersim.cluster.sites import SiteEvents, SitePlacer, cut_off
 from clustersim.cluster.uplinks import UplinkBook
@@ -128,6 +134,7 @@ class Timeline:
                                      ring, self.site_first_instance, self.partitioned)
             if scenario.failures.site_events:
                 self.site_events = SiteEvents(self, network, scenario.failures.site_events)
+        self.failure_rate = job_failure_rates(scenario)  # a job's interruptions per second
         self.teams = TeamBook(scenario)
         self.scheduler = Scheduler(self, scenario.scheduler.policy, scenario.scheduler.preemption)
         self.uplinks = UplinkBook(self)

@@ -11,13 +11,14 @@ check refuses a trace too large to write. Limits: clustersim.hardware.limits, do
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from clustersim.cluster.rates import (
     checkpoint_intervals,
     default_checkpoint,
     effective_rates,
-    job_failure_rate,
+    job_failure_rates,
 )
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
@@ -64,10 +65,11 @@ def _cluster_failures_per_s(scenario: Scenario) -> float:
     return sum(r.events_per_s * scale * population[r.per] for r in effective_rates(scenario))
 
 
-def _checkpoint_interval(scenario: Scenario, job: JobSpec) -> float:
+def _checkpoint_interval(scenario: Scenario, job: JobSpec,
+                         rate_of: Callable[[JobSpec], float]) -> float:
     """The interval the timeline will use (rates.checkpoint_intervals), the default
-    checkpoint of a job without a block included."""
-    rate = job_failure_rate(scenario, job)
+    checkpoint of a job without a block included (`rate_of`: `rates.job_failure_rates`)."""
+    rate = rate_of(job)
     ck = job.checkpoint
     if ck is None and rate > 0:
         ck = default_checkpoint(scenario, job)
@@ -80,11 +82,12 @@ def estimate_events(scenario: Scenario) -> EventEstimate:
     failures = _cluster_failures_per_s(scenario) * horizon * EVENTS_PER_FAILURE
     checkpoints = 0.0
     worst, worst_path = 0.0, ""
+    rate_of = job_failure_rates(scenario)
     for index, job in enumerate(scenario.jobs):
         span = horizon - job.submit_s
         if job.run_for_s is not None:
             span = min(span, job.run_for_s)
-        interval = _checkpoint_interval(scenario, job)
+        interval = _checkpoint_interval(scenario, job, rate_of)
         count = span / interval * EVENTS_PER_CHECKPOINT if interval > 0 else math.inf
         checkpoints += count
         if count > worst:
