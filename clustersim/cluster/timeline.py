@@ -25,8 +25,10 @@ per chip or per step.
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import simpy
@@ -56,6 +58,7 @@ from clustersim.training.step import StepModel, StepProfile
 __all__ = [
     "JOB_STATES",
     "Timeline",
+    "collector_paused",
     "TimelineResult",
     "JobOutcome",
     "young_interval",
@@ -63,6 +66,24 @@ __all__ = [
     "job_failure_rate",
     "effective_rates",
 ]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (as it was, afterwards).
+
+    A run leaves next to no cyclic garbage (8 objects after 4 days of a 13,600-job fleet
+    with failures and preemptions) while it keeps making long-lived objects, so the
+    collector's passes over the whole heap were pure cost: 16 s of the 100,000-job month's
+    134 s CPU, 9 s of them in the timeline's run. Reference counting still frees everything
+    a run drops."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class Timeline:
@@ -239,7 +260,8 @@ class Timeline:
             self.env.process(self._transients())
         if self.progress is not None:
             self.env.process(self._progress_ticks(horizon))
-        self.env.run(until=horizon)
+        with collector_paused():
+            self.env.run(until=horizon)
         allocated = useful = 0.0
         for run in self.jobs:
             run.close(horizon)

@@ -23,7 +23,7 @@ from clustersim.cluster.fleet import (
     largest_jobs,
     team_figures,
 )
-from clustersim.cluster.timeline import Timeline, TimelineResult
+from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paused
 from clustersim.hardware import limits
 from clustersim.hardware.topology import Topology, build_topology
 from clustersim.runner.budget import check_request_traces, check_run_budget
@@ -318,6 +318,19 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
+    if scenario.serve or is_fleet_day(scenario):
+        # (the serving simulators' garbage was not measured: the collector stays on there,
+        # but for the timeline's own run)
+        return _simulate(scenario, seed, replications, workers, progress, trace_dir)
+    # Paused from the step profiles to the summary: a training run's figures and traces
+    # leave no more cyclic garbage than its timeline (`collector_paused`).
+    with collector_paused():
+        return _simulate(scenario, seed, replications, workers, progress, trace_dir)
+
+
+def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: int | None,
+              progress: Callable[[float, float], None] | None,
+              trace_dir: Path | None) -> RunResult:
     problem = check_run_arguments(seed, replications)
     if problem:
         raise ValueError(problem.removeprefix("--"))
