@@ -346,7 +346,8 @@ class IterationModel:
     @lru_cache(maxsize=65536)  # noqa: B019
     def _prefill_attention_s(self, chunk: int, context: int) -> float:
         """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
-        itself: the quadratic term (scores and values), with fused (flash) attention."""
+        itself: the quadratic term (scores and values) as fused (flash) attention runs it.
+        Unfused attention adds the iteration's passes over its scores (`_spilled_scores_s`)."""
         s = self.shape
         m = s.model
         heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
@@ -357,7 +358,15 @@ class IterationModel:
                _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
                _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
                        passes=1)]
-        return m.layers * (self._op_s(ops) + self._spilled_scores_s(heads * chunk * span))
+        return m.layers * self._op_s(ops)
+
+    def _prefill_scores(self, prefill: list[tuple[int, int]]) -> int:
+        """Score elements on a rank of one layer of an iteration's prompt chunks (heads x
+        chunk x span, summed): an unfused graph holds the whole batch's scores in one tensor
+        between its operations (transformers-neuronx's (sequences, heads, tokens, positions)
+        score), so it is the batch's scores, not each prompt's, that must fit on chip."""
+        heads = self.heads.per_rank
+        return sum(heads * chunk * (context + chunk) for chunk, context in prefill)
 
     def _spilled_scores_s(self, elements: float) -> float:
         """Unfused attention: one layer's passes over its `elements` scores (heads x chunk x
@@ -385,6 +394,9 @@ class IterationModel:
         if prefill:  # the context-encoding graph's own fixed time, and each layer's
             time_s += self.prefill_fixed_s
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
+        if prefill and self.hardware.serving.attention == "unfused":
+            time_s += self.shape.model.layers * self._spilled_scores_s(
+                self._prefill_scores(prefill))
         return time_s + self.kv_coefficient_s * decode_context_tokens
 
     def prefill_s(self, input_tokens: int) -> float:
