@@ -376,6 +376,12 @@ def main() -> None:
                         "catalog's (e.g. score_efficiency, which only the prompts whose "
                         "scores spill move)")
     args = parser.parse_args()
+    if args.only and (args.check or args.family == "trn2"):
+        parser.error("--only fits some trn1 constants: it does not go with --check or "
+                     "--family trn2")
+    if args.only and not args.joint and set(args.only) & set(STEP):
+        parser.error(f"--only {' '.join(sorted(set(args.only) & set(STEP)))}: the step "
+                     "constants are fitted with --joint only")
     if args.family == "trn2":
         global KEEP_CHOICES
         KEEP_CHOICES = args.keep_choices

@@ -263,13 +263,13 @@ def test_json_schema_covers_serve() -> None:
 
 def test_trn1_serving_rows_within_10_percent() -> None:
     """The fitted Trn1 rows (SDK 2.18.0, docs/calibration.md) against the model with the
-    catalog's trn1 constants, nothing fitted per row: every TTFT and TPOT within 10% (within
-    5% but the batch-4 row's 6.7% and 6.2%)."""
+    catalog's trn1 constants, nothing fitted per row: every TTFT and TPOT within 5% but the
+    batch-4 row's (6.7% and 6.2%, held within 7.5%)."""
     from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving
     predicted = predict_serving()
     assert len(predicted) == len(SERVING_MEASUREMENTS) == 6
     for row, (ttft_s, tpot_s) in zip(SERVING_MEASUREMENTS, predicted, strict=True):
-        limit = 0.05 if row.batch == 1 else 0.10
+        limit = 0.05 if row.batch == 1 else 0.075
         assert abs(ttft_s * 1e3 / row.ttft_ms - 1) < limit, (row, ttft_s)
         assert abs(tpot_s * 1e3 / row.tpot_ms - 1) < limit, (row, tpot_s)
 

@@ -360,13 +360,21 @@ class IterationModel:
                        passes=1)]
         return m.layers * self._op_s(ops)
 
-    def _prefill_scores(self, prefill: list[tuple[int, int]]) -> int:
-        """Score elements on a rank of one layer of an iteration's prompt chunks (heads x
-        chunk x span, summed): an unfused graph holds the whole batch's scores in one tensor
-        between its operations (transformers-neuronx's (sequences, heads, tokens, positions)
-        score), so it is the batch's scores, not each prompt's, that must fit on chip."""
+    def _unfused_scores_s(self, prefill: list[tuple[int, int]], one_graph: bool) -> float:
+        """Unfused attention's passes over the scores of an iteration's prompt chunks (heads
+        x chunk x span on a rank, each layer). `one_graph`: the chunks are a static batch
+        encoded by one graph, which holds their scores in one (sequences, heads, tokens,
+        positions) tensor between its operations, so it is the batch's scores that must fit
+        on chip (transformers-neuronx's batched context encoding, the published rows'
+        setting). Otherwise each prompt's context is encoded on its own, as
+        transformers-neuronx does under continuous batching, and each prompt's scores spill
+        or not by themselves."""
         heads = self.heads.per_rank
-        return sum(heads * chunk * (context + chunk) for chunk, context in prefill)
+        scores = [heads * chunk * (context + chunk) for chunk, context in prefill]
+        layers = self.shape.model.layers
+        if one_graph:
+            return layers * self._spilled_scores_s(sum(scores))
+        return layers * sum(self._spilled_scores_s(elements) for elements in scores)
 
     def _spilled_scores_s(self, elements: float) -> float:
         """Unfused attention: one layer's passes over its `elements` scores (heads x chunk x
@@ -383,10 +391,12 @@ class IterationModel:
         return _UNFUSED_SCORE_PASSES * elements * e / (bandwidth * hw.serving.score_efficiency)
 
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
-                    decode_context_tokens: float, prefill_outputs: int = 0) -> float:
+                    decode_context_tokens: float, prefill_outputs: int = 0,
+                    static_batch: bool = False) -> float:
         """One iteration: prompt chunks (tokens, earlier context) of which `prefill_outputs`
         end a prompt (and so emit a first token), plus `decode_batch` decoding sequences
-        holding `decode_context_tokens` KV tokens in all."""
+        holding `decode_context_tokens` KV tokens in all. `static_batch`: the prompts are
+        one statically batched context encoding (see `_unfused_scores_s`)."""
         tokens = decode_batch + sum(c for c, _ in prefill)
         if tokens == 0:
             return 0.0
@@ -395,8 +405,7 @@ class IterationModel:
             time_s += self.prefill_fixed_s
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         if prefill and self.hardware.serving.attention == "unfused":
-            time_s += self.shape.model.layers * self._spilled_scores_s(
-                self._prefill_scores(prefill))
+            time_s += self._unfused_scores_s(prefill, static_batch)
         return time_s + self.kv_coefficient_s * decode_context_tokens
 
     def prefill_s(self, input_tokens: int) -> float:
