@@ -4,6 +4,7 @@ Trn1 step constants) to the published measurements, one family at a time.
     python scripts/calibrate_collectives.py --joint    # the Trn1 fit: print its values
     python scripts/calibrate_collectives.py --check    # errors of the catalog values only
     python scripts/calibrate_collectives.py --check --joint   # ... with the training rows
+    python scripts/calibrate_collectives.py --only score_efficiency   # one constant alone
     python scripts/calibrate_collectives.py --family trn2     # the Trn2 fit (Trn2 data only)
     python scripts/calibrate_collectives.py --family trn2 --check
 
@@ -11,11 +12,11 @@ Trn1 data (sources in docs/calibration.md): the four Trn1 nccom-test rows of the
 and the full curves of the same page (`clustersim.calibration.collectives`: fp32 all-reduce,
 2 ranks on one instance from 1 KiB to 1 GiB, 64 ranks on two instances from 8 B to 1 GiB;
 the page names no instance type, 32 ranks per instance and its date make them
-trn1.32xlarge, ranks filling a chip's two cores first), the five Trn1 serving rows
-(`clustersim.calibration.serving`) and, with --joint, the four Trn1 training rows
-(`clustersim.calibration.step`). Every Trn1 figure depends on the collective costs, so the
-catalog's values come from the joint fit; without --joint the step constants stay at the
-catalog's values.
+trn1.32xlarge, ranks filling a chip's two cores first), the six Trn1 serving rows of SDK
+2.18.0 (`clustersim.calibration.serving`; the SDK 2.18.1 rows judge) and, with --joint, the
+four Trn1 training rows (`clustersim.calibration.step`). Every Trn1 figure depends on the
+collective costs, so the catalog's values come from the joint fit; without --joint the step
+constants stay at the catalog's values.
 
 Fitted on Trn1: the six `collectives` constants of trn1 (NeuronLink and EFA efficiency, the
 HBM efficiency of collective data movement, the fixed time of an algorithm step over
@@ -90,7 +91,6 @@ NO_WORSE_SLACK = 0.0
 SERVING_BEFORE = {("llama2-7b", 1, 128, 8064): (-0.032, 0.020),
                   ("llama2-70b", 1, 128, 128): (-0.043, 0.018),
                   ("llama2-70b", 1, 2048, 2048): (-0.115, -0.034),
-                  ("llama3-70b", 1, 2048, 2048): (0.118, -0.006),
                   ("llama2-70b", 4, 128, 1024): (-0.052, 0.076)}
 STEP_BEFORE = {"llama2-7b trn1 x16": -0.002, "llama2-13b trn1 x32": -0.001,
                "llama3.1-8b trn1 x32 (SDK 2.24)": -0.063,
@@ -354,7 +354,7 @@ def trn2_main(check: bool, choices: tuple[str, ...] = ("mesh", "auto")) -> None:
             tpot = "" if row.tpot_ms is None else (
                 f"  TPOT {p[1] * 1e3:7.2f} pub {row.tpot_ms:6.2f} "
                 f"{p[1] * 1e3 / row.tpot_ms - 1:+7.1%}")
-            note = "  (weight 0)" if row.name in UNFITTED else ""
+            note = "  (set apart, not fitted: weight 0)" if row.name in UNFITTED else ""
             print(f"{row.name:52s} TTFT {p[0] * 1e3:8.1f} pub {row.ttft_ms:7.1f} "
                   f"{p[0] * 1e3 / row.ttft_ms - 1:+7.1%}{tpot}{note}")
 
@@ -371,7 +371,17 @@ def main() -> None:
                         "auto); trn1: the one to fit with (default the catalog's)")
     parser.add_argument("--keep-choices", action="store_true",
                         help="trn2: also hold auto to the runtime's algorithm choices")
+    parser.add_argument("--only", nargs="+", choices=PARAMETERS + STEP, metavar="NAME",
+                        help="trn1: fit these constants alone, the others held at the "
+                        "catalog's (e.g. score_efficiency, which only the prompts whose "
+                        "scores spill move)")
     args = parser.parse_args()
+    if args.only and (args.check or args.family == "trn2"):
+        parser.error("--only fits some trn1 constants: it does not go with --check or "
+                     "--family trn2")
+    if args.only and not args.joint and set(args.only) & set(STEP):
+        parser.error(f"--only {' '.join(sorted(set(args.only) & set(STEP)))}: the step "
+                     "constants are fitted with --joint only")
     if args.family == "trn2":
         global KEEP_CHOICES
         KEEP_CHOICES = args.keep_choices
@@ -398,7 +408,13 @@ def main() -> None:
         BEFORE["steps"] = np.array([abs(math.log1p(STEP_BEFORE[m.name]))
                                     for m in family_rows("trainium")])
     if not args.check:
-        current = fit(current)
+        if args.only:
+            held = {name: value for name, value in current.items() if name not in args.only}
+            fitted = fit({name: current[name] for name in args.only},
+                         lambda free: loss({**held, **free}))
+            current = {**held, **fitted}
+        else:
+            current = fit(current)
         print("fitted constants:")
         for name in current:
             shown = (f"{current[name] * 1e6:.1f}us" if "latency" in name or "overhead" in name

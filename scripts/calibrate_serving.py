@@ -53,7 +53,7 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None,
         hw = hw.model_copy(update={"serving": hw.serving.model_copy(update=update)})
     out = []
     for m, (ttft, tpot) in zip(table, predict_serving(hw, table), strict=True):
-        out.append({"model": m.model, "batch": m.batch,
+        out.append({"model": m.model, "batch": m.batch, "sdk": m.sdk,
                     "tokens": f"{m.input_tokens}/{m.output_tokens}",
                     "ttft_ms": ttft * 1e3, "ttft_published_ms": m.ttft_ms,
                     "ttft_error": ttft * 1e3 / m.ttft_ms - 1, "tpot_ms": tpot * 1e3,
@@ -63,13 +63,15 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None,
 
 def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> None:
     from clustersim.calibration.serving import UNSEEN_SERVING_218
-    for title, table in (("fitted", SERVING_MEASUREMENTS),
-                         ("unseen, not fitted (the same SDK's data file)", UNSEEN_SERVING_218)):
+    for title, table in (("fitted (SDK 2.18.0)", SERVING_MEASUREMENTS),
+                         ("unseen, not fitted (the same page's data files; SDK 2.18.1 rows "
+                          "judge)", UNSEEN_SERVING_218)):
         print(f"== Trn1 (trn1.32xlarge, TP 32, bf16, transformers-neuronx SDK 2.18): {title}")
-        print(f"{'model':<12}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}{'err':>8}"
-              f"{'TPOT ms':>10}{'pub':>8}{'err':>8}")
+        print(f"{'model':<12}{'sdk':>7}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}"
+              f"{'err':>8}{'TPOT ms':>10}{'pub':>8}{'err':>8}")
         for r in rows(hbm_efficiency, overhead_s, table):
-            print(f"{r['model']:<12}{r['batch']:>6}{r['tokens']:>11}{r['ttft_ms']:>10.2f}"
+            print(f"{r['model']:<12}{r['sdk']:>7}{r['batch']:>6}{r['tokens']:>11}"
+                  f"{r['ttft_ms']:>10.2f}"
                   f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
                   f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
         print()
@@ -82,7 +84,12 @@ def print_trn2() -> None:
         UNSEEN_TRN2_SERVING,
         predict_trn2_serving,
     )
-    for title, table in (("fitted", TRN2_SERVING), ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
+    fitted = tuple(r for r in TRN2_SERVING if r.name not in UNFITTED)
+    apart = tuple(r for r in TRN2_SERVING if r.name in UNFITTED)
+    for title, table in (("fitted", fitted),
+                         ("set apart, not fitted (off the other rows' line by x3.2: see "
+                          "docs/calibration.md)", apart),
+                         ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
         print(f"\n== Trn2 (trn2.48xlarge, TP 64, LNC 2, NxD Inference): {title}")
         print(f"{'row':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}{'pub':>7}{'err':>8}")
         for row, p in zip(table, predict_trn2_serving(rows=table), strict=True):
@@ -91,9 +98,8 @@ def print_trn2() -> None:
                 continue
             tpot = "" if row.tpot_ms is None else (
                 f"{p[1] * 1e3:>9.2f}{row.tpot_ms:>7.2f}{p[1] * 1e3 / row.tpot_ms - 1:>+8.1%}")
-            note = "  (weight 0: see docs/calibration.md)" if row.name in UNFITTED else ""
             print(f"{row.name:<50}{p[0] * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
-                  f"{p[0] * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot}{note}")
+                  f"{p[0] * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot}")
 
 
 def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:

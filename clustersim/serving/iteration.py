@@ -346,7 +346,8 @@ class IterationModel:
     @lru_cache(maxsize=65536)  # noqa: B019
     def _prefill_attention_s(self, chunk: int, context: int) -> float:
         """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
-        itself: the quadratic term (scores and values), with fused (flash) attention."""
+        itself: the quadratic term (scores and values) as fused (flash) attention runs it.
+        Unfused attention adds the iteration's passes over its scores (`_spilled_scores_s`)."""
         s = self.shape
         m = s.model
         heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
@@ -357,7 +358,23 @@ class IterationModel:
                _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
                _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
                        passes=1)]
-        return m.layers * (self._op_s(ops) + self._spilled_scores_s(heads * chunk * span))
+        return m.layers * self._op_s(ops)
+
+    def _unfused_scores_s(self, prefill: list[tuple[int, int]], one_graph: bool) -> float:
+        """Unfused attention's passes over the scores of an iteration's prompt chunks (heads
+        x chunk x span on a rank, each layer). `one_graph`: the chunks are a static batch
+        encoded by one graph, which holds their scores in one (sequences, heads, tokens,
+        positions) tensor between its operations, so it is the batch's scores that must fit
+        on chip (transformers-neuronx's batched context encoding, the published rows'
+        setting). Otherwise each prompt's context is encoded on its own, as
+        transformers-neuronx does under continuous batching, and each prompt's scores spill
+        or not by themselves."""
+        heads = self.heads.per_rank
+        scores = [heads * chunk * (context + chunk) for chunk, context in prefill]
+        layers = self.shape.model.layers
+        if one_graph:
+            return layers * self._spilled_scores_s(sum(scores))
+        return layers * sum(self._spilled_scores_s(elements) for elements in scores)
 
     def _spilled_scores_s(self, elements: float) -> float:
         """Unfused attention: one layer's passes over its `elements` scores (heads x chunk x
@@ -374,10 +391,12 @@ class IterationModel:
         return _UNFUSED_SCORE_PASSES * elements * e / (bandwidth * hw.serving.score_efficiency)
 
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
-                    decode_context_tokens: float, prefill_outputs: int = 0) -> float:
+                    decode_context_tokens: float, prefill_outputs: int = 0,
+                    static_batch: bool = False) -> float:
         """One iteration: prompt chunks (tokens, earlier context) of which `prefill_outputs`
         end a prompt (and so emit a first token), plus `decode_batch` decoding sequences
-        holding `decode_context_tokens` KV tokens in all."""
+        holding `decode_context_tokens` KV tokens in all. `static_batch`: the prompts are
+        one statically batched context encoding (see `_unfused_scores_s`)."""
         tokens = decode_batch + sum(c for c, _ in prefill)
         if tokens == 0:
             return 0.0
@@ -385,6 +404,8 @@ class IterationModel:
         if prefill:  # the context-encoding graph's own fixed time, and each layer's
             time_s += self.prefill_fixed_s
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
+        if prefill and self.hardware.serving.attention == "unfused":
+            time_s += self._unfused_scores_s(prefill, static_batch)
         return time_s + self.kv_coefficient_s * decode_context_tokens
 
     def prefill_s(self, input_tokens: int) -> float:
