@@ -430,6 +430,12 @@ def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_e
     # The state at each piece: the interval containing its left end.
     index = np.clip(np.searchsorted(points, left, side="right") - 1, 0, len(points) - 2)
     length = np.diff(cuts)
+    # Only the bins between the edge at or before its first cut and the edge at or after its
+    # last: before, the cumulative chip-time is exactly 0 at every edge, after, exactly its
+    # total, so the other bins would add exact zeros (most jobs span a few of a month's bins).
+    first = max(int(np.searchsorted(edges, cuts[0], side="right")) - 1, 0)
+    last = min(int(np.searchsorted(edges, cuts[-1], side="left")), len(edges) - 1)
+    spanned = edges[first: last + 1]
     for state in JOB_STATES:
         if state == "done":
             continue
@@ -439,7 +445,7 @@ def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_e
         in_state = np.diff(cumulative)[index] > 0  # the interval at this piece is this state
         chip_seconds = np.where(in_state, held * length, 0.0)
         total = np.concatenate([[0.0], np.cumsum(chip_seconds)])
-        chip_time[state][key] += np.diff(np.interp(edges, cuts, total))
+        chip_time[state][key][first:last] += np.diff(np.interp(spanned, cuts, total))
 
 
 def _add_spans(target: np.ndarray, keys: np.ndarray, start: np.ndarray, end: np.ndarray,
