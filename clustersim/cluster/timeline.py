@@ -202,6 +202,11 @@ class Timeline:
         there. `held`: what a recovering job still holds (on several sites, its
         replacements come from its own sites first)."""
         free = self.free_mask() if free is None else free
+        # Fewer free instances than asked: no placement can be found (whole UltraServers
+        # or not, on one site or several), so none of the packing is done. About one call
+        # in ten of a fleet month's passes.
+        if count > np.count_nonzero(free):
+            return None
         if held is not None and isinstance(self.placer, SitePlacer):
             return self.placer.place(count, whole_ultraservers, free, held)
         return self.placer.place(count, whole_ultraservers, free)
