@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SUMMARY_JOBS", "LARGEST_JOBS", "team_figures", "largest_jobs", "flat_job_rows"]
+__all__ = ["SUMMARY_JOBS", "LARGEST_JOBS", "team_figures", "largest_jobs",
+           "flat_job_columns"]
 
 SUMMARY_JOBS = 2_000  # up to this many jobs, summary.json lists every one
 LARGEST_JOBS = 100  # past it, the largest this many (by chips, then chip-time held)
@@ -93,21 +94,36 @@ def _flatten(prefix: str, value: Any, row: dict[str, Any]) -> None:
         row[prefix] = value
 
 
-def flat_job_rows(jobs: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[dict]]:
-    """(columns, rows): every per-job figure as a column (`time_by_state_s.queued`,
-    `interruptions_by_cause.hbm`, ...), `name` first; a cause a job never met is 0."""
-    rows = []
-    columns: dict[str, None] = {"name": None}
-    for name, figures in jobs.items():
+def flat_job_columns(jobs: Mapping[str, Mapping[str, Any]],
+                     teams: Mapping[str, str] | None = None) -> dict[str, list[Any]]:
+    """Every per-job figure as a column (`time_by_state_s.queued`,
+    `interruptions_by_cause.hbm`, ...), in order of first appearance, `name` first (then
+    `team`, each job's from `teams` or "-", with `teams`); a job without a figure has None
+    there, but 0 for a cause it never met. Built column by column as the jobs are read (not
+    a row of dicts per job read again per column: most of writing a 100,000-job summary)."""
+    columns: dict[str, list[Any]] = {"name": []}
+    if teams is not None:
+        columns["team"] = []
+    for done, (name, figures) in enumerate(jobs.items()):
         row: dict[str, Any] = {"name": name}
+        if teams is not None:
+            row["team"] = teams.get(name, "-")
         _flatten("", figures, row)
-        rows.append(row)
-        columns.update(dict.fromkeys(row))
-    counted = [c for c in columns if c.startswith("interruptions_by_cause.")]
-    for row in rows:
-        for column in counted:
-            row.setdefault(column, 0)
-    return list(columns), rows
+        for column, value in row.items():
+            values = columns.get(column)
+            if values is None:  # first seen: the jobs before had none
+                values = columns[column] = [_missing(column)] * done
+            values.append(value)
+        if len(row) < len(columns):  # figures this job lacks
+            for column, values in columns.items():
+                if len(values) == done:
+                    values.append(_missing(column))
+    return columns
+
+
+def _missing(column: str) -> Any:
+    """A job's value of a figure it does not have: 0 times for a cause it never met."""
+    return 0 if column.startswith("interruptions_by_cause.") else None
 
 
 _INF = math.inf

@@ -19,7 +19,7 @@ from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, utilisati
 from clustersim.cluster.fleet import (
     SUMMARY_JOBS,
     finite_or_none_column,
-    flat_job_rows,
+    flat_job_columns,
     largest_jobs,
     team_figures,
 )
@@ -544,11 +544,9 @@ def write_job_summary(result: RunResult, path: Path) -> None:
     from clustersim.analysis.trace import table_metadata
 
     teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
-    jobs = {name: {"team": teams.get(name, "-"), **figures}
-            for name, figures in result.jobs.items()}
-    columns, rows = flat_job_rows(jobs)
-    table = pa.table({column: finite_or_none_column([row.get(column) for row in rows])
-                      for column in columns})
+    columns = flat_job_columns(result.jobs, teams)
+    table = pa.table({column: finite_or_none_column(values)
+                      for column, values in columns.items()})
     table = table.replace_schema_metadata(table_metadata(
         "job_summary", version=clustersim.__version__, seed=result.summary["seed"],
         scenario_yaml=result.scenario.source_yaml))

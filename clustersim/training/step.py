@@ -32,6 +32,7 @@ not (`efficiency.step_error_band`), applied to the step time.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -604,7 +605,11 @@ def _first_seen_labels(ids: np.ndarray) -> np.ndarray:
 
 
 def _renamed(profile: StepProfile, name: str) -> StepProfile:
-    return replace(profile, name=name)
+    """A copy of the profile under another name (a shallow copy with the name set: a fleet
+    asks it for each of 100,000 jobs, and `dataclasses.replace` re-ran the whole __init__)."""
+    renamed = copy.copy(profile)
+    object.__setattr__(renamed, "name", name)  # (frozen: set on the fresh copy only)
+    return renamed
 
 
 def _difference(a: ChunkTimes, b: ChunkTimes) -> ChunkTimes:
