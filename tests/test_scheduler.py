@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from clustersim.analysis.trace import MemoryRecorder
-from clustersim.cluster.placement import pack
+from clustersim.cluster.placement import pack, pack_runs, runs_of
 from clustersim.runner.api import run_to, simulate
 from clustersim.scenario.loader import ScenarioError, load_scenario, scenario_from_dict
 
@@ -173,6 +173,33 @@ def test_deadlines_stop_jobs():
     figures = outcomes(scenario(jobs))["late"]
     assert figures["status"] == "stopped at deadline"
     assert figures["end_s"] == pytest.approx(6 * 3600)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8, 16, 24])
+def test_packing_from_counts_per_leaf_chooses_as_packing_id_by_id(size):
+    """Leaves as runs of consecutive ids: `pack_runs` picks exactly the ids `pack` picks
+    from the list of free ids, for sparse and dense masks, every count up to and past what
+    is free."""
+    rng = np.random.default_rng(size)
+    leaves = 12
+    leaf_of = np.arange(leaves * size) // size
+    assert runs_of(leaf_of) == size
+    for density in (0.05, 0.3, 0.7, 1.0):
+        for _ in range(20):
+            mask = rng.random(leaves * size) < density
+            for count in range(int(mask.sum()) + 2):
+                want = pack(np.flatnonzero(mask), leaf_of, count)
+                got = pack_runs(mask, size, count)
+                if want is None:
+                    assert got is None
+                else:
+                    assert got is not None and got.tolist() == want.tolist()
+
+
+def test_leaves_not_in_runs_are_not_packed_by_counts():
+    assert runs_of(np.array([0, 0, 1, 1, 1])) == 0  # a leaf of 2, one of 3
+    assert runs_of(np.array([0, 1, 0, 1])) == 0  # interleaved
+    assert runs_of(np.array([5, 5, 6, 6])) == 2
 
 
 def test_placement_packs_under_few_leaves():

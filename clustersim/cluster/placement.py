@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-__all__ = ["pack", "whole_units", "Placer"]
+__all__ = ["pack", "pack_runs", "runs_of", "whole_units", "Placer"]
 
 
 def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | None:
@@ -40,6 +40,61 @@ def pack(free_ids: np.ndarray, leaf_of: np.ndarray, count: int) -> np.ndarray | 
 
 
 _WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_BYTE_ONES = np.uint64(0x0101010101010101)  # x this: a word's bytes summed in its top byte
+
+
+def runs_of(leaf_of: np.ndarray) -> int:
+    """The leaf size when `leaf_of` numbers leaves as whole runs of consecutive ids (leaf i:
+    ids i x size .. i x size + size - 1), the geometry `pack_runs` packs; 0 otherwise."""
+    n = len(leaf_of)
+    if n == 0:
+        return 0
+    size = int(np.count_nonzero(leaf_of == leaf_of[0]))
+    if n % size or not np.array_equal(leaf_of, np.arange(n) // size + leaf_of[0]):
+        return 0
+    return size
+
+
+def _set_per_run(mask: np.ndarray, size: int) -> np.ndarray:
+    """How many of each run of `size` consecutive booleans are set, 8 at a time where the
+    run is whole words (each word's bytes summed by one multiplication), else 2 or 4."""
+    if mask.dtype == np.bool_ and mask.flags.c_contiguous:
+        if size % 8 == 0:
+            words = (mask.view(np.uint64) * _BYTE_ONES) >> np.uint64(56)
+            k = size // 8
+            counts = words[0::k].copy()
+            for j in range(1, k):
+                counts += words[j::k]
+            return counts.astype(np.int64)
+        word = _WORDS.get(size)
+        if word is not None:
+            ones = word(int.from_bytes(b"\x01" * size, "little"))
+            return ((mask.view(word) * ones) >> word(8 * (size - 1))).astype(np.int64)
+    return mask.reshape(-1, size).sum(axis=1, dtype=np.int64)
+
+
+def pack_runs(mask: np.ndarray, size: int, count: int) -> np.ndarray | None:
+    """`pack(np.flatnonzero(mask), leaf_of, count)` when the leaves are whole runs of `size`
+    consecutive ids (`runs_of`): the same ids, from each leaf's count of set ids (no list of
+    every free id, no leaf looked up per id: most of a fleet's placements)."""
+    per_leaf = _set_per_run(mask, size)
+    if int(per_leaf.sum()) < count:
+        return None
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    # Leaves in leaf order (those with none set can neither fit nor come first below).
+    fits = np.flatnonzero(per_leaf >= count)
+    if len(fits):
+        best = int(fits[np.argmin(per_leaf[fits])])
+        return np.flatnonzero(mask[best * size: best * size + size])[:count] + best * size
+    chosen, got = [], 0
+    for i in np.argsort(-per_leaf, kind="stable").tolist():
+        take = min(int(per_leaf[i]), count - got)
+        chosen.append(np.flatnonzero(mask[i * size: i * size + size])[:take] + i * size)
+        got += take
+        if got == count:
+            break
+    return np.sort(np.concatenate(chosen))
 
 
 def whole_units(free: np.ndarray, n_units: int, per_unit: int) -> np.ndarray:
@@ -64,6 +119,10 @@ class Placer:
         self.instance_leaf = instance_leaf
         self.ring = ring  # UltraServers joined by NeuronLink rings (Trn2 Z rings)
         self.unit_leaf = np.arange(n_us) * ipu // per_leaf  # each UltraServer's leaf
+        # Leaves as runs of consecutive instances (and UltraServers): packed from counts
+        # per leaf (`pack_runs`); 0: another geometry, packed id by id (`pack`).
+        self.instance_run = runs_of(instance_leaf)
+        self.unit_run = runs_of(self.unit_leaf)
 
     def place(self, count: int, whole_ultraservers: bool, free: np.ndarray
               ) -> np.ndarray | None:
@@ -81,8 +140,11 @@ class Placer:
             ipu = self.ipu
             units = whole_units(free, self.n_us, ipu)
             need = math.ceil(count / ipu)
-            chosen_units = pack(np.flatnonzero(units), self.unit_leaf, need)
+            chosen_units = (pack_runs(units, self.unit_run, need) if self.unit_run
+                            else pack(np.flatnonzero(units), self.unit_leaf, need))
             if chosen_units is None:
                 return None
             return (chosen_units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()[:count]
+        if self.instance_run and len(free) == len(self.instance_leaf):
+            return pack_runs(free, self.instance_run, count)
         return pack(np.flatnonzero(free), self.instance_leaf, count)
