@@ -87,14 +87,17 @@ def pack_runs(mask: np.ndarray, size: int, count: int) -> np.ndarray | None:
     if len(fits):
         best = int(fits[np.argmin(per_leaf[fits])])
         return np.flatnonzero(mask[best * size: best * size + size])[:count] + best * size
-    chosen, got = [], 0
-    for i in np.argsort(-per_leaf, kind="stable").tolist():
-        take = min(int(per_leaf[i]), count - got)
-        chosen.append(np.flatnonzero(mask[i * size: i * size + size])[:take] + i * size)
-        got += take
-        if got == count:
-            break
-    return np.sort(np.concatenate(chosen))
+    # The emptiest leaves first (ties in leaf order), all of each but the last one needed.
+    present = np.flatnonzero(per_leaf)
+    order = present[np.argsort(-per_leaf[present], kind="stable")]
+    taken = np.cumsum(per_leaf[order])
+    k = int(np.searchsorted(taken, count))  # the leaf that completes the count
+    whole = order[:k]
+    rows, cols = np.nonzero(mask.reshape(-1, size)[whole])
+    last = int(order[k])
+    rest = count - (int(taken[k - 1]) if k else 0)
+    tail = np.flatnonzero(mask[last * size: last * size + size])[:rest] + last * size
+    return np.sort(np.concatenate([whole[rows] * size + cols, tail]))
 
 
 def whole_units(free: np.ndarray, n_units: int, per_unit: int) -> np.ndarray:
