@@ -188,10 +188,20 @@ def test_score_efficiency_refit_alone_reproduces_the_catalog():
     assert fitted == pytest.approx(catalog_entry("trn1").serving.score_efficiency, abs=0.0015)
 
 
-def test_only_refuses_what_it_cannot_fit():
-    """A step constant without --joint, and --only with --check or --family trn2, exit 2."""
+def test_only_refuses_what_it_cannot_fit(monkeypatch, capsys):
+    """A step constant without --joint, and --only with --check or --family trn2, exit 2
+    before any fitting (the script's own argument checks, run in this process)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "scripts" / "calibrate_collectives.py"
+    spec = importlib.util.spec_from_file_location("calibrate_collectives", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     for args in (("--only", "matmul"), ("--only", "score_efficiency", "--check"),
                  ("--family", "trn2", "--only", "score_efficiency")):
-        done = _calibrate_collectives(*args)
-        assert done.returncode == 2, (args, done.stdout[-300:])
-        assert "--only" in done.stderr
+        monkeypatch.setattr(sys, "argv", ["calibrate_collectives.py", *args])
+        with pytest.raises(SystemExit) as stop:
+            module.main()
+        assert stop.value.code == 2, args
+        assert "--only" in capsys.readouterr().err
