@@ -102,14 +102,15 @@ class UplinkPacing:
         # (its figures only: the profile as cached, whatever its name)
         profile = site_profile(model, self.job, None, instances=self.held)
         self.placed_step_time = profile.step_time_s
-        leaves = np.unique(self.t.instance_leaf[self.held])
-        self.spans_leaves = len(leaves) > 1
+        leaves = self.t.instance_leaf[self.held]
+        # (over several leaves or not: the lowest and highest leaf, no sort of its leaves)
+        self.spans_leaves = len(leaves) > 1 and bool(leaves.min() != leaves.max())
         # What crosses leaf uplinks: the exposed data-, pipeline- and expert-parallel
         # communication of a job spread over several leaves (tensor parallelism stays inside
         # instances).
         exposed = profile.exposed_comm_s
         self.fabric_exposed_s = (exposed.get("dp", 0.0) + exposed.get("pp", 0.0)
-                                 + exposed.get("ep", 0.0)) if len(leaves) > 1 else 0.0
+                                 + exposed.get("ep", 0.0)) if self.spans_leaves else 0.0
         if self.t.site_network is not None:  # what its cross-site reduction adds, alone
             self.site_cross_s = cross_site_seconds(model, self.job, self.held)
         self.step_time = self.placed_step_time * self.fabric_factor_step()
