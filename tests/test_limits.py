@@ -116,6 +116,7 @@ def test_out_of_bounds_values_are_refused_with_the_limit(case: str, tmp_path: Pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # over 5 s of CPU
 def test_in_bounds_extremes_still_run(tmp_path: Path):
     """The bounds leave every library scenario and these edges valid."""
     path = write(tmp_path, SMALL, "small.yaml")

@@ -110,6 +110,7 @@ def test_ettr_with_asynchronous_checkpoints_matches_renewal_theory():
     assert measured == pytest.approx(expected, rel=0.02)
 
 
+@pytest.mark.slow  # over 5 s of CPU
 def test_the_best_checkpoint_interval_is_near_daly():
     """Exponential failures, blocking checkpoints of fixed cost: sweeping the interval, the
     goodput-best one is Daly's (within the sweep's factor-of-two grid), and Daly's interval is
