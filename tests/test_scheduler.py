@@ -311,6 +311,7 @@ def test_template_errors_are_reported_once():
     {"checkpoint": {"interval": "auto", "write": 0}},
     {"checkpoint": {"write": True}},
     {"recompute": "sometimes", "seq_len": True},
+    {"parallelism": {1: {"a": 1}, "1": {"b": 2}}},  # keys that sort into comparing dicts
 ])
 def test_template_parts_validated_once_give_the_jobs_and_errors_of_each_job_validated(
         monkeypatch, change):

@@ -213,10 +213,11 @@ def _share_template_specs(generated: list[dict[str, Any]], first: int) -> list[I
         parallelism = job.get("parallelism")
         if isinstance(parallelism, Mapping):
             # (each value's type in the key: `tp: true` is not `tp: 1`)
-            key = tuple(sorted((str(k), type(v).__name__, v) for k, v in parallelism.items()))
             try:
+                key = tuple(sorted((str(k), type(v).__name__, v)
+                                   for k, v in parallelism.items()))
                 known = key in parallelisms
-            except TypeError:  # an unhashable value: validated with its job
+            except TypeError:  # unhashable or unorderable: validated with its job
                 continue
             if not known:
                 parallelisms[key] = _validated(ParallelismSpec, parallelism)
