@@ -53,13 +53,18 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
 
 
-@pytest.fixture(scope="module")
-def traced_run(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("traced")
+def run_once(tmp_path_factory, label: str, mapping) -> Path:
+    """The run folder of `mapping` (a scenario), run once for a module's tests."""
+    folder = tmp_path_factory.mktemp(label)
     out = folder / "run"
-    result = invoke("run", write(folder, TRACED), "-o", out)
+    result = invoke("run", write(folder, mapping), "-o", out)
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory) -> Path:
+    return run_once(tmp_path_factory, "traced", TRACED)
 
 
 def copy_run(run: Path, tmp_path: Path) -> Path:
@@ -597,11 +602,7 @@ SERVED = dict(json.loads(json.dumps(TRACED)), duration="10min",
 
 @pytest.fixture(scope="module")
 def served_run(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("served")
-    out = folder / "run"
-    result = invoke("run", write(folder, SERVED), "-o", out)
-    assert result.exit_code == 0, result.output
-    return out
+    return run_once(tmp_path_factory, "served", SERVED)
 
 
 def _report_figures() -> list[tuple[str, str, str]]:
