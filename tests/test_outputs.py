@@ -32,7 +32,7 @@ from clustersim.runner.outputs import (
 )
 from clustersim.runner.sweep import SweepInterrupted, run_sweep
 from clustersim.scenario.loader import load_scenario
-from clustersim.training.step import JobDoesNotFit
+from clustersim.training.profile import JobDoesNotFit
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

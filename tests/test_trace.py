@@ -16,7 +16,7 @@ from clustersim.analysis.report import draw_topology, first_failure_window, writ
 from clustersim.analysis.runs import compare, load_run
 from clustersim.analysis.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
 from clustersim.cli.app import app
-from clustersim.hardware.topology import build_topology
+from clustersim.hardware.build import build_topology
 from clustersim.runner.api import run_to
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 

@@ -25,7 +25,7 @@ from clustersim.cluster.quotas import team_of
 from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint
 from clustersim.cluster.uplinks import UplinkPacing
 from clustersim.scenario.models import JobSpec
-from clustersim.training.step import StepProfile
+from clustersim.training.profile import StepProfile
 
 if TYPE_CHECKING:
     from clustersim.cluster.timeline import Timeline

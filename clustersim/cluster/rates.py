@@ -9,7 +9,7 @@ from clustersim.catalog import read_catalog
 from clustersim.hardware import units
 from clustersim.hardware.failures import FailureRateSpec, failure_preset_rates
 from clustersim.scenario.models import CheckpointSpec, JobSpec, Scenario
-from clustersim.training.workload import weight_bytes_per_param
+from clustersim.training.memory import weight_bytes_per_param
 
 __all__ = [
     "young_interval",

@@ -5,8 +5,6 @@ topology graph built from them. The lowest layer: it imports nothing else of clu
 from clustersim.hardware.catalog import (
     PRECISIONS,
     ChipSpec,
-    CollectiveConstants,
-    Efficiency,
     HardwareSpec,
     InstanceSpec,
     InterconnectSpec,
@@ -19,6 +17,7 @@ from clustersim.hardware.catalog import (
     neighbours_per_dimension,
     resolve_hardware_mapping,
 )
+from clustersim.hardware.constants import CollectiveConstants, Efficiency
 
 __all__ = [
     "PRECISIONS",

@@ -25,7 +25,8 @@ from clustersim.cluster.fleet import (
 )
 from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paused
 from clustersim.hardware import limits
-from clustersim.hardware.topology import Topology, build_topology
+from clustersim.hardware.build import build_topology
+from clustersim.hardware.topology import Topology
 from clustersim.runner.budget import check_request_traces, check_run_budget
 from clustersim.runner.fleetday import compare_levels, run_fleet_day
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
@@ -42,8 +43,9 @@ from clustersim.serving import (
     requests_table,
     simulate_serving,
 )
+from clustersim.training.profile import JobDoesNotFit, StepProfile
 from clustersim.training.sites import cross_site_step, site_profile
-from clustersim.training.step import JobDoesNotFit, StepModel, StepProfile
+from clustersim.training.step import StepModel
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "cluster_figures", "topology_for",
            "step_profiles", "run_timelines", "check_fit", "write_traces", "t_quantile",
