@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from clustersim.cli.app import app
 from clustersim.runner import api
-from clustersim.runner.api import capped_workers
+from clustersim.runner.figures import capped_workers
 from clustersim.runner.outputs import (
     OutputDirError,
     atomic_output_dir,

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import yaml
 
 import clustersim
-from clustersim.planning.planner import PlanResult, checkpoint_of
+from clustersim.planning.planner import checkpoint_of
+from clustersim.planning.plans import PlanResult
 
 __all__ = ["write_plan", "plot_pareto", "best_scenario", "write_scenario", "pareto_front",
            "plan_summary"]

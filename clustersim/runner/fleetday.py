@@ -21,7 +21,7 @@ def run_fleet_day(scenario: Scenario, seed: int, steps: dict[str, StepProfile],
                   trace_dir: Path | None, metadata: dict[str, Any]
                   ) -> tuple[FleetDayResult, dict[str, Any]]:
     """Simulate the fleet; with `trace_dir`, write day.parquet and fleet.parquet there."""
-    from clustersim.runner.api import write_serving_table
+    from clustersim.runner.outputs import write_serving_table
 
     result = simulate_fleet_day(scenario, seed, steps)
     figures = fleet_day_figures(scenario, result)
