@@ -13,6 +13,7 @@ from clustersim.cluster.rates import (
     checkpoint_intervals,
     default_checkpoint,
     effective_rates,
+    failure_population,
     job_failure_rate,
     storage_bandwidth_per_instance,
 )
@@ -209,13 +210,9 @@ def failure_events(scenario: Scenario, rng: np.random.Generator, horizon_s: floa
                     ) -> list[tuple[float, bool, int, str]]:
     """(time, software?, instances downed, per) of every failure over the horizon, drawn at
     the mean rate of each process (Weibull ones too: their mean, as `--find-rate` does)."""
-    hw = scenario.hardware
-    n = scenario.total_instances
-    ipu = hw.instances_per_ultraserver
+    ipu = scenario.hardware.instances_per_ultraserver
     per_leaf = scenario.cluster.fabric.leaf_size(ipu)
-    population = {"chip": n * hw.chips_per_instance, "instance": n,
-                  "ultraserver": math.ceil(n / ipu) if hw.ultraserver else 0,
-                  "leaf": math.ceil(n / per_leaf), "job": len(scenario.jobs)}
+    population = failure_population(scenario)
     width = {"chip": 1, "instance": 1, "ultraserver": ipu, "leaf": per_leaf, "job": 0}
     events = []
     for r in effective_rates(scenario):
