@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from clustersim.analysis.day_report import write_day_report  # noqa: E402
 from clustersim.analysis.fleet_report import fleet_plots  # noqa: E402
+from clustersim.analysis.fleetday import write_day_report  # noqa: E402
 from clustersim.analysis.plotting import (
     LOST_LABELS,
     STATE_COLOURS,

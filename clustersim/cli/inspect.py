@@ -86,7 +86,7 @@ def topology(
     build_s = time.perf_counter() - started
     if draw is not None:
         from clustersim.analysis.report import draw_topology
-        from clustersim.analysis.site_drawing import draw_sites
+        from clustersim.analysis.sites import draw_sites
 
         try:
             if topo.site_count > 1:  # the sites and their links (a chip would be a speck)

@@ -3,7 +3,6 @@ topology graph built from them. The lowest layer: it imports nothing else of clu
 """
 
 from clustersim.hardware.catalog import (
-    PRECISIONS,
     ChipSpec,
     HardwareSpec,
     InstanceSpec,
@@ -18,6 +17,7 @@ from clustersim.hardware.catalog import (
     resolve_hardware_mapping,
 )
 from clustersim.hardware.constants import CollectiveConstants, Efficiency
+from clustersim.hardware.precision import PRECISIONS
 
 __all__ = [
     "PRECISIONS",

@@ -32,10 +32,10 @@ from clustersim.catalog import read_catalog
 from clustersim.hardware import limits
 from clustersim.hardware.constants import CollectiveConstants, Efficiency, Framework, ServingConstants
 from clustersim.hardware.paths import flatten
+from clustersim.hardware.precision import PRECISIONS
 from clustersim.hardware.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 
 __all__ = [
-    "PRECISIONS",
     "ChipSpec",
     "InterconnectSpec",
     "InstanceSpec",
@@ -49,8 +49,6 @@ __all__ = [
     "resolve_hardware_mapping",
     "neighbours_per_dimension",
 ]
-
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 def neighbours_per_dimension(size: int) -> int:

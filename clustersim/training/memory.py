@@ -14,10 +14,11 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.training.schedule import in_flight
 from clustersim.training.stages import rank_layers
 from clustersim.training.transformer import TransformerShape, sharded_heads
-from clustersim.training.workload import BYTES_PER_ELEMENT, ParallelismSpec, TrainingJob, attention_of
+from clustersim.training.workload import ParallelismSpec, TrainingJob, attention_of
 
 __all__ = [
     "BusiestMemory",

@@ -28,7 +28,7 @@ from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.memory import expert_params_per_rank, params_per_rank
 from clustersim.training.ranks import rank_chips
-from clustersim.training.spread import leaves_matter
+from clustersim.training.shape import leaves_matter
 from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob
 

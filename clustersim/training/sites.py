@@ -27,7 +27,7 @@ from pydantic import Field
 
 from clustersim.hardware.spec import Spec
 from clustersim.training.memory import weight_bytes_per_param
-from clustersim.training.spread import spread_shape
+from clustersim.training.shape import spread_shape
 
 if TYPE_CHECKING:
     from clustersim.hardware.topology import Topology

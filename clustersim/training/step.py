@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.training.bounds import pipeline_bound
 from clustersim.training.chunk import (
@@ -60,12 +61,10 @@ from clustersim.training.profile import StepProfile, renamed
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import pipeline_order
-from clustersim.training.shape import placement_shape
-from clustersim.training.spread import leaves_matter
+from clustersim.training.shape import leaves_matter, placement_shape
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
-    BYTES_PER_ELEMENT,
     OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
     Op,
     TrainingJob,

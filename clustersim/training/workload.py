@@ -37,11 +37,11 @@ from typing import Literal, Protocol
 from pydantic import Field
 
 from clustersim.hardware import limits
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.spec import Spec
 from clustersim.training.transformer import TransformerShape, sharded_heads
 
 __all__ = [
-    "BYTES_PER_ELEMENT",
     "Degrees",
     "ParallelismSpec",
     "TrainingJob",
@@ -58,7 +58,6 @@ __all__ = [
     "attention_of",
 ]
 
-BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # One Adam step reads fp32 master weight, gradient, m and v, writes master, m, v and the
 # 2-byte compute copy: 4 x 4 + 3 x 4 + 2 bytes per parameter.
 OPTIMIZER_BYTES_TOUCHED_PER_PARAM = 30
