@@ -37,14 +37,13 @@ def write_serving_plan(result: ServingPlanResult, folder: Path) -> None:
     import json
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from clustersim.planning.outputs import write_plan_files
 
     table = pa.Table.from_pandas(result.rows, preserve_index=False)
     meta = {b"clustersim.scenario": result.scenario.source_yaml.encode(),
             b"clustersim.plan": json.dumps(result.as_json()).encode()}
-    pq.write_table(table.replace_schema_metadata(meta), folder / "plan.parquet")
-    (folder / "plan.json").write_text(json.dumps(result.as_json(), indent=2) + "\n",
-                                      encoding="utf-8")
+    write_plan_files(table, meta, result.as_json(), folder)
     plot_serving_pareto(result, folder / "pareto.png")
 
 
