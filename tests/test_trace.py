@@ -12,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 import clustersim
-from clustersim.analysis.report import draw_topology, first_failure_window, write_report
+from clustersim.analysis.report import first_failure_window, write_report
 from clustersim.analysis.runs import compare, load_run
+from clustersim.analysis.topology import draw_topology
 from clustersim.analysis.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
 from clustersim.cli.app import app
 from clustersim.hardware.build import build_topology
