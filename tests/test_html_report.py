@@ -189,3 +189,11 @@ def test_request_level_serving_report_opens_in_chromium(tmp_path: Path):
     assert {"Serving latency", "Serving over time", "KV cache"} <= set(
         sections(page.read_text()))
     open_and_check(page, tmp_path / "serving.png")
+
+
+def test_the_documented_down_sampling_is_the_code_s():
+    from clustersim.analysis.html_serving import _CURVE_POINTS
+
+    page = (ROOT / "docs" / "analysis.md").read_text()
+    assert f"each of {SCREEN_BINS:,} bins" in page
+    assert f"curves keep about {_CURVE_POINTS:,} points" in page

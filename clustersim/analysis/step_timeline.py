@@ -104,9 +104,15 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
     optimizer = model._optimizer_s(job)
 
     ranks_per_stage = par.tp * par.cp * par.dp
+    sync = getattr(job, "cross_site_sync", None)
+    note = ""
+    if sync is not None and sync.every > 1 and model.topology.site_count > 1:
+        note = (f"; the step that averages across sites (one in {sync.every}): `step` shows "
+                "the mean of it and the local steps")
     events: list[dict[str, Any]] = [
         _meta("process_name", pid, 0, f"{name}: one step, {profile.step_time_s:.4g} s "
-              f"({profile.chips:,} chips, tp {par.tp} cp {par.cp} pp {par.pp} dp {par.dp})"),
+              f"({profile.chips:,} chips, tp {par.tp} cp {par.cp} pp {par.pp} dp {par.dp})"
+              + note),
         _meta("process_sort_index", pid, 0, pid, key="sort_index")]
     for d in range(par.pp):
         events.append(_meta("thread_name", pid, 2 * d + 1,
@@ -176,7 +182,8 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
     about = {"name": name, "pid": pid, "critical_stage": critical,
              "critical_tid": 2 * critical + 1, "step_time_s": profile.step_time_s,
              "step_breakdown": profile.as_dict()["step_breakdown"],
-             "representative": f"one rank per pipeline stage of {ranks_per_stage:,}"}
+             "representative": f"one rank per pipeline stage of {ranks_per_stage:,}",
+             "note": note.removeprefix("; ")}
     return {"events": events, "about": about}
 
 
