@@ -59,6 +59,23 @@ def check_against_table(trace: dict, table: dict) -> None:
                                                        abs=1e-6 * job["step_time_s"]), cat
         # The categories cover the critical stage's whole step.
         assert sum(sums[c] for c in CATEGORIES) == pytest.approx(job["step_time_s"], rel=1e-6)
+        # Slices nest (viewers nest by time): a pass's parts lie within it, to the
+        # nanosecond, and the slices of a track do not otherwise overlap.
+        for tid in {e["tid"] for e in slices}:
+            track = sorted((round(e["ts"] * 1e3), -round(e["dur"] * 1e3), e["cat"])
+                           for e in slices if e["tid"] == tid)
+            parent_end = -1
+            previous_end = 0
+            for start_ns, minus_dur, cat in track:
+                end_ns = start_ns - minus_dur
+                if cat == "pass":
+                    assert start_ns >= previous_end
+                    parent_end = previous_end = end_ns
+                elif start_ns < parent_end:
+                    assert end_ns <= parent_end, (tid, cat, start_ns, end_ns, parent_end)
+                else:
+                    assert start_ns >= previous_end
+                    previous_end = end_ns
         # Every flow starts at a send and ends at a receive, each id once each.
         starts = Counter(e["id"] for e in mine if e["ph"] == "s")
         ends = Counter(e["id"] for e in mine if e["ph"] == "f")

@@ -53,7 +53,6 @@ __all__ = ["step_trace", "CATEGORIES"]
 CATEGORIES = {"compute": "compute_s", "tp": "tp_comm_s", "pp": "pp_comm_s", "dp": "dp_comm_s",
               "ep": "ep_comm_s", "cp": "cp_comm_s", "bubble": "bubble_s",
               "optimizer": "optimizer_s"}
-_US = 1e6  # the format's times are microseconds
 
 
 def step_trace(model: StepModel, jobs: list[TrainingJob], names: list[str] | None = None
@@ -152,14 +151,12 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
                r.start_s, r.end_s, {"layers": counts[r.chunk], "microbatch": r.microbatch,
                                      "chunk": r.chunk})
         at = r.start_s
-        parts = (("compute", t.forward_compute_s if forward else t.backward_compute_s),
-                 ("tp", t.forward_tp_s if forward else t.backward_tp_s),
-                 ("ep", t.forward_ep_s if forward else t.backward_ep_s),
-                 ("cp", t.forward_cp_s if forward else t.backward_cp_s),
-                 ("dp", t.forward_dp_s if forward else t.backward_dp_s))
-        for cat, seconds in parts:
+        last = max((i for i, (_, v) in enumerate(_parts(t, forward)) if v > 0), default=-1)
+        for i, (cat, seconds) in enumerate(_parts(t, forward)):
             if seconds > 0:
-                _slice(events, pid, tid, details.title(cat, label), cat, at, at + seconds,
+                # The last part ends with its pass (not a rounding past it: viewers nest by time).
+                end = r.end_s if i == last else at + seconds
+                _slice(events, pid, tid, details.title(cat, label), cat, at, end,
                        details.args(cat, r.chunk, forward, seconds))
                 at += seconds
 
@@ -188,7 +185,18 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
 
 
 def _us(seconds: float) -> float:
-    return seconds * _US
+    """Microseconds, rounded to the nanosecond: a slice that ends where its parent does ends
+    at the same number (viewers nest slices by their times)."""
+    return round(seconds * 1e9) / 1e3
+
+
+def _parts(t: Any, forward: bool) -> tuple[tuple[str, float], ...]:
+    """A pass's parts in the order they are drawn."""
+    if forward:
+        return (("compute", t.forward_compute_s), ("tp", t.forward_tp_s),
+                ("ep", t.forward_ep_s), ("cp", t.forward_cp_s), ("dp", t.forward_dp_s))
+    return (("compute", t.backward_compute_s), ("tp", t.backward_tp_s),
+            ("ep", t.backward_ep_s), ("cp", t.backward_cp_s), ("dp", t.backward_dp_s))
 
 
 def _meta(kind: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[str, Any]:
@@ -198,10 +206,11 @@ def _meta(kind: str, pid: int, tid: int, value: Any, key: str = "name") -> dict[
 def _slice(events: list[dict[str, Any]], pid: int, tid: int, name: str, cat: str,
            start_s: float, end_s: float, args: dict[str, Any] | None = None) -> None:
     """A complete event from `start_s` to `end_s`, none when it lasts nothing."""
-    if end_s - start_s <= 0:
+    if _us(end_s) <= _us(start_s):
         return
-    event = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat,
-             "ts": _us(start_s), "dur": _us(end_s - start_s)}
+    start_us = _us(start_s)
+    event = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": start_us,
+             "dur": round(_us(end_s) * 1e3 - start_us * 1e3) / 1e3}
     if args:
         event["args"] = args
     events.append(event)
