@@ -197,3 +197,21 @@ def test_the_documented_down_sampling_is_the_code_s():
     page = (ROOT / "docs" / "analysis.md").read_text()
     assert f"each of {SCREEN_BINS:,} bins" in page
     assert f"curves keep about {_CURVE_POINTS:,} points" in page
+
+
+def test_chip_time_by_site_adds_up_to_the_cluster_s(tmp_path: Path):
+    from clustersim.analysis.html_figures import site_figure
+
+    run_dir = run_scenario(ROOT / "scenarios" / "sites-spread.yaml", tmp_path / "sites",
+                           "trace.enabled=true", "jobs.0.instances=384",
+                           "jobs.0.parallelism.dp=96", "jobs.0.global_batch=768")
+    run = load_run(run_dir)
+    figure = site_figure(run)
+    assert [t.name for t in figure.data] == ["east", "west"]
+    site_chips = 256 * 16  # 64 UltraServers of 4 instances of 16 chips each
+    held = sum(np.asarray(t.y) / 100 * site_chips for t in figure.data)
+    x = np.append(np.asarray(figure.data[0].x), run.summary["simulated_s"] / 3600)
+    mean = float(np.sum(held * np.diff(x)) / x[-1]) / run.summary["cluster"]["chips"]
+    assert mean == pytest.approx(run.summary["cluster"]["utilisation"], rel=0.01)
+    # The 384-instance job fills one site and half the other.
+    assert sorted(round(float(np.max(t.y))) for t in figure.data) == [50, 100]

@@ -29,6 +29,8 @@ from clustersim.analysis.report import (
     time_unit,
 )
 from clustersim.analysis.runs import Run
+from clustersim.scenario.errors import ScenarioError
+from clustersim.scenario.loader import load_scenario
 
 __all__ = ["run_figures", "held_per_bin", "SCREEN_BINS", "layout"]
 
@@ -127,6 +129,37 @@ def team_figure(run: Run) -> go.Figure | None:
     fig.update_yaxes(title="% of cluster chips held")
     return layout(fig, "chip-time held by each team's jobs (running, checkpointing, "
                        "recovering)")
+
+
+def site_figure(run: Run) -> go.Figure | None:
+    """Chip-time held by jobs in each site over time (% of the site's chips), when the
+    cluster has several sites."""
+    try:
+        network = load_scenario(run.path / "scenario.yaml").site_network
+    except (ScenarioError, OSError):
+        return None
+    if network is None or network.count < 2:
+        return None
+    bounds = np.cumsum(network.instances)
+    held = run.allocations
+    chips = float(run.summary["cluster"]["chips_per_instance"])
+    site = np.searchsorted(bounds, held["instance_id"].to_numpy(), "right")
+    horizon = float(run.summary["simulated_s"])
+    bin_s = bin_for(horizon, bins=SCREEN_BINS // 3)
+    edges = np.append(np.arange(0.0, horizon, bin_s), horizon)
+    unit, name = time_unit(horizon)
+    fig = go.Figure()
+    for index, (label, count) in enumerate(zip(network.names, network.instances, strict=True)):
+        mine = held[site == index]
+        ends = mine["end_s"].fillna(horizon).to_numpy()
+        share = held_per_bin(mine["start_s"].to_numpy(), np.minimum(ends, horizon),
+                             np.full(len(mine), chips), edges) / np.diff(edges)
+        fig.add_trace(go.Scatter(x=edges[:-1] / unit, y=share / (count * chips) * 100,
+                                 name=str(label), mode="lines", line={"shape": "hv"},
+                                 hovertemplate="%{y:.2f}%"))
+    fig.update_xaxes(title=f"{name} ({format_bin(bin_s)} bins)", range=[0, horizon / unit])
+    fig.update_yaxes(title="% of the site's chips held by jobs", range=[0, 100])
+    return layout(fig, "chip-time held by jobs in each site")
 
 
 def timeline_figure(run: Run, window: tuple[float, float] | None = None,
@@ -346,7 +379,8 @@ def run_figures(run: Run) -> dict[str, go.Figure]:
     """The report's figures of a run with traces (not a fleet-day run), by section title."""
     training = bool(run.summary["jobs"])
     figures: dict[str, go.Figure | None] = {"Cluster utilisation": utilisation_figure(run),
-                                            "Chip-time by team": team_figure(run)}
+                                            "Chip-time by team": team_figure(run),
+                                            "Chip-time by site": site_figure(run)}
     if training:
         figures["Job timelines"] = timeline_figure(run)
     window = first_failure_window(run)
