@@ -215,3 +215,22 @@ def test_chip_time_by_site_adds_up_to_the_cluster_s(tmp_path: Path):
     assert mean == pytest.approx(run.summary["cluster"]["utilisation"], rel=0.01)
     # The 384-instance job fills one site and half the other.
     assert sorted(round(float(np.max(t.y))) for t in figure.data) == [50, 100]
+
+
+def test_job_timelines_hold_each_job_within_its_life(tmp_path: Path):
+    from clustersim.analysis.html_figures import timeline_figure
+
+    run = load_run(run_scenario(ROOT / "scenarios" / "trace-philly.yaml", tmp_path / "philly"))
+    figure = timeline_figure(run)
+    jobs = run.jobs.set_index("name")
+    horizon = float(run.summary["simulated_s"])
+    width_days = horizon / SCREEN_BINS / 86400
+    for trace in figure.data:
+        if trace.type != "bar":
+            continue
+        for base, length, name in zip(trace.base, trace.x, trace.y, strict=True):
+            job = jobs.loc[name]
+            end = job["end_s"] if job["end_s"] == job["end_s"] else horizon  # NaN: running
+            # Within the job's life, to a bin (a segment is whole bins).
+            assert base >= job["start_s"] / 86400 - width_days
+            assert base + length <= end / 86400 + width_days, (name, base + length, end)

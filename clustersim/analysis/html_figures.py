@@ -202,7 +202,8 @@ def timeline_figure(run: Run, window: tuple[float, float] | None = None,
                                         mine.loc[mine["state"] == s, "end_s"].to_numpy(),
                                         np.ones(int((mine["state"] == s).sum())), edges)
                            for s in states])
-        dominant = np.where(shares.max(axis=0) > 0, shares.argmax(axis=0), -1)
+        # (a bin the job was not in holds only the sums' rounding, some 1e-10 s)
+        dominant = np.where(shares.max(axis=0) > 1e-6 * width, shares.argmax(axis=0), -1)
         change = np.flatnonzero(np.diff(dominant)) + 1
         for a, b in zip(np.r_[0, change], np.r_[change, bins], strict=True):
             if dominant[a] >= 0:
