@@ -170,20 +170,23 @@ def _binned_mean(hours: np.ndarray, values: np.ndarray, bins: int = SCREEN_BINS
 
 def day_figures(run_dir: Path, summary: dict) -> dict[str, go.Figure]:
     """A fleet-day run: load, replicas and SLO attainment per deployment and the fleet's
-    chips by state over the day (day.png), and the cost per deployment."""
+    chips by state over the day (day.png), TTFT p99 per deployment, and the cost per
+    deployment."""
     if not (run_dir / "day.parquet").exists():
         return {}
     day = pq.read_table(run_dir / "day.parquet").to_pandas()
     fleet = pq.read_table(run_dir / "fleet.parquet").to_pandas()
     hours = fleet["time_s"].to_numpy() / 3600.0
-    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.03)
     names = list(dict.fromkeys(day["deployment"].astype(str)))
     for index, name in enumerate(names):
         mine = day[day["deployment"].astype(str) == name]
         colour = _colour(index)
         for row, column, extra in ((1, "load_per_s", {"stackgroup": "load"}),
-                                   (2, "replicas", {}), (3, "slo_attainment", {})):
-            x, y = _binned_mean(hours[:len(mine)], mine[column].to_numpy().astype(float))
+                                   (2, "replicas", {}), (3, "slo_attainment", {}),
+                                   (4, "ttft_p99_s", {})):
+            x, y = _binned_mean(mine["time_s"].to_numpy() / 3600.0,
+                                mine[column].to_numpy().astype(float))
             fig.add_trace(go.Scatter(x=x, y=y, name=name, legendgroup=name,
                                      showlegend=row == 1, mode="lines",
                                      line={"color": colour, "width": 1}, **extra),
@@ -192,18 +195,19 @@ def day_figures(run_dir: Path, summary: dict) -> dict[str, go.Figure]:
         x, y = _binned_mean(hours, fleet[f"{state}_chips"].to_numpy().astype(float))
         fig.add_trace(go.Scatter(x=x, y=y, name=f"{state} chips", stackgroup="chips",
                                  mode="lines", line={"width": 0},
-                                 fillcolor=_DAY_COLOURS[state]), row=4, col=1)
+                                 fillcolor=_DAY_COLOURS[state]), row=5, col=1)
     for column in (c for c in fleet.columns if c.startswith("job:")):
         x, y = _binned_mean(hours, fleet[column].to_numpy().astype(float))
         fig.add_trace(go.Scatter(x=x, y=y, name=f"training: {column[4:]}", mode="lines",
-                                 line={"dash": "dash", "width": 1}), row=4, col=1)
+                                 line={"dash": "dash", "width": 1}), row=5, col=1)
     fig.update_yaxes(title="load (requests/s)", row=1, col=1)
     fig.update_yaxes(title="replicas serving", type="log", row=2, col=1)
     fig.update_yaxes(title="SLO attainment", range=[-0.02, 1.02], row=3, col=1)
-    fig.update_yaxes(title="chips", row=4, col=1)
-    fig.update_xaxes(title="hours", row=4, col=1)
-    figures = {"The day": layout(fig, f"{summary['scenario']}: load, replicas, SLO attainment "
-                                      "and the fleet's chips", height=1100)}
+    fig.update_yaxes(title="TTFT p99 (s)", type="log", row=4, col=1)
+    fig.update_yaxes(title="chips", row=5, col=1)
+    fig.update_xaxes(title="hours", row=5, col=1)
+    figures = {"The day": layout(fig, f"{summary['scenario']}: load, replicas, SLO attainment, "
+                                      "TTFT and the fleet's chips", height=1300)}
     cost = serving_cost_figure(summary)
     if cost is not None:
         figures["Serving cost"] = cost
