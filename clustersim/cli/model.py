@@ -39,9 +39,9 @@ def step(
         "--force", help="Replace the --timeline file if it exists.")] = False,
 ) -> None:
     """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit.
-    Exit 2 when a job does not fit in its chips' memory, unless --ignore-memory (then no
-    --timeline is written)."""
-    from clustersim.runner.api import step_profiles
+    Exit 2 when a job does not fit in its chips' memory (and no --timeline is written),
+    unless --ignore-memory."""
+    from clustersim.runner.api import step_profiles, topology_for
     from clustersim.scenario.loader import load_scenario
 
     if timeline is not None:
@@ -49,7 +49,8 @@ def step(
     spec = load_scenario(scenario, overrides or [])
     if not spec.jobs:
         raise UsageProblem(f"{scenario}: the scenario has no jobs")
-    profiles = step_profiles(spec)
+    topology = topology_for(spec)
+    profiles = step_profiles(spec, topology)
     too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
     if json_out:
         print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2,
@@ -60,7 +61,7 @@ def step(
     if timeline is not None and not (too_big and not ignore_memory):
         from clustersim.runner.views import write_step_timeline
 
-        write_step_timeline(spec, timeline, force)
+        write_step_timeline(spec, timeline, force, topology=topology)
         err_console.print(f"wrote {escape(str(timeline))}: one step per job, for "
                           "ui.perfetto.dev or chrome://tracing", soft_wrap=True)
     if too_big and not ignore_memory:
