@@ -234,3 +234,16 @@ def test_job_timelines_hold_each_job_within_its_life(tmp_path: Path):
             # Within the job's life, to a bin (a segment is whole bins).
             assert base >= job["start_s"] / 86400 - width_days
             assert base + length <= end / 86400 + width_days, (name, base + length, end)
+
+
+@pytest.mark.slow
+def test_a_524288_chip_month_stays_under_20_mb(tmp_path: Path):
+    """The month of scenarios/trn2-512k-month.yaml (524,288 chips, 6,375 interruptions):
+    its page stays under 20 MB and opens in Chromium (where installed) with every plot
+    drawn and no console error. How long it takes to open: scripts/bench.py."""
+    run = run_scenario(ROOT / "scenarios" / "trn2-512k-month.yaml", tmp_path / "month")
+    page = clustersim.write_html_report(run, tmp_path / "month.html")
+    assert page.stat().st_size < 20 * 2**20
+    if html_open.chromium() is not None:
+        result = html_open.open_report(page)
+        assert result["errors"] == [] and result["plots"] == len(sections(page.read_text()))
