@@ -3,8 +3,9 @@ many plots it drew, any console error or uncaught exception, and optionally a sc
 
     python scripts/html_open.py REPORT.html [--screenshot OUT.png] [--json]
 
-The file is opened as a copy with two small scripts added: one at the top of <head> that
-records console.error calls, uncaught errors and rejected promises; one at the end of <body>
+The file is opened as a copy, with no name resolving (no network), and two small scripts
+added: one at the top of <head> that records console.error calls, uncaught errors, rejected
+promises and resources that failed to load; one at the end of <body>
 that records when the page's scripts have run (`performance.now()`, the plots are drawn by
 then) and how many Plotly plots are on the page. `open_s` is the wall time of the whole
 browser run (start-up included); `drawn_ms` the page's own time to that point.
@@ -27,7 +28,8 @@ _PROBE = """<script>(function(){var errs=[];function keep(m){errs.push(String(m)
 document.documentElement.setAttribute('data-errors',JSON.stringify(errs));}
 var e=console.error;console.error=function(){keep(Array.prototype.join.call(arguments,' '));
 return e.apply(console,arguments);};
-window.addEventListener('error',function(ev){keep(ev.message||'error');});
+window.addEventListener('error',function(ev){var t=ev.target||{};
+keep(ev.message||('failed to load '+(t.src||t.href||t.tagName)));},true);
 window.addEventListener('unhandledrejection',function(ev){keep('rejected: '+ev.reason);});
 document.documentElement.setAttribute('data-errors','[]');})();</script>"""
 _END = """<script>document.documentElement.setAttribute('data-drawn-ms',
@@ -41,9 +43,10 @@ def chromium() -> str | None:
 
 
 def _command(binary: str, profile: str) -> list[str]:
+    # No name resolves: the page must open without a network.
     return [binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
             "--disable-extensions", f"--user-data-dir={profile}", "--enable-logging=stderr",
-            "--v=0"]
+            "--v=0", "--host-resolver-rules=MAP * ~NOTFOUND"]
 
 
 def open_report(path: Path, screenshot: Path | None = None, timeout_s: float = 180.0
@@ -72,8 +75,8 @@ def open_report(path: Path, screenshot: Path | None = None, timeout_s: float = 1
             raise RuntimeError(f"chromium exit {done.returncode}, page not read: "
                                f"{done.stderr[-2000:]}")
         errors = json.loads(html.unescape(found["errors"].group(1)))
-        errors += [line for line in done.stderr.splitlines()
-                   if "CONSOLE" in line and "Uncaught" in line]
+        errors += [line for line in done.stderr.splitlines() if "CONSOLE" in line and (
+            "Uncaught" in line or "Failed to load resource" in line)]
         result = {"file": str(path), "size_bytes": len(text.encode("utf-8")),
                   "open_s": open_s, "drawn_ms": float(found["drawn-ms"].group(1)),
                   "plots": int(found["plots"].group(1)), "errors": errors}

@@ -247,3 +247,18 @@ def test_a_524288_chip_month_stays_under_20_mb(tmp_path: Path):
     if html_open.chromium() is not None:
         result = html_open.open_report(page)
         assert result["errors"] == [] and result["plots"] == len(sections(page.read_text()))
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_browser_check_sees_console_errors_and_network_loads(tmp_path: Path):
+    """The check the reports pass is not vacuous: a page that logs an error, throws, and
+    loads a script from the network and a missing image fails it on all four."""
+    page = tmp_path / "bad.html"
+    page.write_text("<html><head><script src='https://cdn.example.com/x.js'></script></head>"
+                    "<body><img src='missing.png'><script>console.error('logged');"
+                    "undefinedFunction();</script></body></html>")
+    errors = html_open.open_report(page)["errors"]
+    text = " ".join(errors)
+    assert "cdn.example.com" in text and "missing.png" in text and "logged" in text
+    assert "undefinedFunction" in text
