@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import clustersim
 from clustersim.analysis.html_figures import SCREEN_BINS, held_per_bin, utilisation_figure
-from clustersim.analysis.report import bin_for
+from clustersim.analysis.plotting import bin_for
 from clustersim.analysis.runs import load_run
 from clustersim.cli.app import app
 from clustersim.runner.outputs import earlier_report

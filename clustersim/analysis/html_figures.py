@@ -18,16 +18,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from clustersim.analysis.fleet_report import size_bins
-from clustersim.analysis.report import (
+from clustersim.analysis.plotting import (
     LOST_LABELS,
     STATE_COLOURS,
-    _largest_jobs,
-    _with_serving,
     bin_for,
-    first_failure_window,
     format_bin,
     time_unit,
 )
+from clustersim.analysis.report import _largest_jobs, _with_serving, first_failure_window
 from clustersim.analysis.runs import Run
 from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import load_scenario

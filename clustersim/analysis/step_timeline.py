@@ -31,19 +31,16 @@ from typing import Any
 import numpy as np
 
 from clustersim.collectives.model import Group
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
+from clustersim.training.memory import params_per_rank, weight_bytes_per_param
 from clustersim.training.pipeline import PassRecord, run_pipeline
+from clustersim.training.profile import StepProfile
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import data_parallel_offsets
 from clustersim.training.schedule import pipeline_order
 from clustersim.training.stages import chunk_layers, rank_layers
-from clustersim.training.step import StepModel, StepProfile
-from clustersim.training.workload import (
-    BYTES_PER_ELEMENT,
-    TrainingJob,
-    params_per_rank,
-    stage_work,
-    weight_bytes_per_param,
-)
+from clustersim.training.step import StepModel
+from clustersim.training.workload import TrainingJob, stage_work
 
 __all__ = ["step_trace", "CATEGORIES"]
 
