@@ -60,22 +60,26 @@ def test_trn2_collective_example_rows_keep_the_algorithm_and_floor():
     assert abs(predicted[-1] / (TRN2_COLLECTIVES[-1].time_us * 1e-6) - 1) < 0.35
 
 
-def test_trn2_names_each_constant_fitted_or_borrowed():
+def test_trn2_names_each_constant_fitted_or_bounded():
     """Every calibrated trn2 constant says where it comes from (`clustersim hardware trn2`):
-    fitted on Trn2 data (FIT-TRN2) or borrowed from the Trn1 fit, by name."""
+    fitted on Trn2 data (FIT-TRN2, FIT-TRN2-TRAIN) or bounded by it (BOUND-TRN2, with the
+    bound); none is borrowed from the Trn1 fit."""
     sources = catalog_sources("trn2")
     fitted = ["collectives." + k for k in ("link_efficiency", "hbm_efficiency",
                                            "step_latency", "chip_step_latency")]
     fitted += ["serving." + k for k in ("hbm_efficiency", "iteration_overhead",
                                         "prefill_layer_overhead", "all_reduce", "matmul")]
     fitted += ["chip.efficiency.step_error_band"]
-    borrowed = ["collectives.efa_efficiency", "collectives.efa_step_latency",
-                "chip.efficiency.matmul", "chip.efficiency.vector",
-                "chip.efficiency.pass_overhead"]
+    trained = ["collectives.efa_efficiency", "collectives.efa_step_latency"]
+    bounded = ["chip.efficiency.matmul", "chip.efficiency.vector",
+               "chip.efficiency.pass_overhead"]
     for path in fitted:
-        assert sources[path].startswith("FIT-TRN2"), path
-    for path in borrowed:
-        assert sources[path].startswith("ASSUMED: borrowed from the Trn1 fit"), path
+        assert sources[path].startswith("FIT-TRN2:"), path
+    for path in trained:
+        assert sources[path].startswith("FIT-TRN2-TRAIN:"), path
+    for path in bounded:
+        assert sources[path].startswith("BOUND-TRN2:"), path
+    assert not [p for p, s in sources.items() if "borrowed from the trn1" in s.lower()]
     assert catalog_sources("trn2u")["collectives.link_efficiency"].startswith("FIT-TRN2")
 
 

@@ -167,12 +167,17 @@ def predict_trn2_serving(hardware: HardwareSpec | None = None,
 
 def step_band(trn1_band: tuple[float, float], hardware: HardwareSpec | None = None
               ) -> tuple[float, float]:
-    """Trn2's step-time error band: Trn1's (the borrowed `vector` and `pass_overhead`, and
-    the training model's structure, are tested there), widened by the errors of the Trn2
-    prefill rows (large GEMMs and TP collectives, the nearest Trn2 figures to a training
-    step; fitted with weight and unseen), each as published time / model time - 1 (the sign
-    of the training rows' errors: positive, the model too fast)."""
+    """Trn2's step-time error band: Trn1's (the Trainium family's `vector` and
+    `pass_overhead`, which the Trn2 rows only bound, and the training model's structure are
+    tested there), widened by the errors of the Trn2 training rows (AXLearn, fitted) and of
+    the Trn2 prefill rows (large GEMMs and TP collectives; fitted with weight and unseen),
+    each as published time / model time - 1 (positive: the model too fast)."""
+    from clustersim.calibration.trn2_training import trn2_errors
+
     low, high = trn1_band
+    if hardware is None:  # the training rows run the catalog's trn2
+        for _, _, e in trn2_errors():
+            low, high = min(low, e), max(high, e)
     rows = tuple(r for r in TRN2_SERVING if r.name not in UNFITTED) + UNSEEN_TRN2_SERVING
     for row, (ttft, _) in zip(rows, predict_trn2_serving(hardware, rows), strict=True):
         e = row.ttft_ms * 1e-3 / ttft - 1
