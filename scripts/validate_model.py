@@ -36,7 +36,11 @@ from clustersim.calibration.step import (  # noqa: E402
     family_rows,
     predict_step,
 )
-from clustersim.hardware.catalog import Efficiency, catalog_entry  # noqa: E402
+from clustersim.hardware.catalog import (  # noqa: E402
+    Efficiency,
+    catalog_entry,
+    catalog_sources,
+)
 
 _UNITS = {"sequences_per_s": "seq/s", "hfu": "HFU", "step_time_s": "s/step"}
 
@@ -72,6 +76,7 @@ def print_steps() -> None:
                   f"band [{low:+.1%}, {high:+.1%}]")
         print("-- constants (clustersim/catalog/hardware.yaml)")
         fields = Efficiency.model_fields
+        sources = catalog_sources(entry)
         for key, value in (("matmul", eff.matmul), ("vector", eff.vector),
                            ("pass_overhead", f"{eff.pass_overhead_s * 1e3:.2f} ms"),
                            ("tile", eff.tile), ("k_tile", eff.k_tile),
@@ -79,6 +84,8 @@ def print_steps() -> None:
                            ("step_error_band", list(eff.step_error_band))):
             name = key if key in fields else f"{key}_s"
             fitted = "fitted" if key in ("matmul", "vector", "pass_overhead") else "physical"
+            if sources.get(f"chip.efficiency.{key}", "").startswith("BOUND-"):
+                fitted = "bounded"
             if key == "step_error_band":
                 fitted = "from the residuals"
             print(f"  {key:16s} {value!s:>14s}  ({fitted}) {fields[name].description}")

@@ -50,3 +50,21 @@ def test_catalog_efa_constants_reproduce_their_fit():
                       "efa_step_latency": c.efa_step_latency_s})
     assert fitted["efa_efficiency"] == pytest.approx(c.efa_efficiency, rel=0.02)
     assert fitted["efa_step_latency"] == pytest.approx(c.efa_step_latency_s, rel=0.05)
+
+
+def test_docs_quote_the_trn2_training_figures_the_model_gives():
+    """docs/calibration.md's Trn2 training figures: the step table rows as
+    `scripts/validate_model.py --steps --markdown` prints them, and the fitted row of the
+    before/after table from the catalog's constants."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "calibration.md").read_text(
+        encoding="utf-8")
+    c = catalog_entry("trn2").collectives
+    rows = trn2_errors()
+    for m, predicted, err in rows:
+        assert (f"| {m.name} | {m.measured:.3f} | {predicted:.3f} | {err:+.1%} | s/step; "
+                f"micro-batch 1, interleave 1; {m.source} |") in text, m.name
+    (_, p7, e7), (_, p70, e70) = rows
+    assert (f"| {c.efa_efficiency:.3f} | {c.efa_step_latency_s * 1e6:.0f} us | {p7:.3f} s, "
+            f"{e7:+.1%} | {p70:.3f} s, {e70:+.1%} |") in text
