@@ -83,6 +83,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
                       d.speculative.acceptance if d.speculative else 0.0,
                       d.speculative.fused if d.speculative else True)
+    cost.buckets = d.context_buckets(hw.name)
     kv_per_chip = kv_bytes_per_token(d.model, p.kv_cache) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance

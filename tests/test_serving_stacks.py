@@ -1,0 +1,109 @@
+"""Serving stacks and compiled context-encoding buckets (`serve[].stack`,
+`serve[].server.buckets`): the stack's default buckets as it ships them, a prompt padded to
+its bucket through the same code `clustersim run` runs, and bad values refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from clustersim.cli.app import app
+from clustersim.hardware.stacks import (
+    default_stack,
+    known_stacks,
+    padded_tokens,
+    stack_buckets,
+    stack_named,
+)
+from clustersim.runner.api import simulate
+from clustersim.scenario.loader import scenario_from_dict
+from cli_helpers import refused
+
+runner = CliRunner()
+NXDI = stack_named("nxd-inference")
+
+
+def _scenario(server: dict, stack: str | None = "nxd-inference", hardware: str = "trn2",
+              prompt: int = 10000) -> dict:
+    deployment = {"name": "l70", "model": "llama3.1-70b", "parallelism": {"tp": 64},
+                  "server": {"max_batch": 1, "max_tokens_per_iteration": 16384, **server},
+                  "workload": {"arrival": "poisson", "rate": "0.001/s", "requests": 1,
+                               "input_tokens": prompt, "output_tokens": 2}}
+    if stack:
+        deployment["stack"] = stack
+    return {"name": "buckets", "seed": 0, "duration": "2h", "hardware": hardware,
+            "cluster": {"instances": 1}, "serve": [deployment]}
+
+
+@pytest.mark.parametrize("longest, expected", [
+    (128, (128,)), (512, (128, 256, 512)), (1000, (128, 256, 512, 1000)),
+    # the 70B tutorial's --max-context-length 12288: 10,000 tokens run the 12,288 bucket
+    (12288, (128, 256, 512, 1024, 2048, 4096, 8192, 12288)),
+    (10000, (128, 256, 512, 1024, 2048, 4096, 10000)),
+])
+def test_nxd_inference_buckets_as_generate_buckets_makes_them(longest, expected):
+    assert stack_buckets(NXDI, longest) == expected
+
+
+def test_padding_to_the_next_bucket_and_beyond_the_largest():
+    buckets = (2048, 4096, 10240, 12288)  # the 405B tutorial's
+    assert padded_tokens(10000, buckets) == 10240
+    assert padded_tokens(2048, buckets) == 2048
+    assert padded_tokens(100, buckets) == 2048
+    assert padded_tokens(30000, buckets) == 2 * 12288 + 10240
+    assert padded_tokens(777, ()) == 777
+
+
+def test_default_stack_per_hardware():
+    assert default_stack("trn2").name == default_stack("trn2u").name == "nxd-inference"
+    assert default_stack("trn1").name == "transformers-neuronx@2.18.0"
+    assert default_stack("p5en").name == "tensorrt-llm"
+    assert default_stack("trn3-gen1") is None
+
+
+def _ttft(raw: dict) -> float:
+    result = simulate(scenario_from_dict(raw), seed=0)
+    return result.summary["deployments"]["l70"]["ttft_p50_s"]
+
+
+def test_a_prompt_encoded_whole_costs_its_bucket():
+    """10,000 tokens in the 12,288 bucket cost what 12,288 tokens cost unpadded, more than
+    10,000 unpadded; with chunked prefill nothing is padded (the chunk's shape is
+    compiled); the stack's default (buckets up to the longest prompt) pads nothing here."""
+    tutorial = [128, 256, 512, 1024, 2048, 4096, 8192, 12288]
+    padded = _ttft(_scenario({"chunked_prefill": False, "buckets": tutorial}))
+    bare = _ttft(_scenario({"chunked_prefill": False, "buckets": []}))
+    whole = _ttft(_scenario({"chunked_prefill": False, "buckets": []}, prompt=12288))
+    assert padded == pytest.approx(whole, rel=1e-9)
+    assert padded > 1.15 * bare
+    chunked = _ttft(_scenario({"chunked_prefill": True, "buckets": tutorial}))
+    assert chunked < padded
+    assert _ttft(_scenario({"chunked_prefill": False})) == pytest.approx(bare, rel=1e-9)
+
+
+@pytest.mark.parametrize("path, value, needle", [
+    ("serve.0.server.buckets", [256, 128], "must increase"),
+    ("serve.0.server.buckets", [0, 128], "token count"),
+    ("serve.0.server.buckets", [128, 128], "must increase"),
+    ("serve.0.server.buckets", list(range(1, 100)), "at most 64"),
+    ("serve.0.server.buckets", [10**9], "token count"),
+    ("serve.0.server.buckets", "many", "expected a list"),
+    ("serve.0.stack", "vllm-gpu", "known: " + ", ".join(known_stacks())),
+    ("serve.0.stack", "tensorrt-llm", "runs on p5"),
+])
+def test_bad_bucket_and_stack_values_exit_2_with_the_key(tmp_path: Path, path, value, needle):
+    raw = _scenario({"chunked_prefill": False})
+    holder = raw
+    keys = path.split(".")
+    for key in keys[:-1]:
+        holder = holder[int(key)] if key.isdigit() else holder[key]
+    holder[keys[-1]] = value
+    file = tmp_path / "bad.yaml"
+    file.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(file), "-o", str(out)])
+    refused(result, path.rsplit(".", 1)[0] if path.endswith("buckets") else path, needle)
+    assert not out.exists()
