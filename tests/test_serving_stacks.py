@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import refused
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -20,7 +21,6 @@ from clustersim.hardware.stacks import (
 )
 from clustersim.runner.api import simulate
 from clustersim.scenario.loader import scenario_from_dict
-from cli_helpers import refused
 
 runner = CliRunner()
 NXDI = stack_named("nxd-inference")
