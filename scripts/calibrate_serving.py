@@ -12,9 +12,10 @@ Rows (sources in docs/calibration.md):
   while the context grows over the output. Fitted with the Trn1 collectives and step
   constants by `scripts/calibrate_collectives.py --joint`.
 - Trn2 (`clustersim.calibration.trn2`): NxD Inference on trn2.48xlarge at TP 64 (Llama 3.3
-  70B tutorial and its prefix-caching table's rows without cache hits), fitted with the Trn2
-  collectives by `scripts/calibrate_collectives.py --family trn2`; the Llama 3.1 405B rows
-  judge (not fitted).
+  70B tutorial and its prefix-caching table's rows without cache hits, Llama 3.1 405B
+  tutorials), fitted with the Trn2 collectives by `scripts/calibrate_collectives.py --family
+  trn2`; printed from their scenario files (scenarios/calibration/serving/trn2-*.yaml, stack
+  nxd-inference with its compiled buckets) run as `clustersim run` runs them.
 - GPU (`clustersim.calibration.gpu_serving`): TensorRT-LLM's max-throughput table (v0.17,
   FP8), output tokens/s of the tensor-parallel group, simulated with every request queued at
   once. `--fit-gpu` first fits the p5 TP all-reduce kernels (`serving.tp_link_efficiency`,
@@ -78,28 +79,31 @@ def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = N
 
 
 def print_trn2() -> None:
-    from clustersim.calibration.trn2 import (
-        TRN2_SERVING,
-        UNFITTED,
-        UNSEEN_TRN2_SERVING,
-        predict_trn2_serving,
-    )
+    """The Trn2 rows (stack nxd-inference), each run from its scenario file under
+    scenarios/calibration/serving/ as `clustersim run` runs it."""
+    from clustersim.calibration.scenarios import CALIBRATION_DIR, file_for, run_serving_row
+    from clustersim.calibration.trn2 import TRN2_SERVING, UNFITTED, UNSEEN_TRN2_SERVING
+
     fitted = tuple(r for r in TRN2_SERVING if r.name not in UNFITTED)
     apart = tuple(r for r in TRN2_SERVING if r.name in UNFITTED)
     for title, table in (("fitted", fitted),
                          ("set apart, not fitted (off the other rows' line by x3.2: see "
                           "docs/calibration.md)", apart),
                          ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
-        print(f"\n== Trn2 (trn2.48xlarge, TP 64, LNC 2, NxD Inference): {title}")
-        print(f"{'row':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}{'pub':>7}{'err':>8}")
-        for row, p in zip(table, predict_trn2_serving(rows=table), strict=True):
-            if p is None:
-                print(f"{row.name:<50}  not priced: the serving model has no draft costs yet")
-                continue
-            tpot = "" if row.tpot_ms is None else (
-                f"{p[1] * 1e3:>9.2f}{row.tpot_ms:>7.2f}{p[1] * 1e3 / row.tpot_ms - 1:>+8.1%}")
-            print(f"{row.name:<50}{p[0] * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
-                  f"{p[0] * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot}")
+        print(f"\n== stack nxd-inference, Trn2 family (trn2.48xlarge, TP 64, LNC 2): {title}"
+              f"{'' if table else ': none'}")
+        if not table:
+            continue
+        print(f"{'row (scenario file)':<86}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}"
+              f"{'pub':>7}{'err':>8}")
+        for row in table:
+            path = file_for("serving", f"trn2-{row.name}")
+            ttft, tpot = run_serving_row(path)
+            shown = "" if row.tpot_ms is None or tpot is None else (
+                f"{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}")
+            print(f"{str(path.relative_to(CALIBRATION_DIR.parent.parent)):<86}"
+                  f"{ttft * 1e3:>9.1f}{row.ttft_ms:>8.1f}{ttft * 1e3 / row.ttft_ms - 1:>+8.1%}"
+                  f"{shown}")
 
 
 def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:

@@ -4,7 +4,8 @@
     python scripts/validate_model.py --steps    # training steps only (skip collectives)
     python scripts/validate_model.py --steps --markdown   # the step tables of docs/calibration.md
 
-Training steps (clustersim/calibration/step.py): per chip family, the calibration rows (the
+Training steps (clustersim/calibration/step.py, each run from its scenario file under
+scenarios/calibration/training/ as `clustersim step` runs it): per chip family, the calibration rows (the
 family's three constants were fitted to these) and the unseen rows (published runs the
 constants were not fitted to), each with the published figure, the model's and the error
 (model throughput / published throughput - 1, equal to published step time / model step time
@@ -30,11 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # calibrate_serving's 
 
 from clustersim.calibration.step import (  # noqa: E402
     FAMILIES,
-    choose_schedule,
     error,
     error_band,
     family_rows,
-    predict_step,
 )
 from clustersim.hardware.catalog import (  # noqa: E402
     Efficiency,
@@ -46,11 +45,17 @@ _UNITS = {"sequences_per_s": "seq/s", "hfu": "HFU", "step_time_s": "s/step"}
 
 
 def step_rows(family: str, visible: bool) -> list[tuple[str, float, float, float, str]]:
+    """Each row run from its scenario file (scenarios/calibration/training/), as `clustersim
+    step` runs it, with the schedule written there."""
+    from clustersim.calibration.scenarios import file_for, run_training_row
+    from clustersim.scenario.loader import load_scenario
+
     out = []
     for m in family_rows(family, visible):
-        schedule = choose_schedule(m)
-        predicted, _ = predict_step(m, schedule=schedule)
-        note = f"micro-batch {schedule[0]}, interleave {schedule[1]}"
+        path = file_for("training", m.name)
+        predicted = run_training_row(path, m.metric)
+        job = load_scenario(path).jobs[0]
+        note = f"micro-batch {job.micro_batch}, interleave {job.parallelism.interleave}"
         out.append((m.name, m.measured, predicted, error(m, predicted),
                     f"{_UNITS[m.metric]}; {note}; {m.source}"))
     return out
