@@ -9,8 +9,10 @@ Rows (sources in docs/calibration.md):
 - Trn1 (`clustersim.calibration.serving`): Neuron docs, trn1 inference performance,
   transformers-neuronx, SDK 2.18 (trn1.32xlarge, TP 32, bf16; TTFT and TPOT p50). The model's
   TTFT is one prefill iteration of the batch's prompts; its TPOT the mean decode iteration
-  while the context grows over the output. Fitted with the Trn1 collectives and step
-  constants by `scripts/calibrate_collectives.py --joint`.
+  while the context grows over the output. Per release of the stack: 2.18.0 fitted with the
+  Trn1 collectives and step constants by `scripts/calibrate_collectives.py --joint` (the
+  trn1 entry's constants); 2.18.1 (its Llama 3 70B rows) with two constants of its own,
+  `--fit-release` (catalog/stacks.yaml).
 - Trn2 (`clustersim.calibration.trn2`): NxD Inference on trn2.48xlarge at TP 64 (Llama 3.3
   70B tutorial and its prefix-caching table's rows without cache hits, Llama 3.1 405B
   tutorials), fitted with the Trn2 collectives by `scripts/calibrate_collectives.py --family
@@ -63,11 +65,20 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None,
 
 
 def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> None:
+    """The Trn1 rows per transformers-neuronx release, each with its release's stack:
+    2.18.0 (the trn1 entry's constants, the default) and 2.18.1 (its own two constants,
+    clustersim/calibration/serving_stacks.py)."""
     from clustersim.calibration.serving import UNSEEN_SERVING_218
-    for title, table in (("fitted (SDK 2.18.0)", SERVING_MEASUREMENTS),
-                         ("unseen, not fitted (the same page's data files; SDK 2.18.1 rows "
-                          "judge)", UNSEEN_SERVING_218)):
-        print(f"== Trn1 (trn1.32xlarge, TP 32, bf16, transformers-neuronx SDK 2.18): {title}")
+    from clustersim.calibration.serving_stacks import (
+        RELEASE_2181,
+        predict_release,
+        release_rows,
+    )
+    for title, table in (("fitted", SERVING_MEASUREMENTS),
+                         ("unseen, not fitted (the same page's data files)",
+                          tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.0"))):
+        print(f"== stack transformers-neuronx@2.18.0, Trn1 family (trn1.32xlarge, TP 32, "
+              f"bf16): {title}")
         print(f"{'model':<12}{'sdk':>7}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}"
               f"{'err':>8}{'TPOT ms':>10}{'pub':>8}{'err':>8}")
         for r in rows(hbm_efficiency, overhead_s, table):
@@ -76,6 +87,16 @@ def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = N
                   f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
                   f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
         print()
+    fitted, _ = release_rows(RELEASE_2181)
+    print(f"== stack {RELEASE_2181}, Trn1 family: fitted (its own matmul_efficiency and "
+          f"score_efficiency; no unseen row)")
+    print(f"{'model':<12}{'sdk':>7}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}"
+          f"{'err':>8}{'TPOT ms':>10}{'pub':>8}{'err':>8}")
+    for m, (ttft, tpot) in zip(fitted, predict_release(RELEASE_2181, fitted), strict=True):
+        print(f"{m.model:<12}{m.sdk:>7}{m.batch:>6}{f'{m.input_tokens}/{m.output_tokens}':>11}"
+              f"{ttft * 1e3:>10.2f}{m.ttft_ms:>9.2f}{ttft * 1e3 / m.ttft_ms - 1:>+8.1%}"
+              f"{tpot * 1e3:>10.2f}{m.tpot_ms:>8.2f}{tpot * 1e3 / m.tpot_ms - 1:>+8.1%}")
+    print()
 
 
 def print_trn2() -> None:
@@ -226,9 +247,17 @@ def main() -> None:
     parser.add_argument("--hbm-efficiency", type=float, help="trn1 trial value")
     parser.add_argument("--overhead", type=float, help="trn1 trial seconds per iteration")
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
+    parser.add_argument("--fit-release", action="store_true",
+                        help="refit transformers-neuronx@2.18.1's two constants on its rows")
     parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "
                         '\'{"iteration_overhead": 0.003}\'')
     args = parser.parse_args()
+    if args.fit_release:
+        from clustersim.calibration.serving_stacks import RELEASE_2181, fit_release
+        values = fit_release()
+        print(f"fitted {RELEASE_2181} (catalog/stacks.yaml):",
+              {k: round(v, 3) for k, v in values.items()})
+        return
     if args.fit_gpu:
         kernels = fit_all_reduce()
         print("fitted p5 TP all-reduce kernels:", {k: round(v, 9) for k, v in kernels.items()})

@@ -107,3 +107,57 @@ def test_bad_bucket_and_stack_values_exit_2_with_the_key(tmp_path: Path, path, v
     result = runner.invoke(app, ["run", str(file), "-o", str(out)])
     refused(result, path.rsplit(".", 1)[0] if path.endswith("buckets") else path, needle)
     assert not out.exists()
+
+
+def test_transformers_neuronx_releases_are_two_stacks_each_on_its_own_rows():
+    """SDK 2.18.1's six Llama 3 70B rows within 10% on TTFT and TPOT with its release's
+    stack (they were up to +49% on TTFT with 2.18.0's constants); trn1's default stays
+    2.18.0, whose constants are the trn1 entry's own."""
+    from clustersim.calibration.serving import predict_serving
+    from clustersim.calibration.serving_stacks import (
+        RELEASE_2181,
+        predict_release,
+        release_rows,
+    )
+    rows, unseen = release_rows(RELEASE_2181)
+    assert len(rows) == 6 and not unseen and all(r.sdk == "2.18.1" for r in rows)
+    for row, (ttft, tpot) in zip(rows, predict_release(RELEASE_2181, rows), strict=True):
+        assert abs(ttft * 1e3 / row.ttft_ms - 1) < 0.10, (row, ttft)
+        assert abs(tpot * 1e3 / row.tpot_ms - 1) < 0.10, (row, tpot)
+    old = predict_serving(rows=rows)
+    assert max(t * 1e3 / r.ttft_ms - 1 for r, (t, _) in zip(rows, old, strict=True)) > 0.4
+    assert default_stack("trn1").name == "transformers-neuronx@2.18.0"
+    assert not default_stack("trn1").serving and stack_named(RELEASE_2181).serving
+
+
+def test_release_constants_reproduce_their_fit():
+    """The catalog's 2.18.1 constants are the fit's minimum (`python
+    scripts/calibrate_serving.py --fit-release` prints them): 3% either way (inside the
+    bounds) raises the rows' summed squared log errors."""
+    from clustersim.calibration.serving_stacks import (
+        _BOUNDS,
+        RELEASE_2181,
+        RELEASE_FITTED,
+        _loss,
+        release_rows,
+    )
+    rows, _ = release_rows(RELEASE_2181)
+    values = dict(stack_named(RELEASE_2181).serving)
+    assert set(values) == set(RELEASE_FITTED)
+    best = _loss(RELEASE_2181, rows, values)
+    for key in RELEASE_FITTED:
+        for factor in (0.97, 1.03):
+            trial = values[key] * factor
+            if _BOUNDS[key][0] <= trial <= _BOUNDS[key][1]:
+                assert _loss(RELEASE_2181, rows, {**values, key: trial}) > best, (key, factor)
+
+
+def test_a_release_stack_runs_its_constants_through_clustersim_run():
+    """Llama 3 70B at TP 32 on trn1, a 2,048-token prompt: the 2.18.1 stack encodes it
+    faster than the default 2.18.0, as its rows do."""
+    def raw(stack):
+        data = _scenario({"chunked_prefill": False}, stack=stack, hardware="trn1", prompt=2048)
+        data["serve"][0].update(model="llama3-70b", parallelism={"tp": 32})
+        return data
+    assert _ttft(raw("transformers-neuronx@2.18.1")) < 0.85 * _ttft(raw(None))
+    assert _ttft(raw("transformers-neuronx@2.18.0")) == pytest.approx(_ttft(raw(None)))

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from clustersim.catalog import read_catalog
+from clustersim.hardware.catalog import HardwareSpec
 
-__all__ = ["Stack", "known_stacks", "stack_named", "default_stack", "stack_buckets",
+__all__ = ["Stack", "known_stacks", "stack_named", "default_stack", "with_stack", "stack_buckets",
            "padded_tokens", "MAX_BUCKETS", "MIN_BUCKET"]
 
 MAX_BUCKETS = 64  # compiled graphs a deployment may list
@@ -31,13 +32,18 @@ class Stack:
     hardware: tuple[str, ...]
     bucket_rule: str  # "powers-of-two-from-128" or "none"
     source: str
+    # The release's own serving constants over the hardware's (ServingConstants field
+    # names): empty for the stack the hardware's constants were fitted on.
+    serving: tuple[tuple[str, float], ...] = ()
 
 
 @cache
 def _stacks() -> dict[str, Stack]:
     data = read_catalog("stacks")["stacks"]
     return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
-                        entry["buckets"]["value"], entry["constants"]["source"])
+                        entry["buckets"]["value"], entry["constants"]["source"],
+                        tuple((key, float(value["value"]))
+                              for key, value in entry.get("serving", {}).items()))
             for name, entry in data.items()}
 
 
@@ -51,11 +57,19 @@ def stack_named(name: str) -> Stack | None:
 
 def default_stack(hardware: str | None) -> Stack | None:
     """The stack whose rows a hardware entry's serving constants were fitted on (None for an
-    entry no stack was fitted on)."""
+    entry no stack was fitted on): the one of its stacks with no constants of its own."""
     for stack in _stacks().values():
-        if hardware in stack.hardware:
+        if hardware in stack.hardware and not stack.serving:
             return stack
     return None
+
+
+def with_stack(hardware: HardwareSpec, stack: Stack | None) -> HardwareSpec:
+    """The hardware with the stack's own serving constants over its fitted ones."""
+    if stack is None or not stack.serving:
+        return hardware
+    serving = hardware.serving.model_copy(update=dict(stack.serving))
+    return hardware.model_copy(update={"serving": serving})
 
 
 def stack_buckets(stack: Stack | None, longest_prompt: int) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ import simpy
 from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
+from clustersim.hardware.stacks import with_stack
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
@@ -61,7 +62,7 @@ def _instances_per_replica(scenario: Scenario, d: DeploymentSpec) -> int:
 
 def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, int, Any]:
     """(decode cost, KV capacity in tokens, KV transfer time function) of one replica."""
-    hw = scenario.hardware
+    hw = with_stack(scenario.hardware, d.serving_stack(scenario.hardware.name))
     per = _instances_per_replica(scenario, d)
     ipu = hw.instances_per_ultraserver
     small = max(2 * per, ipu * math.ceil(2 * per / ipu))
@@ -83,7 +84,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
                       d.speculative.acceptance if d.speculative else 0.0,
                       d.speculative.fused if d.speculative else True)
-    cost.buckets = d.context_buckets(hw.name)
+    cost.buckets = d.context_buckets(scenario.hardware.name)
     kv_per_chip = kv_bytes_per_token(d.model, p.kv_cache) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
