@@ -161,3 +161,26 @@ def test_a_release_stack_runs_its_constants_through_clustersim_run():
         return data
     assert _ttft(raw("transformers-neuronx@2.18.1")) < 0.85 * _ttft(raw(None))
     assert _ttft(raw("transformers-neuronx@2.18.0")) == pytest.approx(_ttft(raw(None)))
+
+
+def test_the_stack_is_in_summary_json_and_the_run_table(tmp_path: Path):
+    """The deployment's stack (the hardware's default when the scenario gives none) is
+    written in summary.json and printed beside the model in the run table."""
+    import json
+
+    for stack, expected in ((None, "nxd-inference"), ("nxd-inference", "nxd-inference")):
+        raw = _scenario({"chunked_prefill": False}, stack=stack)
+        file = tmp_path / f"s-{stack}.yaml"
+        file.write_text(yaml.safe_dump(raw))
+        out = tmp_path / f"out-{stack}"
+        result = runner.invoke(app, ["run", str(file), "-o", str(out)],
+                               env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert f"llama3.1-70b on {expected}" in result.output
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["deployments"]["l70"]["stack"] == expected
+    raw = _scenario({}, stack=None, hardware="trn3-gen1")
+    raw["cluster"] = {"instances": 4}
+    raw["serve"][0]["server"] = {"max_batch": 1}
+    summary = simulate(scenario_from_dict(raw), seed=0).summary
+    assert summary["deployments"]["l70"]["stack"] is None

@@ -329,8 +329,10 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
             energy = instances * hw.chips_per_instance * hw.chip.power_w * span / tokens
         finish_all = np.where(fleet.status == 1, fleet.finish_s, math.inf)
         arrived = fleet.arrival_s <= end
+        stack = d.serving_stack(hw.name)
         out[d.name] = {
-            "model": d.model.name, "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
+            "model": d.model.name, "stack": stack.name if stack else None,
+            "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
             "instances": instances, "requests": int(len(fleet.arrival_s)),
             "window_start_s": float(d.start_s), "window_end_s": float(end),
             "requests_completed": int(inside.sum()),
