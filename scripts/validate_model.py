@@ -35,11 +35,8 @@ from clustersim.calibration.step import (  # noqa: E402
     error_band,
     family_rows,
 )
-from clustersim.hardware.catalog import (  # noqa: E402
-    Efficiency,
-    catalog_entry,
-    catalog_sources,
-)
+from clustersim.hardware.catalog import catalog_entry, catalog_sources
+from clustersim.hardware.constants import Efficiency
 
 _UNITS = {"sequences_per_s": "seq/s", "hfu": "HFU", "step_time_s": "s/step"}
 

@@ -60,7 +60,7 @@ def trn2_errors(values: Mapping[str, float] | None = None,
 def _profile_with(m, values: Mapping[str, float] | None,
                   efficiency: Mapping[str, Any] | None, recompute: str | None = None):
     from clustersim.calibration.step import step_scenario
-    from clustersim.hardware.topology import build_topology
+    from clustersim.hardware.build import build_topology
     from clustersim.training.step import StepModel  # the training layer sits above
 
     scenario = step_scenario(m, efficiency, m.micro_batch,

@@ -31,8 +31,8 @@ import simpy
 from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.stacks import with_stack
-from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
 from clustersim.serving.events import ServingEnvironment
