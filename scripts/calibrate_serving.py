@@ -65,38 +65,40 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None,
 
 
 def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> None:
-    """The Trn1 rows per transformers-neuronx release, each with its release's stack:
-    2.18.0 (the trn1 entry's constants, the default) and 2.18.1 (its own two constants,
-    clustersim/calibration/serving_stacks.py)."""
+    """The Trn1 rows per transformers-neuronx release, each run from its scenario file
+    (scenarios/calibration/serving/trn1-*.yaml: the release's stack, a static batch) as
+    `clustersim run` runs it; with a trial --hbm-efficiency or --overhead, priced by the cost
+    formulas the fit uses instead (the files hold the catalog's constants)."""
+    from clustersim.calibration.scenarios import run_serving_row, trn1_file
     from clustersim.calibration.serving import UNSEEN_SERVING_218
-    from clustersim.calibration.serving_stacks import (
-        RELEASE_2181,
-        predict_release,
-        release_rows,
-    )
-    for title, table in (("fitted", SERVING_MEASUREMENTS),
-                         ("unseen, not fitted (the same page's data files)",
-                          tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.0"))):
-        print(f"== stack transformers-neuronx@2.18.0, Trn1 family (trn1.32xlarge, TP 32, "
-              f"bf16): {title}")
+    from clustersim.calibration.serving_stacks import RELEASE_2181, release_rows
+
+    trial = hbm_efficiency is not None or overhead_s is not None
+    tables = (("transformers-neuronx@2.18.0", "fitted", SERVING_MEASUREMENTS),
+              ("transformers-neuronx@2.18.0", "unseen, not fitted (the same page's data files)",
+               tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.0")),
+              (RELEASE_2181, "fitted (its own matmul_efficiency and score_efficiency)",
+               release_rows(RELEASE_2181)[0]),
+              (RELEASE_2181, "unseen, not fitted", release_rows(RELEASE_2181)[1]))
+    for stack, title, table in tables:
+        print(f"== stack {stack}, Trn1 family (trn1.32xlarge, TP 32, bf16): {title}"
+              f"{'' if table else ': none'}")
+        if not table:
+            print()
+            continue
         print(f"{'model':<12}{'sdk':>7}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}"
               f"{'err':>8}{'TPOT ms':>10}{'pub':>8}{'err':>8}")
-        for r in rows(hbm_efficiency, overhead_s, table):
-            print(f"{r['model']:<12}{r['sdk']:>7}{r['batch']:>6}{r['tokens']:>11}"
-                  f"{r['ttft_ms']:>10.2f}"
-                  f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
-                  f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
+        if trial and stack != RELEASE_2181:
+            figures = [(r["ttft_ms"] * 1e-3, r["tpot_ms"] * 1e-3)
+                       for r in rows(hbm_efficiency, overhead_s, table)]
+        else:
+            figures = [run_serving_row(trn1_file(m)) for m in table]
+        for m, (ttft, tpot) in zip(table, figures, strict=True):
+            print(f"{m.model:<12}{m.sdk:>7}{m.batch:>6}"
+                  f"{f'{m.input_tokens}/{m.output_tokens}':>11}{ttft * 1e3:>10.2f}"
+                  f"{m.ttft_ms:>9.2f}{ttft * 1e3 / m.ttft_ms - 1:>+8.1%}{tpot * 1e3:>10.2f}"
+                  f"{m.tpot_ms:>8.2f}{tpot * 1e3 / m.tpot_ms - 1:>+8.1%}")
         print()
-    fitted, _ = release_rows(RELEASE_2181)
-    print(f"== stack {RELEASE_2181}, Trn1 family: fitted (its own matmul_efficiency and "
-          f"score_efficiency; no unseen row)")
-    print(f"{'model':<12}{'sdk':>7}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}"
-          f"{'err':>8}{'TPOT ms':>10}{'pub':>8}{'err':>8}")
-    for m, (ttft, tpot) in zip(fitted, predict_release(RELEASE_2181, fitted), strict=True):
-        print(f"{m.model:<12}{m.sdk:>7}{m.batch:>6}{f'{m.input_tokens}/{m.output_tokens}':>11}"
-              f"{ttft * 1e3:>10.2f}{m.ttft_ms:>9.2f}{ttft * 1e3 / m.ttft_ms - 1:>+8.1%}"
-              f"{tpot * 1e3:>10.2f}{m.tpot_ms:>8.2f}{tpot * 1e3 / m.tpot_ms - 1:>+8.1%}")
-    print()
 
 
 def print_trn2() -> None:

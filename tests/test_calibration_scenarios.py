@@ -12,6 +12,8 @@ from clustersim.calibration.scenarios import (
     run_serving_row,
     run_training_row,
     training_files,
+    trn1_file,
+    trn1_serving_files,
     trn2_serving_files,
 )
 from clustersim.calibration.step import family_rows, predict_step
@@ -28,7 +30,7 @@ def _same_as_written(files) -> None:
 
 
 def test_serving_scenario_files_are_the_script_output():
-    _same_as_written(trn2_serving_files())
+    _same_as_written(trn2_serving_files() + trn1_serving_files())
 
 
 @pytest.mark.slow
@@ -60,3 +62,26 @@ def test_trn2_training_rows_through_clustersim_step(m):
     step_s = run_training_row(path, m.metric)
     assert step_s == pytest.approx(predict_step(m)[0], rel=1e-9)
     assert abs(m.measured / step_s - 1) < 0.10
+
+
+def _trn1_rows():
+    from clustersim.calibration.serving import SERVING_MEASUREMENTS, UNSEEN_SERVING_218
+    return SERVING_MEASUREMENTS + UNSEEN_SERVING_218
+
+
+@pytest.mark.parametrize("row", _trn1_rows(),
+                         ids=lambda r: f"{r.model}-{r.sdk}-b{r.batch}-{r.input_tokens}")
+def test_transformers_neuronx_rows_through_clustersim_run_are_the_fit(row):
+    """Each Trn1 row's scenario (its release's stack, a batch of 4 as one static batch) run
+    as `clustersim run` runs it gives what the fit's formulas give, so the errors printed
+    from the runs are the fit's; the fitted rows of each release within 10%."""
+    from clustersim.calibration.serving import SERVING_MEASUREMENTS
+    from clustersim.calibration.serving_stacks import predict_release
+
+    ttft, tpot = run_serving_row(trn1_file(row))
+    (formula,) = predict_release(f"transformers-neuronx@{row.sdk}", (row,))
+    assert ttft == pytest.approx(formula[0], rel=1e-6)
+    assert tpot == pytest.approx(formula[1], rel=1e-6)
+    if row in SERVING_MEASUREMENTS or row.sdk == "2.18.1":
+        assert abs(ttft * 1e3 / row.ttft_ms - 1) < 0.10
+        assert abs(tpot * 1e3 / row.tpot_ms - 1) < 0.10

@@ -184,3 +184,28 @@ def test_the_stack_is_in_summary_json_and_the_run_table(tmp_path: Path):
     raw["serve"][0]["server"] = {"max_batch": 1}
     summary = simulate(scenario_from_dict(raw), seed=0).summary
     assert summary["deployments"]["l70"]["stack"] is None
+
+
+def test_a_static_batch_encodes_its_prompts_as_one_graph():
+    """transformers-neuronx's batch of four 1,024-token Llama 2 70B prompts at TP 32 on trn1:
+    as one static batch the unfused scores of the four share the SRAM and spill (the
+    published batch-4 rows), encoded one by one they fit; the key changes nothing else."""
+    def raw(static):
+        data = _scenario({"chunked_prefill": False, "static_batch": static, "max_batch": 4},
+                         stack=None, hardware="trn1", prompt=1024)
+        data["serve"][0].update(model="llama2-70b", parallelism={"tp": 32})
+        data["serve"][0]["workload"] = {"arrival": "poisson", "rate": "0.001/s",
+                                        "requests": 1, "input_tokens": 1024,
+                                        "output_tokens": 2}
+        return data
+    assert _ttft(raw(True)) == pytest.approx(_ttft(raw(False)))  # one prompt: the same
+    from clustersim.serving.simulate import replica_models
+    for static in (True, False):
+        s = scenario_from_dict(raw(static))
+        cost, _, _ = replica_models(s, s.serve[0])
+        assert cost.static_batch is static
+    s = scenario_from_dict(raw(True))
+    cost, _, _ = replica_models(s, s.serve[0])
+    together = cost.prefill_s([(1024, 0)] * 4, 0, 0.0, 4)
+    cost.static_batch = False
+    assert together > 1.1 * cost.prefill_s([(1024, 0)] * 4, 0, 0.0, 4)

@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "training_files",
+__all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
+           "trn1_file", "training_files",
            "all_files", "write_files", "run_serving_row", "run_training_row", "file_for"]
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "calibration"
@@ -67,13 +68,13 @@ def _dump(data: dict[str, Any]) -> str:
 
 def _serving_file(folder: str, name: str, comment: list[str], hardware: str,
                   deployment: dict[str, Any], input_tokens: int, output_tokens: int,
-                  batch: int = 1, gap_s: float = _GAP_S) -> ScenarioFile:
+                  batch: int = 1) -> ScenarioFile:
     slug = _slug(name)
     deployment = {"name": "row", **deployment}
     deployment["workload"] = {"arrival": "trace", "trace": f"{slug}.csv",
                               "input_tokens": "trace", "output_tokens": "trace"}
     data = {"name": f"calibration-{slug}", "seed": 0,
-            "duration": f"{int(_REQUESTS * gap_s)}s", "hardware": hardware,
+            "duration": f"{int(_REQUESTS * _GAP_S)}s", "hardware": hardware,
             "cluster": {"instances": 1}, "serve": [deployment]}
     text = _header(comment) + _dump(data)
     return ScenarioFile(Path(folder) / f"{slug}.yaml", text, _trace(input_tokens,
@@ -117,6 +118,37 @@ def trn2_serving_files() -> list[ScenarioFile]:
     return out
 
 
+def trn1_serving_files() -> list[ScenarioFile]:
+    """The transformers-neuronx rows on one trn1.32xlarge (clustersim.calibration.serving),
+    each with its release's stack; a batch of 4 is one static batch, as the benchmark ran."""
+    from clustersim.calibration.serving import SERVING_MEASUREMENTS, UNSEEN_SERVING_218
+
+    out = []
+    for row in SERVING_MEASUREMENTS + UNSEEN_SERVING_218:
+        stack = f"transformers-neuronx@{row.sdk}"
+        kind = "fitted" if row in SERVING_MEASUREMENTS or row.sdk == "2.18.1" else "unseen"
+        server = {"max_batch": row.batch,
+                  "max_tokens_per_iteration": max(row.batch * row.input_tokens, 8192),
+                  "chunked_prefill": False, "static_batch": row.batch > 1}
+        deployment = {"model": row.model, "stack": stack, "precision": "bf16",
+                      "parallelism": {"tp": 32}, "server": server}
+        name = f"trn1-{row.model}-sdk{row.sdk}-b{row.batch}-{row.input_tokens}-{row.output_tokens}"
+        comment = [f"{row.model} batch {row.batch}, {row.input_tokens} in / {row.output_tokens} "
+                   f"out, SDK {row.sdk} ({kind} row of stack {stack}): {row.source}.",
+                   f"Published TTFT p50 {row.ttft_ms} ms, TPOT p50 {row.tpot_ms} ms.",
+                   "One request (or one static batch) at a time (the trace beside this file).",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/calibrate_serving.py."]
+        out.append(_serving_file("serving", name, comment, "trn1", deployment,
+                                 row.input_tokens, row.output_tokens, row.batch))
+    return out
+
+
+def trn1_file(row) -> Path:
+    return file_for("serving", f"trn1-{row.model}-sdk{row.sdk}-b{row.batch}-"
+                               f"{row.input_tokens}-{row.output_tokens}")
+
+
 # ------------------------------------------------------------------------------ training
 
 def training_files() -> list[ScenarioFile]:
@@ -148,7 +180,7 @@ def training_files() -> list[ScenarioFile]:
 
 
 def all_files() -> list[ScenarioFile]:
-    return trn2_serving_files() + training_files()
+    return trn2_serving_files() + trn1_serving_files() + training_files()
 
 
 def write_files(root: Path = CALIBRATION_DIR) -> list[Path]:

@@ -138,6 +138,10 @@ class ServerSpec(Spec):
     kv_reserve: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False,
                               description="share of HBM kept for activations and the runtime")
     kv_precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    static_batch: bool = Field(
+        default=False, description="the prompts admitted together are encoded as one "
+        "static batch, one graph holding their attention scores in one tensor "
+        "(transformers-neuronx's batch; matters with unfused attention)")
     buckets: list[int] | None = Field(
         default=None, description="compiled context-encoding buckets (tokens, increasing): a "
         "prompt encoded whole (chunked_prefill false) runs padded to the smallest that holds "

@@ -59,6 +59,7 @@ class DecodeCost:
         # Compiled context-encoding buckets: a prompt encoded whole runs padded (set by the
         # deployment, clustersim.hardware.stacks; () pads nothing).
         self.buckets: tuple[int, ...] = ()
+        self.static_batch = False  # the prompts of an iteration are one static batch
 
     def _draft_step_s(self, batch: int) -> float:
         assert self.draft is not None
@@ -102,7 +103,7 @@ class DecodeCost:
                   outputs: int) -> float:
         if self.buckets:
             chunks = [(padded_tokens(c, self.buckets) if p == 0 else c, p) for c, p in chunks]
-        time_s = self.target.iteration_s(chunks, batch, context, outputs)
+        time_s = self.target.iteration_s(chunks, batch, context, outputs, self.static_batch)
         if self.draft is not None:  # the draft fills its own KV cache from the prompt
             time_s += self.draft.iteration_s(chunks, batch, context, outputs)
             if self.fused:  # one graph: one host overhead, one context-encoding overhead

@@ -85,6 +85,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                       d.speculative.acceptance if d.speculative else 0.0,
                       d.speculative.fused if d.speculative else True)
     cost.buckets = d.context_buckets(scenario.hardware.name)
+    cost.static_batch = d.server.static_batch
     kv_per_chip = kv_bytes_per_token(d.model, p.kv_cache) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
