@@ -170,27 +170,16 @@ def print_serving_gpu() -> None:
 
 
 def print_serving() -> None:
-    from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving
+    """The Trn1 rows per transformers-neuronx release (its stack), from their scenario runs
+    as scripts/calibrate_serving.py prints them, then the older SDKs' rows."""
+    from calibrate_serving import print_trn1
+
     serving = catalog_entry("trn1").serving
     print("\n== serving (trn1.32xlarge, TP 32, bf16; transformers-neuronx; milliseconds)")
-    print(f"  {'model':12s} {'batch':>5s} {'in/out':>10s} {'TTFT pub':>9s} {'model':>8s} "
-          f"{'error':>7s} {'TPOT pub':>9s} {'model':>8s} {'error':>7s}")
-    for m, (ttft, tpot) in zip(SERVING_MEASUREMENTS, predict_serving(), strict=True):
-        print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
-              f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
-              f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
-    from clustersim.calibration.serving import (
-        UNSEEN_SERVING,
-        UNSEEN_SERVING_218,
-        predict_token_latency,
-    )
-    print("  unseen rows (not fitted), the same SDK's data file:")
-    for m, (ttft, tpot) in zip(UNSEEN_SERVING_218, predict_serving(rows=UNSEEN_SERVING_218),
-                               strict=True):
-        print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
-              f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
-              f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
-    print("  unseen rows (not fitted): request time over input + output tokens, ms")
+    print_trn1()
+    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
+    print("== transformers-neuronx of SDK 2.14 and 2.16 (no stack of their own: priced with "
+          "2.18.0's), unseen: request time over input + output tokens, ms")
     for m, predicted in zip(UNSEEN_SERVING, predict_token_latency(), strict=True):
         print(f"  {m.model:12s} {'1':>5s} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
               f"{m.ms_per_token:9.2f} {predicted * 1e3:8.2f} "
