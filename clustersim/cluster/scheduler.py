@@ -182,8 +182,7 @@ class Scheduler:
             return None
         chosen, victims = decision
         for victim in victims:
-            free[victim.held] = True  # (before the eviction empties it)
-        for victim in victims:
+            free[victim.held] = True  # (read before the eviction empties it)
             victim.evict()
         return chosen
 
