@@ -1,8 +1,10 @@
 """What a run will cost, estimated before it starts, and the refusal of one that would not end.
 
 The timeline's work grows with its discrete events: failures (each with its detection,
-repair and the restarts of the jobs it hits), checkpoints (one write and one resume each),
-transient slowdowns, job arrivals. Their expected number follows from the scenario's rates
+repair and the restarts of the jobs it hits), transient slowdowns, job arrivals. Periodic
+checkpoints are not events (worked out in closed form, cluster.job_periodic), but a blocking
+write is a pause of the job that a trace records as two `intervals` rows, so with traces on
+those rows are counted with the events. Their expected number follows from the scenario's rates
 and intervals, so a scenario that would run for days (a rate of 1e30, an MTBF of a
 nanosecond, a checkpoint every microsecond) is refused with the reason, as the trace-size
 check refuses a trace too large to write. Limits: clustersim.hardware.limits, docs/limits.md.
@@ -29,7 +31,9 @@ __all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_reques
 # Events one failure costs: the failure, its repair, and the detection, restart and restore
 # of the job it interrupts.
 EVENTS_PER_FAILURE = 5
-EVENTS_PER_CHECKPOINT = 2  # the write, then training again
+# Trace rows of one blocking checkpoint (its `checkpointing` interval and the `running` one
+# after it); asynchronous checkpoints and untraced runs cost none.
+ROWS_PER_BLOCKING_CHECKPOINT = 2
 EVENTS_PER_JOB = 10  # submission, placement, start, end, watchers
 
 
@@ -66,14 +70,16 @@ def _cluster_failures_per_s(scenario: Scenario) -> float:
 
 
 def _checkpoint_interval(scenario: Scenario, job: JobSpec,
-                         rate_of: Callable[[JobSpec], float]) -> float:
+                         rate_of: Callable[[JobSpec], float]) -> tuple[float, bool]:
     """The interval the timeline will use (rates.checkpoint_intervals), the default
-    checkpoint of a job without a block included (`rate_of`: `rates.job_failure_rates`)."""
+    checkpoint of a job without a block included (`rate_of`: `rates.job_failure_rates`),
+    and whether its writes block training."""
     rate = rate_of(job)
     ck = job.checkpoint
     if ck is None and rate > 0:
         ck = default_checkpoint(scenario, job)
-    return checkpoint_intervals(ck, 1.0 / rate if rate > 0 else None)[0]
+    interval = checkpoint_intervals(ck, 1.0 / rate if rate > 0 else None)[0]
+    return interval, ck is not None and not ck.async_write
 
 
 def estimate_events(scenario: Scenario) -> EventEstimate:
@@ -83,12 +89,15 @@ def estimate_events(scenario: Scenario) -> EventEstimate:
     checkpoints = 0.0
     worst, worst_path = 0.0, ""
     rate_of = job_failure_rates(scenario)
-    for index, job in enumerate(scenario.jobs):
+    traced = scenario.trace.enabled
+    for index, job in enumerate(scenario.jobs if traced else ()):
         span = horizon - job.submit_s
         if job.run_for_s is not None:
             span = min(span, job.run_for_s)
-        interval = _checkpoint_interval(scenario, job, rate_of)
-        count = span / interval * EVENTS_PER_CHECKPOINT if interval > 0 else math.inf
+        interval, blocking = _checkpoint_interval(scenario, job, rate_of)
+        if not blocking:
+            continue
+        count = span / interval * ROWS_PER_BLOCKING_CHECKPOINT if interval > 0 else math.inf
         checkpoints += count
         if count > worst:
             worst, worst_path = count, f"jobs.{index}.checkpoint"
@@ -107,13 +116,16 @@ def check_run_budget(scenario: Scenario, replications: int = 1) -> EventEstimate
     total = estimate.total
     if total <= limits.MAX_EVENTS and total * replications <= 10 * limits.MAX_EVENTS:
         return estimate
-    sources = {"failures": estimate.failures, "checkpoints": estimate.checkpoints,
+    sources = {"failures": estimate.failures,
+               "blocking checkpoints' trace rows": estimate.checkpoints,
                "transient slowdowns": estimate.transients, "jobs": estimate.jobs}
     biggest = max(sources, key=lambda k: sources[k])
-    path = {"failures": "failures", "checkpoints": estimate.checkpoint_path or "jobs",
+    path = {"failures": "failures",
+            "blocking checkpoints' trace rows": estimate.checkpoint_path or "jobs",
             "transient slowdowns": "stragglers.transient", "jobs": "jobs"}[biggest]
     hint = {"failures": "lower the rates or failures.scale, or shorten duration",
-            "checkpoints": "a longer checkpoint interval (or write time, with interval auto)",
+            "blocking checkpoints' trace rows": "a longer checkpoint interval (or write time, "
+            "with interval auto), asynchronous writes, or trace.enabled=false",
             "transient slowdowns": "a lower stragglers.transient.rate",
             "jobs": "fewer jobs"}[biggest]
     if total <= limits.MAX_EVENTS:
