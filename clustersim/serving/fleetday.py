@@ -61,6 +61,7 @@ from clustersim.scenario.fleetday import elastic_smallest, elastic_unit, replica
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
+from clustersim.serving.elastic_growth import grow_by
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.simulate import replica_models, weights_fit_issue
 from clustersim.training.step import StepProfile
@@ -537,10 +538,11 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 job.state = "restarting"
                 job.ready_at = max(job.ready_at, now) + f.restart_s + job.restore_s
         for job in job_order:
-            # An elastic job below its size grows back when the rest of it is free.
-            if (job.state == "running" and job.smallest < job.instances
-                    and job.held < job.instances and job.instances - job.held <= state["free"]):
-                resize_job(job, job.instances, now)  # (takes them from the pool)
+            # An elastic job below its size grows back as instances come free.
+            if job.state == "running" and job.smallest < job.instances:
+                more = grow_by(job.instances, job.held, job.group, state["free"])
+                if more:
+                    resize_job(job, job.held + more, now)  # (takes them from the pool)
             fits = job.instances
             if job.smallest < job.instances and job.state == "queued":
                 fits = min(job.instances, state["free"] // job.group * job.group)

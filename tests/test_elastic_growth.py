@@ -1,0 +1,50 @@
+"""Elastic training grows back partly as serving releases chips (issue 33): the rule, and a
+serving day whose load falls in steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clustersim.runner.api import step_profiles
+from clustersim.serving.elastic_growth import grow_by
+from clustersim.serving.fleetday import fleet_day_figures, simulate_fleet_day
+from tests.test_fleet_day import JOB, LENGTHS, build, deployment, raw
+
+
+def test_grow_by_takes_whole_groups_once_worth_a_restart():
+    assert grow_by(16, 16, 1, 10) == 0  # whole: nothing to take
+    assert grow_by(16, 10, 1, 6) == 6  # all it misses is free
+    assert grow_by(16, 10, 1, 4) == 4  # a partial step of at least a tenth (2 instances)
+    assert grow_by(16, 10, 1, 1) == 0  # one instance: under a tenth, not worth a restart
+    assert grow_by(16, 8, 4, 7) == 4  # whole groups only
+    assert grow_by(16, 8, 4, 3) == 0
+    assert grow_by(100, 50, 1, 9) == 0 and grow_by(100, 50, 1, 10) == 10
+
+
+def test_training_grows_back_partly_as_the_serving_load_falls():
+    """Serving peaks at 1,200 requests/s then falls in steps: the 16-instance elastic job
+    shrinks to 10 instances, takes 4 back when the load falls to 900/s (before: it waited
+    for all 6), then the rest; every chip-hour is counted once."""
+    job = dict(JOB, parallelism={"tp": 64, "dp": 16}, elastic={"min_dp": 2})
+    s = build(raw([deployment(fidelity="fluid", replicas=4, workload={
+        "load": {"hourly": [8, 1200, 1200, 900, 600, 300, 8, 8], "repeat": "none",
+                 "between": "step"}, **LENGTHS},
+        autoscale={"min": 4, "max": 200, "interval": "60s", "warmup": "0s",
+                   "scale_down_after": "5min", "drain": "0s"})],
+        duration="8h", instances=24, jobs=[job]))
+    result = simulate_fleet_day(s, 0, step_profiles(s))
+    figures = fleet_day_figures(s, result)
+    chips = result.fleet["job:train"]
+    levels = [int(chips[0])] + [int(c) for a, c in zip(chips[:-1], chips[1:]) if c != a]
+    print("job chips over the day:", levels)
+    lowest = levels.index(min(levels))
+    after = levels[lowest + 1:]
+    assert after and after[0] < 256 and after[-1] == 256  # a partial step, then whole
+    assert figures["jobs"]["train"]["grows"] >= 2
+    # Chip-time conserved: the five states add up to the cluster, the job's to its column.
+    day = figures["fleet_day"]
+    assert sum(day["chip_hours"].values()) == pytest.approx(day["cluster_chip_hours"],
+                                                            rel=1e-12)
+    held = float(np.sum(chips * result.dt_s))
+    assert result.jobs[0].held_chip_s == pytest.approx(held, rel=1e-12)
