@@ -36,7 +36,7 @@ def test_training_grows_back_partly_as_the_serving_load_falls():
     result = simulate_fleet_day(s, 0, step_profiles(s))
     figures = fleet_day_figures(s, result)
     chips = result.fleet["job:train"]
-    levels = [int(chips[0])] + [int(c) for a, c in zip(chips[:-1], chips[1:]) if c != a]
+    levels = [int(chips[0])] + [int(c) for a, c in zip(chips[:-1], chips[1:], strict=True) if c != a]
     print("job chips over the day:", levels)
     lowest = levels.index(min(levels))
     after = levels[lowest + 1:]
