@@ -8,7 +8,8 @@ import pytest
 
 from clustersim.runner.api import step_profiles
 from clustersim.serving.elastic_growth import grow_by
-from clustersim.serving.fleetday import fleet_day_figures, simulate_fleet_day
+from clustersim.serving.fleetday import simulate_fleet_day
+from clustersim.serving.fleetday_figures import fleet_day_figures
 from tests.test_fleet_day import JOB, LENGTHS, build, deployment, raw
 
 
