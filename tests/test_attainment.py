@@ -59,3 +59,18 @@ def test_the_fluid_level_attainment_is_not_in_steps_of_1_201():
     steps = attained * len(LEVELS)  # the old count of levels within
     assert 0.9 < attained[0] < 1.0
     assert not np.allclose(steps, np.round(steps))
+
+
+def test_a_run_says_which_fidelity_it_chose_and_why(tmp_path):
+    """`fidelity: auto` at the request level, and an autoscaled one at the fluid level: each
+    deployment's summary says its level and the reason."""
+    from clustersim.runner.api import simulate
+    from tests.test_fleet_day import build, deployment, raw
+
+    auto = simulate(build(raw([deployment(replicas=2, fidelity="auto")],
+                              duration="5min"))).summary["deployments"]["chat"]
+    assert auto["fidelity"] == "requests"
+    assert "3,000 requests expected, within the 2,000,000" in auto["fidelity_reason"]
+    fluid = simulate(build(raw([deployment(fidelity="auto", autoscale={"min": 1, "max": 4})],
+                               duration="10min"))).summary["deployments"]["chat"]
+    assert fluid["fidelity"] == "fluid" and "autoscale" in fluid["fidelity_reason"]

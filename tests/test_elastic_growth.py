@@ -13,14 +13,17 @@ from clustersim.serving.fleetday_figures import fleet_day_figures
 from tests.test_fleet_day import JOB, LENGTHS, build, deployment, raw
 
 
-def test_grow_by_takes_whole_groups_once_worth_a_restart():
-    assert grow_by(16, 16, 1, 10) == 0  # whole: nothing to take
-    assert grow_by(16, 10, 1, 6) == 6  # all it misses is free
-    assert grow_by(16, 10, 1, 4) == 4  # a partial step of at least a tenth (2 instances)
-    assert grow_by(16, 10, 1, 1) == 0  # one instance: under a tenth, not worth a restart
-    assert grow_by(16, 8, 4, 7) == 4  # whole groups only
-    assert grow_by(16, 8, 4, 3) == 0
-    assert grow_by(100, 50, 1, 9) == 0 and grow_by(100, 50, 1, 10) == 10
+def test_grow_by_takes_whole_groups_when_the_restart_pays_within_the_hour():
+    assert grow_by(16, 16, 1, 10, 600.0) == 0  # whole: nothing to take
+    assert grow_by(16, 10, 1, 6, 1e9) == 6  # all it misses is free: at any cost
+    assert grow_by(16, 10, 1, 4, 600.0) == 4  # 10 x 600 s repaid by 4 in 1,500 s
+    assert grow_by(16, 10, 1, 1, 600.0) == 0  # by 1 in 6,000 s: over the hour
+    assert grow_by(16, 8, 4, 7, 600.0) == 4  # whole groups only
+    assert grow_by(16, 8, 4, 3, 0.0) == 0
+    assert grow_by(100, 50, 1, 9, 3600.0) == 0 and grow_by(100, 50, 1, 50, 3600.0) == 50
+    assert grow_by(100, 50, 1, 49, 3600.0) == 0 and grow_by(100, 50, 1, 49, 3000.0) == 49
+    assert grow_by(16, 10, 1, 4, 600.0, since_shrink_s=1800.0) == 0  # shrunk lately: wait
+    assert grow_by(16, 10, 1, 6, 600.0, since_shrink_s=60.0) == 6  # the whole rest: at once
 
 
 def test_training_grows_back_partly_as_the_serving_load_falls():

@@ -124,6 +124,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         state["free"] += job.held - held
         if held < job.held:
             job.shrinks += 1
+            job.last_shrink_s = now
         else:
             job.grows += 1
         job.held = held
@@ -355,7 +356,9 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         for job in job_order:
             # An elastic job below its size grows back as instances come free.
             if job.state == "running" and job.smallest < job.instances:
-                more = grow_by(job.instances, job.held, job.group, state["free"])
+                cost = f.restart_s + job.restore_s + job.since_checkpoint_s
+                more = grow_by(job.instances, job.held, job.group, state["free"], cost,
+                               now - job.last_shrink_s)
                 if more:
                     resize_job(job, job.held + more, now)  # (takes them from the pool)
             fits = job.instances
