@@ -212,7 +212,7 @@ summary, wall = run_cli("scenarios/trn2-512k-year.yaml")
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU: fair on a shared machine
 job = summary["jobs"]["pretrain"]
 figures = {"run_wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-           "interruptions": sum(job["interruptions"].values()), "ettr": round(job["ettr"], 4),
+           "interruptions": job["interruptions"], "ettr": round(job["ettr"], 4),
            "checkpoints": job["checkpoints_completed"],
            "discrete_events": summary["cluster"]["discrete_events"]}
 """,
