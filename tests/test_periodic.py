@@ -117,6 +117,10 @@ def _agree(path: str, overrides: list[str], tolerance: float = 1e-3) -> dict:
     assert counted[0] == counted[1] == sum(j.checkpoints_completed
                                            for j in closed.jobs.values())
     rows = sum(1 for e in trace_b.events if e[1] == "checkpoint")
+    for trace in (trace_a, trace_b):  # rows in time order, each run's first within it
+        times = [e[0] for e in trace.events]
+        assert times == sorted(times)
+        assert all(e[8] <= e[0] + 1e-9 for e in trace.events)
     assert closed.event_count == per_event.event_count - counted[0]
     worst = {k: v for k, v in worst.items()}
     print(f"{path} {overrides}: worst relative gap {max(worst.values()):.2e} {worst}; "

@@ -158,8 +158,9 @@ class JobAccounting:
             done_at, progress, running = self.async_pending.pop(0)
             self.saved = (progress, running)
             self.outcome.checkpoints_completed += 1
-            if self.t.recorder is not None:  # a row when written, as for blocking ones
-                self.t.recorder.event(done_at, "checkpoint", "async", -1, -1, self.index)
+            if self.t.recorder is not None:  # a row once written (first_s: when)
+                self.t.recorder.event(now, "checkpoint", "async", -1, -1, self.index,
+                                      first_s=done_at)
 
     def _credit_segment(self, now: float) -> None:
         """Credit the part of the running segment done by `now`, once (a preemption credits

@@ -8,7 +8,8 @@ reference the closed form is tested against (Timeline(checkpoint_events=True)).
 
 Trace: a blocking write is still a `checkpointing` interval of the job (the rows are made
 together when the segment is credited); the checkpoints a segment completes are one
-`checkpoint` row of the events table, with their count and period.
+`checkpoint` row of the events table, when the segment ends, with their count, period and
+the first one's completion.
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ class PeriodicTraining:
                 self.saved = (p0 + rate * last, r0 + last)
                 self.outcome.checkpoints_completed += completed
                 if recorder is not None:
-                    recorder.event(start + last + write, "checkpoint", "async", -1, -1,
-                                   self.index, completed, interval)
+                    first = start + last + write - (completed - 1) * interval
+                    recorder.event(now, "checkpoint", "async", -1, -1, self.index,
+                                   completed, interval, first)
             self.async_pending.extend(
                 (start + o + write, p0 + rate * o, r0 + o) for o in pending.tolist())
             taken_last = (last if completed else None)
@@ -113,9 +115,9 @@ class PeriodicTraining:
             self.saved = (p0 + rate * saved, r0 + saved)
             self.outcome.checkpoints_completed += span.completed
             if recorder is not None:
-                last_end = start + span.completed * (interval + write) - u0
-                recorder.event(last_end, "checkpoint", "blocking", -1, -1, self.index,
-                               span.completed, interval + write)
+                first_end = start + (interval + write) - u0
+                recorder.event(now, "checkpoint", "blocking", -1, -1, self.index,
+                               span.completed, interval + write, first_end)
         reached = to_target and elapsed >= wall  # no write under way at the target
         self.cycle_u = min(span.u_end, interval) if reached else span.u_end
         self.since_snapshot = min(self.cycle_u, interval)
