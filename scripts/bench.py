@@ -206,6 +206,18 @@ figures = {"run_wall_s": round(wall, 1), "interruptions": job["interruptions"],
 """,
         False,
     ),
+    "timeline: 365 days, 524,288 chips, one 512,000-chip job, auto 10 s async checkpoints (run, CLI)": (
+        """
+summary, wall = run_cli("scenarios/trn2-512k-year.yaml")
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU: fair on a shared machine
+job = summary["jobs"]["pretrain"]
+figures = {"run_wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "interruptions": job["interruptions"], "ettr": round(job["ettr"], 4),
+           "checkpoints": job["checkpoints_completed"],
+           "discrete_events": summary["cluster"]["discrete_events"]}
+""",
+        False,
+    ),
     "fleet: 30 days of 100,000 jobs from 12 teams with quotas, 8,192 Trn2 UltraServers (run, CLI)": (
         """
 summary, wall = run_cli("scenarios/fleet-100k-month.yaml")

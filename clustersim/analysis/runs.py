@@ -293,7 +293,8 @@ class Run:
 
     def _check_schema(self) -> None:
         """Refuse traces of another schema with a message, not a KeyError later: schema 3
-        renamed the job state `waiting` to `waiting_for_hardware` (one name everywhere)."""
+        renamed the job state `waiting` to `waiting_for_hardware` (one name everywhere),
+        schema 4 made a run of periodic checkpoints one `events` row."""
         if not (self.path / "intervals.parquet").exists():
             return
         written = self.metadata("intervals").get("clustersim.schema")
@@ -301,7 +302,7 @@ class Run:
             raise TraceSchemaError(
                 f"{self.path}: traces written with trace schema {written} (clustersim "
                 f"{self.summary.get('clustersim_version', '?')}); this clustersim reads schema "
-                f"{SCHEMA_VERSION} (job states renamed: see docs/outputs.md): re-run the "
+                f"{SCHEMA_VERSION} (see docs/traces.md): re-run the "
                 f"scenario to write them again")
 
     def __repr__(self) -> str:

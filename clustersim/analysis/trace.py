@@ -39,7 +39,8 @@ __all__ = [
 
 # 2: down intervals per chip (failed, repairing); `failed` column. 3: the job state `waiting`
 # is `waiting_for_hardware`, as in summary.json (one name per state everywhere).
-SCHEMA_VERSION = "3"
+# 4: events `count`, `period_s` and `first_s` (a run of periodic checkpoints is one row).
+SCHEMA_VERSION = "4"
 JOB_STATES = ("queued", "running", "checkpointing", "down", "waiting_for_hardware", "restarting",
               "restoring", "done")
 # Utilisation columns: chip-time by the state of the job holding the chip, plus `failed` (its
@@ -76,6 +77,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "events": pa.schema([
         ("time_s", pa.float64()), ("kind", _dict_string), ("component", _dict_string),
         ("chip_id", pa.int32()), ("instance_id", pa.int32()), ("job_id", pa.int32()),
+        ("count", pa.int64()), ("period_s", pa.float64()), ("first_s", pa.float64()),
     ]),
     "allocations": pa.schema([
         ("job_id", pa.int32()), ("instance_id", pa.int32()), ("start_s", pa.float64()),
@@ -147,6 +149,10 @@ COLUMNS: dict[str, dict[str, str]] = {
                      "checkpoint: blocking or async",
         "chip_id": "chip hit (-1: none)", "instance_id": "instance hit (-1: none)",
         "job_id": "job interrupted or checkpointing (-1: none)",
+        "count": "events the row stands for: 1, or the checkpoints of a run of periodic ones "
+                 "(completed `period_s` apart from `first_s`; the row at the end of the run)",
+        "period_s": "time between the checkpoints of the row, s (0: a single event)",
+        "first_s": "when the first event of the row happened, s (`time_s` for a single one)",
     },
     "allocations": {
         "job_id": "job holding the instance", "instance_id": "instance held",
@@ -242,12 +248,19 @@ class MemoryRecorder:
         self.states: list[tuple] = []
 
     def event(self, time_s: float, kind: str, component: str, chip: int, instance: int,
-              job: int) -> None:
-        self._append("events", self.events, (time_s, kind, component, chip, instance, job))
+              job: int, count: int = 1, period_s: float = 0.0,
+              first_s: float | None = None) -> None:
+        self._append("events", self.events, (time_s, kind, component, chip, instance, job,
+                                              count, period_s,
+                                              time_s if first_s is None else first_s))
 
     def interval(self, entity: str, entity_id: int, state: str, start_s: float,
                  end_s: float) -> None:
         self._append("intervals", self.intervals, (entity, entity_id, state, start_s, end_s))
+
+    def interval_rows(self, rows: list[tuple]) -> None:
+        """Several `interval` rows (entity, entity_id, state, start_s, end_s) at once."""
+        self._extend("intervals", self.intervals, rows)
 
     def allocation(self, job: int, instance: int, start_s: float, end_s: float) -> None:
         self._append("allocations", self.allocations, (job, instance, start_s, end_s))

@@ -155,13 +155,19 @@ class JobAccounting:
     def _collect_async(self, now: float) -> None:
         """Asynchronous checkpoints whose write has finished become the restore point."""
         while self.async_pending and self.async_pending[0][0] <= now:
-            _, progress, running = self.async_pending.pop(0)
+            done_at, progress, running = self.async_pending.pop(0)
             self.saved = (progress, running)
             self.outcome.checkpoints_completed += 1
+            if self.t.recorder is not None:  # a row once written (first_s: when)
+                self.t.recorder.event(now, "checkpoint", "async", -1, -1, self.index,
+                                      first_s=done_at)
 
     def _credit_segment(self, now: float) -> None:
         """Credit the part of the running segment done by `now`, once (a preemption credits
         it, then the interrupted segment must not credit it again)."""
+        if self.closed_segment is not None:
+            self._credit_closed(now)
+            return
         if self.segment is None:
             return
         start, wall, steps = self.segment
@@ -186,3 +192,4 @@ class JobAccounting:
         self.saved = (progress, self.outcome.running_s)
         self.async_pending.clear()
         self.since_snapshot = 0.0
+        self.cycle_u = 0.0

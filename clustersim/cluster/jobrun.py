@@ -1,10 +1,12 @@
 """One job over the timeline: a simpy process that queues, trains in bulk between events,
 checkpoints and finishes, with its books (`job_accounting`) and recovery (`job_recovery`).
 
-A job advances its steps in bulk between discrete events (failure, repair, checkpoint,
-restart, end). With step-time jitter, a run of k Gamma-distributed steps is one Gamma draw
-of their sum. Checkpoints are blocking (training pauses for the write) or asynchronous (a
-snapshot is taken and written while training goes on; it counts once written).
+A job advances its steps in bulk between discrete events (failure, repair, restart, end,
+pace change); its periodic checkpoints in between are worked out in closed form
+(`job_periodic`), with one event each only in the reference version. With step-time
+jitter, a run of k Gamma-distributed steps is one Gamma draw of their sum. Checkpoints are
+blocking (training pauses for the write) or asynchronous (a snapshot is taken and written
+while training goes on; it counts once written).
 `interval: auto` is Daly's optimum for the job's failure rate (asynchronous: back to back, as
 each write costs no training time).
 """
@@ -18,6 +20,7 @@ import numpy as np
 import simpy
 
 from clustersim.cluster.job_accounting import JobAccounting
+from clustersim.cluster.job_periodic import PeriodicTraining
 from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
 from clustersim.cluster.owners import FREE
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["JobRun"]
 
 
-class JobRun(JobAccounting, JobRecovery, UplinkPacing):
+class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
     """One job's process: queued, running in bulk, checkpointing, recovering.
 
     Its books are kept by JobAccounting, its interruptions and recovery by JobRecovery, its
@@ -89,6 +92,11 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         self.since_snapshot = 0.0  # running time since the last checkpoint snapshot
         self.pace_until = 0.0
         self.segment: tuple[float, float, float] | None = None
+        # Periodic checkpoints in closed form (job_periodic), unless the timeline is the
+        # per-checkpoint reference: the segment planned, and the blocking cycle position.
+        self.closed_form = math.isfinite(self.interval) and not timeline.checkpoint_events
+        self.closed_segment: tuple[float, float, float, float, bool] | None = None
+        self.cycle_u = 0.0
         self.interrupt_pending = False
         self.step_time = profile.step_time_s  # for the current placement
         self.placed_step_time = profile.step_time_s
@@ -153,8 +161,9 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         self.granted.succeed(chosen)
 
     def _training(self):
+        train = self._train_closed if self.closed_form else self._train
         while True:
-            finished = yield from self._train()
+            finished = yield from train()
             if finished:
                 return True
 
@@ -284,8 +293,6 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         self.since_snapshot = 0.0
         if ck.async_write:
             self.async_pending.append((env.now + ck.write_s, *snapshot))
-            if self.t.recorder is not None:
-                self.t.recorder.event(env.now, "checkpoint", "async", -1, -1, self.index)
             return
         self.set_state("checkpointing")
         yield env.timeout(ck.write_s)  # an interrupt here loses this checkpoint

@@ -1,8 +1,10 @@
 """What a run will cost, estimated before it starts, and the refusal of one that would not end.
 
 The timeline's work grows with its discrete events: failures (each with its detection,
-repair and the restarts of the jobs it hits), checkpoints (one write and one resume each),
-transient slowdowns, job arrivals. Their expected number follows from the scenario's rates
+repair and the restarts of the jobs it hits), transient slowdowns, job arrivals. Periodic
+checkpoints are not events (worked out in closed form, cluster.job_periodic), but a blocking
+write is a pause of the job that a trace records as two `intervals` rows, so with traces on
+those rows are counted with the events. Their expected number follows from the scenario's rates
 and intervals, so a scenario that would run for days (a rate of 1e30, an MTBF of a
 nanosecond, a checkpoint every microsecond) is refused with the reason, as the trace-size
 check refuses a trace too large to write. Limits: clustersim.hardware.limits, docs/limits.md.
@@ -13,7 +15,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clustersim.cluster.rates import cluster_failure_rate, job_checkpoint_intervals, job_failure_rates
+from clustersim.cluster.rates import (
+    cluster_failure_rate,
+    job_checkpoint,
+    job_checkpoint_intervals,
+    job_failure_rates,
+)
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
@@ -23,7 +30,9 @@ __all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_reques
 # Events one failure costs: the failure, its repair, and the detection, restart and restore
 # of the job it interrupts.
 EVENTS_PER_FAILURE = 5
-EVENTS_PER_CHECKPOINT = 2  # the write, then training again
+# Trace rows of one blocking checkpoint (its `checkpointing` interval and the `running` one
+# after it); asynchronous checkpoints and untraced runs cost none.
+ROWS_PER_BLOCKING_CHECKPOINT = 2
 EVENTS_PER_JOB = 10  # submission, placement, start, end, watchers
 
 
@@ -50,13 +59,17 @@ def estimate_events(scenario: Scenario) -> EventEstimate:
     checkpoints = 0.0
     worst, worst_path = 0.0, ""
     rate_of = job_failure_rates(scenario)
-    for index, job in enumerate(scenario.jobs):
+    traced = scenario.trace.enabled
+    for index, job in enumerate(scenario.jobs if traced else ()):
         span = horizon - job.submit_s
         if job.run_for_s is not None:
             span = min(span, job.run_for_s)
-        # the interval the timeline runs the job with (cluster.rates, as jobrun uses it)
+        # the checkpoint and interval the timeline runs the job with (cluster.rates)
+        checkpoint, _ = job_checkpoint(scenario, job, rate_of(job))
+        if checkpoint is None or checkpoint.async_write:
+            continue  # an asynchronous write changes no state: no trace rows
         interval = job_checkpoint_intervals(scenario, job, rate_of(job))[0]
-        count = span / interval * EVENTS_PER_CHECKPOINT if interval > 0 else math.inf
+        count = span / interval * ROWS_PER_BLOCKING_CHECKPOINT if interval > 0 else math.inf
         checkpoints += count
         if count > worst:
             worst, worst_path = count, f"jobs.{index}.checkpoint"
@@ -75,13 +88,16 @@ def check_run_budget(scenario: Scenario, replications: int = 1) -> EventEstimate
     total = estimate.total
     if total <= limits.MAX_EVENTS and total * replications <= 10 * limits.MAX_EVENTS:
         return estimate
-    sources = {"failures": estimate.failures, "checkpoints": estimate.checkpoints,
+    sources = {"failures": estimate.failures,
+               "blocking checkpoints' trace rows": estimate.checkpoints,
                "transient slowdowns": estimate.transients, "jobs": estimate.jobs}
     biggest = max(sources, key=lambda k: sources[k])
-    path = {"failures": "failures", "checkpoints": estimate.checkpoint_path or "jobs",
+    path = {"failures": "failures",
+            "blocking checkpoints' trace rows": estimate.checkpoint_path or "jobs",
             "transient slowdowns": "stragglers.transient", "jobs": "jobs"}[biggest]
     hint = {"failures": "lower the rates or failures.scale, or shorten duration",
-            "checkpoints": "a longer checkpoint interval (or write time, with interval auto)",
+            "blocking checkpoints' trace rows": "a longer checkpoint interval (or write time, "
+            "with interval auto), asynchronous writes, or trace.enabled=false",
             "transient slowdowns": "a lower stragglers.transient.rate",
             "jobs": "fewer jobs"}[biggest]
     if total <= limits.MAX_EVENTS:

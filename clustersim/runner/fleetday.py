@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from clustersim.scenario.fleetday import fidelity_choice
 from clustersim.scenario.models import FailuresSpec, Scenario
 from clustersim.serving.fleetday import simulate_fleet_day
 from clustersim.serving.fleetday_figures import day_table, fleet_day_figures, fleet_table
@@ -54,6 +55,9 @@ def compare_levels(scenario: Scenario, seed: int, requests: dict[str, dict[str, 
     fluid = fleet_day_figures(alone, result)["deployments"]
     out = {}
     for d in auto:
+        # which level ran it, and why (the fluid one is beside it, for comparison)
+        requests[d.name]["fidelity"], requests[d.name]["fidelity_reason"] = fidelity_choice(
+            d, scenario.duration_s)
         f, r = fluid[d.name], requests[d.name]
         out[d.name] = {"fluid": {k: f[k] for k in (
             "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",

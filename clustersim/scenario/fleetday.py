@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["elastic_unit", "elastic_smallest", "ElasticSpec", "SinusoidSpec",
            "LoadCurveSpec", "AutoscaleSpec", "FluidSpec", "LoadRate", "fleet_day_checks",
-           "is_fleet_day", "resolved_fidelity", "replica_chips", "AUTO_REQUESTS"]
+           "is_fleet_day", "resolved_fidelity", "fidelity_choice", "replica_chips", "AUTO_REQUESTS"]
 
 DAY_S = 86400.0
 # fidelity auto: the request-level simulator up to this many expected requests per deployment
@@ -223,23 +223,38 @@ def replica_chips(d: DeploymentSpec, ranks_per_chip: int) -> int:
 
 def resolved_fidelity(d: DeploymentSpec, duration_s: float) -> str:
     """requests or fluid: `auto` is fluid with autoscaling or past AUTO_REQUESTS requests;
-    unset, fluid with autoscaling, else requests."""
+    unset, fluid with autoscaling, else requests (`fidelity_choice` says why)."""
+    return fidelity_choice(d, duration_s)[0]
+
+
+def fidelity_choice(d: DeploymentSpec, duration_s: float) -> tuple[str, str]:
+    """(level, why): the level a deployment is simulated at and the reason, as a run reports
+    it (summary.json `deployments.<name>.fidelity_reason`)."""
+    if d.fidelity is None and d.autoscale is None:
+        return "requests", "fidelity unset and no autoscale: request by request"
     if d.fidelity is None:
-        return "fluid" if d.autoscale is not None else "requests"
+        return "fluid", ("fidelity unset with autoscale: the fluid level (the request level "
+                         "holds a fixed replica count)")
     if d.fidelity != "auto":
-        return d.fidelity
+        return d.fidelity, f"fidelity: {d.fidelity} in the scenario"
     if d.autoscale is not None:
-        return "fluid"
+        return "fluid", ("auto with autoscale: the fluid level (the request level holds a "
+                         "fixed replica count)")
     w = d.workload
     if w.load is not None:
         expected = w.load.mean_per_s() * duration_s
     elif w.rate_per_s is not None:
         expected = w.rate_per_s * duration_s
     else:
-        return "requests"  # a trace
+        return "requests", "auto with a request trace: request by request"
     if w.requests is not None:
         expected = min(expected, w.requests)
-    return "fluid" if expected > AUTO_REQUESTS else "requests"
+    if expected > AUTO_REQUESTS:
+        return "fluid", (f"auto: about {expected:,.0f} requests expected, over the "
+                         f"{AUTO_REQUESTS:,} the request level simulates in about a minute")
+    return "requests", (f"auto: about {expected:,.0f} requests expected, within the "
+                        f"{AUTO_REQUESTS:,} the request level simulates in about a minute "
+                        "(the fluid level's figures beside, in fluid_check)")
 
 
 def is_fleet_day(s: Scenario) -> bool:

@@ -46,6 +46,9 @@ from collections.abc import Collection
 import numpy as np
 
 from clustersim.scenario.models import Scenario
+from clustersim.serving.attainment import share_within
+from clustersim.serving.curves import LEVELS
+from clustersim.serving.elastic_growth import grow_by
 from clustersim.serving.fleetday_figures import latency_histograms
 from clustersim.serving.fleetday_state import (
     CHIP_STATES,
@@ -121,6 +124,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         state["free"] += job.held - held
         if held < job.held:
             job.shrinks += 1
+            job.last_shrink_s = now
         else:
             job.grows += 1
         job.held = held
@@ -350,10 +354,13 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 job.state = "restarting"
                 job.ready_at = max(job.ready_at, now) + f.restart_s + job.restore_s
         for job in job_order:
-            # An elastic job below its size grows back when the rest of it is free.
-            if (job.state == "running" and job.smallest < job.instances
-                    and job.held < job.instances and job.instances - job.held <= state["free"]):
-                resize_job(job, job.instances, now)  # (takes them from the pool)
+            # An elastic job below its size grows back as instances come free.
+            if job.state == "running" and job.smallest < job.instances:
+                cost = f.restart_s + job.restore_s + job.since_checkpoint_s
+                more = grow_by(job.instances, job.held, job.group, state["free"], cost,
+                               now - job.last_shrink_s)
+                if more:
+                    resize_job(job, job.held + more, now)  # (takes them from the pool)
             fits = job.instances
             if job.smallest < job.instances and job.state == "queued":
                 fits = min(job.instances, state["free"] // job.group * job.group)
@@ -475,7 +482,8 @@ def _latency(dep: DeploymentState, s: dict[str, np.ndarray], dts: np.ndarray) ->
     s["ttft_p99_s"] = ttft[:, P99]
     s["tpot_p50_s"] = tpot[:, P50]
     s["tpot_p99_s"] = tpot[:, P99]
-    s["slo_attainment"] = np.mean(slo + wait[:, None] <= dep.spec.slo.ttft_s, axis=1)
+    # continuous: the distribution read at the bound (no 1/201 steps, no cap below 1)
+    s["slo_attainment"] = share_within(slo, LEVELS, dep.spec.slo.ttft_s - wait)
     s["output_tokens"] = s["served"] * curve.output_tokens_mean
     # Little's law: requests in the system = rate through it x time in it, plus the backlog.
     s["in_system"] = np.minimum(s["load_per_s"], service) * e2e + s["backlog_mean"]

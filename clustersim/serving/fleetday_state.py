@@ -108,6 +108,7 @@ class JobState:
     held_chip_s: float = 0.0
     time_by_state_s: dict[str, float] = field(default_factory=dict)
     last_start_s: float = 0.0
+    last_shrink_s: float = -float("inf")  # when serving last took groups from it
 
 
 @dataclass
