@@ -90,3 +90,66 @@ def test_the_run_table_names_the_request_level_of_auto(tmp_path):
     assert result.exit_code == 0, text
     flat = " ".join(text.replace("│", " ").split())
     assert "requests level: auto: about 120 requests expected" in flat
+
+
+def _big(replicas: int, sigma: float, rate: str = "20/s") -> dict:
+    """auto without autoscaling, past the request level's 2,000,000 requests (2 days)."""
+    d = {"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+         "replicas": replicas, "fidelity": "auto", "slo": {"ttft": "1s", "tpot": "50ms"},
+         "workload": {"rate": rate, **_lengths(sigma)}}
+    return {"name": "auto-big", "duration": "2d", "hardware": "trn2",
+            "cluster": {"instances": 3}, "serve": [d], "fluid": {"curve_requests": 400}}
+
+
+def _settled(raw: dict) -> tuple[str, str]:
+    from clustersim.scenario.fleetday import fidelity_choice
+    from clustersim.serving.fidelity import settle_auto
+
+    s = settle_auto(scenario_from_dict(raw))
+    return fidelity_choice(s.serve[0], s.duration_s)
+
+
+def test_auto_past_the_request_scale_inside_the_range_stays_fluid():
+    # 20/s on 10 replicas of about 7/s each: under 30%, fixed prompts
+    level, why = _settled(_big(10, 0.0))
+    assert level == "fluid", why
+
+
+@pytest.mark.parametrize("replicas, sigma", [(4, 0.0), (10, 1.2)])
+def test_auto_past_the_request_scale_outside_the_range_runs_requests(replicas, sigma):
+    # 4 replicas: about 70% utilisation; sigma 1.2: checked only to 10%
+    level, why = _settled(_big(replicas, sigma))
+    assert level == "requests", why
+    assert "outside the range the fluid level is checked on" in why
+
+
+def test_auto_outside_the_range_past_the_request_level_limit_stays_fluid_flagged():
+    """200/s over 2 days: 34.6 M requests, past limits.MAX_SERVED_REQUESTS: the request
+    level is refused, so fluid, flagged (fluid_fidelity) rather than refused."""
+    level, _ = _settled(_big(4, 0.0, rate="200/s"))
+    assert level == "fluid"
+
+
+def test_the_run_uses_the_request_level_outside_the_range(monkeypatch, tmp_path):
+    """End to end, with the request level's scale lowered to 100 requests: 120 expected
+    requests would go fluid, but prompt sigma 1.2 is outside the checked range, so the run
+    is request by request, its summary and table say why, the fluid figures beside it."""
+    from clustersim.scenario import fleetday
+
+    monkeypatch.setattr(fleetday, "AUTO_REQUESTS", 100)
+    d = {"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4}, "replicas": 1,
+         "fidelity": "auto", "slo": {"ttft": "1s", "tpot": "50ms"},
+         "workload": {"rate": "2/s", **_lengths(1.2)}}
+    raw = {"name": "auto-outside", "duration": "1min", "hardware": "trn2",
+           "cluster": {"instances": 1}, "serve": [d], "fluid": {"curve_requests": 200}}
+    path = tmp_path / "outside.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    text = result.stdout + (result.stderr or "")
+    assert result.exit_code == 0, text
+    chat = json.loads((tmp_path / "out" / "summary.json").read_text())["deployments"]["chat"]
+    assert chat["fidelity"] == "requests"
+    assert "outside the range the fluid level is checked on" in chat["fidelity_reason"]
+    assert "fluid_check" in chat
+    flat = " ".join(text.replace("│", " ").split())
+    assert "requests level: auto: about 120 requests expected, over the 100" in flat

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
@@ -282,6 +282,9 @@ class DeploymentSpec(Spec):
         default=None, description="the serving stack (its overheads and default buckets: "
         "docs/serving.md), e.g. nxd-inference; default: the one the hardware's serving "
         "constants were fitted on")
+    # Set by the runner (serving.fidelity.settle_auto) for `auto` past the request level's
+    # scale whose load is outside the fluid level's checked range: why it runs requests.
+    _fluid_unchecked: str | None = PrivateAttr(default=None)
 
     @field_validator("stack")
     @classmethod

@@ -4,7 +4,9 @@ checked on against the request level (queueing.CHECKED: peak utilisation and pro
 
 `fidelity_choice` (clustersim.scenario.fleetday) picks by scale: auto is fluid only where the
 request level cannot run the deployment (autoscaling, or more requests than AUTO_REQUESTS),
-else the request level. Where it picked fluid, this module checks the deployment's expected
+else the request level. Before a run, `settle_auto` sends a deployment past AUTO_REQUESTS
+without autoscaling back to the request level when its load is outside the checked range
+and the request level can run the scenario. Where fluid remains, this module checks the deployment's expected
 peak utilisation (its load's peak over the run, over the replicas it holds then, at a
 replica's saturated capacity) and prompt sigma against CHECKED; outside, the run says so
 (the reason, `fidelity_checked: false` in summary.json and a warning row in the run
@@ -15,12 +17,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from clustersim.scenario.fleetday import fidelity_choice
-from clustersim.scenario.serving import DeploymentSpec
+from clustersim.hardware import limits
+from clustersim.scenario.fleetday import fidelity_choice, is_fleet_day
+from clustersim.scenario.models import Scenario
+from clustersim.scenario.serving import DeploymentSpec, expected_requests
+from clustersim.serving.curves import replica_curve
 from clustersim.serving.fleetday_state import DeploymentState
 from clustersim.serving.queueing import CHECKED, checked
 
-__all__ = ["prompt_sigma", "expected_peak_utilisation", "fluid_fidelity"]
+__all__ = ["prompt_sigma", "expected_peak_utilisation", "fluid_fidelity", "settle_auto"]
 
 
 def prompt_sigma(d: DeploymentSpec) -> float:
@@ -62,3 +67,42 @@ def fluid_fidelity(dep: DeploymentState, duration_s: float) -> dict[str, Any]:
                                   f"checked on ({_range()}): its latency figures are unchecked")
     out.update(fidelity_checked=inside, peak_utilisation=utilisation, prompt_sigma=sigma)
     return out
+
+
+def settle_auto(scenario: Scenario) -> Scenario:
+    """The scenario with each `auto` deployment that the scale sends to the fluid level
+    without autoscaling, and whose peak utilisation (its curve's peak before noise on its
+    replicas) or prompt sigma is outside CHECKED, at the request level instead, when the
+    request level can run the scenario: no other deployment fluid (a run has one level) and
+    at most limits.MAX_SERVED_REQUESTS requests. Otherwise the scenario unchanged (the fluid
+    figures then come flagged: `fluid_fidelity`)."""
+    duration_s = scenario.duration_s
+    outside = {}
+    for d in scenario.serve:
+        if (d.fidelity != "auto" or d.autoscale is not None
+                or fidelity_choice(d, duration_s)[0] != "fluid"):
+            continue
+        try:
+            capacity = replica_curve(scenario, d).capacity_per_s
+        except ValueError:  # a replica that serves nothing: the fleet day says so
+            return scenario
+        w = d.workload
+        peak = w.load.peak_per_s() if w.load is not None else float(w.rate_per_s or 0.0)
+        utilisation, sigma = peak / (d.replicas * capacity), prompt_sigma(d)
+        if not checked(utilisation, sigma):
+            outside[d.name] = (f"peak utilisation {utilisation:.0%}, prompt sigma {sigma:g} "
+                               f"is outside the range the fluid level is checked on "
+                               f"({_range()})")
+    if not outside:
+        return scenario
+    serve = []
+    for d in scenario.serve:
+        if d.name in outside:
+            d = d.model_copy()
+            d._fluid_unchecked = outside[d.name]
+        serve.append(d)
+    settled = scenario.model_copy(update={"serve": serve})
+    if is_fleet_day(settled) or sum(expected_requests(d, duration_s) for d in serve) > (
+            limits.MAX_SERVED_REQUESTS):
+        return scenario
+    return settled
