@@ -153,3 +153,19 @@ def test_the_run_uses_the_request_level_outside_the_range(monkeypatch, tmp_path)
     assert "fluid_check" in chat
     flat = " ".join(text.replace("│", " ").split())
     assert "requests level: auto: about 120 requests expected, over the 100" in flat
+
+
+def test_the_docs_state_the_rule_with_the_code_s_figures():
+    """docs/fleet-day.md quotes the checked range and the scale limits: they are the code's."""
+    from pathlib import Path
+
+    from clustersim.hardware import limits
+    from clustersim.scenario.fleetday import AUTO_REQUESTS
+    from clustersim.serving.queueing import CHECKED
+
+    text = " ".join((Path(__file__).parents[1] / "docs" / "fleet-day.md").read_text().split())
+    (sigma_a, top_a), (sigma_b, top_b) = CHECKED
+    assert (f"(`queueing.CHECKED`: prompt sigma up to {sigma_a:g} to {top_a:.0%} utilisation, "
+            f"up to {sigma_b:g} to {top_b:.0%}; see below)") in text
+    assert f"beyond {AUTO_REQUESTS:,} expected requests without autoscaling" in text
+    assert f"more than {limits.MAX_SERVED_REQUESTS:,} requests in all" in text
