@@ -3,10 +3,41 @@ checkpoint rule (`interval: auto`) and the event budget that refuses a run too l
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
+from typer.testing import CliRunner
+
+from clustersim.cli.app import app
 from clustersim.cluster.rates import job_failure_rate
 from clustersim.scenario.loader import scenario_from_dict
+from tests.cli_helpers import refused
 from tests.test_sites import small_sites
+
+runner = CliRunner()
+
+
+def test_a_partition_every_second_for_a_year_is_refused_up_front(tmp_path: Path):
+    raw = small_sites(site_events=[{"kind": "partition", "rate": "1/1s", "duration": "1s"}])
+    raw["duration"] = "365d"
+    path = tmp_path / "storm.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    refused(result, "failures.site_events", "site events", "docs/limits.md")
+    assert not (tmp_path / "out").exists()
+
+
+def test_site_events_in_the_budget_are_their_rate_times_the_horizon():
+    from clustersim.runner.budget import EVENTS_PER_FAILURE, estimate_events
+
+    raw = small_sites(site_events=[{"kind": "power", "rate": "1/1h", "duration": "1h"},
+                                   {"kind": "partition", "site": "east", "rate": "1/2h",
+                                    "duration": "1h"}])
+    estimate = estimate_events(scenario_from_dict(raw))
+    per_s = 2 / 3600 + 1 / 7200  # power at every one of the two sites, partition at one
+    assert estimate.site_events == pytest.approx(per_s * 3 * 86400 * EVENTS_PER_FAILURE)
+
 
 def test_job_rate_counts_the_site_events_that_can_reach_it():
     raw = small_sites(site_events=[{"kind": "partition", "rate": "1/10h", "duration": "1h"}])
