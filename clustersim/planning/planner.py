@@ -197,6 +197,21 @@ def _hardware_list(scenario: Scenario, names: tuple[str, ...]) -> list[tuple[str
     return out
 
 
+def _check_site_sizes(scenario: Scenario, options: PlanOptions) -> None:
+    """On a cluster of several sites, the spread options place the best on the sites' own
+    instances: a --chips size beyond their working chips has nowhere to go."""
+    net = scenario.site_network
+    if net is None or not options.chips:
+        return
+    cpi = scenario.hardware.chips_per_instance
+    working = sum(n - s for n, s in zip(net.instances, net.spares, strict=True)) * cpi
+    beyond = [c for c in options.chips if c > working]
+    if beyond:
+        raise PlanError(f"--chips {beyond[0]:,}: more than the {working:,} working chips of "
+                        f"the scenario's {net.count} sites; expected sizes up to {working:,} "
+                        "on a multi-site cluster (or larger sites in cluster.sites)")
+
+
 def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareSpec
            ) -> tuple[list[int], list[str]]:
     """Chip counts to try on `hw`: whole instances (whole UltraServers where it has them)."""
@@ -335,6 +350,7 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
     if not scenario.jobs:
         raise PlanError(f"{scenario.source}: jobs: the scenario has no job to plan")
     job = scenario.jobs[0]
+    _check_site_sizes(scenario, options)
     given = "parallelism" in job.model_fields_set
     notes: list[str] = []
     groups: list[Group] = []

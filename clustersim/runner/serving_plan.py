@@ -42,7 +42,7 @@ from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
 from clustersim.serving.capacity import find_rate
-from clustersim.serving.requests import generate_requests
+from clustersim.serving.requests import TraceError, generate_requests
 from clustersim.serving.simulate import replica_models
 
 __all__ = ["ServingPlanOptions", "ServingPlanResult", "ServingPlanError", "plan_serving",
@@ -177,8 +177,12 @@ def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
     `goodput` of the requests reach) of the deployment's requests over the horizon (the
     requests `run` draws)."""
     d = scenario.serve[index]
-    requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
-                                 np.random.SeedSequence(scenario.seed), base_dir)
+    try:
+        requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
+                                     np.random.SeedSequence(scenario.seed), base_dir)
+    except TraceError as error:  # as `run` refuses it: the key, the value, the reason
+        raise ServingPlanError(f"serve.{index}.workload.trace = "
+                               f"{d.workload.trace!r}: {error}") from None
     if len(requests.arrival_s) == 0:
         raise ServingPlanError(f"deployment {d.name!r} gets no requests over the horizon")
     span = max(scenario.duration_s - d.start_s, 1e-9)
