@@ -364,7 +364,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         raise ServingPlanError(
             f"no configuration of {d.name!r} on {', '.join(names)} holds {load:,.3g} requests/s "
             f"within its SLO (TTFT {d.slo.ttft_s:g} s, TPOT {d.slo.tpot_s:g} s) for "
-            f"{options.goodput:.0%} of requests: see why per candidate with --json")
+            f"{options.goodput:.0%} of requests: {_why_none(rows)}")
     for name in names:
         if name not in best_scenarios:
             notes.append(f"{name}: no configuration holds the load within the SLO")
@@ -373,6 +373,26 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     if options.capacity:
         _capacities(result, base_dir)
     return result
+
+
+def _why_none(rows: list[dict[str, Any]]) -> str:
+    """What the candidates ran into, when none held the load: how many were pruned and by
+    what, and the simulated one closest to the SLO."""
+    pruned: dict[str, int] = {}
+    for row in rows:
+        if row["status"] == "pruned":
+            kind = str(row["why"]).split(":")[0]
+            pruned[kind] = pruned.get(kind, 0) + 1
+    parts = [f"{len(rows):,} candidates"]
+    if pruned:
+        parts.append("pruned: " + ", ".join(f"{n:,} by {k}" for k, n in
+                                            sorted(pruned.items(), key=lambda kv: -kv[1])))
+    simulated = [r for r in rows if r["status"] != "pruned"]
+    if simulated:
+        close = max(simulated, key=lambda r: r["slo_goodput"] or 0.0)
+        parts.append(f"closest: tp {close['tp']} x pp {close['pp']} on {close['hardware']}, "
+                     f"{close['why']}")
+    return "; ".join(parts)
 
 
 def _first_issue(error: ScenarioError) -> str:
