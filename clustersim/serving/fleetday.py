@@ -716,7 +716,10 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
         serving_tokens += tokens
         chip_h = float(np.dot((s["replicas"] + s["starting"] + s["draining"]) * dep.chips,
                               dts)) / 3600.0
-        met = float(np.dot(s["slo_attainment"], s["arrived"]))
+        attained = np.clip(s["slo_attainment"], 0.0, 1.0)
+        # Missed as its own sum of non-negative terms (arrived - met cancelled to -3.7e-9),
+        # and the goodput from it: all met is exactly 0 missed and a goodput of 1.
+        missed = float(np.dot(1.0 - attained, s["arrived"]))
         span = max(result.horizon_s - dep.spec.start_s, 1e-9)
         # Its replicas over its own span: from the step of its start (it holds none before).
         since = result.times_s >= dep.spec.start_s
@@ -736,8 +739,8 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
             "output_tokens_per_s": tokens / span, "output_tokens": tokens,
             "ttft_p50_s": _percentile(h["ttft"], 0.5), "ttft_p99_s": _percentile(h["ttft"], 0.99),
             "tpot_p50_s": _percentile(h["tpot"], 0.5), "tpot_p99_s": _percentile(h["tpot"], 0.99),
-            "slo_goodput": met / arrived if arrived > 0 else None,
-            "slo_missed_requests": arrived - met,
+            "slo_goodput": max(0.0, 1.0 - missed / arrived) if arrived > 0 else None,
+            "slo_missed_requests": missed,
             "backlog_end": float(dep.backlog),
             "chip_hours": chip_h,
             "cost_per_million_output_tokens_usd": (chip_h * chip_price_h / tokens * 1e6
