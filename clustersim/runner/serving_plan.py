@@ -133,10 +133,15 @@ def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any,
     out.pop("jobs", None)
     out.pop("workload", None)
     out["hardware"] = copy.deepcopy(hardware)
+    # The deployment's own instances, as one site: `sites` (and the links and site events
+    # that need them) replace instances, and `run` refuses both.
     cluster = {k: v for k, v in dict(out.get("cluster") or {}).items()
-               if k not in ("ultraservers", "instances")}
+               if k not in ("ultraservers", "instances", "sites", "inter_site")}
     cluster["instances"] = instances
     out["cluster"] = cluster
+    failures = out.get("failures")
+    if isinstance(failures, dict) and "site_events" in failures:
+        out["failures"] = {k: v for k, v in failures.items() if k != "site_events"}
     d = copy.deepcopy(deployment)
     d["parallelism"] = {"tp": tp, "pp": pp}
     d["replicas"] = replicas
