@@ -55,3 +55,39 @@ def test_slo_misses_are_never_negative_and_zero_when_all_met(day_run: Path):
     # difference arrived - met left 4.7e-10 missed here, and -3.7e-9 elsewhere).
     chat = deployments["chat"]
     assert chat["slo_missed_requests"] == 0.0 and chat["slo_goodput"] == 1.0
+
+
+def test_a_fleet_day_run_too_long_to_keep_is_refused_up_front(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+    from tests.cli_helpers import refused
+
+    raw = fleet_day_example()
+    raw["duration"] = "3650d"  # ten years of one-minute steps: 5.3 million steps x 3 rows
+    path = tmp_path / "decade.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    refused(result, "duration", "20,000,000",
+            "docs/limits.md")
+    assert not (tmp_path / "out").exists()
+
+
+def test_latency_books_in_chunks_are_those_of_one_chunk(monkeypatch):
+    """The per-step latency quantiles computed a chunk of steps at a time (memory flat in the
+    horizon) give the figures of the whole run at once."""
+    from clustersim.serving import fleetday
+
+    raw = fleet_day_example()
+    whole = run_summary(raw)
+    monkeypatch.setattr(fleetday, "LATENCY_CHUNK_STEPS", 7)
+    chunked = run_summary(raw)
+    for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "slo_goodput", "requests"):
+        assert chunked["deployments"]["chat"][key] == pytest.approx(
+            whole["deployments"]["chat"][key], rel=1e-9)
+
+
+def run_summary(raw: dict) -> dict:
+    from clustersim.runner.api import simulate
+
+    return simulate(scenario_from_dict(raw)).summary

@@ -185,8 +185,34 @@ def _failure_events(scenario: Scenario, rng: np.random.Generator, horizon_s: flo
         software = r.component == "software"
         for t in np.sort(rng.uniform(0.0, horizon_s, count)).tolist():
             events.append((t, software, width[r.per], r.per))
+    events += _site_events(scenario, rng, horizon_s)
     events.sort()
     return events
+
+
+def _site_events(scenario: Scenario, rng: np.random.Generator, horizon_s: float
+                 ) -> list[tuple[float, bool, int, str]]:
+    """(time, False, instances, "site-<kind>:<index>") of every site event: a power or
+    cooling event downs its share of the site (whole UltraServers, as the timeline's), a
+    partition (instances 0) stops the jobs larger than any one site. `index` is the event's
+    in failures.site_events (its duration)."""
+    net = scenario.site_network
+    if net is None:
+        return []
+    hw = scenario.hardware
+    ipu = hw.instances_per_ultraserver if hw.ultraserver else 1
+    names = list(net.names)
+    out = []
+    for index, event in enumerate(scenario.failures.site_events):
+        sites = [names.index(event.site)] if event.site is not None else range(net.count)
+        for site in sites:
+            units = max(1, net.instances[site] // ipu)
+            width = 0 if event.kind == "partition" else (
+                max(1, min(units, math.ceil(event.share * units))) * ipu)
+            count = int(rng.poisson(event.rate_per_s * horizon_s))
+            for t in np.sort(rng.uniform(0.0, horizon_s, count)).tolist():
+                out.append((t, False, width, f"site-{event.kind}:{index}"))
+    return out
 
 
 def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile],
@@ -274,6 +300,10 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
     state = {"free": total_instances, "down": 0}
     repairs: list[tuple[float, int]] = []
     failures = {"hardware": 0, "software": 0}
+    site_net = scenario.site_network
+    # Jobs larger than every site span sites: a partition of any stops them.
+    largest_site = max(n - sp for n, sp in zip(site_net.instances, site_net.spares,
+                                               strict=True)) if site_net is not None else 0
     events = _failure_events(scenario, rng_failures, horizon)
     cursor = 0
 
@@ -393,6 +423,49 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         if downed and math.isfinite(repair_s):
             heapq.heappush(repairs, (now + f.detect_s + repair_s, downed))
 
+    def site_event(now: float, width: int, what: str) -> None:
+        """A site event (the timeline's `cluster.sites.SiteEvents`, on the fleet's pools):
+        power or cooling downs `width` instances for its duration, taken from the jobs and
+        the free pool in proportion to what each holds (the deployments' instances are left
+        alone, as on the timeline); a partition stops every job spread over sites until it
+        ends (no hardware goes down)."""
+        kind, index = what.split(":")
+        event = f.site_events[int(index)]
+        failures[kind] = failures.get(kind, 0) + 1
+        if kind == "site-partition":
+            for job in jobs:
+                if job.held and job.held > largest_site and job.state in ("running",
+                                                                          "restarting"):
+                    lose(job)
+                    job.interruptions += 1
+                    job.state = "restarting"
+                    job.ready_at = (max(job.ready_at, now + event.duration_s) + f.restart_s
+                                    + job.restore_s)
+            return
+        holders = [j for j in jobs if j.held]
+        pool = sum(j.held for j in holders) + state["free"]
+        if pool <= 0:
+            return
+        share = min(1.0, width / pool)
+        downed_all = 0
+        for job in holders:
+            downed = min(job.held, round(job.held * share))
+            if not downed:
+                continue
+            job.held -= downed
+            lose(job)
+            job.interruptions += 1
+            job.state = "waiting_for_hardware"
+            job.missing += downed
+            job.ready_at = max(job.ready_at, now + event.duration_s)
+            downed_all += downed
+        free = min(state["free"], max(0, width - downed_all))
+        state["free"] -= free
+        downed_all += free
+        state["down"] += downed_all
+        if downed_all:
+            heapq.heappush(repairs, (now + event.duration_s, downed_all))
+
     def fail_software(now: float, per: str) -> None:
         """A software fault, drawn over the whole population its rate is given for (every
         chip, or every job): as in the timeline it interrupts what runs there, a serving
@@ -494,6 +567,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             cursor += 1
             if software:
                 fail_software(t, per)
+            elif per.startswith("site-"):
+                site_event(t, width, per)
             else:
                 fail_hardware(t, width)
         # Autoscaling, the highest priority first.
@@ -610,8 +685,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
 
     histograms = {}
     for dep in deployments:
-        _latency(dep, series[dep.spec.name], dts)
-        histograms[dep.spec.name] = _histograms(dep, series[dep.spec.name])
+        histograms[dep.spec.name] = _latency(dep, series[dep.spec.name], dts)
     for name, chips in job_chips.items():
         fleet[f"job:{name}"] = chips
     return FleetDayResult(times, dts, names, series, fleet, jobs, deployments, histograms,
@@ -644,9 +718,17 @@ def _train(job: _Job, run_s: float) -> None:
         job.since_checkpoint_s = left
 
 
-def _latency(dep: _Deployment, s: dict[str, np.ndarray], dts: np.ndarray) -> None:
+# Steps whose latency quantiles (LEVELS of them each) are held at once: the per-level
+# matrices take about 8 KB a step, so a year at one step a minute was 4.7 GB at once.
+LATENCY_CHUNK_STEPS = 4096
+
+
+def _latency(dep: _Deployment, s: dict[str, np.ndarray], dts: np.ndarray
+             ) -> dict[str, np.ndarray]:
     """Per step: TTFT and TPOT percentiles, SLO attainment, from the replica curve at the
-    step's utilisation plus the backlog's wait (vectorised over the steps)."""
+    step's utilisation plus the backlog's wait (vectorised over the steps, a chunk of them
+    at a time); returns the request-weighted histograms of TTFT and TPOT over the run (each
+    step's quantiles weighted by the requests it served), for the run's percentiles."""
     curve = dep.curve
     n = s["replicas"]
     service = n * curve.capacity_per_s
@@ -655,33 +737,34 @@ def _latency(dep: _Deployment, s: dict[str, np.ndarray], dts: np.ndarray) -> Non
         wait = np.where(service > 0, s["backlog_mean"] / service,
                         np.where(s["backlog_mean"] > 0, dts, 0.0))
     rho = np.where(s["backlog_mean"] > 0, curve.rho[-1], rho)
-    ttft, tpot, slo, e2e = curve.at(rho)
-    ttft = ttft + wait[:, None]
+    steps = len(rho)
+    for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "slo_attainment",
+                "in_system"):
+        s[key] = np.empty(steps)
+    histograms = {key: np.zeros(len(HISTOGRAM_EDGES_S) - 1) for key in ("ttft", "tpot")}
+    for a in range(0, steps, LATENCY_CHUNK_STEPS):
+        part = slice(a, min(steps, a + LATENCY_CHUNK_STEPS))
+        ttft, tpot, slo, e2e = curve.at(rho[part])
+        ttft = ttft + wait[part, None]
+        s["ttft_p50_s"][part] = ttft[:, P50]
+        s["ttft_p99_s"][part] = ttft[:, P99]
+        s["tpot_p50_s"][part] = tpot[:, P50]
+        s["tpot_p99_s"][part] = tpot[:, P99]
+        s["slo_attainment"][part] = np.mean(slo + wait[part, None] <= dep.spec.slo.ttft_s,
+                                            axis=1)
+        # Little's law: requests in the system = rate through it x time in it, plus the
+        # backlog.
+        s["in_system"][part] = (np.minimum(s["load_per_s"][part], service[part]) * e2e
+                                + s["backlog_mean"][part])
+        weights = np.repeat(s["served"][part] / len(LEVELS), len(LEVELS))
+        for key, values in (("ttft", ttft.ravel()), ("tpot", tpot.ravel())):
+            finite = np.isfinite(values)
+            histograms[key] += np.histogram(
+                np.clip(values[finite], HISTOGRAM_EDGES_S[0], HISTOGRAM_EDGES_S[-1]),
+                bins=HISTOGRAM_EDGES_S, weights=weights[finite])[0]
     s["wait_s"] = wait
-    s["ttft_p50_s"] = ttft[:, P50]
-    s["ttft_p99_s"] = ttft[:, P99]
-    s["tpot_p50_s"] = tpot[:, P50]
-    s["tpot_p99_s"] = tpot[:, P99]
-    s["slo_attainment"] = np.mean(slo + wait[:, None] <= dep.spec.slo.ttft_s, axis=1)
     s["output_tokens"] = s["served"] * curve.output_tokens_mean
-    # Little's law: requests in the system = rate through it x time in it, plus the backlog.
-    s["in_system"] = np.minimum(s["load_per_s"], service) * e2e + s["backlog_mean"]
-    s["_ttft_all"] = ttft  # dropped after the histograms
-    s["_tpot_all"] = tpot
-
-
-def _histograms(dep: _Deployment, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Request-weighted histograms of TTFT and TPOT over the run (each step's quantiles
-    weighted by the requests it served), for the run's percentiles."""
-    weights = np.repeat(s["served"] / len(LEVELS), len(LEVELS))
-    out = {}
-    for key in ("ttft", "tpot"):
-        values = s.pop(f"_{key}_all").ravel()
-        finite = np.isfinite(values)
-        out[key] = np.histogram(np.clip(values[finite], HISTOGRAM_EDGES_S[0],
-                                        HISTOGRAM_EDGES_S[-1]),
-                                bins=HISTOGRAM_EDGES_S, weights=weights[finite])[0]
-    return out
+    return histograms
 
 
 def _percentile(counts: np.ndarray, q: float) -> float | None:
