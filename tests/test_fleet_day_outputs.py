@@ -63,11 +63,10 @@ def test_a_fleet_day_run_too_long_to_keep_is_refused_up_front(tmp_path: Path):
     from clustersim.cli.app import app
     from tests.cli_helpers import refused
 
-    raw = fleet_day_example()
-    raw["duration"] = "3650d"  # ten years of one-minute steps: 5.3 million steps x 3 rows
-    path = tmp_path / "decade.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    result = CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    # ten years of rainier-serving-day's minutes: 5.3 million steps x (10 deployments,
+    # 3 jobs, 1) rows
+    result = CliRunner().invoke(app, ["run", str(ROOT / "scenarios" / "rainier-serving-day.yaml"),
+                                      "--set", "duration=3650d", "-o", str(tmp_path / "out")])
     refused(result, "duration", "20,000,000",
             "docs/limits.md")
     assert not (tmp_path / "out").exists()
