@@ -282,8 +282,9 @@ def _deployment_index(scenario: Scenario, name: str | None) -> int:
 
 
 def plan_serving(scenario: Scenario, options: ServingPlanOptions,
-                 base_dir: Path | None = None) -> ServingPlanResult:
-    """Search each hardware entry for the cheapest configuration holding the load."""
+                 base_dir: Path | None = None, progress: Any = None) -> ServingPlanResult:
+    """Search each hardware entry for the cheapest configuration holding the load.
+    `progress(done, total, what)`, if given, hears of each candidate as it is looked at."""
     from clustersim.runner.api import simulate
 
     index = _deployment_index(scenario, options.deployment)
@@ -310,6 +311,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     rows: list[dict[str, Any]] = []
     ranked: list[dict[str, Any]] = []
     best_scenarios: dict[str, dict[str, Any]] = {}
+    mappings: dict[int, dict[str, Any]] = {}  # id(ranked row) -> its scenario
     notes: list[str] = []
     source = f"{scenario.source} (planned)"
 
@@ -343,7 +345,10 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                       key=lambda s: (s.usd_per_h_bound, -s.rate_bound_per_s * max(
                           1, s.spec.ranks_per_instance // (s.tp * s.pp)), s.tp * s.pp))
         best_usd: float | None = None
-        for shape in live:
+        for position, shape in enumerate(live):
+            if progress is not None:
+                progress(position, len(live), f"{name}: tp {shape.tp} x pp {shape.pp}, "
+                         f"batch {shape.max_batch}")
             if best_usd is not None and shape.usd_per_h_bound >= best_usd:
                 shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best "
                              f"found costs ${best_usd:,.2f}/h" if priced else
@@ -357,13 +362,17 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                 usd = outcome["rank_cost"]
                 if best_usd is None or usd < best_usd:
                     best_usd = usd
-                    best_scenarios[name] = outcome["mapping"]
+                mappings[id(row)] = outcome["mapping"]
                 ranked.append(row)
         rows += [_row(s, None, "pruned") for s in shapes if s.why]
     # Dollars and chips do not compare: priced hardware first by $/h, unpriced by chips.
     ranked.sort(key=lambda r: (r["usd_per_h"] is None, r["usd_per_h"] if r["usd_per_h"]
                                is not None else r["chips"],
                                r["cost_per_million_output_tokens_usd"] or 0))
+    # Each hardware's best scenario is its first row in this order (the one reported), not
+    # the first found at the cheapest $/h: equal $/h ties are broken by the cost per token.
+    for row in ranked:
+        best_scenarios.setdefault(row["hardware"], mappings[id(row)])
     frame = pd.DataFrame(rows)
     if not ranked:
         raise ServingPlanError(
@@ -376,6 +385,8 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
                                best_scenarios, notes)
     if options.capacity:
+        if progress is not None:
+            progress(0, None, "each best at its SLO capacity")
         _capacities(result, base_dir)
     return result
 
