@@ -75,11 +75,11 @@ def test_a_fleet_day_run_too_long_to_keep_is_refused_up_front(tmp_path: Path):
 def test_latency_books_in_chunks_are_those_of_one_chunk(monkeypatch):
     """The per-step latency quantiles computed a chunk of steps at a time (memory flat in the
     horizon) give the figures of the whole run at once."""
-    from clustersim.serving import fleetday
+    from clustersim.serving import fleetday_latency
 
     raw = fleet_day_example()
     whole = run_summary(raw)
-    monkeypatch.setattr(fleetday, "LATENCY_CHUNK_STEPS", 7)
+    monkeypatch.setattr(fleetday_latency, "LATENCY_CHUNK_STEPS", 7)
     chunked = run_summary(raw)
     for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "slo_goodput", "requests"):
         assert chunked["deployments"]["chat"][key] == pytest.approx(

@@ -34,12 +34,14 @@ def test_the_written_scenario_is_the_reported_best_when_costs_per_hour_tie(tmp_p
 
 
 def test_the_serving_planner_reports_progress():
-    from clustersim.runner.serving_plan import ServingPlanOptions, plan_serving
+    from clustersim.planning.serving_plan import ServingPlanOptions, plan_serving
+    from clustersim.runner.api import simulate
     from clustersim.scenario.loader import scenario_from_dict
     from tests.test_serving_plan import SMALL
 
     heard: list[tuple] = []
     plan_serving(scenario_from_dict(SMALL), ServingPlanOptions(capacity=False), None,
-                 lambda done, total, what: heard.append((done, total, what)))
+                 simulate=simulate, progress=lambda done, total, what: heard.append(
+                     (done, total, what)))
     assert heard and all("trn2: tp" in what for _, _, what in heard)
     assert heard[0][0] == 0 and all(done < total for done, total, _ in heard)
