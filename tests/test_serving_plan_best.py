@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_written_scenario_is_the_reported_best_when_costs_per_hour_tie(tmp_path: Path):
     """At 40 requests/s several p5en shapes need the same four instances; the tie is broken
     by the cost per token for the report, and the scenario written must be that one (it was
-    the first found at the cheapest $/h: TP 4 x 9 replicas written, TP 8 x 5 reported)."""
+    the first found at the cheapest $/h: TP 2 x 14 replicas written, TP 4 x 8 reported)."""
     written = tmp_path / "best.yaml"
     result = CliRunner().invoke(app, [
         "plan", str(ROOT / "scenarios" / "serving-llama-trn2.yaml"), "--hardware", "p5en",
