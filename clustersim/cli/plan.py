@@ -319,7 +319,9 @@ def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: 
         deployment=serve, goodput=goodput, top=top)
     with _scenario_file(write_scenario, out_dir, force) as (temporary, commit):
         try:
-            result = plan_serving(spec, options, Path(scenario).parent, simulate=simulate)
+            with _progress() as progress:
+                result = plan_serving(spec, options, Path(scenario).parent, simulate=simulate,
+                                      progress=progress)
         except ServingPlanError as error:
             raise UsageProblem(f"{scenario}: {error}") from None
         with atomic_output_dir(out_dir, force=force) as staging:

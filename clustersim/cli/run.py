@@ -66,6 +66,7 @@ def run(
         return
     out_dir = out if out is not None else Path("results") / spec.name
     check_output_dir(out_dir, force, replaces=spec.name)
+    _warn_never_admitted(spec)
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
@@ -78,6 +79,18 @@ def run(
     if spec.jobs:
         out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
                           f"clustersim plan {escape(str(scenario))}", soft_wrap=True)
+
+
+def _warn_never_admitted(spec: Any, shown: int = 5) -> None:
+    """A warning for each job its team's quota can never admit (the first `shown`)."""
+    from clustersim.scenario.teams import never_admitted
+
+    lines = never_admitted(spec)
+    for line in lines[:shown]:
+        err_console.print(f"warning: {escape(spec.source)}: {escape(line)}", soft_wrap=True)
+    if len(lines) > shown:
+        err_console.print(f"warning: ... and {len(lines) - shown:,} more jobs over their "
+                          "team's quota", soft_wrap=True)
 
 
 def _price_label(spec: Any) -> str:

@@ -78,6 +78,11 @@ MAX_SERVED_REQUESTS = 10_000_000  # expected requests of a run, every deployment
 MAX_REQUEST_TRACE_BYTES = 512 * 2**20  # a request trace file (CSV or Parquet)
 MAX_REQUEST_TRACE_ROWS = MAX_SERVED_REQUESTS
 MAX_RATE_SEARCH_REQUESTS = 1_000_000  # expected requests of one --find-rate trial
+# Fleet-day runs (clustersim.serving.fleetday): fluid steps x (fluid deployments + jobs + 1),
+# the rows of their per-step books. Measured on the docs/fleet-day.md example (one
+# deployment, one job, a step a minute): 20 to 60 days added 7.9 MB and 2.2 s of CPU for
+# 57,600 steps, about 70 bytes and 20 us a row, so the limit is about 1.4 GB and 7 minutes.
+MAX_FLEET_DAY_ROWS = 20_000_000
 
 # Planning (clustersim.planning, `clustersim plan`)
 MAX_PLAN_SIZES = 32  # chip counts of --chips (about 9 s of CPU each on the quickstart)

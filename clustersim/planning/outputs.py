@@ -159,12 +159,24 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
         raw["hardware"] = best["hardware"]
     instances = best["chips"] // _chips_per_instance(result, best["hardware"])
     cluster = dict(raw.get("cluster") or {})
-    cluster.pop("ultraservers", None)
-    cluster["instances"] = instances
-    if not isinstance(cluster.get("spares"), str):  # a share stays a share
-        group = next(g for g in result.groups if g.name == best["hardware"]
-                     and g.chips == best["chips"])
-        cluster["spares"] = group.key.instances - group.instances
+    if cluster.get("sites") and best["hardware"] == scenario.hardware.name:
+        # The sites stay as written (the plan's --chips are within them): `sites` replaces
+        # instances, ultraservers and spares, which `run` refuses beside it.
+        pass
+    else:
+        if cluster.pop("sites", None) is not None:
+            # Another hardware's instances do not fill the sites' UltraServers: one site
+            # of the job's size, and no site events without sites.
+            cluster.pop("inter_site", None)
+            failures = raw.get("failures")
+            if isinstance(failures, dict):
+                failures.pop("site_events", None)
+        cluster.pop("ultraservers", None)
+        cluster["instances"] = instances
+        if not isinstance(cluster.get("spares"), str):  # a share stays a share
+            group = next(g for g in result.groups if g.name == best["hardware"]
+                         and g.chips == best["chips"])
+            cluster["spares"] = group.key.instances - group.instances
     raw["cluster"] = cluster
     job = dict(raw["jobs"][0])
     job.update({

@@ -292,7 +292,7 @@ def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,
     summary["cluster"]["serving_instances"] = None  # they vary: fleet.parquet
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
-                     fleet_day=result)
+                     jobs=summary["jobs"], fleet_day=result)
 
 
 # The serving fleets' own seed stream: fixed apart from the timeline's replications.
@@ -390,7 +390,10 @@ def write_job_summary(result: RunResult, path: Path) -> None:
 
     from clustersim.analysis.trace import table_metadata
 
-    teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
+    if result.timelines:
+        teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
+    else:  # a fleet-day run: no timeline, the scenario's teams
+        teams = {job.name: job.team or "-" for job in result.scenario.jobs}
     columns = flat_job_columns(result.jobs, teams)
     table = pa.table({column: finite_or_none_column(values)
                       for column, values in columns.items()})
