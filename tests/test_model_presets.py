@@ -154,3 +154,14 @@ def test_a_bad_model_exits_2_naming_the_key() -> None:
                                       "jobs.0.model={base: deepseek-v3, top_k: 300}"])
     assert result.exit_code == 2
     assert "jobs.0.model" in result.output and "top_k 300" in result.output
+
+
+def test_mx_weights_compute_where_the_chip_has_a_peak() -> None:
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT, compute_precision
+
+    assert WEIGHT_BYTES_PER_ELEMENT["mxfp4"] == 4.25 / 8
+    trn3, trn2 = catalog_entry("trn3-gen2").chip.tflops, catalog_entry("trn2").chip.tflops
+    assert compute_precision("mxfp8", trn3) == "mxfp8" and trn3["mxfp8"] == trn3["fp8"]
+    assert compute_precision("mxfp8", trn2) == "bf16"  # weight-only
+    assert compute_precision("mxfp4", trn3) == "bf16"  # no chip has an FP4 peak here

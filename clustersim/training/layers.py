@@ -31,6 +31,8 @@ __all__ = [
     "kv_elements_per_token",
     "kv_elements_per_token_per_layer",
     "layer_weights",
+    "WEIGHT_BYTES_PER_ELEMENT",
+    "compute_precision",
 ]
 
 
@@ -161,3 +163,19 @@ def kv_elements_per_token(model: TransformerShape, context: int | None = None) -
     w = windowed_layers(model)
     kept = min(1.0, model.window / context)
     return per_layer * ((model.layers - w) + w * kept)
+
+
+# Bytes per weight as stored. MX formats (OCP Microscaling Formats v1.0): blocks of 32
+# elements share one 8-bit scale, so MXFP8 is 8 + 8/32 bits and MXFP4 4 + 8/32 (GPT-OSS
+# stores its experts so: "4.25 bits per parameter" in its model card).
+WEIGHT_BYTES_PER_ELEMENT = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0,
+                            "mxfp8": 33 / 32, "mxfp4": 17 / 32}
+
+
+def compute_precision(weight_precision: str, tflops: dict[str, float]) -> str:
+    """The precision a chip computes weights stored in `weight_precision` at: their own
+    where the chip has a peak for it (Trn3's MXFP8), otherwise bf16 (weight-only: stored
+    small, expanded to bf16 to compute)."""
+    if weight_precision in tflops:
+        return weight_precision
+    return "bf16"
