@@ -31,6 +31,7 @@ from typing import Any
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.training.experts import expert_load
 from clustersim.training.workload import Op, TrainingJob, attention_of, stage_work
 
 __all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation"]
@@ -79,6 +80,9 @@ class ChunkModel:
         self.hardware = hardware
         self.collectives = collectives
         self._cache: dict[tuple, ChunkTimes] = {}
+        # Operation times by (operation, precision): a layer's operations are shared by every
+        # chunk with its shape (training.workload keeps them), which differ in layer counts.
+        self._op_times: dict[tuple[Op, str], float] = {}
 
     def op_time_s(self, op: Op, precision: str) -> float:
         """Time of one operation on one rank (see the module docstring)."""
@@ -91,6 +95,16 @@ class ChunkModel:
             return memory_time
         peak = hw.chip.peak_flops(precision) / ranks
         return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
+
+    def cached_op_time_s(self, op: Op, precision: str) -> float:
+        """op_time_s, kept by the operation's value."""
+        known = self._op_times
+        found = known.get((op, precision))
+        if found is None:
+            if len(known) > 100_000:
+                known.clear()
+            found = known[(op, precision)] = self.op_time_s(op, precision)
+        return found
 
     def times(self, job: TrainingJob, layers: int, first: bool, last: bool,
               tp_group: Group | None, ep_group: tuple[Group, int] | None = None,
@@ -116,7 +130,7 @@ class ChunkModel:
         par = job.parallelism  # what stage_work reads of it: not pp, dp, ZeRO or interleave
         key = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
                par.sequence_parallel, par.ep, par.cp_comm, job.precision, job.recompute,
-               attention, layers, first, last, shape, ep_shape, cp_shape)
+               attention, layers, first, last, shape, ep_shape, cp_shape, expert_load(job))
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -127,7 +141,7 @@ class ChunkModel:
         def op_time(op: Op) -> float:
             found = seen.get(id(op))
             if found is None:
-                found = seen[id(op)] = self.op_time_s(op, job.precision)
+                found = seen[id(op)] = self.cached_op_time_s(op, job.precision)
             return found
 
         fwd = overhead + sum(op_time(op) for op in work.forward)
