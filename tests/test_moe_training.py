@@ -158,3 +158,35 @@ def test_trn3_switch_all_to_all_is_one_level() -> None:
     model = CollectiveModel(build_topology(catalog_entry("trn3-gen2"), 72))
     cost = model.cost("all-to-all", Group(np.arange(0, 144, 4), 1), 64e6)
     assert [s.level for s in cost.stages] == ["instance"]  # the NeuronSwitch domain
+
+
+PRESETS = ("deepseek-v3", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+           "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b")
+HARDWARE = {"trn2": ({"instances": 2}, 128), "trn2u": ({"ultraservers": 1}, 256),
+            "trn3-gen2": ({"ultraservers": 1}, 576), "p5en": ({"instances": 2}, 16)}
+
+
+def _step_of(hardware: str, name: str) -> float:
+    from clustersim.runner.api import step_profiles
+    from clustersim.scenario.loader import scenario_from_dict
+
+    cluster, ranks = HARDWARE[hardware]
+    dp = ranks // 8
+    moe = shape(name).moe
+    scenario = scenario_from_dict({
+        "name": "x", "duration": "1d", "hardware": hardware, "cluster": cluster,
+        "jobs": [{"name": "j", "model": name, "seq_len": 4096, "global_batch": dp,
+                  "parallelism": {"tp": 8, "dp": dp, "ep": min(8, dp) if moe else 1,
+                                  "zero": 1}}]}, "x")
+    return step_profiles(scenario)["j"].step_time_s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hardware", sorted(HARDWARE))
+def test_every_preset_steps_on_every_hardware(hardware: str) -> None:
+    for name in PRESETS:
+        assert 0 < _step_of(hardware, name) < float("inf")
+
+
+def test_deepseek_v3_steps_on_trn2_and_trn3() -> None:
+    assert _step_of("trn3-gen2", "deepseek-v3") < _step_of("trn2", "deepseek-v3")

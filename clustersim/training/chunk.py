@@ -80,9 +80,6 @@ class ChunkModel:
         self.hardware = hardware
         self.collectives = collectives
         self._cache: dict[tuple, ChunkTimes] = {}
-        # Operation times by (operation, precision): a layer's operations are shared by every
-        # chunk with its shape (training.workload keeps them), which differ in layer counts.
-        self._op_times: dict[tuple[Op, str], float] = {}
 
     def op_time_s(self, op: Op, precision: str) -> float:
         """Time of one operation on one rank (see the module docstring)."""
@@ -95,16 +92,6 @@ class ChunkModel:
             return memory_time
         peak = hw.chip.peak_flops(precision) / ranks
         return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
-
-    def cached_op_time_s(self, op: Op, precision: str) -> float:
-        """op_time_s, kept by the operation's value."""
-        known = self._op_times
-        found = known.get((op, precision))
-        if found is None:
-            if len(known) > 100_000:
-                known.clear()
-            found = known[(op, precision)] = self.op_time_s(op, precision)
-        return found
 
     def times(self, job: TrainingJob, layers: int, first: bool, last: bool,
               tp_group: Group | None, ep_group: tuple[Group, int] | None = None,
@@ -141,7 +128,7 @@ class ChunkModel:
         def op_time(op: Op) -> float:
             found = seen.get(id(op))
             if found is None:
-                found = seen[id(op)] = self.cached_op_time_s(op, job.precision)
+                found = seen[id(op)] = self.op_time_s(op, job.precision)
             return found
 
         fwd = overhead + sum(op_time(op) for op in work.forward)

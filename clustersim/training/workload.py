@@ -434,7 +434,8 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
         extra_forward += _embedding_ops(model, b, s, job.precision)
     if last:
         extra_forward += _output_ops(model, b, s, par.tp, job.precision)
-    backward = _backward_of(forward + extra_forward)
+    # The layer's backward once, repeated (the same operations as over the whole list).
+    backward = _backward_of(layer) * layers + _backward_of(extra_forward)
     if job.recompute == "full":
         backward = list(forward) + backward
     elif job.recompute == "selective":
