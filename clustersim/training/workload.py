@@ -417,6 +417,22 @@ def _backward_of(ops: list[Op]) -> list[Op]:
     return out
 
 
+_BACKWARDS: dict[int, tuple[tuple[Op, ...], list[Op]]] = {}
+
+
+def _layer_backward(layer: tuple[Op, ...]) -> list[Op]:
+    """_backward_of a layer's shared operations, kept with them (by identity: the entry
+    holds the layer, so its id stays its own), so its operations are shared too."""
+    found = _BACKWARDS.get(id(layer))
+    if found is not None and found[0] is layer:
+        return found[1]
+    if len(_BACKWARDS) >= 8192:
+        _BACKWARDS.clear()
+    backward = _backward_of(list(layer))
+    _BACKWARDS[id(layer)] = (layer, backward)
+    return backward
+
+
 def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
                attention: str | None = None) -> StageWork:
     """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank
@@ -425,9 +441,9 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
     model, b, seq = job.model, job.micro_batch, job.sequence_length
     s = seq // par.cp  # positions of each sequence on this rank
     load = expert_load(job) if model.moe else 1.0
-    layer = layer_forward_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
-                              attention=attention or attention_of(job), cp=par.cp, load=load,
-                              ep=par.ep)
+    shared = _cached_layer_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
+                               attention or attention_of(job), par.cp, load, par.ep)
+    layer = list(shared)
     forward = layer * layers
     extra_forward: list[Op] = []
     if first:
@@ -435,7 +451,7 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
     if last:
         extra_forward += _output_ops(model, b, s, par.tp, job.precision)
     # The layer's backward once, repeated (the same operations as over the whole list).
-    backward = _backward_of(layer) * layers + _backward_of(extra_forward)
+    backward = _layer_backward(shared) * layers + _backward_of(extra_forward)
     if job.recompute == "full":
         backward = list(forward) + backward
     elif job.recompute == "selective":
