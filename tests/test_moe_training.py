@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from clustersim.collectives import CollectiveModel, Group
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
-from clustersim.hardware.build import build_topology
 from clustersim.scenario.models import JobSpec
 from clustersim.training.attention import attention_flops_per_token
 from clustersim.training.experts import dispatch_bytes, expert_load
