@@ -224,7 +224,7 @@ def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
 def _least_memory(c: Candidate, job: JobSpec, memory: MemoryScreen) -> float:
     """Bytes per chip of the candidate's (tp, cp, pp, dp, ep, interleave, micro-batch) at its
     leanest: full recompute, sequence parallelism, the ZeRO stage that keeps the least."""
-    zeros = [z for z in (2, 3) if c.dp * c.cp > 1 and not (z == 3 and c.ep > 1)] or [0]
+    zeros = [z for z in (2, 3) if c.dp * c.cp > 1] or [0]
     return min(memory.per_chip(screen_job(job, replace(c, recompute="full",
                                                        sequence_parallel=c.tp > 1, zero=z)))
                for z in zeros)
