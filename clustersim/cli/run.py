@@ -65,7 +65,9 @@ def run(
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return
     out_dir = out if out is not None else Path("results") / spec.name
-    check_output_dir(out_dir, force, replaces=spec.name)
+    from clustersim.scenario.loader import input_files
+
+    check_output_dir(out_dir, force, replaces=spec.name, inputs=input_files(spec))
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,

@@ -506,7 +506,10 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
            progress: Callable[[float, float], None] | None = None) -> RunResult:
     """Simulate and write OUT whole or not at all: traces stream into a temporary sibling,
     summary.json and the effective scenario join them, then the folder is renamed."""
-    with atomic_output_dir(Path(out), force=force, replaces=scenario.name) as staging:
+    from clustersim.scenario.loader import input_files
+
+    with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
+                           inputs=input_files(scenario)) as staging:
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging)
         _write_summary(result, staging)

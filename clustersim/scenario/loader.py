@@ -68,6 +68,7 @@ __all__ = [
     "load_scenario",
     "scenario_from_dict",
     "apply_override",
+    "input_files",
     "parse_override",
     "read_yaml_file",
     "scenario_json_schema",
@@ -294,3 +295,21 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: boo
     path = Path(path)
     return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent,
                               planning=planning)
+
+
+def input_files(scenario: Scenario) -> list[Path]:
+    """The files a run of `scenario` reads: the scenario file and the traces it names
+    (relative to its folder). An output folder holding one of them is refused."""
+    source = Path(scenario.source)
+    if not source.is_file():
+        return []
+    files = [source]
+    named = []
+    if scenario.workload is not None:
+        named += [scenario.workload.file, scenario.workload.trace]
+    named += [getattr(d.workload, "trace", None) for d in scenario.serve]
+    for text in named:
+        if text:
+            path = Path(text)
+            files.append(path if path.is_absolute() else source.parent / path)
+    return files
