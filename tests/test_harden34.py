@@ -86,3 +86,46 @@ def test_run_refuses_an_output_folder_holding_its_trace(tmp_path: Path):
     scenario = write(tmp_path, raw)
     refused(invoke("run", scenario, "-o", data, "--force"), "holds", "philly.json")
     assert trace.is_file()
+
+
+# 3. Memory and size -----------------------------------------------------------------------
+
+def _trace_scenario(folder: Path, fmt: str, trace: Path, **workload) -> Path:
+    raw = yaml.safe_load((ROOT / f"scenarios/trace-{fmt}.yaml").read_text("utf-8"))
+    raw["workload"]["trace"] = str(trace)
+    raw["workload"].update(workload)
+    raw["trace"] = {"enabled": False}
+    return write(folder, raw)
+
+
+def test_a_trace_linked_to_a_proc_file_is_read_within_the_bound(tmp_path: Path, monkeypatch):
+    # /proc files say 0 bytes: the size check passed and the reader grew past 4.5 GB.
+    monkeypatch.setattr("clustersim.hardware.limits.MAX_TRACE_FILE_BYTES", 100)
+    for fmt in ("helios", "philly", "native"):
+        link = tmp_path / f"{fmt}.trace"
+        link.symlink_to("/proc/self/status")  # about 1.4 kB, said to be 0
+        refused(invoke("validate", _trace_scenario(tmp_path, fmt, link)),
+                str(link), "more than 100 bytes")
+
+
+def test_a_trace_linked_to_an_endless_proc_file_is_refused(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("clustersim.hardware.limits.MAX_TRACE_FILE_BYTES", 2**20)
+    link = tmp_path / "pagemap.json"
+    link.symlink_to("/proc/self/pagemap")  # terabytes if read whole
+    refused(invoke("validate", _trace_scenario(tmp_path, "philly", link)),
+            "more than 1,048,576 bytes")
+
+
+def test_the_pai_task_table_is_held_to_the_trace_size_limit(tmp_path: Path, monkeypatch):
+    for name in ("pai_job_table.csv", "pai_task_table.csv"):
+        (tmp_path / name).write_bytes((ROOT / "scenarios/traces" / name).read_bytes())
+    tasks = tmp_path / "pai_task_table.csv"
+    row = tasks.read_text("utf-8").splitlines()[0]
+    tasks.write_text("\n".join([row.replace("4b3f04b66a525d2df903eb16", f"j{i}")
+                                for i in range(40)]) + "\n", encoding="utf-8")
+    monkeypatch.setattr("clustersim.hardware.limits.MAX_TRACE_FILE_BYTES", 1000)
+    assert (tmp_path / "pai_job_table.csv").stat().st_size < 1000 < tasks.stat().st_size
+    result = invoke("validate", _trace_scenario(tmp_path, "pai",
+                                                tmp_path / "pai_job_table.csv"))
+    refused(result, "pai_task_table.csv", "at most 1,000")
+    assert "pai_job_table.csv:" not in result.stderr

@@ -30,6 +30,7 @@ model, parallelism and batch), and optionally `run_for` (seconds or a duration),
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from pathlib import Path
@@ -40,7 +41,7 @@ from pydantic import Field, model_validator
 
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
-from clustersim.scenario.reading import regular_file_problem
+from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 from clustersim.scenario.traces import TraceMapping, TraceTarget, read_trace
 
 __all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
@@ -227,7 +228,7 @@ def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -
     path = Path(text)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES)
+    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES, "a trace file")
     if problem is not None:
         raise ValueError(f"{key} {path}: {problem}")
     return path
@@ -294,8 +295,14 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     import pandas as pd
 
     path = _trace_path(path_text, base_dir, "workload.file")
+    try:  # bounded: a /proc file behind a link says 0 bytes and may never end
+        data = io.BytesIO(read_bounded(path, limits.MAX_TRACE_FILE_BYTES))
+    except (TooLarge, OSError) as error:
+        raise ValueError(f"workload.file {path}: "
+                         f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
+                         ) from None
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = pd.read_parquet(data) if path.suffix == ".parquet" else pd.read_csv(data)
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
         raise ValueError(f"workload.file {path}: cannot read it as "
                          f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "

@@ -31,6 +31,7 @@ the column (ValueError; the loader makes it a scenario error, exit 2).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from pydantic import Field
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
+from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 
 __all__ = ["FORMATS", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
 
@@ -98,7 +100,26 @@ class _Row:
 
 
 class _Bad(ValueError):
-    pass
+    """A problem of the trace; `file` names the file when it is not the trace given (PAI's
+    task table)."""
+
+    def __init__(self, message: str, file: Path | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+def _contents(path: Path) -> bytes:
+    """A trace file's bytes, bounded by limits.MAX_TRACE_FILE_BYTES however the file says
+    its size (a /proc file says 0); anything but a regular file is refused."""
+    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES, "a trace file")
+    if problem is not None:
+        raise _Bad(problem, path)
+    try:
+        return read_bounded(path, limits.MAX_TRACE_FILE_BYTES)
+    except TooLarge as error:
+        raise _Bad(str(error), path) from None
+    except OSError as error:
+        raise _Bad(f"cannot read it ({error.strerror or error})", path) from None
 
 
 def _seconds(value: Any, where: str, column: str) -> float | None:
@@ -141,21 +162,26 @@ def _number(value: Any, where: str, column: str) -> float:
     return number
 
 
-def _csv(path: Path, columns: tuple[str, ...], header: bool = True):
+def _csv(path: Path, columns: tuple[str, ...], header: bool | None = True):
+    """The rows of a CSV file as mappings of text; `header` None: a header row when the
+    first field is the first column's name (PAI's tables are published without one)."""
     import pandas as pd
 
+    data = _contents(path)
+    if header is None:
+        header = data.split(b"\n", 1)[0].split(b",")[0].strip() == columns[0].encode()
     try:
-        frame = pd.read_csv(path, header=0 if header else None, dtype=str,
+        frame = pd.read_csv(io.BytesIO(data), header=0 if header else None, dtype=str,
                             keep_default_na=False, names=None if header else list(columns))
     except Exception as error:  # pandas raises many kinds for a damaged file
-        raise _Bad(f"cannot read it as CSV ({type(error).__name__}: {error})") from None
+        raise _Bad(f"cannot read it as CSV ({type(error).__name__}: {error})", path) from None
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise _Bad(f"column {missing[0]} missing; expected the columns "
-                   f"{', '.join(columns)}")
+                   f"{', '.join(columns)}", path)
     if len(frame) > limits.MAX_TRACE_ROWS:
         raise _Bad(f"{len(frame):,} rows; expected at most {limits.MAX_TRACE_ROWS:,} "
-                   "(docs/limits.md)")
+                   "(docs/limits.md)", path)
     return frame.to_dict("records")
 
 
@@ -189,8 +215,10 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
     job's GPUs are its last attempt's, its run time from the first attempt's start to the
     last attempt's end (the retries between count as running: it held GPUs)."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+        document = json.loads(_contents(path).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        if isinstance(error, _Bad):
+            raise
         raise _Bad(f"cannot read it as JSON ({error})") from None
     if not isinstance(document, list):
         raise _Bad("expected a JSON list of jobs (Philly's cluster_job_log)")
@@ -246,12 +274,10 @@ def _pai_rows(path: Path) -> list[_Row]:
     if tasks_path == path or not tasks_path.is_file():
         raise _Bad(f"no task table beside it ({tasks_path.name}); expected "
                    "pai_job_table.csv and pai_task_table.csv in one folder")
-    header = _has_header(path, "job_name")
-    jobs = _csv(path, PAI_JOB_COLUMNS, header)
+    jobs = _csv(path, PAI_JOB_COLUMNS, None)
     tasks: dict[str, list[tuple[float, float | None, float | None]]] = {}
-    for number, task in enumerate(_csv(tasks_path, PAI_TASK_COLUMNS,
-                                       _has_header(tasks_path, "job_name")), start=1):
-        where = f"{tasks_path}: row {number}"
+    for number, task in enumerate(_csv(tasks_path, PAI_TASK_COLUMNS, None), start=1):
+        where = f"row {number}"
         try:
             gpus = (_number(task["inst_num"] or 0, where, "inst_num")
                     * _number(task["plan_gpu"] or 0, where, "plan_gpu") / 100.0)
@@ -259,7 +285,7 @@ def _pai_rows(path: Path) -> list[_Row]:
                 (gpus, _seconds(task["start_time"], where, "start_time"),
                  _seconds(task["end_time"], where, "end_time")))
         except _Bad as error:
-            raise _Bad(str(error)) from None
+            raise _Bad(str(error), tasks_path) from None
     rows = []
     for number, job in enumerate(jobs, start=1):
         where = f"row {number}"
@@ -273,15 +299,6 @@ def _pai_rows(path: Path) -> list[_Row]:
                          gpus or None, _text(job["user"]), _text(job["status"]),
                          "plan_gpu"))
     return rows
-
-
-def _has_header(path: Path, first: str) -> bool:
-    """The published PAI tables have no header row; a file written with one is read too."""
-    try:
-        with path.open(encoding="utf-8") as file:
-            return file.readline().split(",")[0].strip() == first
-    except (OSError, UnicodeDecodeError) as error:
-        raise _Bad(f"cannot read it ({error})") from None
 
 
 def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: float | None
@@ -299,9 +316,7 @@ def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
     try:
         return _read(path, fmt, mapping, target)
     except _Bad as error:
-        text = str(error)
-        raise ValueError(text if text.startswith(str(path)) or text.startswith("/")
-                         else f"{path}: {text}") from None
+        raise ValueError(f"{error.file or path}: {error}") from None
 
 
 def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
