@@ -129,3 +129,103 @@ def test_the_pai_task_table_is_held_to_the_trace_size_limit(tmp_path: Path, monk
                                                 tmp_path / "pai_job_table.csv"))
     refused(result, "pai_task_table.csv", "at most 1,000")
     assert "pai_job_table.csv:" not in result.stderr
+
+
+# 4. Trace parsing --------------------------------------------------------------------------
+
+PHILLY = json.loads((ROOT / "scenarios/traces/philly-sample.json").read_text("utf-8"))
+HELIOS = (ROOT / "scenarios/traces/helios-sample.csv").read_text("utf-8").splitlines()
+
+
+def _philly(tmp_path: Path, jobs) -> Path:
+    trace = tmp_path / "philly.json"
+    trace.write_text(jobs if isinstance(jobs, str) else json.dumps(jobs), encoding="utf-8")
+    return _trace_scenario(tmp_path, "philly", trace)
+
+
+def _helios(tmp_path: Path, lines: list[str], **workload) -> Path:
+    trace = tmp_path / "helios.csv"
+    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return _trace_scenario(tmp_path, "helios", trace, **workload)
+
+
+def test_philly_gpus_given_as_text_are_refused_not_counted_by_character(tmp_path: Path):
+    jobs = json.loads(json.dumps(PHILLY))
+    jobs[0]["attempts"][-1]["detail"][0]["gpus"] = "gpu0,gpu1"
+    refused(invoke("validate", _philly(tmp_path, jobs)), "philly.json", "job 1",
+            "attempts.detail.gpus", "expected a list")
+
+
+def test_a_boolean_submit_time_is_not_one_second(tmp_path: Path):
+    jobs = json.loads(json.dumps(PHILLY))
+    jobs[0]["submitted_time"] = True
+    refused(invoke("validate", _philly(tmp_path, jobs)), "job 1", "submitted_time",
+            "True is not a time")
+
+
+def test_digits_of_other_scripts_are_not_numbers(tmp_path: Path):
+    lines = [HELIOS[0], HELIOS[1].replace(",8,16,", ",\u0668,16,", 1), *HELIOS[2:]]
+    refused(invoke("validate", _helios(tmp_path, lines)), "helios.csv", "row 1",
+            "gpu_num", "is not a number")
+
+
+def test_native_job_names_are_kept_as_written(tmp_path: Path):
+    from clustersim.scenario.loader import load_scenario
+
+    trace = tmp_path / "native.csv"
+    trace.write_text("name,submit,instances,template,run_for\n007,0,1,research,1h\n"
+                     "1e3,10,1,research,1h\n", encoding="utf-8")
+    scenario = load_scenario(_trace_scenario(tmp_path, "native", trace))
+    assert [job.name for job in scenario.jobs] == ["007", "1e3"]
+
+
+def test_trace_times_beyond_the_calendar_range_are_refused(tmp_path: Path):
+    first = HELIOS[1].replace("2020-06-09 18:41:01,2020-06-09", "0001-01-01 00:00:00,2020-06-09",
+                              1)
+    refused(invoke("validate", _helios(tmp_path, [HELIOS[0], first, *HELIOS[2:]])),
+            "row 1", "submit_time", "year 1;")
+    last = HELIOS[-1].replace("2020-06-11 02:20:00", "9999-12-31 23:59:59")
+    refused(invoke("validate", _helios(tmp_path, [*HELIOS[:-1], last])), "row 5",
+            "end_time", "year 9999")
+
+
+def test_a_philly_file_nested_too_deep_is_refused(tmp_path: Path):
+    refused(invoke("validate", _philly(tmp_path, "[" * 100_000 + "]" * 100_000)),
+            "philly.json", "nested too deeply")
+
+
+def test_a_huge_gpu_count_is_refused_with_a_short_message(tmp_path: Path):
+    lines = [HELIOS[0], HELIOS[1].replace(",8,16,", ",1e300,16,", 1), *HELIOS[2:]]
+    result = invoke("validate", _helios(tmp_path, lines))
+    refused(result, "row 1", "gpu_num", "1e+300 GPUs; expected at most")
+    assert len(result.stderr) < 400, result.stderr
+
+
+def test_trace_row_errors_name_the_file_row_and_column(tmp_path: Path):
+    trace = tmp_path / "native.csv"
+    trace.write_text("name,submit,instances,template,run_for\na,0,1,research,1h\n"
+                     "b,2h,1,research,1h\n", encoding="utf-8")
+    scenario = _trace_scenario(tmp_path, "native", trace, templates=yaml.safe_load(
+        (ROOT / "scenarios/trace-native.yaml").read_text("utf-8"))["workload"]["templates"])
+    raw = yaml.safe_load(scenario.read_text("utf-8"))
+    raw["duration"] = "1h"
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "native.csv, row 2, column submit", "end of the scenario")
+    assert "jobs." not in result.stderr
+
+
+def test_template_errors_name_the_template_key(tmp_path: Path):
+    raw = yaml.safe_load((ROOT / "scenarios/trace-helios.yaml").read_text("utf-8"))
+    raw["workload"]["trace"] = str(ROOT / "scenarios/traces/helios-sample.csv")
+    raw["workload"]["templates"][0]["job"]["recompute"] = "bogus"
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "workload.templates.0.job.recompute", "bogus")
+    assert "jobs." not in result.stderr
+
+
+def test_a_trace_that_is_a_folder_is_not_called_a_yaml_file(tmp_path: Path):
+    folder = tmp_path / "helios"
+    folder.mkdir()
+    result = invoke("validate", _trace_scenario(tmp_path, "helios", folder))
+    refused(result, "is a directory")
+    assert "YAML" not in result.stderr

@@ -42,7 +42,7 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
-from clustersim.scenario.traces import TraceMapping, TraceTarget, read_trace
+from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
 __all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
 
@@ -177,9 +177,13 @@ def _draw(rng: np.random.Generator, cdf: np.ndarray) -> int:
 
 
 def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
-                  base_dir: Path | None, target: TraceTarget | None = None
+                  base_dir: Path | None, target: TraceTarget | None = None,
+                  origins: list[tuple[int, str | None, dict[str, str]]] | None = None
                   ) -> list[dict[str, Any]]:
-    """Raw job mappings (validated later with the rest of the scenario)."""
+    """Raw job mappings (validated later with the rest of the scenario). `origins`, if
+    given, gets one entry a job: its template's index, its trace row (None for an arrival)
+    and the row's column names by job key, for messages naming what the user wrote."""
+    origins = origins if origins is not None else []
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
     templates = {t.name: t for t in workload.templates}
@@ -211,15 +215,21 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                     template.run_for.sigma * rng.standard_normal()))
             job = _job(template, _size(template, rng), ranks_per_instance,
                        f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None)
+            origins.append((_index(workload, template.name), None, {}))
             if template.teams is not None:
                 names, cumulative = team_choice[template.name]
                 job["team"] = names[_draw(rng, cumulative)]
             jobs.append(job)
     if workload.file is not None:
-        jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir)
+        jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir,
+                           origins, f"workload.file {workload.file}")
     if workload.trace is not None:
-        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target)
+        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target, origins)
     return jobs
+
+
+def _index(workload: WorkloadSpec, template: str) -> int:
+    return next(i for i, t in enumerate(workload.templates) if t.name == template)
 
 
 def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -> Path:
@@ -244,15 +254,19 @@ def _team_name(text: str | None) -> str | None:
 
 def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
                 ranks_per_instance: int, base_dir: Path | None,
-                target: TraceTarget | None) -> list[dict[str, Any]]:
+                target: TraceTarget | None, origins: list) -> list[dict[str, Any]]:
     assert workload.trace is not None and workload.format is not None
     path = _trace_path(workload.trace, base_dir)
     target = target or TraceTarget(1, None, None)
     if workload.format == "native":
-        return _native(path, templates, ranks_per_instance, base_dir, target)
+        return _native(path, templates, ranks_per_instance, target, origins,
+                       f"workload.trace {workload.trace}")
     template = templates[workload.mapping.template or next(iter(templates))]
     jobs = []
+    columns = COLUMNS[workload.format]
     for row in read_trace(path, workload.format, workload.mapping, target):
+        origins.append((_index(workload, template.name),
+                        f"workload.trace {workload.trace}, {row.where}", columns))
         job = _job(template, row.instances, ranks_per_instance,
                    f"{workload.format}-{_team_name(row.id)}", row.submit_s, row.run_for_s,
                    None, None)
@@ -266,10 +280,10 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
 
 
 def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: int,
-            base_dir: Path | None, target: TraceTarget) -> list[dict[str, Any]]:
+            target: TraceTarget, origins: list, where: str) -> list[dict[str, Any]]:
     """The native trace (the `file:` columns) with the trace checks: names once, rows in
     submission order, run times >= 0, sizes within the cluster."""
-    jobs = _from_file(str(path), templates, ranks_per_instance, None)
+    jobs = _from_file(str(path), templates, ranks_per_instance, None, origins, where)
     seen: dict[str, int] = {}
     previous = -math.inf
     for number, job in enumerate(jobs, start=1):
@@ -291,7 +305,9 @@ def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: i
 
 
 def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_instance: int,
-               base_dir: Path | None) -> list[dict[str, Any]]:
+               base_dir: Path | None, origins: list, where: str) -> list[dict[str, Any]]:
+    """The jobs of a job file, one a row; `origins` gets each one's template index and row
+    (`where`, row N)."""
     import pandas as pd
 
     path = _trace_path(path_text, base_dir, "workload.file")
@@ -302,7 +318,9 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
                          f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
                          ) from None
     try:
-        frame = pd.read_parquet(data) if path.suffix == ".parquet" else pd.read_csv(data)
+        # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
+        frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
+                 pd.read_csv(data, dtype={"name": str, "team": str, "template": str}))
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
         raise ValueError(f"workload.file {path}: cannot read it as "
                          f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
@@ -319,6 +337,8 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     for number, row in enumerate(frame.to_dict("records")):
         try:
             jobs.append(_trace_job(row, number, path, templates, ranks_per_instance))
+            origins.append((list(templates).index(str(row["template"])),
+                            f"{where}, row {number + 1}", {}))
         except (TypeError, OverflowError, units.UnitError, ValueError) as error:
             raise ValueError(f"workload.file {path}, row {number + 1}: {error}") from None
     return jobs

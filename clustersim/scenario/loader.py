@@ -162,16 +162,18 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         ranks = int(hardware["chip"].get("ranks", 1)) * int(hardware["instance"]["chips"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
+    origins: list = []
     try:
         generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
-                                  _trace_target(resolved))
+                                  _trace_target(resolved), origins)
     except ValueError as error:
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []
     resolved["_generated_from"] = len(jobs)
+    resolved["_generated_origins"] = origins
     issues = _share_template_specs(generated, len(jobs))
     if issues:
-        raise ScenarioError(source, issues)
+        raise ScenarioError(source, collapse_generated(issues, len(jobs), origins))
     resolved["jobs"] = list(jobs) + generated
 
 
@@ -268,6 +270,7 @@ def scenario_from_dict(
     if not issues:
         _expand_workload(raw, resolved, source, base_dir)
     generated_from = resolved.pop("_generated_from", None)
+    origins = resolved.pop("_generated_origins", None)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
         scenario = Scenario.model_validate(resolved, context={"planning": planning})
@@ -276,10 +279,11 @@ def scenario_from_dict(
             i for i in pydantic_issues(error)
             if not any(i.path == r or i.path.startswith(r + ".") for r in failed_roots)
         ]
-        raise ScenarioError(source, collapse_generated(issues, generated_from)) from None
+        raise ScenarioError(source, collapse_generated(issues, generated_from,
+                                                        origins)) from None
     except ScenarioCheckError as error:
         raise ScenarioError(source, collapse_generated(issues + error.issues,
-                                                        generated_from)) from None
+                                                        generated_from, origins)) from None
     if issues:
         raise ScenarioError(source, issues)
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +45,7 @@ from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 
-__all__ = ["FORMATS", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
+__all__ = ["COLUMNS", "FORMATS", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
 
 FORMATS = ("philly", "helios", "pai", "acme", "native")
 
@@ -84,6 +85,20 @@ class TraceJob:
     instances: int
     team: str | None
     outcome: str | None
+    where: str = ""  # "row 12" (CSV) or "job 12 (jobid ...)" (JSON)
+
+
+# Per format, the trace's column behind each key of a replayed job (for messages).
+COLUMNS = {
+    "philly": {"name": "jobid", "submit": "submitted_time", "instances": "attempts.detail.gpus",
+               "run_for": "attempts.start_time/end_time", "team": "vc or user"},
+    "helios": {"name": "job_id", "submit": "submit_time", "instances": "gpu_num",
+               "run_for": "start_time/end_time", "team": "vc or user"},
+    "acme": {"name": "job_id", "submit": "submit_time", "instances": "gpu_num",
+             "run_for": "start_time/end_time/fail_time", "team": "user"},
+    "pai": {"name": "inst_id", "submit": "start_time", "instances": "plan_gpu",
+            "run_for": "the task table's start_time/end_time", "team": "user"},
+}
 
 
 @dataclass(frozen=True)
@@ -122,41 +137,59 @@ def _contents(path: Path) -> bytes:
         raise _Bad(f"cannot read it ({error.strerror or error})", path) from None
 
 
+# A plain decimal number as text: what float() reads beyond it (digits of other scripts such
+# as Arabic-Indic, `1_000`, `infinity`) is not a trace's number.
+_PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_FIRST_YEAR, _LAST_YEAR = 1900, 2200  # a trace's dates (the published ones: 2017-2023)
+
+
+def _plain(value: Any) -> float | None:
+    """A number given as a number or as plain ASCII decimal text; None for other text.
+    A boolean is no number (True is not 1 s or 1 GPU)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and _PLAIN_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return None
+
+
 def _seconds(value: Any, where: str, column: str) -> float | None:
     """A time as seconds: a number, or a date and time (with or without a zone)."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(float(value)):
-            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
-        return float(value)
-    try:  # seconds written as text (PAI's tables)
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
+                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
+    seconds = _plain(value)  # seconds, written as a number or as text (PAI's tables)
     if seconds is not None:
-        return _seconds(seconds, where, column)
+        if not math.isfinite(seconds):
+            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
+        return seconds
     import pandas as pd
 
     try:
         stamp = pd.Timestamp(str(value))
-    except (ValueError, TypeError):
+        if stamp is pd.NaT:
+            return None
+        if not _FIRST_YEAR <= stamp.year <= _LAST_YEAR:
+            raise _Bad(f"{where}, column {column}: {value!r} is in the year {stamp.year}; "
+                       f"expected a time from {_FIRST_YEAR} to {_LAST_YEAR}")
+        if stamp.tzinfo is not None:
+            stamp = stamp.tz_convert("UTC").tz_localize(None)
+        return stamp.value / 1e9
+    except (ValueError, TypeError, OverflowError) as error:
+        if isinstance(error, _Bad):
+            raise
         raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
                    "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
-    if stamp is pd.NaT:
-        return None
-    if stamp.tzinfo is not None:
-        stamp = stamp.tz_convert("UTC").tz_localize(None)
-    return stamp.value / 1e9
 
 
 def _number(value: Any, where: str, column: str) -> float:
-    if isinstance(value, bool):
+    number = _plain(value)
+    if number is None:
         raise _Bad(f"{where}, column {column}: {value!r} is not a number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _Bad(f"{where}, column {column}: {value!r} is not a number") from None
     if not math.isfinite(number) or number < 0:
         raise _Bad(f"{where}, column {column}: {value!r}; expected a finite count >= 0")
     return number
@@ -214,12 +247,14 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
     """Philly's cluster_job_log: a JSON list of jobs, each with its scheduling attempts; the
     job's GPUs are its last attempt's, its run time from the first attempt's start to the
     last attempt's end (the retries between count as running: it held GPUs)."""
+    data = _contents(path)
     try:
-        document = json.loads(_contents(path).decode("utf-8"))
+        document = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
-        if isinstance(error, _Bad):
-            raise
         raise _Bad(f"cannot read it as JSON ({error})") from None
+    except RecursionError:  # JSON nested deeper than Python's stack (Philly's is 4 levels)
+        raise _Bad("cannot read it as JSON (nested too deeply; expected a list of jobs, "
+                   "each a mapping with a list of attempts)") from None
     if not isinstance(document, list):
         raise _Bad("expected a JSON list of jobs (Philly's cluster_job_log)")
     if len(document) > limits.MAX_TRACE_ROWS:
@@ -248,11 +283,11 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
             detail = last.get("detail") or []
             if not isinstance(detail, list):
                 raise _Bad(f"{where}, column attempts.detail: expected a list")
-            try:
-                gpus = float(sum(len(d["gpus"]) for d in detail))
-            except (KeyError, TypeError):
+            if not all(isinstance(d, dict) and isinstance(d.get("gpus"), list)
+                       for d in detail):  # a string's length is not its GPUs
                 raise _Bad(f"{where}, column attempts.detail.gpus: expected a list of "
-                           "GPUs per server") from None
+                           "GPUs per server")
+            gpus = float(sum(len(d["gpus"]) for d in detail))
         rows.append(_Row(where, str(job["jobid"]),
                          _seconds(job["submitted_time"], where, "submitted_time") or 0.0,
                          start, end, gpus or None, _text(job.get(team_column)),
@@ -366,11 +401,16 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
                        "expected start >= submit")
         if row.gpus is None or row.start is None or row.end is None:
             continue  # no GPUs, never started, or still running: no GPU run to replay
+        most = min(target.max_instances or limits.MAX_INSTANCES, limits.MAX_INSTANCES)
+        if row.gpus > most * 1024:  # beyond any mapping's reach: no 300-digit size
+            raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs; expected "
+                       f"at most {most * 1024:,} (more than the cluster's {most:,} "
+                       "instances hold)")
         instances = _size(row.gpus, mapping, target, gpu_tflops)
-        if target.max_instances is not None and instances > target.max_instances:
+        if instances > most:
             raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs map to "
-                       f"{instances:,} instances, more than the cluster's "
-                       f"{target.max_instances:,}")
+                       f"{instances:,} instances, more than the cluster's {most:,}")
         jobs.append(TraceJob(row.id, row.submit - base, max(row.end - row.start, 1.0),
-                             instances, None if team == "none" else row.team, row.outcome))
+                             instances, None if team == "none" else row.team, row.outcome,
+                             row.where))
     return jobs
