@@ -229,3 +229,58 @@ def test_a_trace_that_is_a_folder_is_not_called_a_yaml_file(tmp_path: Path):
     result = invoke("validate", _trace_scenario(tmp_path, "helios", folder))
     refused(result, "is a directory")
     assert "YAML" not in result.stderr
+
+
+# 5. Traces as published (issue 33, item 4) ----------------------------------------------
+
+def _philly_as_published(tmp_path: Path) -> Path:
+    """The sample with what the real cluster_job_log has: attempts whose times are "None",
+    a CPU-only job and a job without attempts (the sample's job 3)."""
+    jobs = json.loads(json.dumps(PHILLY))
+    jobs[0]["attempts"].append({"start_time": "None", "end_time": "None", "detail": []})
+    jobs[1]["attempts"][-1]["end_time"] = "None"
+    jobs.append({"status": "Killed", "vc": "b436b2", "jobid": "never", "user": "x",
+                 "submitted_time": "2017-10-08 01:00:00",
+                 "attempts": [{"start_time": "None", "end_time": "None", "detail": []}]})
+    jobs.append({"status": "Pass", "vc": "b436b2", "jobid": "cpu", "user": "x",
+                 "submitted_time": "2017-10-08 02:00:00",
+                 "attempts": [{"start_time": "2017-10-08 02:00:00",
+                               "end_time": "2017-10-08 03:00:00",
+                               "detail": [{"ip": "m1", "gpus": []}]}]})
+    trace = tmp_path / "cluster_job_log"
+    trace.write_text(json.dumps(jobs), encoding="utf-8")
+    return trace
+
+
+def test_philly_as_published_replays_without_a_template_and_counts_what_it_left_out(
+        tmp_path: Path):
+    trace = _philly_as_published(tmp_path)
+    scenario = write(tmp_path, {"name": "philly", "hardware": "trn2u", "duration": "4d",
+                                "cluster": {"ultraservers": 16}, "trace": {"enabled": False},
+                                "workload": {"trace": trace.name, "format": "philly"}})
+    result = invoke("run", scenario, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out/summary.json").read_text("utf-8"))
+    assert summary["trace_rows"] == {
+        "format": "philly", "rows": 6, "replayed": 3, "ended_at_trace_end": 1,
+        "left_out": {"no_attempts": 1, "never_started": 1, "no_gpus": 1}}
+    assert "3 of 6 rows replayed" in result.stdout
+    assert "left out: 1 no" in result.stdout
+    jobs = summary["jobs"]
+    assert len(jobs) == 3 and all(j["model"] == "llama3-8b" for j in jobs.values())
+    # job 2's only attempt has no end: it runs from its start (02:00:00 on the 7th) to the
+    # trace's latest time (job 1's end, 06:53:12 on the 9th): 52 h 53 min 12 s
+    second = jobs["philly-application_1506638472019_14200"]
+    assert second["end_s"] - second["start_s"] == 52 * 3600 + 53 * 60 + 12
+
+
+def test_pai_given_as_its_folder_replays(tmp_path: Path):
+    folder = tmp_path / "pai"
+    folder.mkdir()
+    for name in ("pai_job_table.csv", "pai_task_table.csv"):
+        (folder / name).write_bytes((ROOT / "scenarios/traces" / name).read_bytes())
+    from clustersim.scenario.loader import load_scenario
+
+    scenario = load_scenario(_trace_scenario(tmp_path, "pai", folder))
+    assert len(scenario.jobs) == 3
+    assert scenario.trace_rows["replayed"] == 3

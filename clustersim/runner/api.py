@@ -395,6 +395,8 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
         "jobs": combined["jobs"],
         "cluster": cluster,
     }
+    if scenario.trace_rows is not None:
+        summary["trace_rows"] = scenario.trace_rows
     if len(all_jobs) > SUMMARY_JOBS:
         summary["jobs_listed"] = (f"the {len(combined['jobs']):,} largest of "
                                   f"{len(all_jobs):,} jobs; every job is in job_summary.parquet")

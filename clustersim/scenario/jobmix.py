@@ -44,7 +44,7 @@ from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
-__all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
+__all__ = ["WorkloadSpec", "JobTemplate", "default_template", "generate_jobs"]
 
 
 class SizeRange(Spec):
@@ -117,8 +117,8 @@ class WorkloadSpec(Spec):
             raise ValueError("arrivals need at least one template")
         if self.trace is not None and self.format is None:
             raise ValueError("trace needs its format: philly, helios, pai, acme or native")
-        if self.trace is not None and not self.templates:
-            raise ValueError("a trace needs a template (the jobs' model, parallelism, batch)")
+        if self.trace is not None and self.format == "native" and not self.templates:
+            raise ValueError("a native trace needs the templates its rows name")
         if self.mapping.template is not None and self.mapping.template not in {
                 t.name for t in self.templates}:
             raise ValueError(f"mapping.template {self.mapping.template!r} is not a template")
@@ -178,11 +178,12 @@ def _draw(rng: np.random.Generator, cdf: np.ndarray) -> int:
 
 def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                   base_dir: Path | None, target: TraceTarget | None = None,
-                  origins: list[tuple[int, str | None, dict[str, str]]] | None = None
-                  ) -> list[dict[str, Any]]:
+                  origins: list[tuple[int | str, str | None, dict[str, str]]] | None = None,
+                  trace_rows: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Raw job mappings (validated later with the rest of the scenario). `origins`, if
     given, gets one entry a job: its template's index, its trace row (None for an arrival)
-    and the row's column names by job key, for messages naming what the user wrote."""
+    and the row's column names by job key, for messages naming what the user wrote;
+    `trace_rows`, if given, what became of a published trace's rows (read_trace)."""
     origins = origins if origins is not None else []
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
@@ -224,8 +225,23 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
         jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir,
                            origins, f"workload.file {workload.file}")
     if workload.trace is not None:
-        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target, origins)
+        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target, origins,
+                            trace_rows if trace_rows is not None else {})
     return jobs
+
+
+def default_template(ranks_per_instance: int) -> JobTemplate:
+    """The template of a trace's jobs when the scenario gives none (docs/traces-in.md): Llama
+    3 8B at 4,096 tokens, tensor-parallel within an instance (TP 8, or the largest power of
+    two dividing its ranks), data-parallel over the job's size as the trace gives it, ZeRO-1,
+    selective recompute, 8 micro-batches a step, checkpoints at the interval that maximises
+    goodput."""
+    tp = math.gcd(8, ranks_per_instance)
+    return JobTemplate.model_validate({
+        "name": "default", "instances": [1], "job": {
+            "model": "llama3-8b", "seq_len": 4096, "recompute": "selective",
+            "parallelism": {"tp": tp, "pp": 1, "zero": 1, "sequence_parallel": tp > 1},
+            "checkpoint": {"interval": "auto", "write": "30s", "restore": "2min"}}})
 
 
 def _index(workload: WorkloadSpec, template: str) -> int:
@@ -254,19 +270,30 @@ def _team_name(text: str | None) -> str | None:
 
 def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
                 ranks_per_instance: int, base_dir: Path | None,
-                target: TraceTarget | None, origins: list) -> list[dict[str, Any]]:
+                target: TraceTarget | None, origins: list, trace_rows: dict[str, Any]
+                ) -> list[dict[str, Any]]:
     assert workload.trace is not None and workload.format is not None
-    path = _trace_path(workload.trace, base_dir)
+    path = Path(workload.trace)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if workload.format == "pai" and path.is_dir():  # PAI as published: its folder of tables
+        path = path / "pai_job_table.csv"
+    path = _trace_path(str(path), None)
     target = target or TraceTarget(1, None, None)
     if workload.format == "native":
         return _native(path, templates, ranks_per_instance, target, origins,
                        f"workload.trace {workload.trace}")
-    template = templates[workload.mapping.template or next(iter(templates))]
+    if templates:
+        template = templates[workload.mapping.template or next(iter(templates))]
+        label: int | str = _index(workload, template.name)
+    else:
+        template, label = default_template(ranks_per_instance), "default"
     jobs = []
     columns = COLUMNS[workload.format]
-    for row in read_trace(path, workload.format, workload.mapping, target):
-        origins.append((_index(workload, template.name),
-                        f"workload.trace {workload.trace}, {row.where}", columns))
+    rows, stats = read_trace(path, workload.format, workload.mapping, target)
+    trace_rows.update(stats)
+    for row in rows:
+        origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))
         job = _job(template, row.instances, ranks_per_instance,
                    f"{workload.format}-{_team_name(row.id)}", row.submit_s, row.run_for_s,
                    None, None)

@@ -163,14 +163,16 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
     origins: list = []
+    trace_rows: dict[str, Any] = {}
     try:
         generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
-                                  _trace_target(resolved), origins)
+                                  _trace_target(resolved), origins, trace_rows)
     except ValueError as error:
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []
     resolved["_generated_from"] = len(jobs)
     resolved["_generated_origins"] = origins
+    resolved["_trace_rows"] = trace_rows or None
     issues = _share_template_specs(generated, len(jobs))
     if issues:
         raise ScenarioError(source, collapse_generated(issues, len(jobs), origins))
@@ -271,6 +273,7 @@ def scenario_from_dict(
         _expand_workload(raw, resolved, source, base_dir)
     generated_from = resolved.pop("_generated_from", None)
     origins = resolved.pop("_generated_origins", None)
+    trace_rows = resolved.pop("_trace_rows", None)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
         scenario = Scenario.model_validate(resolved, context={"planning": planning})
@@ -289,6 +292,7 @@ def scenario_from_dict(
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
     scenario._source = source
     scenario._cluster_given = cluster_given
+    scenario._trace_rows = trace_rows
     return scenario
 
 

@@ -140,6 +140,8 @@ def _where_generated(issue: Issue, first: int, origins: Sequence[Any] | None) ->
     if row is not None and key in _ROW_KEYS:
         column = columns.get(key, key)
         path = f"{row}, column {column}"
+    elif isinstance(template, str):  # no template given: the default (docs/traces-in.md)
+        path = f"workload: the default template's job{rest}"
     else:
         path = f"workload.templates.{template}.job{rest}"
     return Issue(path, issue.message, issue.value, issue.has_value, issue.line)

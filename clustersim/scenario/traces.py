@@ -45,7 +45,7 @@ from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 
-__all__ = ["COLUMNS", "FORMATS", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
+__all__ = ["COLUMNS", "FORMATS", "LEFT_OUT", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
 
 FORMATS = ("philly", "helios", "pai", "acme", "native")
 
@@ -112,6 +112,16 @@ class _Row:
     team: str | None
     outcome: str | None
     size_column: str
+    left_out: str | None = None  # why the row is not replayed, when its parser knows
+
+
+# Why a row of a trace is not replayed, as counted in summary.json's trace_rows.
+LEFT_OUT = {
+    "no_attempts": "no scheduling attempt (Philly)",
+    "never_started": "never started",
+    "no_gpus": "no GPUs (CPU-only)",
+    "no_end": "no end time (still running at the trace's end)",
+}
 
 
 class _Bad(ValueError):
@@ -157,7 +167,8 @@ def _plain(value: Any) -> float | None:
 
 def _seconds(value: Any, where: str, column: str) -> float | None:
     """A time as seconds: a number, or a date and time (with or without a zone)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+    if (value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+            or value == "None"):  # Philly writes a time it does not have as "None"
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
@@ -274,10 +285,18 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
             raise _Bad(f"{where}, column attempts: expected a list")
         start = end = None
         gpus = None
-        if attempts:
-            first, last = attempts[0], attempts[-1]
-            if not isinstance(first, dict) or not isinstance(last, dict):
-                raise _Bad(f"{where}, column attempts: expected mappings")
+        reason = None if attempts else "no_attempts"
+        if not all(isinstance(a, dict) for a in attempts):
+            raise _Bad(f"{where}, column attempts: expected mappings")
+        # As Philly's own analysis reads them: an attempt whose start is "None" never
+        # started; the job ran from its first started attempt to the end of its last (an end
+        # of "None": still running when the log ends, ended at the trace's end later).
+        started = [a for a in attempts
+                   if _seconds(a.get("start_time"), where, "attempts.start_time") is not None]
+        if attempts and not started:
+            reason = "never_started"
+        if started:
+            first, last = started[0], started[-1]
             start = _seconds(first.get("start_time"), where, "attempts.start_time")
             end = _seconds(last.get("end_time"), where, "attempts.end_time")
             detail = last.get("detail") or []
@@ -291,7 +310,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
         rows.append(_Row(where, str(job["jobid"]),
                          _seconds(job["submitted_time"], where, "submitted_time") or 0.0,
                          start, end, gpus or None, _text(job.get(team_column)),
-                         _text(job["status"]), "attempts.detail.gpus"))
+                         _text(job["status"]), "attempts.detail.gpus", reason))
     return rows
 
 
@@ -346,8 +365,10 @@ def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: f
 
 
 def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
-               ) -> list[TraceJob]:
-    """The GPU jobs of a trace file, mapped (ValueError naming the file, row and column)."""
+               ) -> tuple[list[TraceJob], dict[str, Any]]:
+    """The GPU jobs of a trace file, mapped (ValueError naming the file, row and column),
+    and what became of its rows: {rows, replayed, left_out: {reason: count} (LEFT_OUT),
+    ended_at_trace_end}."""
     try:
         return _read(path, fmt, mapping, target)
     except _Bad as error:
@@ -355,7 +376,7 @@ def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
 
 
 def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
-          ) -> list[TraceJob]:
+          ) -> tuple[list[TraceJob], dict[str, Any]]:
     gpu_tflops = None
     if mapping.rule == "compute":
         from clustersim.hardware.catalog import catalog_entry
@@ -384,6 +405,11 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
     jobs = []
     previous = -math.inf
     base = min((row.submit for row in rows), default=0.0)
+    # The trace's end: its last time of any kind (a Philly attempt without an end ran to it).
+    trace_end = max((t for row in rows for t in (row.submit, row.start, row.end)
+                     if t is not None), default=0.0)
+    left_out = dict.fromkeys(LEFT_OUT, 0)
+    ended_at_trace_end = 0
     for row in rows:
         if row.id in seen:
             raise _Bad(f"{row.where}, column id: {row.id!r} is there twice (also "
@@ -399,8 +425,16 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
         if row.start is not None and row.start < row.submit - 1e-6 and fmt != "pai":
             raise _Bad(f"{row.where}, column start_time: it starts before its submission; "
                        "expected start >= submit")
-        if row.gpus is None or row.start is None or row.end is None:
-            continue  # no GPUs, never started, or still running: no GPU run to replay
+        reason = row.left_out or ("never_started" if row.start is None else
+                                  "no_gpus" if row.gpus is None else
+                                  "no_end" if row.end is None and fmt != "philly" else None)
+        if reason is not None:  # no GPU run to replay
+            left_out[reason] += 1
+            continue
+        end = row.end
+        if end is None:
+            end = trace_end
+            ended_at_trace_end += 1
         most = min(target.max_instances or limits.MAX_INSTANCES, limits.MAX_INSTANCES)
         if row.gpus > most * 1024:  # beyond any mapping's reach: no 300-digit size
             raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs; expected "
@@ -410,7 +444,10 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
         if instances > most:
             raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs map to "
                        f"{instances:,} instances, more than the cluster's {most:,}")
-        jobs.append(TraceJob(row.id, row.submit - base, max(row.end - row.start, 1.0),
+        jobs.append(TraceJob(row.id, row.submit - base, max(end - row.start, 1.0),
                              instances, None if team == "none" else row.team, row.outcome,
                              row.where))
-    return jobs
+    del left_out["no_end" if fmt == "philly" else "no_attempts"]  # a reason of other formats
+    stats = {"format": fmt, "rows": len(rows), "replayed": len(jobs), "left_out": left_out,
+             "ended_at_trace_end": ended_at_trace_end}
+    return jobs, stats
