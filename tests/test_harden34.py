@@ -284,3 +284,23 @@ def test_pai_given_as_its_folder_replays(tmp_path: Path):
     scenario = load_scenario(_trace_scenario(tmp_path, "pai", folder))
     assert len(scenario.jobs) == 3
     assert scenario.trace_rows["replayed"] == 3
+
+
+# 7. .gitignore keeps the goldens only --------------------------------------------------
+
+def test_gitignore_tracks_the_goldens_and_no_other_run(tmp_path: Path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    # The goldens: the tracked results/<name>/summary.json; a run of any other name is not.
+    goldens = subprocess.run(["git", "ls-files", "results/*/summary.json"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert len(goldens) >= 20
+    others = ["results/quickstart/summary.json", "results/my-run/summary.json"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *goldens, *others],
+                             cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert ignored == others
