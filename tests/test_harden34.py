@@ -304,3 +304,39 @@ def test_gitignore_tracks_the_goldens_and_no_other_run(tmp_path: Path):
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *goldens, *others],
                              cwd=ROOT, capture_output=True, text=True).stdout.split()
     assert ignored == others
+
+
+# 6. Messages and outputs ----------------------------------------------------------------
+
+def test_a_duplicate_site_name_is_reported_under_the_sites_key(tmp_path: Path):
+    raw = yaml.safe_load((ROOT / "scenarios/sites-spread.yaml").read_text("utf-8"))
+    raw["cluster"]["sites"][1]["name"] = raw["cluster"]["sites"][0]["name"]
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "cluster.sites.1.name", "named twice")
+    assert "inter_site" not in result.stderr
+
+
+FAILING = {
+    "name": "failing", "hardware": "trn2", "duration": "2d", "seed": 1,
+    "cluster": {"instances": 4, "spares": 1},
+    "jobs": [{"name": f"j{i}", "model": "llama3-8b", "global_batch": 16, "instances": 1,
+              "parallelism": {"tp": 8, "dp": 8, "zero": 1},
+              "checkpoint": {"interval": "1h", "write": "30s"}} for i in range(3)],
+    "failures": {"preset": "llama3", "scale": 200},
+    "trace": {"enabled": True, "levels": ["cluster", "job"]},
+}
+
+
+def test_report_on_a_run_whose_summary_lists_only_some_jobs(tmp_path: Path):
+    # Past 2,000 jobs summary.json lists the 100 largest; the plot around the first failure
+    # looked every job up there (KeyError 'l1', exit 1).
+    out = tmp_path / "run"
+    assert invoke("run", write(tmp_path, FAILING), "-o", out).exit_code == 0
+    summary = json.loads((out / "summary.json").read_text("utf-8"))
+    assert sum(summary["cluster"]["failures"].values()) > 0
+    summary["jobs"] = {"j0": summary["jobs"]["j0"]}
+    summary["jobs_listed"] = "the 1 largest of 3 jobs"
+    (out / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    result = invoke("report", out)
+    assert result.exit_code == 0, result.output
+    assert (out / "report/first_failure.png").is_file()
