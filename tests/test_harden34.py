@@ -340,3 +340,18 @@ def test_report_on_a_run_whose_summary_lists_only_some_jobs(tmp_path: Path):
     result = invoke("report", out)
     assert result.exit_code == 0, result.output
     assert (out / "report/first_failure.png").is_file()
+
+
+def test_the_api_reads_job_summary_and_jobs_has_the_team(tmp_path: Path):
+    from clustersim.analysis.runs import load_run
+
+    raw = json.loads(json.dumps(FAILING))
+    raw["jobs"][0]["team"] = "vision"
+    raw["failures"] = {"preset": "llama3"}
+    out = tmp_path / "run"
+    assert invoke("run", write(tmp_path, raw), "-o", out).exit_code == 0
+    run = load_run(out)
+    summary = run.table("job_summary")
+    assert list(summary["name"]) == ["j0", "j1", "j2"]
+    assert run.job_summary is not None and len(run.job_summary) == 3
+    assert list(run.jobs["team"]) == ["vision", "-", "-"]

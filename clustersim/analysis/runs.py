@@ -307,12 +307,16 @@ class Run:
         return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
 
     def table(self, name: str) -> pd.DataFrame:
-        if name not in TABLES + SERVING_TABLES:
-            raise KeyError(f"unknown table {name!r}; expected one of "
-                           f"{', '.join(TABLES + SERVING_TABLES)}")
+        """A table of the run (`TABLES`, the serving tables or `job_summary`) as a
+        DataFrame."""
+        known = TABLES + SERVING_TABLES + ("job_summary",)
+        if name not in known:
+            raise KeyError(f"unknown table {name!r}; expected one of {', '.join(known)}")
         path = self.path / f"{name}.parquet"
         if not path.exists():
-            raise FileNotFoundError(f"{path}: this run has no {name} table (traces disabled?)")
+            why = ("a fleet-day run writes no per-job or per-chip traces (docs/fleet-day.md)"
+                   if "fleet_day" in self.summary else "traces disabled?")
+            raise FileNotFoundError(f"{path}: this run has no {name} table ({why})")
         frame = pq.read_table(path).to_pandas()
         for column in frame.columns:  # dictionary-encoded strings come back as categoricals
             if isinstance(frame[column].dtype, pd.CategoricalDtype):
@@ -331,6 +335,7 @@ class Run:
     allocations = _Table()
     utilisation = _Table()
     cluster_state = _Table()
+    job_summary = _Table()  # every job's figures, one row a job (docs/outputs.md)
 
     # ------------------------------------------------------------------ questions
     def utilisation_at(self, level: str = "cluster", bin_s: float | None = None,

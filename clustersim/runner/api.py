@@ -492,7 +492,7 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
         rows.append((index, job.name, job.model.name, par.ranks, outcome.chips,
                      outcome.instances, par.tp, par.pp, par.dp, job.submit_s, outcome.start_s,
                      outcome.end_s, outcome.status, outcome.steps_completed,
-                     steps[job.name].step_time_s))
+                     steps[job.name].step_time_s, outcome.team))
     recorder.write_table("jobs", rows)
     recorder.write_table("utilisation", utilisation_rows(
         horizon_s=scenario.duration_s, bin_s=scenario.trace.bin_s,
