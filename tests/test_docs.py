@@ -264,3 +264,46 @@ def test_documentation_runs(page, tmp_path, monkeypatch):
     stray = sorted(p.name for p in Path(".").iterdir()
                    if p.name not in ("scenarios", "results") and not p.name.startswith("doc-"))
     assert not stray, f"{page.name}: examples wrote outside results/: {stray}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures the pages quote, recomputed from the tree (tests/doc_figures.py): a figure that
+# drifts from what the tree gives fails here.
+
+
+def _quoted_range(text: str, pattern: str) -> tuple[float, float]:
+    match = re.search(pattern, text, re.S)
+    assert match, f"no figure matching {pattern!r}"
+    low, high = (float(v.replace(",", "")) for v in match.groups())
+    return low, high
+
+
+@pytest.mark.slow  # about 60 step models over the sites (seconds each)
+def test_the_multi_site_figures_are_the_trees():
+    import doc_figures
+
+    page = _text(DOCS / "sites.md")
+    table = doc_figures.spread_table()
+    labels = {"10Gbps": "10 Gbit/s", "40Gbps": "40 Gbit/s", "100Gbps": "100 Gbit/s",
+              "200Gbps": "200 Gbit/s", "400Gbps": "400 Gbit/s", "1Tbps": "1 Tbit/s",
+              "2Tbps": "2 Tbit/s", "4Tbps": "4 Tbit/s", "10Tbps": "10 Tbit/s"}
+    for bandwidth, label in labels.items():
+        row = re.search(rf"^\| {re.escape(label)} \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
+        assert row, f"docs/sites.md has no row for {label}"
+        quoted = tuple(float(v) for v in row.groups())
+        assert quoted == tuple(round(v, 2) for v in table[bandwidth]), (label, table[bandwidth])
+    # The break-even (spread = one site): in the range both pages quote.
+    even_gbit = doc_figures.bandwidth_for("spread", 1.0) / 1e9
+    for text, pattern in (
+            (page, r"below about ([0-9,]+)-([0-9,]+) Gbit/s between the sites"),
+            (_text(ROOT / "README.md"), r"pays from about ([0-9,]+)-([0-9,]+) Gbit/s")):
+        low, high = _quoted_range(text, pattern)
+        assert low <= even_gbit <= high and high - low <= 0.1 * high, (even_gbit, low, high)
+    # 95% scaling, and both thresholds with a cross-site average every 16 steps.
+    scaled = float(re.search(r"takes\s+about ([0-9.]+) Tbit/s to reach 95% scaling",
+                             page).group(1))
+    assert abs(doc_figures.bandwidth_for("spread", 1.9) / 1e12 / scaled - 1) <= 0.15
+    low, high = _quoted_range(page, r"pays from about ([0-9]+)-([0-9]+) Gbit/s, 95%")
+    assert low <= doc_figures.bandwidth_for("spread-sync-16", 1.0) / 1e9 <= high
+    sync95 = float(re.search(r"95% from about ([0-9,]+) Gbit/s", page).group(1))
+    assert abs(doc_figures.bandwidth_for("spread-sync-16", 1.9) / 1e9 / sync95 - 1) <= 0.15
