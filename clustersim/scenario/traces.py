@@ -150,7 +150,7 @@ def _contents(path: Path) -> bytes:
 # A plain decimal number as text: what float() reads beyond it (digits of other scripts such
 # as Arabic-Indic, `1_000`, `infinity`) is not a trace's number.
 _PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-_FIRST_YEAR, _LAST_YEAR = 1900, 2200  # a trace's dates (the published ones: 2017-2023)
+_FIRST_YEAR, _LAST_YEAR = limits.TRACE_FIRST_YEAR, limits.TRACE_LAST_YEAR
 
 
 def _plain(value: Any) -> float | None:
@@ -436,10 +436,11 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
             end = trace_end
             ended_at_trace_end += 1
         most = min(target.max_instances or limits.MAX_INSTANCES, limits.MAX_INSTANCES)
-        if row.gpus > most * 1024:  # beyond any mapping's reach: no 300-digit size
+        gpus_bound = most * limits.MAX_TRACE_GPUS_PER_INSTANCE
+        if row.gpus > gpus_bound:  # beyond any mapping's reach: no 300-digit size
             raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs; expected "
-                       f"at most {most * 1024:,} (more than the cluster's {most:,} "
-                       "instances hold)")
+                       f"at most {gpus_bound:,} (more than the cluster's {most:,} "
+                       "instances hold; docs/limits.md)")
         instances = _size(row.gpus, mapping, target, gpu_tflops)
         if instances > most:
             raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs map to "
