@@ -355,3 +355,14 @@ def test_the_api_reads_job_summary_and_jobs_has_the_team(tmp_path: Path):
     assert list(summary["name"]) == ["j0", "j1", "j2"]
     assert run.job_summary is not None and len(run.job_summary) == 3
     assert list(run.jobs["team"]) == ["vision", "-", "-"]
+
+
+def test_money_on_an_axis_has_no_exponent():
+    from clustersim.planning.outputs import usd_formatter
+
+    usd = usd_formatter()
+    assert usd(1e9, 0) == "$1B" and usd(999_999, 0) == "$1M" and usd(2.5e6, 0) == "$2.5M"
+    assert usd(123_456, 0) == "$123k" and usd(42, 0) == "$42"
+    for exponent in range(-2, 16):
+        for mantissa in (1, 2.5, 9.99, 9.999):
+            assert "e" not in usd(mantissa * 10.0**exponent, 0)
