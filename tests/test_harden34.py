@@ -366,3 +366,28 @@ def test_money_on_an_axis_has_no_exponent():
     for exponent in range(-2, 16):
         for mantissa in (1, 2.5, 9.99, 9.999):
             assert "e" not in usd(mantissa * 10.0**exponent, 0)
+
+
+def _day_figure(tmp_path: Path, monkeypatch, replicas: list[int]):
+    import numpy as np
+    import pandas as pd
+
+    from clustersim.analysis import day_report
+
+    hours = np.arange(len(replicas)) * 3600.0
+    pd.DataFrame({"deployment": "chat", "time_s": hours, "load_per_s": 10.0,
+                  "replicas": replicas, "slo_attainment": 1.0}).to_parquet(
+        tmp_path / "day.parquet")
+    pd.DataFrame({"time_s": hours, **{f"{s}_chips": 16.0 for s in day_report._STATES}}
+                 ).to_parquet(tmp_path / "fleet.parquet")
+    kept = []
+    monkeypatch.setattr(day_report.plt, "close", kept.append)
+    day_report.plot_day(tmp_path, "day", tmp_path / "day.png")
+    return kept[0].axes[1]
+
+
+def test_the_day_plots_replica_axis_has_ticks(tmp_path: Path, monkeypatch):
+    axis = _day_figure(tmp_path, monkeypatch, [1, 2, 4, 8, 6, 3])
+    low, high = axis.get_ylim()
+    ticks = [t for t in axis.get_yticks() if low <= t <= high]
+    assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
