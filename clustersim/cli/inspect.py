@@ -88,8 +88,8 @@ def topology(
     topo.graph  # built on first use: this command reports it, so build it here  # noqa: B018
     build_s = time.perf_counter() - started
     if draw is not None:
-        from clustersim.analysis.report import draw_topology
-        from clustersim.analysis.site_drawing import draw_sites
+        from clustersim.analysis.sites import draw_sites
+        from clustersim.analysis.topology import draw_topology
 
         try:
             with _output_file(draw, force, "--draw", "the drawing", ".png") as (temporary,

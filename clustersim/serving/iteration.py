@@ -36,13 +36,13 @@ import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.collectives.ops import CollectiveError
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.scenario.serving import default_activations
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
     ATTENTION_CORE,
-    BYTES_PER_ELEMENT,
     Op,
     _embedding_ops,
     _matmul,

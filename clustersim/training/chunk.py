@@ -31,7 +31,12 @@ from typing import Any
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.training.workload import Op, TrainingJob, attention_of, stage_work
+from clustersim.training.workload import (
+    Op,
+    TrainingJob,
+    attention_of,
+    stage_work,
+)
 
 __all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation"]
 
@@ -190,3 +195,16 @@ def matmul_quantisation(op: Op, eff: Any) -> float:
             blocks *= max(1, min(eff.wave_units // blocks, math.ceil(op.k / (4 * eff.k_tile))))
         quantisation *= blocks / (math.ceil(blocks / eff.wave_units) * eff.wave_units)
     return quantisation
+
+
+def chunk_difference(a: ChunkTimes, b: ChunkTimes) -> ChunkTimes:
+    return ChunkTimes(*(x - y for x, y in zip(vars(a).values(), vars(b).values(),
+                                               strict=True)))
+
+
+def chunk_affine(base: ChunkTimes, step: ChunkTimes, times: int) -> ChunkTimes:
+    """`base` plus `times` x `step`, field by field."""
+    if times == 0:
+        return base
+    return ChunkTimes(*(x + times * y for x, y in zip(vars(base).values(),
+                                                       vars(step).values(), strict=True)))
