@@ -372,7 +372,7 @@ def _day_figure(tmp_path: Path, monkeypatch, replicas: list[int]):
     import numpy as np
     import pandas as pd
 
-    from clustersim.analysis import day_report
+    from clustersim.analysis import fleetday as day_report
 
     hours = np.arange(len(replicas)) * 3600.0
     pd.DataFrame({"deployment": "chat", "time_s": hours, "load_per_s": 10.0,
