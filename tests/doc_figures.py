@@ -53,3 +53,19 @@ def bandwidth_for(variant: str, ratio: float, low: float = 1e9, high: float = 1e
         else:
             high = middle
     return math.sqrt(low * high)
+
+
+def quickstart_steps() -> dict[str, float]:
+    """The step figures scenarios/quickstart.yaml's comment quotes: its job as written, and
+    the same job at TP 32 (two instances' Z links)."""
+    from clustersim.runner.api import step_profiles
+    from clustersim.scenario.loader import load_scenario
+
+    path = ROOT / "scenarios" / "quickstart.yaml"
+    best = step_profiles(load_scenario(path))["pretrain"]
+    wide = step_profiles(load_scenario(path, [
+        "jobs.0.parallelism={tp: 32, pp: 1, dp: 64, zero: 1, sequence_parallel: true}"]))
+    wide = wide["pretrain"]
+    return {"step_s": best.step_time_s, "mfu": best.mfu,
+            "memory_gib": best.memory.per_chip / 2**30,
+            "tp32_step_s": wide.step_time_s, "tp32_mfu": wide.mfu}

@@ -307,3 +307,46 @@ def test_the_multi_site_figures_are_the_trees():
     assert low <= doc_figures.bandwidth_for("spread-sync-16", 1.0) / 1e9 <= high
     sync95 = float(re.search(r"95% from about ([0-9,]+) Gbit/s", page).group(1))
     assert abs(doc_figures.bandwidth_for("spread-sync-16", 1.9) / 1e9 / sync95 - 1) <= 0.15
+
+
+def test_the_serving_figures_are_the_goldens():
+    """docs/serving.md's 405B line and 2/s row are the reference scenarios' figures (their
+    goldens, which `clustersim check` holds to the tree); the other rates are the sweeps'."""
+    page = _text(DOCS / "serving.md")
+
+    def deployment(scenario: str, name: str) -> dict[str, Any]:
+        golden = json.loads(_text(ROOT / "results" / scenario / "summary.json"))
+        return golden["deployments"][name]
+
+    trn2, p5en = (deployment(f"serving-llama-{h}", "llama405b") for h in ("trn2", "p5en"))
+    line = (f"Trn2 TPOT p50 {trn2['tpot_p50_s'] * 1e3:.1f} ms, SLO goodput "
+            f"{trn2['slo_goodput']:.1%},\n${trn2['cost_per_million_output_tokens_usd']:.2f} per "
+            f"million output tokens; p5en {p5en['tpot_p50_s'] * 1e3:.1f} ms, "
+            f"{p5en['slo_goodput']:.1%}, ${p5en['cost_per_million_output_tokens_usd']:.2f}.")
+    assert line in page, line
+    trn2, p5en = (deployment(f"serving-llama-{h}", "llama70b") for h in ("trn2", "p5en"))
+    row = (f"| 2/s | {trn2['ttft_p99_s']:.2f} s | {trn2['tpot_p50_s'] * 1e3:.1f} ms | "
+           f"{trn2['slo_goodput']:.0%} | {trn2['cost_per_million_output_tokens_usd']:.1f} | "
+           f"{p5en['ttft_p99_s']:.2f} s | {p5en['tpot_p50_s'] * 1e3:.1f} ms | "
+           f"{p5en['slo_goodput']:.0%} | {p5en['cost_per_million_output_tokens_usd']:.1f} |")
+    assert row in page, row
+
+
+@pytest.mark.slow  # two step models of a 512-chip job
+def test_the_quickstart_comment_quotes_the_trees_step():
+    import doc_figures
+
+    figures = doc_figures.quickstart_steps()
+    text = " ".join(_text(ROOT / "scenarios" / "quickstart.yaml").replace("#", " ").split())
+    quoted = (f"{figures['step_s']:.2f} s per step at {figures['mfu']:.1%} MFU and "
+              f"{figures['memory_gib']:.0f} GiB per chip")
+    assert quoted in text, quoted
+    wide = f"steps in {figures['tp32_step_s']:.2f} s ({figures['tp32_mfu']:.1%} MFU)"
+    assert wide in text, wide
+
+
+def test_the_million_chip_step_is_its_goldens():
+    page = " ".join(_text(DOCS / "sites.md").split())
+    golden = json.loads(_text(ROOT / "results" / "rainier-1m-4-sites" / "summary.json"))
+    (job,) = golden["jobs"].values()
+    assert f"DP 31,250), steps in {job['step_time_s']:.1f} s" in page, job["step_time_s"]
