@@ -330,7 +330,10 @@ def _captured_figures(monkeypatch) -> dict[str, Any]:
         }
         return original(fig, path, tight)
 
+    from clustersim.analysis import topology
+
     monkeypatch.setattr(report, "_save", keep)
+    monkeypatch.setattr(topology, "_save", keep)  # the drawings (analysis/topology.py)
     return figures
 
 

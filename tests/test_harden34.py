@@ -391,3 +391,53 @@ def test_the_day_plots_replica_axis_has_ticks(tmp_path: Path, monkeypatch):
     low, high = axis.get_ylim()
     ticks = [t for t in axis.get_yticks() if low <= t <= high]
     assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks
+
+
+def _sixteen_sites() -> dict:
+    names = [f"s{i:02d}" for i in range(16)]
+    return {"name": "sixteen", "hardware": "trn2u", "duration": "1d",
+            "cluster": {"fabric": {"instances_per_leaf": 4},
+                        "sites": [{"name": n, "ultraservers": 1} for n in names],
+                        "inter_site": {"backbone": {"bandwidth": "100Gbps", "latency": "8ms"},
+                                       "links": [
+                            {"sites": [names[i], names[(i + 1) % 16]], "bandwidth": "400Gbps",
+                             "latency": "5ms"} for i in range(16)]}},
+            "jobs": [{"name": "train", "model": "llama3-8b", "global_batch": 64,
+                      "instances": 4, "parallelism": {"tp": 8, "dp": 32, "zero": 1}}],
+            "trace": {"enabled": False}}
+
+
+def test_the_sites_drawing_keeps_sixteen_discs_apart_and_every_link_visible(
+        tmp_path: Path, monkeypatch):
+    import math
+
+    from clustersim.analysis import sites as drawing
+
+    kept = []
+    monkeypatch.setattr(drawing.plt, "close", kept.append)
+    result = invoke("topology", write(tmp_path, _sixteen_sites()), "--draw",
+                    tmp_path / "sites.png")
+    assert result.exit_code == 0, result.output
+    (fig,) = kept
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    scale = 72 / fig.dpi  # display pixels to points
+    discs = []  # (centre in points, radius in points)
+    for collection in ax.collections:
+        (size,) = collection.get_sizes()
+        (centre,) = ax.transData.transform(collection.get_offsets())
+        if collection.get_facecolor()[0][1] > 0.45:  # the green site discs, not the hub
+            discs.append((centre * scale, math.sqrt(size) / 2))
+    assert len(discs) == 16
+    for i in range(16):
+        (a, ra), (b, rb) = discs[i], discs[(i + 1) % 16]
+        gap = math.dist(a, b) - ra - rb
+        assert gap > 5, (i, gap)  # apart, and the link between them shows over the gap
+    # each link's label (a white box) beside its link, not over it
+    labels = [t.xy for t in ax.texts if "Gbps" in t.get_text() and "backbone" not in
+              t.get_text()]
+    assert len(labels) == 16
+    centres = [ax.transData.inverted().transform(c / scale) for c, _ in discs]
+    for i in range(16):
+        middle = (centres[i] + centres[(i + 1) % 16]) / 2
+        assert min(math.dist(middle, xy) for xy in labels) > 0.1, i
