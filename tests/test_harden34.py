@@ -441,3 +441,29 @@ def test_the_sites_drawing_keeps_sixteen_discs_apart_and_every_link_visible(
     for i in range(16):
         middle = (centres[i] + centres[(i + 1) % 16]) / 2
         assert min(math.dist(middle, xy) for xy in labels) > 0.1, i
+
+
+def test_a_long_bar_note_is_not_clipped(tmp_path: Path):
+    import matplotlib.image
+
+    from clustersim.analysis import report
+
+    note = "ETTR 50.0% (too small to see: " + ", ".join(
+        f"cause {i} 0.001 h" for i in range(25)) + ")"
+    rows = [("a-job-with-a-long-name", [(5.0, "useful", "#2e7d32"), (1.0, "down", "#c62828")],
+             note)]
+    kept = []
+    original = report._stacked_bars.__globals__["_save"]
+
+    def keep(fig, path, tight=True):
+        fig.canvas.draw()
+        kept.append(max(t.get_window_extent().x1 for t in fig.axes[0].texts))
+        return original(fig, path, tight)
+
+    report._stacked_bars.__globals__["_save"] = keep
+    try:
+        path = report._stacked_bars(rows, "hours", "where the hours went", tmp_path / "h.png")
+    finally:
+        report._stacked_bars.__globals__["_save"] = original
+    width_px = matplotlib.image.imread(path).shape[1]
+    assert width_px >= kept[0] * 110 / 100, (width_px, kept[0])  # 100 dpi drawn, 110 saved
