@@ -350,3 +350,22 @@ def test_the_million_chip_step_is_its_goldens():
     golden = json.loads(_text(ROOT / "results" / "rainier-1m-4-sites" / "summary.json"))
     (job,) = golden["jobs"].values()
     assert f"DP 31,250), steps in {job['step_time_s']:.1f} s" in page, job["step_time_s"]
+
+
+@pytest.mark.slow  # a plan over 8,192 chips: about 20 s of CPU
+def test_the_multi_site_plan_figures_are_the_trees(tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "sites-spread.yaml"), "--set", "jobs.0.instances=512",
+        "--set", "jobs.0.global_batch=1024", "--set", "jobs.0.parallelism.dp=128",
+        "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))
+    options = {o["option"]: o for o in plan["sites"]["options"]}
+    cut, spread = options["largest single site"], options["spread, synchronous"]
+    page = " ".join(_text(DOCS / "sites.md").split())
+    quoted = (f"steps in {spread['step_time_s']:.2f} s spread over both sites, against "
+              f"{cut['step_time_s']:.2f} s for its largest single-site cut (DP {cut['dp']:,}, "
+              f"half the tokens): {spread['tokens_per_s'] / 1e6:.2f} M tokens/s against "
+              f"{cut['tokens_per_s'] / 1e6:.2f} M, at ${spread['cost_per_million_tokens_usd']:.2f} "
+              f"against ${cut['cost_per_million_tokens_usd']:.2f} per million tokens")
+    assert quoted in page, quoted
