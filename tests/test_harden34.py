@@ -467,3 +467,11 @@ def test_a_long_bar_note_is_not_clipped(tmp_path: Path):
         report._stacked_bars.__globals__["_save"] = original
     width_px = matplotlib.image.imread(path).shape[1]
     assert width_px >= kept[0] * 110 / 100, (width_px, kept[0])  # 100 dpi drawn, 110 saved
+
+
+def test_plan_refuses_an_output_folder_holding_its_scenario_even_with_force(tmp_path: Path):
+    work = tmp_path / "work"
+    work.mkdir()
+    scenario = write(work, SMALL)
+    refused(invoke("plan", scenario, "-o", work, "--force"), "holds", "input")
+    assert scenario.is_file()
