@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from cli_helpers import refused
 from typer.testing import CliRunner
@@ -37,6 +38,7 @@ def write(folder: Path, mapping, name: str = "scenario.yaml") -> Path:
 
 # 2. Data loss -----------------------------------------------------------------------------
 
+@pytest.mark.slow  # three drawings: over 5 s
 def test_topology_draw_keeps_an_existing_file_without_force(tmp_path: Path):
     scenario = write(tmp_path, SMALL)
     mine = tmp_path / "mine.png"
@@ -293,8 +295,6 @@ def test_gitignore_tracks_the_goldens_and_no_other_run(tmp_path: Path):
     import subprocess
 
     if shutil.which("git") is None or not (ROOT / ".git").exists():
-        import pytest
-
         pytest.skip("not a git checkout")
     # The goldens: the tracked results/<name>/summary.json; a run of any other name is not.
     goldens = subprocess.run(["git", "ls-files", "results/*/summary.json"], cwd=ROOT,
@@ -327,6 +327,7 @@ FAILING = {
 }
 
 
+@pytest.mark.slow  # a run with failures and its report: over 5 s
 def test_report_on_a_run_whose_summary_lists_only_some_jobs(tmp_path: Path):
     # Past 2,000 jobs summary.json lists the 100 largest; the plot around the first failure
     # looked every job up there (KeyError 'l1', exit 1).
@@ -407,6 +408,7 @@ def _sixteen_sites() -> dict:
             "trace": {"enabled": False}}
 
 
+@pytest.mark.slow  # a 16-site topology drawn: over 5 s
 def test_the_sites_drawing_keeps_sixteen_discs_apart_and_every_link_visible(
         tmp_path: Path, monkeypatch):
     import math
