@@ -477,3 +477,14 @@ def test_plan_refuses_an_output_folder_holding_its_scenario_even_with_force(tmp_
     scenario = write(work, SMALL)
     refused(invoke("plan", scenario, "-o", work, "--force"), "holds", "input")
     assert scenario.is_file()
+
+
+def test_a_template_with_tp_0_is_refused_under_its_key(tmp_path: Path):
+    # The fuzz (3,000 cases): a trace's template with `tp: 0` divided by zero (exit 1).
+    raw = yaml.safe_load((ROOT / "scenarios/trace-helios.yaml").read_text("utf-8"))
+    raw["workload"]["trace"] = str(ROOT / "scenarios/traces/helios-sample.csv")
+    for key, value in (("tp", 0), ("pp", 0), ("tp", "x")):
+        raw["workload"]["templates"][0]["job"]["parallelism"][key] = value
+        refused(invoke("validate", write(tmp_path, raw)),
+                f"workload.templates.0.job.parallelism.{key}")
+        raw["workload"]["templates"][0]["job"]["parallelism"][key] = 1

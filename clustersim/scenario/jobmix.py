@@ -137,6 +137,15 @@ def _size(template: JobTemplate, rng: np.random.Generator) -> int:
     return int(min(template.instances.max, max(template.instances.min, 2 ** round(exponent))))
 
 
+def _whole(value: Any) -> int | None:
+    """A whole positive count as written (not a boolean, text or 2.5), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        return None
+    return int(value)
+
+
 def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: str,
          submit_s: float, run_for_s: float | None, steps: int | None,
          priority: int | None) -> dict[str, Any]:
@@ -144,12 +153,21 @@ def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: s
     # and the loader only replaces the model name (a deep copy per job of a 100,000-job mix
     # was most of its load time).
     job = dict(template.job)
-    parallelism = dict(job.get("parallelism") or {})
-    tp, pp = int(parallelism.get("tp", 1)), int(parallelism.get("pp", 1))
+    given = job.get("parallelism")
+    parallelism = dict(given) if isinstance(given, dict) else {}
+    tp, pp = _whole(parallelism.get("tp", 1)), _whole(parallelism.get("pp", 1))
+    micro = _whole(job.get("micro_batch", 1))
     ranks = instances * ranks_per_instance
-    parallelism["dp"] = max(1, ranks // (tp * pp)) if ranks % (tp * pp) == 0 else ranks / (tp * pp)
-    micro = int(job.get("micro_batch", 1))
-    dp = parallelism["dp"]
+    if tp is None or pp is None or micro is None:
+        # not whole positive counts (tp: 0 divided by zero): the job's validation names the
+        # template's key; dp and the batch are placeholders until then
+        parallelism["dp"], micro = 1, 1
+    else:
+        parallelism["dp"] = (max(1, ranks // (tp * pp)) if ranks % (tp * pp) == 0
+                             else ranks / (tp * pp))
+    if given is not None and not isinstance(given, dict):
+        parallelism = given  # as written, for validation to refuse
+    dp = parallelism["dp"] if isinstance(parallelism, dict) else 1
     job.update({
         "name": name, "instances": instances, "parallelism": parallelism, "submit": submit_s,
         "global_batch": int(dp * micro * template.microbatches) if isinstance(dp, int) else 1,
