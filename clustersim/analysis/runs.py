@@ -309,9 +309,11 @@ class Run:
         return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
 
     def table(self, name: str) -> pd.DataFrame:
-        if name not in TABLES + SERVING_TABLES:
-            raise KeyError(f"unknown table {name!r}; expected one of "
-                           f"{', '.join(TABLES + SERVING_TABLES)}")
+        """A table of the run (`TABLES`, the serving tables or `job_summary`) as a
+        DataFrame."""
+        known = TABLES + SERVING_TABLES + ("job_summary",)
+        if name not in known:
+            raise KeyError(f"unknown table {name!r}; expected one of {', '.join(known)}")
         path = self.path / f"{name}.parquet"
         if not path.exists():
             raise FileNotFoundError(f"{path}: {self._why_no_table(name)}")
@@ -342,6 +344,7 @@ class Run:
     allocations = _Table()
     utilisation = _Table()
     cluster_state = _Table()
+    job_summary = _Table()  # every job's figures, one row a job (docs/outputs.md)
 
     # ------------------------------------------------------------------ questions
     def utilisation_at(self, level: str = "cluster", bin_s: float | None = None,

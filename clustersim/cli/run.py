@@ -65,7 +65,9 @@ def run(
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return
     out_dir = out if out is not None else Path("results") / spec.name
-    check_output_dir(out_dir, force, replaces=spec.name)
+    from clustersim.scenario.loader import input_files
+
+    check_output_dir(out_dir, force, replaces=spec.name, inputs=input_files(spec))
     _warn_never_admitted(spec)
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
@@ -338,6 +340,23 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:,.1f} min"
 
 
+def _trace_rows_row(table: Table, summary: dict[str, Any]) -> None:
+    """What became of a published trace's rows: replayed, and left out by reason."""
+    from clustersim.scenario.traces import LEFT_OUT
+
+    rows = summary.get("trace_rows")
+    if not rows:
+        return
+    text = f"{rows['replayed']:,} of {rows['rows']:,} rows replayed"
+    out = [f"{count:,} {LEFT_OUT[reason]}" for reason, count in rows["left_out"].items()
+           if count]
+    if out:
+        text += "; left out: " + ", ".join(out)
+    if rows["ended_at_trace_end"]:
+        text += f"; {rows['ended_at_trace_end']:,} without an end ran to the trace's end"
+    table.add_row("trace", text)
+
+
 def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assumed") -> None:
     cluster = summary["cluster"]
     table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
@@ -373,6 +392,7 @@ def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assum
             f"{k} {_with_ci(failures, k, lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
             for k, v in failures.items() if not k.endswith("_ci95") and v))
     _serving_row(table, summary)
+    _trace_rows_row(table, summary)
     if "utilisation" in cluster and summary["jobs"]:
         table.add_row("training", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
                       f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")

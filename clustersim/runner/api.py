@@ -253,6 +253,8 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
         "jobs": combined["jobs"],
         "cluster": cluster,
     }
+    if scenario.trace_rows is not None:
+        summary["trace_rows"] = scenario.trace_rows
     if len(all_jobs) > SUMMARY_JOBS:
         summary["jobs_listed"] = (f"the {len(combined['jobs']):,} largest of "
                                   f"{len(all_jobs):,} jobs; every job is in job_summary.parquet")
@@ -337,7 +339,7 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
         rows.append((index, job.name, job.model.name, par.ranks, outcome.chips,
                      outcome.instances, par.tp, par.pp, par.dp, job.submit_s, outcome.start_s,
                      outcome.end_s, outcome.status, outcome.steps_completed,
-                     steps[job.name].step_time_s))
+                     steps[job.name].step_time_s, outcome.team))
     recorder.write_table("jobs", rows)
     recorder.write_table("utilisation", utilisation_rows(
         horizon_s=scenario.duration_s, bin_s=scenario.trace.bin_s,
@@ -353,7 +355,10 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
            progress: Callable[[float, float], None] | None = None) -> RunResult:
     """Simulate and write OUT whole or not at all: traces stream into a temporary sibling,
     summary.json and the effective scenario join them, then the folder is renamed."""
-    with atomic_output_dir(Path(out), force=force, replaces=scenario.name) as staging:
+    from clustersim.scenario.loader import input_files
+
+    with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
+                           inputs=input_files(scenario)) as staging:
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging)
         _write_summary(result, staging)

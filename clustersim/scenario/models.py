@@ -8,7 +8,7 @@ whole scenario is read.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -276,6 +276,7 @@ class Scenario(Spec):
     _source: str = PrivateAttr(default="<scenario>")
     _spares_share: float | None = PrivateAttr(default=None)
     _cluster_given: bool = PrivateAttr(default=True)
+    _trace_rows: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _resolve_spares(self) -> Scenario:
@@ -351,6 +352,12 @@ class Scenario(Spec):
     def source(self) -> str:
         """Where the scenario came from (its file), for error messages."""
         return self._source
+
+    @property
+    def trace_rows(self) -> dict[str, Any] | None:
+        """What became of a published trace's rows (workload.trace): read, replayed and left
+        out by reason; None without a trace."""
+        return self._trace_rows
 
     @property
     def source_yaml(self) -> str:
