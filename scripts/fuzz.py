@@ -7,7 +7,12 @@ process with a time and memory budget, classified by outcome.
 Surfaces: `scenario` (training scenario mutations), `cli` (argument lists), `serve` (`serve:`
 key mutations, run and --find-rate), `trace` (request trace files), `plan` (plan flags and
 --write-scenario targets), `report` (damaged run folders), `golden` (damaged goldens under
-`check`), `sweep` (sweep grids).
+`check`), `sweep` (sweep grids), and from scripts/fuzz_fleet.py `sites` (multi-site
+clusters and site events), `fleettrace` (job traces in the five formats), `serveday`
+(fluid deployments on load curves) and `serveplan` (the serving planner, through `plan`).
+
+    python scripts/fuzz.py --surfaces sites,fleettrace,serveday,serveplan --cases 3000 \
+        --budget 4500
 
 A case passes when it exits 0 or 2 (never 1 or a traceback for the input's faults), within
 its time budget, leaves no temporary (`.NAME.tmp-*`, `.old-*`, `.lock`) behind, writes and
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from fuzz_fleet import make_surfaces
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -532,6 +538,7 @@ SURFACES = {"scenario": lambda: scenario_case(), "cli": lambda: cli_case(),
             "serve": lambda: serve_case(), "trace": lambda: trace_case(),
             "plan": lambda: plan_case(), "report": lambda: report_case(),
             "golden": lambda: golden_case(), "sweep": lambda: sweep_case()}
+SURFACES.update(make_surfaces(_mutate, _dump))  # sites, fleettrace, serveday, serveplan
 
 
 # ---------------------------------------------------------------------------------------------

@@ -264,3 +264,108 @@ def test_documentation_runs(page, tmp_path, monkeypatch):
     stray = sorted(p.name for p in Path(".").iterdir()
                    if p.name not in ("scenarios", "results") and not p.name.startswith("doc-"))
     assert not stray, f"{page.name}: examples wrote outside results/: {stray}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures the pages quote, recomputed from the tree (tests/doc_figures.py): a figure that
+# drifts from what the tree gives fails here.
+
+
+def _quoted_range(text: str, pattern: str) -> tuple[float, float]:
+    match = re.search(pattern, text, re.S)
+    assert match, f"no figure matching {pattern!r}"
+    low, high = (float(v.replace(",", "")) for v in match.groups())
+    return low, high
+
+
+@pytest.mark.slow  # about 60 step models over the sites (seconds each)
+def test_the_multi_site_figures_are_the_trees():
+    import doc_figures
+
+    page = _text(DOCS / "sites.md")
+    table = doc_figures.spread_table()
+    labels = {"10Gbps": "10 Gbit/s", "40Gbps": "40 Gbit/s", "100Gbps": "100 Gbit/s",
+              "200Gbps": "200 Gbit/s", "400Gbps": "400 Gbit/s", "1Tbps": "1 Tbit/s",
+              "2Tbps": "2 Tbit/s", "4Tbps": "4 Tbit/s", "10Tbps": "10 Tbit/s"}
+    for bandwidth, label in labels.items():
+        row = re.search(rf"^\| {re.escape(label)} \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
+        assert row, f"docs/sites.md has no row for {label}"
+        quoted = tuple(float(v) for v in row.groups())
+        assert quoted == tuple(round(v, 2) for v in table[bandwidth]), (label, table[bandwidth])
+    # The break-even (spread = one site): in the range both pages quote.
+    even_gbit = doc_figures.bandwidth_for("spread", 1.0) / 1e9
+    for text, pattern in (
+            (page, r"below about ([0-9,]+)-([0-9,]+) Gbit/s between the sites"),
+            (_text(ROOT / "README.md"), r"pays from about ([0-9,]+)-([0-9,]+) Gbit/s")):
+        low, high = _quoted_range(text, pattern)
+        assert low <= even_gbit <= high and high - low <= 0.1 * high, (even_gbit, low, high)
+    # 95% scaling, and both thresholds with a cross-site average every 16 steps.
+    scaled = float(re.search(r"takes\s+about ([0-9.]+) Tbit/s to reach 95% scaling",
+                             page).group(1))
+    assert abs(doc_figures.bandwidth_for("spread", 1.9) / 1e12 / scaled - 1) <= 0.15
+    low, high = _quoted_range(page, r"pays from about ([0-9]+)-([0-9]+) Gbit/s, 95%")
+    assert low <= doc_figures.bandwidth_for("spread-sync-16", 1.0) / 1e9 <= high
+    sync95 = float(re.search(r"95% from about ([0-9,]+) Gbit/s", page).group(1))
+    assert abs(doc_figures.bandwidth_for("spread-sync-16", 1.9) / 1e9 / sync95 - 1) <= 0.15
+
+
+def test_the_serving_figures_are_the_goldens():
+    """docs/serving.md's 405B line and 2/s row are the reference scenarios' figures (their
+    goldens, which `clustersim check` holds to the tree); the other rates are the sweeps'."""
+    page = _text(DOCS / "serving.md")
+
+    def deployment(scenario: str, name: str) -> dict[str, Any]:
+        golden = json.loads(_text(ROOT / "results" / scenario / "summary.json"))
+        return golden["deployments"][name]
+
+    trn2, p5en = (deployment(f"serving-llama-{h}", "llama405b") for h in ("trn2", "p5en"))
+    line = (f"Trn2 TPOT p50 {trn2['tpot_p50_s'] * 1e3:.1f} ms, SLO goodput "
+            f"{trn2['slo_goodput']:.1%},\n${trn2['cost_per_million_output_tokens_usd']:.2f} per "
+            f"million output tokens; p5en {p5en['tpot_p50_s'] * 1e3:.1f} ms, "
+            f"{p5en['slo_goodput']:.1%}, ${p5en['cost_per_million_output_tokens_usd']:.2f}.")
+    assert line in page, line
+    trn2, p5en = (deployment(f"serving-llama-{h}", "llama70b") for h in ("trn2", "p5en"))
+    row = (f"| 2/s | {trn2['ttft_p99_s']:.2f} s | {trn2['tpot_p50_s'] * 1e3:.1f} ms | "
+           f"{trn2['slo_goodput']:.0%} | {trn2['cost_per_million_output_tokens_usd']:.1f} | "
+           f"{p5en['ttft_p99_s']:.2f} s | {p5en['tpot_p50_s'] * 1e3:.1f} ms | "
+           f"{p5en['slo_goodput']:.0%} | {p5en['cost_per_million_output_tokens_usd']:.1f} |")
+    assert row in page, row
+
+
+@pytest.mark.slow  # two step models of a 512-chip job
+def test_the_quickstart_comment_quotes_the_trees_step():
+    import doc_figures
+
+    figures = doc_figures.quickstart_steps()
+    text = " ".join(_text(ROOT / "scenarios" / "quickstart.yaml").replace("#", " ").split())
+    quoted = (f"{figures['step_s']:.2f} s per step at {figures['mfu']:.1%} MFU and "
+              f"{figures['memory_gib']:.0f} GiB per chip")
+    assert quoted in text, quoted
+    wide = f"steps in {figures['tp32_step_s']:.2f} s ({figures['tp32_mfu']:.1%} MFU)"
+    assert wide in text, wide
+
+
+def test_the_million_chip_step_is_its_goldens():
+    page = " ".join(_text(DOCS / "sites.md").split())
+    golden = json.loads(_text(ROOT / "results" / "rainier-1m-4-sites" / "summary.json"))
+    (job,) = golden["jobs"].values()
+    assert f"DP 31,250), steps in {job['step_time_s']:.1f} s" in page, job["step_time_s"]
+
+
+@pytest.mark.slow  # a plan over 8,192 chips: about 20 s of CPU
+def test_the_multi_site_plan_figures_are_the_trees(tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "sites-spread.yaml"), "--set", "jobs.0.instances=512",
+        "--set", "jobs.0.global_batch=1024", "--set", "jobs.0.parallelism.dp=128",
+        "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))
+    options = {o["option"]: o for o in plan["sites"]["options"]}
+    cut, spread = options["largest single site"], options["spread, synchronous"]
+    page = " ".join(_text(DOCS / "sites.md").split())
+    quoted = (f"steps in {spread['step_time_s']:.2f} s spread over both sites, against "
+              f"{cut['step_time_s']:.2f} s for its largest single-site cut (DP {cut['dp']:,}, "
+              f"half the tokens): {spread['tokens_per_s'] / 1e6:.2f} M tokens/s against "
+              f"{cut['tokens_per_s'] / 1e6:.2f} M, at ${spread['cost_per_million_tokens_usd']:.2f} "
+              f"against ${cut['cost_per_million_tokens_usd']:.2f} per million tokens")
+    assert quoted in page, quoted

@@ -3,8 +3,9 @@ forked process with a time (30 s) and memory (4 GiB) budget. Every case must exi
 (never 1 or a traceback for the input's faults; `check` exits 1 when a figure moved), answer
 in time, leave no temporary, print and write only strict JSON, and write consistent summaries
 (useful time within the wall time and from completed steps). The newer surfaces (serve keys,
-request traces, plan flags, damaged run folders and goldens, sweep grids) run a dozen cases
-each, marked slow. scripts/fuzz.py runs the same generators for thousands of cases."""
+request traces, plan flags, damaged run folders and goldens, sweep grids; sites, job traces
+in the five formats, serving days and the serving planner) run a few to 25 cases each, marked
+slow. scripts/fuzz.py runs the same generators for thousands of cases."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def warm() -> None:
     fuzz.warm_up()
 
 
-def check(case: dict) -> None:
-    outcome = fuzz.run_case(case, timeout_s=30.0)
+def check(case: dict, timeout_s: float = 30.0) -> None:
+    outcome = fuzz.run_case(case, timeout_s=timeout_s)
     assert outcome.kind in fuzz.PASSES, (
         f"{outcome.kind}: clustersim {' '.join(outcome.args)}\n{outcome.detail}")
 
@@ -93,6 +94,40 @@ def test_damaged_goldens_exit_0_2_or_differ_under_check(case: dict) -> None:
 @given(fuzz.sweep_case())
 def test_sweep_grids_exit_0_or_2(case: dict) -> None:
     check(case)
+
+
+FLEET = settings(max_examples=10, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.slow
+@FLEET
+@given(fuzz.SURFACES["sites"]())
+def test_sites_and_site_events_exit_0_or_2(case: dict) -> None:
+    check(case, 180.0)  # `plan` searches: about 20 s of CPU, minutes on a loaded machine
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(fuzz.SURFACES["fleettrace"]())
+def test_job_traces_in_the_five_formats_exit_0_or_2(case: dict) -> None:
+    check(case)
+
+
+@pytest.mark.slow
+@FLEET
+@given(fuzz.SURFACES["serveday"]())
+def test_serving_days_exit_0_or_2(case: dict) -> None:
+    check(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(fuzz.SURFACES["serveplan"]())
+def test_the_serving_planner_exits_0_or_2(case: dict) -> None:
+    check(case, 180.0)  # a search with a simulation per candidate left
 
 
 def test_the_classifier_catches_what_it_must(tmp_path: Path) -> None:

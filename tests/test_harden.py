@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 from cli_helpers import refused
+from ray_helpers import import_ray
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -690,7 +691,7 @@ def test_ray_engine_without_a_ray_cluster_is_refused(tmp_path: Path, monkeypatch
                                                     words):
     # The fuzz: `sweep --engine ray --address auto` with no Ray cluster was exit 1
     # (ConnectionError); `localhost:1` waited on Ray's GCS for minutes.
-    import ray
+    ray = import_ray()
 
     def no_cluster(**options):
         raise ConnectionError("Could not find any running Ray instance.")

@@ -280,7 +280,7 @@ def test_cli_plan_writes_outputs_and_json(tmp_path):
     (["--hardware", "trn9"], "unknown hardware"),
     (["--model", "llama3.1-405b"], "fits on"),
     (["--deadline", "1d"], "need --tokens"),
-    (["--chips", "7"], "whole number"),
+    (["--chips", "7"], "less than one of its instances"),  # sizes round down to whole instances
     (["--tokens", "lots"], "--tokens"),
     (["--objective", "speed"], "objective"),
     (["--global-batch", "3K"], "whole number of sequences"),

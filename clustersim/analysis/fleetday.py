@@ -5,6 +5,7 @@ state and the training jobs' chips), and its tables."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -19,6 +20,20 @@ __all__ = ["write_day_report", "plot_day"]
 _STATES = ("serving", "scaling", "training", "down", "idle")
 _COLOURS = {"serving": "#1f77b4", "scaling": "#ff7f0e", "training": "#2ca02c",
             "down": "#d62728", "idle": "#c7c7c7"}
+
+
+def _replica_axis(ax: Any, replicas: np.ndarray) -> None:
+    """Whole replicas: a linear axis with integer ticks up to 100 of them; a symlog one
+    (linear to 10) when deployments differ by orders of magnitude. (A symlog axis over 1 to
+    8 replicas showed a single tick.)"""
+    from matplotlib.ticker import MaxNLocator
+
+    top = float(np.nanmax(replicas)) if replicas.size else 0.0
+    if top > 100:
+        ax.set_yscale("symlog", linthresh=10)
+    else:
+        ax.set_ylim(0, max(top * 1.05, 1))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=3))
 
 
 def plot_day(run_dir: Path, title: str, path: Path) -> Path:
@@ -36,7 +51,7 @@ def plot_day(run_dir: Path, title: str, path: Path) -> Path:
         axes[0].legend(fontsize=7, loc="upper left", ncol=2)
         for name, row in zip(names, replicas, strict=True):
             axes[1].plot(hours, row, label=name, lw=1)
-        axes[1].set_yscale("symlog", linthresh=10)
+        _replica_axis(axes[1], replicas)
         for name, row in zip(names, attain, strict=True):
             axes[2].plot(hours, row, label=name, lw=1)
     axes[0].set_ylabel("load (requests/s)")

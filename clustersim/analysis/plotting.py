@@ -89,7 +89,9 @@ def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
     (`tight=False`, for drawings without axes)."""
     if tight:
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        # and the canvas grown to what is drawn: a bar's note longer than the room right of
+        # it was cut at the figure's edge (hours.png, step.png)
+        fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
     else:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

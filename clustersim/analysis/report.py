@@ -98,8 +98,9 @@ def plot_job_timelines(run: Run, path: Path, window_s: tuple[float, float] | Non
         lo, hi = window_s
         spans = spans[(spans["end_s"] > lo) & (spans["start_s"] < hi)]
         active = run.jobs[run.jobs["job_id"].isin(spans["entity_id"])]
+        # chips from jobs.parquet: past 2,000 jobs summary.json lists only the largest
         ranked = sorted(active.itertuples(), key=lambda j: (
-            j.job_id != first_job, -run.summary["jobs"][j.name].get("chips", 0), j.job_id))
+            j.job_id != first_job, -j.chips, j.job_id))
         jobs = active.set_index("job_id").loc[[j.job_id for j in ranked[:MAX_ROWS]]]
         jobs = jobs.reset_index()
         shown = set(jobs["name"])

@@ -309,17 +309,28 @@ class Run:
         return f"Run({str(self.path)!r}, scenario={self.summary.get('scenario')!r})"
 
     def table(self, name: str) -> pd.DataFrame:
-        if name not in TABLES + SERVING_TABLES:
-            raise KeyError(f"unknown table {name!r}; expected one of "
-                           f"{', '.join(TABLES + SERVING_TABLES)}")
+        """A table of the run (`TABLES`, the serving tables or `job_summary`) as a
+        DataFrame."""
+        known = TABLES + SERVING_TABLES + ("job_summary",)
+        if name not in known:
+            raise KeyError(f"unknown table {name!r}; expected one of {', '.join(known)}")
         path = self.path / f"{name}.parquet"
         if not path.exists():
-            raise FileNotFoundError(f"{path}: this run has no {name} table (traces disabled?)")
+            raise FileNotFoundError(f"{path}: {self._why_no_table(name)}")
         frame = pq.read_table(path).to_pandas()
         for column in frame.columns:  # dictionary-encoded strings come back as categoricals
             if isinstance(frame[column].dtype, pd.CategoricalDtype):
                 frame[column] = frame[column].astype(str)
         return frame
+
+    def _why_no_table(self, name: str) -> str:
+        """Why a table the run lacks is absent: the kind of run, or its traces off."""
+        if "fleet_day" in self.summary and name not in ("day", "fleet"):
+            return (f"a fleet-day run has no {name} table: it writes day and fleet (with "
+                    "traces) and job_summary.parquet (its jobs' figures; docs/fleet-day.md)")
+        if name in SERVING_TABLES and not self.summary.get("deployments"):
+            return f"this run has no {name} table: it serves no deployment"
+        return f"this run has no {name} table (its scenario's trace.enabled is false?)"
 
     def metadata(self, name: str = "jobs") -> dict[str, str]:
         raw = pq.read_schema(self.path / f"{name}.parquet").metadata or {}
@@ -333,6 +344,7 @@ class Run:
     allocations = _Table()
     utilisation = _Table()
     cluster_state = _Table()
+    job_summary = _Table()  # every job's figures, one row a job (docs/outputs.md)
 
     # ------------------------------------------------------------------ questions
     def utilisation_at(self, level: str = "cluster", bin_s: float | None = None,

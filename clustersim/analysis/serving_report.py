@@ -235,7 +235,8 @@ def serving_lines(summary: dict) -> list[str]:
             f"{'yes' if d.get('saturated') else 'no'} | "
             f"{drain} |")
     lines.append("")
-    lines.append("Rates and cost per token count the requests completed within the horizon; "
-                 "those finished while draining after it are counted apart. Saturated: the "
-                 "queue grew over the horizon (the rate offered is not held).")
+    lines.append("Rates and cost per token count the requests completed within the horizon "
+                 "and the tokens generated in it; what the requests in flight do after it is "
+                 "counted apart. Saturated: the queue grew over the horizon (the rate offered "
+                 "is not held).")
     return lines

@@ -27,7 +27,19 @@ def draw_sites(topology: Topology, path: str | Path) -> Path:
     cpi = topology.hardware.chips_per_instance
     positions = [(math.cos(math.pi / 2 - 2 * math.pi * s / n),
                   math.sin(math.pi / 2 - 2 * math.pi * s / n)) for s in range(n)]
-    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+    # Past six sites the figure grows and the discs shrink to fit between neighbours: with
+    # 16 sites fixed-size discs overlapped and covered the links between neighbours.
+    grow = 0.35 * max(0, n - 6)
+    fig, ax = plt.subplots(figsize=(7.5 + grow, 6.5 + grow))
+    ax.set_xlim(-1.9, 1.9)
+    ax.set_ylim(-1.7, 1.7)
+    ax.set_aspect("equal")
+    ax.apply_aspect()
+    points_per_unit = ((ax.transData.transform((1, 0)) - ax.transData.transform((0, 0)))[0]
+                       * 72 / fig.dpi)
+    neighbours = 2 * math.sin(math.pi / n) if n > 1 else 2.0  # chord between neighbours
+    widest_pt = min(math.sqrt(3000), 0.5 * neighbours * points_per_unit)
+    label_size = 8 if n <= 8 else max(5.0, 8 - 0.3 * (n - 8))
     biggest = max(net.instances)
     for a in range(n):
         for b in range(a + 1, n):
@@ -37,7 +49,13 @@ def draw_sites(topology: Topology, path: str | Path) -> Path:
             ax.plot([x1, x2], [y1, y2], color="#1565c0", linewidth=1.5, zorder=1)
             label = (f"{units.format_bandwidth(net.pair_bandwidth(a, b), bits=True)}\n"
                      f"{units.format_duration(net.pair_latency(a, b))}")
-            ax.annotate(label, ((x1 + x2) / 2, (y1 + y2) / 2), ha="center", va="center",
+            at = ((x1 + x2) / 2, (y1 + y2) / 2)
+            reach = math.hypot(*at)
+            if math.dist((x1, y1), (x2, y2)) < 0.8 and reach > 0.3:
+                # a short link between neighbours: its label beside it, outside the ring, so
+                # that the label's box does not cover the link
+                at = (at[0] * (reach + 0.16) / reach, at[1] * (reach + 0.16) / reach)
+            ax.annotate(label, at, ha="center", va="center",
                         fontsize=7, color="#0d47a1",
                         bbox={"boxstyle": "round", "fc": "white", "ec": "none", "alpha": 0.8})
     if net.backbone_bandwidth_bytes_per_s > 0:
@@ -49,18 +67,16 @@ def draw_sites(topology: Topology, path: str | Path) -> Path:
                     ha="center", va="top", fontsize=7, color="#e65100")
     per_leaf = topology.fabric.leaf_size(topology.hardware.instances_per_ultraserver)
     for s, (x, y) in enumerate(positions):
-        size = 600 + 2400 * net.instances[s] / biggest
+        # marker area in points^2, at most a disc `widest_pt` across
+        size = widest_pt**2 * (600 + 2400 * net.instances[s] / biggest) / 3000
         ax.scatter([x], [y], s=size, color="#2e7d32", zorder=3)
         ax.annotate(f"{net.names[s]}\n{net.instances[s] * cpi:,} chips\n"
                     f"{math.ceil(net.instances[s] / per_leaf):,} leaves, "
                     f"{topology.spines_per_site} spines", (1.42 * x, 1.3 * y),
-                    ha="center", va="center", fontsize=8, fontweight="bold")
+                    ha="center", va="center", fontsize=label_size, fontweight="bold")
     bisection = units.format_bandwidth(topology.bisection_bytes_per_s(), bits=True)
     ax.set_title(f"{topology.hardware.name}: {topology.chips:,} chips over {n} sites "
                  f"(bisection {bisection})", fontsize=10)
-    ax.set_xlim(-1.9, 1.9)
-    ax.set_ylim(-1.7, 1.7)
-    ax.set_aspect("equal")
     ax.set_axis_off()
     path = Path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -69,6 +69,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("tp", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
         ("submit_s", pa.float64()), ("start_s", pa.float64()), ("end_s", pa.float64()),
         ("status", pa.string()), ("steps_completed", pa.int64()), ("step_time_s", pa.float64()),
+        ("team", pa.string()),
     ]),
     "intervals": pa.schema([
         ("entity", _dict_string), ("entity_id", pa.int32()), ("state", _dict_string),
@@ -135,6 +136,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "end_s": "end, s (null: still going at the horizon)", "status": "final status",
         "steps_completed": "training steps kept at the end",
         "step_time_s": "one step's time from the step model, s",
+        "team": "the job's team (`-`: none)",
     },
     "intervals": {
         "entity": "`job` or `chip`", "entity_id": "job_id or chip_id",

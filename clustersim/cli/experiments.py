@@ -39,7 +39,7 @@ def sweep(
     spec, scenario_path = load_sweep(sweep_file)
     tasks = sweep_tasks(spec, scenario_path)
     out_dir = out if out is not None else Path("results") / sweep_file.stem
-    check_output_dir(out_dir, force)
+    check_output_dir(out_dir, force, inputs=[sweep_file, scenario_path])
     if engine == "ray":
         try:
             import ray  # noqa: F401

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,6 +68,8 @@ def topology(
         Path | None, typer.Option("--draw", help="Draw the first UltraServer (or instance) "
                                                  "as a PNG to this path.")
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --draw file."
+                                        )] = False,
 ) -> None:
     """Chips, instances, UltraServers, links by kind, per-chip bandwidths, fabric bisection."""
     from clustersim.hardware import units
@@ -78,8 +81,8 @@ def topology(
         raise UsageProblem(f"--draw {draw}: expected a .png path")
     if draw is not None and (draw.is_dir() or not draw.parent.is_dir()):
         raise UsageProblem(f"--draw {draw}: expected a .png file in an existing folder")
-    if draw is not None and not os.access(draw.parent, os.W_OK | os.X_OK):
-        raise UsageProblem(f"--draw {draw}: cannot write in {draw.parent} (permission denied)")
+    if draw is not None:
+        _check_output_file(draw, force, "--draw", "the drawing")
     started = time.perf_counter()
     topo = topology_for(spec)
     topo.graph  # built on first use: this command reports it, so build it here  # noqa: B018
@@ -89,10 +92,13 @@ def topology(
         from clustersim.analysis.topology import draw_topology
 
         try:
-            if topo.site_count > 1:  # the sites and their links (a chip would be a speck)
-                draw_sites(topo, draw)
-            else:
-                draw_topology(topo, draw)
+            with _output_file(draw, force, "--draw", "the drawing", ".png") as (temporary,
+                                                                                 commit):
+                if topo.site_count > 1:  # the sites and their links (a chip would be a speck)
+                    draw_sites(topo, temporary)
+                else:
+                    draw_topology(topo, temporary)
+                commit()
         except OSError as error:
             raise UsageProblem(f"--draw {draw}: cannot write it ({error.strerror or error})"
                                ) from None
@@ -243,6 +249,8 @@ def _show(path: str, value: Any) -> str:
 @user_errors
 def schema(
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Write to a file.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing -o file."
+                                        )] = False,
 ) -> None:
     """Print the JSON Schema of scenario files (for editors' completion and checks)."""
     from clustersim.scenario.schema import scenario_json_schema
@@ -252,10 +260,35 @@ def schema(
         sys.stdout.write(text)
     else:
         try:
-            out.write_text(text, encoding="utf-8")
+            with _output_file(out, force, "-o", "the schema") as (temporary, commit):
+                temporary.write_text(text, encoding="utf-8")
+                commit()
         except OSError as error:
             raise UsageProblem(f"-o {out}: cannot write it ({error.strerror})") from None
         err_console.print(f"wrote {out}")
+
+
+def _check_output_file(path: Path, force: bool, option: str, what: str) -> None:
+    """An existing file (or a symbolic link to one) is replaced only with --force."""
+    from clustersim.runner.outputs import OutputDirError, check_output_file
+
+    try:
+        check_output_file(path, force, what)
+    except OutputDirError as error:
+        raise UsageProblem(f"{option} {error}") from None
+
+
+@contextlib.contextmanager
+def _output_file(path: Path, force: bool, option: str, what: str, suffix: str = ""
+                 ) -> Iterator[tuple[Path, Any]]:
+    """`atomic_output_file` with its refusals as usage problems naming `option`."""
+    from clustersim.runner.outputs import OutputDirError, atomic_output_file
+
+    try:
+        with atomic_output_file(path, force, what, suffix) as pair:
+            yield pair
+    except OutputDirError as error:
+        raise UsageProblem(f"{option} {error}") from None
 
 
 def _without_float_noise(node: Any) -> Any:

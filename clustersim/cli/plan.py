@@ -210,7 +210,7 @@ def plan(
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise UsageProblem(f"--budget {budget}: expected a positive amount of USD")
     out_dir = out if out is not None else default_plan_dir(spec.name)
-    with _scenario_file(write_scenario, out_dir, force) as (temporary, commit):
+    with _scenario_file(write_scenario, out_dir, force, spec) as (temporary, commit):
         also = None if temporary is None else (lambda r: (write_best(r, temporary), commit()))
         result = _plan_into(spec, options, engine, workers, address, out_dir, force, scenario,
                             also)
@@ -221,17 +221,21 @@ def plan(
 
 
 @contextlib.contextmanager
-def _scenario_file(write_scenario: Path | None, out_dir: Path, force: bool) -> Iterator[Any]:
-    """Check OUT and --write-scenario before any work (as `run` checks OUT) and hold the
-    file's lock; yields (temporary, commit), or (None, None) without --write-scenario."""
+def _scenario_file(write_scenario: Path | None, out_dir: Path, force: bool,
+                   spec: Any = None) -> Iterator[Any]:
+    """Check OUT (never holding the scenario or its traces, even with --force) and
+    --write-scenario before any work (as `run` checks OUT) and hold the file's lock; yields
+    (temporary, commit), or (None, None) without --write-scenario."""
     from clustersim.runner.outputs import (
         OutputDirError,
         atomic_output_file,
         check_output_dir,
         check_output_file,
     )
+    from clustersim.scenario.loader import input_files
 
-    resolved_out = check_output_dir(out_dir, force)
+    resolved_out = check_output_dir(out_dir, force,
+                                    inputs=input_files(spec) if spec is not None else ())
     if write_scenario is None:
         yield None, None
         return
@@ -317,9 +321,11 @@ def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: 
     options = ServingPlanOptions(
         hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
         deployment=serve, goodput=goodput, top=top)
-    with _scenario_file(write_scenario, out_dir, force) as (temporary, commit):
+    with _scenario_file(write_scenario, out_dir, force, spec) as (temporary, commit):
         try:
-            result = plan_serving(spec, options, Path(scenario).parent, simulate=simulate)
+            with _progress() as progress:
+                result = plan_serving(spec, options, Path(scenario).parent, simulate=simulate,
+                                      progress=progress)
         except ServingPlanError as error:
             raise UsageProblem(f"{scenario}: {error}") from None
         with atomic_output_dir(out_dir, force=force) as staging:

@@ -65,7 +65,10 @@ def run(
         _find_rates(spec, Path(scenario).parent, goodput, seed)
         return
     out_dir = out if out is not None else Path("results") / spec.name
-    check_output_dir(out_dir, force, replaces=spec.name)
+    from clustersim.scenario.loader import input_files
+
+    check_output_dir(out_dir, force, replaces=spec.name, inputs=input_files(spec))
+    _warn_never_admitted(spec)
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
@@ -78,6 +81,18 @@ def run(
     if spec.jobs:
         out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
                           f"clustersim plan {escape(str(scenario))}", soft_wrap=True)
+
+
+def _warn_never_admitted(spec: Any, shown: int = 5) -> None:
+    """A warning for each job its team's quota can never admit (the first `shown`)."""
+    from clustersim.scenario.teams import never_admitted
+
+    lines = never_admitted(spec)
+    for line in lines[:shown]:
+        err_console.print(f"warning: {escape(spec.source)}: {escape(line)}", soft_wrap=True)
+    if len(lines) > shown:
+        err_console.print(f"warning: ... and {len(lines) - shown:,} more jobs over their "
+                          "team's quota", soft_wrap=True)
 
 
 def _price_label(spec: Any) -> str:
@@ -258,11 +273,20 @@ def _with_ci(figures: dict[str, Any], key: str, show: Callable[[float], str]) ->
     return text
 
 
+def _active(job: dict[str, Any]) -> str:
+    """`, 37.6B active` for a mixture of experts (a summary without the figure: nothing)."""
+    active = job.get("active_parameters")
+    if not isinstance(active, int) or active == job["parameters"]:
+        return ""
+    return f", {active / 1e9:,.1f}B active"
+
+
 def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
     """A job's rows of the run table: shape, step, outcome, lost hours, cost, why."""
     table.add_row(
         f"job {escape(name)}",
-        f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
+        f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params{_active(job)}) on "
+        f"{job['chips']:,} chips, "
         f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, {job['tokens_per_step']:,} tokens/step")
     table.add_row("", f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
                       f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip")
@@ -329,6 +353,23 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:,.1f} min"
 
 
+def _trace_rows_row(table: Table, summary: dict[str, Any]) -> None:
+    """What became of a published trace's rows: replayed, and left out by reason."""
+    from clustersim.scenario.traces import LEFT_OUT
+
+    rows = summary.get("trace_rows")
+    if not rows:
+        return
+    text = f"{rows['replayed']:,} of {rows['rows']:,} rows replayed"
+    out = [f"{count:,} {LEFT_OUT[reason]}" for reason, count in rows["left_out"].items()
+           if count]
+    if out:
+        text += "; left out: " + ", ".join(out)
+    if rows["ended_at_trace_end"]:
+        text += f"; {rows['ended_at_trace_end']:,} without an end ran to the trace's end"
+    table.add_row("trace", text)
+
+
 def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assumed") -> None:
     cluster = summary["cluster"]
     table = Table(title=f"{summary['scenario']}: {cluster['chips']:,} {cluster['chip']} chips",
@@ -364,6 +405,7 @@ def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assum
             f"{k} {_with_ci(failures, k, lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
             for k, v in failures.items() if not k.endswith("_ci95") and v))
     _serving_row(table, summary)
+    _trace_rows_row(table, summary)
     if "utilisation" in cluster and summary["jobs"]:
         table.add_row("training", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
                       f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")

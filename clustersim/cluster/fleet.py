@@ -33,7 +33,9 @@ def team_figures(jobs: Mapping[str, Mapping[str, Any]], quotas: Mapping[str, int
     """Per team: jobs and how they ended, queue waits (mean, median, 95th percentile),
     slowdowns, chip-time held and its share of all chip-time held, useful chip-time,
     preemptions, and its quota and fair-share weight. `jobs` are the summary's per-job
-    figures (with `team`, `chips`, `held_chip_s`, `useful_s`, `queue_wait_s`, `slowdown`)."""
+    figures (with `team`, `chips`, `held_chip_s`, `useful_s`, `queue_wait_s`, `slowdown`,
+    `start_s`). Waits are of the jobs that started; a job that never did has a censored wait,
+    counted apart (`jobs_never_started`, `mean_censored_queue_wait_s`)."""
     by_team: dict[str, list[Mapping[str, Any]]] = {}
     for job in jobs.values():
         by_team.setdefault(job["team"], []).append(job)
@@ -41,7 +43,9 @@ def team_figures(jobs: Mapping[str, Mapping[str, Any]], quotas: Mapping[str, int
     out = {}
     for team in sorted(set(by_team) | set(quotas)):
         members = by_team.get(team, [])
-        waits = [job["queue_wait_s"] for job in members]
+        # Waits of jobs that started; a job never started has a censored wait, counted apart.
+        waits = [job["queue_wait_s"] for job in members if job["start_s"] is not None]
+        never = [job["queue_wait_s"] for job in members if job["start_s"] is None]
         slowdowns = [job["slowdown"] for job in members if job["slowdown"] is not None]
         held = float(sum(job["held_chip_s"] for job in members))
         statuses: dict[str, int] = {}
@@ -55,6 +59,8 @@ def team_figures(jobs: Mapping[str, Mapping[str, Any]], quotas: Mapping[str, int
             "mean_queue_wait_s": _mean(waits),
             "p50_queue_wait_s": _quantile(waits, 0.5),
             "p95_queue_wait_s": _quantile(waits, 0.95),
+            "jobs_never_started": len(never),
+            "mean_censored_queue_wait_s": _mean(never),
             "mean_slowdown": _mean(slowdowns),
             "p95_slowdown": _quantile(slowdowns, 0.95),
             "held_chip_s": held,

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from clustersim.scenario.teams import quota_bars
+
 __all__ = ["JobAccounting"]
 
 
@@ -55,11 +57,12 @@ class JobAccounting:
     def _why_not_done(self) -> str:
         out = self.outcome
         if self.state == "queued":
-            quota = self.t.teams.quota.get(self.team)
-            if quota is not None and self.instances_needed > quota and not (
-                    self.t.teams.borrowing):
-                return (f"never started: it needs {self.instances_needed:,} instances, over "
-                        f"its team {self.team}'s quota of {quota:,}")
+            teams = self.t.teams
+            bars = quota_bars(self.instances_needed, teams.quota.get(self.team),
+                              teams.borrowing, teams.cohort_quota)
+            if bars:
+                return (f"never started: it needs {self.instances_needed:,} instances, "
+                        f"{bars} (team {self.team}): it can never start")
             if not self.t.teams.admits(self):
                 return f"never started: its team {self.team} was at its quota"
             return "never started: not enough healthy instances"

@@ -155,11 +155,20 @@ class TimelineResult:
     def cluster_figures(self) -> dict[str, Any]:
         chip_time = self.total_chips * self.horizon_s
         statuses = Counter(outcome.status for outcome in self.jobs.values())
-        waits = [outcome.time_in_state.get("queued", 0.0) for outcome in self.jobs.values()]
+        # A job that never started has a censored wait (at least its time queued so far):
+        # apart from the waits of the jobs that started, never in their mean or percentiles.
+        waits, censored = [], []
+        for outcome in self.jobs.values():
+            wait = outcome.time_in_state.get("queued", 0.0)
+            (waits if outcome.start_s is not None else censored).append(wait)
         return {
             "jobs": len(self.jobs),
             "jobs_by_status": dict(sorted(statuses.items())),
             "mean_queue_wait_s": float(np.mean(waits)) if waits else 0.0,
+            "p50_queue_wait_s": float(np.quantile(waits, 0.5)) if waits else 0.0,
+            "p95_queue_wait_s": float(np.quantile(waits, 0.95)) if waits else 0.0,
+            "jobs_never_started": len(censored),
+            "mean_censored_queue_wait_s": float(np.mean(censored)) if censored else None,
             "fragmentation": self.fragmentation_mean,
             "utilisation": self.allocated_chip_s / chip_time if chip_time else 0.0,
             "useful_utilisation": self.useful_chip_s / chip_time if chip_time else 0.0,

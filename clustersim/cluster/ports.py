@@ -211,6 +211,7 @@ class JobTimeline(UplinksTimeline, Protocol):
     owner: np.ndarray
     taken_at: np.ndarray
     hardware_event: simpy.Event
+    checkpoint_events: bool  # an event per checkpoint (the tested reference), not closed form
 
     def release(self, instances: list[int]) -> None: ...
     def slowdown(self, held: np.ndarray) -> float: ...

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 from clustersim.catalog import read_catalog
+from clustersim.cluster.site_rates import job_site_event_rate
 from clustersim.hardware import units
 from clustersim.hardware.failures import FailureRateSpec, failure_preset_rates
 from clustersim.scenario.models import CheckpointSpec, JobSpec, Scenario
@@ -51,7 +52,8 @@ def effective_rates(scenario: Scenario) -> list[FailureRateSpec]:
 
 
 def job_failure_rate(scenario: Scenario, job: JobSpec) -> float:
-    """Interruptions per second of a job: every process that can hit its hardware or it."""
+    """Interruptions per second of a job: every process that can hit its hardware or it,
+    site events (power, cooling, partition) included."""
     hw = scenario.hardware
     instances = scenario.job_instances(job)
     chips = instances * hw.chips_per_instance
@@ -67,7 +69,9 @@ def job_failure_rate(scenario: Scenario, job: JobSpec) -> float:
         "job": 1,
     }
     scale = scenario.failures.scale
-    return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario))
+    # Site events are not scaled by failures.scale: the timeline samples them as written.
+    return sum(r.events_per_s * units[r.per] * scale for r in effective_rates(scenario)) + (
+        job_site_event_rate(scenario, instances))
 
 
 def job_failure_rates(scenario: Scenario) -> Callable[[JobSpec], float]:

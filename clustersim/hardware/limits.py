@@ -78,6 +78,11 @@ MAX_SERVED_REQUESTS = 10_000_000  # expected requests of a run, every deployment
 MAX_REQUEST_TRACE_BYTES = 512 * 2**20  # a request trace file (CSV or Parquet)
 MAX_REQUEST_TRACE_ROWS = MAX_SERVED_REQUESTS
 MAX_RATE_SEARCH_REQUESTS = 1_000_000  # expected requests of one --find-rate trial
+# Fleet-day runs (clustersim.serving.fleetday): fluid steps x (fluid deployments + jobs + 1),
+# the rows of their per-step books. Measured on the docs/fleet-day.md example (one
+# deployment, one job, a step a minute): 20 to 60 days added 7.9 MB and 2.2 s of CPU for
+# 57,600 steps, about 70 bytes and 20 us a row, so the limit is about 1.4 GB and 7 minutes.
+MAX_FLEET_DAY_ROWS = 20_000_000
 
 # Planning (clustersim.planning, `clustersim plan`)
 MAX_PLAN_SIZES = 32  # chip counts of --chips (about 9 s of CPU each on the quickstart)
@@ -95,6 +100,14 @@ MAX_YAML_NODES = 1_000_000  # values once aliases are expanded
 MAX_YAML_DEPTH = 64
 MAX_TRACE_FILE_BYTES = 256 * 2**20  # a workload's job trace
 MAX_TRACE_ROWS = MAX_JOBS
+# A job trace's dates: the published traces span 2017-2023; pandas' nanosecond clock ends in
+# 1677 and 2262 (a year-1 or year-9999 date overflowed).
+TRACE_FIRST_YEAR = 1900
+TRACE_LAST_YEAR = 2200
+# GPUs of one trace job, per instance of the cluster: more than any mapping can place (the
+# largest instance has MAX_CHIPS_PER_INSTANCE chips), refused before mapping it (1e300 GPUs
+# printed a 300-digit instance count).
+MAX_TRACE_GPUS_PER_INSTANCE = MAX_CHIPS_PER_INSTANCE
 # A run's summary.json (read by `report`) and a golden (read by `check`): about 2.3 KB a job
 # (rainier-2000-jobs: 4.65 MB), so MAX_JOBS jobs write 233 MB.
 MAX_SUMMARY_BYTES = 256 * 2**20

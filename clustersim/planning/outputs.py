@@ -72,23 +72,36 @@ def _count(value: float) -> str:
     """`2e12` -> `2T`, `1.5e9` -> `1.5B`."""
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if value >= scale:
-            return f"{value / scale:,.3g}{suffix}"
-    return f"{value:,.3g}"
+            return f"{_three_digits(value / scale)}{suffix}"
+    return _three_digits(value)
+
+
+def _three_digits(value: float) -> str:
+    """3 significant digits written out, no trailing zeros (`,.3g` writes 1000 as `1e+03`)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    text = f"{round(value, digits):,.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def usd_text(value: float) -> str:
+    """Money as $ (under $10k), $k, $M, $B or $T, 3 significant digits, never `$1e+03M`."""
+    if not math.isfinite(value):
+        return f"${value}"
+    rounded = float(f"{value:.3g}")  # the scale of what is shown: 999,999 is $1M, not $1,000k
+    size = abs(rounded)
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e4, "k")):
+        if size >= scale:
+            return f"${_three_digits(rounded / (1e3 if suffix == 'k' else scale))}{suffix}"
+    return f"${value:,.4g}" if abs(value) >= 1 or value == 0 else f"${value:.2g}"
 
 
 def usd_formatter() -> Any:
-    """Money on an axis as $ (under $10k), $k or $M, never with a `1e7` offset."""
+    """Money on an axis as $ (under $10k), $k, $M, $B or $T, never with a `1e7` offset."""
     from matplotlib.ticker import FuncFormatter
 
-    def usd(value: float, _: Any) -> str:
-        size = abs(value)
-        if size >= 1e6:
-            return f"${value / 1e6:,.3g}M"
-        if size >= 1e4:
-            return f"${value / 1e3:,.3g}k"
-        return f"${value:,.4g}" if size >= 1 or size == 0 else f"${value:.2g}"
-
-    return FuncFormatter(usd)
+    return FuncFormatter(lambda value, _: usd_text(value))
 
 
 def plot_pareto(result: PlanResult, path: Path) -> Path:
@@ -159,12 +172,24 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
         raw["hardware"] = best["hardware"]
     instances = best["chips"] // _chips_per_instance(result, best["hardware"])
     cluster = dict(raw.get("cluster") or {})
-    cluster.pop("ultraservers", None)
-    cluster["instances"] = instances
-    if not isinstance(cluster.get("spares"), str):  # a share stays a share
-        group = next(g for g in result.groups if g.name == best["hardware"]
-                     and g.chips == best["chips"])
-        cluster["spares"] = group.key.instances - group.instances
+    if cluster.get("sites") and best["hardware"] == scenario.hardware.name:
+        # The sites stay as written (the plan's --chips are within them): `sites` replaces
+        # instances, ultraservers and spares, which `run` refuses beside it.
+        pass
+    else:
+        if cluster.pop("sites", None) is not None:
+            # Another hardware's instances do not fill the sites' UltraServers: one site
+            # of the job's size, and no site events without sites.
+            cluster.pop("inter_site", None)
+            failures = raw.get("failures")
+            if isinstance(failures, dict):
+                failures.pop("site_events", None)
+        cluster.pop("ultraservers", None)
+        cluster["instances"] = instances
+        if not isinstance(cluster.get("spares"), str):  # a share stays a share
+            group = next(g for g in result.groups if g.name == best["hardware"]
+                         and g.chips == best["chips"])
+            cluster["spares"] = group.key.instances - group.instances
     raw["cluster"] = cluster
     job = dict(raw["jobs"][0])
     job.update({

@@ -112,6 +112,21 @@ def _hardware_list(scenario: Scenario, names: tuple[str, ...]) -> list[tuple[str
     return out
 
 
+def _check_site_sizes(scenario: Scenario, options: PlanOptions) -> None:
+    """On a cluster of several sites, the spread options place the best on the sites' own
+    instances: a --chips size beyond their working chips has nowhere to go."""
+    net = scenario.site_network
+    if net is None or not options.chips:
+        return
+    cpi = scenario.hardware.chips_per_instance
+    working = sum(n - s for n, s in zip(net.instances, net.spares, strict=True)) * cpi
+    beyond = [c for c in options.chips if c > working]
+    if beyond:
+        raise PlanError(f"--chips {beyond[0]:,}: more than the {working:,} working chips of "
+                        f"the scenario's {net.count} sites; expected sizes up to {working:,} "
+                        "on a multi-site cluster (or larger sites in cluster.sites)")
+
+
 def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareSpec
            ) -> tuple[list[int], list[str]]:
     """Chip counts to try on `hw`: whole instances (whole UltraServers where it has them)."""
@@ -124,16 +139,56 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
         instances = job.instances or scenario.working_instances
         wanted = [instances * scenario.hardware.chips_per_instance]
     unit = hw.chips_per_instance * hw.instances_per_ultraserver
+    what = "UltraServers" if hw.ultraserver else "instances"
     kept, notes = [], []
     for chips in wanted:
         if options.max_chips is not None and chips > options.max_chips:
             notes.append(f"{chips} chips: above --max-chips {options.max_chips}")
-        elif chips % unit:
-            notes.append(f"{hw.name}: {chips} chips is not a whole number of "
-                         f"{'UltraServers' if hw.ultraserver else 'instances'} of {unit} chips")
-        else:
+            continue
+        if chips % unit:
+            # Hardware of another UltraServer size on the same --chips list: the whole
+            # UltraServers that fit in the size, so each entry is compared at about it.
+            if chips < unit:
+                notes.append(f"{hw.name}: {chips:,} chips is less than one of its {what} "
+                             f"({unit} chips)")
+                continue
+            rounded = chips // unit * unit
+            notes.append(f"{hw.name}: {chips:,} chips is not a whole number of {what} of "
+                         f"{unit} chips; planned at {rounded:,} ({rounded // unit:,} {what})")
+            chips = rounded
+        if chips not in kept:
             kept.append(chips)
+            notes += _factoring_note(hw.name, chips, unit, what)
     return kept, notes
+
+
+BAD_PRIME = 7  # a count of UltraServers with a prime factor above it factors badly
+
+
+def _largest_prime(n: int) -> int:
+    largest, p = 1, 2
+    while p * p <= n:
+        while n % p == 0:
+            largest, n = p, n // p
+        p += 1
+    return max(largest, n) if n > 1 else largest
+
+
+def _factoring_note(name: str, chips: int, unit: int, what: str) -> list[str]:
+    """A size whose count of UltraServers (or instances) has a large prime factor: every
+    parallel degree must divide the chips, so its shapes are few (PP 57 at 131,328 Trn3
+    chips: 19 x 48 UltraServers); the nearest counts below and above that factor well."""
+    count = chips // unit
+    prime = _largest_prime(count)
+    if prime <= BAD_PRIME or count < 2 * BAD_PRIME:
+        return []
+    # the nearest counts of the form 2^a 3^b (degrees of powers of two, and threes)
+    below = next(n for n in range(count - 1, 0, -1) if _largest_prime(n) <= 3)
+    above = next(n for n in range(count + 1, 2 * count + 2) if _largest_prime(n) <= 3)
+    return [f"{name}: {chips:,} chips is {count:,} {what}, a multiple of the prime {prime}: "
+            f"the parallel degrees must divide it, so it factors badly (pipeline or "
+            f"data-parallel degrees with {prime} in them); sizes near it that factor well: "
+            f"{below * unit:,} and {above * unit:,} chips ({below:,} and {above:,} {what})"]
 
 
 def _make_group(scenario: Scenario, job: JobSpec, name: str, hw: HardwareSpec, chips: int
@@ -169,7 +224,7 @@ def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
 def _least_memory(c: Candidate, job: JobSpec, memory: MemoryScreen) -> float:
     """Bytes per chip of the candidate's (tp, cp, pp, dp, ep, interleave, micro-batch) at its
     leanest: full recompute, sequence parallelism, the ZeRO stage that keeps the least."""
-    zeros = [z for z in (2, 3) if c.dp * c.cp > 1 and not (z == 3 and c.ep > 1)] or [0]
+    zeros = [z for z in (2, 3) if c.dp * c.cp > 1] or [0]
     return min(memory.per_chip(screen_job(job, replace(c, recompute="full",
                                                        sequence_parallel=c.tp > 1, zero=z)))
                for z in zeros)
@@ -250,6 +305,7 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
     if not scenario.jobs:
         raise PlanError(f"{scenario.source}: jobs: the scenario has no job to plan")
     job = scenario.jobs[0]
+    _check_site_sizes(scenario, options)
     given = "parallelism" in job.model_fields_set
     notes: list[str] = []
     groups: list[Group] = []

@@ -146,9 +146,11 @@ class RunScenario(Protocol):
 
 
 def plan_serving(scenario: Scenario, options: ServingPlanOptions,
-                 base_dir: Path | None = None, *, simulate: RunScenario) -> ServingPlanResult:
+                 base_dir: Path | None = None, *, simulate: RunScenario,
+                 progress: Any = None) -> ServingPlanResult:
     """Search each hardware entry for the cheapest configuration holding the load, each
-    candidate run with `simulate` (a run's result, its summary's `deployments`)."""
+    candidate run with `simulate` (a run's result, its summary's `deployments`).
+    `progress(done, total, what)`, if given, hears of each candidate as it is looked at."""
     index = _deployment_index(scenario, options.deployment)
     d = scenario.serve[index]
     if d.disaggregated is not None:
@@ -173,6 +175,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     rows: list[dict[str, Any]] = []
     ranked: list[dict[str, Any]] = []
     best_scenarios: dict[str, dict[str, Any]] = {}
+    mappings: dict[int, dict[str, Any]] = {}  # id(ranked row) -> its scenario
     notes: list[str] = []
     source = f"{scenario.source} (planned)"
 
@@ -206,7 +209,10 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                       key=lambda s: (s.usd_per_h_bound, -s.rate_bound_per_s * max(
                           1, s.spec.ranks_per_instance // (s.tp * s.pp)), s.tp * s.pp))
         best_usd: float | None = None
-        for shape in live:
+        for position, shape in enumerate(live):
+            if progress is not None:
+                progress(position, len(live), f"{name}: tp {shape.tp} x pp {shape.pp}, "
+                         f"batch {shape.max_batch}")
             if best_usd is not None and shape.usd_per_h_bound >= best_usd:
                 shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best "
                              f"found costs ${best_usd:,.2f}/h" if priced else
@@ -220,27 +226,53 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                 usd = outcome["rank_cost"]
                 if best_usd is None or usd < best_usd:
                     best_usd = usd
-                    best_scenarios[name] = outcome["mapping"]
+                mappings[id(row)] = outcome["mapping"]
                 ranked.append(row)
         rows += [_row(s, None, "pruned") for s in shapes if s.why]
     # Dollars and chips do not compare: priced hardware first by $/h, unpriced by chips.
     ranked.sort(key=lambda r: (r["usd_per_h"] is None, r["usd_per_h"] if r["usd_per_h"]
                                is not None else r["chips"],
                                r["cost_per_million_output_tokens_usd"] or 0))
+    # Each hardware's best scenario is its first row in this order (the one reported), not
+    # the first found at the cheapest $/h: equal $/h ties are broken by the cost per token.
+    for row in ranked:
+        best_scenarios.setdefault(row["hardware"], mappings[id(row)])
     frame = pd.DataFrame(rows)
     if not ranked:
         raise ServingPlanError(
             f"no configuration of {d.name!r} on {', '.join(names)} holds {load:,.3g} requests/s "
             f"within its SLO (TTFT {d.slo.ttft_s:g} s, TPOT {d.slo.tpot_s:g} s) for "
-            f"{options.goodput:.0%} of requests: see why per candidate with --json")
+            f"{options.goodput:.0%} of requests: {_why_none(rows)}")
     for name in names:
         if name not in best_scenarios:
             notes.append(f"{name}: no configuration holds the load within the SLO")
     result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
                                best_scenarios, notes)
     if options.capacity:
+        if progress is not None:
+            progress(0, None, "each best at its SLO capacity")
         _capacities(result, base_dir)
     return result
+
+
+def _why_none(rows: list[dict[str, Any]]) -> str:
+    """What the candidates ran into, when none held the load: how many were pruned and by
+    what, and the simulated one closest to the SLO."""
+    pruned: dict[str, int] = {}
+    for row in rows:
+        if row["status"] == "pruned":
+            kind = str(row["why"]).split(":")[0]
+            pruned[kind] = pruned.get(kind, 0) + 1
+    parts = [f"{len(rows):,} candidates"]
+    if pruned:
+        parts.append("pruned: " + ", ".join(f"{n:,} by {k}" for k, n in
+                                            sorted(pruned.items(), key=lambda kv: -kv[1])))
+    simulated = [r for r in rows if r["status"] != "pruned"]
+    if simulated:
+        close = max(simulated, key=lambda r: r["slo_goodput"] or 0.0)
+        parts.append(f"closest: tp {close['tp']} x pp {close['pp']} on {close['hardware']}, "
+                     f"{close['why']}")
+    return "; ".join(parts)
 
 
 def _first_issue(error: ScenarioError) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from clustersim.scenario.models import Scenario
-from clustersim.serving.requests import generate_requests
+from clustersim.serving.requests import TraceError, generate_requests
 from clustersim.serving.simulate import replica_models
 
 __all__ = [
@@ -35,10 +35,15 @@ def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any,
     out.pop("jobs", None)
     out.pop("workload", None)
     out["hardware"] = copy.deepcopy(hardware)
+    # The deployment's own instances, as one site: `sites` (and the links and site events
+    # that need them) replace instances, and `run` refuses both.
     cluster = {k: v for k, v in dict(out.get("cluster") or {}).items()
-               if k not in ("ultraservers", "instances")}
+               if k not in ("ultraservers", "instances", "sites", "inter_site")}
     cluster["instances"] = instances
     out["cluster"] = cluster
+    failures = out.get("failures")
+    if isinstance(failures, dict) and "site_events" in failures:
+        out["failures"] = {k: v for k, v in failures.items() if k != "site_events"}
     d = copy.deepcopy(deployment)
     d["parallelism"] = {"tp": tp, "pp": pp}
     d["replicas"] = replicas
@@ -79,8 +84,12 @@ def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
     `goodput` of the requests reach) of the deployment's requests over the horizon (the
     requests `run` draws)."""
     d = scenario.serve[index]
-    requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
-                                 np.random.SeedSequence(scenario.seed), base_dir)
+    try:
+        requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
+                                     np.random.SeedSequence(scenario.seed), base_dir)
+    except TraceError as error:  # as `run` refuses it: the key, the value, the reason
+        raise ServingPlanError(f"serve.{index}.workload.trace = "
+                               f"{d.workload.trace!r}: {error}") from None
     if len(requests.arrival_s) == 0:
         raise ServingPlanError(f"deployment {d.name!r} gets no requests over the horizon")
     span = max(scenario.duration_s - d.start_s, 1e-9)

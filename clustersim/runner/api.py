@@ -256,6 +256,8 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
         "jobs": combined["jobs"],
         "cluster": cluster,
     }
+    if scenario.trace_rows is not None:
+        summary["trace_rows"] = scenario.trace_rows
     if len(all_jobs) > SUMMARY_JOBS:
         summary["jobs_listed"] = (f"the {len(combined['jobs']):,} largest of "
                                   f"{len(all_jobs):,} jobs; every job is in job_summary.parquet")
@@ -295,7 +297,7 @@ def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,
     summary["cluster"]["serving_instances"] = None  # they vary: fleet.parquet
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
-                     fleet_day=result)
+                     jobs=summary["jobs"], fleet_day=result)
 
 
 # The serving fleets' own seed stream: fixed apart from the timeline's replications.
@@ -340,7 +342,7 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
         rows.append((index, job.name, job.model.name, par.ranks, outcome.chips,
                      outcome.instances, par.tp, par.pp, par.dp, job.submit_s, outcome.start_s,
                      outcome.end_s, outcome.status, outcome.steps_completed,
-                     steps[job.name].step_time_s))
+                     steps[job.name].step_time_s, outcome.team))
     recorder.write_table("jobs", rows)
     recorder.write_table("utilisation", utilisation_rows(
         horizon_s=scenario.duration_s, bin_s=scenario.trace.bin_s,
@@ -356,7 +358,10 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
            progress: Callable[[float, float], None] | None = None) -> RunResult:
     """Simulate and write OUT whole or not at all: traces stream into a temporary sibling,
     summary.json and the effective scenario join them, then the folder is renamed."""
-    with atomic_output_dir(Path(out), force=force, replaces=scenario.name) as staging:
+    from clustersim.scenario.loader import input_files
+
+    with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
+                           inputs=input_files(scenario)) as staging:
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging)
         _write_summary(result, staging)
@@ -393,7 +398,10 @@ def write_job_summary(result: RunResult, path: Path) -> None:
 
     from clustersim.analysis.trace import table_metadata
 
-    teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
+    if result.timelines:
+        teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
+    else:  # a fleet-day run: no timeline, the scenario's teams
+        teams = {job.name: job.team or "-" for job in result.scenario.jobs}
     columns = flat_job_columns(result.jobs, teams)
     table = pa.table({column: finite_or_none_column(values)
                       for column, values in columns.items()})

@@ -21,6 +21,7 @@ from clustersim.cluster.rates import (
     job_checkpoint_intervals,
     job_failure_rates,
 )
+from clustersim.cluster.site_rates import site_events_per_s
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import Scenario
@@ -46,10 +47,12 @@ class EventEstimate:
     transients: float
     jobs: float
     checkpoint_path: str = ""
+    site_events: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.failures + self.checkpoints + self.transients + self.jobs + 100
+        return (self.failures + self.checkpoints + self.transients + self.jobs
+                + self.site_events + 100)
 
 
 def estimate_events(scenario: Scenario) -> EventEstimate:
@@ -77,8 +80,11 @@ def estimate_events(scenario: Scenario) -> EventEstimate:
     spec = scenario.stragglers.transient
     if spec is not None:
         transients = 2 * spec.rate_per_s * scenario.total_instances * horizon
+    # A site event is a failure to the timeline: the event, its end, and the interruption,
+    # restart and restore of the jobs it stops.
+    site_events = site_events_per_s(scenario) * horizon * EVENTS_PER_FAILURE
     return EventEstimate(failures, checkpoints, transients, EVENTS_PER_JOB * len(scenario.jobs),
-                         worst_path)
+                         worst_path, site_events)
 
 
 def check_run_budget(scenario: Scenario, replications: int = 1) -> EventEstimate:
@@ -90,16 +96,19 @@ def check_run_budget(scenario: Scenario, replications: int = 1) -> EventEstimate
         return estimate
     sources = {"failures": estimate.failures,
                "blocking checkpoints' trace rows": estimate.checkpoints,
-               "transient slowdowns": estimate.transients, "jobs": estimate.jobs}
+               "transient slowdowns": estimate.transients, "jobs": estimate.jobs,
+               "site events": estimate.site_events}
     biggest = max(sources, key=lambda k: sources[k])
     path = {"failures": "failures",
             "blocking checkpoints' trace rows": estimate.checkpoint_path or "jobs",
-            "transient slowdowns": "stragglers.transient", "jobs": "jobs"}[biggest]
+            "transient slowdowns": "stragglers.transient", "jobs": "jobs",
+            "site events": "failures.site_events"}[biggest]
     hint = {"failures": "lower the rates or failures.scale, or shorten duration",
             "blocking checkpoints' trace rows": "a longer checkpoint interval (or write time, "
             "with interval auto), asynchronous writes, or trace.enabled=false",
             "transient slowdowns": "a lower stragglers.transient.rate",
-            "jobs": "fewer jobs"}[biggest]
+            "jobs": "fewer jobs",
+            "site events": "lower site event rates, or shorten duration"}[biggest]
     if total <= limits.MAX_EVENTS:
         what = (f"{replications:,} replications of about {total:,.0f} events each; expected "
                 f"at most {10 * limits.MAX_EVENTS:,} in all (docs/limits.md): fewer "

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,11 +106,13 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
-                     ours: Callable[[Path], bool] | None = None) -> Path:
+                     ours: Callable[[Path], bool] | None = None,
+                     inputs: Iterable[str | Path] = ()) -> Path:
     """Refuse before any work is done, so a long run does not fail at its end; returns the
     resolved OUT. A non-empty OUT needs `force`, unless it holds only an earlier run of the
     scenario `replaces` names (or, with `ours`, what that predicate says this command
-    wrote)."""
+    wrote). OUT holding one of `inputs` (the scenario, its traces) is refused even with
+    `force`: replacing OUT would delete them."""
     given = out
     out = resolve_output_dir(out)
     if out.exists() and not out.is_dir():
@@ -119,6 +121,15 @@ def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
     if out == here or out in here.parents:
         raise OutputDirError(f"{given}: is the current directory or holds it; expected a folder "
                              "for this run's outputs, e.g. results/NAME")
+    for source in inputs:
+        try:
+            held = Path(os.path.realpath(Path(source).expanduser()))
+        except (OSError, ValueError):
+            continue
+        if out in held.parents:
+            raise OutputDirError(f"{given}: holds {source}, an input of this command; "
+                                 "replacing it would delete it (even with --force); expected "
+                                 "a folder for this run's outputs, e.g. results/NAME")
     if (out.is_dir() and not force and _has_entries(out) and not earlier_run_of(out, replaces)
             and not (ours is not None and ours(out))):
         what = (f"holds more than an earlier run of {replaces}" if replaces
@@ -279,14 +290,16 @@ def _temporary(out: Path, kind: str) -> Path:
 
 @contextlib.contextmanager
 def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None,
-                      ours: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+                      ours: Callable[[Path], bool] | None = None,
+                      inputs: Iterable[str | Path] = ()) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out`. OUT is locked
     for the whole time, checked again under the lock, and stale temporaries of earlier runs
     into it are removed first."""
     given = out
-    check_output_dir(given, force, replaces, ours)  # before the lock: a refusal leaves nothing
-    with output_lock(out) as resolved:
-        check_output_dir(given, force, replaces, ours)  # again: another run may have written OUT
+    check_output_dir(given, force, replaces, ours, inputs)  # before the lock: a refusal
+    with output_lock(out) as resolved:  # leaves nothing
+        # Again: another run may have written OUT meanwhile.
+        check_output_dir(given, force, replaces, ours, inputs)
         remove_stale_temporaries(resolved)
         try:
             staging = _temporary(resolved, "tmp")
@@ -356,19 +369,20 @@ def check_output_file(path: str | Path, force: bool, what: str = "the file") -> 
 
 
 @contextlib.contextmanager
-def atomic_output_file(path: str | Path, force: bool = False, what: str = "the file"
-                       ) -> Iterator[tuple[Path, Callable[[], None]]]:
+def atomic_output_file(path: str | Path, force: bool = False, what: str = "the file",
+                       suffix: str = "") -> Iterator[tuple[Path, Callable[[], None]]]:
     """Hold a lock on an output file for the whole work (a second command writing it is
     refused at once) and yield (a temporary path beside it, commit). `commit()` moves the
     temporary into place: without `force` only if the file still does not exist (a hard
     link, which fails on an existing name), so nothing the user made meanwhile is
-    replaced. On an exception the temporary goes and, if committed, the file too."""
+    replaced. On an exception the temporary goes and, if committed, the file too. `suffix`
+    ends the temporary's name (a plotting library picks the format by it)."""
     given = path
     check_output_file(given, force, what)
     with output_lock(path) as resolved:
         check_output_file(given, force, what)
         fd, name = tempfile.mkstemp(prefix=f".{resolved.name}.tmp-{os.getpid()}-",
-                                    dir=resolved.parent)
+                                    suffix=suffix, dir=resolved.parent)
         os.close(fd)
         temporary = Path(name)
         temporary.chmod(0o666 & ~_umask())  # mkstemp makes it 0600 whatever the umask

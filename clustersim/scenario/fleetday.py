@@ -307,6 +307,17 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                 yield (f"{at}.autoscale.min" if d.autoscale is not None else f"{at}.replicas",
                        f"the deployments' minimum replicas need {minimum_instances} instances "
                        f"up to this one; the cluster has {s.working_instances}", count)
+    if fleet:
+        steps = math.ceil(s.duration_s / s.fluid.interval_s - 1e-9)
+        fluid = sum(resolved_fidelity(d, s.duration_s) == "fluid" for d in s.serve)
+        rows = steps * (fluid + len(s.jobs) + 1)
+        if rows > limits.MAX_FLEET_DAY_ROWS:
+            yield ("duration", f"a fleet-day run of {steps:,} steps of "
+                   f"{units.format_duration(s.fluid.interval_s)} for {fluid} deployment(s) "
+                   f"and {len(s.jobs)} job(s) keeps {rows:,} rows of books; expected at most "
+                   f"{limits.MAX_FLEET_DAY_ROWS:,} (docs/limits.md): a shorter duration, a "
+                   "longer fluid.interval, or fewer deployments", units.format_duration(
+                       s.duration_s))
     for index, job in enumerate(s.jobs):
         if job.elastic is None:
             continue

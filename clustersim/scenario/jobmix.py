@@ -30,6 +30,7 @@ model, parallelism and batch), and optionally `run_for` (seconds or a duration),
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from pathlib import Path
@@ -40,10 +41,10 @@ from pydantic import Field, model_validator
 
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
-from clustersim.scenario.reading import regular_file_problem
-from clustersim.scenario.traces import TraceMapping, TraceTarget, read_trace
+from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
+from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
-__all__ = ["WorkloadSpec", "JobTemplate", "generate_jobs"]
+__all__ = ["WorkloadSpec", "JobTemplate", "default_template", "generate_jobs"]
 
 
 class SizeRange(Spec):
@@ -116,8 +117,8 @@ class WorkloadSpec(Spec):
             raise ValueError("arrivals need at least one template")
         if self.trace is not None and self.format is None:
             raise ValueError("trace needs its format: philly, helios, pai, acme or native")
-        if self.trace is not None and not self.templates:
-            raise ValueError("a trace needs a template (the jobs' model, parallelism, batch)")
+        if self.trace is not None and self.format == "native" and not self.templates:
+            raise ValueError("a native trace needs the templates its rows name")
         if self.mapping.template is not None and self.mapping.template not in {
                 t.name for t in self.templates}:
             raise ValueError(f"mapping.template {self.mapping.template!r} is not a template")
@@ -136,6 +137,15 @@ def _size(template: JobTemplate, rng: np.random.Generator) -> int:
     return int(min(template.instances.max, max(template.instances.min, 2 ** round(exponent))))
 
 
+def _whole(value: Any) -> int | None:
+    """A whole positive count as written (not a boolean, text or 2.5), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        return None
+    return int(value)
+
+
 def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: str,
          submit_s: float, run_for_s: float | None, steps: int | None,
          priority: int | None) -> dict[str, Any]:
@@ -143,12 +153,21 @@ def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: s
     # and the loader only replaces the model name (a deep copy per job of a 100,000-job mix
     # was most of its load time).
     job = dict(template.job)
-    parallelism = dict(job.get("parallelism") or {})
-    tp, pp = int(parallelism.get("tp", 1)), int(parallelism.get("pp", 1))
+    given = job.get("parallelism")
+    parallelism = dict(given) if isinstance(given, dict) else {}
+    tp, pp = _whole(parallelism.get("tp", 1)), _whole(parallelism.get("pp", 1))
+    micro = _whole(job.get("micro_batch", 1))
     ranks = instances * ranks_per_instance
-    parallelism["dp"] = max(1, ranks // (tp * pp)) if ranks % (tp * pp) == 0 else ranks / (tp * pp)
-    micro = int(job.get("micro_batch", 1))
-    dp = parallelism["dp"]
+    if tp is None or pp is None or micro is None:
+        # not whole positive counts (tp: 0 divided by zero): the job's validation names the
+        # template's key; dp and the batch are placeholders until then
+        parallelism["dp"], micro = 1, 1
+    else:
+        parallelism["dp"] = (max(1, ranks // (tp * pp)) if ranks % (tp * pp) == 0
+                             else ranks / (tp * pp))
+    if given is not None and not isinstance(given, dict):
+        parallelism = given  # as written, for validation to refuse
+    dp = parallelism["dp"] if isinstance(parallelism, dict) else 1
     job.update({
         "name": name, "instances": instances, "parallelism": parallelism, "submit": submit_s,
         "global_batch": int(dp * micro * template.microbatches) if isinstance(dp, int) else 1,
@@ -176,9 +195,14 @@ def _draw(rng: np.random.Generator, cdf: np.ndarray) -> int:
 
 
 def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
-                  base_dir: Path | None, target: TraceTarget | None = None
-                  ) -> list[dict[str, Any]]:
-    """Raw job mappings (validated later with the rest of the scenario)."""
+                  base_dir: Path | None, target: TraceTarget | None = None,
+                  origins: list[tuple[int | str, str | None, dict[str, str]]] | None = None,
+                  trace_rows: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Raw job mappings (validated later with the rest of the scenario). `origins`, if
+    given, gets one entry a job: its template's index, its trace row (None for an arrival)
+    and the row's column names by job key, for messages naming what the user wrote;
+    `trace_rows`, if given, what became of a published trace's rows (read_trace)."""
+    origins = origins if origins is not None else []
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
     templates = {t.name: t for t in workload.templates}
@@ -210,15 +234,36 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                     template.run_for.sigma * rng.standard_normal()))
             job = _job(template, _size(template, rng), ranks_per_instance,
                        f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None)
+            origins.append((_index(workload, template.name), None, {}))
             if template.teams is not None:
                 names, cumulative = team_choice[template.name]
                 job["team"] = names[_draw(rng, cumulative)]
             jobs.append(job)
     if workload.file is not None:
-        jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir)
+        jobs += _from_file(workload.file, templates, ranks_per_instance, base_dir,
+                           origins, f"workload.file {workload.file}")
     if workload.trace is not None:
-        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target)
+        jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target, origins,
+                            trace_rows if trace_rows is not None else {})
     return jobs
+
+
+def default_template(ranks_per_instance: int) -> JobTemplate:
+    """The template of a trace's jobs when the scenario gives none (docs/traces-in.md): Llama
+    3 8B at 4,096 tokens, tensor-parallel within an instance (TP 8, or the largest power of
+    two dividing its ranks), data-parallel over the job's size as the trace gives it, ZeRO-1,
+    selective recompute, 8 micro-batches a step, checkpoints at the interval that maximises
+    goodput."""
+    tp = math.gcd(8, ranks_per_instance)
+    return JobTemplate.model_validate({
+        "name": "default", "instances": [1], "job": {
+            "model": "llama3-8b", "seq_len": 4096, "recompute": "selective",
+            "parallelism": {"tp": tp, "pp": 1, "zero": 1, "sequence_parallel": tp > 1},
+            "checkpoint": {"interval": "auto", "write": "30s", "restore": "2min"}}})
+
+
+def _index(workload: WorkloadSpec, template: str) -> int:
+    return next(i for i, t in enumerate(workload.templates) if t.name == template)
 
 
 def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -> Path:
@@ -227,7 +272,7 @@ def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -
     path = Path(text)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES)
+    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES, "a trace file")
     if problem is not None:
         raise ValueError(f"{key} {path}: {problem}")
     return path
@@ -243,15 +288,30 @@ def _team_name(text: str | None) -> str | None:
 
 def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
                 ranks_per_instance: int, base_dir: Path | None,
-                target: TraceTarget | None) -> list[dict[str, Any]]:
+                target: TraceTarget | None, origins: list, trace_rows: dict[str, Any]
+                ) -> list[dict[str, Any]]:
     assert workload.trace is not None and workload.format is not None
-    path = _trace_path(workload.trace, base_dir)
+    path = Path(workload.trace)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if workload.format == "pai" and path.is_dir():  # PAI as published: its folder of tables
+        path = path / "pai_job_table.csv"
+    path = _trace_path(str(path), None)
     target = target or TraceTarget(1, None, None)
     if workload.format == "native":
-        return _native(path, templates, ranks_per_instance, base_dir, target)
-    template = templates[workload.mapping.template or next(iter(templates))]
+        return _native(path, templates, ranks_per_instance, target, origins,
+                       f"workload.trace {workload.trace}")
+    if templates:
+        template = templates[workload.mapping.template or next(iter(templates))]
+        label: int | str = _index(workload, template.name)
+    else:
+        template, label = default_template(ranks_per_instance), "default"
     jobs = []
-    for row in read_trace(path, workload.format, workload.mapping, target):
+    columns = COLUMNS[workload.format]
+    rows, stats = read_trace(path, workload.format, workload.mapping, target)
+    trace_rows.update(stats)
+    for row in rows:
+        origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))
         job = _job(template, row.instances, ranks_per_instance,
                    f"{workload.format}-{_team_name(row.id)}", row.submit_s, row.run_for_s,
                    None, None)
@@ -265,10 +325,10 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
 
 
 def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: int,
-            base_dir: Path | None, target: TraceTarget) -> list[dict[str, Any]]:
+            target: TraceTarget, origins: list, where: str) -> list[dict[str, Any]]:
     """The native trace (the `file:` columns) with the trace checks: names once, rows in
     submission order, run times >= 0, sizes within the cluster."""
-    jobs = _from_file(str(path), templates, ranks_per_instance, None)
+    jobs = _from_file(str(path), templates, ranks_per_instance, None, origins, where)
     seen: dict[str, int] = {}
     previous = -math.inf
     for number, job in enumerate(jobs, start=1):
@@ -290,12 +350,22 @@ def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: i
 
 
 def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_instance: int,
-               base_dir: Path | None) -> list[dict[str, Any]]:
+               base_dir: Path | None, origins: list, where: str) -> list[dict[str, Any]]:
+    """The jobs of a job file, one a row; `origins` gets each one's template index and row
+    (`where`, row N)."""
     import pandas as pd
 
     path = _trace_path(path_text, base_dir, "workload.file")
+    try:  # bounded: a /proc file behind a link says 0 bytes and may never end
+        data = io.BytesIO(read_bounded(path, limits.MAX_TRACE_FILE_BYTES))
+    except (TooLarge, OSError) as error:
+        raise ValueError(f"workload.file {path}: "
+                         f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
+                         ) from None
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
+        frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
+                 pd.read_csv(data, dtype={"name": str, "team": str, "template": str}))
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
         raise ValueError(f"workload.file {path}: cannot read it as "
                          f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
@@ -312,6 +382,8 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     for number, row in enumerate(frame.to_dict("records")):
         try:
             jobs.append(_trace_job(row, number, path, templates, ranks_per_instance))
+            origins.append((list(templates).index(str(row["template"])),
+                            f"{where}, row {number + 1}", {}))
         except (TypeError, OverflowError, units.UnitError, ValueError) as error:
             raise ValueError(f"workload.file {path}, row {number + 1}: {error}") from None
     return jobs

@@ -68,6 +68,7 @@ __all__ = [
     "load_scenario",
     "scenario_from_dict",
     "apply_override",
+    "input_files",
     "parse_override",
     "read_yaml_file",
     "scenario_json_schema",
@@ -161,16 +162,20 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         ranks = int(hardware["chip"].get("ranks", 1)) * int(hardware["instance"]["chips"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
+    origins: list = []
+    trace_rows: dict[str, Any] = {}
     try:
         generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
-                                  _trace_target(resolved))
+                                  _trace_target(resolved), origins, trace_rows)
     except ValueError as error:
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []
     resolved["_generated_from"] = len(jobs)
+    resolved["_generated_origins"] = origins
+    resolved["_trace_rows"] = trace_rows or None
     issues = _share_template_specs(generated, len(jobs))
     if issues:
-        raise ScenarioError(source, issues)
+        raise ScenarioError(source, collapse_generated(issues, len(jobs), origins))
     resolved["jobs"] = list(jobs) + generated
 
 
@@ -267,6 +272,8 @@ def scenario_from_dict(
     if not issues:
         _expand_workload(raw, resolved, source, base_dir)
     generated_from = resolved.pop("_generated_from", None)
+    origins = resolved.pop("_generated_origins", None)
+    trace_rows = resolved.pop("_trace_rows", None)
     failed_roots = {issue.path.removesuffix(".base") for issue in issues}
     try:
         scenario = Scenario.model_validate(resolved, context={"planning": planning})
@@ -275,15 +282,17 @@ def scenario_from_dict(
             i for i in pydantic_issues(error)
             if not any(i.path == r or i.path.startswith(r + ".") for r in failed_roots)
         ]
-        raise ScenarioError(source, collapse_generated(issues, generated_from)) from None
+        raise ScenarioError(source, collapse_generated(issues, generated_from,
+                                                        origins)) from None
     except ScenarioCheckError as error:
         raise ScenarioError(source, collapse_generated(issues + error.issues,
-                                                        generated_from)) from None
+                                                        generated_from, origins)) from None
     if issues:
         raise ScenarioError(source, issues)
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
     scenario._source = source
     scenario._cluster_given = cluster_given
+    scenario._trace_rows = trace_rows
     return scenario
 
 
@@ -294,3 +303,21 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: boo
     path = Path(path)
     return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent,
                               planning=planning)
+
+
+def input_files(scenario: Scenario) -> list[Path]:
+    """The files a run of `scenario` reads: the scenario file and the traces it names
+    (relative to its folder). An output folder holding one of them is refused."""
+    source = Path(scenario.source)
+    if not source.is_file():
+        return []
+    files = [source]
+    named = []
+    if scenario.workload is not None:
+        named += [scenario.workload.file, scenario.workload.trace]
+    named += [getattr(d.workload, "trace", None) for d in scenario.serve]
+    for text in named:
+        if text:
+            path = Path(text)
+            files.append(path if path.is_absolute() else source.parent / path)
+    return files

@@ -121,28 +121,54 @@ def _deduplicate(issues: list[Issue]) -> list[Issue]:
     return list(merged.values())
 
 
-def collapse_generated(issues: list[Issue], first: int | None) -> list[Issue]:
-    """One line per problem of the jobs a workload generated, with how many it hit."""
+# The keys of a generated job that come from its trace row (the rest from its template).
+_ROW_KEYS = ("name", "submit", "run_for", "instances", "team", "priority", "steps")
+
+
+def _where_generated(issue: Issue, first: int, origins: Sequence[Any] | None) -> Issue:
+    """An issue of a generated job named where the user wrote it: a trace row's column
+    (file, row, column) or the template's `job` key, not the generated `jobs.N` key."""
+    match = re.match(r"jobs\.(\d+)(.*)", issue.path)
+    if match is None or origins is None:
+        return issue
+    index = int(match.group(1)) - first
+    if not 0 <= index < len(origins):
+        return issue
+    template, row, columns = origins[index]
+    rest = match.group(2)
+    key = rest.lstrip(".").split(".")[0]
+    if row is not None and key in _ROW_KEYS:
+        column = columns.get(key, key)
+        path = f"{row}, column {column}"
+    elif isinstance(template, str):  # no template given: the default (docs/traces-in.md)
+        path = f"workload: the default template's job{rest}"
+    else:
+        path = f"workload.templates.{template}.job{rest}"
+    return Issue(path, issue.message, issue.value, issue.has_value, issue.line)
+
+
+def collapse_generated(issues: list[Issue], first: int | None,
+                       origins: Sequence[Any] | None = None) -> list[Issue]:
+    """One line per problem of the jobs a workload generated, with how many it hit, named
+    where the user wrote it (`origins`: per generated job, its template's index, its trace
+    row or None, and the row's column names by job key)."""
     if first is None:
         return issues
-    out: list[Issue] = []
-    seen: dict[tuple[str, str], list[int]] = {}
+    out: list[tuple[Issue, tuple[str, str] | None]] = []
+    seen: dict[tuple[str, str], int] = {}
     for issue in issues:
         match = re.match(r"jobs\.(\d+)(.*)", issue.path)
         if match is None or int(match.group(1)) < first:
-            out.append(issue)
+            out.append((issue, None))
             continue
-        key = (match.group(2), issue.message)
+        shown = _where_generated(issue, first, origins)
+        # A template's problem is one problem however many jobs it hit; a row's is its own.
+        key = (shown.path if shown is not issue else match.group(2), issue.message)
         if key not in seen:
-            seen[key] = []
-            out.append(issue)
-        seen[key].append(int(match.group(1)))
-    for index, issue in enumerate(out):
-        match = re.match(r"jobs\.(\d+)(.*)", issue.path)
-        if match is None or int(match.group(1)) < first:
-            continue
-        hit = seen[(match.group(2), issue.message)]
-        if len(hit) > 1:
-            out[index] = Issue(issue.path, f"{issue.message} (and {len(hit) - 1} more jobs the "
-                               f"workload generated)", issue.value, issue.has_value, issue.line)
-    return out
+            seen[key] = 0
+            out.append((shown, key))
+        seen[key] += 1
+    return [issue if key is None or seen[key] == 1 else
+            Issue(issue.path, f"{issue.message} (and {seen[key] - 1} more jobs the workload "
+                  "generated)", issue.value, issue.has_value, issue.line)
+            for issue, key in out]

@@ -8,7 +8,7 @@ whole scenario is read.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -153,6 +153,14 @@ class JobSpec(Spec):
         default=None, description="attention kernel: flash (scores stay on chip) or unfused "
         "(scores, softmax and dropout through HBM); default: the hardware's framework.attention",
     )
+    routing_imbalance: float = Field(
+        default=1.0, ge=1.0, le=limits.MAX_EXPERTS, description="mixture of experts: the "
+        "busiest expert-parallel rank's routed tokens over the mean (1: balanced); the step "
+        "waits for it (training.experts)")
+    capacity_factor: float | None = Field(
+        default=None, gt=0, le=limits.MAX_EXPERTS, description="mixture of experts: each "
+        "expert takes at most this multiple of its mean tokens and is padded to it "
+        "(capacity-based dispatch); none: dropless, the load is routing_imbalance")
     instances: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
     steps: int | None = Field(default=None, gt=0, le=limits.MAX_STEPS,
@@ -268,6 +276,7 @@ class Scenario(Spec):
     _source: str = PrivateAttr(default="<scenario>")
     _spares_share: float | None = PrivateAttr(default=None)
     _cluster_given: bool = PrivateAttr(default=True)
+    _trace_rows: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _resolve_spares(self) -> Scenario:
@@ -343,6 +352,12 @@ class Scenario(Spec):
     def source(self) -> str:
         """Where the scenario came from (its file), for error messages."""
         return self._source
+
+    @property
+    def trace_rows(self) -> dict[str, Any] | None:
+        """What became of a published trace's rows (workload.trace): read, replayed and left
+        out by reason; None without a trace."""
+        return self._trace_rows
 
     @property
     def source_yaml(self) -> str:

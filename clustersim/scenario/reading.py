@@ -16,7 +16,8 @@ from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError, short_repr
 
 __all__ = ["OverrideError", "parse_override", "apply_override", "read_yaml_file",
-           "load_yaml_text", "regular_file_problem", "YamlTooLarge"]
+           "load_yaml_text", "regular_file_problem", "read_bounded", "TooLarge",
+           "YamlTooLarge"]
 
 
 class OverrideError(ValueError):
@@ -97,7 +98,8 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def regular_file_problem(path: Path, max_bytes: int) -> str | None:
+def regular_file_problem(path: Path, max_bytes: int, expected: str = "a YAML file"
+                         ) -> str | None:
     """Why `path` cannot be read as an input file (missing, a directory, a named pipe or a
     device such as /dev/zero, larger than `max_bytes`), or None. Checked before opening it:
     opening a named pipe waits for a writer, and a device never ends."""
@@ -108,13 +110,31 @@ def regular_file_problem(path: Path, max_bytes: int) -> str | None:
     except OSError as error:
         return f"cannot read: {error.strerror}"
     if stat.S_ISDIR(status.st_mode):
-        return "is a directory, expected a YAML file"
+        return f"is a directory, expected {expected}"
     if not stat.S_ISREG(status.st_mode):
-        return "is not a regular file (a named pipe, a device or a socket); expected a file"
+        return ("is not a regular file (a named pipe, a device or a socket); expected "
+                f"{expected}")
     if status.st_size > max_bytes:
         return (f"is {status.st_size:,} bytes; expected at most {max_bytes:,} "
                 "(docs/limits.md)")
     return None
+
+
+class TooLarge(ValueError):
+    """A file read with `read_bounded` is larger than its bound."""
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """The bytes of `path`, reading at most `max_bytes` + 1 of them: a file whose size the
+    file system does not tell (a /proc file, possibly behind a symbolic link, says 0 bytes
+    and may never end) is refused as soon as it passes the bound (TooLarge), instead of
+    growing in memory. OSError if it cannot be read."""
+    with open(path, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"is more than {max_bytes:,} bytes; expected at most {max_bytes:,} "
+                       "(docs/limits.md)")
+    return data
 
 
 def read_yaml_file(path: Path) -> Any:

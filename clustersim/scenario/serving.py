@@ -469,6 +469,8 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
             if compute not in hardware.chip.tflops and compute != "fp8":
                 yield (f"serve.{index}.{path}", f"{hardware.chip.name} has no {compute} peak",
                        compute)
+    if not serve:  # a job alone larger than the cluster is the job's own issue
+        return
     if used + job_instances > working_instances:
         yield ("serve", f"the deployments' replicas need {used} instances and the jobs "
                f"{job_instances}; the cluster has {working_instances}", used)

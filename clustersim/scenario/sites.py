@@ -25,6 +25,14 @@ def site_checks(s: Scenario) -> Iterable[Issue]:
             yield Issue(f"failures.site_events.{i}", "site events need cluster.sites",
                         event.kind, True)
         return
+    seen: dict[str, int] = {}
+    for i, site in enumerate(sites):  # before the network: its error names no key
+        if site.name in seen:
+            yield Issue(f"cluster.sites.{i}.name", f"site {site.name} is named twice (also "
+                        f"cluster.sites.{seen[site.name]}); expected each site once",
+                        site.name, True)
+            return
+        seen[site.name] = i
     try:
         net = site_network(sites, s.cluster.inter_site, hw.instances_per_ultraserver,
                            hw.instance.efa_bytes_per_s)

@@ -31,8 +31,10 @@ the column (ValueError; the loader makes it a scenario error, exit 2).
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -41,8 +43,9 @@ from pydantic import Field
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
+from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 
-__all__ = ["FORMATS", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
+__all__ = ["COLUMNS", "FORMATS", "LEFT_OUT", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
 
 FORMATS = ("philly", "helios", "pai", "acme", "native")
 
@@ -82,6 +85,20 @@ class TraceJob:
     instances: int
     team: str | None
     outcome: str | None
+    where: str = ""  # "row 12" (CSV) or "job 12 (jobid ...)" (JSON)
+
+
+# Per format, the trace's column behind each key of a replayed job (for messages).
+COLUMNS = {
+    "philly": {"name": "jobid", "submit": "submitted_time", "instances": "attempts.detail.gpus",
+               "run_for": "attempts.start_time/end_time", "team": "vc or user"},
+    "helios": {"name": "job_id", "submit": "submit_time", "instances": "gpu_num",
+               "run_for": "start_time/end_time", "team": "vc or user"},
+    "acme": {"name": "job_id", "submit": "submit_time", "instances": "gpu_num",
+             "run_for": "start_time/end_time/fail_time", "team": "user"},
+    "pai": {"name": "inst_id", "submit": "start_time", "instances": "plan_gpu",
+            "run_for": "the task table's start_time/end_time", "team": "user"},
+}
 
 
 @dataclass(frozen=True)
@@ -95,67 +112,120 @@ class _Row:
     team: str | None
     outcome: str | None
     size_column: str
+    left_out: str | None = None  # why the row is not replayed, when its parser knows
+
+
+# Why a row of a trace is not replayed, as counted in summary.json's trace_rows.
+LEFT_OUT = {
+    "no_attempts": "no scheduling attempt (Philly)",
+    "never_started": "never started",
+    "no_gpus": "no GPUs (CPU-only)",
+    "no_end": "no end time (still running at the trace's end)",
+}
 
 
 class _Bad(ValueError):
-    pass
+    """A problem of the trace; `file` names the file when it is not the trace given (PAI's
+    task table)."""
+
+    def __init__(self, message: str, file: Path | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+def _contents(path: Path) -> bytes:
+    """A trace file's bytes, bounded by limits.MAX_TRACE_FILE_BYTES however the file says
+    its size (a /proc file says 0); anything but a regular file is refused."""
+    problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES, "a trace file")
+    if problem is not None:
+        raise _Bad(problem, path)
+    try:
+        return read_bounded(path, limits.MAX_TRACE_FILE_BYTES)
+    except TooLarge as error:
+        raise _Bad(str(error), path) from None
+    except OSError as error:
+        raise _Bad(f"cannot read it ({error.strerror or error})", path) from None
+
+
+# A plain decimal number as text: what float() reads beyond it (digits of other scripts such
+# as Arabic-Indic, `1_000`, `infinity`) is not a trace's number.
+_PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_FIRST_YEAR, _LAST_YEAR = limits.TRACE_FIRST_YEAR, limits.TRACE_LAST_YEAR
+
+
+def _plain(value: Any) -> float | None:
+    """A number given as a number or as plain ASCII decimal text; None for other text.
+    A boolean is no number (True is not 1 s or 1 GPU)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and _PLAIN_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return None
 
 
 def _seconds(value: Any, where: str, column: str) -> float | None:
     """A time as seconds: a number, or a date and time (with or without a zone)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+    if (value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+            or value == "None"):  # Philly writes a time it does not have as "None"
         return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(float(value)):
-            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
-        return float(value)
-    try:  # seconds written as text (PAI's tables)
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
+                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
+    seconds = _plain(value)  # seconds, written as a number or as text (PAI's tables)
     if seconds is not None:
-        return _seconds(seconds, where, column)
+        if not math.isfinite(seconds):
+            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
+        return seconds
     import pandas as pd
 
     try:
         stamp = pd.Timestamp(str(value))
-    except (ValueError, TypeError):
+        if stamp is pd.NaT:
+            return None
+        if not _FIRST_YEAR <= stamp.year <= _LAST_YEAR:
+            raise _Bad(f"{where}, column {column}: {value!r} is in the year {stamp.year}; "
+                       f"expected a time from {_FIRST_YEAR} to {_LAST_YEAR}")
+        if stamp.tzinfo is not None:
+            stamp = stamp.tz_convert("UTC").tz_localize(None)
+        return stamp.value / 1e9
+    except (ValueError, TypeError, OverflowError) as error:
+        if isinstance(error, _Bad):
+            raise
         raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
                    "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
-    if stamp is pd.NaT:
-        return None
-    if stamp.tzinfo is not None:
-        stamp = stamp.tz_convert("UTC").tz_localize(None)
-    return stamp.value / 1e9
 
 
 def _number(value: Any, where: str, column: str) -> float:
-    if isinstance(value, bool):
+    number = _plain(value)
+    if number is None:
         raise _Bad(f"{where}, column {column}: {value!r} is not a number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _Bad(f"{where}, column {column}: {value!r} is not a number") from None
     if not math.isfinite(number) or number < 0:
         raise _Bad(f"{where}, column {column}: {value!r}; expected a finite count >= 0")
     return number
 
 
-def _csv(path: Path, columns: tuple[str, ...], header: bool = True):
+def _csv(path: Path, columns: tuple[str, ...], header: bool | None = True):
+    """The rows of a CSV file as mappings of text; `header` None: a header row when the
+    first field is the first column's name (PAI's tables are published without one)."""
     import pandas as pd
 
+    data = _contents(path)
+    if header is None:
+        header = data.split(b"\n", 1)[0].split(b",")[0].strip() == columns[0].encode()
     try:
-        frame = pd.read_csv(path, header=0 if header else None, dtype=str,
+        frame = pd.read_csv(io.BytesIO(data), header=0 if header else None, dtype=str,
                             keep_default_na=False, names=None if header else list(columns))
     except Exception as error:  # pandas raises many kinds for a damaged file
-        raise _Bad(f"cannot read it as CSV ({type(error).__name__}: {error})") from None
+        raise _Bad(f"cannot read it as CSV ({type(error).__name__}: {error})", path) from None
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise _Bad(f"column {missing[0]} missing; expected the columns "
-                   f"{', '.join(columns)}")
+                   f"{', '.join(columns)}", path)
     if len(frame) > limits.MAX_TRACE_ROWS:
         raise _Bad(f"{len(frame):,} rows; expected at most {limits.MAX_TRACE_ROWS:,} "
-                   "(docs/limits.md)")
+                   "(docs/limits.md)", path)
     return frame.to_dict("records")
 
 
@@ -188,10 +258,14 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
     """Philly's cluster_job_log: a JSON list of jobs, each with its scheduling attempts; the
     job's GPUs are its last attempt's, its run time from the first attempt's start to the
     last attempt's end (the retries between count as running: it held GPUs)."""
+    data = _contents(path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
         raise _Bad(f"cannot read it as JSON ({error})") from None
+    except RecursionError:  # JSON nested deeper than Python's stack (Philly's is 4 levels)
+        raise _Bad("cannot read it as JSON (nested too deeply; expected a list of jobs, "
+                   "each a mapping with a list of attempts)") from None
     if not isinstance(document, list):
         raise _Bad("expected a JSON list of jobs (Philly's cluster_job_log)")
     if len(document) > limits.MAX_TRACE_ROWS:
@@ -211,24 +285,32 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
             raise _Bad(f"{where}, column attempts: expected a list")
         start = end = None
         gpus = None
-        if attempts:
-            first, last = attempts[0], attempts[-1]
-            if not isinstance(first, dict) or not isinstance(last, dict):
-                raise _Bad(f"{where}, column attempts: expected mappings")
+        reason = None if attempts else "no_attempts"
+        if not all(isinstance(a, dict) for a in attempts):
+            raise _Bad(f"{where}, column attempts: expected mappings")
+        # As Philly's own analysis reads them: an attempt whose start is "None" never
+        # started; the job ran from its first started attempt to the end of its last (an end
+        # of "None": still running when the log ends, ended at the trace's end later).
+        started = [a for a in attempts
+                   if _seconds(a.get("start_time"), where, "attempts.start_time") is not None]
+        if attempts and not started:
+            reason = "never_started"
+        if started:
+            first, last = started[0], started[-1]
             start = _seconds(first.get("start_time"), where, "attempts.start_time")
             end = _seconds(last.get("end_time"), where, "attempts.end_time")
             detail = last.get("detail") or []
             if not isinstance(detail, list):
                 raise _Bad(f"{where}, column attempts.detail: expected a list")
-            try:
-                gpus = float(sum(len(d["gpus"]) for d in detail))
-            except (KeyError, TypeError):
+            if not all(isinstance(d, dict) and isinstance(d.get("gpus"), list)
+                       for d in detail):  # a string's length is not its GPUs
                 raise _Bad(f"{where}, column attempts.detail.gpus: expected a list of "
-                           "GPUs per server") from None
+                           "GPUs per server")
+            gpus = float(sum(len(d["gpus"]) for d in detail))
         rows.append(_Row(where, str(job["jobid"]),
                          _seconds(job["submitted_time"], where, "submitted_time") or 0.0,
                          start, end, gpus or None, _text(job.get(team_column)),
-                         _text(job["status"]), "attempts.detail.gpus"))
+                         _text(job["status"]), "attempts.detail.gpus", reason))
     return rows
 
 
@@ -246,12 +328,10 @@ def _pai_rows(path: Path) -> list[_Row]:
     if tasks_path == path or not tasks_path.is_file():
         raise _Bad(f"no task table beside it ({tasks_path.name}); expected "
                    "pai_job_table.csv and pai_task_table.csv in one folder")
-    header = _has_header(path, "job_name")
-    jobs = _csv(path, PAI_JOB_COLUMNS, header)
+    jobs = _csv(path, PAI_JOB_COLUMNS, None)
     tasks: dict[str, list[tuple[float, float | None, float | None]]] = {}
-    for number, task in enumerate(_csv(tasks_path, PAI_TASK_COLUMNS,
-                                       _has_header(tasks_path, "job_name")), start=1):
-        where = f"{tasks_path}: row {number}"
+    for number, task in enumerate(_csv(tasks_path, PAI_TASK_COLUMNS, None), start=1):
+        where = f"row {number}"
         try:
             gpus = (_number(task["inst_num"] or 0, where, "inst_num")
                     * _number(task["plan_gpu"] or 0, where, "plan_gpu") / 100.0)
@@ -259,7 +339,7 @@ def _pai_rows(path: Path) -> list[_Row]:
                 (gpus, _seconds(task["start_time"], where, "start_time"),
                  _seconds(task["end_time"], where, "end_time")))
         except _Bad as error:
-            raise _Bad(str(error)) from None
+            raise _Bad(str(error), tasks_path) from None
     rows = []
     for number, job in enumerate(jobs, start=1):
         where = f"row {number}"
@@ -275,15 +355,6 @@ def _pai_rows(path: Path) -> list[_Row]:
     return rows
 
 
-def _has_header(path: Path, first: str) -> bool:
-    """The published PAI tables have no header row; a file written with one is read too."""
-    try:
-        with path.open(encoding="utf-8") as file:
-            return file.readline().split(",")[0].strip() == first
-    except (OSError, UnicodeDecodeError) as error:
-        raise _Bad(f"cannot read it ({error})") from None
-
-
 def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: float | None
           ) -> int:
     if mapping.rule == "instances":
@@ -294,18 +365,18 @@ def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: f
 
 
 def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
-               ) -> list[TraceJob]:
-    """The GPU jobs of a trace file, mapped (ValueError naming the file, row and column)."""
+               ) -> tuple[list[TraceJob], dict[str, Any]]:
+    """The GPU jobs of a trace file, mapped (ValueError naming the file, row and column),
+    and what became of its rows: {rows, replayed, left_out: {reason: count} (LEFT_OUT),
+    ended_at_trace_end}."""
     try:
         return _read(path, fmt, mapping, target)
     except _Bad as error:
-        text = str(error)
-        raise ValueError(text if text.startswith(str(path)) or text.startswith("/")
-                         else f"{path}: {text}") from None
+        raise ValueError(f"{error.file or path}: {error}") from None
 
 
 def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
-          ) -> list[TraceJob]:
+          ) -> tuple[list[TraceJob], dict[str, Any]]:
     gpu_tflops = None
     if mapping.rule == "compute":
         from clustersim.hardware.catalog import catalog_entry
@@ -334,6 +405,11 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
     jobs = []
     previous = -math.inf
     base = min((row.submit for row in rows), default=0.0)
+    # The trace's end: its last time of any kind (a Philly attempt without an end ran to it).
+    trace_end = max((t for row in rows for t in (row.submit, row.start, row.end)
+                     if t is not None), default=0.0)
+    left_out = dict.fromkeys(LEFT_OUT, 0)
+    ended_at_trace_end = 0
     for row in rows:
         if row.id in seen:
             raise _Bad(f"{row.where}, column id: {row.id!r} is there twice (also "
@@ -349,13 +425,30 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
         if row.start is not None and row.start < row.submit - 1e-6 and fmt != "pai":
             raise _Bad(f"{row.where}, column start_time: it starts before its submission; "
                        "expected start >= submit")
-        if row.gpus is None or row.start is None or row.end is None:
-            continue  # no GPUs, never started, or still running: no GPU run to replay
+        reason = row.left_out or ("never_started" if row.start is None else
+                                  "no_gpus" if row.gpus is None else
+                                  "no_end" if row.end is None and fmt != "philly" else None)
+        if reason is not None:  # no GPU run to replay
+            left_out[reason] += 1
+            continue
+        end = row.end
+        if end is None:
+            end = trace_end
+            ended_at_trace_end += 1
+        most = min(target.max_instances or limits.MAX_INSTANCES, limits.MAX_INSTANCES)
+        gpus_bound = most * limits.MAX_TRACE_GPUS_PER_INSTANCE
+        if row.gpus > gpus_bound:  # beyond any mapping's reach: no 300-digit size
+            raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs; expected "
+                       f"at most {gpus_bound:,} (more than the cluster's {most:,} "
+                       "instances hold; docs/limits.md)")
         instances = _size(row.gpus, mapping, target, gpu_tflops)
-        if target.max_instances is not None and instances > target.max_instances:
+        if instances > most:
             raise _Bad(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs map to "
-                       f"{instances:,} instances, more than the cluster's "
-                       f"{target.max_instances:,}")
-        jobs.append(TraceJob(row.id, row.submit - base, max(row.end - row.start, 1.0),
-                             instances, None if team == "none" else row.team, row.outcome))
-    return jobs
+                       f"{instances:,} instances, more than the cluster's {most:,}")
+        jobs.append(TraceJob(row.id, row.submit - base, max(end - row.start, 1.0),
+                             instances, None if team == "none" else row.team, row.outcome,
+                             row.where))
+    del left_out["no_end" if fmt == "philly" else "no_attempts"]  # a reason of other formats
+    stats = {"format": fmt, "rows": len(rows), "replayed": len(jobs), "left_out": left_out,
+             "ended_at_trace_end": ended_at_trace_end}
+    return jobs, stats

@@ -29,6 +29,7 @@ token: each step costs a few operations per deployment and per job.
   replaces them), its job recovers on free instances. A software failure restarts the
   replica or the training job on the chip it hits (as in the timeline: nothing on an idle
   chip, nor a job that is not training), one job in every job's stream when per job.
+  Site events (power, cooling, partition): clustersim.serving.fleetday_sites.
 
 Placement is by count of instances (no topology): a deployment's replicas smaller than an
 instance share instances; the chips of a deployment's partly used instance count as idle.
@@ -46,10 +47,9 @@ from collections.abc import Collection
 import numpy as np
 
 from clustersim.scenario.models import Scenario
-from clustersim.serving.attainment import share_within
-from clustersim.serving.curves import LEVELS
 from clustersim.serving.elastic_growth import grow_by
-from clustersim.serving.fleetday_figures import latency_histograms
+from clustersim.serving.fleetday_latency import latency_books
+from clustersim.serving.fleetday_sites import apply_site_event
 from clustersim.serving.fleetday_state import (
     CHIP_STATES,
     DeploymentState,
@@ -62,8 +62,6 @@ from clustersim.serving.fleetday_state import (
 from clustersim.training.profile import StepProfile
 
 __all__ = ["simulate_fleet_day"]
-
-P50, P99 = 100, 198  # indices of LEVELS
 
 
 def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile],
@@ -311,6 +309,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             cursor += 1
             if software:
                 fail_software(t, per)
+            elif per.startswith("site-"):
+                apply_site_event(t, width, per, scenario, jobs, state, repairs, failures, lose)
             else:
                 fail_hardware(t, width)
         # Autoscaling, the highest priority first.
@@ -428,10 +428,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         fleet["down"][k] = state["down"] * cpi
         fleet["idle"][k] = state["free"] * cpi + stranded
 
-    histograms = {}
-    for dep in deployments:
-        _latency(dep, series[dep.spec.name], dts)
-        histograms[dep.spec.name] = latency_histograms(dep, series[dep.spec.name])
+    histograms = {dep.spec.name: latency_books(dep, series[dep.spec.name], dts)
+                  for dep in deployments}
     for name, chips in job_chips.items():
         fleet[f"job:{name}"] = chips
     return FleetDayResult(times, dts, names, series, fleet, jobs, deployments, histograms,
@@ -462,32 +460,3 @@ def _train(job: JobState, run_s: float) -> None:
         left = job.since_checkpoint_s - done * job.interval_s
         job.since_checkpoint_tokens *= left / job.since_checkpoint_s
         job.since_checkpoint_s = left
-
-
-def _latency(dep: DeploymentState, s: dict[str, np.ndarray], dts: np.ndarray) -> None:
-    """Per step: TTFT and TPOT percentiles, SLO attainment, from the replica curve at the
-    step's utilisation plus the backlog's wait (vectorised over the steps)."""
-    curve = dep.curve
-    n = s["replicas"]
-    service = n * curve.capacity_per_s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho = np.where(service > 0, s["load_per_s"] / service, curve.rho[-1])
-        wait = np.where(service > 0, s["backlog_mean"] / service,
-                        np.where(s["backlog_mean"] > 0, dts, 0.0))
-    rho = np.where(s["backlog_mean"] > 0, curve.rho[-1], rho)
-    ttft, tpot, slo, e2e = curve.at(rho)
-    ttft = ttft + wait[:, None]
-    s["wait_s"] = wait
-    s["ttft_p50_s"] = ttft[:, P50]
-    s["ttft_p99_s"] = ttft[:, P99]
-    s["tpot_p50_s"] = tpot[:, P50]
-    s["tpot_p99_s"] = tpot[:, P99]
-    # continuous: the distribution read at the bound (no 1/201 steps, no cap below 1)
-    s["slo_attainment"] = share_within(slo, LEVELS, dep.spec.slo.ttft_s - wait)
-    s["output_tokens"] = s["served"] * curve.output_tokens_mean
-    # Little's law: requests in the system = rate through it x time in it, plus the backlog.
-    s["in_system"] = np.minimum(s["load_per_s"], service) * e2e + s["backlog_mean"]
-    s["_ttft_all"] = ttft  # dropped after the histograms
-    s["_tpot_all"] = tpot
-
-

@@ -11,29 +11,14 @@ import pyarrow as pa
 
 from clustersim.analysis.trace import SCHEMAS
 from clustersim.scenario.models import Scenario
-from clustersim.serving.curves import LEVELS
 from clustersim.serving.fidelity import fluid_fidelity
-from clustersim.serving.fleetday_state import CHIP_STATES, HISTOGRAM_EDGES_S, DeploymentState, FleetDayResult
+from clustersim.serving.fleetday_state import CHIP_STATES, HISTOGRAM_EDGES_S, FleetDayResult
 
 __all__ = [
     "day_table",
     "fleet_day_figures",
     "fleet_table",
 ]
-
-
-def latency_histograms(dep: DeploymentState, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Request-weighted histograms of TTFT and TPOT over the run (each step's quantiles
-    weighted by the requests it served), for the run's percentiles."""
-    weights = np.repeat(s["served"] / len(LEVELS), len(LEVELS))
-    out = {}
-    for key in ("ttft", "tpot"):
-        values = s.pop(f"_{key}_all").ravel()
-        finite = np.isfinite(values)
-        out[key] = np.histogram(np.clip(values[finite], HISTOGRAM_EDGES_S[0],
-                                        HISTOGRAM_EDGES_S[-1]),
-                                bins=HISTOGRAM_EDGES_S, weights=weights[finite])[0]
-    return out
 
 
 def percentile_of(counts: np.ndarray, q: float) -> float | None:
@@ -68,7 +53,9 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
         serving_tokens += tokens
         chip_h = float(np.dot((s["replicas"] + s["starting"] + s["draining"]) * dep.chips,
                               dts)) / 3600.0
-        met = float(np.dot(s["slo_attainment"], s["arrived"]))
+        # Missed as its own sum of non-negative terms (arrived - met cancelled to -3.7e-9),
+        # and the goodput from it: all met is exactly 0 missed and a goodput of 1.
+        missed = float(np.dot(1.0 - np.clip(s["slo_attainment"], 0.0, 1.0), s["arrived"]))
         span = max(result.horizon_s - dep.spec.start_s, 1e-9)
         # Its replicas over its own span: from the step of its start (it holds none before).
         since = result.times_s >= dep.spec.start_s
@@ -91,8 +78,8 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
             "output_tokens_per_s": tokens / span, "output_tokens": tokens,
             "ttft_p50_s": percentile_of(h["ttft"], 0.5), "ttft_p99_s": percentile_of(h["ttft"], 0.99),
             "tpot_p50_s": percentile_of(h["tpot"], 0.5), "tpot_p99_s": percentile_of(h["tpot"], 0.99),
-            "slo_goodput": met / arrived if arrived > 0 else None,
-            "slo_missed_requests": arrived - met,
+            "slo_goodput": max(0.0, 1.0 - missed / arrived) if arrived > 0 else None,
+            "slo_missed_requests": missed,
             "backlog_end": float(dep.backlog),
             "chip_hours": chip_h,
             "cost_per_million_output_tokens_usd": (chip_h * chip_price_h / tokens * 1e6

@@ -22,6 +22,7 @@ from clustersim.scenario.fleetday import elastic_smallest, elastic_unit, replica
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.serving.curves import ReplicaCurve, replica_curve
+from clustersim.serving.fleetday_sites import site_events
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.simulate import replica_models, weights_fit_issue
 from clustersim.training.profile import StepProfile
@@ -224,5 +225,6 @@ def failure_events(scenario: Scenario, rng: np.random.Generator, horizon_s: floa
         software = r.component == "software"
         for t in np.sort(rng.uniform(0.0, horizon_s, count)).tolist():
             events.append((t, software, width[r.per], r.per))
+    events += site_events(scenario, rng, horizon_s)  # after: the failures' draws unchanged
     events.sort()
     return events

@@ -18,7 +18,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from clustersim.hardware import limits
-from clustersim.scenario.reading import regular_file_problem
+from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 from clustersim.scenario.serving import MAX_REQUEST_TOKENS, LengthSpec, RequestWorkloadSpec
 from clustersim.serving.load import rescale_arrivals
 
@@ -48,7 +48,7 @@ def check_request_trace(path: Path) -> int | None:
     """Refuse, before reading it, a trace that is not a regular file (a named pipe blocks
     forever), is larger than limits.MAX_REQUEST_TRACE_BYTES or, for Parquet, has more rows
     than limits.MAX_REQUEST_TRACE_ROWS (from its footer); returns the rows when known."""
-    problem = regular_file_problem(path, limits.MAX_REQUEST_TRACE_BYTES)
+    problem = regular_file_problem(path, limits.MAX_REQUEST_TRACE_BYTES, "a request trace file")
     if problem:
         raise TraceError(f"{path}: {problem}")
     if path.suffix.lower() != ".parquet":
@@ -70,11 +70,14 @@ def read_request_trace(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise TraceError(f"no such file: {path}")
     check_request_trace(path)
-    try:
+    try:  # bounded: a /proc file behind a link says 0 bytes and may never end
+        data = pa.BufferReader(read_bounded(path, limits.MAX_REQUEST_TRACE_BYTES))
         if path.suffix.lower() == ".parquet":
-            table = pq.read_table(path)
+            table = pq.read_table(data)
         else:
-            table = pacsv.read_csv(path)
+            table = pacsv.read_csv(data)
+    except TooLarge as error:
+        raise TraceError(f"{path}: {error}") from None
     except (pa.ArrowException, OSError) as error:
         raise TraceError(f"cannot read {path}: {error}") from None
     if table.num_rows > limits.MAX_REQUEST_TRACE_ROWS:

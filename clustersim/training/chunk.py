@@ -31,6 +31,7 @@ from typing import Any
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.training.experts import expert_load
 from clustersim.training.workload import (
     Op,
     TrainingJob,
@@ -84,6 +85,10 @@ class ChunkModel:
         self.hardware = hardware
         self.collectives = collectives
         self._cache: dict[tuple, ChunkTimes] = {}
+        # Operation times by identity (training.workload shares a layer's operations between
+        # the chunks and bounds of its shape); each entry holds its operation, so the id
+        # stays its own.
+        self._op_times: dict[int, tuple[Op, str, float]] = {}
 
     def op_time_s(self, op: Op, precision: str) -> float:
         """Time of one operation on one rank (see the module docstring)."""
@@ -96,6 +101,17 @@ class ChunkModel:
             return memory_time
         peak = hw.chip.peak_flops(precision) / ranks
         return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
+
+    def shared_op_time_s(self, op: Op, precision: str) -> float:
+        """op_time_s, kept by the operation's identity."""
+        found = self._op_times.get(id(op))
+        if found is not None and found[0] is op and found[1] == precision:
+            return found[2]
+        if len(self._op_times) >= 200_000:
+            self._op_times.clear()
+        time_s = self.op_time_s(op, precision)
+        self._op_times[id(op)] = (op, precision, time_s)
+        return time_s
 
     def times(self, job: TrainingJob, layers: int, first: bool, last: bool,
               tp_group: Group | None, ep_group: tuple[Group, int] | None = None,
@@ -121,7 +137,7 @@ class ChunkModel:
         par = job.parallelism  # what stage_work reads of it: not pp, dp, ZeRO or interleave
         key = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
                par.sequence_parallel, par.ep, par.cp_comm, job.precision, job.recompute,
-               attention, layers, first, last, shape, ep_shape, cp_shape)
+               attention, layers, first, last, shape, ep_shape, cp_shape, expert_load(job))
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -132,7 +148,7 @@ class ChunkModel:
         def op_time(op: Op) -> float:
             found = seen.get(id(op))
             if found is None:
-                found = seen[id(op)] = self.op_time_s(op, job.precision)
+                found = seen[id(op)] = self.shared_op_time_s(op, job.precision)
             return found
 
         fwd = overhead + sum(op_time(op) for op in work.forward)

@@ -15,6 +15,14 @@ import math
 from dataclasses import dataclass, field
 
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
+from clustersim.training.activations import mean_layer_activation_bytes
+from clustersim.training.attention import classic_attention
+from clustersim.training.experts import (
+    dense_weights_per_layer,
+    expert_load,
+    expert_weights_per_layer,
+    router_weights_per_layer,
+)
 from clustersim.training.schedule import in_flight
 from clustersim.training.stages import rank_layers
 from clustersim.training.transformer import TransformerShape, sharded_heads
@@ -99,7 +107,7 @@ def expert_params_per_rank(job: TrainingJob, layers: float | None = None) -> flo
     if not model.moe:
         return 0.0
     layers = model.layers / par.pp if layers is None else layers
-    return layers * model.experts * model.expert_parameters / (par.tp * par.ep)
+    return layers * expert_weights_per_layer(model) / (par.tp * par.ep)
 
 
 def _expert_shard(par: ParallelismSpec) -> int:
@@ -130,9 +138,7 @@ def layer_params_per_rank(job: TrainingJob) -> float:
 def _dense_layer_params(model: TransformerShape) -> float:
     """Weights of one layer other than its experts and router (cached: the planner asks
     for it for every candidate)."""
-    experts = model.experts * model.expert_parameters if model.moe else 0
-    return (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
-        model.layers) - experts - model.router_parameters
+    return dense_weights_per_layer(model)
 
 
 def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
@@ -143,7 +149,7 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
     # The router is replicated over tensor parallelism; the rest is split (with the padded
     # heads' attention weights when tp does not divide the heads).
     padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
-    count = layers * (per_layer / par.tp + model.router_parameters + padding)
+    count = layers * (per_layer / par.tp + router_weights_per_layer(model) + padding)
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
@@ -160,6 +166,10 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     (the scores: s / cp queries against all s keys)."""
     attention = attention or attention_of(job)
     model, par = job.model, job.parallelism
+    if not (classic_attention(model) and model.uniform
+            and model.heads * model.head_dim == model.hidden
+            and (not model.moe or expert_load(job) == 1.0)):
+        return mean_layer_activation_bytes(job, attention, BYTES_PER_ELEMENT[job.precision])
     b, t = job.micro_batch, par.tp
     seq = job.sequence_length
     s, h = seq // par.cp, model.hidden
@@ -257,8 +267,15 @@ def _state_bytes(job: TrainingJob, stage: int, gradients: str) -> tuple[float, f
     optimizer = optimizer_params_per_rank(job, first, last, layers) * o
     z = par.shard_ranks
     layer = layer_params_per_rank(job)
-    weights = params * w if par.zero < 3 else params * w / z + 2 * layer * w
-    grads = params * g if par.zero < 2 else params * g / z + layer * g
+    if par.ep > 1 and par.zero >= 2:
+        # Expert weights are sharded over the ranks holding the same experts (z / ep).
+        experts = expert_params_per_rank(job, layers)
+        sharded = (params - experts) / z + experts / _expert_shard(par)
+        weights = params * w if par.zero < 3 else sharded * w + 2 * layer * w
+        grads = sharded * g + layer * g
+    else:
+        weights = params * w if par.zero < 3 else params * w / z + 2 * layer * w
+        grads = params * g if par.zero < 2 else params * g / z + layer * g
     if len(_STATE_CACHE) >= _CACHE_SIZE:
         _STATE_CACHE.clear()
     _STATE_CACHE[key] = (weights, grads, optimizer)
@@ -269,7 +286,8 @@ def _activation_bytes(job: TrainingJob, attention: str | None) -> float:
     """activation_bytes_per_layer, kept by what it depends on."""
     par = job.parallelism
     key = (job.model, job.precision, job.micro_batch, job.sequence_length, job.recompute,
-           attention or attention_of(job), par.tp, par.cp, par.sequence_parallel)
+           attention or attention_of(job), par.tp, par.cp, par.sequence_parallel,
+           expert_load(job))
     cached = _ACTIVATION_CACHE.get(key)
     if cached is None:
         if len(_ACTIVATION_CACHE) >= _CACHE_SIZE:
@@ -320,7 +338,8 @@ class BusiestMemory:
         if stages is None:
             stages = self._stages[degrees + (microbatches,)] = self._stage_shape(job,
                                                                                  microbatches)
-        act_key = (job.micro_batch, job.recompute, par.tp, par.cp, par.sequence_parallel)
+        act_key = (job.micro_batch, job.recompute, par.tp, par.cp, par.sequence_parallel,
+                   expert_load(job))
         per_layer = self._activation.get(act_key)
         if per_layer is None:
             per_layer = self._activation[act_key] = activation_bytes_per_layer(job,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clustersim.training.experts import expert_load
 from clustersim.training.workload import TrainingJob
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ def placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray) -> t
     per_leaf = model.topology.fabric.leaf_size(hw.instances_per_ultraserver)
     ipu = hw.instances_per_ultraserver
     head = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-            job.precision, job.recompute, model.attention(job), hw.name, len(placed))
+            job.precision, job.recompute, model.attention(job), hw.name, len(placed),
+            expert_load(job))
     spread = spread_shape(model.topology, placed)
     if spread is not None:  # over several sites: the shape is how it splits over them
         split, canonical = spread

@@ -121,7 +121,7 @@ class StepModel:
 
     def op_time(self, op: Op, precision: str) -> float:
         """Roofline time of one operation of one rank (the serving model times its ops here)."""
-        return self.chunks.op_time_s(op, precision)
+        return self.chunks.shared_op_time_s(op, precision)
 
     def chunk_times(self, job: TrainingJob, first: bool, last: bool,
                     placed: np.ndarray | None = None, layers: int | None = None

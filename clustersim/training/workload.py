@@ -30,6 +30,7 @@ Memory per rank is in `memory`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -39,6 +40,19 @@ from pydantic import Field
 from clustersim.hardware import limits
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.spec import Spec
+from clustersim.training.attention import (
+    attention_flops_per_token,
+    classic_attention,
+    classic_core,
+)
+from clustersim.training.experts import (
+    dispatch_bytes,
+    expert_load,
+    local_experts,
+    moe_share,
+)
+from clustersim.training.mean_layer import mean_layer_ops
+from clustersim.training.ops import Op, _attention_ops, _matmul, _vector
 from clustersim.training.transformer import TransformerShape, sharded_heads
 
 __all__ = [
@@ -141,62 +155,31 @@ def attention_of(job: TrainingJob, default: str = "flash") -> str:
     return kernel
 
 
-@dataclass(frozen=True)
-class Op:
-    """One operation of one rank: a matrix multiply (m x k by k x n) or vector work."""
-
-    name: str
-    kind: Literal["matmul", "vector"]
-    flops: float
-    bytes: float  # HBM traffic
-    m: int = 0
-    n: int = 0
-    k: int = 0
-    count: int = 1  # identical operations (e.g. the heads of a batched matmul)
-    grad_traffic: float = 2.0  # backward HBM traffic of vector work, relative to forward
-
-
-def _matmul(name: str, m: int, k: int, n: int, element: int, count: int = 1) -> Op:
-    flops = 2.0 * m * n * k * count
-    traffic = float(element * (m * k + k * n + m * n) * count)
-    return Op(name, "matmul", flops, traffic, m, n, k, count)
-
-
-def _vector(name: str, elements: float, element: float, passes: float = 2.0,
-            grad_traffic: float = 2.0) -> Op:
-    """Elementwise work reading and writing `elements` values `passes` times in all."""
-    return Op(name, "vector", 0.0, passes * elements * element, grad_traffic=grad_traffic)
-
-
-def _attention_ops(b: int, s: int, heads: int, kv_heads: int, d: int, e: int, attention: str,
-                   s_kv: int | None = None) -> list[Op]:
-    """The attention core of one layer (after the QKV projection, before the output one):
-    `s` query positions against `s_kv` key positions (all of them, `s`, unless context
-    parallelism splits the queries)."""
-    s_kv = s if s_kv is None else s_kv
-    if attention == "flash":
-        # One kernel: both GEMMs on chip; HBM sees Q, K, V read and the output written.
-        flops = 4.0 * b * heads * s * s_kv * d
-        traffic = float(e * b * (2 * heads * s + 2 * kv_heads * s_kv) * d)
-        return [Op("attention", "matmul", flops, traffic, s, s_kv, d, b * heads)]
-    scores = float(b) * heads * s * s_kv
-    return [
-        _matmul("scores", s, d, s_kv, e, count=b * heads),  # writes the scores
-        # Fused scale-mask-softmax: reads the scores, writes the probabilities; backward
-        # reads the output and its gradient and writes one (3 passes for 2).
-        _vector("softmax", scores, e, passes=2, grad_traffic=1.5),
-        # Dropout: reads, writes and writes a 1-byte mask; backward reads the gradient and
-        # the mask and writes one (as many bytes as forward).
-        _vector("dropout", scores, e, passes=2 + 1 / e, grad_traffic=1.0),
-        _matmul("attend", s, s_kv, d, e, count=b * heads),  # reads them back
-    ]
-
-
 def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
                       sequence_parallel: bool, precision: str, attention: str = "flash",
-                      cp: int = 1) -> list[Op]:
+                      cp: int = 1, load: float = 1.0, ep: int | None = None) -> list[Op]:
+    """See _layer_forward_ops (kept by its arguments: the planner asks for the same layer
+    for many candidates; the operations are frozen, so they are shared)."""
+    return list(_cached_layer_ops(model, micro_batch, seq, tp, sequence_parallel, precision,
+                                  attention, cp, load, ep))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_layer_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
+                      sequence_parallel: bool, precision: str, attention: str, cp: int,
+                      load: float, ep: int | None) -> tuple[Op, ...]:
+    return tuple(_layer_forward_ops(model, micro_batch, seq, tp, sequence_parallel, precision,
+                                    attention, cp, load, ep))
+
+
+def _layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
+                       sequence_parallel: bool, precision: str, attention: str = "flash",
+                       cp: int = 1, load: float = 1.0, ep: int | None = None) -> list[Op]:
     """Forward operations of one transformer layer on one tensor-parallel rank (of one
-    context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`).
+    context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`);
+    a model with MLA, windows or mixed layers gives its mean layer (training.attention,
+    training.experts; `load`: the busiest expert rank's routed tokens over the mean; `ep`:
+    expert parallelism, whose rank's experts are a grouped GEMM, one per expert held).
 
     With `flash` attention the scores never reach HBM; with `unfused` they are written,
     softmaxed, dropped out and read back (b x heads x s x s values, see the module)."""
@@ -211,6 +194,10 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     ffn = model.ffn // tp
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
     routed = tokens * model.top_k
+    local = local_experts(model, ep)
+    if not (classic_attention(model) and model.uniform and load == 1.0 and local == 1):
+        return mean_layer_ops(model, b, s, seq, tp, sequence_parallel, e, attention, load,
+                              local)
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
@@ -327,6 +314,22 @@ def _backward_of(ops: list[Op]) -> list[Op]:
     return out
 
 
+_BACKWARDS: dict[int, tuple[tuple[Op, ...], list[Op]]] = {}
+
+
+def _layer_backward(layer: tuple[Op, ...]) -> list[Op]:
+    """_backward_of a layer's shared operations, kept with them (by identity: the entry
+    holds the layer, so its id stays its own), so its operations are shared too."""
+    found = _BACKWARDS.get(id(layer))
+    if found is not None and found[0] is layer:
+        return found[1]
+    if len(_BACKWARDS) >= 8192:
+        _BACKWARDS.clear()
+    backward = _backward_of(list(layer))
+    _BACKWARDS[id(layer)] = (layer, backward)
+    return backward
+
+
 def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
                attention: str | None = None) -> StageWork:
     """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank
@@ -334,15 +337,18 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
     par = job.parallelism
     model, b, seq = job.model, job.micro_batch, job.sequence_length
     s = seq // par.cp  # positions of each sequence on this rank
-    layer = layer_forward_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
-                              attention=attention or attention_of(job), cp=par.cp)
+    load = expert_load(job) if model.moe else 1.0
+    shared = _cached_layer_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
+                               attention or attention_of(job), par.cp, load, par.ep)
+    layer = list(shared)
     forward = layer * layers
     extra_forward: list[Op] = []
     if first:
         extra_forward += _embedding_ops(model, b, s, job.precision)
     if last:
         extra_forward += _output_ops(model, b, s, par.tp, job.precision)
-    backward = _backward_of(forward + extra_forward)
+    # The layer's backward once, repeated (the same operations as over the whole list).
+    backward = _layer_backward(shared) * layers + _backward_of(extra_forward)
     if job.recompute == "full":
         backward = list(forward) + backward
     elif job.recompute == "selective":
@@ -354,9 +360,15 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
         # Per MoE layer: tokens dispatched to the ranks holding their experts and combined
         # back, an all-to-all each way (forward; the same again backward), of each TP rank's
         # share of the routed activations.
-        routed_bytes = activation_bytes * model.top_k / par.tp
-        ep_fwd = [("all-to-all", routed_bytes)] * 2 * layers
-        ep_bwd = [("all-to-all", routed_bytes)] * 2 * layers
+        # Mixed layers: as many pairs as the chunk's share of MoE layers (at least one),
+        # their bytes scaled so the chunk moves its mean layers' bytes.
+        routed_bytes = dispatch_bytes(job, activation_bytes)
+        pairs = layers
+        if not model.uniform:
+            pairs = max(1, round(layers * moe_share(model)))
+            routed_bytes *= layers * moe_share(model) / pairs
+        ep_fwd = [("all-to-all", routed_bytes)] * 2 * pairs
+        ep_bwd = [("all-to-all", routed_bytes)] * 2 * pairs
         if job.recompute == "full":
             ep_bwd = ep_bwd + ep_fwd
     tp_fwd: list[tuple[str, float]] = []
@@ -390,8 +402,12 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
 def _matmul_weights(model: TransformerShape) -> int:
     """Weights that take part in a token's matrix multiplies: every layer's (the top_k
     experts of a mixture of experts, and its router) and the output layer."""
+    if not model.uniform or not classic_attention(model) or model.qk_norm:
+        norms = model.layers * (2 * model.hidden + (2 * model.head_dim if model.qk_norm else 0))
+        return model.parameter_count(active=True, input_embedding=False) - norms - model.hidden
     kv = model.n_kv_heads * model.head_dim
-    attention = model.hidden * (model.hidden + 2 * kv) + model.hidden * model.hidden
+    q = model.heads * model.head_dim
+    attention = model.hidden * (q + 2 * kv) + q * model.hidden
     mlp = model.expert_parameters * model.top_k + model.router_parameters
     return model.layers * (attention + mlp) + model.vocab * model.hidden
 
@@ -404,6 +420,9 @@ def model_flops_per_step(job: TrainingJob) -> float:
     """
     model, s = job.model, job.sequence_length
     tokens = job.global_batch * s
+    if not classic_core(model):
+        return 6.0 * _matmul_weights(model) * tokens + 3.0 * attention_flops_per_token(
+            model, s) * tokens
     return 6.0 * _matmul_weights(model) * tokens + 12.0 * model.layers * model.hidden * s * tokens
 
 
@@ -411,12 +430,14 @@ def hardware_flops_per_step(job: TrainingJob) -> float:
     """FLOPs actually computed, with recompute (HFU)."""
     model, s = job.model, job.sequence_length
     tokens = job.global_batch * s
-    forward = 2.0 * _matmul_weights(model) * tokens + 4.0 * model.layers * model.hidden * s * tokens
+    core = (4.0 * model.layers * model.hidden * s * tokens if classic_core(model)
+            else attention_flops_per_token(model, s) * tokens)
+    forward = 2.0 * _matmul_weights(model) * tokens + core
     base = model_flops_per_step(job)
     if job.recompute == "full":
         return base + forward - 2.0 * model.vocab * model.hidden * tokens
     if job.recompute == "selective":
-        return base + 4.0 * model.layers * model.hidden * s * tokens
+        return base + core
     return base
 
 
