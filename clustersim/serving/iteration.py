@@ -39,23 +39,21 @@ from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
 from clustersim.scenario.serving import default_activations
 from clustersim.serving import attention as mla
-from clustersim.serving.experts import EXPERT_MATMULS, moe_ffn_ops, moe_layer_count
+from clustersim.serving.experts import dispatch_bytes_per_rank
+from clustersim.serving.layers import expert_weight_bytes_per_rank, layer_kinds
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
-    ATTENTION_CORE,
     BYTES_PER_ELEMENT,
     Op,
     _embedding_ops,
     _matmul,
     _output_ops,
     _vector,
-    layer_forward_ops,
 )
 
 __all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
 
-_ATTENTION_CORE = ATTENTION_CORE  # costed separately, over the context
 _KV_CONTEXT = 1 << 16  # long enough that tile padding of the context is negligible
 _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
 # Unfused prefill attention (transformers-neuronx's context encoding, layers/attention_hsb.py
@@ -87,9 +85,6 @@ class ReplicaShape:
 # Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
 # operands (m x k in, m x n out) at the activations'.
 _WEIGHT_MATMULS = frozenset(("qkv", "projection", "mlp_in", "mlp_out", "router", "logits"))
-# The attention block of a layer (everything but its FFN and the attention core).
-_ATTENTION_BLOCK = ("norm_attention", "qkv", "projection", "residual_attention", "norm_mlp",
-                    "residual_mlp")
 # Weight-only microscaling formats (OCP MX v1.0): 4 or 8 bits per element and one 8-bit
 # scale per block of 32, read from HBM as such; matmuls run at the activations' precision.
 _MX_BYTES = {"mxfp4": 4.25 / 8, "mxfp8": 8.25 / 8}
@@ -296,7 +291,7 @@ class IterationModel:
         # The all-reduces and stage sends carry the hidden state (16-bit with fp8 matmuls).
         activation = tokens * s.model.hidden * self.hidden_bytes
         stages_s = 0.0
-        for layers, ops, moe in self._layer_kinds(tokens, on_chip):
+        for layers, ops, moe in layer_kinds(self, tokens, on_chip):
             layer_s = self._op_s(ops)
             comm_s = 0.0
             if self.tp_group is not None:
@@ -323,55 +318,15 @@ class IterationModel:
                 activation / s.tp * shards, peer=self.stage_chips[d + 1]).time_s
         return stages_s + ends_s + send_s
 
-    def _layer_kinds(self, tokens: int, on_chip: bool) -> list[tuple[int, list[Op], bool]]:
-        """(layers, operations at their precisions, MoE) of each kind of layer for `tokens`
-        tokens, without the attention core. A model whose layers are all alike (dense,
-        grouped-query) is one kind, its operations the training workload's; a mixture's
-        dense and MoE layers differ in their FFN (serving.experts), MLA in its projections
-        (serving.attention)."""
-        s = self.shape
-        m = s.model
-        layer = [op for op in layer_forward_ops(m, 1, tokens, s.tp, False,
-                                                s.activation_precision)
-                 if op.name not in _ATTENTION_CORE]
-        if not m.moe and not mla.is_mla(m):
-            return [(m.layers, self._weights_at_precision(layer, on_chip), False)]
-        e = self.activation_bytes
-        block = [op for op in layer if op.name in _ATTENTION_BLOCK]
-        if mla.is_mla(m):
-            block = [op for op in block if op.name not in ("qkv", "projection")] + \
-                mla.mla_projection_ops(m, tokens, self.heads.per_rank, s.tp, e)
-        kinds = []
-        moe_layers = moe_layer_count(m)
-        if m.layers - moe_layers:
-            ffn = -(-m.ffn // s.tp)
-            dense = [_matmul("mlp_in", tokens, m.hidden, ffn * (2 if m.gated else 1), e),
-                     _vector("activation", tokens * ffn * (3 if m.gated else 2), e, passes=1),
-                     _matmul("mlp_out", tokens, ffn, m.hidden, e)]
-            kinds.append((m.layers - moe_layers,
-                          self._weights_at_precision(block + dense, on_chip), False))
-        if moe_layers:
-            routed = moe_ffn_ops(m, tokens, s.tp, s.ep, e, self.element_bytes, on_chip,
-                                 s.routing_skew)
-            ops = self._weights_at_precision(
-                block + [op for op in routed if op.name not in EXPERT_MATMULS], on_chip)
-            kinds.append((moe_layers, ops + [op for op in routed if op.name in EXPERT_MATMULS],
-                          True))
-        return kinds
-
     def ep_all_to_all_s(self, tokens: int) -> float:
         """One expert-parallel all-to-all (dispatch or combine) of an iteration's tokens."""
-        from clustersim.serving.experts import dispatch_bytes_per_rank
         size = dispatch_bytes_per_rank(self.shape.model, tokens, self.shape.ep, self.hidden_bytes)
         return self.collectives.cost("all-to-all", self.ep_group, size).time_s
 
     def expert_weight_bytes_per_rank(self, tokens: int) -> float:
         """HBM bytes the busiest rank reads of routed experts' weights in one iteration of
-        `tokens` tokens, all MoE layers."""
-        m = self.shape.model
-        ops = moe_ffn_ops(m, tokens, self.shape.tp, self.shape.ep, 0.0, self.element_bytes,
-                          True, self.shape.routing_skew)
-        return moe_layer_count(m) * sum(op.bytes for op in ops if op.name in EXPERT_MATMULS)
+        `tokens` tokens, all MoE layers (serving.layers)."""
+        return expert_weight_bytes_per_rank(self.shape, self.element_bytes, tokens)
 
     def tp_all_reduce_s(self, size_bytes: float) -> float:
         """One tensor-parallel all-reduce of the replica: with the catalog's
