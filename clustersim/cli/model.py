@@ -42,8 +42,10 @@ def step(
     profiles = step_profiles(spec)
     too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
     if json_out:
-        print(json.dumps({"jobs": [p.as_dict() for p in profiles.values()]}, indent=2,
-                         allow_nan=False))
+        print(json.dumps({"jobs": [{**profiles[job.name].as_dict(),
+                                    "parameters": job.model.parameter_count(),
+                                    "active_parameters": job.model.active_parameters}
+                                   for job in spec.jobs]}, indent=2, allow_nan=False))
     else:
         for job in spec.jobs:
             _print_step(job, profiles[job.name], spec, ignore_memory)
@@ -81,7 +83,8 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
     if not profile.fits_memory and not ignore_memory:
         return
     par = job.parallelism
-    title = (f"{profile.name}: {job.model.name} on {profile.chips:,} {spec.hardware.chip.name} "
+    title = (f"{profile.name}: {job.model.name} ({_parameters(job.model)}) on "
+             f"{profile.chips:,} {spec.hardware.chip.name} "
              f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
              f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
              f" x dp {par.dp}, {profile.microbatches} micro-batches of {job.micro_batch}")
@@ -123,6 +126,14 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
         out_console.print("Ideal: a step's chip-time over its tokens. `clustersim run` adds the "
                           "effective figures over the run (chip-hours held over tokens trained, "
                           "lost time included).")
+
+
+def _parameters(model: Any) -> str:
+    """`8.0B parameters`, or for a mixture `671.0B parameters, 37.6B active`."""
+    text = f"{model.parameter_count() / 1e9:,.1f}B parameters"
+    if model.active_parameters != model.parameter_count():
+        text += f", {model.active_parameters / 1e9:,.1f}B active"
+    return text
 
 
 def _parse_sizes(text: str) -> list[float]:

@@ -237,11 +237,20 @@ def _with_ci(figures: dict[str, Any], key: str, show: Callable[[float], str]) ->
     return text
 
 
+def _active(job: dict[str, Any]) -> str:
+    """`, 37.6B active` for a mixture of experts (a summary without the figure: nothing)."""
+    active = job.get("active_parameters")
+    if not isinstance(active, int) or active == job["parameters"]:
+        return ""
+    return f", {active / 1e9:,.1f}B active"
+
+
 def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
     """A job's rows of the run table: shape, step, outcome, lost hours, cost, why."""
     table.add_row(
         f"job {escape(name)}",
-        f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params) on {job['chips']:,} chips, "
+        f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params{_active(job)}) on "
+        f"{job['chips']:,} chips, "
         f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, {job['tokens_per_step']:,} tokens/step")
     table.add_row("", f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
                       f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip")

@@ -53,7 +53,7 @@ __all__ = [
     "neighbours_per_dimension",
 ]
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4")
 
 
 def neighbours_per_dimension(size: int) -> int:

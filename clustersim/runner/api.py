@@ -122,6 +122,7 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
         jobs[job.name] = {
             "model": job.model.name,
             "parameters": job.model.parameter_count(),
+            "active_parameters": job.model.active_parameters,
             "ranks": job.ranks,
             "instances": instances,
             "chips": instances * hw.chips_per_instance,

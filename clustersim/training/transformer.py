@@ -1,5 +1,5 @@
-"""Decoder-only transformer shapes and their presets (Llama 2/3/3.1, GPT-3, Megatron, and the
-Mixtral mixture of experts).
+"""Decoder-only transformer shapes and their presets (Llama 2/3/3.1, GPT-3, Megatron, Mixtral,
+and the 2025 mixtures: DeepSeek-V3, Qwen3, Llama 4, GPT-OSS).
 
 The shape is all the step model needs to count FLOPs, bytes and memory; the presets are data
 (`catalog/models.yaml`) with the paper or model card each came from.
@@ -8,7 +8,7 @@ The shape is all the step model needs to count FLOPs, bytes and memory; the pres
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -22,7 +22,10 @@ __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "mod
 
 class TransformerShape(Spec):
     """Shape of a decoder transformer: dense, or a mixture of experts (`experts` FFNs per
-    layer, each token routed to `top_k` of them)."""
+    layer, each token routed to `top_k` of them, beside `shared_experts` every token
+    passes through), with grouped-query (`gqa`) or multi-head latent (`mla`) attention,
+    optionally windowed on some layers. training.layers holds what follows from it (layer
+    kinds, parameter counts, KV bytes); docs/models.md describes every variant."""
 
     name: str = "custom"
     layers: int = Field(gt=0, le=limits.MAX_LAYERS)
@@ -30,25 +33,108 @@ class TransformerShape(Spec):
     heads: int = Field(gt=0, le=limits.MAX_HEADS)
     kv_heads: int | None = Field(default=None, gt=0, le=limits.MAX_HEADS,
                                  description="defaults to heads (no GQA)")
+    head_dim: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
+                                 description="width of one attention head (query width = "
+                                 "heads x head_dim, independent of hidden); defaults to "
+                                 "hidden / heads")
     ffn_hidden: int | None = Field(default=None, gt=0, le=4 * limits.MAX_HIDDEN,
-                                   description="defaults to 4 x hidden")
+                                   description="dense FFN width; defaults to 4 x hidden")
     vocab: int = Field(gt=0, le=limits.MAX_VOCAB)
     seq_len: int = Field(default=2048, gt=0, le=limits.MAX_SEQ_LEN,
                          description="default training sequence length")
     gated: bool = Field(default=False, description="SwiGLU-style FFN with three matrices")
     experts: int = Field(default=1, gt=0, le=limits.MAX_EXPERTS,
-                         description="FFN experts per layer (1: dense)")
+                         description="routed FFN experts per MoE layer (1: dense)")
     top_k: int = Field(default=1, gt=0, le=limits.MAX_EXPERTS,
-                       description="experts each token is routed to")
+                       description="routed experts each token is sent to")
+    expert_ffn_hidden: int | None = Field(default=None, gt=0, le=4 * limits.MAX_HIDDEN,
+                                          description="width of one expert's FFN (routed "
+                                          "and shared); defaults to ffn_hidden")
+    shared_experts: int = Field(default=0, ge=0, le=limits.MAX_EXPERTS,
+                                description="experts of each MoE layer every token passes "
+                                "through (DeepSeek-V3, Llama 4)")
+    dense_layers: int = Field(default=0, ge=0, le=limits.MAX_LAYERS,
+                              description="the first k layers have a dense FFN of ffn_hidden "
+                              "(DeepSeek-V3: 3)")
+    moe_every: int = Field(default=1, gt=0, le=limits.MAX_LAYERS,
+                           description="after the dense layers, every n-th layer is a MoE "
+                           "layer and the others dense (Llama 4 Maverick: 2, layers 2, 4, "
+                           "...; its interleave_moe_layer_step)")
+    attention: Literal["gqa", "mla"] = Field(
+        default="gqa", description="gqa: multi-head or grouped-query attention; mla: "
+        "multi-head latent attention (DeepSeek-V2/V3) with the ranks below")
+    q_lora_rank: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
+                                    description="mla: rank of the query compression "
+                                    "(none: queries projected directly)")
+    kv_lora_rank: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
+                                     description="mla: rank of the key-value latent (cached)")
+    qk_rope_head_dim: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
+                                         description="mla: rotary part of a query/key head "
+                                         "(its key part is shared by the heads and cached)")
+    qk_nope_head_dim: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
+                                         description="mla: non-rotary part of a query/key head")
+    v_head_dim: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
+                                   description="mla: width of a value head")
+    qk_norm: bool = Field(default=False, description="RMSNorm weights on each query and key "
+                          "head (Qwen3)")
+    window: int | None = Field(default=None, gt=0, le=limits.MAX_SEQ_LEN,
+                               description="tokens a windowed layer attends to: the last "
+                               "`window` (sliding) or those of its chunk (chunked); none: "
+                               "every layer attends to the whole context")
+    window_kind: Literal["sliding", "chunked"] = Field(
+        default="sliding", description="sliding (GPT-OSS: 128) or chunked (Llama 4: 8,192)")
+    global_every: int | None = Field(default=None, gt=0, le=limits.MAX_LAYERS,
+                                     description="with a window, every n-th layer attends "
+                                     "globally (GPT-OSS: 2, Llama 4: 4); none: every layer "
+                                     "is windowed")
+    tied_embeddings: bool = Field(default=False, description="the output layer shares the "
+                                  "input embedding's weights")
+    encoder_parameters: int = Field(default=0, ge=0, le=10**13,
+                                    description="weights of a modality encoder (Llama 4's "
+                                    "vision encoder) counted in the parameters but not "
+                                    "simulated")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_dim(cls, data: Any) -> Any:
+        """head_dim defaults to hidden / heads (kept as a value, so `model.head_dim` is
+        always the head width)."""
+        if isinstance(data, dict) and data.get("head_dim") is None:
+            hidden, heads = data.get("hidden"), data.get("heads")
+            if (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
+                    and not isinstance(hidden, bool) and not isinstance(heads, bool)):
+                if hidden % heads:
+                    raise ValueError(f"hidden {hidden} is not divisible by heads {heads}; "
+                                     "give head_dim")
+                data = {**data, "head_dim": hidden // heads}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> TransformerShape:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.top_k > self.experts:
             raise ValueError(f"top_k {self.top_k} is more than the {self.experts} experts")
         if self.heads % self.n_kv_heads:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.n_kv_heads}")
+        moe_only = {"shared_experts": self.shared_experts, "dense_layers": self.dense_layers,
+                    "expert_ffn_hidden": self.expert_ffn_hidden,
+                    "moe_every": self.moe_every if self.moe_every != 1 else None}
+        for key, value in moe_only.items():
+            if value and not self.moe:
+                raise ValueError(f"{key} {value} needs a mixture of experts (experts > 1)")
+        if self.moe and self.moe_layers == 0:
+            raise ValueError(f"dense_layers {self.dense_layers} and moe_every {self.moe_every} "
+                             f"leave none of the {self.layers} layers a MoE layer")
+        ranks = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        if self.attention == "mla":
+            missing = [k for k in ranks if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"attention mla needs {', '.join(missing)}")
+        else:
+            given = [k for k in (*ranks, "q_lora_rank") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with attention: mla")
+        if self.window is None and self.global_every is not None:
+            raise ValueError(f"global_every {self.global_every} needs a window")
         return self
 
     @property
@@ -60,35 +146,64 @@ class TransformerShape(Spec):
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def expert_ffn(self) -> int:
+        return self.expert_ffn_hidden if self.expert_ffn_hidden is not None else self.ffn
 
     @property
     def moe(self) -> bool:
         return self.experts > 1
 
     @property
+    def moe_layers(self) -> int:
+        """Layers with experts: after the dense_layers, every moe_every-th (none if dense)."""
+        if not self.moe:
+            return 0
+        return max(0, self.layers - self.dense_layers) // self.moe_every
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer alike (no dense layers among experts, no shared experts, no window
+        pattern): the counts of 2023's models, kept as they were."""
+        return (self.moe_layers in (0, self.layers) and self.shared_experts == 0
+                and self.expert_ffn_hidden is None)
+
+    @property
     def expert_parameters(self) -> int:
         """Weights of one FFN expert of one layer (2 or 3 matrices)."""
+        return (3 if self.gated else 2) * self.hidden * self.expert_ffn
+
+    @property
+    def dense_ffn_parameters(self) -> int:
+        """Weights of the FFN of a dense layer."""
         return (3 if self.gated else 2) * self.hidden * self.ffn
 
     @property
     def router_parameters(self) -> int:
+        """Router weights of a MoE layer."""
         return self.hidden * self.experts if self.moe else 0
 
-    def parameter_count(self, tied_embeddings: bool = False, active: bool = False) -> int:
-        """Weights: attention (Q, K, V, O), FFN (2 or 3 matrices, per expert, plus the router),
-        2 norms per layer, embeddings; `active`: with only the top_k experts a token uses.
+    @property
+    def attention_parameters(self) -> int:
+        """Weights of one layer's attention (training.layers.attention_parameters)."""
+        from clustersim.training.layers import attention_parameters
+        return attention_parameters(self)
 
-        Llama-style models have untied input and output embeddings; biases are not counted.
-        """
-        kv_width = self.n_kv_heads * self.head_dim
-        attention = self.hidden * (self.hidden + 2 * kv_width) + self.hidden * self.hidden
-        ffn = self.expert_parameters * (self.top_k if active else self.experts)
-        ffn += self.router_parameters
-        norms = 2 * self.hidden
-        embeddings = self.vocab * self.hidden * (1 if tied_embeddings else 2)
-        return self.layers * (attention + ffn + norms) + embeddings + self.hidden
+    def parameter_count(self, tied_embeddings: bool | None = None, active: bool = False,
+                        input_embedding: bool = True) -> int:
+        """Weights: attention (Q, K, V, O, or MLA's projections; Qwen3's q/k norms), FFNs
+        (dense layers', and per MoE layer the routed experts, shared experts and router),
+        2 norms per layer, embeddings (tied or not), the final norm, an encoder's.
+
+        `active`: with only the top_k routed experts a token uses (and no encoder);
+        `input_embedding=False` leaves out the input embedding (a lookup, not a matmul), as
+        DeepSeek's and OpenAI's active counts do. Biases are not counted."""
+        from clustersim.training.layers import parameter_count
+        tied = self.tied_embeddings if tied_embeddings is None else tied_embeddings
+        return parameter_count(self, tied, active, input_embedding)
+
+    @property
+    def active_parameters(self) -> int:
+        return self.parameter_count(active=True)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,22 @@ from pydantic import Field
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
+from clustersim.training.activations import mean_layer_activation_bytes
+from clustersim.training.attention import (
+    attention_flops_per_token,
+    classic_attention,
+    core_ops,
+    projection_ops,
+)
+from clustersim.training.experts import (
+    dense_weights_per_layer,
+    dispatch_bytes,
+    expert_load,
+    expert_weights_per_layer,
+    ffn_ops,
+    moe_share,
+    router_weights_per_layer,
+)
 from clustersim.training.schedule import in_flight
 from clustersim.training.stages import rank_layers
 from clustersim.training.transformer import TransformerShape, sharded_heads
@@ -214,9 +230,11 @@ def _attention_ops(b: int, s: int, heads: int, kv_heads: int, d: int, e: int, at
 
 def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
                       sequence_parallel: bool, precision: str, attention: str = "flash",
-                      cp: int = 1) -> list[Op]:
+                      cp: int = 1, load: float = 1.0) -> list[Op]:
     """Forward operations of one transformer layer on one tensor-parallel rank (of one
-    context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`).
+    context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`);
+    a model with MLA, windows or mixed layers gives its mean layer (training.attention,
+    training.experts; `load`: the busiest expert rank's routed tokens over the mean).
 
     With `flash` attention the scores never reach HBM; with `unfused` they are written,
     softmaxed, dropped out and read back (b x heads x s x s values, see the module)."""
@@ -231,6 +249,8 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     ffn = model.ffn // tp
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
     routed = tokens * model.top_k
+    if not (classic_attention(model) and model.uniform and load == 1.0):
+        return _mean_layer_ops(model, b, s, seq, tp, sequence_parallel, e, attention, load)
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
@@ -250,6 +270,34 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
         _vector("residual_mlp", outside, e, passes=3),
     ]
     return ops
+
+
+def _mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
+                    sequence_parallel: bool, e: int, attention: str, load: float) -> list[Op]:
+    """layer_forward_ops of a model whose layers differ (MLA, windows, dense and MoE layers,
+    shared experts, an uneven routing load): the mean layer."""
+    h, tokens = model.hidden, b * s
+    layout = sharded_heads(model, tp)
+    heads, kv_heads = layout.per_rank, layout.kv_per_rank
+    outside = tokens * h / (tp if sequence_parallel else 1)
+    if model.attention == "mla":
+        before = projection_ops(model, tokens, heads, e)
+        out_width = heads * model.v_head_dim
+    else:
+        before = [_matmul("qkv", tokens, h, (heads + 2 * kv_heads) * model.head_dim, e)]
+        out_width = heads * model.head_dim
+    router_tokens = tokens // (tp if sequence_parallel else 1)
+    return [
+        _vector("norm_attention", outside, e, passes=2),
+        *before,
+        *core_ops(model, b, s, seq, heads, kv_heads, e, attention),
+        _matmul("projection", tokens, out_width, h, e),
+        _vector("residual_attention", outside, e, passes=3),
+        _vector("norm_mlp", outside, e, passes=2),
+        *ffn_ops(model, tokens, tokens * model.top_k * load, router_tokens, model.ffn // tp,
+                 model.expert_ffn // tp, e),
+        _vector("residual_mlp", outside, e, passes=3),
+    ]
 
 
 def _attention_core(ops: list[Op]) -> list[Op]:
@@ -354,8 +402,9 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
     par = job.parallelism
     model, b, seq = job.model, job.micro_batch, job.sequence_length
     s = seq // par.cp  # positions of each sequence on this rank
+    load = expert_load(job) if model.moe else 1.0
     layer = layer_forward_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
-                              attention=attention or attention_of(job), cp=par.cp)
+                              attention=attention or attention_of(job), cp=par.cp, load=load)
     forward = layer * layers
     extra_forward: list[Op] = []
     if first:
@@ -374,9 +423,15 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
         # Per MoE layer: tokens dispatched to the ranks holding their experts and combined
         # back, an all-to-all each way (forward; the same again backward), of each TP rank's
         # share of the routed activations.
-        routed_bytes = activation_bytes * model.top_k / par.tp
-        ep_fwd = [("all-to-all", routed_bytes)] * 2 * layers
-        ep_bwd = [("all-to-all", routed_bytes)] * 2 * layers
+        # Mixed layers: as many pairs as the chunk's share of MoE layers (at least one),
+        # their bytes scaled so the chunk moves its mean layers' bytes.
+        routed_bytes = dispatch_bytes(job, activation_bytes)
+        pairs = layers
+        if not model.uniform:
+            pairs = max(1, round(layers * moe_share(model)))
+            routed_bytes *= layers * moe_share(model) / pairs
+        ep_fwd = [("all-to-all", routed_bytes)] * 2 * pairs
+        ep_bwd = [("all-to-all", routed_bytes)] * 2 * pairs
         if job.recompute == "full":
             ep_bwd = ep_bwd + ep_fwd
     tp_fwd: list[tuple[str, float]] = []
@@ -410,8 +465,12 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
 def _matmul_weights(model: TransformerShape) -> int:
     """Weights that take part in a token's matrix multiplies: every layer's (the top_k
     experts of a mixture of experts, and its router) and the output layer."""
+    if not model.uniform or not classic_attention(model) or model.qk_norm:
+        norms = model.layers * (2 * model.hidden + (2 * model.head_dim if model.qk_norm else 0))
+        return model.parameter_count(active=True, input_embedding=False) - norms - model.hidden
     kv = model.n_kv_heads * model.head_dim
-    attention = model.hidden * (model.hidden + 2 * kv) + model.hidden * model.hidden
+    q = model.heads * model.head_dim
+    attention = model.hidden * (q + 2 * kv) + q * model.hidden
     mlp = model.expert_parameters * model.top_k + model.router_parameters
     return model.layers * (attention + mlp) + model.vocab * model.hidden
 
@@ -424,19 +483,30 @@ def model_flops_per_step(job: TrainingJob) -> float:
     """
     model, s = job.model, job.sequence_length
     tokens = job.global_batch * s
+    if not _classic_core(model):
+        return 6.0 * _matmul_weights(model) * tokens + 3.0 * attention_flops_per_token(
+            model, s) * tokens
     return 6.0 * _matmul_weights(model) * tokens + 12.0 * model.layers * model.hidden * s * tokens
+
+
+def _classic_core(model: TransformerShape) -> bool:
+    """Attention of query width hidden on every layer, no window: 4 x layers x hidden x seq
+    FLOPs per token forward (training.attention.attention_flops_per_token in general)."""
+    return classic_attention(model) and model.heads * model.head_dim == model.hidden
 
 
 def hardware_flops_per_step(job: TrainingJob) -> float:
     """FLOPs actually computed, with recompute (HFU)."""
     model, s = job.model, job.sequence_length
     tokens = job.global_batch * s
-    forward = 2.0 * _matmul_weights(model) * tokens + 4.0 * model.layers * model.hidden * s * tokens
+    core = (4.0 * model.layers * model.hidden * s * tokens if _classic_core(model)
+            else attention_flops_per_token(model, s) * tokens)
+    forward = 2.0 * _matmul_weights(model) * tokens + core
     base = model_flops_per_step(job)
     if job.recompute == "full":
         return base + forward - 2.0 * model.vocab * model.hidden * tokens
     if job.recompute == "selective":
-        return base + 4.0 * model.layers * model.hidden * s * tokens
+        return base + core
     return base
 
 
@@ -509,7 +579,7 @@ def expert_params_per_rank(job: TrainingJob, layers: float | None = None) -> flo
     if not model.moe:
         return 0.0
     layers = model.layers / par.pp if layers is None else layers
-    return layers * model.experts * model.expert_parameters / (par.tp * par.ep)
+    return layers * expert_weights_per_layer(model) / (par.tp * par.ep)
 
 
 def _expert_shard(par: ParallelismSpec) -> int:
@@ -540,9 +610,7 @@ def layer_params_per_rank(job: TrainingJob) -> float:
 def _dense_layer_params(model: TransformerShape) -> float:
     """Weights of one layer other than its experts and router (cached: the planner asks
     for it for every candidate)."""
-    experts = model.experts * model.expert_parameters if model.moe else 0
-    return (model.parameter_count() - 2 * model.vocab * model.hidden - model.hidden) / (
-        model.layers) - experts - model.router_parameters
+    return dense_weights_per_layer(model)
 
 
 def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
@@ -553,7 +621,7 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
     # The router is replicated over tensor parallelism; the rest is split (with the padded
     # heads' attention weights when tp does not divide the heads).
     padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
-    count = layers * (per_layer / par.tp + model.router_parameters + padding)
+    count = layers * (per_layer / par.tp + router_weights_per_layer(model) + padding)
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
@@ -570,6 +638,10 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     (the scores: s / cp queries against all s keys)."""
     attention = attention or attention_of(job)
     model, par = job.model, job.parallelism
+    if not (classic_attention(model) and model.uniform
+            and model.heads * model.head_dim == model.hidden
+            and (not model.moe or expert_load(job) == 1.0)):
+        return mean_layer_activation_bytes(job, attention, BYTES_PER_ELEMENT[job.precision])
     b, t = job.micro_batch, par.tp
     seq = job.sequence_length
     s, h = seq // par.cp, model.hidden

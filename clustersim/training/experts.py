@@ -1,0 +1,119 @@
+"""Mixtures of experts in training: the FFN work of a mean layer, the weights a rank holds,
+the expert-parallel all-to-all's bytes, and routing's imbalance.
+
+A model's layers are dense (its `dense_layers`, and between MoE layers when `moe_every` > 1)
+or MoE (routed experts, shared experts and a router). A stage's work and weights are its
+layers' mean, each kind weighted by its share of the layers.
+
+Routing (job keys): `routing_imbalance` is the busiest expert-parallel rank's routed tokens
+over the mean (1: balanced, as auxiliary-loss-free balancing aims for); a synchronous step
+waits for the busiest rank, so its expert GEMMs, their activations and the tokens it
+receives scale by it. `capacity_factor` caps every expert at that multiple of the mean
+(tokens beyond it dropped) and pads every expert up to it, as GShard/Switch-style
+capacity-based dispatch does: the busiest rank's load is then the capacity factor. Without
+one (dropless, as Megatron-Core's and DeepSeek-V3's training), the load is the imbalance.
+
+Expert parallelism: per MoE layer the routed tokens (top_k copies of each) go to the ranks
+holding their experts and come back, an all-to-all each way (dispatch and combine), forward
+and again backward; collectives.CollectiveModel prices it on the group's real levels (the
+Trn2 instance torus, the UltraServer Z rings, EFA; a Trn3 UltraServer's NeuronSwitch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from clustersim.training.attention import scaled
+
+if TYPE_CHECKING:
+    from clustersim.training.transformer import TransformerShape
+    from clustersim.training.workload import Op
+
+__all__ = ["expert_load", "moe_share", "ffn_ops", "ffn_activation_width",
+           "dispatch_bytes", "expert_weights_per_layer", "dense_weights_per_layer",
+           "router_weights_per_layer", "DEFAULT_ROUTING_IMBALANCE"]
+
+DEFAULT_ROUTING_IMBALANCE = 1.0
+
+
+def expert_load(job: Any) -> float:
+    """The busiest expert rank's routed tokens over the mean (see the module)."""
+    capacity = getattr(job, "capacity_factor", None)
+    if capacity is not None:
+        return float(capacity)
+    return float(getattr(job, "routing_imbalance", None) or DEFAULT_ROUTING_IMBALANCE)
+
+
+def moe_share(model: TransformerShape) -> float:
+    """Share of the layers that are MoE layers."""
+    return model.moe_layers / model.layers
+
+
+def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_tokens: int,
+            ffn_per_rank: int, expert_ffn_per_rank: int, e: int) -> list[Op]:
+    """FFN operations of a mean layer on one rank: the dense FFN (its share of the layers),
+    and for MoE layers the router, the routed experts on `routed_tokens` (top_k x tokens x
+    the load) and the shared experts on every token."""
+    from clustersim.training.workload import _matmul, _vector
+
+    gate = 2 if model.gated else 1
+    acts = 3 if model.gated else 2
+    share = moe_share(model)
+    ops: list[Op] = []
+    if share < 1.0:
+        dense = [_matmul("mlp_in", tokens, model.hidden, ffn_per_rank * gate, e),
+                 _vector("activation", tokens * ffn_per_rank * acts, e, passes=1),
+                 _matmul("mlp_out", tokens, ffn_per_rank, model.hidden, e)]
+        ops += [scaled(op, 1.0 - share) for op in dense]
+    if share > 0.0:
+        routed = int(round(routed_tokens))
+        moe = [_matmul("router", router_tokens, model.hidden, model.experts, e),
+               _matmul("mlp_in", routed, model.hidden, expert_ffn_per_rank * gate, e),
+               _vector("activation", routed * expert_ffn_per_rank * acts, e, passes=1),
+               _matmul("mlp_out", routed, expert_ffn_per_rank, model.hidden, e)]
+        if model.shared_experts:
+            width = expert_ffn_per_rank * model.shared_experts
+            moe += [_matmul("shared_in", tokens, model.hidden, width * gate, e),
+                    _vector("shared_activation", tokens * width * acts, e, passes=1),
+                    _matmul("shared_out", tokens, width, model.hidden, e)]
+        ops += [scaled(op, share) for op in moe]
+    return ops
+
+
+def ffn_activation_width(model: TransformerShape, load: float) -> float:
+    """FFN intermediates kept for backward per token of a mean layer, in units of hidden:
+    (gate and up, or up, plus the activation's output) x the FFN width, for the dense FFN
+    and for top_k x load routed and the shared experts."""
+    per_width = (2 if model.gated else 1) + 1
+    share = moe_share(model)
+    dense = (1.0 - share) * per_width * model.ffn / model.hidden
+    moe = share * per_width * model.expert_ffn / model.hidden * (
+        model.top_k * load + model.shared_experts)
+    return dense + moe
+
+
+def dispatch_bytes(job: Any, activation_bytes: float) -> float:
+    """Bytes one rank sends in one MoE layer's dispatch (and again in its combine): its
+    share over tensor parallelism of the routed copies of its tokens, times the load."""
+    return activation_bytes * job.model.top_k / job.parallelism.tp * expert_load(job)
+
+
+def expert_weights_per_layer(model: TransformerShape) -> float:
+    """Routed experts' weights of a mean layer (the part expert parallelism splits)."""
+    if not model.moe:
+        return 0.0
+    return moe_share(model) * model.experts * model.expert_parameters
+
+
+def router_weights_per_layer(model: TransformerShape) -> float:
+    """Router weights of a mean layer (replicated over tensor parallelism)."""
+    return moe_share(model) * model.router_parameters
+
+
+def dense_weights_per_layer(model: TransformerShape) -> float:
+    """Weights of a mean layer other than routed experts and router: attention, norms, the
+    dense FFN's share and the shared experts' (split over tensor parallelism)."""
+    share = moe_share(model)
+    ffn = (1.0 - share) * model.dense_ffn_parameters + share * (
+        model.shared_experts * model.expert_parameters)
+    return model.attention_parameters + 2 * model.hidden + ffn

@@ -1,0 +1,167 @@
+"""The 2025 presets against their published parameter counts, and the model format's rules.
+
+Published figures (total, active) and whose convention the active figure follows:
+
+- DeepSeek-V3: 671B total, 36.6B activated for the main model without its 14B MTP module,
+  counting the output head but not the input embedding (deepseek-ai/DeepSeek-V3
+  README_WEIGHTS.md; the headline "37B" rounds the same count up).
+- Qwen3 model cards: 8.2B, 32.8B; 30.5B / 3.3B; 235B / 22B (both embeddings counted).
+- Llama 4 model cards: Scout 109B / 17B, Maverick 400B / 17B (totals with the vision
+  encoder; both embeddings counted in the active figure).
+- gpt-oss model card (arXiv 2508.10925): 20.9B / 3.6B, 116.8B / 5.1B (active without the
+  input embedding).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clustersim.training.layers import (
+    is_moe_layer,
+    is_windowed_layer,
+    kv_elements_per_token,
+    moe_layer_indices,
+)
+from clustersim.training.transformer import TransformerShape, model_preset_values
+
+# name: (published total, published active, active counts the input embedding,
+#        significant digits of the published active figure)
+PUBLISHED = {
+    "deepseek-v3": (671e9, 36.6e9, False),
+    "qwen3-8b": (8.2e9, 8.2e9, True),
+    "qwen3-32b": (32.8e9, 32.8e9, True),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, True),
+    "qwen3-235b-a22b": (235e9, 22e9, True),
+    "llama4-scout": (109e9, 17e9, True),
+    "llama4-maverick": (400e9, 17e9, True),
+    "gpt-oss-20b": (20.9e9, 3.6e9, False),
+    "gpt-oss-120b": (116.8e9, 5.1e9, False),
+}
+# Published to two digits, so a count a hair over 1% still rounds to the figure: Llama 4's
+# 17B active is 17.17B by its config (+1.0%, +1.1%), Qwen3-30B-A3B's 3.3B is 3.35B (+1.6%;
+# the same card's 30.5B total and 29.9B non-embedding match to 0.1%).
+ROUNDED = {"llama4-scout": 0.011, "llama4-maverick": 0.011, "qwen3-30b-a3b": 0.017}
+
+
+def shape(name: str) -> TransformerShape:
+    return TransformerShape(**model_preset_values(name))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_total_parameters_within_one_percent(name: str) -> None:
+    total, _, _ = PUBLISHED[name]
+    assert abs(shape(name).parameter_count() / total - 1) <= 0.01
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_active_parameters_match_the_published_figure(name: str) -> None:
+    _, active, with_input_embedding = PUBLISHED[name]
+    count = shape(name).parameter_count(active=True, input_embedding=with_input_embedding)
+    assert abs(count / active - 1) <= ROUNDED.get(name, 0.01)
+
+
+def test_deepseek_v3_by_hand() -> None:
+    """MLA's projections, 3 dense layers, 58 MoE layers of 256 routed + 1 shared expert."""
+    m = shape("deepseek-v3")
+    h = 7168
+    attention = (h * 1536 + 1536 + 1536 * 128 * 192 + h * 576 + 512 + 512 * 128 * 256
+                 + 128 * 128 * h)
+    expert = 3 * h * 2048
+    moe = 257 * expert + h * 256
+    dense = 3 * h * 18432
+    total = 61 * (attention + 2 * h) + 58 * moe + 3 * dense + 2 * 129280 * h + h
+    assert m.parameter_count() == total
+    assert m.moe_layers == 58 and moe_layer_indices(m)[0] == 3
+    active = total - 58 * 248 * expert - 129280 * h
+    assert m.parameter_count(active=True, input_embedding=False) == active
+
+
+def test_layer_patterns() -> None:
+    maverick = shape("llama4-maverick")
+    assert [is_moe_layer(maverick, i) for i in range(4)] == [False, True, False, True]
+    assert maverick.moe_layers == 24
+    oss = shape("gpt-oss-20b")
+    assert [is_windowed_layer(oss, i) for i in range(4)] == [True, False, True, False]
+    scout = shape("llama4-scout")
+    assert [is_windowed_layer(scout, i) for i in range(4)] == [True, True, True, False]
+
+
+def test_kv_cache_per_token() -> None:
+    ds = shape("deepseek-v3")
+    assert kv_elements_per_token(ds) == 61 * (512 + 64)  # latent + shared rope key
+    oss = shape("gpt-oss-120b")
+    full = 36 * 2 * 8 * 64
+    assert kv_elements_per_token(oss) == full
+    # At 128k tokens of context the 18 sliding layers keep 128 tokens each.
+    assert kv_elements_per_token(oss, 131072) == pytest.approx(
+        full / 2 + full / 2 * 128 / 131072)
+
+
+def test_dense_presets_count_as_before() -> None:
+    """Adding the format left the 2023 presets' counts as they were (closed form)."""
+    m = shape("llama3-8b")
+    h, kv = 4096, 8 * 128
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * 14336 + 2 * h
+    assert m.parameter_count() == 32 * per_layer + 2 * 128256 * h + h
+    assert m.active_parameters == m.parameter_count()
+
+
+def test_head_dim_is_independent_of_hidden() -> None:
+    m = shape("qwen3-32b")
+    assert m.head_dim == 128 and m.heads * m.head_dim == 8192 != m.hidden
+    assert TransformerShape(layers=2, hidden=64, heads=4, vocab=10).head_dim == 16
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"top_k": 300}, "top_k 300 is more than the 256 experts"),
+    ({"kv_lora_rank": None}, "attention mla needs kv_lora_rank"),
+    ({"dense_layers": 61}, "leave none of the 61 layers a MoE layer"),
+    ({"global_every": 2}, "needs a window"),
+])
+def test_inconsistent_shapes_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TransformerShape(**{**model_preset_values("deepseek-v3"), **change})
+
+
+def test_hidden_not_divisible_needs_head_dim() -> None:
+    with pytest.raises(ValueError, match="give head_dim"):
+        TransformerShape(layers=2, hidden=100, heads=3, vocab=10)
+    assert TransformerShape(layers=2, hidden=100, heads=3, head_dim=32, vocab=10).head_dim == 32
+
+
+def test_step_json_reports_parameters_and_active(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    result = CliRunner().invoke(app, ["step", "scenarios/single-trn2.yaml", "--json",
+                                      "--ignore-memory", "--set", "jobs.0.model=gpt-oss-20b"])
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.stdout)["jobs"][0]
+    m = shape("gpt-oss-20b")
+    assert job["parameters"] == m.parameter_count()
+    assert job["active_parameters"] == m.active_parameters < m.parameter_count()
+
+
+def test_a_bad_model_exits_2_naming_the_key() -> None:
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    result = CliRunner().invoke(app, ["validate", "scenarios/single-trn2.yaml", "--set",
+                                      "jobs.0.model={base: deepseek-v3, top_k: 300}"])
+    assert result.exit_code == 2
+    assert "jobs.0.model" in result.output and "top_k 300" in result.output
+
+
+def test_mx_weights_compute_where_the_chip_has_a_peak() -> None:
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT, compute_precision
+
+    assert WEIGHT_BYTES_PER_ELEMENT["mxfp4"] == 4.25 / 8
+    trn3, trn2 = catalog_entry("trn3-gen2").chip.tflops, catalog_entry("trn2").chip.tflops
+    assert compute_precision("mxfp8", trn3) == "mxfp8" and trn3["mxfp8"] == trn3["fp8"]
+    assert compute_precision("mxfp8", trn2) == "bf16"  # weight-only
+    assert compute_precision("mxfp4", trn3) == "bf16"  # no chip has an FP4 peak here
