@@ -26,6 +26,7 @@ H200 (judge; the GPU constants are the TensorRT-LLM fit's, calibration.gpu_servi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from clustersim.calibration.trn2 import Trn2Serving, predict_trn2_serving
@@ -34,7 +35,7 @@ from clustersim.hardware.topology import build_topology
 
 __all__ = ["DEEPSEEK_TRN2", "QWEN3_TRN2", "DEEPSEEK_VLLM_BATCHES", "DEEPSEEK_PROFILE_MS",
            "SGLANG_H200", "BatchRow", "predict_batches", "decode_breakdown",
-           "deepseek_breakdown", "trn2_against_h200"]
+           "deepseek_breakdown", "trn2_against_h200", "fit_moe_layer_overhead"]
 
 _PORT = ("NxD Inference contrib models, DeepSeek-V3 port README (be9c97e, 2026-04-03; "
          "SDK 2.28)")
@@ -160,17 +161,46 @@ def predict_trn2_rows(hardware: HardwareSpec | None = None):
     return predict_trn2_serving(hardware, (DEEPSEEK_TRN2, QWEN3_TRN2))
 
 
-def trn2_against_h200() -> dict[str, float]:
-    """DeepSeek-V3 at batch 1, 128 in / 256 out: one trn2.48xlarge (TP 64, bf16 weights, NxD
-    Inference's constants) against one 8 x H200 p5en.48xlarge (TP 8, FP8, the TensorRT-LLM
-    fit's constants): each side's TPOT, their ratio, and the band the judged rows give it
-    (each side's error on its own published batch-1 row, as published / model)."""
-    row = BatchRow("trn2", "deepseek-v3", "trn2", 64, "bf16", 1, 128, 256, 0.0, "")
-    trn2, h200 = predict_batches((row, SGLANG_H200[0]))
-    (_, trn2_row), = [(t, p) for t, p in predict_trn2_rows()[:1]]
-    trn2_err = DEEPSEEK_TRN2.tpot_ms * 1e-3 / trn2_row  # published / model
-    h200_err = SGLANG_H200[0].tpot_ms * 1e-3 / h200
-    ratio = trn2 / h200
-    corrected = ratio * trn2_err / h200_err
-    return {"trn2_tpot_s": trn2, "h200_tpot_s": h200, "ratio": ratio,
-            "low": min(ratio, corrected), "high": max(ratio, corrected)}
+def trn2_against_h200(batches: tuple[int, ...] = (1, 8)) -> list[dict[str, float]]:
+    """DeepSeek-V3, 128 in / 256 out, `batch` requests decoding together: one trn2.48xlarge
+    (TP 64, bf16 weights, NxD Inference's constants) against one 8 x H200 p5en.48xlarge (TP
+    8, FP8 W8A8, SGLang's MoE constant): each side's TPOT, their ratio (Trn2 over H200:
+    below 1, Trn2 is faster) and the ratio of costs per output token (on-demand prices).
+    The band: each side's error on its judged batch-8 row (the batch-1 rows are fitted),
+    applied as published / model: [ratio, corrected] ordered."""
+    judged = {"trn2": DEEPSEEK_VLLM_BATCHES[-1], "p5en": SGLANG_H200[1]}
+    errors = {k: r.tpot_ms * 1e-3 / p for (k, r), p in zip(
+        judged.items(), predict_batches(tuple(judged.values())), strict=True)}
+    correction = errors["trn2"] / errors["p5en"]
+    prices = catalog_entry("trn2").instance.price_per_hour_usd / \
+        catalog_entry("p5en").instance.price_per_hour_usd
+    out = []
+    for batch in batches:
+        rows = (BatchRow("trn2", "deepseek-v3", "trn2", 64, "bf16", batch, 128, 256, 0.0, ""),
+                dataclasses.replace(SGLANG_H200[0], batch=batch))
+        trn2, h200 = predict_batches(rows)
+        ratio = trn2 / h200
+        low, high = sorted((ratio, ratio * correction))
+        out.append({"batch": batch, "trn2_tpot_s": trn2, "h200_tpot_s": h200, "ratio": ratio,
+                    "low": low, "high": high, "cost_ratio": ratio * prices,
+                    "cost_low": low * prices, "cost_high": high * prices})
+    return out
+
+
+def fit_moe_layer_overhead(family: str) -> float:
+    """The family's `serving.moe_layer_overhead` (s) from its batch-1 DeepSeek-V3 row (trn2:
+    the NxD Inference port's TPOT; p5e: SGLang's on 8 x H200): a fixed time per MoE layer of
+    an iteration adds moe_layers x it to each decode iteration, so the constant is the
+    published TPOT less the model's without it, over the MoE layers (closed form)."""
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+    hardware = catalog_entry(family)
+    bare = hardware.model_copy(update={"serving": hardware.serving.model_copy(
+        update={"moe_layer_overhead_s": 0.0})})
+    moe_layers = TransformerShape(**model_preset_values("deepseek-v3")).moe_layers
+    if family == "trn2":
+        published = DEEPSEEK_TRN2.tpot_ms * 1e-3
+        (_, model), = predict_trn2_serving(bare, (DEEPSEEK_TRN2,))
+    else:
+        published = SGLANG_H200[0].tpot_ms * 1e-3
+        model, = predict_batches(SGLANG_H200[:1], {SGLANG_H200[0].hardware: bare})
+    return (published - model) / moe_layers

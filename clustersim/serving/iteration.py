@@ -41,6 +41,7 @@ from clustersim.scenario.serving import default_activations
 from clustersim.serving import attention as mla
 from clustersim.serving.experts import dispatch_bytes_per_rank
 from clustersim.serving.layers import expert_weight_bytes_per_rank, layer_kinds
+from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
@@ -85,14 +86,12 @@ class ReplicaShape:
 # Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
 # operands (m x k in, m x n out) at the activations'.
 _WEIGHT_MATMULS = frozenset(("qkv", "projection", "mlp_in", "mlp_out", "router", "logits"))
-# Weight-only microscaling formats (OCP MX v1.0): 4 or 8 bits per element and one 8-bit
-# scale per block of 32, read from HBM as such; matmuls run at the activations' precision.
-_MX_BYTES = {"mxfp4": 4.25 / 8, "mxfp8": 8.25 / 8}
 
 
 def weight_element_bytes(precision: str) -> float:
-    """Bytes one weight takes in HBM at `precision`."""
-    return _MX_BYTES.get(precision) or BYTES_PER_ELEMENT[precision]
+    """Bytes one weight takes in HBM at `precision` (MX formats: training.layers); weight-only
+    formats' matmuls run at the activations' precision."""
+    return WEIGHT_BYTES_PER_ELEMENT[precision]
 
 
 def _with_weight_bytes(ops: list[Op], weight_bytes: float, activation_bytes: float) -> list[Op]:
@@ -189,8 +188,9 @@ class IterationModel:
         """Weights one chip holds: its ranks' shards of the busiest stage (with pp > 1 the
         first stage holds the embedding, the last the output layer; pp = 1 holds both)."""
         m = self.shape.model
-        embeddings = 1 if getattr(m, "tied_embeddings", False) else 2
-        per_layer = (m.parameter_count() - embeddings * m.vocab * m.hidden - m.hidden) / m.layers
+        embeddings = 1 if m.tied_embeddings else 2
+        per_layer = (m.parameter_count() - m.encoder_parameters - embeddings * m.vocab * m.hidden
+                     - m.hidden) / m.layers
         ends = m.vocab * m.hidden * (embeddings if self.shape.pp == 1 else 1)
         # Padded heads (tp not dividing them) add their attention weights on every rank.
         padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
