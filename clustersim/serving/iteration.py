@@ -406,18 +406,17 @@ class IterationModel:
                 m, chunk, context, self.heads.per_rank, self.activation_bytes,
                 self.kv_element_bytes))
         window = mla.sliding_window(m)
-        if window is not None and context > window:
-            # the windowed layers attend to at most the window before each token
+        if window is not None and context + chunk > window:
+            # the windowed layers' queries attend to at most the window each
             global_layers, windowed = mla.layer_split(m)
-            return (global_layers * self._gqa_prefill_s(chunk, context)
+            return (global_layers * self._gqa_prefill_s(chunk, context + chunk)
                     + windowed * self._gqa_prefill_s(chunk, window)) / m.layers
-        return self._gqa_prefill_s(chunk, context)
+        return self._gqa_prefill_s(chunk, context + chunk)
 
-    def _gqa_prefill_s(self, chunk: int, context: int) -> float:
-        """Grouped-query prefill attention on every layer (see `_prefill_attention_s`)."""
+    def _gqa_prefill_s(self, chunk: int, span: int) -> float:
+        """Grouped-query prefill attention of `chunk` queries over `span` keys, every layer."""
         m = self.shape.model
         heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
-        span = context + chunk
         e = self.activation_bytes
         ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
                _matmul("attend", chunk, span, m.head_dim, e, count=heads),
