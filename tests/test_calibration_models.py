@@ -85,3 +85,25 @@ def test_trn2_against_h200_answer():
                                                                           abs=0.005)
     assert (one["cost_ratio"], one["cost_high"]) == pytest.approx((0.35, 0.49), abs=0.005)
     assert (eight["cost_ratio"], eight["cost_high"]) == pytest.approx((0.49, 0.69), abs=0.005)
+
+
+@pytest.mark.parametrize("name, row", [("deepseek-v3-trn2-nxdi", ms.DEEPSEEK_TRN2),
+                                       ("qwen3-32b-trn2-nxdi", ms.QWEN3_TRN2)])
+def test_calibration_scenarios_run_as_users_run_them(name, row, tmp_path):
+    """scenarios/calibration/serving/: the rows as `clustersim run` scenarios. Their p50
+    TPOT is the fidelity table's (one request at a time); DeepSeek-V3's TTFT is its
+    256-token prompt's (the port pads it to its 512-token context graph: the table's)."""
+    from pathlib import Path
+
+    from clustersim.runner.api import run_to
+    from clustersim.scenario.loader import load_scenario
+    root = Path(__file__).resolve().parent.parent
+    run_to(load_scenario(root / "scenarios" / "calibration" / "serving" / f"{name}.yaml"),
+           tmp_path / "out")
+    import json
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (deployment,) = summary["deployments"].values()
+    index = 0 if row is ms.DEEPSEEK_TRN2 else 1
+    _, tpot = ms.predict_trn2_rows()[index]
+    assert deployment["tpot_p50_s"] == pytest.approx(tpot, rel=0.01)
+    assert deployment["ttft_p50_s"] < 0.2
