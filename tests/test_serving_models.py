@@ -11,7 +11,7 @@ import pytest
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import scenario_from_dict
-from clustersim.serving import simulate_serving
+from clustersim.serving import deployment_figures, simulate_serving
 from clustersim.serving.experts import expected_distinct_experts
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.training.transformer import TransformerShape, model_preset_values
@@ -42,15 +42,12 @@ def test_every_preset_serves(name: str, hardware: str) -> None:
                       "parallelism": {"tp": tp}, "server": {"max_batch": 16},
                       "workload": {"arrival": "poisson", "rate": 0.5, "input_tokens": 512,
                                    "output_tokens": 64}}]}
-    result = simulate_serving(scenario_from_dict(raw), np.random.SeedSequence(0))
-    requests = result.requests
-    done = requests["status"] == "done" if "status" in requests else np.ones(len(requests), bool)
-    assert int(np.sum(done)) > 10
-    for column in ("ttft_s", "tpot_s"):
-        if column in requests:
-            values = np.asarray(requests[column])[done]
-            values = values[np.isfinite(values)]
-            assert len(values) and np.all(values > 0)
+    scenario = scenario_from_dict(raw)
+    result = simulate_serving(scenario, np.random.SeedSequence(0))
+    figures = deployment_figures(scenario, result)["chat"]
+    assert figures["requests_completed"] > 10
+    for key in ("ttft_p50_s", "tpot_p50_s"):
+        assert 0 < figures[key] < math.inf, key
 
 
 def test_every_preset_prices_an_iteration_on_each_hardware() -> None:
