@@ -29,7 +29,6 @@ def model(name: str) -> TransformerShape:
     return TransformerShape(**model_preset_values(name))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hardware", list(LAYOUT))
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_serves(name: str, hardware: str) -> None:
@@ -51,7 +50,8 @@ def test_every_preset_serves(name: str, hardware: str) -> None:
 
 
 def test_every_preset_prices_an_iteration_on_each_hardware() -> None:
-    """The fast stand-in of the slow test above: each preset's replica on each family."""
+    """Each preset's replica on each family: KV room, decode growing with the batch, a
+    prefill in bounded time."""
     for hardware, layout in LAYOUT.items():
         hw = catalog_entry(hardware)
         for name in PRESETS:
