@@ -113,3 +113,33 @@ def test_mx_weight_bytes():
         bf16.weight_bytes_per_chip() * 0.53125 / 2)
     assert mx.decode_base_s(1) < bf16.decode_base_s(1)
     assert math.isfinite(mx.prefill_s(512))
+
+
+def _deployment(model: str, parallelism: dict, **extra) -> dict:
+    return {"name": "serve", "duration": "60s", "hardware": "trn2",
+            "cluster": {"instances": 1},
+            "serve": [{"name": "chat", "model": model, "parallelism": parallelism,
+                       "workload": {"arrival": "poisson", "rate": 1, "input_tokens": 128,
+                                    "output_tokens": 16}, **extra}]}
+
+
+@pytest.mark.parametrize("model, parallelism, extra, message", [
+    ("llama3.1-8b", {"tp": 8, "ep": 2}, {}, "needs a mixture of experts"),
+    ("mixtral-8x7b", {"tp": 16, "ep": 3}, {}, "must divide tp 16"),
+    ("mixtral-8x7b", {"tp": 16}, {"routing_skew": 1.0}, "routing_skew"),
+])
+def test_bad_expert_parallelism_is_refused(model, parallelism, extra, message):
+    from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(_deployment(model, parallelism, **extra))
+
+
+def test_expert_parallel_deployment_runs():
+    import numpy as np
+
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.serving import deployment_figures, simulate_serving
+    raw = _deployment("mixtral-8x7b", {"tp": 16, "ep": 4}, routing_skew=0.2)
+    s = scenario_from_dict(raw)
+    figures = deployment_figures(s, simulate_serving(s, np.random.SeedSequence(0)))["chat"]
+    assert figures["requests_completed"] > 20 and figures["tpot_p50_s"] > 0
