@@ -143,3 +143,16 @@ def test_expert_parallel_deployment_runs():
     s = scenario_from_dict(raw)
     figures = deployment_figures(s, simulate_serving(s, np.random.SeedSequence(0)))["chat"]
     assert figures["requests_completed"] > 20 and figures["tpot_p50_s"] > 0
+
+
+def test_mxfp8_computes_at_trn3s_mx_peak_and_weight_only_elsewhere():
+    """Trn3 has an MXFP8 peak: a prompt (compute-bound) runs faster with mxfp8 weights than
+    with bf16 ones; Trn2 has none: mxfp8 is weight-only there (bf16 matmuls)."""
+    model = TransformerShape(**model_preset_values("qwen3-32b"))
+    trn3 = build_topology(catalog_entry("trn3-gen2"), 36)
+    bf16 = IterationModel(ReplicaShape(model, "bf16", 16, 1), trn3)
+    mx = IterationModel(ReplicaShape(model, "mxfp8", 16, 1), trn3)
+    assert mx.compute_precision == "mxfp8"
+    assert mx.prefill_s(8192) < 0.8 * bf16.prefill_s(8192)
+    trn2 = build_topology(catalog_entry("trn2"), 1)
+    assert IterationModel(ReplicaShape(model, "mxfp8", 64, 1), trn2).compute_precision == "bf16"

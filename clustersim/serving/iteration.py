@@ -89,8 +89,7 @@ _WEIGHT_MATMULS = frozenset(("qkv", "projection", "mlp_in", "mlp_out", "router",
 
 
 def weight_element_bytes(precision: str) -> float:
-    """Bytes one weight takes in HBM at `precision` (MX formats: training.layers); weight-only
-    formats' matmuls run at the activations' precision."""
+    """Bytes one weight takes in HBM at `precision` (MX formats: training.layers)."""
     return WEIGHT_BYTES_PER_ELEMENT[precision]
 
 
@@ -173,8 +172,10 @@ class IterationModel:
         self.hidden_bytes = 2 if shape.activation_precision == "fp8" else self.activation_bytes
         self.kv_element_bytes = BYTES_PER_ELEMENT[shape.kv_precision]
         # Matmuls run at the activations' precision where the chip has a peak for it (fp8
-        # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones).
-        compute = shape.activation_precision
+        # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones), or
+        # at an MX weight format's own peak (Trn3's MXFP8).
+        compute = shape.precision if shape.precision.startswith("mx") else \
+            shape.activation_precision
         self.compute_precision = compute if compute in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
         self.window_s_per_sequence = self._window_seconds_per_sequence()
