@@ -88,11 +88,13 @@ def test_trn2_against_h200_answer():
 
 
 @pytest.mark.parametrize("name, row", [("deepseek-v3-trn2-nxdi", ms.DEEPSEEK_TRN2),
-                                       ("qwen3-32b-trn2-nxdi", ms.QWEN3_TRN2)])
+                                       ("qwen3-32b-trn2-nxdi", ms.QWEN3_TRN2),
+                                       ("deepseek-v3-h200-sglang", ms.SGLANG_H200[0])])
 def test_calibration_scenarios_run_as_users_run_them(name, row, tmp_path):
     """scenarios/calibration/serving/: the rows as `clustersim run` scenarios. Their p50
-    TPOT is the fidelity table's (one request at a time); DeepSeek-V3's TTFT is its
-    256-token prompt's (the port pads it to its 512-token context graph: the table's)."""
+    TPOT is the fidelity table's (one request at a time, the context growing over the
+    output); DeepSeek-V3's TTFT on trn2 is its 256-token prompt's (the port pads it to its
+    512-token context graph: the table's)."""
     from pathlib import Path
 
     from clustersim.runner.api import run_to
@@ -103,7 +105,9 @@ def test_calibration_scenarios_run_as_users_run_them(name, row, tmp_path):
     import json
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (deployment,) = summary["deployments"].values()
-    index = 0 if row is ms.DEEPSEEK_TRN2 else 1
-    _, tpot = ms.predict_trn2_rows()[index]
+    if row in ms.SGLANG_H200:
+        (tpot,) = ms.predict_batches((row,))
+    else:
+        _, tpot = ms.predict_trn2_rows()[0 if row is ms.DEEPSEEK_TRN2 else 1]
     assert deployment["tpot_p50_s"] == pytest.approx(tpot, rel=0.01)
     assert deployment["ttft_p50_s"] < 0.2
