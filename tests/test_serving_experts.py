@@ -35,6 +35,17 @@ def test_distinct_experts_bounded_and_growing(experts, top_k, tokens):
     assert expected_distinct_experts(experts, top_k, tokens + 1) >= d - 1e-12
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([(8, 2), (64, 4), (128, 8), (256, 8)]), st.integers(1, 512),
+       st.sampled_from([2, 4, 8]))
+def test_busiest_group_bounded(shape, tokens, groups):
+    experts, top_k = shape
+    distinct = expected_distinct_experts(experts, top_k, tokens)
+    busiest = expected_busiest_group(experts, top_k, tokens, groups)
+    assert distinct / groups - 1e-9 <= busiest <= experts / groups + 1e-9
+    assert busiest <= distinct + 1e-9
+
+
 def test_busiest_group_between_mean_and_group():
     # one group: the distinct count; many groups: above the mean share, at most a group
     assert expected_busiest_group(256, 8, 4, 1) == pytest.approx(
