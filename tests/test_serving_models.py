@@ -91,6 +91,12 @@ def test_deepseek_decode_reads_top_k_plus_shared_experts(deepseek_trn2) -> None:
     expected = (m.parameter_count(active=True, input_embedding=False)
                 + 63 * m.moe_layers * m.router_parameters)
     assert read == pytest.approx(expected, rel=0.01)
+    assert read / 1e9 == pytest.approx(43.3, abs=0.1)  # docs/calibration.md: 43 billion
+    # distinct experts at batch 1, 2, 4, 8 (docs/calibration.md: 8, 16, 31 and 57 of 256)
+    assert [round(expected_distinct_experts(256, 8, b)) for b in (1, 2, 4, 8)] == \
+        [8, 16, 31, 57]
+    # a 512-token prompt: about 38 TFLOP in all (2 x active weights x tokens)
+    assert 2 * m.parameter_count(active=True) * 512 / 1e12 == pytest.approx(38, abs=1)
     assert read < 0.1 * m.parameter_count()
 
 

@@ -3,9 +3,9 @@ layers, as a replica's iterations see them.
 
 MLA (DeepSeek-V2 and V3; DeepSeek-AI 2024, section 2.1.1): the cache holds, per token and
 layer, one compressed latent of `kv_lora_rank` values and one rotary key of
-`qk_rope_head_dim` values shared by all heads (576 for DeepSeek-V3, against 2 x 128 heads x
-192 = 49,152 for the same heads uncompressed). Every head needs the whole latent, so tensor
-parallelism over heads does not split the cache: each rank holds all of it (vLLM and NxD
+`qk_rope_head_dim` values shared by all heads (576 for DeepSeek-V3, against 128 heads x
+(192 + 128) = 40,960 keys and values uncompressed). Every head needs the whole latent, so
+tensor parallelism over heads does not split the cache: each rank holds all of it (vLLM and NxD
 Inference replicate it over the TP group). Decode runs absorbed (the key up-projection folded
 into the query, the value up-projection applied after attention): per context token a head
 scores the query against the latent and rotary key (kv_lora_rank + qk_rope_head_dim) and
