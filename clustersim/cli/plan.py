@@ -415,8 +415,9 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
                                f"{f', {tokens:.3g} tokens' if tokens else ''}): top "
                                f"{min(result.options.top, len(result.ranked))} of "
                                f"{result.simulated:,} simulated"), title_justify="left")
+    experts = job.model.moe  # a mixture's table shows its exposed all-to-all
     for name in ("#", "hardware", "chips", "tp cp pp dp ep v", "mb", "recompute", "sp zero",
-                 "step s", "MFU", "GiB/chip", "ETTR",
+                 "step s", *(("a2a s",) if experts else ()), "MFU", "GiB/chip", "ETTR",
                  "time to train" if tokens else "s per 1M tok",
                  "cost" if tokens else "$ per 1M tok",
                  "energy" if tokens else "kWh per 1M tok"):
@@ -430,7 +431,9 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
             f"{r['tp']} {r['cp']} {r['pp']} {r['dp']} {r['ep']} {r['interleave']}",
             str(r["micro_batch"]), r["recompute"],
             f"{'y' if r['sequence_parallel'] else 'n'} {r['zero']}",
-            f"{r['step_time_s']:,.3f}", f"{r['mfu']:.1%}", f"{r['memory_per_chip_gib']:.1f}",
+            f"{r['step_time_s']:,.3f}",
+            *((f"{r.get('all_to_all_s') or 0.0:,.3f}",) if experts else ()),
+            f"{r['mfu']:.1%}", f"{r['memory_per_chip_gib']:.1f}",
             f"{r['ettr']:.3f}", _fmt(wall, "days") if tokens else f"{wall:,.1f}",
             _fmt(r["cost_usd"], "usd"),
             _fmt(r["energy_j"], "energy") if tokens else (

@@ -121,7 +121,7 @@ PUBLIC = ("hardware", "chips", "tp", "cp", "pp", "dp", "ep", "interleave", "micr
           "recompute", "sequence_parallel", "zero", "step_time_s", "mfu", "memory_per_chip_gib", "ettr",
           "time_to_train_s", "cost_usd", "energy_j", "tokens_per_s", "job_mtbf_s", "recovery_s",
           "checkpoint_interval_s", "cost_per_million_tokens_usd", "energy_per_token_j",
-          "step_time_s_band", "reference", "meets", "unmet")
+          "step_time_s_band", "reference", "meets", "unmet", "all_to_all_s")
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +254,7 @@ def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
 def _least_memory(c: Candidate, job: JobSpec, memory: MemoryScreen) -> float:
     """Bytes per chip of the candidate's (tp, cp, pp, dp, ep, interleave, micro-batch) at its
     leanest: full recompute, sequence parallelism, the ZeRO stage that keeps the least."""
-    zeros = [z for z in (2, 3) if c.dp * c.cp > 1 and not (z == 3 and c.ep > 1)] or [0]
+    zeros = [z for z in (2, 3) if c.dp * c.cp > 1] or [0]
     return min(memory.per_chip(screen_job(job, replace(c, recompute="full",
                                                        sequence_parallel=c.tp > 1, zero=z)))
                for z in zeros)

@@ -177,6 +177,8 @@ def simulate_task(task: tuple[GroupKey, list[Any]]) -> list[dict[str, Any]]:
             "fits_memory": profile.fits_memory,
             "compute_s": profile.compute_s,
             "exposed_comm_s": float(sum(profile.exposed_comm_s.values())),
+            # the experts' all-to-all (dispatch and combine) not hidden behind compute
+            "all_to_all_s": float(profile.exposed_comm_s.get("ep", 0.0)),
             "bubble_s": profile.bubble_s,
             "energy_per_token_j": profile.energy_per_token_j,
         })

@@ -173,8 +173,6 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
                     for recompute in recomputes:
                         for sp in sps:
                             for z in zeros:
-                                if z == 3 and ep > 1:
-                                    continue  # not modelled (scenario rules)
                                 out.append(Candidate(hardware_name, chips, tp, pp, dp,
                                                      ep, v, mb, recompute, sp, z, cp))
     return out

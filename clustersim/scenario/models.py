@@ -153,6 +153,14 @@ class JobSpec(Spec):
         default=None, description="attention kernel: flash (scores stay on chip) or unfused "
         "(scores, softmax and dropout through HBM); default: the hardware's framework.attention",
     )
+    routing_imbalance: float = Field(
+        default=1.0, ge=1.0, le=limits.MAX_EXPERTS, description="mixture of experts: the "
+        "busiest expert-parallel rank's routed tokens over the mean (1: balanced); the step "
+        "waits for it (training.experts)")
+    capacity_factor: float | None = Field(
+        default=None, gt=0, le=limits.MAX_EXPERTS, description="mixture of experts: each "
+        "expert takes at most this multiple of its mean tokens and is padded to it "
+        "(capacity-based dispatch); none: dropless, the load is routing_imbalance")
     instances: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
     steps: int | None = Field(default=None, gt=0, le=limits.MAX_STEPS,

@@ -57,10 +57,13 @@ def _sharding_checks(at: str, job: JobSpec) -> Iterable[Issue]:
         elif par.replicas % par.shard:
             yield Issue(f"{at}.parallelism.shard", f"must divide the {par.replicas} "
                         f"data-parallel ranks (dp x cp)", par.shard, True)
-    if par.ep > 1 and (par.zero == 3 or par.shard is not None):
-        yield Issue(f"{at}.parallelism.zero", "ZeRO-3 and hybrid sharding of a mixture of "
-                    "experts with ep > 1 are not modelled yet; use zero 0 or 1 without shard",
-                    par.zero, True)
+    if not model.moe and (job.routing_imbalance != 1.0 or job.capacity_factor is not None):
+        key = "routing_imbalance" if job.routing_imbalance != 1.0 else "capacity_factor"
+        yield Issue(f"{at}.{key}", f"applies to a mixture of experts; {model.name} is dense",
+                    getattr(job, key), True)
+    if par.ep > 1 and par.shard is not None:
+        yield Issue(f"{at}.parallelism.shard", "hybrid sharding of a mixture of experts with "
+                    "ep > 1 is not modelled yet; use ZeRO without shard", par.shard, True)
 
 
 def _team_checks(s: Scenario) -> Iterable[Issue]:

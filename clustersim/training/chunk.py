@@ -31,6 +31,7 @@ from typing import Any
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.training.experts import expert_load
 from clustersim.training.workload import Op, TrainingJob, attention_of, stage_work
 
 __all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation"]
@@ -116,7 +117,7 @@ class ChunkModel:
         par = job.parallelism  # what stage_work reads of it: not pp, dp, ZeRO or interleave
         key = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
                par.sequence_parallel, par.ep, par.cp_comm, job.precision, job.recompute,
-               attention, layers, first, last, shape, ep_shape, cp_shape)
+               attention, layers, first, last, shape, ep_shape, cp_shape, expert_load(job))
         cached = self._cache.get(key)
         if cached is not None:
             return cached

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from clustersim.training.transformer import TransformerShape
     from clustersim.training.workload import Op
 
-__all__ = ["expert_load", "moe_share", "ffn_ops", "ffn_activation_width",
+__all__ = ["expert_load", "local_experts", "moe_share", "ffn_ops", "ffn_activation_width",
            "dispatch_bytes", "expert_weights_per_layer", "dense_weights_per_layer",
            "router_weights_per_layer", "DEFAULT_ROUTING_IMBALANCE"]
 
@@ -37,11 +37,17 @@ DEFAULT_ROUTING_IMBALANCE = 1.0
 
 
 def expert_load(job: Any) -> float:
-    """The busiest expert rank's routed tokens over the mean (see the module)."""
+    """The busiest expert rank's routed tokens over the mean (see the module): the
+    capacity factor where one is given (every expert padded to it), else the routing
+    imbalance, at most ep (one rank cannot receive more than every rank's tokens) and 1
+    without expert parallelism (a rank holding every expert sees every routed token)."""
+    if not job.model.moe:
+        return 1.0
     capacity = getattr(job, "capacity_factor", None)
     if capacity is not None:
         return float(capacity)
-    return float(getattr(job, "routing_imbalance", None) or DEFAULT_ROUTING_IMBALANCE)
+    imbalance = float(getattr(job, "routing_imbalance", None) or DEFAULT_ROUTING_IMBALANCE)
+    return min(imbalance, float(job.parallelism.ep)) if job.parallelism.ep > 1 else 1.0
 
 
 def moe_share(model: TransformerShape) -> float:
@@ -49,11 +55,24 @@ def moe_share(model: TransformerShape) -> float:
     return model.moe_layers / model.layers
 
 
+def local_experts(model: TransformerShape, ep: int | None) -> int:
+    """Routed experts one rank holds (1 for a dense model, or when `ep` is None: the
+    experts' work taken as one GEMM, as serving's iteration model does)."""
+    if not model.moe or ep is None:
+        return 1
+    return max(1, model.experts // ep)
+
+
 def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_tokens: int,
-            ffn_per_rank: int, expert_ffn_per_rank: int, e: int) -> list[Op]:
+            ffn_per_rank: int, expert_ffn_per_rank: int, e: int, local: int = 1) -> list[Op]:
     """FFN operations of a mean layer on one rank: the dense FFN (its share of the layers),
     and for MoE layers the router, the routed experts on `routed_tokens` (top_k x tokens x
-    the load) and the shared experts on every token."""
+    the load) and the shared experts on every token.
+
+    The routed experts of a rank are a grouped GEMM: `local` experts, each on its share of
+    the routed tokens and with its own weights, so the HBM traffic has every held expert's
+    weights and a small share makes short, poorly tiled GEMMs (why expert parallelism pays
+    beyond memory)."""
     from clustersim.training.workload import _matmul, _vector
 
     gate = 2 if model.gated else 1
@@ -67,10 +86,13 @@ def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_t
         ops += [scaled(op, 1.0 - share) for op in dense]
     if share > 0.0:
         routed = int(round(routed_tokens))
+        per_expert = routed / local if local > 1 else routed
         moe = [_matmul("router", router_tokens, model.hidden, model.experts, e),
-               _matmul("mlp_in", routed, model.hidden, expert_ffn_per_rank * gate, e),
+               _matmul("mlp_in", per_expert, model.hidden, expert_ffn_per_rank * gate, e,
+                       count=local),
                _vector("activation", routed * expert_ffn_per_rank * acts, e, passes=1),
-               _matmul("mlp_out", routed, expert_ffn_per_rank, model.hidden, e)]
+               _matmul("mlp_out", per_expert, expert_ffn_per_rank, model.hidden, e,
+                       count=local)]
         if model.shared_experts:
             width = expert_ffn_per_rank * model.shared_experts
             moe += [_matmul("shared_in", tokens, model.hidden, width * gate, e),

@@ -42,6 +42,7 @@ import numpy as np
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.topology import Topology
 from clustersim.training.chunk import ChunkModel, ChunkTimes, matmul_quantisation
+from clustersim.training.experts import expert_load
 from clustersim.training.pipeline import run_pipeline
 from clustersim.training.ranks import rank_chips, rank_group
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
@@ -384,7 +385,8 @@ class StepModel:
         per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
         ipu = hw.instances_per_ultraserver
         head = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-                job.precision, job.recompute, self.attention(job), hw.name, len(placed))
+                job.precision, job.recompute, self.attention(job), hw.name, len(placed),
+                expert_load(job))
         spread = spread_shape(self.topology, placed)
         if spread is not None:  # over several sites: the shape is how it splits over them
             split, canonical = spread

@@ -58,6 +58,7 @@ from clustersim.training.experts import (
     expert_load,
     expert_weights_per_layer,
     ffn_ops,
+    local_experts,
     moe_share,
     router_weights_per_layer,
 )
@@ -230,11 +231,29 @@ def _attention_ops(b: int, s: int, heads: int, kv_heads: int, d: int, e: int, at
 
 def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
                       sequence_parallel: bool, precision: str, attention: str = "flash",
-                      cp: int = 1, load: float = 1.0) -> list[Op]:
+                      cp: int = 1, load: float = 1.0, ep: int | None = None) -> list[Op]:
+    """See _layer_forward_ops (kept by its arguments: the planner asks for the same layer
+    for many candidates; the operations are frozen, so they are shared)."""
+    return list(_cached_layer_ops(model, micro_batch, seq, tp, sequence_parallel, precision,
+                                  attention, cp, load, ep))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_layer_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
+                      sequence_parallel: bool, precision: str, attention: str, cp: int,
+                      load: float, ep: int | None) -> tuple[Op, ...]:
+    return tuple(_layer_forward_ops(model, micro_batch, seq, tp, sequence_parallel, precision,
+                                    attention, cp, load, ep))
+
+
+def _layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
+                       sequence_parallel: bool, precision: str, attention: str = "flash",
+                       cp: int = 1, load: float = 1.0, ep: int | None = None) -> list[Op]:
     """Forward operations of one transformer layer on one tensor-parallel rank (of one
     context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`);
     a model with MLA, windows or mixed layers gives its mean layer (training.attention,
-    training.experts; `load`: the busiest expert rank's routed tokens over the mean).
+    training.experts; `load`: the busiest expert rank's routed tokens over the mean; `ep`:
+    expert parallelism, whose rank's experts are a grouped GEMM, one per expert held).
 
     With `flash` attention the scores never reach HBM; with `unfused` they are written,
     softmaxed, dropped out and read back (b x heads x s x s values, see the module)."""
@@ -249,8 +268,10 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
     ffn = model.ffn // tp
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
     routed = tokens * model.top_k
-    if not (classic_attention(model) and model.uniform and load == 1.0):
-        return _mean_layer_ops(model, b, s, seq, tp, sequence_parallel, e, attention, load)
+    local = local_experts(model, ep)
+    if not (classic_attention(model) and model.uniform and load == 1.0 and local == 1):
+        return _mean_layer_ops(model, b, s, seq, tp, sequence_parallel, e, attention, load,
+                               local)
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
@@ -273,7 +294,8 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
 
 
 def _mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
-                    sequence_parallel: bool, e: int, attention: str, load: float) -> list[Op]:
+                    sequence_parallel: bool, e: int, attention: str, load: float,
+                    local: int = 1) -> list[Op]:
     """layer_forward_ops of a model whose layers differ (MLA, windows, dense and MoE layers,
     shared experts, an uneven routing load): the mean layer."""
     h, tokens = model.hidden, b * s
@@ -295,7 +317,7 @@ def _mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
         _vector("residual_attention", outside, e, passes=3),
         _vector("norm_mlp", outside, e, passes=2),
         *ffn_ops(model, tokens, tokens * model.top_k * load, router_tokens, model.ffn // tp,
-                 model.expert_ffn // tp, e),
+                 model.expert_ffn // tp, e, local),
         _vector("residual_mlp", outside, e, passes=3),
     ]
 
@@ -404,14 +426,16 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
     s = seq // par.cp  # positions of each sequence on this rank
     load = expert_load(job) if model.moe else 1.0
     layer = layer_forward_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
-                              attention=attention or attention_of(job), cp=par.cp, load=load)
+                              attention=attention or attention_of(job), cp=par.cp, load=load,
+                              ep=par.ep)
     forward = layer * layers
     extra_forward: list[Op] = []
     if first:
         extra_forward += _embedding_ops(model, b, s, job.precision)
     if last:
         extra_forward += _output_ops(model, b, s, par.tp, job.precision)
-    backward = _backward_of(forward + extra_forward)
+    # The layer's backward once, repeated (the same operations as over the whole list).
+    backward = _backward_of(layer) * layers + _backward_of(extra_forward)
     if job.recompute == "full":
         backward = list(forward) + backward
     elif job.recompute == "selective":
@@ -735,8 +759,15 @@ def _state_bytes(job: TrainingJob, stage: int, gradients: str) -> tuple[float, f
     optimizer = optimizer_params_per_rank(job, first, last, layers) * o
     z = par.shard_ranks
     layer = layer_params_per_rank(job)
-    weights = params * w if par.zero < 3 else params * w / z + 2 * layer * w
-    grads = params * g if par.zero < 2 else params * g / z + layer * g
+    if par.ep > 1 and par.zero >= 2:
+        # Expert weights are sharded over the ranks holding the same experts (z / ep).
+        experts = expert_params_per_rank(job, layers)
+        sharded = (params - experts) / z + experts / _expert_shard(par)
+        weights = params * w if par.zero < 3 else sharded * w + 2 * layer * w
+        grads = sharded * g + layer * g
+    else:
+        weights = params * w if par.zero < 3 else params * w / z + 2 * layer * w
+        grads = params * g if par.zero < 2 else params * g / z + layer * g
     if len(_STATE_CACHE) >= _CACHE_SIZE:
         _STATE_CACHE.clear()
     _STATE_CACHE[key] = (weights, grads, optimizer)
@@ -747,7 +778,8 @@ def _activation_bytes(job: TrainingJob, attention: str | None) -> float:
     """activation_bytes_per_layer, kept by what it depends on."""
     par = job.parallelism
     key = (job.model, job.precision, job.micro_batch, job.sequence_length, job.recompute,
-           attention or attention_of(job), par.tp, par.cp, par.sequence_parallel)
+           attention or attention_of(job), par.tp, par.cp, par.sequence_parallel,
+           expert_load(job))
     cached = _ACTIVATION_CACHE.get(key)
     if cached is None:
         if len(_ACTIVATION_CACHE) >= _CACHE_SIZE:
@@ -798,7 +830,8 @@ class BusiestMemory:
         if stages is None:
             stages = self._stages[degrees + (microbatches,)] = self._stage_shape(job,
                                                                                  microbatches)
-        act_key = (job.micro_batch, job.recompute, par.tp, par.cp, par.sequence_parallel)
+        act_key = (job.micro_batch, job.recompute, par.tp, par.cp, par.sequence_parallel,
+                   expert_load(job))
         per_layer = self._activation.get(act_key)
         if per_layer is None:
             per_layer = self._activation[act_key] = activation_bytes_per_layer(job,
