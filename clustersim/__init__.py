@@ -19,7 +19,7 @@ _EXPORTS = {
     "catalog_entry": "clustersim.hardware.catalog",
     "catalog_names": "clustersim.hardware.catalog",
     "Topology": "clustersim.hardware.topology",
-    "build_topology": "clustersim.hardware.topology",
+    "build_topology": "clustersim.hardware.build",
     "RunResult": "clustersim.runner.api",
     "run_to": "clustersim.runner.api",
     "simulate": "clustersim.runner.api",

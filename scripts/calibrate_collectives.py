@@ -273,7 +273,7 @@ KEEP_CHOICES = False  # --keep-choices: penalise them (the catalog's fit does no
 def trn2_choice_misses(hw) -> np.ndarray:
     """Log of (time of the algorithm auto takes / time of the runtime's), 0 where they agree."""
     from clustersim.collectives.model import CollectiveModel, place_ranks
-    from clustersim.hardware.topology import build_topology
+    from clustersim.hardware.build import build_topology
     model = CollectiveModel(build_topology(hw, 1))
     out = []
     for ranks, size, expected in TRN2_CHOICES:

@@ -19,8 +19,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clustersim.collectives import OPS, CollectiveError, CollectiveModel, place_ranks  # noqa: E402
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry, catalog_names  # noqa: E402
-from clustersim.hardware.topology import build_topology  # noqa: E402
 
 
 def shapes(hw) -> list[tuple[int, int]]:

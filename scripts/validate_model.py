@@ -36,7 +36,8 @@ from clustersim.calibration.step import (  # noqa: E402
     family_rows,
     predict_step,
 )
-from clustersim.hardware.catalog import Efficiency, catalog_entry  # noqa: E402
+from clustersim.hardware.catalog import catalog_entry
+from clustersim.hardware.constants import Efficiency
 
 _UNITS = {"sequences_per_s": "seq/s", "hfu": "HFU", "step_time_s": "s/step"}
 

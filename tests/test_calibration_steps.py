@@ -16,8 +16,8 @@ from clustersim.calibration.step import (
     predict_step,
     step_scenario,
 )
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.training.step import StepModel
 from clustersim.training.workload import hardware_flops_per_step, stage_work
 

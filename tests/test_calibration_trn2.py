@@ -15,8 +15,8 @@ from clustersim.calibration.trn2 import (
     predict_trn2_serving,
     step_band,
 )
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry, catalog_sources
-from clustersim.hardware.topology import build_topology
 from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.training.transformer import TransformerShape, model_preset_values
 

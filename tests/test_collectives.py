@@ -21,8 +21,9 @@ from clustersim.collectives import (
     place_ranks,
     simultaneous,
 )
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, neighbours_per_dimension
-from clustersim.hardware.topology import FabricSpec, build_topology
+from clustersim.hardware.topology import FabricSpec
 
 LINK = 100e9  # bytes/s per link per direction on the uniform test hardware
 HOP = 2e-6

@@ -17,7 +17,8 @@ from clustersim.cli.app import app
 from clustersim.runner.api import simulate
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.serving.curves import replica_curve
-from clustersim.serving.fleetday import fleet_day_figures, simulate_fleet_day
+from clustersim.serving.fleetday import simulate_fleet_day
+from clustersim.serving.fleetday_figures import fleet_day_figures
 from clustersim.serving.load import load_rates, load_seed, rescale_arrivals
 from clustersim.serving.simulate import simulate_serving
 

@@ -171,7 +171,7 @@ def test_piped_output_keeps_each_line_whole_and_rerunning_says_what_it_replaced(
 
 
 def test_bins_and_time_units_follow_the_horizon():
-    from clustersim.analysis.report import bin_for, time_unit
+    from clustersim.analysis.plotting import bin_for, time_unit
 
     assert bin_for(30 * 86400.0) == 3 * 3600.0  # a month: 3-hour bins, not 43,200 minutes
     assert bin_for(86400.0) == 300.0

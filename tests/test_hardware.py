@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from clustersim.hardware.catalog import (
-    PRECISIONS,
     HardwareSpec,
     catalog_entry,
     catalog_names,
@@ -21,6 +20,7 @@ from clustersim.hardware.catalog import (
     neighbours_per_dimension,
     resolve_hardware_mapping,
 )
+from clustersim.hardware.precision import PRECISIONS
 
 GiB = 2.0**30
 Gbps = 1e9 / 8  # bytes/s in one Gbit/s

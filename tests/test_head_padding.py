@@ -8,14 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.runner.api import step_profiles
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.simulate import replica_models
+from clustersim.training.memory import params_per_rank
 from clustersim.training.transformer import TransformerShape, model_preset_values, sharded_heads
-from clustersim.training.workload import params_per_rank, stage_work
+from clustersim.training.workload import stage_work
 
 
 def _model(name: str) -> TransformerShape:

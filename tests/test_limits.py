@@ -292,7 +292,7 @@ def test_topology_draw_into_a_folder_it_cannot_write_exits_2(tmp_path: Path, mon
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("clustersim.analysis.report.draw_topology", refuse)
+    monkeypatch.setattr("clustersim.analysis.topology.draw_topology", refuse)
     refused(invoke("topology", path, "--draw", tmp_path / "t.png"), "cannot write")
     if os.geteuid() != 0:
         monkeypatch.undo()

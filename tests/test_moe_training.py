@@ -8,20 +8,15 @@ import numpy as np
 import pytest
 
 from clustersim.collectives import CollectiveModel, Group
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.scenario.models import JobSpec
 from clustersim.training.attention import attention_flops_per_token
 from clustersim.training.experts import dispatch_bytes, expert_load
+from clustersim.training.memory import activation_bytes_per_layer, busiest_memory
 from clustersim.training.transformer import TransformerShape, model_preset_values
-from clustersim.training.workload import (
-    BYTES_PER_ELEMENT,
-    activation_bytes_per_layer,
-    busiest_memory,
-    layer_forward_ops,
-    model_flops_per_step,
-    stage_work,
-)
+from clustersim.training.workload import layer_forward_ops, model_flops_per_step, stage_work
 
 
 def shape(name: str) -> TransformerShape:

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from clustersim.cli.app import app
 from clustersim.runner import api
-from clustersim.runner.api import capped_workers
+from clustersim.runner.figures import capped_workers
 from clustersim.runner.outputs import (
     OutputDirError,
     atomic_output_dir,
@@ -32,7 +32,7 @@ from clustersim.runner.outputs import (
 )
 from clustersim.runner.sweep import SweepInterrupted, run_sweep
 from clustersim.scenario.loader import load_scenario
-from clustersim.training.step import JobDoesNotFit
+from clustersim.training.profile import JobDoesNotFit
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

@@ -10,23 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+from clustersim.training.memory import busiest_memory, layer_params_per_rank, memory_per_rank, params_per_rank
 from clustersim.training.ranks import rank_group
 from clustersim.training.reduction import data_parallel_offsets
 from clustersim.training.schedule import in_flight, peak_in_flight, pipeline_order
 from clustersim.training.stages import StageSplitError, chunk_layers, rank_layers
 from clustersim.training.step import StepModel
-from clustersim.training.workload import (
-    ParallelismSpec,
-    busiest_memory,
-    cp_exchange_per_layer,
-    layer_params_per_rank,
-    memory_per_rank,
-    params_per_rank,
-    stage_work,
-)
+from clustersim.training.workload import ParallelismSpec, cp_exchange_per_layer, stage_work
 
 MODEL = {"name": "m", "layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000,
          "seq_len": 2048}

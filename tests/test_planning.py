@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario
 from clustersim.cli.app import app
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.planning import Engine, PlanError, PlanOptions, plan
 from clustersim.planning.outputs import best_scenario, pareto_front
 from clustersim.planning.simulate import op_model, quick_bound, step_lower_bound

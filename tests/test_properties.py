@@ -10,13 +10,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from clustersim.analysis.trace import (
-    JOB_STATES,
-    UTILISATION_STATES,
-    MemoryRecorder,
-    _rows_to_table,
-    utilisation_rows,
-)
+from clustersim.analysis.trace import JOB_STATES, UTILISATION_STATES, MemoryRecorder, _rows_to_table
+from clustersim.analysis.utilisation import utilisation_rows
 from clustersim.cluster.timeline import Timeline
 from clustersim.runner.api import step_profiles, topology_for
 from clustersim.scenario.loader import scenario_from_dict

@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.runner.api import run_to
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 from clustersim.serving import deployment_figures, simulate_serving

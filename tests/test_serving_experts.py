@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.serving.experts import expected_busiest_group, expected_distinct_experts
 from clustersim.serving.iteration import IterationModel, ReplicaShape, weight_element_bytes
 from clustersim.training.transformer import TransformerShape, model_preset_values

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 from clustersim.scenario.serving import PrecisionSpec
 from clustersim.serving.iteration import IterationModel, ReplicaShape

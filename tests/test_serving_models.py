@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.serving import deployment_figures, simulate_serving
 from clustersim.serving.experts import expected_distinct_experts

@@ -142,7 +142,7 @@ def _live_shapes(hardware: str) -> list[Any]:
     """Every replica shape of SMALL on `hardware` the planner bounds, with its one-replica
     scenario."""
     from clustersim.hardware.catalog import catalog_entry
-    from clustersim.runner import serving_plan as sp
+    from clustersim.planning import serving_plan as sp
     from clustersim.scenario import ScenarioError, scenario_from_dict
 
     scenario = scenario_from_dict(SMALL, "small")
@@ -206,7 +206,8 @@ def test_pareto_plot_shows_each_slo_line_inside_its_axes(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from clustersim.runner import serving_plan as sp
+    from clustersim.planning import serving_plan as sp
+    from clustersim.planning.serving_outputs import plot_serving_pareto
     from clustersim.scenario import scenario_from_dict
 
     scenario = scenario_from_dict(SMALL, "small")  # SLO: TTFT 1 s, TPOT 50 ms
@@ -220,7 +221,7 @@ def test_pareto_plot_shows_each_slo_line_inside_its_axes(tmp_path, monkeypatch):
     monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: tops.extend(
         (ax.get_ylim()[1], max(line.get_ydata()[0] for line in ax.get_lines()
                                if line.get_label().startswith("SLO"))) for ax in fig.axes))
-    sp.plot_serving_pareto(result, tmp_path / "p.png")
+    plot_serving_pareto(result, tmp_path / "p.png")
     assert len(tops) == 2
     for top, bound in tops:
         assert top >= 1.05 * bound, (top, bound)
@@ -231,7 +232,7 @@ def test_the_cost_bound_is_below_the_cost_charged_on_ultraserver_hardware():
     the cost figure charges the instances the replicas take (1): a bound 4 times the true
     cost pruned shapes cheaper than the best found."""
     from clustersim.hardware.catalog import catalog_entry
-    from clustersim.runner import serving_plan as sp
+    from clustersim.planning import serving_plan as sp
     from clustersim.scenario import scenario_from_dict
     from clustersim.scenario.serving import deployment_instances
 

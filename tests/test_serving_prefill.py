@@ -11,8 +11,8 @@ from clustersim.calibration.serving import (
     UNSEEN_SERVING_218,
     predict_serving,
 )
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.training.transformer import TransformerShape, model_preset_values
 

@@ -170,8 +170,9 @@ def test_malformed_sites_exit_2_and_write_nothing(tmp_path: Path, change: dict, 
 def test_links_from_the_arrays_are_the_graphs(name):
     """Routes, rings and collectives read links from the arrays (the graph is built only
     when asked for): every link must read as the graph holds it."""
+    from clustersim.hardware.build import build_topology
     from clustersim.hardware.catalog import catalog_entry
-    from clustersim.hardware.topology import FabricSpec, build_topology
+    from clustersim.hardware.topology import FabricSpec
 
     hw = catalog_entry(name)
     instances = 8 * hw.instances_per_ultraserver if hw.ultraserver else 40

@@ -7,22 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.runner.api import step_profiles, topology_for
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
+from clustersim.training.memory import expert_params_per_rank, memory_per_rank, params_per_rank
 from clustersim.training.ranks import rank_group
 from clustersim.training.schedule import peak_in_flight, pipeline_order
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, model_preset_values
-from clustersim.training.workload import (
-    expert_params_per_rank,
-    hardware_flops_per_step,
-    memory_per_rank,
-    model_flops_per_step,
-    params_per_rank,
-    stage_work,
-)
+from clustersim.training.workload import hardware_flops_per_step, model_flops_per_step, stage_work
 
 
 def scenario(model="llama2-7b", hardware="trn2", instances=1, **job):
@@ -182,7 +176,7 @@ def test_activation_memory_follows_korthikanti():
     (Korthikanti et al.'s 34 less the two dropout masks) plus 5 a s^2 b with unfused attention
     (none with flash); with TP t and SP, divided by t; selective recompute drops the 5 a s^2 b;
     full recompute keeps only the layer input."""
-    from clustersim.training.workload import activation_bytes_per_layer
+    from clustersim.training.memory import activation_bytes_per_layer
 
     s = scenario("gpt3-175b", hardware="p5", instances=8, recompute="none",
                  parallelism={"tp": 1, "pp": 1, "dp": 64})
@@ -525,9 +519,9 @@ def test_placements_differing_only_in_their_leaves_share_one_simulation():
 
 
 def test_the_shape_of_a_small_placement_is_the_general_one(monkeypatch):
-    """Placements of a few instances take a path on Python integers (`_small_shape`): the
+    """Placements of a few instances take a path on Python integers (`small_placement_shape`): the
     same keys and canonical placements as the general one, on either fabric."""
-    from clustersim.training import step as step_module
+    from clustersim.training import shape as shape_module
 
     rng = np.random.default_rng(3)
     for layout, oversubscription in (({"tp": 32, "pp": 1}, 1.0), ({"tp": 64, "pp": 2}, 1.0),
@@ -550,8 +544,8 @@ def test_the_shape_of_a_small_placement_is_the_general_one(monkeypatch):
                                                 instances, replace=False))
                 placed = np.asarray(placed, dtype=np.int64)
                 small = model._shape(job, placed)
-                monkeypatch.setattr(step_module, "_SMALL", 0)
+                monkeypatch.setattr(shape_module, "SMALL", 0)
                 general = model._shape(job, placed)
-                monkeypatch.setattr(step_module, "_SMALL", 16)
+                monkeypatch.setattr(shape_module, "SMALL", 16)
                 assert small[0] == general[0]
                 assert np.array_equal(small[1], general[1])

@@ -170,7 +170,7 @@ def test_normalise_and_differences():
 
 def test_runs_and_sweeps_share_one_t_quantile():
     from clustersim.runner import sweep
-    from clustersim.runner.api import t_quantile
+    from clustersim.runner.figures import t_quantile
 
     assert sweep.t_quantile is t_quantile
     assert t_quantile(1) == 12.706 and t_quantile(30) == 2.042

@@ -11,7 +11,7 @@ import pytest
 from clustersim.cluster.timeline import Timeline, daly_interval, job_failure_rate, young_interval
 from clustersim.runner.api import simulate, step_profiles
 from clustersim.scenario.loader import scenario_from_dict
-from clustersim.training.step import JobDoesNotFit
+from clustersim.training.profile import JobDoesNotFit
 
 JOB = {"name": "train", "model": "llama2-7b", "seq_len": 2048, "global_batch": 64,
        "parallelism": {"tp": 8, "pp": 1, "dp": 8}, "recompute": "selective"}

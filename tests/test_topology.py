@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry, resolve_hardware_mapping
-from clustersim.hardware.topology import FabricSpec, build_topology, ring_edges, torus_edges
+from clustersim.hardware.topology import FabricSpec, ring_edges, torus_edges
 
 
 def subgraph_of(topo, kinds, nodes):

@@ -12,11 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 import clustersim
-from clustersim.analysis.report import draw_topology, first_failure_window, write_report
+from clustersim.analysis.report import first_failure_window, write_report
 from clustersim.analysis.runs import compare, load_run
+from clustersim.analysis.topology import draw_topology
 from clustersim.analysis.trace import JOB_STATES, SCHEMA_VERSION, SCHEMAS, TABLES, UTILISATION_STATES
 from clustersim.cli.app import app
-from clustersim.hardware.topology import build_topology
+from clustersim.hardware.build import build_topology
 from clustersim.runner.api import run_to
 from clustersim.scenario.loader import ScenarioError, scenario_from_dict
 
@@ -296,7 +297,8 @@ def test_the_docs_page_lists_every_column():
 def test_bins_do_not_leave_a_sliver_at_the_horizon():
     """1.1 h in 30 s bins is 132 whole bins: floating point must not add a 133rd of width
     ~0 (its fractions would not add up to 1)."""
-    from clustersim.analysis.trace import _rows_to_table, utilisation_rows
+    from clustersim.analysis.trace import _rows_to_table
+    from clustersim.analysis.utilisation import utilisation_rows
 
     table = utilisation_rows(
         horizon_s=1.1 * 3600, bin_s=30.0, levels=["cluster"], n_instances=2,

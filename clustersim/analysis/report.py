@@ -2,8 +2,8 @@
 
 Plots (matplotlib, no display needed): cluster utilisation over time by state (stacked),
 job timelines (a Gantt of states), failures over time by component, where each job's hours
-went (useful and lost, by cause), and the breakdown of one training step per job. Also
-`draw_topology`, behind `clustersim topology --draw`, for an instance or an UltraServer.
+went (useful and lost, by cause), and the breakdown of one training step per job. The
+topology's drawing (`clustersim topology --draw`) is `analysis.topology`.
 """
 
 from __future__ import annotations
@@ -17,86 +17,24 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.patches import FancyArrowPatch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from clustersim.analysis.day_report import write_day_report  # noqa: E402
 from clustersim.analysis.fleet_report import fleet_plots  # noqa: E402
+from clustersim.analysis.fleetday import write_day_report  # noqa: E402
+from clustersim.analysis.plotting import (
+    LOST_LABELS,
+    STATE_COLOURS,
+    _days,
+    _legend_outside,
+    _save,
+    bin_for,
+    format_bin,
+    time_unit,
+)
 from clustersim.analysis.runs import Run, load_run  # noqa: E402
 from clustersim.analysis.serving_report import cell, serving_lines, serving_plots  # noqa: E402
-from clustersim.hardware.topology import Topology  # noqa: E402
 
-__all__ = ["write_report", "draw_topology", "STATE_COLOURS"]
-
-STATE_COLOURS = {
-    "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828",
-    "waiting_for_hardware": "#ef6c00",
-    "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e",
-    "failed": "#212121", "repairing": "#6d4c41",
-    "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd", "serving": "#1e88e5",
-}
-LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
-               "down": "down", "waiting_for_hardware": "waiting for hardware",
-               "restarting": "restarting", "restoring": "restoring", "queued": "queued"}
-
-
-def _days(seconds: np.ndarray | float) -> np.ndarray | float:
-    return np.asarray(seconds) / 86400.0
-
-
-def _legend_outside(ax: plt.Axes, extra: dict[str, Any] | None = None) -> None:
-    """One legend entry per label (bars drawn in pieces repeat theirs), in a compact row
-    under the axes (beside them it took 40% of the width); `extra` adds entries (label:
-    handle) for what was drawn without a label, e.g. markers."""
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True)) | (extra or {})
-    if not unique:
-        return
-    longest = max(len(label) for label in unique)
-    columns = max(1, min(len(unique), 6 if longest < 22 else 3 if longest < 45 else 1))
-    # Below the tick labels and the x label, whatever the axes' height (in font sizes).
-    below = 4.2 + 1.5 * ax.get_xlabel().count("\n")
-    ax.legend(unique.values(), unique.keys(), loc="upper center", fontsize=8, frameon=False,
-              ncol=columns, bbox_to_anchor=(0.5, 0.0), borderaxespad=below)
-
-
-# Units for a time axis, by horizon: a 10-minute serving run in minutes, a month in days.
-_TIME_UNITS = ((3 * 86400.0, 86400.0, "day"), (3 * 3600.0, 3600.0, "hour"),
-               (180.0, 60.0, "minute"), (0.0, 1.0, "second"))
-# Bin widths a reader can name, for plots over time.
-_NICE_BINS_S = (1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 3 * 3600.0,
-                6 * 3600.0, 12 * 3600.0, 86400.0, 7 * 86400.0)
-
-
-def time_unit(horizon_s: float) -> tuple[float, str]:
-    """Seconds per unit and its name, for a time axis over `horizon_s`."""
-    return next((unit, name) for above, unit, name in _TIME_UNITS if horizon_s >= above)
-
-
-def bin_for(horizon_s: float, bins: int = 300, finest_s: float = 0.0) -> float:
-    """A nameable bin width giving about `bins` bins over the horizon (at least `finest_s`):
-    a month in 3-hour bins, a day in 5-minute bins, ten minutes in 5-second bins."""
-    target = max(horizon_s / bins, finest_s)
-    return next((b for b in _NICE_BINS_S if b >= target), target)
-
-
-def format_bin(seconds: float) -> str:
-    for unit, name in ((86400.0, "d"), (3600.0, "h"), (60.0, "min"), (1.0, "s")):
-        if seconds >= unit and abs(seconds / unit - round(seconds / unit)) < 1e-9:
-            return f"{seconds / unit:g} {name}"
-    return f"{seconds:g} s"
-
-
-def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
-    """Write the figure as a PNG and free it: laid out tightly, or cropped to what is drawn
-    (`tight=False`, for drawings without axes)."""
-    if tight:
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    else:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
+__all__ = ["write_report", "STATE_COLOURS"]
 
 
 def plot_utilisation(run: Run, path: Path) -> Path:
@@ -457,104 +395,3 @@ def _chip_time(summary: dict[str, Any]) -> list[str]:
     return parts or ["no jobs and no deployments"]
 
 
-def draw_topology(topology: Topology, path: str | Path, max_chips: int = 144) -> Path:
-    """Draw the first UltraServer (or instance) of a topology: chips on their torus grid, one
-    panel per instance; NeuronLink links straight, torus wrap-arounds and Z rings bowed; a
-    switch domain as a hub."""
-    hw = topology.hardware
-    shown = min(topology.chips, hw.chips_per_ultraserver, max_chips)
-    chips = list(range(shown))
-    link = hw.instance.interconnect
-    positions: dict[int, tuple[float, float]] = {}
-    colours = {"torus": "#1565c0", "ring": "#1565c0", "zring": "#ef6c00", "switch": "#9e9e9e"}
-    switches: dict[int, tuple[float, float]] = {}
-    instance_corner: dict[int, list[float]] = {}  # top-left chip of each instance drawn
-    if link.topology == "switch":
-        # Chips on a circle around their switch.
-        for chip in chips:
-            angle = 2 * np.pi * chip / shown
-            positions[chip] = (3.0 * np.cos(angle), 3.0 * np.sin(angle))
-        for chip in chips:
-            switches.setdefault(topology._switch_of(chip), (0.0, 0.0))
-    else:
-        width = link.shape[0] if link.shape else hw.chips_per_instance
-        height = link.shape[1] if link.shape else 1
-        # Four instances (a Trn2 UltraServer) on a square in Z-ring order, so each Z link runs
-        # to the next grid along a side of it; otherwise rows of six.
-        square = [(0, 0), (1, 0), (1, 1), (0, 1)]
-        for chip in chips:
-            x, y = int(topology.chip_x[chip]), int(topology.chip_y[chip])
-            instance = int(topology.chip_instance[chip])
-            col, row = (square[instance] if hw.instances_per_ultraserver == 4
-                        else (instance % 6, instance // 6))
-            positions[chip] = (col * (width + 2.5) + x, -row * (height + 2.5) - y)
-            corner = instance_corner.setdefault(instance, [positions[chip][0], positions[chip][1]])
-            corner[0] = min(corner[0], positions[chip][0])
-            corner[1] = max(corner[1], positions[chip][1])
-    xs, ys = zip(*positions.values(), strict=True)
-    span_x, span_y = max(xs) - min(xs) + 2, max(ys) - min(ys) + 3
-    scale = min(1.0, 16 / (0.55 * span_x))
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.55 * span_x * scale),
-                                    max(3.0, 0.55 * span_y * scale + 0.8)))
-    drawn_kinds = set()
-    for u, v, data in topology.graph.edges(chips, data=True):
-        kind = data["kind"]
-        if kind == "switch":
-            chip, hub = (u, v) if u in positions else (v, u)
-            if chip in positions and hub in switches:
-                (x1, y1), (x2, y2) = positions[chip], switches[hub]
-                ax.plot([x1, x2], [y1, y2], color=colours[kind], linewidth=1.2, zorder=1)
-                drawn_kinds.add(kind)
-            continue
-        if u not in positions or v not in positions or kind not in colours:
-            continue
-        (x1, y1), (x2, y2) = positions[u], positions[v]
-        wrap = kind != "zring" and (abs(x1 - x2) > 1.5 or abs(y1 - y2) > 1.5)
-        if kind == "zring":
-            # One Z ring (the chips at x = y = 0) drawn bold; the other fifteen faint, so the
-            # rings stay legible.
-            first = topology.chip_x[u] == 0 and topology.chip_y[u] == 0
-            ax.add_patch(FancyArrowPatch(
-                (x1, y1), (x2, y2), arrowstyle="-", color=colours[kind],
-                connectionstyle="arc3,rad=0.12", linewidth=2.2 if first else 0.6,
-                alpha=0.95 if first else 0.22, zorder=1.5 if first else 1))
-            drawn_kinds.add(kind)
-            continue
-        if wrap:
-            # Z links and torus wrap-arounds bow, so they do not run over other chips.
-            ax.add_patch(FancyArrowPatch(
-                (x1, y1), (x2, y2), arrowstyle="-", color=colours[kind],
-                connectionstyle=f"arc3,rad={0.18 if kind == 'zring' else 0.35}",
-                linewidth=0.9, alpha=0.55 if kind == "zring" else 0.7,
-                linestyle=":" if wrap else "-", zorder=1))
-        else:
-            ax.plot([x1, x2], [y1, y2], color=colours[kind], linewidth=1.4, zorder=1)
-        drawn_kinds.add(kind)
-    labels = {"zring": "Z rings between instances (bold: the ring of the chips at x = y = 0)",
-              "torus": "torus (dotted: wrap-around)",
-              "ring": "ring", "switch": "link to the switch"}
-    for kind in sorted(drawn_kinds):
-        ax.plot([], [], color=colours[kind], label=labels[kind])
-    for x, y in switches.values():
-        ax.scatter([x], [y], s=900, marker="s", color="#424242", zorder=2)
-        ax.annotate("switch", (x, y), ha="center", va="center", fontsize=7, color="white",
-                    zorder=3)
-    ax.scatter(xs, ys, s=180, color="#2e7d32", zorder=2)
-    for chip, (x, y) in positions.items():
-        ax.annotate(str(chip), (x, y), ha="center", va="center", fontsize=6, color="white",
-                    zorder=3)
-    for instance, (x, y) in sorted(instance_corner.items()):
-        ax.annotate(f"instance {instance}", (x - 0.35, y + 0.75), fontsize=8, fontweight="bold",
-                    ha="left", va="bottom")
-    title = f"{hw.name} ({hw.instance.name}): {shown} chips"
-    if hw.ultraserver is not None:
-        title += f", {hw.instances_per_ultraserver} instances per UltraServer"
-    ax.set_title(title, fontsize=10)
-    if drawn_kinds:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_axis_off()
-    ax.set_aspect("equal")
-    bow = 0.6 * (max(xs) - min(xs)) * 0.18 if "zring" in drawn_kinds else 1.0
-    ax.set_xlim(min(xs) - 1.2, max(xs) + 1.2)
-    ax.set_ylim(min(ys) - max(1.2, bow), max(ys) + 1.2)
-    return _save(fig, path, tight=False)

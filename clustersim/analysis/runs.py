@@ -21,7 +21,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from clustersim.analysis.trace import SCHEMA_VERSION, SERVING_TABLES, TABLES, utilisation_rows
+from clustersim.analysis.trace import SCHEMA_VERSION, SERVING_TABLES, TABLES
+from clustersim.analysis.utilisation import utilisation_rows
 from clustersim.hardware import limits
 from clustersim.scenario.loader import load_scenario
 

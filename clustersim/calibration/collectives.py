@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustersim.collectives.model import CollectiveModel, place_ranks
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry
-from clustersim.hardware.topology import build_topology
 
 __all__ = ["Measurement", "MEASUREMENTS", "LARGE_MESSAGE_BYTES", "predict_times"]
 

@@ -95,8 +95,8 @@ ALL_REDUCE_TP = (2, 4, 8)
 def predict_tp_all_reduce(hardware=None) -> list[tuple[int, int, float, float]]:
     """(bytes, tp, measured s, model s) of every point of NVLINK_ALL_REDUCE_US: the serving
     model's TP all-reduce of a replica on p5 (or on `hardware`, a HardwareSpec)."""
+    from clustersim.hardware.build import build_topology
     from clustersim.hardware.catalog import catalog_entry
-    from clustersim.hardware.topology import build_topology
     from clustersim.serving.iteration import IterationModel, ReplicaShape
     from clustersim.training.transformer import TransformerShape, model_preset_values
 

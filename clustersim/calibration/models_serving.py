@@ -30,8 +30,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from clustersim.calibration.trn2 import Trn2Serving, predict_trn2_serving
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry
-from clustersim.hardware.topology import build_topology
 
 __all__ = ["DEEPSEEK_TRN2", "QWEN3_TRN2", "DEEPSEEK_VLLM_BATCHES", "DEEPSEEK_PROFILE_MS",
            "SGLANG_H200", "BatchRow", "predict_batches", "decode_breakdown",

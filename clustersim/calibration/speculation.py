@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry
-from clustersim.hardware.topology import build_topology
 from clustersim.scenario.serving import DEFAULT_ACCEPTANCE
 from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.replica import DecodeCost

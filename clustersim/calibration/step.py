@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from clustersim.hardware.topology import build_topology
+from clustersim.hardware.build import build_topology
 
 __all__ = ["StepMeasurement", "STEP_MEASUREMENTS", "FAMILIES", "step_scenario", "predict_step",
            "choose_schedule", "family_rows", "error", "with_schedule", "fit_family",
@@ -267,7 +267,6 @@ def error(m: StepMeasurement, predicted: float) -> float:
 def with_schedule(m: StepMeasurement, micro: int, interleave: int) -> StepMeasurement:
     return replace(m, micro_batch=micro,
                    parallelism={**m.parallelism, "interleave": interleave})
-
 
 
 # ---------------------------------------------------------------------------------------------

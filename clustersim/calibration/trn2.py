@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustersim.collectives.model import CollectiveModel, place_ranks
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry
-from clustersim.hardware.topology import build_topology
 
 __all__ = ["Trn2Collective", "TRN2_COLLECTIVES", "EXAMPLE_FLOOR_US", "predict_trn2_collectives",
            "Trn2Serving", "TRN2_SERVING", "UNSEEN_TRN2_SERVING", "predict_trn2_serving", "UNFITTED",

@@ -46,7 +46,7 @@ def _user_error_types() -> tuple[type[Exception], ...]:
     from clustersim.planning.engine import EngineUnavailable
     from clustersim.runner.outputs import OutputDirError
     from clustersim.scenario.errors import ScenarioError
-    from clustersim.training.step import JobDoesNotFit
+    from clustersim.training.profile import JobDoesNotFit
 
     return (ScenarioError, OutputDirError, UsageProblem, JobDoesNotFit, TopologyTooLarge,
             EngineUnavailable)

@@ -85,8 +85,8 @@ def topology(
     topo.graph  # built on first use: this command reports it, so build it here  # noqa: B018
     build_s = time.perf_counter() - started
     if draw is not None:
-        from clustersim.analysis.report import draw_topology
-        from clustersim.analysis.site_drawing import draw_sites
+        from clustersim.analysis.sites import draw_sites
+        from clustersim.analysis.topology import draw_topology
 
         try:
             if topo.site_count > 1:  # the sites and their links (a chip would be a speck)

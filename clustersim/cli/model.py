@@ -188,8 +188,8 @@ def collective(
         normalise_op,
         place_ranks,
     )
+    from clustersim.hardware.build import build_topology
     from clustersim.hardware.catalog import catalog_entry, catalog_names
-    from clustersim.hardware.topology import build_topology
 
     if hardware_name not in catalog_names():
         raise UsageProblem(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.cluster.owners import FREE, SERVING
-from clustersim.cluster.rates import effective_rates
+from clustersim.cluster.rates import effective_rates, failure_population
 from clustersim.hardware.failures import weibull_scale
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class FailureSource:
         self.failures: Counter = Counter()
         self.failures_by_cause: Counter = Counter()
         self.repairs = 0
+        self.populations = failure_population(self.t.scenario)  # the budget's too
         scale = self.t.scenario.failures.scale
         self.exp_processes: list[FailureProcess] = []
         self.exp_weights: list[float] = []
@@ -105,8 +106,7 @@ class FailureSource:
             self.fail(proc, unit)
 
     def population(self, per: str) -> int:
-        return {"chip": self.t.n_chips, "instance": self.t.n_instances, "ultraserver": self.t.n_us,
-                "leaf": self.t.n_leaves, "job": len(self.t.scenario.jobs)}[per]
+        return self.populations[per]
 
     def _instances_of(self, per: str, unit: int) -> range:
         if per == "chip":

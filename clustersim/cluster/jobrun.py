@@ -22,10 +22,10 @@ from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
 from clustersim.cluster.outcomes import JobOutcome
 from clustersim.cluster.owners import FREE
 from clustersim.cluster.quotas import team_of
-from clustersim.cluster.rates import checkpoint_intervals, default_checkpoint
+from clustersim.cluster.rates import checkpoint_intervals, job_checkpoint
 from clustersim.cluster.uplinks import UplinkPacing
 from clustersim.scenario.models import JobSpec
-from clustersim.training.step import StepProfile
+from clustersim.training.profile import StepProfile
 
 if TYPE_CHECKING:
     from clustersim.cluster.timeline import Timeline
@@ -63,12 +63,8 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
         ideal = [t for t in ((job.steps * profile.step_time_s) if job.steps else None,
                              job.run_for_s) if t is not None]
         self.outcome.ideal_s = min(ideal) if ideal else None
-        self.checkpoint = job.checkpoint
-        if self.checkpoint is None and rate > 0:  # failures and no block: never silently none
-            self.checkpoint = default_checkpoint(scenario, job)
-            self.outcome.checkpoint_default = True
-        elif self.checkpoint is not None and self.checkpoint.interval_s == "never":
-            self.checkpoint = None  # asked for: a failure loses everything since the start
+        # failures and no block: Daly's default, never silently none (rates.job_checkpoint)
+        self.checkpoint, self.outcome.checkpoint_default = job_checkpoint(scenario, job, rate)
         self.interval, self.outcome.young_interval_s, self.outcome.daly_interval_s = (
             checkpoint_intervals(self.checkpoint, self.outcome.mtbf_s))
         if math.isfinite(self.interval):

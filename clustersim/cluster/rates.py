@@ -9,7 +9,7 @@ from clustersim.catalog import read_catalog
 from clustersim.hardware import units
 from clustersim.hardware.failures import FailureRateSpec, failure_preset_rates
 from clustersim.scenario.models import CheckpointSpec, JobSpec, Scenario
-from clustersim.training.workload import weight_bytes_per_param
+from clustersim.training.memory import weight_bytes_per_param
 
 __all__ = [
     "young_interval",
@@ -23,6 +23,10 @@ __all__ = [
     "effective_rates",
     "job_failure_rate",
     "job_failure_rates",
+    "failure_population",
+    "cluster_failure_rate",
+    "job_checkpoint",
+    "job_checkpoint_intervals",
 ]
 
 
@@ -136,3 +140,43 @@ def checkpoint_intervals(checkpoint: CheckpointSpec | None, mtbf_s: float | None
     else:
         interval = float(checkpoint.interval_s)
     return interval, young, daly
+
+
+def job_checkpoint(scenario: Scenario, job: JobSpec, rate: float
+                   ) -> tuple[CheckpointSpec | None, bool]:
+    """The checkpoint a job runs with at `rate` interruptions per second, and whether it is the
+    default: its own block; Daly's default (`default_checkpoint`) when it has none and can
+    fail (never silently none); none when its block asks for `never`."""
+    checkpoint = job.checkpoint
+    if checkpoint is None and rate > 0:
+        return default_checkpoint(scenario, job), True
+    if checkpoint is not None and checkpoint.interval_s == "never":
+        return None, False  # asked for: a failure loses everything since the start
+    return checkpoint, False
+
+
+def job_checkpoint_intervals(scenario: Scenario, job: JobSpec, rate: float
+                             ) -> tuple[float, float | None, float | None]:
+    """`checkpoint_intervals` of the checkpoint the job runs with (`job_checkpoint`)."""
+    checkpoint, _ = job_checkpoint(scenario, job, rate)
+    return checkpoint_intervals(checkpoint, 1.0 / rate if rate > 0 else None)
+
+
+def failure_population(scenario: Scenario) -> dict[str, int]:
+    """How many units a failure process of each `per` draws over: chips, instances,
+    UltraServers, leaves (of the fabric's leaf size) and jobs."""
+    hw = scenario.hardware
+    n = scenario.total_instances
+    ipu = hw.instances_per_ultraserver
+    per_leaf = scenario.cluster.fabric.leaf_size(ipu)
+    return {"chip": n * hw.chips_per_instance, "instance": n,
+            "ultraserver": math.ceil(n / ipu) if hw.ultraserver else 0,
+            "leaf": math.ceil(n / per_leaf), "job": len(scenario.jobs)}
+
+
+def cluster_failure_rate(scenario: Scenario) -> float:
+    """Failures per second over the whole cluster: each process's scaled rate times the units
+    it draws over (`failure_population`)."""
+    population = failure_population(scenario)
+    scale = scenario.failures.scale
+    return sum(r.events_per_s * scale * population[r.per] for r in effective_rates(scenario))

@@ -26,8 +26,8 @@ import numpy as np
 from clustersim.cluster.owners import FREE
 from clustersim.cluster.placement import Placer
 from clustersim.hardware.sites import SiteEventSpec, SiteNetwork
+from clustersim.training.shape import spread_shape
 from clustersim.training.sites import cross_site_step
-from clustersim.training.spread import spread_shape
 
 if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun

@@ -53,7 +53,8 @@ from clustersim.cluster.sites import SiteEvents, SitePlacer, cut_off
 from clustersim.cluster.uplinks import UplinkBook
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import deployment_instances
-from clustersim.training.step import StepModel, StepProfile
+from clustersim.training.profile import StepProfile
+from clustersim.training.step import StepModel
 
 __all__ = [
     "JOB_STATES",

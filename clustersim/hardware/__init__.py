@@ -3,10 +3,7 @@ topology graph built from them. The lowest layer: it imports nothing else of clu
 """
 
 from clustersim.hardware.catalog import (
-    PRECISIONS,
     ChipSpec,
-    CollectiveConstants,
-    Efficiency,
     HardwareSpec,
     InstanceSpec,
     InterconnectSpec,
@@ -19,6 +16,8 @@ from clustersim.hardware.catalog import (
     neighbours_per_dimension,
     resolve_hardware_mapping,
 )
+from clustersim.hardware.constants import CollectiveConstants, Efficiency
+from clustersim.hardware.precision import PRECISIONS
 
 __all__ = [
     "PRECISIONS",

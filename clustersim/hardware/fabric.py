@@ -34,7 +34,6 @@ class FabricSpec(Spec):
         description="one EFA message HBM to HBM"
     )
 
-
     def leaf_size(self, instances_per_ultraserver: int = 1) -> int:
         """Instances under one leaf switch; by default 16, rounded up to whole UltraServers."""
         if self.instances_per_leaf is not None:

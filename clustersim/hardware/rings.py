@@ -31,7 +31,6 @@ class Ring:
     max_link_load: int  # ring hops crossing the busiest directed link
 
 
-
 class Rings:
     """Rings over groups of chips."""
 

@@ -29,7 +29,6 @@ class PathSummary:
     kinds: tuple[str, ...]
 
 
-
 class Routing:
     """Routes and paths between chips."""
 

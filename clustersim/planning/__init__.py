@@ -4,7 +4,8 @@ helpers it reuses) and below the runner; it calls the training step model, never
 
 from clustersim.planning.engine import Engine
 from clustersim.planning.ettr import Recovery, renewal_ettr
-from clustersim.planning.planner import OBJECTIVES, PlanError, PlanOptions, PlanResult, plan
+from clustersim.planning.planner import plan
+from clustersim.planning.plans import OBJECTIVES, PlanError, PlanOptions, PlanResult
 
 __all__ = ["Engine", "Recovery", "renewal_ettr", "OBJECTIVES", "PlanError", "PlanOptions",
            "PlanResult", "plan"]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from clustersim.hardware import units
 from clustersim.planning.ettr import renewal_ettr, stops_paying_chips
-from clustersim.planning.planner import OBJECTIVES, Group, PlanError, PlanOptions, PlanResult
+from clustersim.planning.plans import OBJECTIVES, Group, PlanError, PlanOptions, PlanResult
 from clustersim.planning.space import memory_of, screen_job
 from clustersim.scenario.loader import JobSpec, Scenario
 

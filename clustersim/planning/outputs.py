@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import yaml
 
 import clustersim
-from clustersim.planning.planner import PlanResult, checkpoint_of
+from clustersim.planning.planner import checkpoint_of
+from clustersim.planning.plans import PlanResult
 
 __all__ = ["write_plan", "plot_pareto", "best_scenario", "write_scenario", "pareto_front",
            "plan_summary"]
@@ -43,10 +44,17 @@ def write_plan(result: PlanResult, folder: Path) -> None:
         b"clustersim.scenario": result.scenario.source_yaml.encode(),
         b"clustersim.plan": json.dumps(plan_summary(result), default=str).encode(),
     })
-    pq.write_table(table.replace_schema_metadata(metadata), folder / "plan.parquet")
-    (folder / "plan.json").write_text(json.dumps(plan_summary(result), indent=2, default=str)
-                                      + "\n", encoding="utf-8")
+    write_plan_files(table, metadata, plan_summary(result), folder, json_default=str)
     plot_pareto(result, folder / "pareto.png")
+
+
+def write_plan_files(table: pa.Table, metadata: dict[bytes, bytes], document: dict[str, Any],
+                     folder: Path, json_default: Any = None) -> None:
+    """What both planners write: plan.parquet (every candidate, with `metadata`) and
+    plan.json (`document`)."""
+    pq.write_table(table.replace_schema_metadata(metadata), folder / "plan.parquet")
+    (folder / "plan.json").write_text(json.dumps(document, indent=2, default=json_default)
+                                      + "\n", encoding="utf-8")
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustersim.collectives.ops import CollectiveError
+from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.hardware.topology import FabricSpec, build_topology
+from clustersim.hardware.topology import FabricSpec
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.step import StepModel
 from clustersim.training.workload import TrainingJob, stage_work

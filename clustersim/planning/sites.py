@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustersim.hardware.topology import build_topology
+from clustersim.hardware.build import build_topology
 from clustersim.scenario.loader import Scenario
 from clustersim.training.sites import CrossSiteSyncSpec, cross_site_step
 from clustersim.training.step import StepModel

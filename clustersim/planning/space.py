@@ -34,15 +34,9 @@ from typing import Any
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.training.memory import BusiestMemory, busiest_memory
 from clustersim.training.transformer import TransformerShape
-from clustersim.training.workload import (
-    BusiestMemory,
-    Degrees,
-    ParallelismSpec,
-    TrainingJob,
-    attention_of,
-    busiest_memory,
-)
+from clustersim.training.workload import Degrees, ParallelismSpec, TrainingJob, attention_of
 
 __all__ = ["Candidate", "ScreenJob", "screen_job", "RECOMPUTE", "CP_DEGREES", "MIN_CP_POSITIONS", "divisors",
            "enumerate_space", "space_size", "prune_reason", "job_for", "memory_of",

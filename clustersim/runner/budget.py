@@ -11,18 +11,12 @@ check refuses a trace too large to write. Limits: clustersim.hardware.limits, do
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from clustersim.cluster.rates import (
-    checkpoint_intervals,
-    default_checkpoint,
-    effective_rates,
-    job_failure_rates,
-)
+from clustersim.cluster.rates import cluster_failure_rate, job_checkpoint_intervals, job_failure_rates
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.models import JobSpec, Scenario
+from clustersim.scenario.models import Scenario
 
 __all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_request_traces"]
 
@@ -49,37 +43,10 @@ class EventEstimate:
         return self.failures + self.checkpoints + self.transients + self.jobs + 100
 
 
-def _cluster_failures_per_s(scenario: Scenario) -> float:
-    hw = scenario.hardware
-    instances = scenario.total_instances
-    per_leaf = scenario.cluster.fabric.leaf_size(hw.instances_per_ultraserver)
-    population = {
-        "chip": instances * hw.chips_per_instance,
-        "instance": instances,
-        "ultraserver": math.ceil(instances / hw.instances_per_ultraserver) if hw.ultraserver
-        else 0,
-        "leaf": math.ceil(instances / per_leaf),
-        "job": len(scenario.jobs),
-    }
-    scale = scenario.failures.scale
-    return sum(r.events_per_s * scale * population[r.per] for r in effective_rates(scenario))
-
-
-def _checkpoint_interval(scenario: Scenario, job: JobSpec,
-                         rate_of: Callable[[JobSpec], float]) -> float:
-    """The interval the timeline will use (rates.checkpoint_intervals), the default
-    checkpoint of a job without a block included (`rate_of`: `rates.job_failure_rates`)."""
-    rate = rate_of(job)
-    ck = job.checkpoint
-    if ck is None and rate > 0:
-        ck = default_checkpoint(scenario, job)
-    return checkpoint_intervals(ck, 1.0 / rate if rate > 0 else None)[0]
-
-
 def estimate_events(scenario: Scenario) -> EventEstimate:
     """Expected discrete events of one replication of the scenario."""
     horizon = scenario.duration_s
-    failures = _cluster_failures_per_s(scenario) * horizon * EVENTS_PER_FAILURE
+    failures = cluster_failure_rate(scenario) * horizon * EVENTS_PER_FAILURE
     checkpoints = 0.0
     worst, worst_path = 0.0, ""
     rate_of = job_failure_rates(scenario)
@@ -87,7 +54,8 @@ def estimate_events(scenario: Scenario) -> EventEstimate:
         span = horizon - job.submit_s
         if job.run_for_s is not None:
             span = min(span, job.run_for_s)
-        interval = _checkpoint_interval(scenario, job, rate_of)
+        # the interval the timeline runs the job with (cluster.rates, as jobrun uses it)
+        interval = job_checkpoint_intervals(scenario, job, rate_of(job))[0]
         count = span / interval * EVENTS_PER_CHECKPOINT if interval > 0 else math.inf
         checkpoints += count
         if count > worst:

@@ -8,15 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from clustersim.scenario.models import FailuresSpec, Scenario
-from clustersim.serving.fleetday import (
-    FleetDayResult,
-    day_table,
-    fleet_day_figures,
-    fleet_table,
-    simulate_fleet_day,
-)
+from clustersim.serving.fleetday import simulate_fleet_day
+from clustersim.serving.fleetday_figures import day_table, fleet_day_figures, fleet_table
+from clustersim.serving.fleetday_state import FleetDayResult
 from clustersim.serving.simulate import ServingResult
-from clustersim.training.step import StepProfile
+from clustersim.training.profile import StepProfile
 
 __all__ = ["run_fleet_day", "compare_levels"]
 
@@ -25,7 +21,7 @@ def run_fleet_day(scenario: Scenario, seed: int, steps: dict[str, StepProfile],
                   trace_dir: Path | None, metadata: dict[str, Any]
                   ) -> tuple[FleetDayResult, dict[str, Any]]:
     """Simulate the fleet; with `trace_dir`, write day.parquet and fleet.parquet there."""
-    from clustersim.runner.api import write_serving_table
+    from clustersim.runner.outputs import write_serving_table
 
     result = simulate_fleet_day(scenario, seed, steps)
     figures = fleet_day_figures(scenario, result)

@@ -25,8 +25,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clustersim.runner.interrupts import raise_if_interrupted
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_output_dir",
            "earlier_run_of", "earlier_report", "output_lock", "remove_stale_temporaries",
@@ -396,3 +400,14 @@ def atomic_output_file(path: str | Path, force: bool = False, what: str = "the f
             raise
         with contextlib.suppress(OSError):
             temporary.unlink()
+
+
+def write_serving_table(folder: Path, name: str, table: pa.Table, metadata: dict) -> None:
+    """One serving table as Parquet (zstd) with the trace metadata."""
+    import pyarrow.parquet as pq
+
+    from clustersim.analysis.trace import table_metadata
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = table.replace_schema_metadata(table_metadata(name, **metadata))
+    pq.write_table(table, folder / f"{name}.parquet", compression="zstd")

@@ -42,7 +42,8 @@ from clustersim.hardware import limits
 from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Spec
 from clustersim.planning.engine import start_ray
-from clustersim.runner.api import capped_workers, simulate, t_quantile
+from clustersim.runner.api import simulate
+from clustersim.runner.figures import capped_workers, t_quantile
 from clustersim.runner.interrupts import Interrupted, interrupt_handled, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError

@@ -42,151 +42,25 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Collection
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from clustersim.analysis.trace import SCHEMAS
-from clustersim.cluster.rates import (
-    checkpoint_intervals,
-    default_checkpoint,
-    effective_rates,
-    job_failure_rate,
-    storage_bandwidth_per_instance,
-)
-from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.fleetday import elastic_smallest, elastic_unit, replica_chips
 from clustersim.scenario.models import Scenario
-from clustersim.scenario.serving import DeploymentSpec
-from clustersim.serving.curves import LEVELS, ReplicaCurve, replica_curve
-from clustersim.serving.load import load_rates, load_seed
-from clustersim.serving.simulate import replica_models, weights_fit_issue
-from clustersim.training.step import StepProfile
+from clustersim.serving.fleetday_figures import latency_histograms
+from clustersim.serving.fleetday_state import (
+    CHIP_STATES,
+    DeploymentState,
+    FleetDayResult,
+    JobState,
+    deployment_states,
+    failure_events,
+    job_states,
+)
+from clustersim.training.profile import StepProfile
 
-__all__ = ["FleetDayResult", "simulate_fleet_day", "fleet_day_figures", "day_table",
-           "fleet_table", "CHIP_STATES", "HISTOGRAM_EDGES_S"]
+__all__ = ["simulate_fleet_day"]
 
-CHIP_STATES = ("serving", "scaling", "training", "down", "idle")
-# Log-spaced bins for the request-weighted latency distributions over the whole run.
-HISTOGRAM_EDGES_S = np.logspace(-4, 6, 4001)
 P50, P99 = 100, 198  # indices of LEVELS
-
-
-@dataclass
-class _Deployment:
-    spec: DeploymentSpec
-    curve: ReplicaCurve
-    chips: int  # per replica
-    rates: np.ndarray  # requests per second per step
-    per_replica_rate: float  # what the autoscaler provisions per replica
-    start_s: float  # weights load plus warm-up
-    priority: float
-    minimum: int
-    maximum: int
-    up: int = 0
-    starting: list[float] = field(default_factory=list)  # ready times
-    draining: list[float] = field(default_factory=list)  # release times
-    restarting: list[float] = field(default_factory=list)  # back times (software failures)
-    instances: int = 0
-    backlog: float = 0.0
-    needs: list[tuple[float, int]] = field(default_factory=list)  # (time, need) decisions
-    failures: int = 0
-    retries: float = 0.0
-    preempted_for: int = 0
-    scale_ups: int = 0
-    scale_downs: int = 0
-    placed: bool = False  # holds instances from its `start` on, none before
-
-    @property
-    def active(self) -> int:
-        return self.up + len(self.starting) + len(self.draining) + len(self.restarting)
-
-
-@dataclass
-class _Job:
-    index: int
-    name: str
-    instances: int
-    tokens_per_s: float
-    priority: int
-    submit_s: float
-    interval_s: float
-    write_s: float
-    restore_s: float
-    async_write: bool
-    steps_target: float | None
-    tokens_per_step: float
-    step_time_s: float
-    group: int = 0  # instances per data-parallel group
-    smallest: int = 0  # instances it runs on at the least (its minimum when elastic)
-    state: str = "pending"  # pending, queued, running, restarting, waiting_for_hardware, done
-    held: int = 0
-    ready_at: float = 0.0
-    missing: int = 0
-    started: bool = False
-    start_s: float | None = None
-    since_checkpoint_s: float = 0.0
-    since_checkpoint_tokens: float = 0.0
-    tokens: float = 0.0
-    useful_s: float = 0.0
-    shrinks: int = 0
-    grows: int = 0
-    end_s: float = math.inf  # the deadline (since submission) or run_for (since the start)
-    run_for_s: float | None = None
-    done_why: str = ""
-    done_s: float | None = None  # when it finished (its target or its end)
-    lost_work_s: float = 0.0
-    checkpointing_s: float = 0.0
-    checkpoints: int = 0
-    preemptions: int = 0
-    interruptions: int = 0
-    held_chip_s: float = 0.0
-    time_by_state_s: dict[str, float] = field(default_factory=dict)
-    last_start_s: float = 0.0
-
-
-@dataclass
-class FleetDayResult:
-    """A fleet-day run: per step and per deployment, per step for the fleet, and the books."""
-
-    times_s: np.ndarray  # (T,) step starts
-    dt_s: np.ndarray  # (T,)
-    names: list[str]
-    series: dict[str, dict[str, np.ndarray]]  # deployment -> column -> (T,)
-    fleet: dict[str, np.ndarray]  # chip state / jobs -> (T,) chips
-    jobs: list[_Job]
-    deployments: list[_Deployment]
-    histograms: dict[str, dict[str, np.ndarray]]  # deployment -> ttft/tpot -> counts
-    total_chips: int
-    horizon_s: float
-    failures: dict[str, int]
-
-
-def _failure_events(scenario: Scenario, rng: np.random.Generator, horizon_s: float
-                    ) -> list[tuple[float, bool, int, str]]:
-    """(time, software?, instances downed, per) of every failure over the horizon, drawn at
-    the mean rate of each process (Weibull ones too: their mean, as `--find-rate` does)."""
-    hw = scenario.hardware
-    n = scenario.total_instances
-    ipu = hw.instances_per_ultraserver
-    per_leaf = scenario.cluster.fabric.leaf_size(ipu)
-    population = {"chip": n * hw.chips_per_instance, "instance": n,
-                  "ultraserver": math.ceil(n / ipu) if hw.ultraserver else 0,
-                  "leaf": math.ceil(n / per_leaf), "job": len(scenario.jobs)}
-    width = {"chip": 1, "instance": 1, "ultraserver": ipu, "leaf": per_leaf, "job": 0}
-    events = []
-    for r in effective_rates(scenario):
-        rate = r.events_per_s * population[r.per] * scenario.failures.scale
-        if rate <= 0:
-            continue
-        count = int(rng.poisson(rate * horizon_s))
-        software = r.component == "software"
-        for t in np.sort(rng.uniform(0.0, horizon_s, count)).tolist():
-            events.append((t, software, width[r.per], r.per))
-    events.sort()
-    return events
 
 
 def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepProfile],
@@ -205,89 +79,28 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
     rng_failures, rng_victims = (np.random.default_rng(s) for s in root.spawn(2))
     f = scenario.failures
     repair_s = math.inf if f.repair_s == "never" else float(f.repair_s)
-    storage = storage_bandwidth_per_instance()
 
-    deployments: list[_Deployment] = []
-    for index, d in enumerate(scenario.serve):
-        if only is not None and d.name not in only:
-            continue
-        cost, kv_tokens, _ = replica_models(scenario, d)
-        issue = weights_fit_issue(scenario, d, cost, kv_tokens)
-        if issue is not None:
-            raise ScenarioError(scenario.source, [issue])
-        try:
-            curve = replica_curve(scenario, d)
-        except ValueError as error:  # a replica that serves nothing: the scenario's fault
-            raise ScenarioError(scenario.source, [Issue(
-                f"serve.{index}", str(error), d.name, True)]) from None
-        chips = replica_chips(d, hw.chip.ranks)
-        if d.workload.load is not None:
-            rates = load_rates(d.workload.load, 0.0, horizon, step, load_seed(seed, index))
-        else:
-            rates = np.full(steps, float(d.workload.rate_per_s or 0.0))
-        rates = np.where(times >= d.start_s, rates, 0.0)
-        a = d.autoscale
-        if a is not None and a.policy == "slo":
-            per_rate = curve.slo_rate_per_s(d.slo.ttft_s) / (1.0 + a.headroom)
-        else:
-            per_rate = curve.capacity_per_s * (a.target if a is not None else 1.0)
-        # Each of a replica's instances reads its share of the weights at the storage
-        # bandwidth (a replica on part of an instance gets that part of it).
-        load_s = curve.weight_bytes / (storage * chips / cpi)
-        minimum = a.min_replicas if a is not None else d.replicas
-        maximum = a.max_replicas if a is not None else d.replicas
-        deployments.append(_Deployment(
-            spec=d, curve=curve, chips=chips, rates=rates, per_replica_rate=max(per_rate, 1e-9),
-            start_s=load_s + (a.warmup_s if a is not None else 0.0),
-            priority=a.priority if a is not None else math.inf,
-            minimum=minimum, maximum=maximum))
-
-    jobs: list[_Job] = []
-    for index, spec in enumerate(scenario.jobs):
-        profile = profiles[spec.name]
-        rate = job_failure_rate(scenario, spec)
-        checkpoint = spec.checkpoint
-        if checkpoint is None and rate > 0:
-            checkpoint = default_checkpoint(scenario, spec)
-        interval, _, _ = checkpoint_intervals(checkpoint, 1.0 / rate if rate > 0 else None)
-        jobs.append(_Job(
-            index=index, name=spec.name, instances=scenario.job_instances(spec),
-            tokens_per_s=profile.tokens_per_s, priority=spec.priority, submit_s=spec.submit_s,
-            interval_s=interval, write_s=checkpoint.write_s if checkpoint else 0.0,
-            restore_s=checkpoint.restore_s if checkpoint else 0.0,
-            async_write=bool(checkpoint and checkpoint.async_write),
-            steps_target=spec.steps, tokens_per_step=profile.tokens_per_step,
-            step_time_s=profile.step_time_s))
-        job = jobs[-1]
-        if spec.deadline_s is not None:
-            job.end_s = spec.submit_s + spec.deadline_s
-        job.run_for_s = spec.run_for_s
-        dp = spec.parallelism.dp
-        unit = elastic_unit(job.instances, dp)
-        if spec.elastic is not None and unit is not None:
-            job.group = unit
-            job.smallest = elastic_smallest(job.instances, dp, spec.elastic.min_dp)
-        else:
-            job.group = job.smallest = job.instances
+    deployments = deployment_states(scenario, seed, only, times, step)
+    jobs = job_states(scenario, profiles)
 
     total_instances = scenario.total_instances
     state = {"free": total_instances, "down": 0}
     repairs: list[tuple[float, int]] = []
     failures = {"hardware": 0, "software": 0}
-    events = _failure_events(scenario, rng_failures, horizon)
+    events = failure_events(scenario, rng_failures, horizon)
     cursor = 0
 
-    def instances_for(dep: _Deployment, active: int) -> int:
+    def instances_for(dep: DeploymentState, active: int) -> int:
         return -(-active * dep.chips // cpi)
 
-    def resize(dep: _Deployment) -> int:
+    def resize(dep: DeploymentState) -> int:
         """Recount a deployment's instances; returns the change (taken from or given back
         to the free pool by the caller)."""
         new = instances_for(dep, dep.active)
         change, dep.instances = new - dep.instances, new
         return change
 
-    def release_job(job: _Job, now: float, preempted: bool) -> None:
+    def release_job(job: JobState, now: float, preempted: bool) -> None:
         lose(job)
         state["free"] += job.held
         job.held = 0
@@ -296,13 +109,13 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         if preempted:
             job.preemptions += 1
 
-    def lose(job: _Job) -> None:
+    def lose(job: JobState) -> None:
         job.lost_work_s += job.since_checkpoint_s
         job.useful_s -= job.since_checkpoint_s
         job.tokens -= job.since_checkpoint_tokens
         job.since_checkpoint_s = job.since_checkpoint_tokens = 0.0
 
-    def resize_job(job: _Job, held: int, now: float) -> None:
+    def resize_job(job: JobState, held: int, now: float) -> None:
         """An elastic job to `held` instances: it restarts from its last checkpoint."""
         lose(job)
         state["free"] += job.held - held
@@ -314,7 +127,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         job.state = "restarting"
         job.ready_at = now + f.restart_s + job.restore_s
 
-    def preempt_for(dep: _Deployment, need: int, now: float) -> None:
+    def preempt_for(dep: DeploymentState, need: int, now: float) -> None:
         victims = sorted((j for j in jobs if j.held and j.priority < dep.priority),
                          key=lambda j: (j.priority, -j.last_start_s))
         for victim in victims:  # elastic ones shrink first, down to their minimum
@@ -336,7 +149,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
                 release_job(victim, now, preempted=True)
                 dep.preempted_for += 1
 
-    def add_replica(dep: _Deployment, now: float) -> bool:
+    def add_replica(dep: DeploymentState, now: float) -> bool:
         extra = instances_for(dep, dep.active + 1) - dep.instances
         if extra > state["free"]:
             preempt_for(dep, extra, now)
@@ -399,7 +212,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         replica or a training job, and changes nothing on an idle chip or a job that is not
         training."""
         if per == "job":
-            serving: list[_Deployment] = []
+            serving: list[DeploymentState] = []
             holders = list(jobs)
             weights = np.ones(len(jobs))
         else:
@@ -431,7 +244,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         job.state = "restarting"
         job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
 
-    def place(dep: _Deployment, k: int, now: float) -> None:
+    def place(dep: DeploymentState, k: int, now: float) -> None:
         """The deployment starts with the replicas its first step's load needs (at least
         `replicas`), within [min, max], loaded: it was loaded before the horizon, or before
         its `start` (from which it holds its chips). A later start takes its instances from
@@ -611,14 +424,14 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
     histograms = {}
     for dep in deployments:
         _latency(dep, series[dep.spec.name], dts)
-        histograms[dep.spec.name] = _histograms(dep, series[dep.spec.name])
+        histograms[dep.spec.name] = latency_histograms(dep, series[dep.spec.name])
     for name, chips in job_chips.items():
         fleet[f"job:{name}"] = chips
     return FleetDayResult(times, dts, names, series, fleet, jobs, deployments, histograms,
                           total_instances * cpi, horizon, failures)
 
 
-def _train(job: _Job, run_s: float) -> None:
+def _train(job: JobState, run_s: float) -> None:
     """`run_s` seconds on the job's instances: training, and blocking checkpoint writes."""
     if run_s <= 0:
         return
@@ -644,7 +457,7 @@ def _train(job: _Job, run_s: float) -> None:
         job.since_checkpoint_s = left
 
 
-def _latency(dep: _Deployment, s: dict[str, np.ndarray], dts: np.ndarray) -> None:
+def _latency(dep: DeploymentState, s: dict[str, np.ndarray], dts: np.ndarray) -> None:
     """Per step: TTFT and TPOT percentiles, SLO attainment, from the replica curve at the
     step's utilisation plus the backlog's wait (vectorised over the steps)."""
     curve = dep.curve
@@ -670,168 +483,3 @@ def _latency(dep: _Deployment, s: dict[str, np.ndarray], dts: np.ndarray) -> Non
     s["_tpot_all"] = tpot
 
 
-def _histograms(dep: _Deployment, s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Request-weighted histograms of TTFT and TPOT over the run (each step's quantiles
-    weighted by the requests it served), for the run's percentiles."""
-    weights = np.repeat(s["served"] / len(LEVELS), len(LEVELS))
-    out = {}
-    for key in ("ttft", "tpot"):
-        values = s.pop(f"_{key}_all").ravel()
-        finite = np.isfinite(values)
-        out[key] = np.histogram(np.clip(values[finite], HISTOGRAM_EDGES_S[0],
-                                        HISTOGRAM_EDGES_S[-1]),
-                                bins=HISTOGRAM_EDGES_S, weights=weights[finite])[0]
-    return out
-
-
-def _percentile(counts: np.ndarray, q: float) -> float | None:
-    total = counts.sum()
-    if total <= 0:
-        return None
-    cumulative = np.cumsum(counts) / total
-    i = int(np.searchsorted(cumulative, q))
-    i = min(i, len(counts) - 1)
-    # geometric middle of the bin, interpolated within it
-    low, high = HISTOGRAM_EDGES_S[i], HISTOGRAM_EDGES_S[i + 1]
-    before = cumulative[i - 1] if i else 0.0
-    share = (q - before) / max(cumulative[i] - before, 1e-12)
-    return float(low * (high / low) ** min(max(share, 0.0), 1.0))
-
-
-def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, Any]:
-    """summary.json `fleet_day` and `deployments.<name>` figures of a fleet-day run."""
-    hw = scenario.hardware
-    price = hw.instance.price_per_hour_usd
-    chip_price_h = None if price is None else price / hw.chips_per_instance
-    dts = result.dt_s
-    hours = {s: float(np.dot(result.fleet[s], dts)) / 3600.0 for s in CHIP_STATES}
-    deployments = {}
-    serving_tokens = 0.0
-    for dep in result.deployments:
-        s = result.series[dep.spec.name]
-        h = result.histograms[dep.spec.name]
-        arrived = float(s["arrived"].sum())
-        served = float(s["served"].sum())
-        tokens = float(s["output_tokens"].sum())
-        serving_tokens += tokens
-        chip_h = float(np.dot((s["replicas"] + s["starting"] + s["draining"]) * dep.chips,
-                              dts)) / 3600.0
-        met = float(np.dot(s["slo_attainment"], s["arrived"]))
-        span = max(result.horizon_s - dep.spec.start_s, 1e-9)
-        # Its replicas over its own span: from the step of its start (it holds none before).
-        since = result.times_s >= dep.spec.start_s
-        since[-1] = True  # a start in the last step
-        live = s["replicas"][since]
-        deployments[dep.spec.name] = {
-            "model": dep.spec.model.name, "fidelity": "fluid", "tp": dep.spec.tp,
-            "pp": dep.spec.pp, "chips_per_replica": dep.chips,
-            "replicas_min": int(live.min()), "replicas_max": int(live.max()),
-            "replicas_mean": float(np.dot(live, dts[since]) / dts[since].sum()),
-            "capacity_per_replica_per_s": dep.curve.capacity_per_s,
-            "provisioned_per_replica_per_s": dep.per_replica_rate,
-            "replica_start_s": dep.start_s,
-            "requests": arrived, "requests_completed": served,
-            "requests_per_s": served / span,
-            "peak_load_per_s": float(s["load_per_s"].max()),
-            "output_tokens_per_s": tokens / span, "output_tokens": tokens,
-            "ttft_p50_s": _percentile(h["ttft"], 0.5), "ttft_p99_s": _percentile(h["ttft"], 0.99),
-            "tpot_p50_s": _percentile(h["tpot"], 0.5), "tpot_p99_s": _percentile(h["tpot"], 0.99),
-            "slo_goodput": met / arrived if arrived > 0 else None,
-            "slo_missed_requests": arrived - met,
-            "backlog_end": float(dep.backlog),
-            "chip_hours": chip_h,
-            "cost_per_million_output_tokens_usd": (chip_h * chip_price_h / tokens * 1e6
-                                                   if chip_price_h is not None and tokens > 0
-                                                   else None),
-            "replica_failures": dep.failures, "retries": dep.retries,
-            "scale_ups": dep.scale_ups, "scale_downs": dep.scale_downs,
-            "jobs_preempted": dep.preempted_for,
-        }
-    jobs = {}
-    trained = 0.0
-    for job in result.jobs:
-        tokens = max(0.0, job.tokens)
-        trained += tokens
-        end = job.done_s if job.done_s is not None else result.horizon_s
-        jobs[job.name] = {
-            # the timeline's words: done, or the state it was in "at horizon"
-            "status": "done" if job.state == "done" else f"{job.state} at horizon",
-            "reason": job.done_why,
-            "instances": job.instances, "chips": job.instances * hw.chips_per_instance,
-            "start_s": job.start_s, "tokens_trained": tokens,
-            "useful_s": max(0.0, job.useful_s), "lost_work_s": job.lost_work_s,
-            "checkpointing_s": job.checkpointing_s, "checkpoints_completed": job.checkpoints,
-            "checkpoint_interval_s": job.interval_s if math.isfinite(job.interval_s) else None,
-            "preemptions": job.preemptions, "interruptions": job.interruptions,
-            "shrinks": job.shrinks, "grows": job.grows,
-            "held_chip_s": job.held_chip_s,
-            "time_by_state_s": dict(sorted(job.time_by_state_s.items())),
-            # As the timeline's: useful time over the wall time since it started (ETTR) and
-            # since it was submitted (goodput), up to its end or the horizon.
-            "ettr": (max(0.0, job.useful_s) / max(end - job.start_s, 1e-9)
-                     if job.start_s is not None else 0.0),
-            "goodput": max(0.0, job.useful_s) / max(end - job.submit_s, 1e-9),
-            "effective_cost_per_million_tokens_usd": (
-                job.held_chip_s / 3600 * chip_price_h / tokens * 1e6
-                if chip_price_h is not None and tokens > 0 else None),
-        }
-    cost = (None if chip_price_h is None else
-            {s: hours[s] * chip_price_h for s in CHIP_STATES})
-    serving_chip_h = hours["serving"] + hours["scaling"]
-    return {
-        "deployments": deployments, "jobs": jobs,
-        "fleet_day": {
-            "interval_s": scenario.fluid.interval_s, "steps": len(result.times_s),
-            "chip_hours": hours, "chip_hours_total": sum(hours.values()),
-            "cluster_chip_hours": result.total_chips * result.horizon_s / 3600.0,
-            "peak_load_per_s": float(np.max(np.sum(
-                [result.series[n]["load_per_s"] for n in result.names], axis=0)))
-            if result.names else 0.0,
-            "output_tokens": serving_tokens, "training_tokens": trained,
-            "cost_usd": cost,
-            "serving_cost_per_million_output_tokens_usd": (
-                serving_chip_h * chip_price_h / serving_tokens * 1e6
-                if chip_price_h is not None and serving_tokens > 0 else None),
-            "training_cost_per_million_tokens_usd": (
-                hours["training"] * chip_price_h / trained * 1e6
-                if chip_price_h is not None and trained > 0 else None),
-            "fleet_cost_per_million_output_tokens_usd": (
-                sum(hours.values()) * chip_price_h / serving_tokens * 1e6
-                if chip_price_h is not None and serving_tokens > 0 else None),
-            "failures": dict(result.failures),
-            "curve_requests_simulated": sum(d.curve.requests_simulated
-                                            for d in result.deployments),
-        },
-    }
-
-
-def day_table(result: FleetDayResult) -> pa.Table:
-    """`day.parquet`: one row per deployment per step."""
-    parts = []
-    for index, name in enumerate(result.names):
-        s = result.series[name]
-        n = len(result.times_s)
-        parts.append(pa.table({
-            "deployment": pa.array([name] * n, pa.string()).dictionary_encode(),
-            "deployment_id": np.full(n, index, dtype=np.int16),
-            "time_s": result.times_s, "duration_s": result.dt_s,
-            "replicas": s["replicas"].astype(np.int32),
-            "replicas_starting": s["starting"].astype(np.int32),
-            "replicas_draining": s["draining"].astype(np.int32),
-            "load_per_s": s["load_per_s"], "served_per_s": s["served"] / result.dt_s,
-            "backlog": s["backlog_mean"],
-            "ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
-            "tpot_p50_s": s["tpot_p50_s"], "tpot_p99_s": s["tpot_p99_s"],
-            "slo_attainment": s["slo_attainment"], "output_tokens": s["output_tokens"],
-        }))
-    schema = SCHEMAS["day"]
-    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
-
-
-def fleet_table(result: FleetDayResult) -> pa.Table:
-    """`fleet.parquet`: one row per step, chips by state (and per job)."""
-    columns: dict[str, Any] = {"time_s": result.times_s, "duration_s": result.dt_s}
-    for key, values in result.fleet.items():
-        name = f"{key}_chips" if not key.startswith("job:") else key
-        columns[name] = values.astype(np.int64)
-    return pa.table(columns)

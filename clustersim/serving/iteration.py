@@ -36,6 +36,7 @@ import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.collectives.ops import CollectiveError
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.scenario.serving import default_activations
 from clustersim.serving import attention as mla
@@ -45,7 +46,6 @@ from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
-    BYTES_PER_ELEMENT,
     Op,
     _embedding_ops,
     _matmul,

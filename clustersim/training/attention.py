@@ -28,13 +28,19 @@ if TYPE_CHECKING:
     from clustersim.training.transformer import TransformerShape
     from clustersim.training.workload import Op
 
-__all__ = ["classic_attention", "projection_ops", "core_ops", "scaled",
+__all__ = ["classic_attention", "classic_core", "projection_ops", "core_ops", "scaled",
            "attention_flops_per_token", "projection_widths"]
 
 
 def classic_attention(model: TransformerShape) -> bool:
     """Grouped-query attention on every layer without a window: the 2023 layer."""
     return model.attention == "gqa" and model.window is None
+
+
+def classic_core(model: TransformerShape) -> bool:
+    """Attention of query width hidden on every layer, no window: 4 x layers x hidden x seq
+    FLOPs per token forward (attention_flops_per_token in general)."""
+    return classic_attention(model) and model.heads * model.head_dim == model.hidden
 
 
 def scaled(op: Op, share: float) -> Op:

@@ -32,7 +32,12 @@ from typing import Any
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.experts import expert_load
-from clustersim.training.workload import Op, TrainingJob, attention_of, stage_work
+from clustersim.training.workload import (
+    Op,
+    TrainingJob,
+    attention_of,
+    stage_work,
+)
 
 __all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation"]
 
@@ -80,6 +85,10 @@ class ChunkModel:
         self.hardware = hardware
         self.collectives = collectives
         self._cache: dict[tuple, ChunkTimes] = {}
+        # Operation times by identity (training.workload shares a layer's operations between
+        # the chunks and bounds of its shape); each entry holds its operation, so the id
+        # stays its own.
+        self._op_times: dict[int, tuple[Op, str, float]] = {}
 
     def op_time_s(self, op: Op, precision: str) -> float:
         """Time of one operation on one rank (see the module docstring)."""
@@ -92,6 +101,17 @@ class ChunkModel:
             return memory_time
         peak = hw.chip.peak_flops(precision) / ranks
         return max(op.flops / (peak * eff.matmul * matmul_quantisation(op, eff)), memory_time)
+
+    def shared_op_time_s(self, op: Op, precision: str) -> float:
+        """op_time_s, kept by the operation's identity."""
+        found = self._op_times.get(id(op))
+        if found is not None and found[0] is op and found[1] == precision:
+            return found[2]
+        if len(self._op_times) >= 200_000:
+            self._op_times.clear()
+        time_s = self.op_time_s(op, precision)
+        self._op_times[id(op)] = (op, precision, time_s)
+        return time_s
 
     def times(self, job: TrainingJob, layers: int, first: bool, last: bool,
               tp_group: Group | None, ep_group: tuple[Group, int] | None = None,
@@ -128,7 +148,7 @@ class ChunkModel:
         def op_time(op: Op) -> float:
             found = seen.get(id(op))
             if found is None:
-                found = seen[id(op)] = self.op_time_s(op, job.precision)
+                found = seen[id(op)] = self.shared_op_time_s(op, job.precision)
             return found
 
         fwd = overhead + sum(op_time(op) for op in work.forward)
@@ -191,3 +211,16 @@ def matmul_quantisation(op: Op, eff: Any) -> float:
             blocks *= max(1, min(eff.wave_units // blocks, math.ceil(op.k / (4 * eff.k_tile))))
         quantisation *= blocks / (math.ceil(blocks / eff.wave_units) * eff.wave_units)
     return quantisation
+
+
+def chunk_difference(a: ChunkTimes, b: ChunkTimes) -> ChunkTimes:
+    return ChunkTimes(*(x - y for x, y in zip(vars(a).values(), vars(b).values(),
+                                               strict=True)))
+
+
+def chunk_affine(base: ChunkTimes, step: ChunkTimes, times: int) -> ChunkTimes:
+    """`base` plus `times` x `step`, field by field."""
+    if times == 0:
+        return base
+    return ChunkTimes(*(x + times * y for x, y in zip(vars(base).values(),
+                                                       vars(step).values(), strict=True)))

@@ -26,10 +26,11 @@ import numpy as np
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.training.memory import expert_params_per_rank, params_per_rank
 from clustersim.training.ranks import rank_chips
-from clustersim.training.spread import leaves_matter
+from clustersim.training.shape import leaves_matter
 from clustersim.training.stages import rank_layers
-from clustersim.training.workload import TrainingJob, expert_params_per_rank, params_per_rank
+from clustersim.training.workload import TrainingJob
 
 __all__ = ["DataParallelTimes", "GradientReduction", "data_parallel_offsets"]
 

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from clustersim.hardware.spec import Spec
-from clustersim.training.spread import spread_shape
-from clustersim.training.workload import weight_bytes_per_param
+from clustersim.training.memory import weight_bytes_per_param
+from clustersim.training.shape import spread_shape
 
 if TYPE_CHECKING:
     from clustersim.hardware.topology import Topology
-    from clustersim.training.step import StepModel, StepProfile
+    from clustersim.training.profile import StepProfile
+    from clustersim.training.step import StepModel
 
 __all__ = ["CrossSiteSyncSpec", "CrossSiteStep", "site_local", "cross_site_step",
            "site_profile"]

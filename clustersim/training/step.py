@@ -32,128 +32,49 @@ not (`efficiency.step_error_band`), applied to the step time.
 
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
-from clustersim.training.chunk import ChunkModel, ChunkTimes, matmul_quantisation
-from clustersim.training.experts import expert_load
-from clustersim.training.pipeline import run_pipeline
-from clustersim.training.ranks import rank_chips, rank_group
-from clustersim.training.reduction import DataParallelTimes, GradientReduction
-from clustersim.training.schedule import pipeline_order
-from clustersim.training.spread import leaves_matter, spread_shape
-from clustersim.training.stages import chunk_layers, rank_layers
-from clustersim.training.transformer import sharded_heads
-from clustersim.training.workload import (
-    BYTES_PER_ELEMENT,
-    OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
+from clustersim.training.bounds import pipeline_bound
+from clustersim.training.chunk import (
+    ChunkModel,
+    ChunkTimes,
+    chunk_affine,
+    chunk_difference,
+    matmul_quantisation,
+)
+from clustersim.training.memory import (
     MemoryBreakdown,
-    Op,
-    TrainingJob,
-    attention_of,
     busiest_memory,
-    hardware_flops_per_step,
     layer_params_per_rank,
-    model_flops_per_step,
     optimizer_params_per_rank,
     weight_bytes_per_param,
 )
+from clustersim.training.pipeline import run_pipeline
+from clustersim.training.profile import StepProfile, renamed
+from clustersim.training.ranks import rank_chips, rank_group
+from clustersim.training.reduction import DataParallelTimes, GradientReduction
+from clustersim.training.schedule import pipeline_order
+from clustersim.training.shape import leaves_matter, placement_shape
+from clustersim.training.stages import chunk_layers, rank_layers
+from clustersim.training.transformer import sharded_heads
+from clustersim.training.workload import (
+    OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
+    Op,
+    TrainingJob,
+    attention_of,
+    hardware_flops_per_step,
+    model_flops_per_step,
+)
 
 # matmul_quantisation lives in `chunk`; it stays importable from here.
-__all__ = ["StepProfile", "StepModel", "JobDoesNotFit", "matmul_quantisation",
-           "pipeline_bound", "pipeline_terms"]
-
-
-class JobDoesNotFit(Exception):
-    """Raised by callers that refuse to run a job whose memory exceeds the chip's HBM."""
-
-
-@dataclass(frozen=True)
-class StepProfile:
-    """One step of one job: its time, where the time goes, throughput, efficiency, memory."""
-
-    name: str
-    step_time_s: float
-    compute_s: float
-    exposed_comm_s: dict[str, float]  # tp, pp, dp
-    bubble_s: float
-    optimizer_s: float
-    tokens_per_step: int
-    sequences_per_step: int
-    model_flops: float
-    hardware_flops: float
-    peak_flops: float  # of all the job's chips at its precision
-    memory: MemoryBreakdown
-    chips: int
-    instances: int
-    microbatches: int
-    energy_per_token_j: float | None
-    cost_per_million_tokens_usd: float | None
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    # Largest under- and over-prediction of the chip family's published rows (fractions).
-    error_band: tuple[float, float] = (0.0, 0.0)
-
-    @property
-    def step_time_s_band(self) -> tuple[float, float]:
-        """[low, high] step time from the family's residuals: the published step of every
-        row of the family was between (1 + low) and (1 + high) times the model's."""
-        low, high = self.error_band
-        return (self.step_time_s * (1 + low), self.step_time_s * (1 + high))
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_per_step / self.step_time_s
-
-    @property
-    def sequences_per_s(self) -> float:
-        return self.sequences_per_step / self.step_time_s
-
-    @property
-    def mfu(self) -> float:
-        return self.model_flops / (self.step_time_s * self.peak_flops)
-
-    @property
-    def hfu(self) -> float:
-        return self.hardware_flops / (self.step_time_s * self.peak_flops)
-
-    @property
-    def fits_memory(self) -> bool:
-        return self.memory.fits
-
-    def as_dict(self) -> dict[str, Any]:
-        """The contract's `step --json` entry (plus more detail)."""
-        return {
-            "name": self.name,
-            "step_time_s": self.step_time_s,
-            "step_time_s_band": list(self.step_time_s_band),
-            "tokens_per_s": self.tokens_per_s,
-            "sequences_per_s": self.sequences_per_s,
-            "mfu": self.mfu,
-            "hfu": self.hfu,
-            "memory_per_chip_gib": self.memory.per_chip / 2**30,
-            "fits_memory": self.fits_memory,
-            "step_breakdown": {
-                "compute_s": self.compute_s,
-                "exposed_comm_s": sum(self.exposed_comm_s.values()),
-                "bubble_s": self.bubble_s,
-                "optimizer_s": self.optimizer_s,
-                **{f"{kind}_comm_s": value for kind, value in self.exposed_comm_s.items()},
-            },
-            "memory_gib": self.memory.as_gib(),
-            "chips": self.chips,
-            "instances": self.instances,
-            "microbatches": self.microbatches,
-            "tokens_per_step": self.tokens_per_step,
-            "energy_per_token_j": self.energy_per_token_j,
-            "cost_per_million_tokens_usd": self.cost_per_million_tokens_usd,
-            "notes": list(self.notes),
-        }
+__all__ = ["StepModel", "matmul_quantisation"]
 
 
 class StepModel:
@@ -184,14 +105,14 @@ class StepModel:
         if cached is None:
             cached = self._simulate(job, name or "job", canonical)
             self._cache[key] = cached
-        return cached if name is None or cached.name == name else _renamed(cached, name)
+        return cached if name is None or cached.name == name else renamed(cached, name)
 
     def attention(self, job: TrainingJob) -> str:
         """The job's attention kernel, or the hardware family's usual one."""
         return attention_of(job, self.hardware.chip.framework.attention)
 
     def memory(self, job: TrainingJob) -> MemoryBreakdown:
-        """Memory of the busiest pipeline rank (`workload.busiest_memory`)."""
+        """Memory of the busiest pipeline rank (`memory.busiest_memory`)."""
         par = job.parallelism
         chip = self.hardware.chip
         return busiest_memory(job, self._microbatches(job), chip.hbm_bytes,
@@ -200,7 +121,7 @@ class StepModel:
 
     def op_time(self, op: Op, precision: str) -> float:
         """Roofline time of one operation of one rank (the serving model times its ops here)."""
-        return self.chunks.op_time_s(op, precision)
+        return self.chunks.shared_op_time_s(op, precision)
 
     def chunk_times(self, job: TrainingJob, first: bool, last: bool,
                     placed: np.ndarray | None = None, layers: int | None = None
@@ -245,13 +166,13 @@ class StepModel:
         one = {(first, last): times(1, first, last) for first in (False, True)
                for last in (False, True)
                if (first and last) == (stages == 1) or not (first or last)}
-        per_layer = _difference(times(2, False, False), one[False, False])
+        per_layer = chunk_difference(times(2, False, False), one[False, False])
         kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
         forward, backward = [], []
         for g in range(stages):
             kind = (counts[g], g == 0, g == stages - 1)
             if kind not in kinds:
-                chunk = _affine(one[kind[1], kind[2]], per_layer, kind[0] - 1)
+                chunk = chunk_affine(one[kind[1], kind[2]], per_layer, kind[0] - 1)
                 kinds[kind] = self._with_zero3(chunk, kind[0], kind[1], kind[2], zero3)
             forward.append(kinds[kind].forward_s)
             backward.append(kinds[kind].backward_s)
@@ -369,89 +290,8 @@ class StepModel:
         return placed
 
     def _shape(self, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
-        """The placement's shape and a canonical placement of that shape (each leaf's share
-        from the start of a leaf), on which the step is simulated.
-
-        The shape is what the step on the canonical placement depends on: in rank order, each
-        instance's UltraServer (renamed by first appearance) and its place in it, and the leaf
-        of each pipeline rank's first instance (its sends cross a spine or not). On a
-        non-blocking fabric the leaves change nothing else: a leaf's uplinks carry all its
-        chips' EFA, so a collective's crossing flows never outrun their NICs
-        (`collectives.fabric`). There, placements that differ only in how their instances
-        fall on leaves share one simulation (tests/test_step.py checks it against simulating
-        each); on an oversubscribed fabric the shape keeps the instances per leaf."""
-        par = job.parallelism
-        hw = self.hardware
-        per_leaf = self.topology.fabric.leaf_size(hw.instances_per_ultraserver)
-        ipu = hw.instances_per_ultraserver
-        head = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-                job.precision, job.recompute, self.attention(job), hw.name, len(placed),
-                expert_load(job))
-        spread = spread_shape(self.topology, placed)
-        if spread is not None:  # over several sites: the shape is how it splits over them
-            split, canonical = spread
-            return (*head, "sites", split), canonical
-        n = len(placed)
-        if n <= _SMALL:
-            return self._small_shape(job, head, placed, per_leaf, ipu)
-        leaves = placed // per_leaf
-        # Instances per leaf, leaves in order of first appearance (one pass when sorted).
-        if n > 1 and bool((leaves[1:] >= leaves[:-1]).all()):
-            starts = np.concatenate(([0], np.flatnonzero(leaves[1:] != leaves[:-1]) + 1))
-            counts = np.diff(np.append(starts, n))
-        else:
-            _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
-            counts = counts[np.argsort(starts)]
-        offset = int(placed[0] % ipu)
-        contiguous = int(placed[-1]) - int(placed[0]) == n - 1 and (
-            n == 1 or bool((np.diff(placed) == 1).all()))
-        if contiguous:
-            canonical = placed
-        else:
-            # Each leaf's share from the start of the leaf (in leaf order: ascending).
-            first = np.arange(len(counts)) * per_leaf + offset % per_leaf
-            canonical = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(n)
-            if canonical[-1] >= self.topology.instances:
-                canonical = placed  # no room for the canonical form: use the placement itself
-        if self._leaves_matter:
-            us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
-            return (*head, offset, tuple(counts.tolist()), us_counts), canonical
-        stride = par.tp * par.cp
-        firsts = canonical[np.arange(par.pp) * stride // hw.ranks_per_instance]
-        return (*head, "ultraservers", _first_seen_labels(canonical // ipu).tobytes(),
-                (canonical % ipu).tobytes(), _first_seen_labels(firsts // per_leaf).tobytes()
-                ), canonical
-
-    def _small_shape(self, job: TrainingJob, head: tuple, placed: np.ndarray, per_leaf: int,
-                     ipu: int) -> tuple[tuple, np.ndarray]:
-        """`_shape` of a placement of a few instances, the same key and canonical placement
-        computed on Python integers (most jobs of a fleet are a few instances, placed again
-        at every start and recovery; numpy's per-call cost was most of their shape)."""
-        ids = placed.tolist()
-        counts: dict[int, int] = {}  # instances per leaf, in order of first appearance
-        for i in ids:
-            counts[i // per_leaf] = counts.get(i // per_leaf, 0) + 1
-        offset = ids[0] % ipu
-        canonical_ids = ids
-        if any(b - a != 1 for a, b in zip(ids, ids[1:], strict=False)):
-            shares = [leaf * per_leaf + offset % per_leaf + k
-                      for leaf, count in enumerate(counts.values()) for k in range(count)]
-            if shares[-1] < self.topology.instances:
-                canonical_ids = shares
-        canonical = placed if canonical_ids is ids else np.array(canonical_ids, dtype=np.int64)
-        if self._leaves_matter:
-            servers: dict[int, int] = {}
-            for i in ids:
-                servers[i // ipu] = servers.get(i // ipu, 0) + 1
-            return (*head, offset, tuple(counts.values()), tuple(sorted(servers.values()))
-                    ), canonical
-        par = job.parallelism
-        stride = par.tp * par.cp
-        rpi = self.hardware.ranks_per_instance
-        firsts = [canonical_ids[d * stride // rpi] for d in range(par.pp)]
-        return (*head, "ultraservers", _labels_bytes([i // ipu for i in canonical_ids]),
-                np.array([i % ipu for i in canonical_ids], dtype=np.int64).tobytes(),
-                _labels_bytes([i // per_leaf for i in firsts])), canonical
+        """The placement's shape and its canonical placement (`shape.placement_shape`)."""
+        return placement_shape(self, job, placed)
 
     def _microbatches(self, job: TrainingJob) -> int:
         par = job.parallelism
@@ -587,86 +427,3 @@ class StepModel:
         )
 
 
-_SMALL = 16  # placements of at most this many instances: `_small_shape`
-
-
-def _labels_bytes(ids: list[int]) -> bytes:
-    """`_first_seen_labels(np.array(ids)).tobytes()` for a short list."""
-    seen: dict[int, int] = {}
-    return np.array([seen.setdefault(i, len(seen)) for i in ids], dtype=np.int64).tobytes()
-
-
-def _first_seen_labels(ids: np.ndarray) -> np.ndarray:
-    """Each id renamed by the order of its first appearance: [7, 3, 7, 9] -> [0, 1, 0, 2]."""
-    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):  # sorted: count the changes
-        return np.concatenate(([0], np.cumsum(ids[1:] != ids[:-1])))
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    return rank[inverse]
-
-
-def _renamed(profile: StepProfile, name: str) -> StepProfile:
-    """A copy of the profile under another name (a shallow copy with the name set: a fleet
-    asks it for each of 100,000 jobs, and `dataclasses.replace` re-ran the whole __init__)."""
-    renamed = copy.copy(profile)
-    object.__setattr__(renamed, "name", name)  # (frozen: set on the fresh copy only)
-    return renamed
-
-
-def _difference(a: ChunkTimes, b: ChunkTimes) -> ChunkTimes:
-    return ChunkTimes(*(x - y for x, y in zip(vars(a).values(), vars(b).values(),
-                                               strict=True)))
-
-
-def _affine(base: ChunkTimes, step: ChunkTimes, times: int) -> ChunkTimes:
-    """`base` plus `times` x `step`, field by field."""
-    if times == 0:
-        return base
-    return ChunkTimes(*(x + times * y for x, y in zip(vars(base).values(),
-                                                       vars(step).values(), strict=True)))
-
-
-def pipeline_terms(forward_s: list[float], backward_s: list[float], pp: int
-                   ) -> list[tuple[float, float, float]]:
-    """Per pipeline rank d, (fill, drain, busy): the forward passes of chunks 0 .. d-1, their
-    backward passes, and rank d's passes of one micro-batch (`pipeline_bound`)."""
-    chunks = len(forward_s)
-    terms = []
-    fill = drain = 0.0
-    for d in range(pp):
-        busy = sum(forward_s[g] + backward_s[g] for g in range(d, chunks, pp))
-        terms.append((fill, drain, busy))
-        fill += forward_s[d]
-        drain += backward_s[d]
-    return terms
-
-
-def pipeline_bound(forward_s: list[float], backward_s: list[float], pp: int,
-                   microbatches: int, reduce_s: list[float], gather_s: list[float],
-                   optimizer_s: list[float]) -> float:
-    """A lower bound of the step `StepModel.profile` simulates, from each global chunk's
-    forward and backward pass durations and each pipeline rank's data-parallel reduction,
-    gather and optimizer step (any lower bounds of them).
-
-    The pipeline (`run_pipeline`) runs each rank's passes one at a time, a forward of chunk g
-    after the forward of chunk g - 1 of the same micro-batch, a backward of chunk g after the
-    backward of chunk g + 1. So pipeline rank d starts no earlier than the forward of its
-    first micro-batch through chunks 0 .. d-1, then is busy for all its passes, and ends with
-    a backward (of its chunk d), after which that micro-batch's backward still runs through
-    chunks d-1 .. 0 before rank 0 ends. After its last pass, a rank waits for what of its
-    reduction outlasted that pass (the reduction starts with it), its gather and its
-    optimizer step; the step ends when the last rank does. The bound is lowered by 1e-9
-    of itself, for the sums' rounding."""
-    chunks = len(forward_s)
-
-    def tail(d: int) -> float:
-        longest = max(backward_s[g] for g in range(d, chunks, pp))
-        return max(0.0, reduce_s[d] - longest) + gather_s[d] + optimizer_s[d]
-
-    last_of_first = tail(0)
-    bound = 0.0
-    for d, (fill, drain, busy) in enumerate(pipeline_terms(forward_s, backward_s, pp)):
-        end = fill + microbatches * busy
-        bound = max(bound, end + tail(d), end + drain + last_of_first)
-    return bound * (1.0 - 1e-9)

@@ -27,34 +27,34 @@ an instance.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 import yaml
 
 from clustersim.hardware.catalog import catalog_entry, catalog_names
+from clustersim.planning.serving_space import (
+    BATCHES,
+    ServingPlanError,
+    _bound,
+    _instances_for,
+    _load,
+    _raw_variant,
+    _Shape,
+    _shapes,
+)
 from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
 from clustersim.serving.capacity import find_rate
-from clustersim.serving.requests import generate_requests
-from clustersim.serving.simulate import replica_models
 
-__all__ = ["ServingPlanOptions", "ServingPlanResult", "ServingPlanError", "plan_serving",
-           "write_serving_plan", "serving_plan_scenario"]
+__all__ = ["ServingPlanOptions", "ServingPlanResult", "ServingPlanError", "plan_serving"]
 
-BATCHES = (16, 32, 64, 128, 256)
-PIPELINE = (1, 2, 4)
 MAX_SIMULATIONS_PER_CANDIDATE = 8
-
-
-class ServingPlanError(ValueError):
-    """The plan cannot be made (no deployment, a trace's arrivals, nothing fits)."""
 
 
 @dataclass(frozen=True)
@@ -123,140 +123,6 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Scenario variants
-
-
-def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any, tp: int,
-                 pp: int, replicas: int, max_batch: int, instances: int) -> dict[str, Any]:
-    """The scenario serving only this deployment on `instances` of `hardware`."""
-    out = copy.deepcopy(raw)
-    out.pop("jobs", None)
-    out.pop("workload", None)
-    out["hardware"] = copy.deepcopy(hardware)
-    cluster = {k: v for k, v in dict(out.get("cluster") or {}).items()
-               if k not in ("ultraservers", "instances")}
-    cluster["instances"] = instances
-    out["cluster"] = cluster
-    d = copy.deepcopy(deployment)
-    d["parallelism"] = {"tp": tp, "pp": pp}
-    d["replicas"] = replicas
-    d["server"] = {**dict(d.get("server") or {}), "max_batch": max_batch}
-    out["serve"] = [d]
-    return out
-
-
-def _instances_for(ranks_per_replica: int, replicas: int, hw: Any) -> int:
-    """Instances the replicas take, in whole UltraServers on UltraServer hardware."""
-    instances = -(-ranks_per_replica * replicas // hw.ranks_per_instance)
-    per = hw.instances_per_ultraserver if hw.ultraserver else 1
-    return per * -(-instances // per)
-
-
-@dataclass
-class _Shape:
-    """A replica shape on one hardware entry, with its bound."""
-
-    hardware: str
-    hw_value: Any  # what goes under `hardware:` in the scenario
-    spec: Any  # HardwareSpec
-    tp: int
-    pp: int
-    max_batch: int
-    why: str = ""
-    rate_bound_per_s: float = math.inf  # requests/s one replica can serve at most
-    replicas_bound: int = 1
-    instances_bound: int = 1
-    usd_per_h_bound: float = math.inf
-    kv_capacity_tokens: int = 0
-    decode_batch1_s: float = math.nan
-
-
-def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
-          ) -> tuple[float, float, float, int, int]:
-    """(rate, mean input, mean output, longest request, the shortest prompt that
-    `goodput` of the requests reach) of the deployment's requests over the horizon (the
-    requests `run` draws)."""
-    d = scenario.serve[index]
-    requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
-                                 np.random.SeedSequence(scenario.seed), base_dir)
-    if len(requests.arrival_s) == 0:
-        raise ServingPlanError(f"deployment {d.name!r} gets no requests over the horizon")
-    span = max(scenario.duration_s - d.start_s, 1e-9)
-    rate = float(d.workload.rate_per_s) if d.workload.rate_per_s else len(requests.arrival_s) / span
-    inputs, outputs = requests.input_tokens, requests.output_tokens
-    # The k-th shortest prompt, k = goodput x requests: if it alone misses the TTFT bound,
-    # so does every prompt at least as long, and fewer than goodput of the requests can meet
-    # the SLO (a request's TTFT is at least its prompt's prefill on an idle replica).
-    k = max(1, math.ceil(goodput * len(inputs) - 1e-9))
-    return (rate, float(inputs.mean()), float(outputs.mean()),
-            int((inputs + outputs).max()), int(np.partition(inputs, k - 1)[k - 1]))
-
-
-def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_out: float,
-           longest: int, kth_in: int, goodput: float) -> None:
-    """Prune the shape, or set its lower bound of replicas and cost per hour at the load."""
-    d = variant.serve[0]
-    cost, capacity, _ = replica_models(variant, d)
-    shape.kv_capacity_tokens = int(capacity)
-    if capacity < longest:
-        shape.why = (f"memory: the KV cache holds {capacity:,} tokens per replica, the longest "
-                     f"request needs {longest:,}")
-        return
-    tpi = cost.tokens_per_iteration
-    context = mean_in  # each sequence holds at least its prompt's KV while it decodes
-    shape.decode_batch1_s = cost.run_s(1, context, 1) / tpi
-    if shape.decode_batch1_s > d.slo.tpot_s:
-        shape.why = (f"slo: a decode iteration of one sequence takes "
-                     f"{shape.decode_batch1_s * 1e3:,.1f} ms per token, over the TPOT bound "
-                     f"{d.slo.tpot_s * 1e3:g} ms")
-        return
-    prefill = cost.target.prefill_s(max(1, kth_in))
-    if prefill > d.slo.ttft_s:
-        shape.why = (f"slo: a {kth_in:,}-token prompt alone takes {prefill:,.2f} s to prefill, "
-                     f"over the TTFT bound {d.slo.ttft_s:g} s, and over {1 - goodput:.1%} of "
-                     "the prompts are at least that long")
-        return
-    # The least seconds per output token at a batch whose iteration meets the TPOT bound,
-    # within max_batch and the KV cache (each sequence holds at least its prompt). An
-    # iteration's time grows with the batch, so the largest such batch is found exactly
-    # (bisection); below it, between sampled batches b < b' (at most 10% apart), a batch's
-    # per-token time is at least base(b) / b', so the minimum is bounded from below without
-    # costing every batch (24 sampled batches alone missed the best one by up to 27%).
-    most = max(1, min(shape.max_batch, int(capacity // max(1.0, context))))
-    tpot = d.slo.tpot_s * tpi
-    low, high = 1, most  # iteration(low) meets the bound (checked above)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if cost.run_s(middle, middle * context, 1) <= tpot:
-            low = middle
-        else:
-            high = middle - 1
-    samples = np.unique(np.round(np.geomspace(
-        1, low, num=max(2, math.ceil(math.log(max(low, 2)) / math.log(1.1)) + 1))).astype(int))
-    base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
-    per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
-                                         for i in range(len(samples) - 1)])
-    per_token = (per_batch + cost.kv_s * context) / tpi
-    # Prefill counts at half its marginal time (its iteration less a one-token one): merged
-    # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
-    # streaming, so its standalone time overstates what it adds; halved, the rate stays an
-    # upper bound on the calibrated cases (tests/test_serving_plan.py checks it against the
-    # capacity found by simulation). The first output token is prefill's: decode makes the
-    # rest.
-    prefill = cost.target.prefill_s(max(1, int(mean_in))) - cost.target.prefill_s(1)
-    seconds_per_request = 0.5 * max(0.0, prefill) + max(0.0, mean_out - 1.0) * per_token
-    shape.rate_bound_per_s = 1.0 / seconds_per_request if seconds_per_request > 0 else math.inf
-    shape.replicas_bound = max(1, math.ceil(load / shape.rate_bound_per_s - 1e-9))
-    # The instances the cost figure charges (deployment_instances: not rounded up to whole
-    # UltraServers, as the cluster _instances_for builds is), so the bound stays below it.
-    shape.instances_bound = -(-shape.tp * shape.pp * shape.replicas_bound
-                              // shape.spec.ranks_per_instance)
-    price = shape.spec.instance.price_per_hour_usd
-    shape.usd_per_h_bound = shape.instances_bound * (price if price is not None else
-                                                     shape.spec.chips_per_instance)
-
-
-# ---------------------------------------------------------------------------------------------
 # The search
 
 
@@ -272,11 +138,17 @@ def _deployment_index(scenario: Scenario, name: str | None) -> int:
     return names.index(name)
 
 
-def plan_serving(scenario: Scenario, options: ServingPlanOptions,
-                 base_dir: Path | None = None) -> ServingPlanResult:
-    """Search each hardware entry for the cheapest configuration holding the load."""
-    from clustersim.runner.api import simulate
+class RunScenario(Protocol):
+    """What the planner runs a candidate with: `clustersim run`'s simulation (the runner's
+    `simulate`, passed in by the caller: planning sits below the runner)."""
 
+    def __call__(self, scenario: Scenario) -> Any: ...
+
+
+def plan_serving(scenario: Scenario, options: ServingPlanOptions,
+                 base_dir: Path | None = None, *, simulate: RunScenario) -> ServingPlanResult:
+    """Search each hardware entry for the cheapest configuration holding the load, each
+    candidate run with `simulate` (a run's result, its summary's `deployments`)."""
     index = _deployment_index(scenario, options.deployment)
     d = scenario.serve[index]
     if d.disaggregated is not None:
@@ -374,21 +246,6 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
 def _first_issue(error: ScenarioError) -> str:
     text = str(error).strip().splitlines()
     return (text[1] if len(text) > 1 else text[0]).strip().lstrip("- ")
-
-
-def _shapes(name: str, hw_value: Any, spec: Any, batches: tuple[int, ...], d: Any
-            ) -> list[_Shape]:
-    """Every replica shape to consider: tensor parallelism in powers of two up to the
-    NeuronLink (or NVLink) domain, pipeline stages, batch limits."""
-    domain = spec.ranks_per_instance * (spec.instances_per_ultraserver if spec.ultraserver
-                                        else 1)
-    tps = [2 ** k for k in range(int(math.log2(domain)) + 1)]
-    out = []
-    for tp in tps:
-        for pp in PIPELINE:
-            for batch in sorted(set(batches) | {d.server.max_batch}):
-                out.append(_Shape(name, hw_value, spec, tp, pp, batch))
-    return out
 
 
 def _fewest_replicas(shape: _Shape, variant: Any, simulate: Any, goodput: float,
@@ -522,91 +379,3 @@ def _capacities(result: ServingPlanResult, base_dir: Path | None) -> None:
                  & (frame["pp"] == row["pp"]) & (frame["max_batch"] == row["max_batch"]))
         for key in ("capacity_rate_per_s", "cost_per_million_output_tokens_at_capacity_usd"):
             frame.loc[match, key] = row[key]
-
-
-# ---------------------------------------------------------------------------------------------
-# Outputs
-
-
-def serving_plan_scenario(result: ServingPlanResult, hardware: str | None = None
-                          ) -> dict[str, Any]:
-    """The best configuration (of `hardware`, default overall) as a raw scenario `run` takes."""
-    row = result.best if hardware is None else result.best_per_hardware()[hardware]
-    mapping = copy.deepcopy(result.best_scenarios[row["hardware"]])
-    mapping["name"] = f"{result.scenario.name}-planned"[:128]
-    figures = (f"Planned by clustersim plan: {row['replicas']} replica(s) of tp {row['tp']} x "
-               f"pp {row['pp']} on {row['instances']} {row['hardware']} instance(s), max_batch "
-               f"{row['max_batch']}, at {result.load_rate_per_s:g} requests/s: TTFT p99 "
-               f"{row['ttft_p99_s']:.3g} s, TPOT p99 {row['tpot_p99_s']:.3g} s, "
-               f"{row['slo_goodput']:.1%} within the SLO")
-    if row["cost_per_million_output_tokens_usd"] is not None:
-        figures += f", ${row['cost_per_million_output_tokens_usd']:.2f} per million output tokens"
-    mapping["description"] = figures + "."
-    return mapping
-
-
-def write_serving_plan(result: ServingPlanResult, folder: Path) -> None:
-    """plan.parquet (every candidate), plan.json and pareto.png into `folder`."""
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pandas(result.rows, preserve_index=False)
-    meta = {b"clustersim.scenario": result.scenario.source_yaml.encode(),
-            b"clustersim.plan": json.dumps(result.as_json()).encode()}
-    pq.write_table(table.replace_schema_metadata(meta), folder / "plan.parquet")
-    (folder / "plan.json").write_text(json.dumps(result.as_json(), indent=2) + "\n",
-                                      encoding="utf-8")
-    plot_serving_pareto(result, folder / "pareto.png")
-
-
-def plot_serving_pareto(result: ServingPlanResult, path: Path) -> Path:
-    """Cost per million output tokens at the load against p99 TTFT and p99 TPOT, every
-    simulated candidate that holds the load, the SLO bounds dashed, the best circled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from clustersim.planning.outputs import pareto_front, usd_formatter
-
-    d = result.scenario.serve[_deployment_index(result.scenario, result.deployment)]
-    rows = [r for r in result.ranked if r["cost_per_million_output_tokens_usd"] is not None]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    names = list(dict.fromkeys(r["hardware"] for r in rows))
-    for ax, key, bound, label in ((axes[0], "ttft_p99_s", d.slo.ttft_s, "TTFT p99 (s)"),
-                                  (axes[1], "tpot_p99_s", d.slo.tpot_s, "TPOT p99 (s)")):
-        for index, name in enumerate(names):
-            mine = [r for r in rows if r["hardware"] == name]
-            ax.scatter([r["cost_per_million_output_tokens_usd"] for r in mine],
-                       [r[key] for r in mine], s=22, color=f"C{index}", alpha=0.7, label=name)
-        if rows:
-            points = [(r["cost_per_million_output_tokens_usd"], r[key]) for r in rows]
-            front = pareto_front(points)
-            ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "k-", lw=1,
-                    label="Pareto front")
-            best = result.best
-            if best["cost_per_million_output_tokens_usd"] is not None:
-                ax.scatter([best["cost_per_million_output_tokens_usd"]], [best[key]], s=130,
-                           facecolors="none", edgecolors="red", linewidths=1.5, label="best")
-            for i in front:
-                r = rows[i]
-                ax.annotate(f"{r['hardware']} tp{r['tp']} pp{r['pp']} x{r['replicas']}",
-                            points[i], fontsize=7, xytext=(4, 4), textcoords="offset points")
-        ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"SLO {bound:g} s")
-        ax.set_xlabel("cost per million output tokens at the load")
-        ax.xaxis.set_major_formatter(usd_formatter())
-        ax.set_ylabel(label)
-        # The SLO line inside the axes with room above it (autoscaling put it on the frame
-        # when the slowest candidate sat near the bound).
-        ax.set_ylim(0, 1.12 * max([bound] + [r[key] for r in rows if r[key] is not None]))
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"serving plan: {d.name} ({d.model.name}) at {result.load_rate_per_s:g} "
-                 f"requests/s: the {len(rows):,} simulated configurations that hold it\n(of "
-                 f"{result.considered:,} considered, {result.pruned:,} pruned)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -1,0 +1,173 @@
+"""The serving planner's candidates: replica shapes per hardware, the scenario variant of
+each, the deployment's load and a lower bound of the replicas it needs."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clustersim.scenario.models import Scenario
+from clustersim.serving.requests import generate_requests
+from clustersim.serving.simulate import replica_models
+
+__all__ = [
+]
+
+BATCHES = (16, 32, 64, 128, 256)
+
+
+PIPELINE = (1, 2, 4)
+
+
+class ServingPlanError(ValueError):
+    """The plan cannot be made (no deployment, a trace's arrivals, nothing fits)."""
+
+
+def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any, tp: int,
+                 pp: int, replicas: int, max_batch: int, instances: int) -> dict[str, Any]:
+    """The scenario serving only this deployment on `instances` of `hardware`."""
+    out = copy.deepcopy(raw)
+    out.pop("jobs", None)
+    out.pop("workload", None)
+    out["hardware"] = copy.deepcopy(hardware)
+    cluster = {k: v for k, v in dict(out.get("cluster") or {}).items()
+               if k not in ("ultraservers", "instances")}
+    cluster["instances"] = instances
+    out["cluster"] = cluster
+    d = copy.deepcopy(deployment)
+    d["parallelism"] = {"tp": tp, "pp": pp}
+    d["replicas"] = replicas
+    d["server"] = {**dict(d.get("server") or {}), "max_batch": max_batch}
+    out["serve"] = [d]
+    return out
+
+
+def _instances_for(ranks_per_replica: int, replicas: int, hw: Any) -> int:
+    """Instances the replicas take, in whole UltraServers on UltraServer hardware."""
+    instances = -(-ranks_per_replica * replicas // hw.ranks_per_instance)
+    per = hw.instances_per_ultraserver if hw.ultraserver else 1
+    return per * -(-instances // per)
+
+
+@dataclass
+class _Shape:
+    """A replica shape on one hardware entry, with its bound."""
+
+    hardware: str
+    hw_value: Any  # what goes under `hardware:` in the scenario
+    spec: Any  # HardwareSpec
+    tp: int
+    pp: int
+    max_batch: int
+    why: str = ""
+    rate_bound_per_s: float = math.inf  # requests/s one replica can serve at most
+    replicas_bound: int = 1
+    instances_bound: int = 1
+    usd_per_h_bound: float = math.inf
+    kv_capacity_tokens: int = 0
+    decode_batch1_s: float = math.nan
+
+
+def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
+          ) -> tuple[float, float, float, int, int]:
+    """(rate, mean input, mean output, longest request, the shortest prompt that
+    `goodput` of the requests reach) of the deployment's requests over the horizon (the
+    requests `run` draws)."""
+    d = scenario.serve[index]
+    requests = generate_requests(d.workload, scenario.duration_s - d.start_s,
+                                 np.random.SeedSequence(scenario.seed), base_dir)
+    if len(requests.arrival_s) == 0:
+        raise ServingPlanError(f"deployment {d.name!r} gets no requests over the horizon")
+    span = max(scenario.duration_s - d.start_s, 1e-9)
+    rate = float(d.workload.rate_per_s) if d.workload.rate_per_s else len(requests.arrival_s) / span
+    inputs, outputs = requests.input_tokens, requests.output_tokens
+    # The k-th shortest prompt, k = goodput x requests: if it alone misses the TTFT bound,
+    # so does every prompt at least as long, and fewer than goodput of the requests can meet
+    # the SLO (a request's TTFT is at least its prompt's prefill on an idle replica).
+    k = max(1, math.ceil(goodput * len(inputs) - 1e-9))
+    return (rate, float(inputs.mean()), float(outputs.mean()),
+            int((inputs + outputs).max()), int(np.partition(inputs, k - 1)[k - 1]))
+
+
+def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_out: float,
+           longest: int, kth_in: int, goodput: float) -> None:
+    """Prune the shape, or set its lower bound of replicas and cost per hour at the load."""
+    d = variant.serve[0]
+    cost, capacity, _ = replica_models(variant, d)
+    shape.kv_capacity_tokens = int(capacity)
+    if capacity < longest:
+        shape.why = (f"memory: the KV cache holds {capacity:,} tokens per replica, the longest "
+                     f"request needs {longest:,}")
+        return
+    tpi = cost.tokens_per_iteration
+    context = mean_in  # each sequence holds at least its prompt's KV while it decodes
+    shape.decode_batch1_s = cost.run_s(1, context, 1) / tpi
+    if shape.decode_batch1_s > d.slo.tpot_s:
+        shape.why = (f"slo: a decode iteration of one sequence takes "
+                     f"{shape.decode_batch1_s * 1e3:,.1f} ms per token, over the TPOT bound "
+                     f"{d.slo.tpot_s * 1e3:g} ms")
+        return
+    prefill = cost.target.prefill_s(max(1, kth_in))
+    if prefill > d.slo.ttft_s:
+        shape.why = (f"slo: a {kth_in:,}-token prompt alone takes {prefill:,.2f} s to prefill, "
+                     f"over the TTFT bound {d.slo.ttft_s:g} s, and over {1 - goodput:.1%} of "
+                     "the prompts are at least that long")
+        return
+    # The least seconds per output token at a batch whose iteration meets the TPOT bound,
+    # within max_batch and the KV cache (each sequence holds at least its prompt). An
+    # iteration's time grows with the batch, so the largest such batch is found exactly
+    # (bisection); below it, between sampled batches b < b' (at most 10% apart), a batch's
+    # per-token time is at least base(b) / b', so the minimum is bounded from below without
+    # costing every batch (24 sampled batches alone missed the best one by up to 27%).
+    most = max(1, min(shape.max_batch, int(capacity // max(1.0, context))))
+    tpot = d.slo.tpot_s * tpi
+    low, high = 1, most  # iteration(low) meets the bound (checked above)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost.run_s(middle, middle * context, 1) <= tpot:
+            low = middle
+        else:
+            high = middle - 1
+    samples = np.unique(np.round(np.geomspace(
+        1, low, num=max(2, math.ceil(math.log(max(low, 2)) / math.log(1.1)) + 1))).astype(int))
+    base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
+    per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
+                                         for i in range(len(samples) - 1)])
+    per_token = (per_batch + cost.kv_s * context) / tpi
+    # Prefill counts at half its marginal time (its iteration less a one-token one): merged
+    # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
+    # streaming, so its standalone time overstates what it adds; halved, the rate stays an
+    # upper bound on the calibrated cases (tests/test_serving_plan.py checks it against the
+    # capacity found by simulation). The first output token is prefill's: decode makes the
+    # rest.
+    prefill = cost.target.prefill_s(max(1, int(mean_in))) - cost.target.prefill_s(1)
+    seconds_per_request = 0.5 * max(0.0, prefill) + max(0.0, mean_out - 1.0) * per_token
+    shape.rate_bound_per_s = 1.0 / seconds_per_request if seconds_per_request > 0 else math.inf
+    shape.replicas_bound = max(1, math.ceil(load / shape.rate_bound_per_s - 1e-9))
+    # The instances the cost figure charges (deployment_instances: not rounded up to whole
+    # UltraServers, as the cluster _instances_for builds is), so the bound stays below it.
+    shape.instances_bound = -(-shape.tp * shape.pp * shape.replicas_bound
+                              // shape.spec.ranks_per_instance)
+    price = shape.spec.instance.price_per_hour_usd
+    shape.usd_per_h_bound = shape.instances_bound * (price if price is not None else
+                                                     shape.spec.chips_per_instance)
+
+
+def _shapes(name: str, hw_value: Any, spec: Any, batches: tuple[int, ...], d: Any
+            ) -> list[_Shape]:
+    """Every replica shape to consider: tensor parallelism in powers of two up to the
+    NeuronLink (or NVLink) domain, pipeline stages, batch limits."""
+    domain = spec.ranks_per_instance * (spec.instances_per_ultraserver if spec.ultraserver
+                                        else 1)
+    tps = [2 ** k for k in range(int(math.log2(domain)) + 1)]
+    out = []
+    for tp in tps:
+        for pp in PIPELINE:
+            for batch in sorted(set(batches) | {d.server.max_batch}):
+                out.append(_Shape(name, hw_value, spec, tp, pp, batch))
+    return out

@@ -1,0 +1,172 @@
+"""A run's figures: the cluster's, each job's, and the mean with its 95% interval over replications."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from clustersim.hardware.topology import Topology
+from clustersim.scenario.models import Scenario
+from clustersim.scenario.serving import deployment_instances
+from clustersim.training.profile import StepProfile
+
+__all__ = [
+    "capped_workers",
+    "cluster_figures",
+    "effective_figures",
+    "t_quantile",
+]
+
+
+def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
+    """Size, bandwidth, peak compute, memory, price and power of the whole cluster."""
+    hw = scenario.hardware
+    chips = topology.chips
+    price = hw.instance.price_per_hour_usd
+    power = hw.chip.power_w
+    return {
+        "hardware": hw.name,
+        "instance_type": hw.instance.name,
+        "chip": hw.chip.name,
+        "chips": chips,
+        "chips_per_instance": hw.chips_per_instance,
+        "instances_per_ultraserver": hw.instances_per_ultraserver,
+        "ranks": chips * hw.chip.ranks,
+        "instances": topology.instances,
+        "working_instances": scenario.working_instances,
+        "spare_instances": scenario.total_instances - scenario.working_instances,
+        # held by the serving deployments for the whole run; jobs are placed around them
+        "serving_instances": sum(deployment_instances(d, hw) for d in scenario.serve),
+        "ultraservers": topology.ultraservers,
+        "leaf_switches": topology.leaves,
+        "spine_switches": topology.spines,
+        "links": dict(topology.edge_counts),
+        "per_chip_bandwidth_gbyte_per_s": {
+            k: round(v / 1e9, 6) for k, v in topology.chip_bandwidth_bytes_per_s(0).items()
+        },
+        "bisection_gbyte_per_s": topology.bisection_bytes_per_s() / 1e9,
+        "peak_pflops": {p: chips * t / 1e3 for p, t in hw.chip.tflops.items()},
+        "hbm_tib": chips * hw.chip.hbm_bytes / 2**40,
+        "hbm_bandwidth_tbyte_per_s": chips * hw.chip.hbm_bandwidth_bytes_per_s / 1e12,
+        "price_per_hour_usd": None if price is None else price * topology.instances,
+        "chip_power_kw": None if power is None else chips * power / 1e3,
+    }
+
+
+def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str, dict[str, Any]]:
+    hw = scenario.hardware
+    jobs = {}
+    for job in scenario.jobs:
+        instances = scenario.job_instances(job)
+        par = job.parallelism
+        jobs[job.name] = {
+            "model": job.model.name,
+            "parameters": job.model.parameter_count(),
+            "active_parameters": job.model.active_parameters,
+            "ranks": job.ranks,
+            "instances": instances,
+            "chips": instances * hw.chips_per_instance,
+            "tp": par.tp,
+            "pp": par.pp,
+            "dp": par.dp,
+            "seq_len": job.sequence_length,
+            "global_batch": job.global_batch,
+            "tokens_per_step": job.global_batch * job.sequence_length,
+        }
+        profile = steps[job.name]
+        figures = profile.as_dict()
+        jobs[job.name].update({
+            "step_time_s": profile.step_time_s,
+            "step_time_s_band": list(profile.step_time_s_band),
+            "tokens_per_s": profile.tokens_per_s,
+            "sequences_per_s": profile.sequences_per_s,
+            "mfu": profile.mfu,
+            "hfu": profile.hfu,
+            "fits_memory": profile.fits_memory,
+            "memory_per_chip_gib": figures["memory_per_chip_gib"],
+            "step_breakdown": figures["step_breakdown"],
+            "energy_per_token_j": profile.energy_per_token_j,
+            "cost_per_million_tokens_usd": profile.cost_per_million_tokens_usd,
+        })
+    return jobs
+
+
+def effective_figures(scenario: Scenario, job: dict[str, Any]) -> dict[str, float | None]:
+    """Cost and energy per token over the run: the chip-time the job held (wall time on its
+    instances, lost and waiting hours included) at the on-demand price and at the chips'
+    power, over the tokens it trained. The step figures are the ideal; these, about the ideal
+    over the ETTR, are what the run paid. None without a price, a power or any token."""
+    hw = scenario.hardware
+    tokens = job["tokens_trained"]
+    held_chip_h = job["held_chip_s"] / 3600
+    price = hw.instance.price_per_hour_usd
+    power = hw.chip.power_w
+    return {
+        "effective_cost_per_million_tokens_usd": (
+            held_chip_h * price / hw.chips_per_instance / tokens * 1e6
+            if tokens and price is not None else None),
+        "effective_energy_per_token_j": (
+            job["held_chip_s"] * power / tokens if tokens and power is not None else None),
+    }
+
+
+def capped_workers(workers: int | None, tasks: int) -> int:
+    """Processes worth starting: at most one per task and per core (`workers` or not)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(workers or cores, tasks, cores))
+
+
+def t_quantile(dof: int) -> float:
+    """The 0.975 quantile of Student's t with `dof` degrees of freedom (nan below 1): the
+    95% interval of a mean of dof + 1 values is this x their standard deviation / sqrt(n)."""
+    if dof <= 0:
+        return math.nan
+    if dof in _T975:
+        return _T975[dof]
+    if dof > 30:
+        return 1.96 + 2.4 / dof  # close to the t quantile past 30 degrees of freedom
+    lower = max(k for k in _T975 if k < dof)
+    upper = min(k for k in _T975 if k > dof)
+    weight = (dof - lower) / (upper - lower)
+    return _T975[lower] * (1 - weight) + _T975[upper] * weight
+
+
+def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean of every number over replications, with `<name>_ci95` half-widths; nested
+    mappings are combined key by key; other values are taken from the first."""
+    first = values[0]
+    n = len(values)
+    if n == 1:
+        return first
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | dict):
+            out[key] = value
+            continue
+        if isinstance(value, dict):
+            if all(isinstance(v.get(key), dict) for v in values):
+                keys = list(dict.fromkeys(k for v in values for k in v[key]))
+                # A key missing from a replication's mapping (a cause that did not occur) is 0.
+                filled = [{k: v[key].get(k, 0) for k in keys} for v in values]
+                out[key] = _combine(filled)
+            else:
+                out[key] = value
+            continue
+        numbers = [v.get(key) for v in values]
+        if any(x is None for x in numbers):
+            out[key] = value
+            continue
+        array = np.asarray(numbers, dtype=float)
+        same_int = all(isinstance(x, int) and x == numbers[0] for x in numbers)
+        out[key] = numbers[0] if same_int else float(array.mean())  # 1,024 chips, not 1,024.0
+        if n > 1:
+            out[f"{key}_ci95"] = float(t_quantile(n - 1) * array.std(ddof=1) / math.sqrt(n))
+    return out
+
+
+# Student t quantiles (0.975) for the 95% interval of a mean of n replications (n - 1 dof).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}

@@ -1,0 +1,49 @@
+"""The mean layer of a model whose layers differ (MLA, windows, dense and MoE layers, shared
+experts, an uneven routing load, experts grouped per rank): training.workload's
+layer_forward_ops hands such models here; training.attention and training.experts give the
+parts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clustersim.training.attention import core_ops, projection_ops
+from clustersim.training.experts import ffn_ops
+from clustersim.training.transformer import sharded_heads
+
+if TYPE_CHECKING:
+    from clustersim.training.transformer import TransformerShape
+    from clustersim.training.workload import Op
+
+__all__ = ["mean_layer_ops"]
+
+
+def mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
+                   sequence_parallel: bool, e: int, attention: str, load: float,
+                   local: int = 1) -> list[Op]:
+    """layer_forward_ops of a model whose layers differ (MLA, windows, dense and MoE layers,
+    shared experts, an uneven routing load, experts grouped per rank): the mean layer."""
+    from clustersim.training.workload import _matmul, _vector
+
+    h, tokens = model.hidden, b * s
+    layout = sharded_heads(model, tp)
+    heads, kv_heads = layout.per_rank, layout.kv_per_rank
+    outside = tokens * h / (tp if sequence_parallel else 1)
+    if model.attention == "mla":
+        before = projection_ops(model, tokens, heads, e)
+        out_width = heads * model.v_head_dim
+    else:
+        before = [_matmul("qkv", tokens, h, (heads + 2 * kv_heads) * model.head_dim, e)]
+        out_width = heads * model.head_dim
+    router_tokens = tokens // (tp if sequence_parallel else 1)
+    return [
+        _vector("norm_attention", outside, e, passes=2),
+        *before,
+        *core_ops(model, b, s, seq, heads, kv_heads, e, attention),
+        _matmul("projection", tokens, out_width, h, e),
+        _vector("residual_attention", outside, e, passes=3),
+        _vector("norm_mlp", outside, e, passes=2),
+        *ffn_ops(model, tokens, tokens * model.top_k * load, router_tokens, model.ffn // tp,
+                 model.expert_ffn // tp, e, local),
+        _vector("residual_mlp", outside, e, passes=3),
+    ]

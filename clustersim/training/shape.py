@@ -1,0 +1,161 @@
+"""The shape of a job's placement: what its step depends on, and a canonical placement of
+that shape on which the step model simulates it (one simulation per shape, not per placement).
+
+Over several sites (`spread_shape`), the shape is how many instances are in which sites,
+and the canonical placement each site's share from the start of the site, whole
+UltraServers first. Within a site the leaf pattern is left
+out: a spread job's step is set by its cross-site reduction, and on a non-blocking fabric
+the leaves do not change it (an oversubscribed one is paced by the timeline's uplink
+sharing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from clustersim.training.experts import expert_load
+from clustersim.training.workload import TrainingJob
+
+if TYPE_CHECKING:
+    from clustersim.hardware.topology import Topology
+    from clustersim.training.step import StepModel
+
+__all__ = ["placement_shape", "small_placement_shape", "spread_shape", "leaves_matter",
+           "first_seen_labels", "labels_bytes", "SMALL"]
+
+
+def placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
+    """The placement's shape and a canonical placement of that shape (each leaf's share
+    from the start of a leaf), on which the step is simulated.
+
+    The shape is what the step on the canonical placement depends on: in rank order, each
+    instance's UltraServer (renamed by first appearance) and its place in it, and the leaf
+    of each pipeline rank's first instance (its sends cross a spine or not). On a
+    non-blocking fabric the leaves change nothing else: a leaf's uplinks carry all its
+    chips' EFA, so a collective's crossing flows never outrun their NICs
+    (`collectives.fabric`). There, placements that differ only in how their instances
+    fall on leaves share one simulation (tests/test_step.py checks it against simulating
+    each); on an oversubscribed fabric the shape keeps the instances per leaf."""
+    par = job.parallelism
+    hw = model.hardware
+    per_leaf = model.topology.fabric.leaf_size(hw.instances_per_ultraserver)
+    ipu = hw.instances_per_ultraserver
+    head = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
+            job.precision, job.recompute, model.attention(job), hw.name, len(placed),
+            expert_load(job))
+    spread = spread_shape(model.topology, placed)
+    if spread is not None:  # over several sites: the shape is how it splits over them
+        split, canonical = spread
+        return (*head, "sites", split), canonical
+    n = len(placed)
+    if n <= SMALL:
+        return small_placement_shape(model, job, head, placed, per_leaf, ipu)
+    leaves = placed // per_leaf
+    # Instances per leaf, leaves in order of first appearance (one pass when sorted).
+    if n > 1 and bool((leaves[1:] >= leaves[:-1]).all()):
+        starts = np.concatenate(([0], np.flatnonzero(leaves[1:] != leaves[:-1]) + 1))
+        counts = np.diff(np.append(starts, n))
+    else:
+        _, starts, counts = np.unique(leaves, return_index=True, return_counts=True)
+        counts = counts[np.argsort(starts)]
+    offset = int(placed[0] % ipu)
+    contiguous = int(placed[-1]) - int(placed[0]) == n - 1 and (
+        n == 1 or bool((np.diff(placed) == 1).all()))
+    if contiguous:
+        canonical = placed
+    else:
+        # Each leaf's share from the start of the leaf (in leaf order: ascending).
+        first = np.arange(len(counts)) * per_leaf + offset % per_leaf
+        canonical = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(n)
+        if canonical[-1] >= model.topology.instances:
+            canonical = placed  # no room for the canonical form: use the placement itself
+    if model._leaves_matter:
+        us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
+        return (*head, offset, tuple(counts.tolist()), us_counts), canonical
+    stride = par.tp * par.cp
+    firsts = canonical[np.arange(par.pp) * stride // hw.ranks_per_instance]
+    return (*head, "ultraservers", first_seen_labels(canonical // ipu).tobytes(),
+            (canonical % ipu).tobytes(), first_seen_labels(firsts // per_leaf).tobytes()
+            ), canonical
+
+
+def small_placement_shape(model: StepModel, job: TrainingJob, head: tuple, placed: np.ndarray,
+                          per_leaf: int, ipu: int) -> tuple[tuple, np.ndarray]:
+    """`placement_shape` of a placement of a few instances, the same key and canonical placement
+    computed on Python integers (most jobs of a fleet are a few instances, placed again
+    at every start and recovery; numpy's per-call cost was most of their shape)."""
+    ids = placed.tolist()
+    counts: dict[int, int] = {}  # instances per leaf, in order of first appearance
+    for i in ids:
+        counts[i // per_leaf] = counts.get(i // per_leaf, 0) + 1
+    offset = ids[0] % ipu
+    canonical_ids = ids
+    if any(b - a != 1 for a, b in zip(ids, ids[1:], strict=False)):
+        shares = [leaf * per_leaf + offset % per_leaf + k
+                  for leaf, count in enumerate(counts.values()) for k in range(count)]
+        if shares[-1] < model.topology.instances:
+            canonical_ids = shares
+    canonical = placed if canonical_ids is ids else np.array(canonical_ids, dtype=np.int64)
+    if model._leaves_matter:
+        servers: dict[int, int] = {}
+        for i in ids:
+            servers[i // ipu] = servers.get(i // ipu, 0) + 1
+        return (*head, offset, tuple(counts.values()), tuple(sorted(servers.values()))
+                ), canonical
+    par = job.parallelism
+    stride = par.tp * par.cp
+    rpi = model.hardware.ranks_per_instance
+    firsts = [canonical_ids[d * stride // rpi] for d in range(par.pp)]
+    return (*head, "ultraservers", labels_bytes([i // ipu for i in canonical_ids]),
+            np.array([i % ipu for i in canonical_ids], dtype=np.int64).tobytes(),
+            labels_bytes([i // per_leaf for i in firsts])), canonical
+
+
+SMALL = 16  # placements of at most this many instances: `small_placement_shape`
+
+
+def labels_bytes(ids: list[int]) -> bytes:
+    """`first_seen_labels(np.array(ids)).tobytes()` for a short list."""
+    seen: dict[int, int] = {}
+    return np.array([seen.setdefault(i, len(seen)) for i in ids], dtype=np.int64).tobytes()
+
+
+def first_seen_labels(ids: np.ndarray) -> np.ndarray:
+    """Each id renamed by the order of its first appearance: [7, 3, 7, 9] -> [0, 1, 0, 2]."""
+    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):  # sorted: count the changes
+        return np.concatenate(([0], np.cumsum(ids[1:] != ids[:-1])))
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse]
+
+
+def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndarray] | None:
+    """((site, instances) per site in order, canonical placement), or None in one site."""
+    if topology.chip_site is None or topology.sites is None:
+        return None
+    sites = topology.chip_site[placed * topology.hardware.chips_per_instance]
+    first, last = int(sites.min()), int(sites.max())
+    if first == last:
+        return None
+    ids, counts = np.unique(sites, return_counts=True)
+    starts = topology.sites.first_instance
+    canonical = np.concatenate([np.arange(starts[s], starts[s] + c)
+                                for s, c in zip(ids.tolist(), counts.tolist(), strict=True)])
+    split = tuple(zip(ids.tolist(), counts.tolist(), strict=True))
+    return split, canonical
+
+
+def leaves_matter(topology: Topology) -> bool:
+    """Whether the leaves a placement's instances fall on can change a collective beyond
+    which spine a send crosses: over several sites, on an oversubscribed fabric, or with
+    UltraServers split across leaves. Otherwise a leaf's uplinks carry all its chips' EFA,
+    so crossing flows never outrun their NICs (`collectives.fabric`), and the step model
+    keys its caches without the leaves."""
+    hw = topology.hardware
+    ipu = hw.instances_per_ultraserver
+    fabric = topology.fabric
+    return (topology.site_count > 1 or fabric.oversubscription > 1.0
+            or fabric.leaf_size(ipu) % ipu != 0)
