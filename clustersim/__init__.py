@@ -24,6 +24,9 @@ _EXPORTS = {
     "run_to": "clustersim.runner.api",
     "simulate": "clustersim.runner.api",
     "write_run": "clustersim.runner.api",
+    "step_timeline": "clustersim.runner.views",
+    "write_step_timeline": "clustersim.runner.views",
+    "write_html_report": "clustersim.runner.views",
     "Scenario": "clustersim.scenario.loader",
     "ScenarioError": "clustersim.scenario.loader",
     "load_scenario": "clustersim.scenario.loader",
@@ -42,7 +45,10 @@ __all__ = [
     "load_scenario",
     "run_to",
     "simulate",
+    "step_timeline",
+    "write_html_report",
     "write_run",
+    "write_step_timeline",
 ]
 
 

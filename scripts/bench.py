@@ -425,6 +425,28 @@ figures = {"run_wall_s": round(wall, 1), "run_cpu_s": round(usage.ru_utime + usa
 """,
         False,
     ),
+    "report --html of scenarios/trn2-512k-month.yaml (524,288 chips, 30 days), opened in Chromium": (
+        """
+import importlib.util
+spec = importlib.util.spec_from_file_location("html_open", "scripts/html_open.py")
+html_open = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(html_open)
+out = tempfile.mkdtemp() + "/run"
+subprocess.run([sys.executable, "-m", "clustersim", "run", "scenarios/trn2-512k-month.yaml",
+                "-o", out], capture_output=True, text=True, check=True)
+t0 = time.perf_counter()
+subprocess.run([sys.executable, "-m", "clustersim", "report", out, "--html"],
+               capture_output=True, text=True, check=True)
+report_s = time.perf_counter() - t0
+opened = html_open.open_report(out + "/report/report.html")
+figures = {"report_wall_s": round(report_s, 1),
+           "html_mib": round(opened["size_bytes"] / 2**20, 2),
+           "chromium_open_s": round(opened["open_s"], 1),
+           "scripts_done_s": round(opened["drawn_ms"] / 1e3, 2),
+           "plots": opened["plots"], "console_errors": len(opened["errors"])}
+""",
+        False,
+    ),
     "clustersim topology (CLI) of scenarios/trn2-524k-topology.yaml": (
         """
 import subprocess, sys, json

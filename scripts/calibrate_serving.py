@@ -11,12 +11,15 @@ Rows (sources in docs/calibration.md):
 - Trn1 (`clustersim.calibration.serving`): Neuron docs, trn1 inference performance,
   transformers-neuronx, SDK 2.18 (trn1.32xlarge, TP 32, bf16; TTFT and TPOT p50). The model's
   TTFT is one prefill iteration of the batch's prompts; its TPOT the mean decode iteration
-  while the context grows over the output. Fitted with the Trn1 collectives and step
-  constants by `scripts/calibrate_collectives.py --joint`.
+  while the context grows over the output. Per release of the stack: 2.18.0 fitted with the
+  Trn1 collectives and step constants by `scripts/calibrate_collectives.py --joint` (the
+  trn1 entry's constants); 2.18.1 (its Llama 3 70B rows) with two constants of its own,
+  `--fit-release` (catalog/stacks.yaml).
 - Trn2 (`clustersim.calibration.trn2`): NxD Inference on trn2.48xlarge at TP 64 (Llama 3.3
-  70B tutorial and its prefix-caching table's rows without cache hits), fitted with the Trn2
-  collectives by `scripts/calibrate_collectives.py --family trn2`; the Llama 3.1 405B rows
-  judge (not fitted).
+  70B tutorial and its prefix-caching table's rows without cache hits, Llama 3.1 405B
+  tutorials), fitted with the Trn2 collectives by `scripts/calibrate_collectives.py --family
+  trn2`; printed from their scenario files (scenarios/calibration/serving/trn2-*.yaml, stack
+  nxd-inference with its compiled buckets) run as `clustersim run` runs them.
 - GPU (`clustersim.calibration.gpu_serving`): TensorRT-LLM's max-throughput table (v0.17,
   FP8), output tokens/s of the tensor-parallel group, simulated with every request queued at
   once. `--fit-gpu` first fits the p5 TP all-reduce kernels (`serving.tp_link_efficiency`,
@@ -64,44 +67,68 @@ def rows(hbm_efficiency: float | None = None, overhead_s: float | None = None,
 
 
 def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = None) -> None:
+    """The Trn1 rows per transformers-neuronx release, each run from its scenario file
+    (scenarios/calibration/serving/trn1-*.yaml: the release's stack, a static batch) as
+    `clustersim run` runs it; with a trial --hbm-efficiency or --overhead, priced by the cost
+    formulas the fit uses instead (the files hold the catalog's constants)."""
+    from clustersim.calibration.scenarios import run_serving_row, trn1_file
     from clustersim.calibration.serving import UNSEEN_SERVING_218
-    for title, table in (("fitted (SDK 2.18.0)", SERVING_MEASUREMENTS),
-                         ("unseen, not fitted (the same page's data files; SDK 2.18.1 rows "
-                          "judge)", UNSEEN_SERVING_218)):
-        print(f"== Trn1 (trn1.32xlarge, TP 32, bf16, transformers-neuronx SDK 2.18): {title}")
+    from clustersim.calibration.serving_stacks import RELEASE_2181, release_rows
+
+    trial = hbm_efficiency is not None or overhead_s is not None
+    tables = (("transformers-neuronx@2.18.0", "fitted", SERVING_MEASUREMENTS),
+              ("transformers-neuronx@2.18.0", "unseen, not fitted (the same page's data files)",
+               tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.0")),
+              (RELEASE_2181, "fitted (its own matmul_efficiency and score_efficiency)",
+               release_rows(RELEASE_2181)[0]),
+              (RELEASE_2181, "unseen, not fitted", release_rows(RELEASE_2181)[1]))
+    for stack, title, table in tables:
+        print(f"== stack {stack}, Trn1 family (trn1.32xlarge, TP 32, bf16): {title}"
+              f"{'' if table else ': none'}")
+        if not table:
+            print()
+            continue
         print(f"{'model':<12}{'sdk':>7}{'batch':>6}{'in/out':>11}{'TTFT ms':>10}{'pub':>9}"
               f"{'err':>8}{'TPOT ms':>10}{'pub':>8}{'err':>8}")
-        for r in rows(hbm_efficiency, overhead_s, table):
-            print(f"{r['model']:<12}{r['sdk']:>7}{r['batch']:>6}{r['tokens']:>11}"
-                  f"{r['ttft_ms']:>10.2f}"
-                  f"{r['ttft_published_ms']:>9.2f}{r['ttft_error']:>+8.1%}{r['tpot_ms']:>10.2f}"
-                  f"{r['tpot_published_ms']:>8.2f}{r['tpot_error']:>+8.1%}")
+        if trial and stack != RELEASE_2181:
+            figures = [(r["ttft_ms"] * 1e-3, r["tpot_ms"] * 1e-3)
+                       for r in rows(hbm_efficiency, overhead_s, table)]
+        else:
+            figures = [run_serving_row(trn1_file(m)) for m in table]
+        for m, (ttft, tpot) in zip(table, figures, strict=True):
+            print(f"{m.model:<12}{m.sdk:>7}{m.batch:>6}"
+                  f"{f'{m.input_tokens}/{m.output_tokens}':>11}{ttft * 1e3:>10.2f}"
+                  f"{m.ttft_ms:>9.2f}{ttft * 1e3 / m.ttft_ms - 1:>+8.1%}{tpot * 1e3:>10.2f}"
+                  f"{m.tpot_ms:>8.2f}{tpot * 1e3 / m.tpot_ms - 1:>+8.1%}")
         print()
 
 
 def print_trn2() -> None:
-    from clustersim.calibration.trn2 import (
-        TRN2_SERVING,
-        UNFITTED,
-        UNSEEN_TRN2_SERVING,
-        predict_trn2_serving,
-    )
+    """The Trn2 rows (stack nxd-inference), each run from its scenario file under
+    scenarios/calibration/serving/ as `clustersim run` runs it."""
+    from clustersim.calibration.scenarios import CALIBRATION_DIR, file_for, run_serving_row
+    from clustersim.calibration.trn2 import TRN2_SERVING, UNFITTED, UNSEEN_TRN2_SERVING
+
     fitted = tuple(r for r in TRN2_SERVING if r.name not in UNFITTED)
     apart = tuple(r for r in TRN2_SERVING if r.name in UNFITTED)
     for title, table in (("fitted", fitted),
                          ("set apart, not fitted (off the other rows' line by x3.2: see "
                           "docs/calibration.md)", apart),
                          ("unseen, not fitted", UNSEEN_TRN2_SERVING)):
-        print(f"\n== Trn2 (trn2.48xlarge, TP 64, LNC 2, NxD Inference): {title}")
-        print(f"{'row':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}{'pub':>7}{'err':>8}")
-        for row, p in zip(table, predict_trn2_serving(rows=table), strict=True):
-            if p is None:
-                print(f"{row.name:<50}  not priced: the serving model has no draft costs yet")
-                continue
-            tpot = "" if row.tpot_ms is None else (
-                f"{p[1] * 1e3:>9.2f}{row.tpot_ms:>7.2f}{p[1] * 1e3 / row.tpot_ms - 1:>+8.1%}")
-            print(f"{row.name:<50}{p[0] * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
-                  f"{p[0] * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot}")
+        print(f"\n== stack nxd-inference, Trn2 family (trn2.48xlarge, TP 64, LNC 2): {title}"
+              f"{'' if table else ': none'}")
+        if not table:
+            continue
+        print(f"{'row (scenario file)':<86}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}"
+              f"{'pub':>7}{'err':>8}")
+        for row in table:
+            path = file_for("serving", f"trn2-{row.name}")
+            ttft, tpot = run_serving_row(path)
+            shown = "" if row.tpot_ms is None or tpot is None else (
+                f"{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}")
+            print(f"{str(path.relative_to(CALIBRATION_DIR.parent.parent)):<86}"
+                  f"{ttft * 1e3:>9.1f}{row.ttft_ms:>8.1f}{ttft * 1e3 / row.ttft_ms - 1:>+8.1%}"
+                  f"{shown}")
 
 
 def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
@@ -270,9 +297,17 @@ def main() -> None:
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
     parser.add_argument("--fit-moe", action="store_true", help="refit serving."
                         "moe_layer_overhead (trn2, p5e) on the batch-1 DeepSeek-V3 rows")
+    parser.add_argument("--fit-release", action="store_true",
+                        help="refit transformers-neuronx@2.18.1's two constants on its rows")
     parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "
                         '\'{"iteration_overhead": 0.003}\'')
     args = parser.parse_args()
+    if args.fit_release:
+        from clustersim.calibration.serving_stacks import RELEASE_2181, fit_release
+        values = fit_release()
+        print(f"fitted {RELEASE_2181} (catalog/stacks.yaml):",
+              {k: round(v, 3) for k, v in values.items()})
+        return
     if args.fit_gpu:
         kernels = fit_all_reduce()
         print("fitted p5 TP all-reduce kernels:", {k: round(v, 9) for k, v in kernels.items()})

@@ -4,7 +4,8 @@
     python scripts/validate_model.py --steps    # training steps only (skip collectives)
     python scripts/validate_model.py --steps --markdown   # the step tables of docs/calibration.md
 
-Training steps (clustersim/calibration/step.py): per chip family, the calibration rows (the
+Training steps (clustersim/calibration/step.py, each run from its scenario file under
+scenarios/calibration/training/ as `clustersim step` runs it): per chip family, the calibration rows (the
 family's three constants were fitted to these) and the unseen rows (published runs the
 constants were not fitted to), each with the published figure, the model's and the error
 (model throughput / published throughput - 1, equal to published step time / model step time
@@ -30,24 +31,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # calibrate_serving's 
 
 from clustersim.calibration.step import (  # noqa: E402
     FAMILIES,
-    choose_schedule,
     error,
     error_band,
     family_rows,
-    predict_step,
 )
-from clustersim.hardware.catalog import catalog_entry
+from clustersim.hardware.catalog import catalog_entry, catalog_sources
 from clustersim.hardware.constants import Efficiency
 
 _UNITS = {"sequences_per_s": "seq/s", "hfu": "HFU", "step_time_s": "s/step"}
 
 
 def step_rows(family: str, visible: bool) -> list[tuple[str, float, float, float, str]]:
+    """Each row run from its scenario file (scenarios/calibration/training/), as `clustersim
+    step` runs it, with the schedule written there."""
+    from clustersim.calibration.scenarios import file_for, run_training_row
+    from clustersim.scenario.loader import load_scenario
+
     out = []
     for m in family_rows(family, visible):
-        schedule = choose_schedule(m)
-        predicted, _ = predict_step(m, schedule=schedule)
-        note = f"micro-batch {schedule[0]}, interleave {schedule[1]}"
+        path = file_for("training", m.name)
+        predicted = run_training_row(path, m.metric)
+        job = load_scenario(path).jobs[0]
+        note = f"micro-batch {job.micro_batch}, interleave {job.parallelism.interleave}"
         out.append((m.name, m.measured, predicted, error(m, predicted),
                     f"{_UNITS[m.metric]}; {note}; {m.source}"))
     return out
@@ -73,6 +78,7 @@ def print_steps() -> None:
                   f"band [{low:+.1%}, {high:+.1%}]")
         print("-- constants (clustersim/catalog/hardware.yaml)")
         fields = Efficiency.model_fields
+        sources = catalog_sources(entry)
         for key, value in (("matmul", eff.matmul), ("vector", eff.vector),
                            ("pass_overhead", f"{eff.pass_overhead_s * 1e3:.2f} ms"),
                            ("tile", eff.tile), ("k_tile", eff.k_tile),
@@ -80,6 +86,8 @@ def print_steps() -> None:
                            ("step_error_band", list(eff.step_error_band))):
             name = key if key in fields else f"{key}_s"
             fitted = "fitted" if key in ("matmul", "vector", "pass_overhead") else "physical"
+            if sources.get(f"chip.efficiency.{key}", "").startswith("BOUND-"):
+                fitted = "bounded"
             if key == "step_error_band":
                 fitted = "from the residuals"
             print(f"  {key:16s} {value!s:>14s}  ({fitted}) {fields[name].description}")
@@ -162,27 +170,16 @@ def print_serving_gpu() -> None:
 
 
 def print_serving() -> None:
-    from clustersim.calibration.serving import SERVING_MEASUREMENTS, predict_serving
+    """The Trn1 rows per transformers-neuronx release (its stack), from their scenario runs
+    as scripts/calibrate_serving.py prints them, then the older SDKs' rows."""
+    from calibrate_serving import print_trn1
+
     serving = catalog_entry("trn1").serving
     print("\n== serving (trn1.32xlarge, TP 32, bf16; transformers-neuronx; milliseconds)")
-    print(f"  {'model':12s} {'batch':>5s} {'in/out':>10s} {'TTFT pub':>9s} {'model':>8s} "
-          f"{'error':>7s} {'TPOT pub':>9s} {'model':>8s} {'error':>7s}")
-    for m, (ttft, tpot) in zip(SERVING_MEASUREMENTS, predict_serving(), strict=True):
-        print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
-              f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
-              f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
-    from clustersim.calibration.serving import (
-        UNSEEN_SERVING,
-        UNSEEN_SERVING_218,
-        predict_token_latency,
-    )
-    print("  unseen rows (not fitted), the same SDK's data file:")
-    for m, (ttft, tpot) in zip(UNSEEN_SERVING_218, predict_serving(rows=UNSEEN_SERVING_218),
-                               strict=True):
-        print(f"  {m.model:12s} {m.batch:5d} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
-              f"{m.ttft_ms:9.2f} {ttft * 1e3:8.2f} {ttft * 1e3 / m.ttft_ms - 1:+7.1%} "
-              f"{m.tpot_ms:9.2f} {tpot * 1e3:8.2f} {tpot * 1e3 / m.tpot_ms - 1:+7.1%}")
-    print("  unseen rows (not fitted): request time over input + output tokens, ms")
+    print_trn1()
+    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
+    print("== transformers-neuronx of SDK 2.14 and 2.16 (no stack of their own: priced with "
+          "2.18.0's), unseen: request time over input + output tokens, ms")
     for m, predicted in zip(UNSEEN_SERVING, predict_token_latency(), strict=True):
         print(f"  {m.model:12s} {'1':>5s} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
               f"{m.ms_per_token:9.2f} {predicted * 1e3:8.2f} "

@@ -60,7 +60,10 @@ def test_catalog_band_is_the_residual_band(visible_errors, family):
     unseen = [error(m, predict_step(m)[0]) for m in family_rows(family, visible=False)]
     low, high = error_band(list(visible_errors[family].values()) + unseen)
     eff = catalog_entry(entry).chip.efficiency
-    assert eff.step_error_band == pytest.approx((low, high), abs=0.005)
+    if family == "trn2":  # Trn1's band widened by these and the prefill rows (trn2.step_band)
+        assert eff.step_error_band[0] <= low + 0.005 and eff.step_error_band[1] >= high - 0.005
+    else:
+        assert eff.step_error_band == pytest.approx((low, high), abs=0.005)
     for member in members:
         other = catalog_entry(member).chip.efficiency
         assert (other.matmul, other.vector, other.pass_overhead_s) == (

@@ -315,10 +315,14 @@ def month_run(tmp_path_factory) -> Path:
 
 
 def _captured_figures(monkeypatch) -> dict[str, Any]:
-    from clustersim.analysis import report
+    import importlib
+    import pkgutil
+
+    import clustersim.analysis
+    from clustersim.analysis import plotting
 
     figures: dict[str, Any] = {}
-    original = report._save
+    original = plotting._save
 
     def keep(fig, path, tight=True):
         ax = fig.axes[0]
@@ -330,7 +334,11 @@ def _captured_figures(monkeypatch) -> dict[str, Any]:
         }
         return original(fig, path, tight)
 
-    monkeypatch.setattr(report, "_save", keep)
+    # every analysis module that draws imports plotting's _save by name: patch each one
+    for info in pkgutil.iter_modules(clustersim.analysis.__path__):
+        module = importlib.import_module(f"clustersim.analysis.{info.name}")
+        if getattr(module, "_save", None) is original:
+            monkeypatch.setattr(module, "_save", keep)
     return figures
 
 

@@ -304,7 +304,9 @@ def test_model_report_prints_the_serving_and_collective_rows(capsys) -> None:
     module.print_serving()
     module.print_collectives()
     out = capsys.readouterr().out
-    assert "unseen rows" in out and "all_reduce cheapest" in out and "unfused" in out
+    assert "unseen, not fitted" in out and "all_reduce cheapest" in out and "unfused" in out
+    assert "stack transformers-neuronx@2.18.0" in out
+    assert "stack transformers-neuronx@2.18.1" in out
     assert out.count("llama2-13b") == 6 and "nccom-test" in out
 
 

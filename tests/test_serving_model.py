@@ -125,7 +125,9 @@ def test_the_draft_runs_on_its_own_shapes() -> None:
     target = cost.target
     assert cost.base_s(2) == pytest.approx(target.iteration_s([], 16, 0.0)
                                            + 7 * (draft.decode_base_s(2) - draft.overhead_s))
-    assert draft.decode_base_s(2) < 0.5 * target.decode_base_s(2)
+    # its work (without the fixed host overhead both pay) is a fraction of the target's
+    assert (draft.decode_base_s(2) - draft.overhead_s
+            < 0.5 * (target.decode_base_s(2) - target.overhead_s))
     # Each proposal's KV is read by the draft, the context once more by the target.
     assert cost.kv_s == pytest.approx(target.kv_coefficient_s + 7 * draft.kv_coefficient_s)
     plain = scenario_from_dict(_deployment())

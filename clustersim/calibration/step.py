@@ -31,9 +31,11 @@ MICRO_BATCHES = (1, 2, 4, 8)
 INTERLEAVES = (1, 2, 3, 4)
 
 # Chip family -> the catalog entry whose constants are fitted, and the entries that take them.
-# Trn2 (trn2, trn2u) has its own constants, fitted on Trn2 data (clustersim.calibration.trn2).
+# Trn2 (trn2, trn2u) has its own constants, fitted on Trn2 data: its training rows' EFA
+# constants by clustersim.calibration.trn2_training, the rest by clustersim.calibration.trn2.
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "trainium": ("trn1", ("trn1", "trn1n", "trn3-gen1", "trn3-gen2")),
+    "trn2": ("trn2", ("trn2", "trn2u")),
     "gpu": ("p4d", ("p4d", "p4de", "p5", "p5e", "p5en")),
 }
 
@@ -104,6 +106,14 @@ _TRN1_UNSEEN_ROWS = (
     ("llama2-13b", 32, 8, 4, 32, 85.65),
     ("llama2-70b", 32, 32, 4, 8, 15.34),
 )
+# AXLearn (Lee et al., arXiv 2507.05411, table 3) on 64 trn2.48xlarge: the layout is AXLearn's
+# fuji mesh rule for trn2.48xlarge (apple/axlearn, axlearn/experiments/text/gpt/fuji.py):
+# `fsdp=-1, model=4` (TP 4 over a chip's four logical cores at LNC 2, weights, gradients and
+# optimizer state sharded over all 1,024 chips), sequence-parallel norms (its trn2 partition
+# specs), the default layer remat (saves the projections: `selective`). 4,096-token
+# sequences, 1,024 a step; step time in seconds.
+_AXLEARN = "AXLearn, arXiv 2507.05411, table 3 (64 trn2.48xlarge; fuji mesh rule)"
+_AXLEARN_ROWS = (("llama2-7b", 1.2), ("llama2-70b", 11.2))
 KORTHIKANTI_MODELS = {  # not in the model presets: layers, hidden, heads (table 3)
     "korthikanti-22b": {"layers": 48, "hidden": 6144, "heads": 64},
     "gpt3-175b-megatron": {"layers": 96, "hidden": 12288, "heads": 96},
@@ -143,6 +153,12 @@ STEP_MEASUREMENTS: tuple[StepMeasurement, ...] = (
                     "selective", "flash", 7.94, "sequences_per_s", _TRN1_224, visible=False,
                     micro_batch=1, notes=_NXD + "; pipeline 1F1B, no interleave"),
 ) + tuple(
+    StepMeasurement(f"{model} trn2 x64 (AXLearn)", "trn2", "trn2", 64, model, 4096, 1024,
+                    {"tp": 4, "pp": 1, "dp": 1024, "zero": 3, "sequence_parallel": True},
+                    "selective", "flash", seconds, "step_time_s", _AXLEARN, micro_batch=1,
+                    notes="FSDP over every chip: the step is its gathers and reduce-scatters")
+    for model, seconds in _AXLEARN_ROWS
+) + tuple(
     StepMeasurement(f"megatron-{name} a100 x{gpus}", "gpu", _DGX_A100, gpus // 8, model, 2048,
                     batch, {"tp": tp, "pp": pp, "dp": dp}, "full", "unfused", tflops / 312,
                     "hfu", f"{_NARAYANAN}: {tflops} teraFLOP/s per GPU",
@@ -173,16 +189,21 @@ def _model(name: str) -> str | dict:
 
 
 def step_scenario(m: StepMeasurement, efficiency: Mapping[str, Any] | None = None,
-                  micro_batch: int | None = None, interleave: int | None = None):
-    """The measurement as a scenario, with trial efficiency constants if given."""
+                  micro_batch: int | None = None, interleave: int | None = None,
+                  collectives: Mapping[str, Any] | None = None, recompute: str | None = None):
+    """The measurement as a scenario, with trial efficiency (and collectives) constants if
+    given, or another recompute policy."""
     from clustersim.scenario.loader import scenario_from_dict  # the scenario layer sits above
 
     hardware: Any = m.hardware
-    if efficiency:
+    if efficiency or collectives:
         hardware = dict(m.hardware) if isinstance(m.hardware, Mapping) else {"base": m.hardware}
+    if efficiency:
         chip = dict(hardware.get("chip", {}))
         chip["efficiency"] = {**chip.get("efficiency", {}), **efficiency}
         hardware["chip"] = chip
+    if collectives:
+        hardware["collectives"] = {**hardware.get("collectives", {}), **collectives}
     parallelism = dict(m.parallelism)
     if interleave is not None:
         parallelism["interleave"] = interleave
@@ -194,7 +215,8 @@ def step_scenario(m: StepMeasurement, efficiency: Mapping[str, Any] | None = Non
             "name": m.name.replace(" ", "_").replace("(", "").replace(")", ""),
             "model": _model(m.model), "seq_len": m.seq_len, "global_batch": m.global_batch,
             "micro_batch": micro_batch or m.micro_batch or 1, "parallelism": parallelism,
-            "precision": "bf16", "recompute": m.recompute, "attention": m.attention,
+            "precision": "bf16", "recompute": recompute or m.recompute,
+            "attention": m.attention,
         }],
     }
     return scenario_from_dict(raw)

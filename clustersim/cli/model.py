@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,16 +31,26 @@ def step(
     ignore_memory: Annotated[bool, typer.Option(
         "--ignore-memory", help="Show the step figures of a job that does not fit in memory "
                                 "(and exit 0).")] = False,
+    timeline: Annotated[Path | None, typer.Option(
+        "--timeline", help="Also write the step of each job as a Chrome trace event file "
+                           "(open it in ui.perfetto.dev or chrome://tracing).",
+        show_default=False)] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace the --timeline file if it exists.")] = False,
 ) -> None:
     """Per job: one training step's time and where it goes, tokens/s, MFU, memory, fit.
-    Exit 2 when a job does not fit in its chips' memory, unless --ignore-memory."""
-    from clustersim.runner.api import step_profiles
+    Exit 2 when a job does not fit in its chips' memory (and no --timeline is written),
+    unless --ignore-memory."""
+    from clustersim.runner.api import step_profiles, topology_for
     from clustersim.scenario.loader import load_scenario
 
+    if timeline is not None:
+        _check_timeline(timeline, force)  # before the work
     spec = load_scenario(scenario, overrides or [])
     if not spec.jobs:
         raise UsageProblem(f"{scenario}: the scenario has no jobs")
-    profiles = step_profiles(spec)
+    topology = topology_for(spec)
+    profiles = step_profiles(spec, topology)
     too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
     if json_out:
         print(json.dumps({"jobs": [{**profiles[job.name].as_dict(),
@@ -49,12 +60,27 @@ def step(
     else:
         for job in spec.jobs:
             _print_step(job, profiles[job.name], spec, ignore_memory)
+    if timeline is not None and not (too_big and not ignore_memory):
+        from clustersim.runner.views import write_step_timeline
+
+        write_step_timeline(spec, timeline, force, topology=topology)
+        err_console.print(f"wrote {escape(str(timeline))}: one step per job, for "
+                          "ui.perfetto.dev or chrome://tracing", soft_wrap=True)
     if too_big and not ignore_memory:
         err_console.print(f"[bold red]error: {escape(', '.join(too_big))} "
                           f"{'does' if len(too_big) == 1 else 'do'} not fit in memory[/bold red]"
                           " (exit 2; --ignore-memory shows the step figures anyway)",
                           soft_wrap=True)
         raise typer.Exit(2)
+
+
+def _check_timeline(path: Path, force: bool) -> None:
+    from clustersim.runner.outputs import OutputDirError, check_output_file
+
+    try:
+        check_output_file(path, force, "the step timeline")
+    except OutputDirError as error:
+        raise UsageProblem(f"--timeline {error}") from None
 
 
 def _print_memory(job: Any, profile: Any, spec: Any) -> None:

@@ -17,10 +17,13 @@ def report(
                                             show_default=False)],
     force: Annotated[bool, typer.Option(
         "--force", help="Replace RUN_DIR/report/ even if it holds files of your own.")] = False,
+    html: Annotated[bool, typer.Option(
+        "--html", help="Also write report.html: the same figures, interactive, in one "
+                       "self-contained file (opens without a network).")] = False,
 ) -> None:
     """Plots (PNG) and a short Markdown report of a finished run, in RUN_DIR/report/ (written
     whole or not at all; an earlier report is replaced, a folder holding anything else
-    only with --force)."""
+    only with --force); with --html also report.html."""
     from clustersim.analysis.report import write_report
     from clustersim.runner.outputs import atomic_output_dir, check_output_dir, earlier_report
 
@@ -28,7 +31,13 @@ def report(
     check_output_dir(run_dir / "report", force, ours=earlier_report)  # before the work
     with atomic_output_dir(run_dir / "report", force=force, ours=earlier_report) as staging:
         write_report(run_dir, staging)
-    out_console.print(f"wrote {escape(str(run_dir / 'report' / 'report.md'))} and its plots")
+        if html:
+            from clustersim.analysis.html_report import html_report
+
+            (staging / "report.html").write_text(html_report(run_dir), encoding="utf-8")
+    out_console.print(f"wrote {escape(str(run_dir / 'report' / 'report.md'))} and its plots"
+                      + (f", and {escape(str(run_dir / 'report' / 'report.html'))}"
+                         if html else ""))
 
 
 TRACES = ("jobs", "intervals", "events", "utilisation")

@@ -171,10 +171,17 @@ def _plural(count: int, word: str) -> str:
     return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
+def _on_stack(d: dict[str, Any]) -> str:
+    """The deployment's serving stack as the run table names it (its hardware's default
+    unless the scenario chose one)."""
+    return f" on {d['stack']}" if d.get("stack") else ""
+
+
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
     for name, d in summary.get("deployments", {}).items():
         table.add_row(f"serve {escape(name)}",
-                      f"{d['model']}: {_plural(d['replicas'], 'replica')} of tp {d['tp']} x pp "
+                      f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
+                      f"{d['tp']} x pp "
                       f"{d['pp']} on {_plural(d['instances'], 'instance')}")
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
@@ -211,7 +218,8 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
     table.add_row("cost", f"serving {serving}, training {training}")
     table.add_row("peak load", f"{day['peak_load_per_s']:,.0f} requests/s over the deployments")
     for name, d in summary["deployments"].items():
-        table.add_row(f"serve {escape(name)}", f"{d['model']}, tp {d['tp']} x pp {d['pp']}: "
+        table.add_row(f"serve {escape(name)}", f"{d['model']}{_on_stack(d)}, tp {d['tp']} x pp "
+                      f"{d['pp']}: "
                       f"{d['replicas_min']:,}-{d['replicas_max']:,} replicas, peak "
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
                       f"{(d['slo_goodput'] or 0):.1%}")

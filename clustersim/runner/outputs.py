@@ -68,14 +68,14 @@ def earlier_run_of(out: Path, scenario: str | None) -> bool:
 
 
 def earlier_report(out: Path) -> bool:
-    """Whether `out` holds only what `clustersim report` writes (report.md and PNG plots):
-    a report it may replace; anything else there is the user's."""
+    """Whether `out` holds only what `clustersim report` writes (report.md, PNG plots and
+    report.html): a report it may replace; anything else there is the user's."""
     if not out.is_dir():
         return False
     for entry in out.iterdir():
         if entry.is_symlink() or not entry.is_file():
             return False
-        if entry.name != "report.md" and not entry.name.endswith(".png"):
+        if entry.name not in ("report.md", "report.html") and not entry.name.endswith(".png"):
             return False
     return True
 

@@ -13,11 +13,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
+from clustersim.hardware.stacks import (
+    MAX_BUCKETS,
+    Stack,
+    default_stack,
+    known_stacks,
+    stack_buckets,
+    stack_named,
+)
 from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
 from clustersim.training.transformer import TransformerShape
 
@@ -131,6 +139,30 @@ class ServerSpec(Spec):
     kv_reserve: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False,
                               description="share of HBM kept for activations and the runtime")
     kv_precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    static_batch: bool = Field(
+        default=False, description="the prompts admitted together are encoded as one "
+        "static batch, one graph holding their attention scores in one tensor "
+        "(transformers-neuronx's batch; matters with unfused attention)")
+    buckets: list[int] | None = Field(
+        default=None, description="compiled context-encoding buckets (tokens, increasing): a "
+        "prompt encoded whole (chunked_prefill false) runs padded to the smallest that holds "
+        "it; default: the stack's (NxD Inference: powers of two from 128 up to the longest "
+        "prompt; none for the others); [] pads nothing")
+
+    @field_validator("buckets")
+    @classmethod
+    def _check_buckets(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if len(value) > MAX_BUCKETS:
+            raise ValueError(f"at most {MAX_BUCKETS} buckets, got {len(value)}")
+        for bucket in value:
+            if isinstance(bucket, bool) or not 0 < bucket <= MAX_REQUEST_TOKENS:
+                raise ValueError(f"a bucket is a token count from 1 to {MAX_REQUEST_TOKENS:,}, "
+                                 f"got {bucket}")
+        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+            raise ValueError(f"buckets must increase, got {value}")
+        return value
 
 
 class PrecisionSpec(Spec):
@@ -252,6 +284,34 @@ class DeploymentSpec(Spec):
         "model (docs/fleet-day.md); auto: fluid with autoscale or past 2M requests, else "
         "requests and the two levels compared; default: fluid with autoscale, else requests")
     autoscale: AutoscaleSpec | None = None
+    stack: str | None = Field(
+        default=None, description="the serving stack (its overheads and default buckets: "
+        "docs/serving.md), e.g. nxd-inference; default: the one the hardware's serving "
+        "constants were fitted on")
+
+    @field_validator("stack")
+    @classmethod
+    def _check_stack(cls, value: str | None) -> str | None:
+        if value is not None and stack_named(value) is None:
+            raise ValueError(f"unknown stack {value!r}; known: {', '.join(known_stacks())}")
+        return value
+
+    def serving_stack(self, hardware: str) -> Stack | None:
+        """The stack this deployment runs: as written, or the hardware's default."""
+        if self.stack is not None:
+            return stack_named(self.stack)
+        return default_stack(hardware.split("+")[0])
+
+    def context_buckets(self, hardware: str) -> tuple[int, ...]:
+        """Compiled context-encoding buckets of a prompt encoded whole (() with chunked
+        prefill: the stack compiles the chunk's shape)."""
+        if self.server.chunked_prefill:
+            return ()
+        if self.server.buckets is not None:
+            return tuple(self.server.buckets)
+        lengths = self.workload.input_tokens
+        longest = lengths.value if lengths.distribution == "fixed" else lengths.max
+        return stack_buckets(self.serving_stack(hardware), int(longest or lengths.max))
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:
@@ -409,6 +469,12 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
                    f"NeuronLink domain: expected at most "
                    f"{per_instance * hardware.instances_per_ultraserver} ranks", deployment.tp)
         used += deployment_instances(deployment, hardware)
+        stack = stack_named(deployment.stack) if deployment.stack else None
+        base = hardware.name.split("+")[0]
+        if stack is not None and base not in stack.hardware:
+            yield (f"serve.{index}.stack", f"stack {stack.name} runs on "
+                   f"{', '.join(stack.hardware)} (its constants were fitted there), not on "
+                   f"{hardware.name}", deployment.stack)
         checks = [("precision", deployment.precisions)]
         if deployment.speculative is not None and deployment.speculative.precision is not None:
             checks.append(("speculative.precision", deployment.draft_precisions))

@@ -73,8 +73,10 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
         since = result.times_s >= dep.spec.start_s
         since[-1] = True  # a start in the last step
         live = s["replicas"][since]
+        stack = dep.spec.serving_stack(scenario.hardware.name)
         deployments[dep.spec.name] = {
-            "model": dep.spec.model.name, "fidelity": "fluid", "tp": dep.spec.tp,
+            "model": dep.spec.model.name, "stack": stack.name if stack else None,
+            "fidelity": "fluid", "tp": dep.spec.tp,
             "pp": dep.spec.pp, "chips_per_replica": dep.chips,
             "replicas_min": int(live.min()), "replicas_max": int(live.max()),
             "replicas_mean": float(np.dot(live, dts[since]) / dts[since].sum()),

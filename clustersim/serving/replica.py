@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import simpy
 from simpy.events import URGENT
 
+from clustersim.hardware.stacks import padded_tokens
 from clustersim.serving.events import Wake
 from clustersim.serving.iteration import IterationModel
 
@@ -55,6 +56,10 @@ class DecodeCost:
             self.tokens_per_iteration = (1.0 - a ** (k + 1)) / (1.0 - a)
             self.kv_s = target.kv_coefficient_s + k * draft.kv_coefficient_s
         self._base: dict[int, float] = {}
+        # Compiled context-encoding buckets: a prompt encoded whole runs padded (set by the
+        # deployment, clustersim.hardware.stacks; () pads nothing).
+        self.buckets: tuple[int, ...] = ()
+        self.static_batch = False  # the prompts of an iteration are one static batch
 
     def _draft_step_s(self, batch: int) -> float:
         assert self.draft is not None
@@ -96,7 +101,9 @@ class DecodeCost:
 
     def prefill_s(self, chunks: list[tuple[int, int]], batch: int, context: float,
                   outputs: int) -> float:
-        time_s = self.target.iteration_s(chunks, batch, context, outputs)
+        if self.buckets:
+            chunks = [(padded_tokens(c, self.buckets) if p == 0 else c, p) for c, p in chunks]
+        time_s = self.target.iteration_s(chunks, batch, context, outputs, self.static_batch)
         if self.draft is not None:  # the draft fills its own KV cache from the prompt
             time_s += self.draft.iteration_s(chunks, batch, context, outputs)
             if self.fused:  # one graph: one host overhead, one context-encoding overhead

@@ -32,6 +32,7 @@ from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.build import build_topology
+from clustersim.hardware.stacks import with_stack
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
 from clustersim.serving.events import ServingEnvironment
@@ -61,7 +62,7 @@ def _instances_per_replica(scenario: Scenario, d: DeploymentSpec) -> int:
 
 def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, int, Any]:
     """(decode cost, KV capacity in tokens, KV transfer time function) of one replica."""
-    hw = scenario.hardware
+    hw = with_stack(scenario.hardware, d.serving_stack(scenario.hardware.name))
     per = _instances_per_replica(scenario, d)
     ipu = hw.instances_per_ultraserver
     small = max(2 * per, ipu * math.ceil(2 * per / ipu))
@@ -84,6 +85,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
                       d.speculative.acceptance if d.speculative else 0.0,
                       d.speculative.fused if d.speculative else True)
+    cost.buckets = d.context_buckets(scenario.hardware.name)
+    cost.static_batch = d.server.static_batch
     kv_per_chip = kv_bytes_per_token(d.model, p.kv_cache) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
@@ -328,8 +331,10 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
             energy = instances * hw.chips_per_instance * hw.chip.power_w * span / tokens
         finish_all = np.where(fleet.status == 1, fleet.finish_s, math.inf)
         arrived = fleet.arrival_s <= end
+        stack = d.serving_stack(hw.name)
         out[d.name] = {
-            "model": d.model.name, "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
+            "model": d.model.name, "stack": stack.name if stack else None,
+            "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
             "instances": instances, "requests": int(len(fleet.arrival_s)),
             "window_start_s": float(d.start_s), "window_end_s": float(end),
             "requests_completed": int(inside.sum()),

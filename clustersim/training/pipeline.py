@@ -15,9 +15,26 @@ import simpy
 from clustersim.training.chunk import ChunkTimes
 from clustersim.training.schedule import Task
 
-__all__ = ["StageLedger", "run_pipeline"]
+__all__ = ["PassRecord", "StageLedger", "run_pipeline"]
 
 PassKey = tuple[str, int, int]  # ("F" or "B", global chunk, micro-batch)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """When one pass ran on one pipeline rank (times in seconds from the step's start): it
+    waited from `waited_s` for the neighbouring pass (done at `ready_s`, None for the first
+    chunk's forward and the last chunk's backward) and its transfer, started at `start_s`;
+    what its time went on is `chunk_times(chunk)` of its kind."""
+
+    rank: int
+    kind: str  # "F" or "B"
+    chunk: int  # global chunk
+    microbatch: int
+    waited_s: float
+    ready_s: float | None
+    start_s: float
+    end_s: float
 
 
 @dataclass
@@ -36,11 +53,12 @@ class StageLedger:
 
 
 def run_pipeline(orders: list[list[Task]], stages: int,
-                 chunk_times: Callable[[int], ChunkTimes], p2p_s: list[float]
-                 ) -> list[StageLedger]:
+                 chunk_times: Callable[[int], ChunkTimes], p2p_s: list[float],
+                 record: list[PassRecord] | None = None) -> list[StageLedger]:
     """Run the passes of `orders` (one list of (kind, chunk, micro-batch) per pipeline
     rank) over `stages` global chunks, chunk g taking `chunk_times(g)` and the transfer from
-    pipeline rank d to d + 1 (mod pp) `p2p_s[d]`; one ledger per pipeline rank."""
+    pipeline rank d to d + 1 (mod pp) `p2p_s[d]`; one ledger per pipeline rank. `record`, a
+    list, gets every pass's `PassRecord` (for a timeline of the step)."""
     pp = len(orders)
     env = simpy.Environment()
     done: dict[PassKey, simpy.Event] = {}
@@ -91,6 +109,10 @@ def run_pipeline(orders: list[list[Task]], stages: int,
             event(key).succeed()
             if kind == "B":
                 led.last_backward_start_s = start
+            if record is not None:
+                record.append(PassRecord(d, kind, g, mb, waited_from,
+                                         None if ready_from is None else finished_at[ready_from],
+                                         start, env.now))
         led.end_s = env.now
 
     for d in range(pp):

@@ -1,0 +1,230 @@
+"""Calibration rows as scenario files, run through the code `clustersim run` and `clustersim
+step` run.
+
+Every published row the model is fitted on or judged by is written as a scenario under
+`scenarios/calibration/` (`serving/` and `training/`) by `python
+scripts/calibration_scenarios.py`, the way a user would write it: the hardware, the model,
+the layout, the serving stack with its compiled buckets, and the published run's requests (a
+trace file beside the scenario: one request, or one static batch, at a time, far enough
+apart that none waits). `run_serving_row` and `run_training_row` run those files and read
+the figures the fits compare (TTFT and TPOT p50 from `summary.json`'s deployment; a job's
+step time or throughput from `clustersim step`), so what the calibration reports is what a
+user running the same file gets.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
+           "trn1_file", "training_files",
+           "all_files", "write_files", "run_serving_row", "run_training_row", "file_for"]
+
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "calibration"
+_GAP_S = 600.0  # between the trace's requests: each runs alone
+_REQUESTS = 3  # the p50 of identical requests run alone is any one's
+
+
+@dataclass(frozen=True)
+class ScenarioFile:
+    """One calibration row as a scenario (`text`) and, for serving, its trace (`trace`)."""
+
+    path: Path  # relative to CALIBRATION_DIR
+    text: str
+    trace: str | None = None
+
+
+def _slug(name: str) -> str:
+    keep = [c if c.isalnum() or c in ".-" else "-" for c in name.lower()]
+    return "-".join(part for part in "".join(keep).split("-") if part)
+
+
+def _trace(input_tokens: int, output_tokens: int, batch: int = 1) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["arrival_s", "input_tokens", "output_tokens"])
+    for i in range(_REQUESTS):
+        for _ in range(batch):
+            writer.writerow([f"{i * _GAP_S:g}", input_tokens, output_tokens])
+    return out.getvalue()
+
+
+def _header(lines: Iterable[str]) -> str:
+    return "".join(f"# {line}\n" if line else "#\n" for line in lines)
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return yaml.safe_dump(data, sort_keys=False, width=100)
+
+
+# ------------------------------------------------------------------------------- serving
+
+def _serving_file(folder: str, name: str, comment: list[str], hardware: str,
+                  deployment: dict[str, Any], input_tokens: int, output_tokens: int,
+                  batch: int = 1) -> ScenarioFile:
+    slug = _slug(name)
+    deployment = {"name": "row", **deployment}
+    deployment["workload"] = {"arrival": "trace", "trace": f"{slug}.csv",
+                              "input_tokens": "trace", "output_tokens": "trace"}
+    data = {"name": f"calibration-{slug}", "seed": 0,
+            "duration": f"{int(_REQUESTS * _GAP_S)}s", "hardware": hardware,
+            "cluster": {"instances": 1}, "serve": [deployment]}
+    text = _header(comment) + _dump(data)
+    return ScenarioFile(Path(folder) / f"{slug}.yaml", text, _trace(input_tokens,
+                                                                     output_tokens, batch))
+
+
+def trn2_serving_files() -> list[ScenarioFile]:
+    """The NxD Inference rows on one trn2.48xlarge (clustersim.calibration.trn2)."""
+    from clustersim.calibration.trn2 import TRN2_SERVING, UNFITTED, UNSEEN_TRN2_SERVING
+
+    out = []
+    for row in TRN2_SERVING + UNSEEN_TRN2_SERVING:
+        fitted = row in TRN2_SERVING and row.name not in UNFITTED
+        kind = "fitted" if fitted else ("set apart" if row in TRN2_SERVING else "unseen")
+        if row.input_tokens == 10000 and "405b" in row.model:
+            buckets = [2048, 4096, 10240, 12288]  # the 405B tutorials compile these
+        elif row.input_tokens == 10000:
+            # --max-context-length 12288 --enable-bucketing: generate_buckets(128, 12288)
+            buckets = [128, 256, 512, 1024, 2048, 4096, 8192, 12288]
+        else:  # the prefix-caching tutorial: context-encoding buckets 512 to 8,192
+            buckets = [512, 1024, 2048, 4096, 8192]
+        server = {"max_batch": 1 if row.input_tokens == 10000 else 4,
+                  "max_tokens_per_iteration": 16384, "chunked_prefill": False,
+                  "buckets": buckets}
+        model = "llama3.3-70b" if row.model == "llama3.1-70b" else row.model
+        deployment: dict[str, Any] = {"model": model, "stack": "nxd-inference",
+                                      "precision": row.precision,
+                                      "parallelism": {"tp": row.tp}, "server": server}
+        if row.draft:
+            deployment["speculative"] = {"draft": row.draft, "tokens": row.speculative_tokens,
+                                         "precision": "bf16", "fused": True}
+        comment = [f"{row.name} ({kind} row): {row.source}.",
+                   f"Published TTFT p50 {row.ttft_ms} ms"
+                   + (f", TPOT p50 {row.tpot_ms} ms." if row.tpot_ms else "."),
+                   "One request at a time (the trace beside this file); NxD Inference's "
+                   "compiled context-encoding buckets.",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/calibrate_serving.py."]
+        out.append(_serving_file("serving", f"trn2-{row.name}", comment, "trn2", deployment,
+                                 row.input_tokens, max(row.output_tokens, 2)))
+    return out
+
+
+def trn1_serving_files() -> list[ScenarioFile]:
+    """The transformers-neuronx rows on one trn1.32xlarge (clustersim.calibration.serving),
+    each with its release's stack; a batch of 4 is one static batch, as the benchmark ran."""
+    from clustersim.calibration.serving import SERVING_MEASUREMENTS, UNSEEN_SERVING_218
+
+    out = []
+    for row in SERVING_MEASUREMENTS + UNSEEN_SERVING_218:
+        stack = f"transformers-neuronx@{row.sdk}"
+        kind = "fitted" if row in SERVING_MEASUREMENTS or row.sdk == "2.18.1" else "unseen"
+        server = {"max_batch": row.batch,
+                  "max_tokens_per_iteration": max(row.batch * row.input_tokens, 8192),
+                  "chunked_prefill": False, "static_batch": row.batch > 1}
+        deployment = {"model": row.model, "stack": stack, "precision": "bf16",
+                      "parallelism": {"tp": 32}, "server": server}
+        name = f"trn1-{row.model}-sdk{row.sdk}-b{row.batch}-{row.input_tokens}-{row.output_tokens}"
+        comment = [f"{row.model} batch {row.batch}, {row.input_tokens} in / {row.output_tokens} "
+                   f"out, SDK {row.sdk} ({kind} row of stack {stack}): {row.source}.",
+                   f"Published TTFT p50 {row.ttft_ms} ms, TPOT p50 {row.tpot_ms} ms.",
+                   "One request (or one static batch) at a time (the trace beside this file).",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/calibrate_serving.py."]
+        out.append(_serving_file("serving", name, comment, "trn1", deployment,
+                                 row.input_tokens, row.output_tokens, row.batch))
+    return out
+
+
+def trn1_file(row) -> Path:
+    return file_for("serving", f"trn1-{row.model}-sdk{row.sdk}-b{row.batch}-"
+                               f"{row.input_tokens}-{row.output_tokens}")
+
+
+# ------------------------------------------------------------------------------ training
+
+def training_files() -> list[ScenarioFile]:
+    """Every training row (clustersim.calibration.step) with its schedule as the model runs
+    it (published, or chosen by the fastest-that-fits rule and written down)."""
+    from clustersim.calibration.step import STEP_MEASUREMENTS, _model, choose_schedule
+
+    out = []
+    for m in STEP_MEASUREMENTS:
+        micro, interleave = choose_schedule(m)
+        raw_job: dict[str, Any] = {
+            "name": "row", "model": _model(m.model), "seq_len": m.seq_len,
+            "global_batch": m.global_batch,
+            "micro_batch": micro, "parallelism": {**m.parallelism, **(
+                {"interleave": interleave} if interleave > 1 else {})},
+            "precision": "bf16", "recompute": m.recompute, "attention": m.attention}
+        kind = "fitted" if m.visible else "unseen"
+        metric = {"sequences_per_s": "sequences/s", "hfu": "hardware FLOPs utilisation",
+                  "step_time_s": "seconds a step"}[m.metric]
+        comment = [f"{m.name} ({kind} row, {m.family} family): {m.source}.",
+                   f"Published: {m.measured:g} {metric}." + (f" {m.notes}." if m.notes else ""),
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/validate_model.py (clustersim step)."]
+        data = {"name": f"calibration-{_slug(m.name)}", "hardware": m.hardware,
+                "cluster": {"instances": m.instances}, "jobs": [raw_job]}
+        out.append(ScenarioFile(Path("training") / f"{_slug(m.name)}.yaml",
+                                _header(comment) + _dump(data)))
+    return out
+
+
+def all_files() -> list[ScenarioFile]:
+    return trn2_serving_files() + trn1_serving_files() + training_files()
+
+
+def write_files(root: Path = CALIBRATION_DIR) -> list[Path]:
+    written = []
+    for f in all_files():
+        path = root / f.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f.text, encoding="utf-8")
+        written.append(path)
+        if f.trace is not None:
+            trace = path.with_suffix(".csv")
+            trace.write_text(f.trace, encoding="utf-8")
+            written.append(trace)
+    return written
+
+
+def file_for(kind: str, name: str, root: Path = CALIBRATION_DIR) -> Path:
+    """The scenario file of a row (`kind` serving or training; `name` the row's name, with
+    the `trn2-` prefix for Trn2 serving rows)."""
+    return root / kind / f"{_slug(name)}.yaml"
+
+
+# ----------------------------------------------------------------------------------- runs
+
+def run_serving_row(path: Path) -> tuple[float, float | None]:
+    """(TTFT p50 s, TPOT p50 s or None) of the scenario's deployment, as `clustersim run`
+    computes them (the same loader and simulator, nothing written)."""
+    import math
+
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import load_scenario
+
+    summary = simulate(load_scenario(path), seed=0).summary
+    figures = summary["deployments"]["row"]
+    tpot = figures.get("tpot_p50_s")
+    return figures["ttft_p50_s"], (None if tpot is None or not math.isfinite(tpot) else tpot)
+
+
+def run_training_row(path: Path, metric: str) -> float:
+    """The scenario's job in `metric` (sequences_per_s, hfu or step_time_s), as `clustersim
+    step` computes it."""
+    from clustersim.runner.api import step_profiles
+    from clustersim.scenario.loader import load_scenario
+
+    scenario = load_scenario(path)
+    (profile,) = step_profiles(scenario).values()
+    return getattr(profile, metric)

@@ -1,0 +1,87 @@
+"""Serving stacks and their releases, each fitted on its own published rows.
+
+transformers-neuronx on trn1.32xlarge has two releases in the Neuron docs' SDK 2.18 data
+files: 2.18.0 (the rows the trn1 entry's serving constants are fitted on, with the Trn1
+collectives and step constants: scripts/calibrate_collectives.py --joint) and 2.18.1 (the
+Llama 3 70B rows, which encode long contexts 26-49% faster than the 2.18.0 fit gives). The
+2.18.1 release (`stack: transformers-neuronx@2.18.1`, catalog/stacks.yaml) keeps the
+hardware's constants but two, fitted here on its six rows: `matmul_efficiency` (the fraction
+of peak its context-encoding matmuls reach: its batch-4 short prompts are 12% faster) and
+`score_efficiency` (the HBM rate of its spilled unfused score passes: its 2,048-token
+prompts). Nothing is fitted per row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from clustersim.calibration.serving import (
+    SERVING_MEASUREMENTS,
+    UNSEEN_SERVING_218,
+    ServingMeasurement,
+    predict_serving,
+)
+from clustersim.hardware.catalog import catalog_entry
+from clustersim.hardware.stacks import stack_named, with_stack
+
+__all__ = ["RELEASE_2181", "RELEASE_FITTED", "release_rows", "predict_release", "fit_release"]
+
+RELEASE_2181 = "transformers-neuronx@2.18.1"
+RELEASE_FITTED = ("matmul_efficiency", "score_efficiency")
+_BOUNDS = {"matmul_efficiency": (0.3, 0.9), "score_efficiency": (0.05, 1.0)}
+
+
+def release_rows(stack: str) -> tuple[tuple[ServingMeasurement, ...], tuple[ServingMeasurement, ...]]:
+    """(fitted, unseen) rows of a transformers-neuronx release."""
+    if stack == RELEASE_2181:
+        return tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.1"), ()
+    return SERVING_MEASUREMENTS, tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.0")
+
+
+def predict_release(stack: str, rows: tuple[ServingMeasurement, ...],
+                    constants: Mapping[str, float] | None = None) -> list[tuple[float, float]]:
+    """(TTFT s, TPOT s) of rows on trn1 with the release's serving constants (or trial
+    ones)."""
+    hardware = with_stack(catalog_entry("trn1"), stack_named(stack))
+    if constants:
+        hardware = hardware.model_copy(update={
+            "serving": hardware.serving.model_copy(update=dict(constants))})
+    return predict_serving(hardware, rows)
+
+
+def _loss(stack: str, rows, constants: Mapping[str, float]) -> float:
+    total = 0.0
+    for row, (ttft, tpot) in zip(rows, predict_release(stack, rows, constants), strict=True):
+        total += math.log(ttft * 1e3 / row.ttft_ms) ** 2 + math.log(tpot * 1e3 / row.tpot_ms) ** 2
+    return total
+
+
+def fit_release(stack: str = RELEASE_2181, start: Mapping[str, float] | None = None,
+                rounds: int = 4) -> dict[str, float]:
+    """Coordinate search (golden section on each constant's log, in turn) of the release's
+    constants on its rows' squared log errors."""
+    rows, _ = release_rows(stack)
+    serving = with_stack(catalog_entry("trn1"), stack_named(stack)).serving
+    values = dict(start or {k: getattr(serving, k) or 0.583 for k in RELEASE_FITTED})
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(rounds):
+        for key in RELEASE_FITTED:
+            lo, hi = (math.log(b) for b in _BOUNDS[key])
+
+            def f(x: float, key: str = key) -> float:
+                return _loss(stack, rows, {**values, key: math.exp(x)})
+
+            a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+            fa, fb = f(a), f(b)
+            while hi - lo > 1e-3:
+                if fa < fb:
+                    hi, b, fb = b, a, fa
+                    a = hi - ratio * (hi - lo)
+                    fa = f(a)
+                else:
+                    lo, a, fa = a, b, fb
+                    b = lo + ratio * (hi - lo)
+                    fb = f(b)
+            values[key] = math.exp((lo + hi) / 2)
+    return values

@@ -1,0 +1,101 @@
+"""Serving stacks (`serve[].stack`): the inference software a deployment runs, and what the
+simulator copies of it (`catalog/stacks.yaml`).
+
+A stack is fitted on its own published rows on some hardware: the serving constants of those
+hardware entries (`serving:` in hardware.yaml) are that stack's, so a stack runs only on the
+hardware it was fitted on, and each hardware entry has one default stack (the one its serving
+constants come from). A stack also sets the default context-encoding buckets
+(`server.buckets`): a prompt encoded whole runs padded to the smallest compiled bucket that
+holds it (NxD Inference compiles one graph per bucket).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+from clustersim.catalog import read_catalog
+from clustersim.hardware.catalog import HardwareSpec
+
+__all__ = ["Stack", "known_stacks", "stack_named", "default_stack", "with_stack", "stack_buckets",
+           "padded_tokens", "MAX_BUCKETS", "MIN_BUCKET"]
+
+MAX_BUCKETS = 64  # compiled graphs a deployment may list
+MIN_BUCKET = 128  # NxD Inference's smallest context-encoding bucket
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str  # as a scenario writes it, with its release if it has one
+    description: str
+    hardware: tuple[str, ...]
+    bucket_rule: str  # "powers-of-two-from-128" or "none"
+    source: str
+    # The release's own serving constants over the hardware's (ServingConstants field
+    # names): empty for the stack the hardware's constants were fitted on.
+    serving: tuple[tuple[str, float], ...] = ()
+
+
+@cache
+def _stacks() -> dict[str, Stack]:
+    data = read_catalog("stacks")["stacks"]
+    return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
+                        entry["buckets"]["value"], entry["constants"]["source"],
+                        tuple((key, float(value["value"]))
+                              for key, value in entry.get("serving", {}).items()))
+            for name, entry in data.items()}
+
+
+def known_stacks() -> tuple[str, ...]:
+    return tuple(sorted(_stacks()))
+
+
+def stack_named(name: str) -> Stack | None:
+    return _stacks().get(name)
+
+
+def default_stack(hardware: str | None) -> Stack | None:
+    """The stack whose rows a hardware entry's serving constants were fitted on (None for an
+    entry no stack was fitted on): the one of its stacks with no constants of its own."""
+    for stack in _stacks().values():
+        if hardware in stack.hardware and not stack.serving:
+            return stack
+    return None
+
+
+def with_stack(hardware: HardwareSpec, stack: Stack | None) -> HardwareSpec:
+    """The hardware with the stack's own serving constants over its fitted ones."""
+    if stack is None or not stack.serving:
+        return hardware
+    serving = hardware.serving.model_copy(update=dict(stack.serving))
+    return hardware.model_copy(update={"serving": serving})
+
+
+def stack_buckets(stack: Stack | None, longest_prompt: int) -> tuple[int, ...]:
+    """The stack's default context-encoding buckets for prompts up to `longest_prompt`
+    tokens (the deployment's maximum context): NxD Inference's powers of two from 128 below
+    it, then it; () for a stack that pads nothing."""
+    if stack is None or stack.bucket_rule == "none":
+        return ()
+    if longest_prompt <= MIN_BUCKET:
+        return (MIN_BUCKET,)
+    # generate_buckets: 2**i for i from log2(128) up to round(log2(maximum)), excluded, then
+    # the maximum (so no power of two sits just under it).
+    top = round(math.log2(longest_prompt))
+    return (*(2**i for i in range(int(math.log2(MIN_BUCKET)), top)), longest_prompt)
+
+
+def padded_tokens(tokens: int, buckets: tuple[int, ...]) -> int:
+    """A prompt of `tokens` run whole in the smallest bucket that holds it; beyond the
+    largest, in pieces of the largest, the last padded to its own bucket."""
+    if not buckets or tokens <= 0:
+        return tokens
+    largest = buckets[-1]
+    whole, rest = divmod(tokens, largest)
+    if rest == 0:
+        return tokens
+    for bucket in buckets:
+        if bucket >= rest:
+            return whole * largest + bucket
+    return tokens  # unreachable: rest < largest
