@@ -282,7 +282,8 @@ def print_models() -> None:
 
 def fit_moe() -> None:
     from clustersim.calibration.models_serving import fit_moe_layer_overhead
-    for family, entry in (("trn2", "trn2"), ("p5en", "p5e")):
+    for family, entry in (("trn2", "trn2 (hardware.yaml)"),
+                          ("p5en", "sglang@0.4.1 (stacks.yaml)")):
         value = fit_moe_layer_overhead(family)
         print(f"{entry}: serving.moe_layer_overhead {value * 1e3:.5f}ms")
 
@@ -296,7 +297,7 @@ def main() -> None:
     parser.add_argument("--overhead", type=float, help="trn1 trial seconds per iteration")
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
     parser.add_argument("--fit-moe", action="store_true", help="refit serving."
-                        "moe_layer_overhead (trn2, p5e) on the batch-1 DeepSeek-V3 rows")
+                        "moe_layer_overhead (trn2, sglang@0.4.1) on the batch-1 DeepSeek-V3 rows")
     parser.add_argument("--fit-release", action="store_true",
                         help="refit transformers-neuronx@2.18.1's two constants on its rows")
     parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "

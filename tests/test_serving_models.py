@@ -108,11 +108,11 @@ def test_mla_cache_is_the_latent_replicated_on_every_rank(deepseek_trn2) -> None
     assert deepseek_trn2.kv_bytes_per_token_per_chip() == 4 * 61 * 576 * 2
     # absorbed decode reads the latent once per layer (not 128 heads' keys and values):
     # its time per context token is at least the latent's bytes over a rank's bandwidth,
-    # and within 1.5 times it (a rank's two heads fill few rows of the matmul unit)
+    # and within twice it (a rank's two heads fill few rows of the matmul unit)
     hw = deepseek_trn2.hardware
     bandwidth = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.serving.hbm_efficiency
     latent_s = 61 * 576 * 2 / bandwidth
-    assert latent_s * 0.999 < deepseek_trn2.kv_coefficient_s < 1.5 * latent_s
+    assert latent_s * 0.999 < deepseek_trn2.kv_coefficient_s < 2 * latent_s
 
 
 def test_sliding_window_bounds_kv() -> None:

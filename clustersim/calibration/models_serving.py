@@ -67,6 +67,7 @@ class BatchRow:
     tpot_ms: float
     source: str
     activations: str | None = None  # fp8: W8A8 matmuls (the GPU stacks' FP8 checkpoints)
+    stack: str | None = None  # serving stack (catalog/stacks.yaml); None: the hardware's
 
 
 DEEPSEEK_VLLM_BATCHES: tuple[BatchRow, ...] = tuple(
@@ -74,10 +75,11 @@ DEEPSEEK_VLLM_BATCHES: tuple[BatchRow, ...] = tuple(
              ms, _PORT + ", through vLLM")
     for b, ms in ((1, 22.2), (2, 30.5), (4, 37.1), (8, 47.6)))
 
+SGLANG_STACK = "sglang@0.4.1"
 # Output tokens/s of the batch -> ms per token of each sequence: batch / rate.
 SGLANG_H200: tuple[BatchRow, ...] = tuple(
     BatchRow(f"deepseek-v3 SGLang batch {b}", "deepseek-v3", "p5en", 8, "fp8", b, 128, 256,
-             1000.0 * b / rate, _SGLANG, "fp8")
+             1000.0 * b / rate, _SGLANG, "fp8", SGLANG_STACK)
     for b, rate in ((1, 30.29), (8, 206.32), (32, 760.52)))
 
 
@@ -97,9 +99,11 @@ def predict_batches(rows: tuple[BatchRow, ...], hardware: dict[str, HardwareSpec
     from clustersim.serving.replica import DecodeCost
     out = []
     models: dict[tuple, object] = {}
+    from clustersim.hardware.stacks import stack_named, with_stack
     for row in rows:
-        hw = (hardware or {}).get(row.hardware) or catalog_entry(row.hardware)
-        key = (row.model, row.hardware, row.tp, row.precision, row.activations)
+        hw = (hardware or {}).get(row.hardware) or with_stack(
+            catalog_entry(row.hardware), stack_named(row.stack) if row.stack else None)
+        key = (row.model, row.hardware, row.tp, row.precision, row.activations, row.stack)
         if key not in models:
             models[key] = _iteration_model(row.model, hw, row.tp, row.precision,
                                            row.activations)
@@ -188,12 +192,15 @@ def trn2_against_h200(batches: tuple[int, ...] = (1, 8)) -> list[dict[str, float
 
 
 def fit_moe_layer_overhead(family: str) -> float:
-    """The family's `serving.moe_layer_overhead` (s) from its batch-1 DeepSeek-V3 row (trn2:
-    the NxD Inference port's TPOT; p5e: SGLang's on 8 x H200): a fixed time per MoE layer of
+    """`serving.moe_layer_overhead` (s) from a batch-1 DeepSeek-V3 row (trn2: the NxD
+    Inference port's TPOT; p5en: SGLang's on 8 x H200, the sglang stack's): a fixed time per MoE layer of
     an iteration adds moe_layers x it to each decode iteration, so the constant is the
     published TPOT less the model's without it, over the MoE layers (closed form)."""
+    from clustersim.hardware.stacks import stack_named, with_stack
     from clustersim.training.transformer import TransformerShape, model_preset_values
     hardware = catalog_entry(family)
+    if family != "trn2":
+        hardware = with_stack(hardware, stack_named(SGLANG_STACK))
     bare = hardware.model_copy(update={"serving": hardware.serving.model_copy(
         update={"moe_layer_overhead_s": 0.0})})
     moe_layers = TransformerShape(**model_preset_values("deepseek-v3")).moe_layers
