@@ -2,8 +2,8 @@
 checks the count).
 
 Imports under `if TYPE_CHECKING:` are left out by default: an annotation may need a module
-that imports this one, and that is no cycle at run time. With --all they count too (the
-cluster timeline's collaborators name the Timeline in their annotations).
+that imports this one, and that is no cycle at run time. With --all they count too (none
+in cluster/, whose collaborators see the timeline through clustersim.cluster.ports).
 
     python scripts/import_cycles.py [--all]
 """

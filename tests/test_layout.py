@@ -47,17 +47,35 @@ def test_every_module_the_map_names_exists():
         assert not missing, f"{package}/: modules not in the map: {sorted(missing)}"
 
 
-def test_no_import_cycle_but_for_annotations():
-    """Modules import each other in one direction; a cycle only through `if TYPE_CHECKING:`
-    imports (scripts/import_cycles.py lists them, and CI prints them)."""
-    grimp = pytest.importorskip("grimp")  # installed with import-linter
-    del grimp
+def _import_cycles():
+    pytest.importorskip("grimp")  # installed with import-linter
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from import_cycles import import_cycles
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    assert import_cycles() == []
+    return import_cycles
+
+
+def test_no_import_cycle_but_for_annotations():
+    """Modules import each other in one direction; a cycle only through `if TYPE_CHECKING:`
+    imports (scripts/import_cycles.py lists them, and CI prints them)."""
+    assert _import_cycles()() == []
+
+
+def test_cluster_has_no_import_cycle_even_for_annotations():
+    """The timeline's collaborators see it through their ports (clustersim.cluster.ports),
+    not by its class: not even an annotation closes a circle in cluster/."""
+    cycles = _import_cycles()(type_checking=True)
+    assert [c for c in cycles if any(m.startswith("clustersim.cluster.") for m in c)] == []
+
+
+def test_no_collaborator_imports_the_timeline():
+    """Not even under `if TYPE_CHECKING:` (import-linter's contracts leave those out)."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("clustersim", exclude_type_checking_imports=False, cache_dir=None)
+    importers = graph.find_modules_that_directly_import("clustersim.cluster.timeline")
+    assert sorted(m for m in importers if m.startswith("clustersim.cluster.")) == []
 
 
 def test_ci_prints_the_import_cycles():

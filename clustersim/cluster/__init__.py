@@ -5,5 +5,6 @@ process (with its books in `job_accounting`, its recovery in `job_recovery`); `f
 failure processes and repairs; `scheduler` the passes that start and serve jobs, with the
 queue order, EASY backfill and preemption in `policies` and the choice of instances in
 `placement`; `uplinks` jobs sharing oversubscribed leaf uplinks; `rates` failure rates and
-checkpoint intervals; `outcomes` what a run produced.
+checkpoint intervals; `outcomes` what a run produced; `ports` what each collaborator uses
+of the timeline (they receive their port, never import the timeline).
 """

@@ -22,7 +22,7 @@ from clustersim.cluster.rates import effective_rates, failure_population
 from clustersim.hardware.failures import weibull_scale
 
 if TYPE_CHECKING:
-    from clustersim.cluster.timeline import Timeline
+    from clustersim.cluster.ports import FaultsTimeline
 
 __all__ = ["FailureProcess", "FailureSource"]
 
@@ -41,7 +41,7 @@ class FailureProcess:
 class FailureSource:
     """The failures of one timeline: which unit fails when, what goes down, repairs."""
 
-    def __init__(self, timeline: Timeline):
+    def __init__(self, timeline: FaultsTimeline):
         self.t = timeline
         self.rng = timeline.rng_failures
         self.failures: Counter = Counter()

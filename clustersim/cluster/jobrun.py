@@ -28,7 +28,7 @@ from clustersim.scenario.models import JobSpec
 from clustersim.training.profile import StepProfile
 
 if TYPE_CHECKING:
-    from clustersim.cluster.timeline import Timeline
+    from clustersim.cluster.ports import JobTimeline
 
 __all__ = ["JobRun"]
 
@@ -40,7 +40,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing):
     step time on its placement and shared uplinks by UplinkPacing; this class holds the
     state and the life cycle: queue, train, checkpoint, finish."""
 
-    def __init__(self, timeline: Timeline, index: int, job: JobSpec, profile: StepProfile):
+    def __init__(self, timeline: JobTimeline, index: int, job: JobSpec, profile: StepProfile):
         self.t = timeline
         self.index = index
         self.job = job

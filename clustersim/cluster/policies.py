@@ -1,4 +1,6 @@
-"""The scheduler's policies: the queue order (FIFO, priority), EASY backfill and preemption.
+"""The scheduler's policies: the queue order (FIFO, priority), EASY backfill and preemption,
+as plain functions of the queue state they are given (they return or yield their decisions;
+the scheduler applies them).
 
 Placement (which instances) is `clustersim.cluster.placement`; the pass that applies these
 policies is `clustersim.cluster.scheduler`.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,10 +20,16 @@ from clustersim.cluster.owners import FREE
 
 if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
-    from clustersim.cluster.scheduler import Scheduler
-    from clustersim.cluster.timeline import Timeline
+    from clustersim.cluster.ports import ActiveSet, TeamRules
+    from clustersim.cluster.queues import FairShareQueue, JobQueue
 
-__all__ = ["queue_key", "recovering_key", "runtime_floor", "easy_backfill", "preempt_for"]
+    WaitingQueue = JobQueue | FairShareQueue
+
+__all__ = ["queue_key", "recovering_key", "runtime_floor", "reservation", "expected_returns",
+           "easy_backfill", "preempt_for"]
+
+# `count` instances, whole UltraServers or not, among the free ones (Timeline.place)
+Placement = Callable[[int, bool, np.ndarray], "np.ndarray | None"]
 
 
 def queue_key(policy: str, run: JobRun) -> tuple:
@@ -44,36 +52,44 @@ def runtime_floor(run: JobRun) -> float:
     return run.expected_duration() if run.job.steps is None else -math.inf
 
 
-def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[JobRun],
-                  free: np.ndarray) -> None:
-    """EASY backfill: `head` (needing `need` instances) gets a reservation at the earliest time
-    enough are expected free (the shadow time); a later job (`rest`: the walk of the queue
-    after the head) starts now if it ends before then, or uses only instances the
-    reservation will not need."""
-    t = scheduler.t
-    queue = scheduler.queue
-    now = t.env.now
-    available = int(np.count_nonzero(free))
-    if available < queue.smallest():
-        return  # nothing that waits fits in what is free (place would refuse each one)
-    # Instances per job (those it holds, or those just granted it) back at its expected end,
-    # over the jobs started and not done, in order of end (`ActiveJobs.expected_ends`).
-    ends = t.active.expected_ends(head)
-    # Instances in repair come back at known times too.
-    down = np.flatnonzero(~t.healthy)
-    if len(down) and math.isfinite(t.repair_s):
-        back = t.instance_down_since[down] + t.repair_s
-        # (to the pool; a serving deployment's instance goes back to its deployment)
-        ends = heapq.merge(ends, [(when, 1) for when in np.sort(back[t.owner[down] == FREE])
-                                  .tolist()])
+def reservation(need: int, available: int,
+                ends: Iterable[tuple[float, int]]) -> tuple[float, int]:
+    """EASY backfill's reservation for the head of the queue, needing `need` instances with
+    `available` free now: the earliest time enough are expected free (the shadow time; infinite
+    when never), from `ends` ((time, instances back) in order of time: running jobs' expected
+    ends, repairs), and the instances left over then beyond the head's."""
     shadow, extra = math.inf, available
     for end, count in ends:
         available += count
         if available >= need:
             shadow, extra = end, available - need
             break
-    if scheduler.reservations is not None:  # kept for the tests' properties
-        scheduler.reservations.append((now, head.index, shadow))
+    return shadow, extra
+
+
+def expected_returns(ends: Iterator[tuple[float, int]], healthy: np.ndarray,
+                     owner: np.ndarray, down_since_s: np.ndarray,
+                     repair_s: float) -> Iterator[tuple[float, int]]:
+    """(time, instances back to the pool) in order of time: the running jobs' `ends`
+    (`ActiveJobs.expected_ends`) and the instances in repair, back at known times too."""
+    down = np.flatnonzero(~healthy)
+    if len(down) and math.isfinite(repair_s):
+        back = down_since_s[down] + repair_s
+        # (to the pool; a serving deployment's instance goes back to its deployment)
+        ends = heapq.merge(ends, [(when, 1) for when in np.sort(back[owner[down] == FREE])
+                                  .tolist()])
+    return ends
+
+
+def easy_backfill(head: JobRun, shadow: float, extra: int, rest: Iterator[JobRun],
+                  free: np.ndarray, now: float, queue: WaitingQueue, teams: TeamRules,
+                  place: Placement) -> Iterator[tuple[JobRun, np.ndarray]]:
+    """EASY backfill around `head`'s reservation (`reservation`: the shadow time and the
+    instances left over then): a later job (`rest`: the walk of the queue after the head)
+    starts now if it ends before the shadow time, or uses only instances the reservation
+    will not need. Yields each job to start with its instances (marked taken in `free`); the
+    caller starts it before asking for the next (it leaves the queue and takes its team's
+    quota, which the walk reads)."""
     free_count = int(np.count_nonzero(free))
     smallest = queue.smallest()
     # The fewest instances that did not fit, whole UltraServers or not: the pool only shrinks
@@ -84,7 +100,7 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
         # (a team's jobs of a size larger than the reservation leaves over, none of which
         # would end before the shadow time, are not visited: `extra` only falls)
         rest = queue.after(head, lambda: min(free_count, max(refused.values()) - 1),
-                           t.teams.room,
+                           teams.room,
                            lambda size, shortest: size <= extra or now + shortest <= shadow)
     for run in rest:
         if free_count < smallest:
@@ -92,7 +108,7 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
         need = run.instances_needed
         if need > free_count or need >= refused[run.whole_ultraservers]:
             continue  # cannot fit now (place would refuse it)
-        if not t.teams.admits(run):
+        if not teams.admits(run):
             continue  # over its team's quota
         # Whether it may start, before where: a job that would still run at the head's start
         # needs the instances the head leaves over, and must not take the quota the head
@@ -100,30 +116,31 @@ def easy_backfill(scheduler: Scheduler, head: JobRun, need: int, rest: Iterator[
         # pass. A placement refused here is no different: placement fails for every larger
         # count once it fails for one, and the pool only shrinks during the walk.)
         ends_before = now + run.expected_duration() <= shadow
-        if not ends_before and (need > extra or not t.teams.admits_beside(run, head)):
+        if not ends_before and (need > extra or not teams.admits_beside(run, head)):
             continue
-        chosen = t.place(need, run.whole_ultraservers, free)
+        chosen = place(need, run.whole_ultraservers, free)
         if chosen is None:
             refused[run.whole_ultraservers] = need
             continue
         if not ends_before:
             extra -= need
-        scheduler.start(run, chosen)  # it leaves the queue: the walk moves on
         free[chosen] = False
         free_count -= len(chosen)
+        yield run, chosen  # started by the caller: it leaves the queue, the walk moves on
 
 
-def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
-    """Evict lower-priority jobs (lowest priority, latest started first) until `run` fits;
-    the instances it would get, with the victims' added to `free`, or None (nobody evicted)."""
-    # A job whose own process runs this pass (releasing instances as it recovers) cannot
-    # be interrupted from inside itself: it is not a victim this time.
-    if t.active.lowest_priority() >= run.job.priority:
+def preempt_for(run: JobRun, free: np.ndarray, need: int, active: ActiveSet,
+                running: object, place: Placement) -> tuple[np.ndarray, list[JobRun]] | None:
+    """The lower-priority jobs to evict (lowest priority, latest started first) until `run`
+    fits, and the instances it would get once they are evicted; None when no eviction makes
+    it fit. `running`: the simpy process this pass runs in (a job's own process, releasing
+    instances as it recovers, cannot be interrupted from inside itself: it is no victim this
+    time). The caller evicts the victims and adds their instances to `free`."""
+    if active.lowest_priority() >= run.job.priority:
         return None  # nobody it outranks holds anything
-    active = t.env.active_process
-    victims = (r for r in t.active.by_preemption_order(run.job.priority)
+    victims = (r for r in active.by_preemption_order(run.job.priority)
                if r.held_count and r.state != "done"
-               and (active is None or r.process is not active))
+               and (running is None or r.process is not running))
     first = next(victims, None)
     if first is None:
         return None
@@ -138,10 +155,7 @@ def preempt_for(t: Timeline, run: JobRun, free: np.ndarray, need: int) -> np.nda
         chosen_victims.append(victim)
         if count < need:
             continue  # not enough yet: placement would refuse
-        placement = t.place(need, run.whole_ultraservers, trial)
+        placement = place(need, run.whole_ultraservers, trial)
         if placement is not None:
-            for v in chosen_victims:
-                v.evict()
-            free |= trial
-            return placement
+            return placement, chosen_victims
     return None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from clustersim.scenario.teams import NO_TEAM
 
 if TYPE_CHECKING:
-    from clustersim.cluster.jobrun import JobRun
+    from clustersim.cluster.ports import Member
     from clustersim.scenario.models import Scenario
 
 __all__ = ["TeamBook", "team_of"]
@@ -44,7 +44,7 @@ class TeamBook:
         """Fair-share position: instances held over the team's weight (lowest goes first)."""
         return self.usage[team] / self.weight.get(team, 1.0)
 
-    def admits(self, run: JobRun) -> bool:
+    def admits(self, run: Member) -> bool:
         quota = self.quota.get(run.team)
         if quota is None:
             return True
@@ -63,7 +63,7 @@ class TeamBook:
             return max(own, self.cohort_quota - self.cohort_usage)
         return own
 
-    def admits_beside(self, run: JobRun, ahead: JobRun) -> bool:
+    def admits_beside(self, run: Member, ahead: Member) -> bool:
         """Whether `run` is admitted with `ahead` (the queue's head, waiting) counted as
         admitted too: a backfilled job must not take the quota the head needs."""
         if ahead.admitted or self.quota.get(ahead.team) is None:
@@ -76,7 +76,7 @@ class TeamBook:
             self.usage[ahead.team] -= ahead.instances_needed
             self.cohort_usage -= ahead.instances_needed
 
-    def admit(self, run: JobRun, now: float) -> None:
+    def admit(self, run: Member, now: float) -> None:
         if run.admitted:
             return
         run.admitted = True
@@ -88,7 +88,7 @@ class TeamBook:
             self.admissions.append((now, run.team, self.usage[run.team], quota,
                                     self.cohort_usage, self.cohort_quota))
 
-    def release(self, run: JobRun) -> None:
+    def release(self, run: Member) -> None:
         if not run.admitted:
             return
         run.admitted = False

@@ -4,15 +4,18 @@ policies of `clustersim.cluster.policies`; records the free pool's fragmentation
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from clustersim.cluster.policies import (
     easy_backfill,
+    expected_returns,
     preempt_for,
     queue_key,
     recovering_key,
+    reservation,
     runtime_floor,
 )
 from clustersim.cluster.queues import FairShareQueue, JobQueue
@@ -20,7 +23,7 @@ from clustersim.cluster.uplinks import share_uplinks
 
 if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
-    from clustersim.cluster.timeline import Timeline
+    from clustersim.cluster.ports import SchedulerTimeline
 
 __all__ = ["Scheduler"]
 
@@ -50,7 +53,7 @@ class Scheduler:
     only the queued jobs that do not outrank it.
     """
 
-    def __init__(self, timeline: Timeline, policy: str, preemption: bool):
+    def __init__(self, timeline: SchedulerTimeline, policy: str, preemption: bool):
         self.t = timeline
         self.policy = policy
         self.preemption = preemption
@@ -105,7 +108,7 @@ class Scheduler:
             # (on several sites, its replacements come from its own sites first)
             chosen = self.t.place(need, run.whole_ultraservers, free, run.held_mask)
             if chosen is None and self.preemption and run.state == "waiting_for_hardware":
-                chosen = preempt_for(self.t, run, free, need)
+                chosen = self._preempt(run, free, need)
             if chosen is not None:
                 if run.state == "waiting_for_hardware":
                     self._replace(run, chosen)
@@ -128,7 +131,7 @@ class Scheduler:
         if blocked is not None and self.policy != "priority":
             # Every recovery had its turn; a blocked one is the queue's head.
             if backfill and len(self.queue):
-                easy_backfill(self, blocked[0], blocked[1], order, free)
+                self._backfill(blocked[0], blocked[1], order, free)
             return
         while (run := next(order, None)) is not None:
             if run.job.priority <= floor:
@@ -138,17 +141,50 @@ class Scheduler:
             need = run.instances_needed
             chosen = self.t.place(need, run.whole_ultraservers, free)
             if chosen is None and self.preemption:
-                chosen = preempt_for(self.t, run, free, need)
+                chosen = self._preempt(run, free, need)
                 if chosen is not None and by_team:
                     # Victims were evicted and their quota came back: the room a walk
                     # checks may only fall, so walk on from this job afresh.
                     order = self.queue.after(self.queue.key_of(run), _no_limit, teams.room)
             if chosen is None:
                 if backfill:
-                    easy_backfill(self, run, need, order, free)
+                    self._backfill(run, need, order, free)
                 return
             self.start(run, chosen)
             free[chosen] = False
+
+    def _backfill(self, head: JobRun, need: int, rest: Iterator[JobRun],
+                  free: np.ndarray) -> None:
+        """EASY backfill (`policies.easy_backfill`) around `head`, needing `need` instances:
+        its reservation recorded (when kept), the jobs it lets start started."""
+        t = self.t
+        now = t.env.now
+        available = int(np.count_nonzero(free))
+        if available < self.queue.smallest():
+            return  # nothing that waits fits in what is free (place would refuse each one)
+        # Instances per job (those it holds, or those just granted it) back at its expected
+        # end, in order of end (`ActiveJobs.expected_ends`), and those in repair.
+        ends = expected_returns(t.active.expected_ends(head), t.healthy, t.owner,
+                                t.instance_down_since, t.repair_s)
+        shadow, extra = reservation(need, available, ends)
+        if self.reservations is not None:  # kept for the tests' properties
+            self.reservations.append((now, head.index, shadow))
+        for run, chosen in easy_backfill(head, shadow, extra, rest, free, now, self.queue,
+                                         t.teams, t.place):
+            self.start(run, chosen)
+
+    def _preempt(self, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
+        """Preemption (`policies.preempt_for`): the victims evicted, their instances added to
+        `free`; the instances `run` gets, or None (nobody evicted)."""
+        decision = preempt_for(run, free, need, self.t.active, self.t.env.active_process,
+                               self.t.place)
+        if decision is None:
+            return None
+        chosen, victims = decision
+        for victim in victims:
+            free[victim.held] = True  # (read before the eviction empties it)
+            victim.evict()
+        return chosen
 
     def start(self, run: JobRun, chosen: np.ndarray) -> None:
         self.queue.remove(run)

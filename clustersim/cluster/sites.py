@@ -30,8 +30,7 @@ from clustersim.training.shape import spread_shape
 from clustersim.training.sites import cross_site_step
 
 if TYPE_CHECKING:
-    from clustersim.cluster.jobrun import JobRun
-    from clustersim.cluster.timeline import Timeline
+    from clustersim.cluster.ports import SiteJob, SitesTimeline, UplinksTimeline
     from clustersim.training.step import StepModel
 
 __all__ = ["SitePlacer", "SiteEvents", "cut_off", "cross_site_seconds", "max_min_speeds",
@@ -91,7 +90,7 @@ class SitePlacer(Placer):
         return None
 
 
-def cut_off(t: Timeline, run: JobRun) -> bool:
+def cut_off(t: SitesTimeline, run: SiteJob) -> bool:
     """A job holding instances on both sides of a partition: it cannot train."""
     if not t.partitioned.any() or not run.held_count:
         return False
@@ -103,7 +102,7 @@ def cut_off(t: Timeline, run: JobRun) -> bool:
 class SiteEvents:
     """Every site event process of the scenario, superposed (one stream, as failures)."""
 
-    def __init__(self, timeline: Timeline, network: SiteNetwork, events: list[SiteEventSpec]):
+    def __init__(self, timeline: SitesTimeline, network: SiteNetwork, events: list[SiteEventSpec]):
         self.t = timeline
         self.network = network
         self.rng = np.random.default_rng(timeline.site_seed)
@@ -222,7 +221,7 @@ def max_min_speeds(uses: list[set]) -> list[float]:
     return speed
 
 
-def share_site_links(t: Timeline) -> None:
+def share_site_links(t: UplinksTimeline) -> None:
     """Jobs spread over sites share the inter-site links their rings over the sites use,
     max-min fairly: each one's cross-site reduction is slowed by 1 / its share (the
     link-limited case; a job alone on its links is not slowed)."""

@@ -11,7 +11,7 @@ from clustersim.cluster.sites import cross_site_seconds, share_site_links
 from clustersim.training.sites import site_profile
 
 if TYPE_CHECKING:
-    from clustersim.cluster.timeline import Timeline
+    from clustersim.cluster.ports import UplinkJob, UplinksTimeline
 
 __all__ = ["share_uplinks", "UplinkBook", "UplinkPacing"]
 
@@ -21,7 +21,7 @@ class UplinkBook:
     instances' EFA bandwidth on every leaf it spans. A job's share is looked at again only
     when the demand on one of its leaves changed (not every spread job at every pass)."""
 
-    def __init__(self, t: Timeline):
+    def __init__(self, t: UplinksTimeline):
         self.t = t
         fabric = t.scenario.cluster.fabric
         # A leaf's uplinks carry all its instances' EFA on a non-blocking fabric: never
@@ -34,7 +34,7 @@ class UplinkBook:
         self.counts: dict[int, dict[int, int]] = {}  # job -> {leaf: its instances there}
         self.dirty: set[int] = set()  # leaves whose demand changed since the last share
 
-    def update(self, run) -> None:
+    def update(self, run: UplinkJob) -> None:
         """A job's holding, state or spread changed: move its demand."""
         if not self.enabled:
             return
@@ -75,7 +75,7 @@ class UplinkBook:
             self.t.jobs[index].set_uplink_slowdown(worst)
 
 
-def share_uplinks(t: Timeline) -> None:
+def share_uplinks(t: UplinksTimeline) -> None:
     """Jobs spread over several leaves send their data-parallel traffic through the leaf
     uplinks. Each such job puts its instances' EFA bandwidth on every leaf it spans; where
     that demand exceeds a leaf's uplink capacity (its instances' EFA over the
