@@ -4,7 +4,6 @@ candidates)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -33,15 +32,12 @@ def test_deepseek_v3_on_trn2_plans_expert_parallelism_as_the_readme_says() -> No
 
 
 @pytest.mark.slow
-def test_deepseek_v3_on_trn3_as_the_readme_says() -> None:
+def test_deepseek_v3_on_trn3_plans_expert_parallelism_as_the_readme_says() -> None:
     scenario = load_scenario(ROOT / "scenarios/plan-deepseek-v3-trn3.yaml", planning=True)
-    result = plan(scenario, PlanOptions(top=10))
-    best = result.best
+    best = plan(scenario, PlanOptions(top=3)).best
+    assert best["ep"] > 1 and best["all_to_all_s"] > 0
     quoted = _readme_mixture()
-    assert (f"EP {best['ep']}: TP {best['tp']}, CP {best['cp']}, PP {best['pp']}, "
-            f"DP {best['dp']}, {best['step_time_s']:.2f} s") in quoted
-    with_ep = [r for r in result.ranked if r["ep"] > 1]
-    assert with_ep and with_ep[0]["all_to_all_s"] > 0
-    found = re.search(r"best EP (\d+) layout spends ([\d.]+) s", quoted)
-    assert found and int(found.group(1)) == with_ep[0]["ep"]
-    assert float(found.group(2)) == round(with_ep[0]["all_to_all_s"], 2)
+    assert (f"TP {best['tp']}, CP {best['cp']}, PP {best['pp']}, DP {best['dp']:,} with "
+            f"expert parallelism {best['ep']}") in quoted
+    assert f"{best['step_time_s']:.2f} s per step (MFU {best['mfu']:.1%})" in quoted
+    assert f"NeuronSwitch leaving {best['all_to_all_s']:.2f} s exposed" in quoted

@@ -16,7 +16,8 @@ without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`
 all-to-all context exchange are evaluated when a scenario gives them, not searched.
 
 A candidate is pruned, in this order, for
-- divisibility: at least one layer per stage (pp x interleave at most the layers), the
+- divisibility: at least one layer per stage (pp x interleave at most the layers), tp at
+  most the query heads (beyond, ranks hold only padding heads), the
   sequence over cp, the batch over micro-batch x dp, micro-batches over pp for interleaving,
   experts over ep (the scenario loader's rules; a tp that does not divide the heads pads
   them, as NxD does);
@@ -228,6 +229,9 @@ def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None
         return f"divisibility: {microbatches} micro-batches over pp {c.pp} (interleaved)"
     if c.ep > 1 and model.experts % c.ep:
         return f"divisibility: {model.experts} experts over ep {c.ep}"
+    if c.tp > model.heads:  # every head already has a rank of its own
+        return (f"divisibility: tp {c.tp} above the {model.heads} query heads (ranks of "
+                f"padding heads only)")
     if job.sequence_length % c.cp:
         return f"divisibility: sequence {job.sequence_length} over cp {c.cp}"
     rpi = hw.ranks_per_instance
