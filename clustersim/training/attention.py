@@ -23,11 +23,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from clustersim.training.layers import attention_span, query_width, value_width, windowed_layers
+from clustersim.training.ops import Op, _attention_ops, _matmul, _vector
 
 if TYPE_CHECKING:
     from clustersim.training.transformer import TransformerShape
-    from clustersim.training.workload import Op
-
 __all__ = ["classic_attention", "classic_core", "projection_ops", "core_ops", "scaled",
            "attention_flops_per_token", "projection_widths"]
 
@@ -59,8 +58,6 @@ def projection_widths(model: TransformerShape, heads: int) -> tuple[int, int]:
 
 def projection_ops(model: TransformerShape, tokens: int, heads: int, e: int) -> list[Op]:
     """MLA's projections before attention on a rank computing `heads` heads."""
-    from clustersim.training.workload import _matmul
-
     h = model.hidden
     qk, _ = projection_widths(model, heads)
     if model.q_lora_rank is not None:
@@ -78,8 +75,6 @@ def core_ops(model: TransformerShape, b: int, s: int, seq: int, heads: int, kv_h
              e: int, kernel: str) -> list[Op]:
     """The attention core of a mean layer: `s` query positions per sequence on this rank
     against the keys of the whole `seq` (global layers) or of the window (windowed ones)."""
-    from clustersim.training.workload import _attention_ops
-
     w = windowed_layers(model)
     kinds = [(model.layers - w, attention_span(model, seq, False)),
              (w, attention_span(model, seq, True))]
@@ -101,8 +96,6 @@ def _mla_core(model: TransformerShape, b: int, s: int, s_kv: int, heads: int, e:
               kernel: str) -> list[Op]:
     """MLA's core: scores over qk_nope + qk_rope wide heads, values v_head_dim wide (every
     head has its own keys and values once expanded)."""
-    from clustersim.training.workload import Op, _matmul, _vector
-
     dqk = model.qk_nope_head_dim + model.qk_rope_head_dim
     dv = model.v_head_dim
     if kernel == "flash":

@@ -24,11 +24,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from clustersim.training.attention import scaled
+from clustersim.training.ops import Op, _matmul, _vector
 
 if TYPE_CHECKING:
     from clustersim.training.transformer import TransformerShape
-    from clustersim.training.workload import Op
-
 __all__ = ["expert_load", "local_experts", "moe_share", "ffn_ops", "ffn_activation_width",
            "dispatch_bytes", "expert_weights_per_layer", "dense_weights_per_layer",
            "router_weights_per_layer", "DEFAULT_ROUTING_IMBALANCE"]
@@ -73,8 +72,6 @@ def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_t
     the routed tokens and with its own weights, so the HBM traffic has every held expert's
     weights and a small share makes short, poorly tiled GEMMs (why expert parallelism pays
     beyond memory)."""
-    from clustersim.training.workload import _matmul, _vector
-
     gate = 2 if model.gated else 1
     acts = 3 if model.gated else 2
     share = moe_share(model)

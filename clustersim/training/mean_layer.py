@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 
 from clustersim.training.attention import core_ops, projection_ops
 from clustersim.training.experts import ffn_ops
+from clustersim.training.ops import Op, _matmul, _vector
 from clustersim.training.transformer import sharded_heads
 
 if TYPE_CHECKING:
     from clustersim.training.transformer import TransformerShape
-    from clustersim.training.workload import Op
-
 __all__ = ["mean_layer_ops"]
 
 
@@ -23,8 +22,6 @@ def mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
                    local: int = 1) -> list[Op]:
     """layer_forward_ops of a model whose layers differ (MLA, windows, dense and MoE layers,
     shared experts, an uneven routing load, experts grouped per rank): the mean layer."""
-    from clustersim.training.workload import _matmul, _vector
-
     h, tokens = model.hidden, b * s
     layout = sharded_heads(model, tp)
     heads, kv_heads = layout.per_rank, layout.kv_per_rank

@@ -162,8 +162,8 @@ class TransformerShape(Spec):
 
     @property
     def uniform(self) -> bool:
-        """Every layer alike (no dense layers among experts, no shared experts, no window
-        pattern): the counts of 2023's models, kept as they were."""
+        """Every layer's FFN alike (all dense or all MoE, no shared experts, experts as wide
+        as the dense FFN): the FFN counts of 2023's models, kept as they were."""
         return (self.moe_layers in (0, self.layers) and self.shared_experts == 0
                 and self.expert_ffn_hidden is None)
 
