@@ -4,6 +4,8 @@ serving constants.
     python scripts/calibrate_serving.py            # every Trn1, Trn2 and GPU row with its error
     python scripts/calibrate_serving.py --family trn1 [--hbm-efficiency X] [--overhead S]
     python scripts/calibrate_serving.py --fit-gpu  # refit the p5 serving constants
+    python scripts/calibrate_serving.py --family models  # DeepSeek-V3, Qwen3, Trn2 vs H200
+    python scripts/calibrate_serving.py --fit-moe  # refit serving.moe_layer_overhead
 
 Rows (sources in docs/calibration.md):
 - Trn1 (`clustersim.calibration.serving`): Neuron docs, trn1 inference performance,
@@ -242,13 +244,60 @@ def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
                                  tolerance=1e-9, report=True)
 
 
+def print_models() -> None:
+    """2025's models (calibration.models_serving): DeepSeek-V3 and Qwen3-32B on Trn2,
+    DeepSeek-V3 on H200, the port's token profile, and Trn2 against H200."""
+    from clustersim.calibration import models_serving as ms
+    print("\n== Mixtures and Qwen3 on Trn2 (trn2.48xlarge, TP 64, bf16, NxD Inference)")
+    print(f"{'row':<46}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}{'pub':>7}{'err':>8}"
+          "  fitted")
+    fitted = {ms.DEEPSEEK_TRN2.name: "TPOT (moe_layer_overhead)"}
+    for row, (ttft, tpot) in zip((ms.DEEPSEEK_TRN2, ms.QWEN3_TRN2), ms.predict_trn2_rows(),
+                                 strict=True):
+        print(f"{row.name:<46}{ttft * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
+              f"{ttft * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}"
+              f"{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}  {fitted.get(row.name, 'no: judges')}")
+    parts = ms.deepseek_breakdown()
+    print("\n== DeepSeek-V3 on trn2, one decode token (the port's profile; judges)")
+    print(f"{'part':<16}{'model ms':>9}{'profile':>9}{'err':>8}")
+    for name, published in ms.DEEPSEEK_PROFILE_MS.items():
+        print(f"{name:<16}{parts[name] * 1e3:>9.2f}{published:>9.1f}"
+              f"{parts[name] * 1e3 / published - 1:>+8.1%}")
+    print("\n== DeepSeek-V3 decode by batch (TPOT ms): Trn2 via vLLM and 8 x H200 via SGLang")
+    print(f"{'row':<34}{'hardware':>9}{'batch':>6}{'model':>8}{'pub':>8}{'err':>8}  fitted")
+    rows = ms.DEEPSEEK_VLLM_BATCHES + ms.SGLANG_H200
+    for row, p in zip(rows, ms.predict_batches(rows), strict=True):
+        fit = "moe_layer_overhead" if row is ms.SGLANG_H200[0] else "no: judges"
+        print(f"{row.name:<34}{row.hardware:>9}{row.batch:>6}{p * 1e3:>8.2f}{row.tpot_ms:>8.2f}"
+              f"{p * 1e3 / row.tpot_ms - 1:>+8.1%}  {fit}")
+    print("\n== Trn2 (TP 64, bf16) against 8 x H200 (TP 8, FP8): DeepSeek-V3, 128 in / 256 out")
+    print(f"{'batch':>5}{'trn2 ms':>9}{'h200 ms':>9}{'time ratio':>11}{'band':>16}"
+          f"{'cost ratio':>11}{'band':>16}")
+    for r in ms.trn2_against_h200():
+        band = f"[{r['low']:.2f}, {r['high']:.2f}]"
+        cost_band = f"[{r['cost_low']:.2f}, {r['cost_high']:.2f}]"
+        print(f"{r['batch']:>5}{r['trn2_tpot_s'] * 1e3:>9.2f}{r['h200_tpot_s'] * 1e3:>9.2f}"
+              f"{r['ratio']:>11.2f}{band:>16}{r['cost_ratio']:>11.2f}{cost_band:>16}")
+
+
+def fit_moe() -> None:
+    from clustersim.calibration.models_serving import fit_moe_layer_overhead
+    for family, entry in (("trn2", "trn2 (hardware.yaml)"),
+                          ("p5en", "sglang@0.4.1 (stacks.yaml)")):
+        value = fit_moe_layer_overhead(family)
+        print(f"{entry}: serving.moe_layer_overhead {value * 1e3:.5f}ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=("trn1", "trn2", "gpu"), action="append",
+    parser.add_argument("--family", choices=("trn1", "trn2", "gpu", "models"),
+                        action="append",
                         help="only these families (default: all)")
     parser.add_argument("--hbm-efficiency", type=float, help="trn1 trial value")
     parser.add_argument("--overhead", type=float, help="trn1 trial seconds per iteration")
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
+    parser.add_argument("--fit-moe", action="store_true", help="refit serving."
+                        "moe_layer_overhead (trn2, sglang@0.4.1) on the batch-1 DeepSeek-V3 rows")
     parser.add_argument("--fit-release", action="store_true",
                         help="refit transformers-neuronx@2.18.1's two constants on its rows")
     parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "
@@ -268,7 +317,10 @@ def main() -> None:
         print("fitted p5 serving constants:", {k: round(v, 6) for k, v in values.items()})
         print_gpu(gpu_hardware(values), unseen=False)
         return
-    families = args.family or ["trn1", "trn2", "gpu"]
+    if args.fit_moe:
+        fit_moe()
+        return
+    families = args.family or ["trn1", "trn2", "gpu", "models"]
     if "trn1" in families:
         print_trn1(args.hbm_efficiency, args.overhead)
     if "trn2" in families:
@@ -276,6 +328,8 @@ def main() -> None:
     if "gpu" in families:
         print_all_reduce()
         print_gpu()
+    if "models" in families:
+        print_models()
 
 
 if __name__ == "__main__":

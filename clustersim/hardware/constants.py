@@ -202,6 +202,12 @@ class ServingConstants(Spec):
         "messages run the collectives' own algorithm, and no smaller message costs more "
         "than the workspace-sized one would there; default: the kernels at every size",
     )
+    moe_layer_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="moe_layer_overhead", le=limits.MAX_LATENCY_S,
+        description="fixed time per mixture-of-experts layer of an iteration (routing's "
+        "top-k and the selected experts' gathers: work whose count does not grow with the "
+        "tokens); 0 where no data separates it",
+    )
     all_reduce: Literal["mesh", "auto", "cheapest"] = Field(
         default="mesh",
         description="how a replica's tensor-parallel all-reduce runs inside an instance: "

@@ -40,7 +40,8 @@ __all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks",
            "SloSpec", "DeploymentSpec", "PrecisionSpec", "Precisions", "ServePrecision",
            "DEFAULT_ACCEPTANCE", "default_activations"]
 
-ServePrecision = Literal["bf16", "fp16", "fp8"]
+# mxfp4 / mxfp8: weight-only microscaling formats (OCP MX; GPT-OSS's experts ship in mxfp4)
+ServePrecision = Literal["bf16", "fp16", "fp8", "mxfp4", "mxfp8"]
 
 
 class LengthSpec(Spec):
@@ -202,7 +203,7 @@ def default_activations(weights: str) -> str:
     weights, which are a storage format (weight-only quantisation, as NxD Inference's fp8
     weight quantisation and most fp8 checkpoints run) with bf16 activations; fp8 matmuls
     and messages need `activations: fp8`."""
-    return "bf16" if weights == "fp8" else weights
+    return "bf16" if weights in ("fp8", "mxfp4", "mxfp8") else weights
 
 
 def resolve_precision(precision: str | PrecisionSpec, kv_default: str) -> Precisions:
@@ -263,7 +264,12 @@ class DeploymentSpec(Spec):
     precision: ServePrecision | PrecisionSpec = Field(
         default="bf16", description="the weights' (activations the same, bf16 for fp8 "
         "weights), or a mapping {weights, activations, kv_cache}")
-    parallelism: dict[Literal["tp", "pp"], int] = Field(default_factory=lambda: {"tp": 1})
+    parallelism: dict[Literal["tp", "pp", "ep"], int] = Field(
+        default_factory=lambda: {"tp": 1}, description="tp, pp; ep (mixtures): groups of "
+        "the tp ranks a MoE layer's experts are split over (serving.experts)")
+    routing_skew: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False,
+                                description="mixtures: routing concentrated on a (1 - skew) "
+                                "share of the experts (0: uniform; docs/serving.md)")
     replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
     server: ServerSpec = ServerSpec()
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = "round_robin"
@@ -318,6 +324,13 @@ class DeploymentSpec(Spec):
         if self.model.layers % self.pp:
             raise ValueError(f"the model's {self.model.layers} layers do not split into "
                              f"pp {self.pp} stages")
+        if self.ep > 1:
+            if not self.model.moe:
+                raise ValueError(f"parallelism.ep {self.ep} needs a mixture of experts "
+                                 "(model.experts > 1)")
+            if self.tp % self.ep or self.model.experts % self.ep:
+                raise ValueError(f"parallelism.ep {self.ep} must divide tp {self.tp} and the "
+                                 f"{self.model.experts} experts")
         # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
@@ -360,6 +373,10 @@ class DeploymentSpec(Spec):
     @property
     def pp(self) -> int:
         return self.parallelism.get("pp", 1)
+
+    @property
+    def ep(self) -> int:
+        return self.parallelism.get("ep", 1)
 
 
 def expected_requests(d: DeploymentSpec, duration_s: float) -> float:

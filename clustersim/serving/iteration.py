@@ -39,21 +39,23 @@ from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.scenario.serving import default_activations
+from clustersim.serving import attention as mla
+from clustersim.serving.experts import dispatch_bytes_per_rank
+from clustersim.serving.layers import expert_weight_bytes_per_rank, layer_kinds
+from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
 from clustersim.training.workload import (
-    ATTENTION_CORE,
     Op,
     _embedding_ops,
     _matmul,
     _output_ops,
     _vector,
-    layer_forward_ops,
 )
 
 __all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
 
-_ATTENTION_CORE = ATTENTION_CORE  # costed separately, over the context
+_KV_CONTEXT = 1 << 16  # long enough that tile padding of the context is negligible
 _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
 # Unfused prefill attention (transformers-neuronx's context encoding, layers/attention_hsb.py
 # score, mask and context_combined with hlo.softmax): each score element is written by the
@@ -73,6 +75,8 @@ class ReplicaShape:
     pp: int
     kv_precision: str = "bf16"
     activations: str | None = None
+    ep: int = 1  # expert parallel: groups of the tp ranks a MoE layer's experts split over
+    routing_skew: float = 0.0  # serving.experts: routing concentrated on 1 - skew of them
 
     @property
     def activation_precision(self) -> str:
@@ -82,6 +86,11 @@ class ReplicaShape:
 # Matmuls with a weight operand (k x n): it streams at the weights' precision, the token
 # operands (m x k in, m x n out) at the activations'.
 _WEIGHT_MATMULS = frozenset(("qkv", "projection", "mlp_in", "mlp_out", "router", "logits"))
+
+
+def weight_element_bytes(precision: str) -> float:
+    """Bytes one weight takes in HBM at `precision` (MX formats: training.layers)."""
+    return WEIGHT_BYTES_PER_ELEMENT[precision]
 
 
 def _with_weight_bytes(ops: list[Op], weight_bytes: float, activation_bytes: float) -> list[Op]:
@@ -95,7 +104,10 @@ def _with_weight_bytes(ops: list[Op], weight_bytes: float, activation_bytes: flo
 
 
 def kv_bytes_per_token(model: TransformerShape, kv_precision: str) -> float:
-    """Bytes one token adds to the KV cache of the whole model (keys and values, all layers)."""
+    """Bytes one token adds to the KV cache of the whole model (keys and values, all layers;
+    MLA's latent, sliding windows bounded: serving.attention)."""
+    if mla.is_mla(model) or mla.sliding_window(model) is not None:
+        return mla.kv_bytes_per_token(model, BYTES_PER_ELEMENT[kv_precision])
     return 2.0 * model.layers * model.n_kv_heads * model.head_dim * BYTES_PER_ELEMENT[kv_precision]
 
 
@@ -144,11 +156,14 @@ class IterationModel:
         self.instances = instances
         self.tp_group = Group.from_rank_chips(rank_chips[: shape.tp].tolist()) if shape.tp > 1 \
             else None
+        # Expert parallelism: one rank of each of the ep groups of tp / ep ranks.
+        self.ep_group = Group.from_rank_chips(
+            rank_chips[: shape.tp: shape.tp // shape.ep].tolist()) if shape.ep > 1 else None
         self.stage_chips = [int(rank_chips[d * shape.tp]) for d in range(shape.pp)]
         self.layers_per_stage = shape.model.layers / shape.pp
         self.heads = sharded_heads(shape.model, shape.tp)  # as NxD pads and replicates them
         self.overhead_s = hw.serving.iteration_overhead_s
-        self.element_bytes = BYTES_PER_ELEMENT[shape.precision]  # weights
+        self.element_bytes = weight_element_bytes(shape.precision)  # weights
         self.activation_bytes = BYTES_PER_ELEMENT[shape.activation_precision]
         # The hidden state between operations (the residual stream, and so the TP
         # all-reduces and the stage sends): fp8 activations are the matmuls' inputs,
@@ -157,10 +172,13 @@ class IterationModel:
         self.hidden_bytes = 2 if shape.activation_precision == "fp8" else self.activation_bytes
         self.kv_element_bytes = BYTES_PER_ELEMENT[shape.kv_precision]
         # Matmuls run at the activations' precision where the chip has a peak for it (fp8
-        # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones).
-        compute = shape.activation_precision
+        # weights with fp8 activations run fp8 matmuls; weight-only fp8 runs bf16 ones), or
+        # at an MX weight format's own peak (Trn3's MXFP8).
+        compute = shape.precision if shape.precision.startswith("mx") else \
+            shape.activation_precision
         self.compute_precision = compute if compute in hw.chip.tflops else "bf16"
         self.kv_coefficient_s = self._kv_seconds_per_token()
+        self.window_s_per_sequence = self._window_seconds_per_sequence()
         serving = hw.serving
         self.prefill_fixed_s = (serving.prefill_overhead_s
                                 + shape.model.layers * serving.prefill_layer_overhead_s)
@@ -171,8 +189,10 @@ class IterationModel:
         """Weights one chip holds: its ranks' shards of the busiest stage (with pp > 1 the
         first stage holds the embedding, the last the output layer; pp = 1 holds both)."""
         m = self.shape.model
-        per_layer = (m.parameter_count() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
-        ends = m.vocab * m.hidden * (2 if self.shape.pp == 1 else 1)
+        embeddings = 1 if m.tied_embeddings else 2
+        per_layer = (m.parameter_count() - m.encoder_parameters - embeddings * m.vocab * m.hidden
+                     - m.hidden) / m.layers
+        ends = m.vocab * m.hidden * (embeddings if self.shape.pp == 1 else 1)
         # Padded heads (tp not dividing them) add their attention weights on every rank.
         padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
         per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp \
@@ -188,9 +208,13 @@ class IterationModel:
         """KV cache bytes one token adds on the busiest chip."""
         m = self.shape.model
         # Each rank holds its KV heads (split over tp, replicated when tp exceeds them,
-        # padded with the query heads) for its stage's layers.
-        per_rank = (kv_bytes_per_token(m, self.shape.kv_precision) / m.n_kv_heads
-                    * self.heads.kv_per_rank / self.shape.pp)
+        # padded with the query heads) for its stage's layers; MLA's latent is every head's,
+        # so every rank holds all of it.
+        if mla.is_mla(m):
+            per_rank = kv_bytes_per_token(m, self.shape.kv_precision) / self.shape.pp
+        else:
+            per_rank = (kv_bytes_per_token(m, self.shape.kv_precision) / m.n_kv_heads
+                        * self.heads.kv_per_rank / self.shape.pp)
         return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
 
     def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
@@ -264,24 +288,28 @@ class IterationModel:
         """The layers' matmuls and vector work and their TP all-reduces, the embedding, and
         the sends between stages, for `tokens` tokens."""
         s = self.shape
-        layer = [op for op in layer_forward_ops(s.model, 1, tokens, s.tp, False,
-                                                s.activation_precision)
-                 if op.name not in _ATTENTION_CORE]
         on_chip = self.activations_on_chip(tokens)
-        layer_s = self._op_s(self._weights_at_precision(layer, on_chip))
-        comm_s = 0.0
         # The all-reduces and stage sends carry the hidden state (16-bit with fp8 matmuls).
         activation = tokens * s.model.hidden * self.hidden_bytes
-        if self.tp_group is not None:
-            comm_s = 2 * self.tp_all_reduce_s(activation)
-        if self.hardware.serving.overlap_collectives and comm_s > 0:
-            # a two-stage pipeline over the tokens' row tiles: the all-reduce of one tile
-            # runs while the next is computed (one tile, as in decode: nothing overlaps)
-            tiles = math.ceil(tokens / self.hardware.chip.efficiency.tile)
-            per_layer_s = max(layer_s, comm_s) + min(layer_s, comm_s) / tiles
-        else:
-            per_layer_s = layer_s + comm_s
-        stages_s = s.model.layers * per_layer_s
+        stages_s = 0.0
+        for layers, ops, moe in layer_kinds(self, tokens, on_chip):
+            layer_s = self._op_s(ops)
+            comm_s = 0.0
+            if self.tp_group is not None:
+                comm_s = 2 * self.tp_all_reduce_s(activation)
+            if moe and self.ep_group is not None:  # dispatch and combine replace the MLP's
+                comm_s = 2 * self.ep_all_to_all_s(tokens) + (
+                    comm_s / 2 * (1 if s.ep == s.tp else 2))
+            if moe:
+                layer_s += self.hardware.serving.moe_layer_overhead_s
+            if self.hardware.serving.overlap_collectives and comm_s > 0:
+                # a two-stage pipeline over the tokens' row tiles: the all-reduce of one tile
+                # runs while the next is computed (one tile, as in decode: nothing overlaps)
+                tiles = math.ceil(tokens / self.hardware.chip.efficiency.tile)
+                per_layer_s = max(layer_s, comm_s) + min(layer_s, comm_s) / tiles
+            else:
+                per_layer_s = layer_s + comm_s
+            stages_s += layers * per_layer_s
         ends_s = self._op_s(_embedding_ops(s.model, 1, tokens, s.activation_precision))
         send_s = 0.0
         for d in range(s.pp - 1):
@@ -290,6 +318,16 @@ class IterationModel:
                 "send-recv", Group(np.array([self.stage_chips[d]]), 1),
                 activation / s.tp * shards, peer=self.stage_chips[d + 1]).time_s
         return stages_s + ends_s + send_s
+
+    def ep_all_to_all_s(self, tokens: int) -> float:
+        """One expert-parallel all-to-all (dispatch or combine) of an iteration's tokens."""
+        size = dispatch_bytes_per_rank(self.shape.model, tokens, self.shape.ep, self.hidden_bytes)
+        return self.collectives.cost("all-to-all", self.ep_group, size).time_s
+
+    def expert_weight_bytes_per_rank(self, tokens: int) -> float:
+        """HBM bytes the busiest rank reads of routed experts' weights in one iteration of
+        `tokens` tokens, all MoE layers (serving.layers)."""
+        return expert_weight_bytes_per_rank(self.shape, self.element_bytes, tokens)
 
     def tp_all_reduce_s(self, size_bytes: float) -> float:
         """One tensor-parallel all-reduce of the replica: with the catalog's
@@ -331,27 +369,55 @@ class IterationModel:
     def _kv_seconds_per_token(self) -> float:
         """Seconds a decoding sequence's attention costs per token of its context: reading
         that token's keys and values on every layer and scoring it (all stages)."""
-        s = self.shape
-        m = s.model
+        m = self.shape.model
+        global_layers, _ = mla.layer_split(m)
+        return global_layers * self._layer_kv_s(_KV_CONTEXT) / _KV_CONTEXT
+
+    def _layer_kv_s(self, context: int) -> float:
+        """One layer's decode attention of one sequence's token over `context` tokens."""
+        m = self.shape.model
         heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
-        context = 1 << 16  # long enough that tile padding of the context is negligible
-        group = heads // kv_heads  # query heads sharing a KV head score together
         e = self.kv_element_bytes
+        if mla.is_mla(m):
+            return self._op_s(mla.mla_decode_ops(m, heads, context, e))
+        group = heads // kv_heads  # query heads sharing a KV head score together
         ops = [_matmul("scores", group, m.head_dim, context, e, count=kv_heads),
                _matmul("attend", group, context, m.head_dim, e, count=kv_heads)]
         # Operand traffic: the keys and values themselves, at the KV cache's precision (the
         # matmul counts add the query and scores, a few bytes per token beside 2 x head_dim).
-        return m.layers * self._op_s(ops) / context
+        return self._op_s(ops)
+
+    def _window_seconds_per_sequence(self) -> float:
+        """A decoding sequence's attention on the sliding-window layers: `window` tokens on
+        each (the steady state once its context passes the window)."""
+        window = mla.sliding_window(self.shape.model)
+        _, windowed = mla.layer_split(self.shape.model)
+        if window is None or not windowed:
+            return 0.0
+        return windowed * self._layer_kv_s(window)
 
     @lru_cache(maxsize=65536)  # noqa: B019
     def _prefill_attention_s(self, chunk: int, context: int) -> float:
         """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
         itself: the quadratic term (scores and values) as fused (flash) attention runs it.
         Unfused attention adds the iteration's passes over its scores (`_spilled_scores_s`)."""
-        s = self.shape
-        m = s.model
+        m = self.shape.model
+        if mla.is_mla(m):
+            return m.layers * self._op_s(mla.mla_prefill_ops(
+                m, chunk, context, self.heads.per_rank, self.activation_bytes,
+                self.kv_element_bytes))
+        window = mla.sliding_window(m)
+        if window is not None and context + chunk > window:
+            # the windowed layers' queries attend to at most the window each
+            global_layers, windowed = mla.layer_split(m)
+            return (global_layers * self._gqa_prefill_s(chunk, context + chunk)
+                    + windowed * self._gqa_prefill_s(chunk, window)) / m.layers
+        return self._gqa_prefill_s(chunk, context + chunk)
+
+    def _gqa_prefill_s(self, chunk: int, span: int) -> float:
+        """Grouped-query prefill attention of `chunk` queries over `span` keys, every layer."""
+        m = self.shape.model
         heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
-        span = context + chunk
         e = self.activation_bytes
         ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
                _matmul("attend", chunk, span, m.head_dim, e, count=heads),
@@ -406,7 +472,8 @@ class IterationModel:
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         if prefill and self.hardware.serving.attention == "unfused":
             time_s += self._unfused_scores_s(prefill, static_batch)
-        return time_s + self.kv_coefficient_s * decode_context_tokens
+        return (time_s + self.kv_coefficient_s * decode_context_tokens
+                + self.window_s_per_sequence * decode_batch)
 
     def prefill_s(self, input_tokens: int) -> float:
         """A whole prompt alone in one iteration (time to first token on an idle replica)."""
@@ -418,8 +485,9 @@ class IterationModel:
         return self._linear(batch, batch) - self.overhead_s
 
     def decode_base_s(self, batch: int) -> float:
-        """A decode iteration of `batch` sequences, without their attention over context."""
-        return self._linear(batch, batch)
+        """A decode iteration of `batch` sequences, without their attention over context
+        (but with their sliding-window layers', bounded by the window)."""
+        return self._linear(batch, batch) + self.window_s_per_sequence * batch
 
     def decode_run_s(self, batch: int, context_tokens: float, iterations: np.ndarray | int,
                      growth: float | None = None) -> np.ndarray | float:

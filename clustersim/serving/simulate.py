@@ -68,7 +68,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     small = max(2 * per, ipu * math.ceil(2 * per / ipu))
     topology = build_topology(hw, small, scenario.cluster.fabric)
     p = d.precisions
-    shape = ReplicaShape(d.model, p.weights, d.tp, d.pp, p.kv_cache, p.activations)
+    shape = ReplicaShape(d.model, p.weights, d.tp, d.pp, p.kv_cache, p.activations, d.ep,
+                         d.routing_skew)
     target = IterationModel(shape, topology)
     draft = None
     capacity = target.kv_capacity_tokens(d.server.kv_reserve)

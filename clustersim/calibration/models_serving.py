@@ -1,0 +1,213 @@
+"""Published serving runs of 2025's models (mixtures, MLA, Qwen3) on Trn2 and H200.
+
+Trn2 (NxD Inference on one trn2.48xlarge, LNC 2, TP 64, bf16):
+- DeepSeek-V3-0324, the port in NxD Inference's contrib models (README at be9c97e,
+  2026-04-03; SDK 2.28, bf16 dequantised from FP8, seq_len 512 without bucketing, batch 1,
+  256 in / 256 out): TPOT p50 20.5 ms, TTFT 1,667 ms, and its profile of one token (about
+  19 ms): compute about 12 ms, TP 64 collectives about 3 ms, weight reads about 3 ms
+  (straggler synchronisation about 1 ms). The prompt runs in the 512-token context graph.
+  FITTED: the TPOT fixes the catalog's `serving.moe_layer_overhead` for trn2 (the one
+  constant fitted here). The TTFT and the profile's parts judge.
+- The same port through vLLM (about 200 in / 200 out): inter-token latency at batch 1, 2, 4
+  and 8: 22.2, 30.5, 37.1 and 47.6 ms. They judge how the decode grows with the batch (the
+  experts its tokens reach).
+- Qwen3-32B, NxD Inference tutorial "sd-inference-tutorial" (SDK 2.26.1, vLLM, TP 64,
+  max-num-seqs 1, 128 in / about 558 out, p99): TTFT 48.3 ms, 102.3 output tokens/s per
+  request (TPOT 9.78 ms). Judges (a dense model, the Llama 3.3 70B fit's constants).
+
+H200 (judge; the GPU constants are the TensorRT-LLM fit's, calibration.gpu_serving):
+- DeepSeek-V3, SGLang v0.4.1.post2 release notes (sgl-project/sglang pull request 2643,
+  2024-12-29; FP8, TP 8, CUDA graphs, 128 in / 256 out): 30.29 output tokens/s at batch 1,
+  206.32 at batch 8, 760.52 at batch 32. The run names no GPU: it is an 8-GPU node holding
+  the 671B FP8 checkpoint (about 690 GB with its KV cache), which an 8 x H100 (640 GB) cannot
+  hold; SGLang's DeepSeek-V3 support was developed on H200 nodes (its benchmark README's
+  thanks to DataCrunch, whose H200 blog ran it). Read as 8 x H200 (p5en).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from clustersim.calibration.trn2 import Trn2Serving, predict_trn2_serving
+from clustersim.hardware.build import build_topology
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry
+
+__all__ = ["DEEPSEEK_TRN2", "QWEN3_TRN2", "DEEPSEEK_VLLM_BATCHES", "DEEPSEEK_PROFILE_MS",
+           "SGLANG_H200", "BatchRow", "predict_batches", "decode_breakdown",
+           "deepseek_breakdown", "trn2_against_h200", "fit_moe_layer_overhead"]
+
+_PORT = ("NxD Inference contrib models, DeepSeek-V3 port README (be9c97e, 2026-04-03; "
+         "SDK 2.28)")
+_QWEN = "Neuron docs, NxD Inference tutorial sd-inference-tutorial, Qwen3-32B (SDK 2.26.1)"
+_SGLANG = "sgl-project/sglang pull request 2643 (v0.4.1.post2 release notes, 2024-12-29)"
+
+# Fitted: its TPOT (serving.moe_layer_overhead); its TTFT judges.
+DEEPSEEK_TRN2 = Trn2Serving("deepseek-v3 256/256 (NxD Inference port)", "deepseek-v3", 256,
+                            256, 512, 1667.0, 20.5, source=_PORT)
+# Judges.
+QWEN3_TRN2 = Trn2Serving("qwen3-32b 128/558 (NxD Inference tutorial)", "qwen3-32b", 128, 558,
+                         128, 48.3, 1000.0 / 102.3, source=_QWEN)
+# The port's profile of one decode token (ms): what the model's parts are compared with.
+DEEPSEEK_PROFILE_MS = {"compute": 12.0, "collectives": 3.0, "weight_reads": 3.0}
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """A batch of identical requests decoding together: its time per output token."""
+
+    name: str
+    model: str
+    hardware: str
+    tp: int
+    precision: str
+    batch: int
+    input_tokens: int
+    output_tokens: int
+    tpot_ms: float
+    source: str
+    activations: str | None = None  # fp8: W8A8 matmuls (the GPU stacks' FP8 checkpoints)
+    stack: str | None = None  # serving stack (catalog/stacks.yaml); None: the hardware's
+
+
+DEEPSEEK_VLLM_BATCHES: tuple[BatchRow, ...] = tuple(
+    BatchRow(f"deepseek-v3 vLLM batch {b}", "deepseek-v3", "trn2", 64, "bf16", b, 200, 200,
+             ms, _PORT + ", through vLLM")
+    for b, ms in ((1, 22.2), (2, 30.5), (4, 37.1), (8, 47.6)))
+
+SGLANG_STACK = "sglang@0.4.1"
+# Output tokens/s of the batch -> ms per token of each sequence: batch / rate.
+SGLANG_H200: tuple[BatchRow, ...] = tuple(
+    BatchRow(f"deepseek-v3 SGLang batch {b}", "deepseek-v3", "p5en", 8, "fp8", b, 128, 256,
+             1000.0 * b / rate, _SGLANG, "fp8", SGLANG_STACK)
+    for b, rate in ((1, 30.29), (8, 206.32), (32, 760.52)))
+
+
+def _iteration_model(model: str, hardware: HardwareSpec, tp: int, precision: str,
+                     activations: str | None = None):
+    from clustersim.serving.iteration import IterationModel, ReplicaShape
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+    shape = TransformerShape(**model_preset_values(model))
+    return IterationModel(ReplicaShape(shape, precision, tp, 1, "bf16", activations),
+                          build_topology(hardware, 1))
+
+
+def predict_batches(rows: tuple[BatchRow, ...], hardware: dict[str, HardwareSpec] | None = None
+                    ) -> list[float]:
+    """Model TPOT (s) of each batch row: the mean decode iteration while its context grows
+    from the prompt over the output."""
+    from clustersim.serving.replica import DecodeCost
+    out = []
+    models: dict[tuple, object] = {}
+    from clustersim.hardware.stacks import stack_named, with_stack
+    for row in rows:
+        hw = (hardware or {}).get(row.hardware) or with_stack(
+            catalog_entry(row.hardware), stack_named(row.stack) if row.stack else None)
+        key = (row.model, row.hardware, row.tp, row.precision, row.activations, row.stack)
+        if key not in models:
+            models[key] = _iteration_model(row.model, hw, row.tp, row.precision,
+                                           row.activations)
+        cost = DecodeCost(models[key])
+        n = row.output_tokens - 1
+        out.append(cost.run_s(row.batch, row.batch * (row.input_tokens + 1), n) / n)
+    return out
+
+
+_WEIGHT_OPS = ("qkv", "projection", "mlp_in", "mlp_out", "router", "logits", "expert_in",
+               "expert_out")
+
+
+def decode_breakdown(it, batch: int = 1, context: float = 0.0) -> dict[str, float]:
+    """One decode iteration of `batch` sequences holding `context` KV tokens, in the parts
+    a profile shows (s): the TP (and expert-parallel) collectives, the weight reads (each
+    weight operand's bytes at the serving HBM bandwidth of a rank) and the rest, compute
+    (matmul and vector work, the KV reads, the fixed overheads)."""
+    from clustersim.serving.layers import layer_kinds
+    from clustersim.training.workload import _output_ops
+    total = it.iteration_s([], batch, context)
+    hw = it.steps.topology.hardware
+    bandwidth = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks * hw.chip.efficiency.vector
+    activation = batch * it.shape.model.hidden * it.hidden_bytes
+    collectives = weights = 0.0
+    for layers, ops, moe in layer_kinds(it, batch, it.activations_on_chip(batch)):
+        comm = 2 * it.tp_all_reduce_s(activation) if it.tp_group is not None else 0.0
+        if moe and it.ep_group is not None:
+            comm = 2 * it.ep_all_to_all_s(batch) + comm / 2 * (
+                1 if it.shape.ep == it.shape.tp else 2)
+        collectives += layers * comm
+        weights += layers * sum(_weight_bytes(op, it) for op in ops) / bandwidth
+    s = it.shape
+    out = _output_ops(s.model, 1, batch, s.tp, s.activation_precision)
+    weights += sum(_weight_bytes(op, it) for op in out) / bandwidth
+    return {"total": total, "collectives": collectives, "weight_reads": weights,
+            "compute": total - collectives - weights}
+
+
+def _weight_bytes(op, it) -> float:
+    if op.name not in _WEIGHT_OPS:
+        return 0.0
+    if op.name.startswith("expert_"):  # the reached experts' (fractional) weights
+        return op.flops / (2.0 * op.m) * it.element_bytes
+    return op.count * op.k * op.n * it.element_bytes
+
+
+def deepseek_breakdown(hardware: HardwareSpec | None = None) -> dict[str, float]:
+    """The model's parts of one DeepSeek-V3 decode token on trn2 at TP 64 (the port's row:
+    batch 1, a mid-output context)."""
+    hardware = hardware or catalog_entry("trn2")
+    it = _iteration_model("deepseek-v3", hardware, 64, "bf16")
+    row = DEEPSEEK_TRN2
+    return decode_breakdown(it, 1, row.input_tokens + row.output_tokens / 2)
+
+
+def predict_trn2_rows(hardware: HardwareSpec | None = None):
+    """(TTFT s, TPOT s) of the DeepSeek-V3 and Qwen3-32B rows on one trn2.48xlarge."""
+    return predict_trn2_serving(hardware, (DEEPSEEK_TRN2, QWEN3_TRN2))
+
+
+def trn2_against_h200(batches: tuple[int, ...] = (1, 8)) -> list[dict[str, float]]:
+    """DeepSeek-V3, 128 in / 256 out, `batch` requests decoding together: one trn2.48xlarge
+    (TP 64, bf16 weights, NxD Inference's constants) against one 8 x H200 p5en.48xlarge (TP
+    8, FP8 W8A8, SGLang's MoE constant): each side's TPOT, their ratio (Trn2 over H200:
+    below 1, Trn2 is faster) and the ratio of costs per output token (on-demand prices).
+    The band: each side's error on its judged batch-8 row (the batch-1 rows are fitted),
+    applied as published / model: [ratio, corrected] ordered."""
+    judged = {"trn2": DEEPSEEK_VLLM_BATCHES[-1], "p5en": SGLANG_H200[1]}
+    errors = {k: r.tpot_ms * 1e-3 / p for (k, r), p in zip(
+        judged.items(), predict_batches(tuple(judged.values())), strict=True)}
+    correction = errors["trn2"] / errors["p5en"]
+    prices = catalog_entry("trn2").instance.price_per_hour_usd / \
+        catalog_entry("p5en").instance.price_per_hour_usd
+    out = []
+    for batch in batches:
+        rows = (BatchRow("trn2", "deepseek-v3", "trn2", 64, "bf16", batch, 128, 256, 0.0, ""),
+                dataclasses.replace(SGLANG_H200[0], batch=batch))
+        trn2, h200 = predict_batches(rows)
+        ratio = trn2 / h200
+        low, high = sorted((ratio, ratio * correction))
+        out.append({"batch": batch, "trn2_tpot_s": trn2, "h200_tpot_s": h200, "ratio": ratio,
+                    "low": low, "high": high, "cost_ratio": ratio * prices,
+                    "cost_low": low * prices, "cost_high": high * prices})
+    return out
+
+
+def fit_moe_layer_overhead(family: str) -> float:
+    """`serving.moe_layer_overhead` (s) from a batch-1 DeepSeek-V3 row (trn2: the NxD
+    Inference port's TPOT; p5en: SGLang's on 8 x H200, the sglang stack's): a fixed time per MoE layer of
+    an iteration adds moe_layers x it to each decode iteration, so the constant is the
+    published TPOT less the model's without it, over the MoE layers (closed form)."""
+    from clustersim.hardware.stacks import stack_named, with_stack
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+    hardware = catalog_entry(family)
+    if family != "trn2":
+        hardware = with_stack(hardware, stack_named(SGLANG_STACK))
+    bare = hardware.model_copy(update={"serving": hardware.serving.model_copy(
+        update={"moe_layer_overhead_s": 0.0})})
+    moe_layers = TransformerShape(**model_preset_values("deepseek-v3")).moe_layers
+    if family == "trn2":
+        published = DEEPSEEK_TRN2.tpot_ms * 1e-3
+        (_, model), = predict_trn2_serving(bare, (DEEPSEEK_TRN2,))
+    else:
+        published = SGLANG_H200[0].tpot_ms * 1e-3
+        model, = predict_batches(SGLANG_H200[:1], {SGLANG_H200[0].hardware: bare})
+    return (published - model) / moe_layers

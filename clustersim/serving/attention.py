@@ -1,0 +1,131 @@
+"""Serving attention beyond grouped-query: multi-head latent attention (MLA) and windowed
+layers, as a replica's iterations see them.
+
+MLA (DeepSeek-V2 and V3; DeepSeek-AI 2024, section 2.1.1): the cache holds, per token and
+layer, one compressed latent of `kv_lora_rank` values and one rotary key of
+`qk_rope_head_dim` values shared by all heads (576 for DeepSeek-V3, against 128 heads x
+(192 + 128) = 40,960 keys and values uncompressed). Every head needs the whole latent, so
+tensor parallelism over heads does not split the cache: each rank holds all of it (vLLM and NxD
+Inference replicate it over the TP group). Decode runs absorbed (the key up-projection folded
+into the query, the value up-projection applied after attention): per context token a head
+scores the query against the latent and rotary key (kv_lora_rank + qk_rope_head_dim) and
+accumulates the latent (kv_lora_rank), and the rank reads the latent once for all its heads.
+A prompt runs unabsorbed: its keys and values are decompressed (the projection's FLOPs on
+every context token) and attention runs at head width qk_nope + qk_rope for the scores and
+v_head_dim for the values.
+
+Windowed layers (`window`, `window_kind`, `global_every`): a sliding-window layer (GPT-OSS:
+128 tokens on every other layer) keeps and reads at most `window` tokens per sequence, so
+its decode cost is a constant per sequence once the context passes the window, and its KV
+is bounded; a chunked layer (Llama 4: 8,192-token chunks on three layers of four) attends
+within its chunk, which is the whole context below one chunk: it is costed as a global
+layer (an upper bound past the first chunk).
+"""
+
+from __future__ import annotations
+
+import math
+
+from clustersim.training.transformer import TransformerShape
+from clustersim.training.workload import Op, _matmul, _vector
+
+__all__ = ["is_mla", "layer_split", "kv_values_per_token_layer", "kv_bytes_per_token",
+           "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops", "sliding_window"]
+
+
+def is_mla(model: TransformerShape) -> bool:
+    return getattr(model, "attention", "gqa") == "mla"
+
+
+def sliding_window(model: TransformerShape) -> int | None:
+    """The sliding window's tokens, or None (no window, or a chunked one)."""
+    window = getattr(model, "window", None)
+    if window is None or getattr(model, "window_kind", "sliding") != "sliding":
+        return None
+    return int(window)
+
+
+def layer_split(model: TransformerShape) -> tuple[int, int]:
+    """(global layers, sliding-window layers): with a sliding window every
+    `global_every`-th layer attends to the whole context (all layers windowed without it)."""
+    if sliding_window(model) is None:
+        return model.layers, 0
+    every = getattr(model, "global_every", None)
+    global_layers = model.layers // every if every else 0
+    return global_layers, model.layers - global_layers
+
+
+def kv_values_per_token_layer(model: TransformerShape) -> int:
+    """Values one token adds to one layer's cache: MLA's latent and rotary key, or keys and
+    values of every KV head."""
+    if is_mla(model):
+        return int(model.kv_lora_rank + model.qk_rope_head_dim)
+    return 2 * model.n_kv_heads * model.head_dim
+
+
+def kv_bytes_per_token(model: TransformerShape, element_bytes: float) -> float:
+    """Bytes one token adds to the whole model's KV cache. Sliding-window layers hold at
+    most `window` tokens per sequence: bounded, they are left to the HBM reserve, unless
+    every layer is windowed (then they are counted in full, an upper bound)."""
+    global_layers, windowed = layer_split(model)
+    layers = global_layers if global_layers else windowed
+    return float(layers * kv_values_per_token_layer(model) * element_bytes)
+
+
+def mla_projection_ops(model: TransformerShape, tokens: int, heads: int, tp: int,
+                       e: float) -> list[Op]:
+    """MLA's projections of one layer for `tokens` tokens on a rank computing `heads` heads
+    (in place of GQA's qkv and output projection): query (through its low-rank compression
+    where the model has one), the latent and rotary key, the latent's up-projection to keys
+    and values (decode's absorbed form has the same weights and FLOPs per token), and the
+    output projection. The compressions' weights are split over the tp ranks."""
+    h = model.hidden
+    nope, rope, v = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    latent = model.kv_lora_rank
+    q_rank = getattr(model, "q_lora_rank", None)
+    q_width = heads * (nope + rope)
+    ops = []
+    if q_rank:
+        ops += [_matmul("qkv", tokens, h, math.ceil(q_rank / tp), e),
+                _vector("q_norm", tokens * q_rank, e, passes=2),
+                _matmul("qkv", tokens, q_rank, q_width, e)]
+    else:
+        ops.append(_matmul("qkv", tokens, h, q_width, e))
+    ops += [_matmul("qkv", tokens, h, math.ceil((latent + rope) / tp), e),
+            _vector("kv_norm", tokens * latent, e, passes=2),
+            _matmul("qkv", tokens, latent, heads * (nope + v), e),
+            _matmul("projection", tokens, heads * v, h, e)]
+    return ops
+
+
+def mla_decode_ops(model: TransformerShape, heads: int, context: int, kv_e: float
+                   ) -> list[Op]:
+    """Absorbed decode attention of one sequence's token over `context` cached tokens on a
+    rank with `heads` heads: scores against latent and rotary key, then the latent
+    accumulated; the latent is read once (the second matmul's operand traffic is its
+    scores)."""
+    latent, rope = model.kv_lora_rank, model.qk_rope_head_dim
+    scores = _matmul("scores", heads, latent + rope, context, kv_e)
+    flops = 2.0 * heads * context * latent
+    attend = Op("attend", "matmul", flops, float(kv_e * heads * (context + latent)),
+                heads, latent, context, 1)
+    return [scores, attend]
+
+
+def mla_prefill_ops(model: TransformerShape, chunk: int, context: int, heads: int,
+                    e: float, kv_e: float) -> list[Op]:
+    """A prompt chunk of `chunk` tokens over `context` earlier tokens plus itself on a rank
+    with `heads` heads, unabsorbed: the earlier tokens' latents decompressed to keys and
+    values (the chunk's own are in the projections), then fused attention at head width
+    qk_nope + qk_rope for the scores and v_head_dim for the values."""
+    nope, rope, v = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    latent = model.kv_lora_rank
+    span = context + chunk
+    ops = []
+    if context:
+        ops.append(_matmul("decompress", context, latent, heads * (nope + v), kv_e))
+    ops += [_matmul("scores", chunk, nope + rope, span, e, count=heads),
+            _matmul("attend", chunk, span, v, e, count=heads),
+            _vector("attention_io", chunk * heads * (nope + rope + v), e, passes=1),
+            _vector("kv_io", span * (latent + rope), kv_e, passes=1)]
+    return ops

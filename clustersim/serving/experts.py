@@ -1,0 +1,143 @@
+"""What a mixture-of-experts layer costs one serving iteration: the experts its tokens reach.
+
+A decode iteration of B sequences routes each token to `top_k` of the layer's `experts`
+routed experts. Only the experts some token reaches run, so only their weights are read from
+HBM: under uniform routing, each expert is missed by one token with probability 1 - k/E, so
+by B tokens with probability (1 - k/E)^B, and the expected number of distinct experts is
+
+    D(B) = E x (1 - (1 - k/E)^B)
+
+(k at B = 1, rising towards E as the batch grows). Real routers are skewed: `skew` in [0, 1)
+concentrates the tokens on a (1 - skew) share of the experts (D computed over that many),
+which reaches the same k at batch 1 and saturates sooner. The shared experts (DeepSeek-V3,
+Llama 4) see every token and are read every iteration, as are the router's weights.
+
+Expert parallelism (`ep` > 1) splits a layer's routed experts over `ep` groups of the
+replica's ranks (each expert sharded over the tp / ep ranks of its group). A rank then reads
+the experts its group holds that some token reaches; the iteration waits for the busiest
+group, whose count is the expected maximum over the groups of a binomial (each of its E/ep
+experts reached independently with probability D/E). Tokens travel to their experts' groups
+and back: two all-to-alls per MoE layer (dispatch and combine) over the expert group, each
+rank sending its share of the routed tokens' hidden states.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from clustersim.training.transformer import TransformerShape
+from clustersim.training.workload import Op, _matmul, _vector
+
+__all__ = ["expected_distinct_experts", "expected_busiest_group", "moe_ffn_ops",
+           "dispatch_bytes_per_rank", "moe_layer_count", "EXPERT_MATMULS"]
+
+# The routed experts' matmuls: their weight bytes are set here (per reached expert), not by
+# the iteration model's per-op weight precision pass.
+EXPERT_MATMULS = ("expert_in", "expert_out")
+
+
+def _effective_experts(experts: int, top_k: int, skew: float) -> float:
+    return max(float(top_k), experts * (1.0 - skew))
+
+
+def expected_distinct_experts(experts: int, top_k: int, tokens: float, skew: float = 0.0
+                              ) -> float:
+    """Expected distinct routed experts `tokens` tokens reach, each choosing `top_k` of
+    `experts` (uniformly, or concentrated on a (1 - skew) share of them)."""
+    if tokens <= 0:
+        return 0.0
+    if top_k >= experts:
+        return float(experts)
+    e = _effective_experts(experts, top_k, skew)
+    return e * (1.0 - (1.0 - top_k / e) ** tokens)
+
+
+@lru_cache(maxsize=4096)
+def expected_busiest_group(experts: int, top_k: int, tokens: int, groups: int,
+                           skew: float = 0.0) -> float:
+    """Expected reached experts of the busiest of `groups` equal groups of experts: the
+    expected maximum of `groups` binomials (E/groups experts, each reached with probability
+    D/E); D itself when there is one group."""
+    distinct = expected_distinct_experts(experts, top_k, tokens, skew)
+    if groups <= 1:
+        return distinct
+    per = experts // groups
+    p = min(1.0, distinct / experts)
+    if p >= 1.0:
+        return float(per)
+    # P(X <= j) for X ~ Binomial(per, p); E[max] = sum_{j>=0} 1 - P(X <= j)^groups
+    pmf = (1.0 - p) ** per
+    cdf = pmf
+    expected = 0.0
+    for j in range(per):
+        expected += 1.0 - cdf ** groups
+        pmf *= (per - j) / (j + 1) * p / (1.0 - p)
+        cdf = min(1.0, cdf + pmf)
+    return expected
+
+
+def moe_layer_count(model: TransformerShape) -> int:
+    """Layers with experts (the model format's `moe_layers` where it has one)."""
+    if not model.moe:
+        return 0
+    return int(getattr(model, "moe_layers", model.layers))
+
+
+def _expert_width(model: TransformerShape) -> int:
+    return int(getattr(model, "expert_ffn", model.ffn))
+
+
+def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
+                activation_bytes: float, weight_bytes: float, on_chip: bool = False,
+                skew: float = 0.0) -> list[Op]:
+    """The FFN of one MoE layer on the busiest rank for an iteration of `tokens` tokens (the
+    norms and residuals are the attention block's): the router, the shared experts over
+    every token, and the routed experts the tokens reach, each read once. The matmuls carry
+    their weight operand's bytes (k x n) once per reached expert; their FLOPs are the routed
+    tokens' (top_k per token), spread evenly over the reached experts. `on_chip`: the
+    tokens' operands stay in SRAM (only weights travel from HBM)."""
+    h, e = model.hidden, activation_bytes
+    width = _expert_width(model)
+    gated = 2 if model.gated else 1
+    matrices_in = width * gated
+    ops: list[Op] = [_matmul("router", tokens, h, model.experts, e)]
+    shared = int(getattr(model, "shared_experts", 0))
+    if shared:
+        shard = math.ceil(shared * width / tp)
+        ops += [_matmul("mlp_in", tokens, h, shard * gated, e),
+                _vector("activation", tokens * shard * (3 if model.gated else 2), e, passes=1),
+                _matmul("mlp_out", tokens, shard, h, e)]
+    reached = expected_busiest_group(model.experts, model.top_k, tokens, ep, skew)
+    if reached <= 0:
+        return ops
+    # An expert is sharded over the tp / ep ranks of its group.
+    shard_ranks = max(1, tp // ep)
+    n_in = math.ceil(matrices_in / shard_ranks)
+    n_out = math.ceil(width / shard_ranks)
+    # The busiest group's share of the routed tokens (top_k per token, spread over the
+    # groups), over its reached experts: rows per expert matmul.
+    routed = tokens * model.top_k / ep
+    count = max(1, round(reached))
+    rows = max(1, math.ceil(routed / reached))
+    a = 0.0 if on_chip else e
+    ops += [_expert_matmul("expert_in", rows, h, n_in, a, weight_bytes, reached, count),
+            _vector("activation", routed * n_out * (3 if model.gated else 2), e, passes=1),
+            _expert_matmul("expert_out", rows, n_out, h, a, weight_bytes, reached, count)]
+    return ops
+
+
+def _expert_matmul(name: str, rows: int, k: int, n: int, activation_bytes: float,
+                   weight_bytes: float, reached: float, count: int) -> Op:
+    """`reached` experts' matmuls (rows x k by k x n each; a fractional expectation scales
+    the FLOPs and bytes, the integer `count` is the op's count for tile quantisation)."""
+    flops = 2.0 * rows * k * n * reached
+    traffic = (activation_bytes * (rows * k + rows * n) + weight_bytes * k * n) * reached
+    return Op(name, "matmul", flops, float(traffic), rows, n, k, count)
+
+
+def dispatch_bytes_per_rank(model: TransformerShape, tokens: int, ep: int,
+                            hidden_bytes: int) -> float:
+    """One all-to-all's buffer on each rank of the expert group (dispatch or combine): its
+    share of the routed tokens' hidden states (top_k copies of each token)."""
+    return tokens * model.top_k * model.hidden * hidden_bytes / ep

@@ -1,0 +1,73 @@
+"""The kinds of layer a replica's iteration runs, and their operations.
+
+A model whose layers are all alike (dense, grouped-query attention) is one kind, with the
+training workload's operations (`layer_forward_ops`), as before mixtures were served. A
+mixture has dense layers (DeepSeek-V3's first three; Llama 4 Maverick's every other one) and
+MoE layers, whose FFN is the experts its tokens reach (serving.experts); MLA replaces the
+query, key-value and output projections with its own (serving.attention). The attention
+core over the context is costed apart by the iteration model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from clustersim.serving import attention as mla
+from clustersim.serving.experts import EXPERT_MATMULS, moe_ffn_ops, moe_layer_count
+from clustersim.training.workload import ATTENTION_CORE, Op, _matmul, _vector, layer_forward_ops
+
+if TYPE_CHECKING:
+    from clustersim.serving.iteration import IterationModel, ReplicaShape
+
+__all__ = ["layer_kinds", "expert_weight_bytes_per_rank"]
+
+# The attention block of a layer (everything but its FFN and the attention core).
+_ATTENTION_BLOCK = ("norm_attention", "qkv", "projection", "residual_attention", "norm_mlp",
+                    "residual_mlp")
+
+
+def layer_kinds(it: IterationModel, tokens: int, on_chip: bool
+                ) -> list[tuple[int, list[Op], bool]]:
+    """(layers, operations with their weights at the weights' precision, MoE) of each kind
+    of layer of the replica `it` for an iteration of `tokens` tokens (`on_chip`: the
+    activations stay in SRAM), without the attention core."""
+    s = it.shape
+    m = s.model
+    layer = [op for op in layer_forward_ops(m, 1, tokens, s.tp, False, s.activation_precision)
+             if op.name not in ATTENTION_CORE]
+    if not m.moe and not mla.is_mla(m):
+        return [(m.layers, it._weights_at_precision(layer, on_chip), False)]
+    e = it.activation_bytes
+    block = [op for op in layer if op.name in _ATTENTION_BLOCK]
+    if mla.is_mla(m):
+        block = [op for op in block if op.name not in ("qkv", "projection")] + \
+            mla.mla_projection_ops(m, tokens, it.heads.per_rank, s.tp, e)
+    kinds = []
+    moe_layers = moe_layer_count(m)
+    if m.layers - moe_layers:
+        ffn = -(-m.ffn // s.tp)
+        dense = [_matmul("mlp_in", tokens, m.hidden, ffn * (2 if m.gated else 1), e),
+                 _vector("activation", tokens * ffn * (3 if m.gated else 2), e, passes=1),
+                 _matmul("mlp_out", tokens, ffn, m.hidden, e)]
+        kinds.append((m.layers - moe_layers, it._weights_at_precision(block + dense, on_chip),
+                      False))
+    if moe_layers:
+        routed = moe_ffn_ops(m, tokens, s.tp, s.ep, e, it.element_bytes, on_chip,
+                             s.routing_skew)
+        ops = it._weights_at_precision(
+            block + [op for op in routed if op.name not in EXPERT_MATMULS], on_chip)
+        kinds.append((moe_layers, ops + [op for op in routed if op.name in EXPERT_MATMULS],
+                      True))
+    return kinds
+
+
+def expert_weight_bytes_per_rank(shape: ReplicaShape, weight_bytes: float, tokens: int
+                                 ) -> float:
+    """HBM bytes the busiest rank reads of routed experts' weights in one iteration of
+    `tokens` tokens, over all MoE layers."""
+    m = shape.model
+    if not m.moe:
+        return 0.0
+    ops = moe_ffn_ops(m, tokens, shape.tp, shape.ep, 0.0, weight_bytes, True,
+                      shape.routing_skew)
+    return moe_layer_count(m) * sum(op.bytes for op in ops if op.name in EXPERT_MATMULS)
