@@ -288,8 +288,7 @@ class DeploymentSpec(Spec):
         default=None, description="the serving stack (its overheads and default buckets: "
         "docs/serving.md), e.g. nxd-inference; default: the one the hardware's serving "
         "constants were fitted on")
-    # Set by the runner (serving.fidelity.settle_auto) for `auto` past the request level's
-    # scale whose load is outside the fluid level's checked range: why it runs requests.
+    # why `auto` runs requests past their scale (serving.fidelity.settle_auto), or None
     _fluid_unchecked: str | None = PrivateAttr(default=None)
 
     @field_validator("stack")
