@@ -192,12 +192,24 @@ def _on_stack(d: dict[str, Any]) -> str:
     return f" on {d['stack']}" if d.get("stack") else ""
 
 
+def _level_rows(table: Table, d: dict[str, Any]) -> None:
+    """Which level simulated the deployment and why; a warning where the fluid level ran
+    outside the range it was checked on."""
+    if "fidelity" not in d:
+        return
+    table.add_row("", f"{d['fidelity']} level: {escape(d['fidelity_reason'])}")
+    if d.get("fidelity_checked") is False:
+        table.add_row("", "[bold]warning[/bold]: the fluid level's latency and SLO figures "
+                      "are outside the range it was checked on (docs/fleet-day.md)")
+
+
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
     for name, d in summary.get("deployments", {}).items():
         table.add_row(f"serve {escape(name)}",
                       f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
                       f"{d['tp']} x pp "
                       f"{d['pp']} on {_plural(d['instances'], 'instance')}")
+        _level_rows(table, d)
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
                           f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
@@ -238,6 +250,7 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['replicas_min']:,}-{d['replicas_max']:,} replicas, peak "
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
                       f"{(d['slo_goodput'] or 0):.1%}")
+        _level_rows(table, d)
         table.add_row("", f"TTFT p50 {d['ttft_p50_s'] or 0:.3g} s p99 {d['ttft_p99_s'] or 0:.3g} s; "
                       f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
     for name, job in summary["jobs"].items():

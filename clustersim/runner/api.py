@@ -49,6 +49,7 @@ from clustersim.serving import (
     requests_table,
     simulate_serving,
 )
+from clustersim.serving.fidelity import settle_auto
 from clustersim.training.profile import JobDoesNotFit, StepProfile
 from clustersim.training.sites import cross_site_step, site_profile
 from clustersim.training.step import StepModel
@@ -176,6 +177,8 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
+    # `auto` outside the fluid level's checked range: the request level where it can run
+    scenario = settle_auto(scenario)
     if scenario.serve or is_fleet_day(scenario):
         # (the serving simulators' garbage was not measured: the collector stays on there,
         # but for the timeline's own run)

@@ -249,6 +249,10 @@ def fidelity_choice(d: DeploymentSpec, duration_s: float) -> tuple[str, str]:
         return "requests", "auto with a request trace: request by request"
     if w.requests is not None:
         expected = min(expected, w.requests)
+    if expected > AUTO_REQUESTS and d._fluid_unchecked is not None:
+        return "requests", (f"auto: about {expected:,.0f} requests expected, over the "
+                            f"{AUTO_REQUESTS:,} the request level simulates in about a "
+                            f"minute, but {d._fluid_unchecked}: request by request")
     if expected > AUTO_REQUESTS:
         return "fluid", (f"auto: about {expected:,.0f} requests expected, over the "
                          f"{AUTO_REQUESTS:,} the request level simulates in about a minute")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
@@ -288,6 +288,8 @@ class DeploymentSpec(Spec):
         default=None, description="the serving stack (its overheads and default buckets: "
         "docs/serving.md), e.g. nxd-inference; default: the one the hardware's serving "
         "constants were fitted on")
+    # why `auto` runs requests past their scale (serving.fidelity.settle_auto), or None
+    _fluid_unchecked: str | None = PrivateAttr(default=None)
 
     @field_validator("stack")
     @classmethod

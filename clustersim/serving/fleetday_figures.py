@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from clustersim.analysis.trace import SCHEMAS
-from clustersim.scenario.fleetday import fidelity_choice
 from clustersim.scenario.models import Scenario
+from clustersim.serving.fidelity import fluid_fidelity
 from clustersim.serving.fleetday_state import CHIP_STATES, HISTOGRAM_EDGES_S, FleetDayResult
 
 __all__ = [
@@ -64,8 +64,7 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
         stack = dep.spec.serving_stack(scenario.hardware.name)
         deployments[dep.spec.name] = {
             "model": dep.spec.model.name, "stack": stack.name if stack else None,
-            "fidelity": "fluid",
-            "fidelity_reason": fidelity_choice(dep.spec, scenario.duration_s)[1],
+            **fluid_fidelity(dep, scenario.duration_s),
             "tp": dep.spec.tp,
             "pp": dep.spec.pp, "chips_per_replica": dep.chips,
             "replicas_min": int(live.min()), "replicas_max": int(live.max()),
