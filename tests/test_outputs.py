@@ -269,10 +269,11 @@ def _gone(pid: int) -> bool:
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signalled_sweep_stops_promptly_and_writes_a_partial_table(tmp_path: Path,
                                                                     signum: int, status: int):
-    # Two fast runs (a week: about 2 s each) finish first; the year-long ones (about 9 s of
-    # CPU each at this failure scale: at 300 they took under 2 s once the fleet got faster,
-    # and the whole sweep could end before the signal) are still running when it comes.
-    grid = {"duration": ["7d", "7d", "365d", "365d", "365d", "365d", "365d", "365d"]}
+    # Two fast runs (a week: about 2 s each) finish first; the year-long ones are still
+    # running, or queued, when it comes. A year at this failure scale takes 2-5 s of CPU
+    # since checkpoints are worked out in closed form (it was about 9 s), so there are
+    # eighteen of them: the sweep cannot end in the 8 s before the signal.
+    grid = {"duration": ["7d", "7d"] + ["365d"] * 18}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
         "scenario": str(QUICKSTART), "grid": grid, "seeds": [0],
@@ -293,7 +294,7 @@ def test_a_signalled_sweep_stops_promptly_and_writes_a_partial_table(tmp_path: P
     wait_for(lambda: all(_gone(pid) for pid in workers), 10)
     assert leftovers(tmp_path) == []
     rows = pd.read_parquet(out / "sweep.parquet")
-    assert 1 <= len(rows) < 8 and set(rows["status"]) == {"ok"}
+    assert 1 <= len(rows) < 20 and set(rows["status"]) == {"ok"}
     assert b"clustersim.partial" in pq.read_schema(out / "sweep.parquet").metadata
     assert "partial" in (out / "PARTIAL.txt").read_text()
     assert "partial" in stderr
