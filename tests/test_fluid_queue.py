@@ -117,8 +117,8 @@ def test_fluid_queue_agrees_with_requests_over_the_grid():
     rows = _grid(MODELS, SIGMAS, UTILISATIONS)
     _assert_within(rows)
     assert all(math.isfinite(v) for r in rows for v in r[4] if checked(r[2], r[1]))
-    # What docs/fleet-day.md says of the grid: TPOT within 9% everywhere; TTFT p50 within
-    # 10% up to 85% for prompt sigma up to 0.8, at most 21% off with sigma 1.2.
-    assert max(abs(r[5][2]) for r in rows) <= 0.09
-    assert max(abs(r[5][0]) for r in rows if r[2] <= 0.85 and r[1] <= 0.8) <= 0.10
-    assert max(abs(r[5][0]) for r in rows if r[2] <= 0.85) <= 0.21
+    # What docs/fleet-day.md says of the grid: TPOT within 5% everywhere; TTFT p50 within
+    # 13% up to 85% for prompt sigma up to 0.8, at most 29% off with sigma 1.2.
+    assert max(abs(r[5][2]) for r in rows) <= 0.05
+    assert max(abs(r[5][0]) for r in rows if r[2] <= 0.85 and r[1] <= 0.8) <= 0.13
+    assert max(abs(r[5][0]) for r in rows if r[2] <= 0.85) <= 0.30
