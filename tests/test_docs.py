@@ -305,7 +305,7 @@ def test_the_multi_site_figures_are_the_trees():
     assert abs(doc_figures.bandwidth_for("spread", 1.9) / 1e12 / scaled - 1) <= 0.15
     low, high = _quoted_range(page, r"pays from about ([0-9]+)-([0-9]+) Gbit/s, 95%")
     assert low <= doc_figures.bandwidth_for("spread-sync-16", 1.0) / 1e9 <= high
-    sync95 = float(re.search(r"95% from about ([0-9,]+) Gbit/s", page).group(1))
+    sync95 = float(re.search(r"95% from about ([0-9,]+) Gbit/s", page).group(1).replace(",", ""))
     assert abs(doc_figures.bandwidth_for("spread-sync-16", 1.9) / 1e9 / sync95 - 1) <= 0.15
 
 
@@ -369,3 +369,26 @@ def test_the_multi_site_plan_figures_are_the_trees(tmp_path):
               f"{cut['tokens_per_s'] / 1e6:.2f} M, at ${spread['cost_per_million_tokens_usd']:.2f} "
               f"against ${cut['cost_per_million_tokens_usd']:.2f} per million tokens")
     assert quoted in page, quoted
+
+
+@pytest.mark.slow  # the serving planner over trn2 and p5en at 2 requests/s (about 8 s)
+def test_the_readmes_serving_comparison_is_the_planners(tmp_path):
+    """The README's serving bullet quotes the serving plan of scenarios/serving-llama-trn2.yaml
+    on trn2 and p5en at the scenario's 2 requests/s: each one's cost at the load and at its
+    SLO capacity, and how much cheaper Trn2 is."""
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "serving-llama-trn2.yaml"), "--hardware", "trn2,p5en",
+        "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    best = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))["best_per_hardware"]
+    trn2, p5en = best["trn2"], best["p5en"]
+    readme = " ".join(_text(ROOT / "README.md").split())
+    at_load = (trn2["cost_per_million_output_tokens_usd"],
+               p5en["cost_per_million_output_tokens_usd"])
+    quoted = (f"Trn2 with one TP {trn2['tp']} replica, ${at_load[0]:.2f} per million output "
+              f"tokens, P5en with one TP {p5en['tp']} replica, ${at_load[1]:.2f}: Trn2 "
+              f"{1 - at_load[0] / at_load[1]:.0%} cheaper")
+    assert quoted in readme, quoted
+    capacity = (f"Trn2 ${trn2['cost_per_million_output_tokens_at_capacity_usd']:.2f}, P5en "
+                f"${p5en['cost_per_million_output_tokens_at_capacity_usd']:.2f}")
+    assert capacity in readme, capacity
