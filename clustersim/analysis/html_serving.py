@@ -18,8 +18,8 @@ from clustersim.analysis.runs import Run
 from clustersim.analysis.serving_report import (
     _BINS,
     _latencies,
-    _sampled,
     _time_axis,
+    kv_samples,
     slo_bounds,
 )
 
@@ -97,16 +97,9 @@ def over_time_figure(requests: pd.DataFrame, title: str, slos: dict) -> go.Figur
 
 
 def kv_figure(replicas: pd.DataFrame, names: list[str], title: str) -> go.Figure:
-    end = float((replicas["start_s"] + replicas["duration_s"]).max())
-    unit, unit_name = _time_axis(end)
-    times = np.linspace(0.0, max(end, 1e-9), 400)
+    unit, unit_name, times, series = kv_samples(replicas, names)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    for index, name in enumerate(names):
-        mine = replicas[replicas["deployment_id"] == index]
-        if mine.empty:
-            continue
-        kv = _sampled(mine, "kv_occupancy", times) * 100
-        batch = _sampled(mine, "batch", times)
+    for index, name, kv, batch in series:
         colour = _colour(index)
         fig.add_trace(go.Scatter(x=times / unit, y=kv.mean(axis=0), name=f"{name} mean",
                                  line={"color": colour}), row=1, col=1)

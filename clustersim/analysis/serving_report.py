@@ -172,17 +172,26 @@ def _sampled(frame: pd.DataFrame, column: str, times: np.ndarray) -> np.ndarray:
     return np.array(out)
 
 
-def plot_kv(replicas: pd.DataFrame, names: list[str], title: str, path: Path) -> Path:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+def kv_samples(replicas: pd.DataFrame, names: list[str]):
+    """The replicas' KV occupancy (%) and batch sampled at 400 times, per deployment with
+    replicas: (time unit in s, its name, times, [(index, name, kv, batch)]); the PNG and the
+    HTML report draw the same samples."""
     end = float((replicas["start_s"] + replicas["duration_s"]).max())
     unit, unit_name = _time_axis(end)
     times = np.linspace(0.0, max(end, 1e-9), 400)
+    series = []
     for index, name in enumerate(names):
         mine = replicas[replicas["deployment_id"] == index]
-        if mine.empty:
-            continue
-        kv = _sampled(mine, "kv_occupancy", times) * 100
-        batch = _sampled(mine, "batch", times)
+        if not mine.empty:
+            series.append((index, name, _sampled(mine, "kv_occupancy", times) * 100,
+                           _sampled(mine, "batch", times)))
+    return unit, unit_name, times, series
+
+
+def plot_kv(replicas: pd.DataFrame, names: list[str], title: str, path: Path) -> Path:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    unit, unit_name, times, series = kv_samples(replicas, names)
+    for index, name, kv, batch in series:
         colour = f"C{index}"
         top.plot(times / unit, kv.mean(axis=0), color=colour, label=f"{name} mean")
         top.plot(times / unit, kv.max(axis=0), color=colour, linestyle="--",
