@@ -11,3 +11,12 @@ def refused(result, *words: str) -> None:
     assert "Traceback" not in output and "internal error" not in output, output
     for word in words:
         assert word in result.stderr, (word, result.stderr)
+
+
+def set_key(raw: dict, path: str, value: object) -> None:
+    """Set a dotted key path (list indices as digits) of a raw scenario mapping in place."""
+    holder = raw
+    keys = path.split(".")
+    for key in keys[:-1]:
+        holder = holder[int(key)] if key.isdigit() else holder[key]
+    holder[keys[-1]] = value

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from cli_helpers import set_key
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -147,11 +148,7 @@ def test_same_seed_same_requests_table(tmp_path: Path) -> None:
 def test_malformed_serving_section_exits_2_and_writes_nothing(
         tmp_path: Path, path: str, value: object, needle: str) -> None:
     raw = scenario(1.0)
-    holder = raw
-    keys = path.split(".")
-    for key in keys[:-1]:
-        holder = holder[int(key)] if key.isdigit() else holder[key]
-    holder[keys[-1]] = value
+    set_key(raw, path, value)
     file = tmp_path / "bad.yaml"
     file.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import refused
+from cli_helpers import refused, set_key
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
@@ -96,11 +96,7 @@ def test_a_prompt_encoded_whole_costs_its_bucket():
 ])
 def test_bad_bucket_and_stack_values_exit_2_with_the_key(tmp_path: Path, path, value, needle):
     raw = _scenario({"chunked_prefill": False})
-    holder = raw
-    keys = path.split(".")
-    for key in keys[:-1]:
-        holder = holder[int(key)] if key.isdigit() else holder[key]
-    holder[keys[-1]] = value
+    set_key(raw, path, value)
     file = tmp_path / "bad.yaml"
     file.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
