@@ -132,19 +132,29 @@ def print_trn2() -> None:
 
 
 def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
+    """The TensorRT-LLM rows (stack tensorrt-llm), each run from its scenario file
+    (scenarios/calibration/serving/gpu-*.yaml) as `clustersim run` runs it, the figure from
+    the run's requests; with trial constants (`hardware`, the fit's), from the same
+    scenarios with those constants."""
     from clustersim.calibration.gpu_serving import (
         GPU_SERVING,
         UNSEEN_GPU_SERVING,
         predict_throughput,
     )
+    from clustersim.calibration.scenarios import file_for, gpu_name, run_throughput_row
     tables = [("fitted", GPU_SERVING)] + ([("unseen, not fitted", UNSEEN_GPU_SERVING)]
                                           if unseen else [])
     for title, table in tables:
-        print(f"\n== GPU (TensorRT-LLM max throughput, FP8; output tokens/s): {title}")
+        print(f"\n== stack tensorrt-llm, GPU family (max throughput, FP8; output tokens/s"
+              f"{', trial constants' if hardware else ''}): {title}")
         print(f"{'model':<14}{'hardware':>9}{'tp':>4}{'in/out':>12}{'published':>11}{'model':>9}"
               f"{'err':>8}  source")
+        if hardware:
+            figures = predict_throughput(table, hardware)
+        else:
+            figures = [run_throughput_row(file_for("serving", gpu_name(r))) for r in table]
         errors = []
-        for row, p in zip(table, predict_throughput(table, hardware), strict=True):
+        for row, p in zip(table, figures, strict=True):
             err = p / row.output_tokens_per_s - 1
             errors.append(err)
             print(f"{row.model:<14}{row.hardware:>9}{row.tp:>4}"

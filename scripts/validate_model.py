@@ -156,17 +156,10 @@ def print_serving_trn2() -> None:
 
 
 def print_serving_gpu() -> None:
-    from clustersim.calibration.gpu_serving import (
-        GPU_SERVING,
-        UNSEEN_GPU_SERVING,
-        predict_throughput,
-    )
-    for title, table in (("fitted", GPU_SERVING), ("unseen, not fitted", UNSEEN_GPU_SERVING)):
-        print(f"\n== serving (TensorRT-LLM max throughput, FP8; output tokens/s): {title}")
-        for m, p in zip(table, predict_throughput(table), strict=True):
-            print(f"  {m.model:13s} {m.hardware:5s} TP {m.tp} "
-                  f"{f'{m.input_tokens}/{m.output_tokens}':>11s} {m.output_tokens_per_s:9.0f} "
-                  f"{p:9.0f} {p / m.output_tokens_per_s - 1:+7.1%}")
+    """The GPU rows as scripts/calibrate_serving.py prints them (from their scenario runs)."""
+    from calibrate_serving import print_gpu
+
+    print_gpu()
 
 
 def print_serving() -> None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "predict_throughput",
-           "NVLINK_ALL_REDUCE_US", "predict_tp_all_reduce"]
+           "NVLINK_ALL_REDUCE_US", "predict_tp_all_reduce", "scenario_dict", "requests_of",
+           "bench_throughput"]
 
 _V017 = "TensorRT-LLM performance overview (data generated with v0.17), FP8, max throughput"
 _V10 = "TensorRT-LLM performance overview 1.0 (PyTorch backend), FP8, max throughput"
@@ -116,14 +117,20 @@ MAX_TOKENS = 8192  # and max_num_tokens
 KV_RESERVE = 0.05  # the KV cache takes 0.95 of the memory left
 
 
-def _scenario(row: ThroughputRow, requests: int, hardware: dict | str):
-    from clustersim.scenario.loader import scenario_from_dict
+def requests_of(row: ThroughputRow, max_requests: int = 1500) -> int:
+    """The requests a row's run queues: the page's count, at most `max_requests`."""
+    return min(REQUESTS[(row.input_tokens, row.output_tokens)], max_requests)
 
-    raw = {
+
+def scenario_dict(row: ThroughputRow, requests: int, hardware: dict | str) -> dict:
+    """The row as a scenario (`trtllm-bench throughput` as a user writes it): one replica
+    of stack tensorrt-llm, every request queued at once (a fixed count at the highest rate
+    a scenario allows), TensorRT-LLM's default in-flight batching limits."""
+    return {
         "name": "trtllm-max-throughput", "seed": 0, "duration": "1h",
         "hardware": hardware, "cluster": {"instances": 1},
         "serve": [{
-            "name": "bench", "model": row.model,
+            "name": "row", "model": row.model, "stack": "tensorrt-llm",
             # ModelOpt FP8 checkpoints: FP8 GEMMs on FP8 activations (W8A8), FP8 KV cache
             "precision": {"weights": "fp8", "activations": "fp8", "kv_cache": "fp8"},
             "parallelism": {"tp": row.tp}, "replicas": 1,
@@ -136,28 +143,32 @@ def _scenario(row: ThroughputRow, requests: int, hardware: dict | str):
             "slo": {"ttft": "1h", "tpot": "1h"},
         }],
     }
-    return scenario_from_dict(raw)
+
+
+def bench_throughput(fleet) -> float:
+    """trtllm-bench's figure from a run's requests (a `Fleet`, or requests.parquet's
+    columns): all output tokens over the time from the first arrival to the last
+    completion."""
+    done = fleet.status == 1
+    if not done.any():
+        return 0.0
+    span = float(fleet.finish_s[done].max() - fleet.arrival_s.min())
+    return float(fleet.output_tokens[done].sum()) / span
 
 
 def predict_throughput(rows: tuple[ThroughputRow, ...] = GPU_SERVING,
                        hardware: dict[str, dict | str] | None = None,
                        max_requests: int = 1500) -> list[float]:
     """Model output tokens/s of every row (its hardware, or `hardware[row.hardware]`: a
-    catalog name or a `base:` mapping with trial constants)."""
+    catalog name or a `base:` mapping with trial constants), from the scenario its file
+    holds (`scenario_dict`) run through the serving simulator."""
+    from clustersim.scenario.loader import scenario_from_dict
     from clustersim.serving.simulate import simulate_serving
 
     out = []
     for row in rows:
-        page = REQUESTS[(row.input_tokens, row.output_tokens)]
-        requests = min(page, max_requests)
         hw = (hardware or {}).get(row.hardware, row.hardware)
-        scenario = _scenario(row, requests, hw)
+        scenario = scenario_from_dict(scenario_dict(row, requests_of(row, max_requests), hw))
         result = simulate_serving(scenario, np.random.SeedSequence(0))
-        fleet = result.fleets["bench"]
-        done = fleet.status == 1
-        if not done.any():
-            out.append(0.0)
-            continue
-        span = float(fleet.finish_s[done].max() - fleet.arrival_s.min())
-        out.append(float(fleet.output_tokens[done].sum()) / span)
+        out.append(bench_throughput(result.fleets["row"]))
     return out

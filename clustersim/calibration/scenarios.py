@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 __all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
-           "trn1_file", "training_files",
+           "trn1_file", "training_files", "gpu_serving_files", "gpu_name",
+           "run_throughput_row",
            "all_files", "write_files", "run_serving_row", "run_training_row", "file_for"]
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "calibration"
@@ -149,6 +150,46 @@ def trn1_file(row) -> Path:
                                f"{row.input_tokens}-{row.output_tokens}")
 
 
+# --------------------------------------------------------------------------- GPU serving
+
+def gpu_name(row) -> str:
+    """A TensorRT-LLM max-throughput row's file name (without the folder and suffix)."""
+    version = "0.17" if "v0.17" in row.source else "1.0"
+    return (f"gpu-{row.model}-{row.hardware}-tp{row.tp}-{row.input_tokens}-"
+            f"{row.output_tokens}-trtllm{version}")
+
+
+def gpu_serving_files() -> list[ScenarioFile]:
+    """TensorRT-LLM's max-throughput rows (clustersim.calibration.gpu_serving) on p5 (H100)
+    and p5en (H200): every request queued at once, stack tensorrt-llm."""
+    from clustersim.calibration.gpu_serving import (
+        GPU_SERVING,
+        REQUESTS,
+        UNSEEN_GPU_SERVING,
+        requests_of,
+        scenario_dict,
+    )
+
+    out = []
+    for row in GPU_SERVING + UNSEEN_GPU_SERVING:
+        kind = "fitted" if row in GPU_SERVING else "unseen"
+        requests = requests_of(row)
+        page = REQUESTS[(row.input_tokens, row.output_tokens)]
+        data = scenario_dict(row, requests, row.hardware)
+        data["name"] = f"calibration-{_slug(gpu_name(row))}"
+        comment = [f"{row.model} on {row.hardware}, TP {row.tp}, {row.input_tokens} in / "
+                   f"{row.output_tokens} out ({kind} row of stack tensorrt-llm): {row.source}.",
+                   f"Published: {row.output_tokens_per_s:,g} output tokens/s of the TP group "
+                   "(trtllm-bench: all output tokens over the time to the last completion).",
+                   f"{requests:,} requests queued at once (the page queued {page:,}: identical "
+                   "requests reach the steady state long before).",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/calibrate_serving.py (the figure from the run's requests)."]
+        out.append(ScenarioFile(Path("serving") / f"{_slug(gpu_name(row))}.yaml",
+                                _header(comment) + _dump(data)))
+    return out
+
+
 # ------------------------------------------------------------------------------ training
 
 def training_files() -> list[ScenarioFile]:
@@ -180,7 +221,8 @@ def training_files() -> list[ScenarioFile]:
 
 
 def all_files() -> list[ScenarioFile]:
-    return trn2_serving_files() + trn1_serving_files() + training_files()
+    return trn2_serving_files() + trn1_serving_files() + gpu_serving_files() \
+        + training_files()
 
 
 def write_files(root: Path = CALIBRATION_DIR) -> list[Path]:
@@ -217,6 +259,18 @@ def run_serving_row(path: Path) -> tuple[float, float | None]:
     figures = summary["deployments"]["row"]
     tpot = figures.get("tpot_p50_s")
     return figures["ttft_p50_s"], (None if tpot is None or not math.isfinite(tpot) else tpot)
+
+
+def run_throughput_row(path: Path) -> float:
+    """The scenario's deployment's output tokens/s as trtllm-bench counts them (all output
+    tokens over the time to the last completion), from the requests `clustersim run`
+    simulates (requests.parquet's columns), nothing written."""
+    from clustersim.calibration.gpu_serving import bench_throughput
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import load_scenario
+
+    result = simulate(load_scenario(path), seed=0)
+    return bench_throughput(result.serving.fleets["row"])
 
 
 def run_training_row(path: Path, metric: str) -> float:
