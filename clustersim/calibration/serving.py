@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry
 from clustersim.serving.iteration import IterationModel, ReplicaShape
-from clustersim.serving.replica import DecodeCost
+from clustersim.hardware.stacks import default_stack, stack_named, stack_token_buckets
+from clustersim.serving.decode_cost import DecodeCost
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
 __all__ = ["ServingMeasurement", "SERVING_MEASUREMENTS", "UNSEEN_SERVING_218", "predict_serving",
@@ -83,15 +84,19 @@ UNSEEN_SERVING_218: tuple[ServingMeasurement, ...] = (
 )
 
 
-def _request_times(hardware: HardwareSpec | None, rows) -> list[tuple[float, float]]:
+def _request_times(hardware: HardwareSpec | None, rows,
+                   stack: str | None = None) -> list[tuple[float, float]]:
     """(TTFT s, mean TPOT s) of each row's batch of identical requests (`model`, `batch`,
-    `input_tokens`, `output_tokens`) on one trn1.32xlarge at TP 32 (or on `hardware`)."""
+    `input_tokens`, `output_tokens`) on one trn1.32xlarge at TP 32 (or on `hardware`), with
+    the token buckets of `stack` (default trn1's) compiled for the row's sequence."""
     hardware = hardware or catalog_entry("trn1")
     topology = build_topology(hardware, 1)
+    release = stack_named(stack) if stack else default_stack("trn1")
     out = []
     for m in rows:
         model = TransformerShape(**model_preset_values(m.model))
         cost = DecodeCost(IterationModel(ReplicaShape(model, "bf16", 32, 1), topology))
+        cost.token_buckets = stack_token_buckets(release, m.input_tokens + m.output_tokens)
         # the benchmark's batch is static: its prompts are encoded together by one graph
         ttft = cost.target.iteration_s([(m.input_tokens, 0)] * m.batch, 0, 0.0, m.batch,
                                        static_batch=True)
@@ -101,11 +106,11 @@ def _request_times(hardware: HardwareSpec | None, rows) -> list[tuple[float, flo
 
 
 def predict_serving(hardware: HardwareSpec | None = None,
-                    rows: tuple[ServingMeasurement, ...] = SERVING_MEASUREMENTS
-                    ) -> list[tuple[float, float]]:
+                    rows: tuple[ServingMeasurement, ...] = SERVING_MEASUREMENTS,
+                    stack: str | None = None) -> list[tuple[float, float]]:
     """Model (TTFT s, TPOT s) of every row on one trn1.32xlarge at TP 32 (or on `hardware`,
-    e.g. with trial constants)."""
-    return _request_times(hardware, rows)
+    e.g. with trial constants), with `stack`'s token buckets (default trn1's stack)."""
+    return _request_times(hardware, rows, stack)
 
 
 # Unseen rows (not fitted): the Trn1 data files of the same Neuron docs page at SDK 2.14 and

@@ -47,7 +47,7 @@ def predict_release(stack: str, rows: tuple[ServingMeasurement, ...],
     if constants:
         hardware = hardware.model_copy(update={
             "serving": hardware.serving.model_copy(update=dict(constants))})
-    return predict_serving(hardware, rows)
+    return predict_serving(hardware, rows, stack)
 
 
 def _loss(stack: str, rows, constants: Mapping[str, float]) -> float:

@@ -19,7 +19,8 @@ from clustersim.catalog import read_catalog
 from clustersim.hardware.catalog import HardwareSpec
 
 __all__ = ["Stack", "known_stacks", "stack_named", "default_stack", "with_stack", "stack_buckets",
-           "padded_tokens", "MAX_BUCKETS", "MIN_BUCKET"]
+           "padded_tokens", "MAX_BUCKETS", "MIN_BUCKET", "stack_token_buckets",
+           "padded_kv_tokens"]
 
 MAX_BUCKETS = 64  # compiled graphs a deployment may list
 MIN_BUCKET = 128  # NxD Inference's smallest context-encoding bucket
@@ -32,6 +33,9 @@ class Stack:
     hardware: tuple[str, ...]
     bucket_rule: str  # "powers-of-two-from-128" or "none"
     source: str
+    # "powers-of-two-from-128": decode reads the KV cache padded to the compiled token
+    # bucket holding its position (transformers-neuronx); "none": the tokens held.
+    token_rule: str = "none"
     # The release's own serving constants over the hardware's (ServingConstants field
     # names): empty for the stack the hardware's constants were fitted on.
     serving: tuple[tuple[str, float], ...] = ()
@@ -42,6 +46,7 @@ def _stacks() -> dict[str, Stack]:
     data = read_catalog("stacks")["stacks"]
     return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
                         entry["buckets"]["value"], entry["constants"]["source"],
+                        entry.get("token_buckets", {}).get("value", "none"),
                         tuple((key, float(value["value"]))
                               for key, value in entry.get("serving", {}).items()))
             for name, entry in data.items()}
@@ -99,3 +104,48 @@ def padded_tokens(tokens: int, buckets: tuple[int, ...]) -> int:
         if bucket >= rest:
             return whole * largest + bucket
     return tokens  # unreachable: rest < largest
+
+
+def stack_token_buckets(stack: Stack | None, longest_sequence: int) -> tuple[int, ...]:
+    """The token-generation buckets a stack compiles for sequences up to `longest_sequence`
+    tokens (prompt and output: the deployment's compiled maximum): transformers-neuronx's
+    powers of two from 128 below it, then it; () for a stack whose decode reads only the
+    tokens held."""
+    if stack is None or stack.token_rule == "none" or longest_sequence <= 0:
+        return ()
+    sizes = []
+    size = MIN_BUCKET
+    while size < longest_sequence:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, longest_sequence)
+
+
+def padded_kv_tokens(buckets: tuple[int, ...], batch: int, context: float, growth: float,
+                     n: int) -> float:
+    """KV tokens read over n decode iterations of `batch` sequences holding `context` tokens
+    in all, each adding `growth` a sequence per iteration, when every iteration reads each
+    sequence's cache padded to the smallest bucket holding its length (the batch's mean
+    length: exact for a static batch of equal requests); beyond the largest bucket, the
+    tokens held. Closed form per bucket: O(buckets), nothing per iteration."""
+    if n <= 0 or batch <= 0:
+        return 0.0
+    first = context / batch  # a sequence's tokens at the first iteration
+
+    def reached(limit: float) -> int:  # iterations j < n with first + growth j <= limit
+        if limit < first:
+            return 0
+        if growth <= 0:
+            return n
+        return min(n, math.floor((limit - first) / growth + 1e-9) + 1)
+
+    total = 0.0
+    below = 0
+    for bucket in buckets:
+        upto = reached(bucket)
+        total += bucket * (upto - below)
+        below = upto
+    rest = n - below  # past the largest bucket: the tokens held, an arithmetic series
+    if rest:
+        total += rest * first + growth * (n * (n - 1) - below * (below - 1)) / 2.0
+    return batch * total

@@ -1,0 +1,107 @@
+"""The cost of a replica's iterations as the simulator advances them: decode runs in closed
+form (`DecodeCost.run_s`) and prefill iterations through the stack's compiled buckets."""
+
+from __future__ import annotations
+
+import math
+
+from clustersim.hardware.stacks import padded_kv_tokens, padded_tokens
+from clustersim.serving.iteration import IterationModel
+
+__all__ = ["DecodeCost"]
+
+
+class DecodeCost:
+    """Decode iterations of a replica: time = base(batch) + kv x context tokens, each
+    iteration emitting `tokens_per_iteration` tokens per sequence (more than one with
+    speculative decoding) and adding as many to its context.
+
+    With a draft, an iteration is the draft's `proposed` steps, each on the draft's own
+    shapes (its layers, precision and tensor-parallel group), then the target verifying the
+    proposals and its own token in one pass over `proposed + 1` tokens per sequence. Fused
+    (NxD Inference's fused speculation) the draft runs inside the target's graph: one host
+    overhead per iteration; unfused each draft step is a launch with its own."""
+
+    def __init__(self, target: IterationModel, draft: IterationModel | None = None,
+                 proposed: int = 0, acceptance: float = 0.0, fused: bool = True):
+        self.target = target
+        self.draft = draft
+        self.proposed = proposed
+        self.acceptance = acceptance
+        self.fused = fused
+        if draft is None:
+            self.tokens_per_iteration = 1.0
+            self.kv_s = target.kv_coefficient_s
+        else:  # expected accepted proposals plus the verifier's own token
+            a, k = acceptance, proposed
+            self.tokens_per_iteration = (1.0 - a ** (k + 1)) / (1.0 - a)
+            self.kv_s = target.kv_coefficient_s + k * draft.kv_coefficient_s
+        self._base: dict[int, float] = {}
+        # Compiled context-encoding buckets: a prompt encoded whole runs padded (set by the
+        # deployment, clustersim.hardware.stacks; () pads nothing).
+        self.buckets: tuple[int, ...] = ()
+        self.static_batch = False  # the prompts of an iteration are one static batch
+        # Compiled token-generation buckets: decode reads the KV cache padded to the one
+        # holding its position (transformers-neuronx; () reads the tokens held).
+        self.token_buckets: tuple[int, ...] = ()
+
+    def _draft_step_s(self, batch: int) -> float:
+        assert self.draft is not None
+        return self.draft.step_s(batch) if self.fused else self.draft.decode_base_s(batch)
+
+    def base_s(self, batch: int) -> float:
+        base = self._base.get(batch)
+        if base is None:
+            if self.draft is None:
+                base = self.target.decode_base_s(batch)
+            else:
+                base = (self.target.iteration_s([], batch * (self.proposed + 1), 0.0)
+                        + self.proposed * self._draft_step_s(batch))
+            self._base[batch] = base
+        return base
+
+    def run_s(self, batch: int, context: float, n: float) -> float:
+        """Time of the next n iterations of a fixed batch holding `context` KV tokens."""
+        if self.token_buckets:
+            return n * self.base_s(batch) + self.kv_s * padded_kv_tokens(
+                self.token_buckets, batch, context, self.tokens_per_iteration, int(n))
+        g = batch * self.tokens_per_iteration
+        return n * self.base_s(batch) + self.kv_s * (n * context + g * n * (n - 1) / 2.0)
+
+    def iterations_within(self, batch: int, context: float, elapsed: float) -> int:
+        """Whole iterations finished `elapsed` seconds into a run (inverse of run_s)."""
+        if self.token_buckets:  # piecewise: bisection on the run's time
+            low, high = 0, 1 + int(elapsed / max(self.base_s(batch), 1e-12))
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if self.run_s(batch, context, middle) <= elapsed \
+                    else (low, middle - 1)
+            return low
+        kv = self.kv_s
+        a = kv * batch * self.tokens_per_iteration / 2.0
+        base = self.base_s(batch)
+        b = base + kv * context - a
+        if a <= 0:
+            return int(elapsed // b)
+        j = int((-b + math.sqrt(b * b + 4 * a * elapsed)) / (2 * a))
+        g = batch * self.tokens_per_iteration
+        # run_s(batch, context, j) inline (an interrupted decode run is a hot path)
+        while j > 0 and j * base + kv * (j * context + g * j * (j - 1) / 2.0) > elapsed:
+            j -= 1
+        k = j + 1
+        while k * base + kv * (k * context + g * k * (k - 1) / 2.0) <= elapsed:
+            k += 1
+        return k - 1
+
+    def prefill_s(self, chunks: list[tuple[int, int]], batch: int, context: float,
+                  outputs: int) -> float:
+        if self.buckets:
+            chunks = [(padded_tokens(c, self.buckets) if p == 0 else c, p) for c, p in chunks]
+        time_s = self.target.iteration_s(chunks, batch, context, outputs, self.static_batch)
+        if self.draft is not None:  # the draft fills its own KV cache from the prompt
+            time_s += self.draft.iteration_s(chunks, batch, context, outputs)
+            if self.fused:  # one graph: one host overhead, one context-encoding overhead
+                # (the draft's layers keep their per-layer share: they run in the graph)
+                time_s -= self.draft.overhead_s + (
+                    self.draft.hardware.serving.prefill_overhead_s if chunks else 0.0)
+        return time_s
