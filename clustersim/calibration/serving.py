@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec, catalog_entry
-from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.hardware.stacks import default_stack, stack_named, stack_token_buckets
 from clustersim.serving.decode_cost import DecodeCost
+from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
 __all__ = ["ServingMeasurement", "SERVING_MEASUREMENTS", "UNSEEN_SERVING_218", "predict_serving",
