@@ -14,7 +14,9 @@ Rows (sources in docs/calibration.md):
   while the context grows over the output. Per release of the stack: 2.18.0 fitted with the
   Trn1 collectives and step constants by `scripts/calibrate_collectives.py --joint` (the
   trn1 entry's constants); 2.18.1 (its Llama 3 70B rows) with two constants of its own,
-  `--fit-release` (catalog/stacks.yaml).
+  `--fit-release` (catalog/stacks.yaml); the SDK 2.16 and 2.14 data files' rows (latency
+  per token) with their own releases, `--fit-release transformers-neuronx@2.16` / `@2.14`.
+  Printed from their scenario files (scenarios/calibration/serving/trn1-*.yaml).
 - Trn2 (`clustersim.calibration.trn2`): NxD Inference on trn2.48xlarge at TP 64 (Llama 3.3
   70B tutorial and its prefix-caching table's rows without cache hits, Llama 3.1 405B
   tutorials), fitted with the Trn2 collectives by `scripts/calibrate_collectives.py --family
@@ -101,6 +103,34 @@ def print_trn1(hbm_efficiency: float | None = None, overhead_s: float | None = N
                   f"{m.ttft_ms:>9.2f}{ttft * 1e3 / m.ttft_ms - 1:>+8.1%}{tpot * 1e3:>10.2f}"
                   f"{m.tpot_ms:>8.2f}{tpot * 1e3 / m.tpot_ms - 1:>+8.1%}")
         print()
+    print_token_latency_releases()
+
+
+def print_token_latency_releases() -> None:
+    """The SDK 2.14 and 2.16 rows per release (its stack), each run from its scenario file
+    (scenarios/calibration/serving/trn1-*-sdk2.1[46]-*.yaml): a request's time over its
+    input and output tokens, as the data files give it."""
+    from clustersim.calibration.scenarios import run_serving_row, trn1_file
+    from clustersim.calibration.serving_stacks import RELEASES, per_token_s
+
+    for stack in ("transformers-neuronx@2.16", "transformers-neuronx@2.14"):
+        fitted, unseen, keys = RELEASES[stack]
+        for title, table in ((f"fitted (its own {' and '.join(keys)})", fitted),
+                             ("unseen, not fitted", unseen)):
+            print(f"== stack {stack}, Trn1 family (trn1.32xlarge, TP 32, bf16, batch 1): "
+                  f"{title}{'' if table else ': none'}")
+            if not table:
+                print()
+                continue
+            print(f"{'model':<12}{'sdk':>7}{'in/out':>11}{'ms/token':>10}{'pub':>8}{'err':>8}"
+                  f"{'TTFT ms':>10}{'TPOT ms':>9}")
+            for m in table:
+                ttft, tpot = run_serving_row(trn1_file(m))
+                figure = per_token_s(m, ttft, tpot) * 1e3
+                print(f"{m.model:<12}{m.sdk:>7}{f'{m.input_tokens}/{m.output_tokens}':>11}"
+                      f"{figure:>10.3f}{m.ms_per_token:>8.2f}{figure / m.ms_per_token - 1:>+8.1%}"
+                      f"{ttft * 1e3:>10.2f}{tpot * 1e3:>9.2f}")
+            print()
 
 
 def print_trn2() -> None:
@@ -308,16 +338,19 @@ def main() -> None:
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
     parser.add_argument("--fit-moe", action="store_true", help="refit serving."
                         "moe_layer_overhead (trn2, sglang@0.4.1) on the batch-1 DeepSeek-V3 rows")
-    parser.add_argument("--fit-release", action="store_true",
-                        help="refit transformers-neuronx@2.18.1's two constants on its rows")
+    parser.add_argument("--fit-release", nargs="?", const="transformers-neuronx@2.18.1",
+                        metavar="STACK", help="refit a transformers-neuronx release's own "
+                        "constants on its rows (default @2.18.1; @2.16, @2.14)")
     parser.add_argument("--start", help="--fit-gpu from these values (JSON), e.g. "
                         '\'{"iteration_overhead": 0.003}\'')
     args = parser.parse_args()
     if args.fit_release:
-        from clustersim.calibration.serving_stacks import RELEASE_2181, fit_release
-        values = fit_release()
-        print(f"fitted {RELEASE_2181} (catalog/stacks.yaml):",
-              {k: round(v, 3) for k, v in values.items()})
+        from clustersim.calibration.serving_stacks import RELEASES, fit_release
+        if args.fit_release not in RELEASES:
+            parser.error(f"--fit-release: expected one of {', '.join(RELEASES)}")
+        values = fit_release(args.fit_release)
+        print(f"fitted {args.fit_release} (catalog/stacks.yaml):",
+              {k: float(f"{v:.3g}") for k, v in values.items()})
         return
     if args.fit_gpu:
         kernels = fit_all_reduce()

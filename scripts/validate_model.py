@@ -163,20 +163,13 @@ def print_serving_gpu() -> None:
 
 
 def print_serving() -> None:
-    """The Trn1 rows per transformers-neuronx release (its stack), from their scenario runs
-    as scripts/calibrate_serving.py prints them, then the older SDKs' rows."""
+    """The Trn1 rows per transformers-neuronx release (its stack: SDK 2.18.0, 2.18.1, 2.16
+    and 2.14), from their scenario runs as scripts/calibrate_serving.py prints them."""
     from calibrate_serving import print_trn1
 
     serving = catalog_entry("trn1").serving
     print("\n== serving (trn1.32xlarge, TP 32, bf16; transformers-neuronx; milliseconds)")
     print_trn1()
-    from clustersim.calibration.serving import UNSEEN_SERVING, predict_token_latency
-    print("== transformers-neuronx of SDK 2.14 and 2.16 (no stack of their own: priced with "
-          "2.18.0's), unseen: request time over input + output tokens, ms")
-    for m, predicted in zip(UNSEEN_SERVING, predict_token_latency(), strict=True):
-        print(f"  {m.model:12s} {'1':>5s} {f'{m.input_tokens}/{m.output_tokens}':>10s} "
-              f"{m.ms_per_token:9.2f} {predicted * 1e3:8.2f} "
-              f"{predicted * 1e3 / m.ms_per_token - 1:+7.1%}  SDK {m.sdk}")
     print(f"  constants: serving.hbm_efficiency {serving.hbm_efficiency}, "
           f"iteration_overhead {serving.iteration_overhead_s * 1e3:g} ms, "
           f"prefill_layer_overhead {serving.prefill_layer_overhead_s * 1e3:g} ms, "

@@ -98,3 +98,124 @@ def test_long_decode_reads_its_token_bucket():
         assert row.model == "llama2-13b"
         _, tpot = run_serving_row(trn1_file(row))
         assert abs(tpot * 1e3 / row.tpot_ms - 1) < band, (row, tpot)
+
+
+# ------------------------------------------- each stack's constants reproduce their fit
+
+def _release_ids():
+    from clustersim.calibration.serving_stacks import RELEASES
+    return list(RELEASES)
+
+
+@pytest.mark.parametrize("stack", _release_ids())
+def test_release_constants_are_their_fits_minimum(stack):
+    """Every transformers-neuronx release's own constants (catalog/stacks.yaml) are the
+    minimum of its fit (`calibrate_serving.py --fit-release STACK`): 2% either way (inside
+    the fit's bounds) raises its rows' summed squared log errors, and its fitted rows are
+    within 10%."""
+    from clustersim.calibration.serving_stacks import (
+        _BOUNDS,
+        RELEASES,
+        _loss,
+        per_token_s,
+        predict_release,
+        release_rows,
+    )
+    from clustersim.hardware.stacks import stack_named
+
+    rows, _ = release_rows(stack)
+    values = dict(stack_named(stack).serving)
+    assert set(values) == set(RELEASES[stack][2]) and rows
+    best = _loss(stack, rows, values)
+    for key in values:
+        for factor in (0.98, 1.02):
+            trial = values[key] * factor
+            if _BOUNDS[key][0] <= trial <= _BOUNDS[key][1]:  # 2.18.1's matmul: at its bound
+                assert _loss(stack, rows, {**values, key: trial}) > best, (key, factor)
+    for row, (ttft, tpot) in zip(rows, predict_release(stack, rows), strict=True):
+        if hasattr(row, "ms_per_token"):
+            assert abs(per_token_s(row, ttft, tpot) * 1e3 / row.ms_per_token - 1) < 0.10
+        else:
+            assert abs(ttft * 1e3 / row.ttft_ms - 1) < 0.10
+            assert abs(tpot * 1e3 / row.tpot_ms - 1) < 0.10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", _release_ids())
+def test_release_refit_from_elsewhere_finds_the_catalog(stack):
+    """The fit run from 30% away from the catalog's values lands within 2% of them."""
+    from clustersim.calibration.serving_stacks import _BOUNDS, fit_release
+    from clustersim.hardware.stacks import stack_named
+
+    values = dict(stack_named(stack).serving)
+    start = {k: min(_BOUNDS[k][1], v * 1.3) for k, v in values.items()}
+    for key, value in fit_release(stack, start).items():
+        assert value == pytest.approx(values[key], rel=0.02), key
+
+
+def _calibrate_serving():
+    import sys
+
+    from clustersim.calibration.scenarios import CALIBRATION_DIR
+    scripts = str(CALIBRATION_DIR.parents[1] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import calibrate_serving
+    return calibrate_serving
+
+
+def test_tensorrt_llm_all_reduce_constants_are_their_refit():
+    """p5's TP all-reduce kernel constants (tensorrt-llm's) are what `calibrate_serving.py
+    --fit-gpu` fits to TensorRT-LLM's measured kernels, refit from 30% away: within 3%."""
+    from clustersim.hardware.catalog import catalog_entry
+
+    cs = _calibrate_serving()
+    s = catalog_entry("p5").serving
+    start = {"tp_link_efficiency": s.tp_link_efficiency * 1.3,
+             "tp_step_latency": s.tp_step_latency_s * 0.7}
+    fitted = cs.log_coordinate_search(start, cs.ALL_REDUCE_PARAMETERS, cs.all_reduce_loss,
+                                      last_step=0.005, tolerance=1e-12)
+    assert fitted["tp_link_efficiency"] == pytest.approx(s.tp_link_efficiency, rel=0.03)
+    assert fitted["tp_step_latency"] == pytest.approx(s.tp_step_latency_s, rel=0.03)
+
+
+@pytest.mark.slow
+def test_tensorrt_llm_serving_constants_are_their_fits_minimum():
+    """p5's serving constants (hbm_efficiency, matmul, iteration_overhead: tensorrt-llm's)
+    are the minimum of `--fit-gpu`'s loss over the 18 H100 rows at the fit's last step
+    (2% either way does not lower it)."""
+    from clustersim.hardware.catalog import catalog_entry
+
+    cs = _calibrate_serving()
+    s = catalog_entry("p5").serving
+    values = {"hbm_efficiency": s.hbm_efficiency, "matmul": s.matmul_efficiency,
+              "iteration_overhead": s.iteration_overhead_s}
+    best = cs.gpu_loss(values)
+    for key in values:
+        for factor in (0.98, 1.02):
+            assert cs.gpu_loss({**values, key: values[key] * factor}) >= best - 1e-9, key
+
+
+def test_older_release_files_are_the_script_output_and_run_as_fitted():
+    """The SDK 2.14 and 2.16 rows as scenario files (each with its release's stack) are what
+    the script writes, and each run as `clustersim run` runs it gives the fit's figure."""
+    from clustersim.calibration.scenarios import (
+        run_serving_row,
+        trn1_file,
+        trn1_token_latency_files,
+    )
+    from clustersim.calibration.serving import UNSEEN_SERVING
+    from clustersim.calibration.serving_stacks import predict_release
+
+    files = trn1_token_latency_files()
+    assert len(files) == len(UNSEEN_SERVING) == 6
+    for f in files:
+        path = CALIBRATION_DIR / f.path
+        assert path.read_text(encoding="utf-8") == f.text, path
+        assert path.with_suffix(".csv").read_text(encoding="utf-8") == f.trace, path
+    for row in UNSEEN_SERVING[:2]:
+        stack = f"transformers-neuronx@{row.sdk}"
+        assert f"stack: {stack}" in trn1_file(row).read_text(encoding="utf-8")
+        ttft, tpot = run_serving_row(trn1_file(row))
+        (formula,) = predict_release(stack, (row,))
+        assert (ttft, tpot) == pytest.approx(formula, rel=1e-6)

@@ -304,6 +304,7 @@ def test_model_report_prints_the_serving_and_collective_rows(capsys) -> None:
     assert "unseen, not fitted" in out and "all_reduce cheapest" in out and "unfused" in out
     assert "stack transformers-neuronx@2.18.0" in out
     assert "stack transformers-neuronx@2.18.1" in out
+    assert "stack transformers-neuronx@2.16" in out and "stack transformers-neuronx@2.14" in out
     assert out.count("llama2-13b") == 6 and "nccom-test" in out
 
 

@@ -25,6 +25,7 @@ import yaml
 
 __all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
            "trn1_file", "training_files", "gpu_serving_files", "gpu_name",
+           "trn1_token_latency_files",
            "run_throughput_row",
            "all_files", "write_files", "run_serving_row", "run_training_row", "file_for"]
 
@@ -145,6 +146,34 @@ def trn1_serving_files() -> list[ScenarioFile]:
     return out
 
 
+def trn1_token_latency_files() -> list[ScenarioFile]:
+    """The SDK 2.14 and 2.16 transformers-neuronx rows (clustersim.calibration.serving:
+    latency per token over input and output tokens) on one trn1.32xlarge, each with its
+    release's stack (clustersim.calibration.serving_stacks)."""
+    from clustersim.calibration.serving import UNSEEN_SERVING
+    from clustersim.calibration.serving_stacks import release_rows
+
+    out = []
+    for row in UNSEEN_SERVING:
+        stack = f"transformers-neuronx@{row.sdk}"
+        kind = "fitted" if row in release_rows(stack)[0] else "unseen"
+        server = {"max_batch": 1, "max_tokens_per_iteration": max(row.input_tokens, 8192),
+                  "chunked_prefill": False, "static_batch": False}
+        deployment = {"model": row.model, "stack": stack, "precision": "bf16",
+                      "parallelism": {"tp": 32}, "server": server}
+        name = f"trn1-{row.model}-sdk{row.sdk}-b1-{row.input_tokens}-{row.output_tokens}"
+        comment = [f"{row.model} batch 1, {row.input_tokens} in / {row.output_tokens} out, SDK "
+                   f"{row.sdk} ({kind} row of stack {stack}): {row.source}.",
+                   f"Published: {row.ms_per_token} ms per token (the request's time over its "
+                   "input plus output tokens: TTFT + TPOT x (output - 1), over both).",
+                   "One request at a time (the trace beside this file).",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/calibrate_serving.py."]
+        out.append(_serving_file("serving", name, comment, "trn1", deployment,
+                                 row.input_tokens, row.output_tokens))
+    return out
+
+
 def trn1_file(row) -> Path:
     return file_for("serving", f"trn1-{row.model}-sdk{row.sdk}-b{row.batch}-"
                                f"{row.input_tokens}-{row.output_tokens}")
@@ -221,8 +250,8 @@ def training_files() -> list[ScenarioFile]:
 
 
 def all_files() -> list[ScenarioFile]:
-    return trn2_serving_files() + trn1_serving_files() + gpu_serving_files() \
-        + training_files()
+    return trn2_serving_files() + trn1_serving_files() + trn1_token_latency_files() \
+        + gpu_serving_files() + training_files()
 
 
 def write_files(root: Path = CALIBRATION_DIR) -> list[Path]:

@@ -9,6 +9,14 @@ hardware's constants but two, fitted here on its six rows: `matmul_efficiency` (
 of peak its context-encoding matmuls reach: its batch-4 short prompts are 12% faster) and
 `score_efficiency` (the HBM rate of its spilled unfused score passes: its 2,048-token
 prompts). Nothing is fitted per row.
+
+The same page's older data files (SDK 2.14 and 2.16: "latency per token", a request's time
+over its input and output tokens) are two more releases, each fitted on its own Llama 2 13B
+rows: `transformers-neuronx@2.16` with `tp_step_latency_s` (the per-step time of its TP
+all-reduce, which the 13B's decode at TP 32 is mostly made of: 80 all-reduces a token) and
+`score_efficiency` (its 3,968-token prompt), `transformers-neuronx@2.14` with
+`tp_step_latency_s` alone (its one row). The 2.16 file's two Llama 2 70B rows, five to six
+times slower than any 2.18 row of that model on the same instance, judge the 2.16 release.
 """
 
 from __future__ import annotations
@@ -18,28 +26,54 @@ from collections.abc import Mapping
 
 from clustersim.calibration.serving import (
     SERVING_MEASUREMENTS,
+    UNSEEN_SERVING,
     UNSEEN_SERVING_218,
-    ServingMeasurement,
+    TokenLatencyMeasurement,
     predict_serving,
 )
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.stacks import stack_named, with_stack
 
-__all__ = ["RELEASE_2181", "RELEASE_FITTED", "release_rows", "predict_release", "fit_release"]
+__all__ = ["RELEASE_2181", "RELEASE_FITTED", "RELEASES", "release_rows", "predict_release",
+           "fit_release", "per_token_s"]
 
 RELEASE_2181 = "transformers-neuronx@2.18.1"
 RELEASE_FITTED = ("matmul_efficiency", "score_efficiency")
-_BOUNDS = {"matmul_efficiency": (0.3, 0.9), "score_efficiency": (0.05, 1.0)}
+_BOUNDS = {"matmul_efficiency": (0.3, 0.9), "score_efficiency": (0.05, 1.0),
+           "tp_step_latency_s": (1e-6, 3e-5)}
 
 
-def release_rows(stack: str) -> tuple[tuple[ServingMeasurement, ...], tuple[ServingMeasurement, ...]]:
-    """(fitted, unseen) rows of a transformers-neuronx release."""
-    if stack == RELEASE_2181:
-        return tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.1"), ()
+def _sdk(version: str, model: str | None = None, keep: bool = True) -> tuple:
+    return tuple(r for r in UNSEEN_SERVING if r.sdk == version
+                 and (model is None or (r.model == model) == keep))
+
+
+# stack: (its fitted rows, its unseen rows, the constants fitted on them)
+RELEASES: dict[str, tuple[tuple, tuple, tuple[str, ...]]] = {
+    RELEASE_2181: (tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.1"), (),
+                   RELEASE_FITTED),
+    "transformers-neuronx@2.16": (_sdk("2.16", "llama2-13b"), _sdk("2.16", "llama2-13b", False),
+                                  ("tp_step_latency_s", "score_efficiency")),
+    "transformers-neuronx@2.14": (_sdk("2.14"), (), ("tp_step_latency_s",)),
+}
+
+
+def release_rows(stack: str) -> tuple[tuple, tuple]:
+    """(fitted, unseen) rows of a transformers-neuronx release (ServingMeasurement rows, or
+    TokenLatencyMeasurement rows for SDK 2.14 and 2.16)."""
+    if stack in RELEASES:
+        fitted, unseen, _ = RELEASES[stack]
+        return fitted, unseen
     return SERVING_MEASUREMENTS, tuple(r for r in UNSEEN_SERVING_218 if r.sdk == "2.18.0")
 
 
-def predict_release(stack: str, rows: tuple[ServingMeasurement, ...],
+def per_token_s(row, ttft_s: float, tpot_s: float) -> float:
+    """A token-latency row's figure from TTFT and TPOT: the request's time over its input
+    plus output tokens."""
+    return (ttft_s + tpot_s * (row.output_tokens - 1)) / (row.input_tokens + row.output_tokens)
+
+
+def predict_release(stack: str, rows: tuple,
                     constants: Mapping[str, float] | None = None) -> list[tuple[float, float]]:
     """(TTFT s, TPOT s) of rows on trn1 with the release's serving constants (or trial
     ones)."""
@@ -53,7 +87,11 @@ def predict_release(stack: str, rows: tuple[ServingMeasurement, ...],
 def _loss(stack: str, rows, constants: Mapping[str, float]) -> float:
     total = 0.0
     for row, (ttft, tpot) in zip(rows, predict_release(stack, rows, constants), strict=True):
-        total += math.log(ttft * 1e3 / row.ttft_ms) ** 2 + math.log(tpot * 1e3 / row.tpot_ms) ** 2
+        if isinstance(row, TokenLatencyMeasurement):
+            total += math.log(per_token_s(row, ttft, tpot) * 1e3 / row.ms_per_token) ** 2
+        else:
+            total += (math.log(ttft * 1e3 / row.ttft_ms) ** 2
+                      + math.log(tpot * 1e3 / row.tpot_ms) ** 2)
     return total
 
 
@@ -62,11 +100,14 @@ def fit_release(stack: str = RELEASE_2181, start: Mapping[str, float] | None = N
     """Coordinate search (golden section on each constant's log, in turn) of the release's
     constants on its rows' squared log errors."""
     rows, _ = release_rows(stack)
-    serving = with_stack(catalog_entry("trn1"), stack_named(stack)).serving
-    values = dict(start or {k: getattr(serving, k) or 0.583 for k in RELEASE_FITTED})
+    keys = RELEASES[stack][2]
+    hardware = with_stack(catalog_entry("trn1"), stack_named(stack))
+    defaults = {"matmul_efficiency": 0.583,
+                "tp_step_latency_s": hardware.collectives.step_latency_s}
+    values = dict(start or {k: getattr(hardware.serving, k) or defaults[k] for k in keys})
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(rounds):
-        for key in RELEASE_FITTED:
+    for _ in range(rounds if len(keys) > 1 else 1):
+        for key in keys:
             lo, hi = (math.log(b) for b in _BOUNDS[key])
 
             def f(x: float, key: str = key) -> float:
