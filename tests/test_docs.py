@@ -392,3 +392,41 @@ def test_the_readmes_serving_comparison_is_the_planners(tmp_path):
     capacity = (f"Trn2 ${trn2['cost_per_million_output_tokens_at_capacity_usd']:.2f}, P5en "
                 f"${p5en['cost_per_million_output_tokens_at_capacity_usd']:.2f}")
     assert capacity in readme, capacity
+
+
+@pytest.mark.slow
+def test_the_serving_stack_tables_are_the_scenario_runs():
+    """docs/calibration.md's serving-stack tables (every transformers-neuronx release's rows
+    and the stacks' error ranges, TensorRT-LLM's included) are what scripts/stack_tables.py
+    prints from the calibration rows' scenario runs."""
+    import stack_tables
+
+    page = _text(DOCS / "calibration.md")
+    assert stack_tables.BEGIN in page and stack_tables.END in page
+    assert page == stack_tables.page_text(page, stack_tables.markdown()), (
+        "docs/calibration.md's stack tables are out of date: run python "
+        "scripts/stack_tables.py --write")
+
+
+@pytest.mark.slow
+def test_the_serving_pages_stack_errors_are_the_scenario_runs():
+    """docs/serving.md's summary of the Trn1 releases quotes the errors the scenario runs
+    give: the batch-4 1,024-token TTFT, Llama 2 13B's 4,096-token TTFT and 8,192-token TPOT,
+    the SDK 2.16 Llama 2 70B rows."""
+    import stack_tables
+
+    page = " ".join(_text(DOCS / "serving.md").split())
+    errors = {(r.model, r.batch, r.input_tokens, r.sdk): e
+              for stack in stack_tables.TRN1 for _, r, _, e in stack_tables.trn1_rows(stack)}
+    quoted = re.search(r"batch-4 1,024-token prompts \(TTFT (-\d+)%.*?8,192-token TPOT \((-\d+)% "
+                       r"each; the TPOT (-\d+)% before.*?Llama 2 70B rows (-\d+)%", page)
+    assert quoted, "docs/serving.md: the Trn1 releases' summary moved"
+    b4, thirteen, before, seventy = (int(g) for g in quoted.groups())
+    assert round(errors[("llama2-70b", 4, 1024, "2.18.0")][0] * 100) == b4
+    assert round(errors[("llama2-13b", 1, 4096, "2.18.0")][0] * 100) == thirteen
+    assert round(errors[("llama2-13b", 1, 8192, "2.18.0")][1] * 100) == thirteen
+    from clustersim.calibration.serving import UNSEEN_SERVING_218, predict_serving
+    row = UNSEEN_SERVING_218[6]  # 13B, 8,192 / 8,192; priced with buckets none (NxD's rule)
+    ((_, tpot),) = predict_serving(rows=(row,), stack="nxd-inference")
+    assert row.input_tokens == 8192 and round((tpot * 1e3 / row.tpot_ms - 1) * 100) == before
+    assert {round(errors[("llama2-70b", 1, 256, "2.16")][0] * 100)} == {seventy}
