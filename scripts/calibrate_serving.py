@@ -168,12 +168,15 @@ def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
     scenarios with those constants."""
     from clustersim.calibration.gpu_serving import (
         GPU_SERVING,
+        UNSEEN_GPU_OTHER,
         UNSEEN_GPU_SERVING,
         predict_throughput,
     )
     from clustersim.calibration.scenarios import file_for, gpu_name, run_throughput_row
-    tables = [("fitted", GPU_SERVING)] + ([("unseen, not fitted", UNSEEN_GPU_SERVING)]
-                                          if unseen else [])
+    tables = [("fitted", GPU_SERVING)] + ([
+        ("unseen, not fitted", UNSEEN_GPU_SERVING),
+        ("unseen, not fitted (v1.0: Llama 3.1 405B at TP 8, 8B on H100)", UNSEEN_GPU_OTHER)]
+        if unseen else [])
     for title, table in tables:
         print(f"\n== stack tensorrt-llm, GPU family (max throughput, FP8; output tokens/s"
               f"{', trial constants' if hardware else ''}): {title}")

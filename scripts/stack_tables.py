@@ -72,12 +72,17 @@ def trn1_rows(stack: str) -> list[tuple[str, object, tuple[float, ...]]]:
 
 
 def markdown() -> str:
-    from clustersim.calibration.gpu_serving import GPU_SERVING, UNSEEN_GPU_SERVING
+    from clustersim.calibration.gpu_serving import (
+        GPU_SERVING,
+        UNSEEN_GPU_OTHER,
+        UNSEEN_GPU_SERVING,
+    )
 
     runs = {stack: trn1_rows(stack) for stack in TRN1}
     gpu = {kind: [run_throughput_row(file_for("serving", gpu_name(r))) / r.output_tokens_per_s
                   - 1 for r in table]
-           for kind, table in (("fitted", GPU_SERVING), ("unseen", UNSEEN_GPU_SERVING))}
+           for kind, table in (("fitted", GPU_SERVING),
+                               ("unseen", UNSEEN_GPU_SERVING + UNSEEN_GPU_OTHER))}
     lines = ["| stack | its own constants (over the hardware's) | rows fitted | error, fitted "
              "| rows judging | error, judging |", "|---|---|---|---|---|---|"]
     for stack in TRN1:

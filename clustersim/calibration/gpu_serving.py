@@ -18,7 +18,9 @@ many) to keep a fit fast: with identical requests the steady state is reached lo
 
 Unseen (they judge, not fitted): the same page family's later tables (TensorRT-LLM 1.0,
 PyTorch backend, the same methodology): H200 at TP 1 for Llama 3.1 8B and Llama 3.3 70B
-(Llama 3.1 70B's shape), and the H100 TP 2 70B rows of that version beside the fitted ones.
+(Llama 3.1 70B's shape), and the H100 TP 2 70B rows of that version beside the fitted ones;
+then (`UNSEEN_GPU_OTHER`) Llama 3.1 405B at TP 8 on H200 and H100 and Llama 3.1 8B on one
+H100 of that version.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "predict_throughput",
+__all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "UNSEEN_GPU_OTHER",
+           "predict_throughput",
            "NVLINK_ALL_REDUCE_US", "predict_tp_all_reduce", "scenario_dict", "requests_of",
            "bench_throughput"]
 
@@ -78,6 +81,23 @@ UNSEEN_GPU_SERVING: tuple[ThroughputRow, ...] = _rows("llama3.1-8b", "p5en", 1, 
     (128, 128): 6378, (128, 2048): 6651, (128, 4096): 4199, (500, 2000): 5222,
     (1000, 1000): 4205, (1000, 2000): 4146, (2048, 128): 762, (2048, 2048): 3082,
     (5000, 500): 898, (20000, 2000): 437,
+}, _V10)
+
+# Unseen as well, the same TensorRT-LLM 1.0 page's other dense rows at H100/H200 FP8: Llama 3.1
+# 405B at TP 8 (H200 and H100: a TP degree the fit never saw) and Llama 3.1 8B on one H100
+# (the fitted rows' shape, a later version).
+UNSEEN_GPU_OTHER: tuple[ThroughputRow, ...] = _rows("llama3.1-405b", "p5en", 8, {
+    (128, 128): 3814, (128, 2048): 5348, (128, 4096): 4741, (500, 2000): 4724,
+    (1000, 1000): 3330, (1000, 2000): 3722, (2048, 128): 456, (2048, 2048): 2948,
+    (5000, 500): 650, (20000, 2000): 505,
+}, _V10) + _rows("llama3.1-405b", "p5", 8, {
+    (128, 128): 3627, (128, 2048): 4340, (128, 4096): 3116, (500, 2000): 3994,
+    (1000, 1000): 2919, (1000, 2000): 2895, (2048, 128): 453, (2048, 2048): 2296,
+    (5000, 500): 610, (20000, 2000): 345,
+}, _V10) + _rows("llama3.1-8b", "p5", 1, {
+    (128, 128): 28312, (128, 2048): 22714, (128, 4096): 14325, (500, 2000): 17660,
+    (1000, 1000): 15220, (1000, 2000): 13899, (2048, 128): 3450, (2048, 2048): 9305,
+    (5000, 500): 3459, (20000, 2000): 1351,
 }, _V10)
 
 # TensorRT-LLM's custom all-reduce kernels on H100 (NVLink through NVSwitch), measured in

@@ -194,13 +194,14 @@ def gpu_serving_files() -> list[ScenarioFile]:
     from clustersim.calibration.gpu_serving import (
         GPU_SERVING,
         REQUESTS,
+        UNSEEN_GPU_OTHER,
         UNSEEN_GPU_SERVING,
         requests_of,
         scenario_dict,
     )
 
     out = []
-    for row in GPU_SERVING + UNSEEN_GPU_SERVING:
+    for row in GPU_SERVING + UNSEEN_GPU_SERVING + UNSEEN_GPU_OTHER:
         kind = "fitted" if row in GPU_SERVING else "unseen"
         requests = requests_of(row)
         page = REQUESTS[(row.input_tokens, row.output_tokens)]
