@@ -26,9 +26,10 @@ Rows (sources in docs/calibration.md):
   FP8), output tokens/s of the tensor-parallel group, simulated with every request queued at
   once; printed from their scenario files (scenarios/calibration/serving/gpu-*.yaml, stack
   tensorrt-llm), the figure from the run's requests as trtllm-bench takes it. `--fit-gpu`
-  first fits the p5 TP all-reduce kernels (`serving.tp_link_efficiency`, `tp_step_latency`) to TensorRT-LLM's custom all-reduce as measured on H100, then the p5
-  entry's serving HBM efficiency, matmul efficiency and iteration overhead on the H100 rows
-  of Llama 3.1 8B at TP 1 and 70B at TP 2 (p5e and p5en inherit them); the H200 rows and a
+  first fits the p5 TP all-reduce kernels (`serving.tp_link_efficiency`, `tp_step_latency`)
+  to TensorRT-LLM's custom all-reduce as measured on H100, then the p5 entry's serving HBM
+  efficiency, matmul efficiency and iteration overhead on the H100 rows of Llama 3.1 8B at
+  TP 1 and 70B at TP 2 (p5e and p5en inherit them); the H200 rows, other TP degrees and a
   later version's rows judge.
 Nothing is fitted per row.
 """
