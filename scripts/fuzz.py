@@ -579,13 +579,26 @@ class Outcome:
     args: list[str] = field(default_factory=list)
 
 
+def _mapped_bytes() -> int:
+    """This process's virtual size (Linux's /proc; 0 where it is not there)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def _child(args: list[str], folder: Path, memory_bytes: int, write_fd: int) -> None:
     """In the forked process: limits, then the command in-process (typer's runner)."""
     from typer.testing import CliRunner
 
     from clustersim.cli.app import app
 
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    # The budget is on top of what the forked parent already maps: a long pytest process
+    # (pyarrow's and Ray's reservations) can map gigabytes it never touches, and a fixed cap
+    # then fails a case's first allocation as a MemoryError of the harness, not the input.
+    limit_bytes = _mapped_bytes() + memory_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     os.chdir(folder)
     result = CliRunner().invoke(app, args, env={"COLUMNS": "100", "CLUSTERSIM_DEBUG": ""})
     exception = result.exception
