@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
 
 from clustersim.scenario.serving import DeploymentSpec, LengthSpec
 
@@ -66,7 +66,9 @@ def length_quadrature(spec: LengthSpec, points: int = _QUADRATURE) -> tuple[np.n
     if spec.distribution != "lognormal":
         raise ValueError("the queueing model needs fixed or lognormal lengths")
     levels = (np.arange(points) + 0.5) / points
-    tokens = spec.median * np.exp(spec.sigma * stats.norm.ppf(levels))
+    # The standard library's normal quantile: scipy is not a dependency of the package.
+    normal_quantiles = np.array([NormalDist().inv_cdf(float(level)) for level in levels])
+    tokens = spec.median * np.exp(spec.sigma * normal_quantiles)
     tokens = np.clip(np.round(tokens), spec.min, spec.max)
     return tokens, np.full(points, 1.0 / points)
 
