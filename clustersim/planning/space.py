@@ -2,11 +2,13 @@
 and why each one that cannot run is out.
 
 A candidate is (hardware, chips, tp, cp, pp, dp, ep, interleave, micro-batch, recompute,
-sequence parallelism, ZeRO stage). Degrees count ranks and tp x cp x pp x dp equals the
+sequence parallelism, ZeRO stage, rank order). Degrees count ranks and tp x cp x pp x dp equals the
 job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
 degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS`
 positions per rank), every pp dividing what is left up to the layers (stages may be uneven:
-training.stages), dp following, every ep dividing dp (mixtures of experts), every interleave
+training.stages), dp following, every ep dividing dp (mixtures of experts), each ep > 1 in
+both rank orders (`training.ranks`: expert groups strided over the pipeline stages, or next
+to tensor parallelism inside the instance or UltraServer), every interleave
 up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
 every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
 modes (two with flash attention, where selective recompute frees nothing and costs time),
@@ -36,6 +38,7 @@ from typing import Any
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.memory import BusiestMemory, busiest_memory
+from clustersim.training.ranks import DEFAULT_ORDER, ORDERS
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Degrees, ParallelismSpec, TrainingJob, attention_of
 
@@ -71,6 +74,7 @@ class Candidate:
     sequence_parallel: bool
     zero: int
     cp: int = 1
+    order: str = DEFAULT_ORDER  # rank order (training.ranks); searched only with ep > 1
 
     @property
     def parallelism(self) -> ParallelismSpec:
@@ -79,18 +83,20 @@ class Candidate:
         return ParallelismSpec.model_construct(
             tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, ep=self.ep,
             interleave=self.interleave, zero=self.zero,
-            sequence_parallel=self.sequence_parallel, cp_comm="ring", shard=None)
+            sequence_parallel=self.sequence_parallel, cp_comm="ring", shard=None,
+            order=self.order)
 
     def key(self) -> tuple:
         return (self.hardware, self.chips, self.tp, self.cp, self.pp, self.dp, self.ep,
                 self.interleave, self.micro_batch, self.recompute, self.sequence_parallel,
-                self.zero)
+                self.zero, self.order)
 
     def as_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "chips": self.chips, "tp": self.tp, "cp": self.cp,
                 "pp": self.pp, "dp": self.dp, "ep": self.ep, "interleave": self.interleave,
                 "micro_batch": self.micro_batch, "recompute": self.recompute,
-                "sequence_parallel": self.sequence_parallel, "zero": self.zero}
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero,
+                "order": self.order}
 
 
 def divisors(n: int) -> list[int]:
@@ -154,23 +160,31 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
         sps = (False, True) if tp > 1 else (False,)
         zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
         recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
-        for ep in eps:
+        for ep, order in _expert_layouts(eps):
             if ep > 1 and model.experts % ep:
                 out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
-                                     False, 0, cp))
+                                     False, 0, cp, order))
                 continue
             for v in _interleaves(model.layers, pp):
                 for mb in micro:
                     if v > 1 and (job.global_batch // (mb * dp)) % pp:
                         out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
-                                             mb, "none", False, 0, cp))
+                                             mb, "none", False, 0, cp, order))
                         continue
                     for recompute in recomputes:
                         for sp in sps:
                             for z in zeros:
                                 out.append(Candidate(hardware_name, chips, tp, pp, dp,
-                                                     ep, v, mb, recompute, sp, z, cp))
+                                                     ep, v, mb, recompute, sp, z, cp, order))
     return out
+
+
+def _expert_layouts(eps: list[int]) -> Iterator[tuple[int, str]]:
+    """(ep, rank order) pairs: ep 1 in the default order (both orders are then the same
+    ranks), every ep > 1 in each order (`training.ranks`)."""
+    for ep in eps:
+        for order in ORDERS if ep > 1 else (DEFAULT_ORDER,):
+            yield ep, order
 
 
 def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
@@ -190,7 +204,7 @@ def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
         if prune_reason(first, hw, job) is not None:
             total += 1
             continue
-        eps = len(divisors(dp)) if model.moe else 1
+        eps = 2 * len(divisors(dp)) - 1 if model.moe else 1  # ep > 1 in either rank order
         settings = recomputes * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1)
         micro = divisors(job.global_batch // dp)  # dp divides the batch: `first` runs
         per_ep = 0
@@ -265,6 +279,7 @@ class _Degrees(Degrees):
     sequence_parallel: bool
     shard: int | None = None
     cp_comm: str = "ring"
+    order: str = DEFAULT_ORDER
 
 
 @dataclass(frozen=True)
@@ -285,7 +300,7 @@ def screen_job(base: Any, c: Candidate) -> ScreenJob:
     """The light job of a candidate, for screening; `job_for` gives the scenario's."""
     return ScreenJob(base.model, base.global_batch, c.micro_batch,
                      _Degrees(c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave, c.zero,
-                              c.sequence_parallel),
+                              c.sequence_parallel, order=c.order),
                      base.precision, c.recompute, getattr(base, "attention", None),
                      base.sequence_length)
 
