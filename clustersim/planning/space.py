@@ -2,13 +2,14 @@
 and why each one that cannot run is out.
 
 A candidate is (hardware, chips, tp, cp, pp, dp, ep, interleave, micro-batch, recompute,
-sequence parallelism, ZeRO stage, rank order). Degrees count ranks and tp x cp x pp x dp equals the
-job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
+sequence parallelism, ZeRO stage, rank order). Degrees count ranks and tp x cp x pp x dp
+equals the job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
 degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS`
 positions per rank), every pp dividing what is left up to the layers (stages may be uneven:
-training.stages), dp following, every ep dividing dp (mixtures of experts), each ep > 1 in
-both rank orders (`training.ranks`: expert groups strided over the pipeline stages, or next
-to tensor parallelism inside the instance or UltraServer), every interleave
+training.stages), dp following, every ep dividing dp (mixtures of experts), in the default
+rank order and, where that brings expert groups that span NeuronLink domains into one
+domain each, in the order `tp-cp-ep-pp-dp` (`training.ranks`; `_expert_layouts`), every
+interleave
 up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
 every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
 modes (two with flash attention, where selective recompute frees nothing and costs time),
@@ -38,7 +39,7 @@ from typing import Any
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.memory import BusiestMemory, busiest_memory
-from clustersim.training.ranks import DEFAULT_ORDER, ORDERS
+from clustersim.training.ranks import DEFAULT_ORDER, EXPERTS_INSIDE
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Degrees, ParallelismSpec, TrainingJob, attention_of
 
@@ -160,7 +161,7 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
         sps = (False, True) if tp > 1 else (False,)
         zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
         recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
-        for ep, order in _expert_layouts(eps):
+        for ep, order in _expert_layouts(hw, eps, tp, cp, pp):
             if ep > 1 and model.experts % ep:
                 out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
                                      False, 0, cp, order))
@@ -179,12 +180,20 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
     return out
 
 
-def _expert_layouts(eps: list[int]) -> Iterator[tuple[int, str]]:
-    """(ep, rank order) pairs: ep 1 in the default order (both orders are then the same
-    ranks), every ep > 1 in each order (`training.ranks`)."""
+def _expert_layouts(hw: HardwareSpec, eps: list[int], tp: int, cp: int, pp: int
+                    ) -> Iterator[tuple[int, str]]:
+    """(ep, rank order) pairs: every ep in the default order, and ep > 1 also in the order
+    `tp-cp-ep-pp-dp` where that moves expert groups that span NeuronLink domains (the
+    default strides one over tp x cp x pp x ep ranks, more than a domain holds) into one
+    domain each (tp x cp x ep tiles the domain). Elsewhere the inner order leaves every
+    expert group as split over domains or as whole as before and only spreads the
+    pipeline stages: it is not listed (on 128 Trn3 UltraServers listing it for every ep
+    would double the space past `limits.MAX_PLAN_CANDIDATES`)."""
+    domain = tp_domain_ranks(hw)
     for ep in eps:
-        for order in ORDERS if ep > 1 else (DEFAULT_ORDER,):
-            yield ep, order
+        yield ep, DEFAULT_ORDER
+        if ep > 1 and domain % (tp * cp * ep) == 0 and tp * cp * pp * ep > domain:
+            yield ep, EXPERTS_INSIDE
 
 
 def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
@@ -204,7 +213,8 @@ def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
         if prune_reason(first, hw, job) is not None:
             total += 1
             continue
-        eps = 2 * len(divisors(dp)) - 1 if model.moe else 1  # ep > 1 in either rank order
+        eps = (sum(1 for _ in _expert_layouts(hw, divisors(dp), tp, cp, pp)) if model.moe
+               else 1)
         settings = recomputes * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1)
         micro = divisors(job.global_batch // dp)  # dp divides the batch: `first` runs
         per_ep = 0
