@@ -12,8 +12,9 @@ is innermost:
   rest, and the ep rank sits next to tensor and context parallelism: rank = tp rank + tp x
   (cp rank + cp x (ep rank + ep x (pp rank + pp x rest))). An expert group's members are
   tp x cp ranks apart, inside one instance (or UltraServer) while tp x cp x ep fits it, so
-  the experts' all-to-all runs on NeuronLink rather than EFA (Megatron-Core's expert
-  parallelism likewise folds the expert group into the ranks next to tensor parallelism);
+  the experts' all-to-all runs on NeuronLink rather than EFA (Megatron-Core's
+  `initialize_model_parallel` orders ranks tp-cp-ep-dp-pp by default: its expert groups too
+  are the ranks next to tensor and context parallelism);
   the pipeline stages and the rest of data parallelism move out by the factor ep.
 
 The step model, its chunk times and its data-parallel reduction cost every collective on the
