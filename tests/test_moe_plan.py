@@ -4,6 +4,7 @@ all-to-all and its rank order, and the README's figures of it (slow: each plan s
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from clustersim.scenario.loader import load_scenario, scenario_from_dict
 from clustersim.training.ranks import expert_group_ranks, rank_chips
 
 ROOT = Path(__file__).resolve().parent.parent
+_WORDS = {2: "two", 3: "three", 4: "four"}
 TRN2 = catalog_entry("trn2")
 
 
@@ -123,7 +125,15 @@ def test_deepseek_v3_on_trn3_plans_expert_parallelism_as_the_readme_says(trn3) -
             f"{best['ettr']:.3f}), leaving {best['all_to_all_s']:.2f} s of all-to-all") in planning
     span = best["tp"] * best["cp"] * best["pp"] * best["ep"]
     domain = tp_domain_ranks(trn3.groups[0].hw)
-    assert span <= domain and f"{span} ranks" in planning and f"({domain} ranks)" in planning
+    inner = best["tp"] * best["cp"] * best["ep"]
+    assert span <= domain and domain % span  # rank 0's group in, some others across
+    period = math.lcm(span, domain) // span
+    last = (best["ep"] - 1) * best["tp"] * best["cp"] * best["pp"]  # a group's last rank
+    across = sum((span * k) // domain != (span * k + last) // domain for k in range(period))
+    assert f"one group in {_WORDS[period // across]}" in planning
+    assert f"one expert group in {_WORDS[period // across]}" in _readme_mixture()
+    assert f"groups are {span} ranks" in planning and f"a domain is {domain} ranks" in planning
+    assert domain % inner and f"tp x cp x ep = {inner} ranks does not tile {domain}" in planning
     rows = trn3.rows
     assert not (rows["order"] == "tp-cp-ep-pp-dp").any() or not (
         (rows["order"] == "tp-cp-ep-pp-dp") & (rows["tp"] == best["tp"])
