@@ -46,6 +46,12 @@ def trn2():
 
 
 @pytest.fixture(scope="module")
+def p5en():
+    scenario = load_scenario(ROOT / "scenarios/plan-deepseek-v3-trn2.yaml", planning=True)
+    return plan(scenario, PlanOptions(top=10, hardware=("p5en",)))
+
+
+@pytest.fixture(scope="module")
 def trn3():
     return _plan("plan-deepseek-v3-trn3")
 
@@ -166,3 +172,23 @@ def test_the_spares_figures_are_the_ettr_models() -> None:
     five = renewal_ettr(recovery("5%"))
     assert f"{ettr[8]:.3f}" == f"{own:.3f}" == f"{five:.3f}"
     assert f"1% ({scenario.cluster.spares} Trn2 instances" in planning
+
+
+@pytest.mark.slow
+def test_deepseek_v3_trn2_against_p5en_as_the_readme_says(trn2, p5en) -> None:
+    """The README's comparison: the same job at the same chip count, each at its best."""
+    trn, gpu = trn2.best, p5en.best
+    assert gpu["hardware"] == "p5en" and gpu["chips"] == trn["chips"]
+    quoted = _readme_mixture()
+    inside = " inside each instance" if gpu["order"] == "tp-cp-ep-pp-dp" else ""
+    assert (f"TP {gpu['tp']}, CP {gpu['cp']}, PP {gpu['pp']}, DP {gpu['dp']:,} with expert "
+            f"parallelism {gpu['ep']}{inside}, at {gpu['step_time_s']:.2f} s per step (MFU "
+            f"{gpu['mfu']:.1%}), {gpu['all_to_all_s']:.2f} s of all-to-all exposed") in quoted
+    assert (f"${gpu['cost_usd']:.2f} per million tokens against Trn2's "
+            f"${trn['cost_usd']:.2f}") in quoted
+    assert f"{gpu['cost_usd'] / trn['cost_usd']:.2f} times P5en's tokens per dollar" in quoted
+    assert trn["mfu"] < gpu["mfu"] / 2  # "its MFU under half the GPUs'"
+    row = trn2.rows[(trn2.rows["step_time_s"] == trn["step_time_s"])].iloc[0]
+    assert (row["bubble_s"] + row["exposed_comm_s"]) / row["step_time_s"] > 0.5  # "mostly"
+    assert "Trn2 gives 1.52 times the tokens per dollar" in " ".join(
+        (ROOT / "README.md").read_text(encoding="utf-8").split())  # the dense row it cites
