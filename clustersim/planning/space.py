@@ -3,20 +3,20 @@ and why each one that cannot run is out.
 
 A candidate is (hardware, chips, tp, cp, pp, dp, ep, interleave, micro-batch, recompute,
 sequence parallelism, ZeRO stage, rank order). Degrees count ranks and tp x cp x pp x dp
-equals the job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
-degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS`
-positions per rank), every pp dividing what is left up to the layers (stages may be uneven:
-training.stages), dp following, every ep dividing dp (mixtures of experts), in the default
-rank order and, where that brings expert groups that span NeuronLink domains into one
-domain each, in the order `tp-cp-ep-pp-dp` (`training.ranks`; `_expert_layouts`), every
-interleave
-up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
-every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
-modes (two with flash attention, where selective recompute frees nothing and costs time),
-sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel rank.
-Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
-without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`) and the
-all-to-all context exchange are evaluated when a scenario gives them, not searched.
+equals the job's ranks, so for a size the space is every tp dividing the ranks, every
+context-parallel degree of `CP_DEGREES` that divides the sequence (keeping at least
+`MIN_CP_POSITIONS` positions per rank), every pp dividing what is left up to the layers
+(stages may be uneven: training.stages), dp following, every ep dividing dp (mixtures of
+experts), in the default rank order and, where that brings expert groups that span
+NeuronLink domains into one domain each, in the order `tp-cp-ep-pp-dp` (`training.ranks`;
+`_expert_layouts`), every interleave up to `limits.MAX_INTERLEAVE` dividing the most or the
+fewest layers a pipeline rank holds, every micro-batch dividing a data-parallel rank's share
+of the batch, the three recompute modes (two with flash attention, where selective recompute
+frees nothing and costs time), sequence parallelism with tp > 1 and ZeRO 0 to 3 with more
+than one data-parallel rank. Equivalent settings are not listed twice (no sequence
+parallelism without tp, no ZeRO without data-parallel ranks, no interleave without pp).
+Hybrid sharding (`shard`) and the all-to-all context exchange are evaluated when a scenario
+gives them, not searched.
 
 A candidate is pruned, in this order, for
 - divisibility: at least one layer per stage (pp x interleave at most the layers), tp at
@@ -183,12 +183,14 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
 def _expert_layouts(hw: HardwareSpec, eps: list[int], tp: int, cp: int, pp: int
                     ) -> Iterator[tuple[int, str]]:
     """(ep, rank order) pairs: every ep in the default order, and ep > 1 also in the order
-    `tp-cp-ep-pp-dp` where that moves expert groups that span NeuronLink domains (the
-    default strides one over tp x cp x pp x ep ranks, more than a domain holds) into one
-    domain each (tp x cp x ep tiles the domain). Elsewhere the inner order leaves every
-    expert group as split over domains or as whole as before and only spreads the
-    pipeline stages: it is not listed (on 128 Trn3 UltraServers listing it for every ep
-    would double the space past `limits.MAX_PLAN_CANDIDATES`)."""
+    `tp-cp-ep-pp-dp` where the default spreads an expert group over more than one
+    NeuronLink domain (tp x cp x pp x ep ranks beyond a domain) and the inner order puts
+    every group inside one (tp x cp x ep tiles the domain). Not listed elsewhere: where
+    tp x cp x ep does not tile a domain some of its groups straddle two, which the step
+    model (costing rank 0's group) would not see; where the default's group already fits
+    a domain the inner order only spreads the pipeline stages. Listing it for every ep
+    would double a mixture's space (past `limits.MAX_PLAN_CANDIDATES` on 128 Trn3
+    UltraServers)."""
     domain = tp_domain_ranks(hw)
     for ep in eps:
         yield ep, DEFAULT_ORDER
