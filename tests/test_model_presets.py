@@ -14,6 +14,8 @@ Published figures (total, active) and whose convention the active figure follows
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from clustersim.training.layers import (
@@ -37,10 +39,22 @@ PUBLISHED = {
     "gpt-oss-20b": (20.9e9, 3.6e9, False),
     "gpt-oss-120b": (116.8e9, 5.1e9, False),
 }
-# Published to two digits, so a count a hair over 1% still rounds to the figure: Llama 4's
-# 17B active is 17.17B by its config (+1.0%, +1.1%), Qwen3-30B-A3B's 3.3B is 3.35B (+1.6%;
-# the same card's 30.5B total and 29.9B non-embedding match to 0.1%).
-ROUNDED = {"llama4-scout": 0.011, "llama4-maverick": 0.011, "qwen3-30b-a3b": 0.017}
+# Published to two significant digits where a count a hair over 1% still rounds to the
+# figure: Llama 4's 17B active is 17.17B and 17.19B by its configs (+1.0%, +1.1%), both 17B
+# at two digits. The test takes either: within 1%, or rounding to the published digits.
+DIGITS = {"llama4-scout": 2, "llama4-maverick": 2, "qwen3-30b-a3b": 2}
+# Qwen3-30B-A3B meets neither: its config gives 3.353B active with both embeddings (the Qwen
+# cards' convention), +1.6% from the card's 3.3B and 3.4B at two digits. The count is the
+# config's (test_qwen3_30b_a3b_by_hand), and the card's total (30.5B) and non-embedding
+# (29.9B) figures match it; what the card leaves out of its active figure is not said (see
+# test_qwen3_active_figures_read_as_without_routers).
+MISSES = {"qwen3-30b-a3b": "Qwen3-30B-A3B: 3.353B active by its config with both embeddings "
+          "(the card's convention) against the card's 3.3B, +1.6%, and 3.4B at two digits"}
+
+
+def _rounded(count: float, digits: int) -> float:
+    exponent = math.floor(math.log10(abs(count)))
+    return round(count, digits - 1 - exponent)
 
 
 def shape(name: str) -> TransformerShape:
@@ -53,11 +67,50 @@ def test_total_parameters_within_one_percent(name: str) -> None:
     assert abs(shape(name).parameter_count() / total - 1) <= 0.01
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MISSES[n])) if n in MISSES
+    else n for n in sorted(PUBLISHED)])
 def test_active_parameters_match_the_published_figure(name: str) -> None:
     _, active, with_input_embedding = PUBLISHED[name]
     count = shape(name).parameter_count(active=True, input_embedding=with_input_embedding)
-    assert abs(count / active - 1) <= ROUNDED.get(name, 0.01)
+    within = abs(count / active - 1) <= 0.01
+    assert within or (name in DIGITS and _rounded(count, DIGITS[name]) == active)
+
+
+def test_qwen3_30b_a3b_by_hand() -> None:
+    """Its config.json: 48 layers, hidden 2048, 32 query heads and 4 KV heads of 128, q and k
+    norms of 128, 128 experts (top 8) of moe_intermediate 768, vocab 151,936, untied."""
+    m = shape("qwen3-30b-a3b")
+    h, layers, vocab = 2048, 48, 151936
+    attention = h * 32 * 128 + 2 * h * 4 * 128 + 32 * 128 * h + 2 * 128
+    expert = 3 * h * 768
+    router = h * 128
+    per_layer = attention + 2 * h + router
+    embeddings = 2 * vocab * h
+    total = layers * (per_layer + 128 * expert) + embeddings + h
+    active = layers * (per_layer + 8 * expert) + embeddings + h
+    assert m.parameter_count() == total == 30_532_122_624
+    assert m.parameter_count(active=True, input_embedding=True) == active == 3_353_032_704
+    # the card's other figures: 30.5B in total, 29.9B without the embeddings
+    assert _rounded(total, 3) == 30.5e9 and _rounded(total - embeddings, 3) == 29.9e9
+    # No embedding convention explains its 3.3B: without the input embedding 3.04B,
+    # without both 2.73B.
+    assert _rounded(active - vocab * h, 2) == 3.0e9
+    assert _rounded(active - embeddings, 2) == 2.7e9
+
+
+def test_qwen3_active_figures_read_as_without_routers() -> None:
+    """The one reading found that gives every Qwen3 card's active figure at its digits:
+    both embeddings in, the routers (hidden x experts per MoE layer) out. 30B-A3B: 3.340B,
+    3.3B; 235B-A22B: 22.14B, 22B (22.19B with them, 22B too). An inference from the figures,
+    not a stated convention: the presets keep the routers in their active count (a token
+    does run its router)."""
+    for name, published in (("qwen3-30b-a3b", 3.3e9), ("qwen3-235b-a22b", 22e9)):
+        m = shape(name)
+        routers = m.moe_layers * m.hidden * m.experts
+        active = m.parameter_count(active=True, input_embedding=True)
+        assert _rounded(active - routers, 2) == published
+    assert _rounded(shape("qwen3-30b-a3b").parameter_count(active=True), 2) == 3.4e9
 
 
 def test_deepseek_v3_by_hand() -> None:

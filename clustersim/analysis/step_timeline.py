@@ -35,7 +35,7 @@ from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.training.memory import params_per_rank, weight_bytes_per_param
 from clustersim.training.pipeline import PassRecord, run_pipeline
 from clustersim.training.profile import StepProfile
-from clustersim.training.ranks import rank_chips, rank_group
+from clustersim.training.ranks import pipeline_stride, rank_chips, rank_group
 from clustersim.training.reduction import data_parallel_offsets
 from clustersim.training.schedule import pipeline_order
 from clustersim.training.stages import chunk_layers, rank_layers
@@ -86,7 +86,7 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
     shards = min(par.tp, hw.chip.ranks)
     p2p = [0.0] * par.pp
     if par.pp > 1:
-        stride = par.tp * par.cp
+        stride = pipeline_stride(par)
         for d in range(par.pp):
             src = rank_chips(hw, np.array([d * stride]), placed)[0]
             dst = rank_chips(hw, np.array([((d + 1) % par.pp) * stride]), placed)[0]
@@ -112,7 +112,7 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
         _meta("process_sort_index", pid, 0, pid, key="sort_index")]
     for d in range(par.pp):
         events.append(_meta("thread_name", pid, 2 * d + 1,
-                            f"stage {d}: rank {d * par.tp * par.cp}, one representative of "
+                            f"stage {d}: rank {d * pipeline_stride(par)}, one representative of "
                             f"its {ranks_per_stage:,} ranks (all run these passes)"))
         events.append(_meta("thread_name", pid, 2 * d + 2,
                             f"stage {d}: data-parallel gradient reduction (overlapped)"))
@@ -275,12 +275,13 @@ class _Details:
         layers = rank_layers(job.model.layers, par.pp, par.interleave)[d]
         size = params_per_rank(job, d == 0, d == par.pp - 1, layers) * g_bytes
         op = "all-reduce" if par.zero == 0 else "reduce-scatter"
-        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp, par.ep,
+                                        getattr(par, "order", "tp-cp-pp-dp"))
         z = par.shard_ranks if par.zero else len(offsets)
         args: dict[str, Any] = {"name": f"DP gradient {op}", "op": op,
                                 "bytes_per_rank": size, "ranks": int(z)}
         if z > 1:
-            group, _ = rank_group(hw, d * par.tp * par.cp + offsets[:z], self.placed)
+            group, _ = rank_group(hw, d * pipeline_stride(par) + offsets[:z], self.placed)
             cost = self.model.collectives.cost(op, group, size)
             args["algorithm"] = cost.algorithm
             args["alone_ms"] = cost.time_s * 1e3

@@ -104,6 +104,14 @@ def _print_memory(job: Any, profile: Any, spec: Any) -> None:
                           soft_wrap=True)
 
 
+def _experts(par: Any) -> str:
+    """ep, and the rank order where it puts the expert groups next to tensor parallelism."""
+    if par.ep == 1:
+        return ""
+    inside = f", order {par.order}" if par.order != "tp-cp-pp-dp" else ""
+    return f" (ep {par.ep}{inside})"
+
+
 def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) -> None:
     _print_memory(job, profile, spec)
     if not profile.fits_memory and not ignore_memory:
@@ -113,7 +121,8 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
              f"{profile.chips:,} {spec.hardware.chip.name} "
              f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
              f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
-             f" x dp {par.dp}, {profile.microbatches} micro-batches of {job.micro_batch}")
+             f" x dp {par.dp}{_experts(par)}, {profile.microbatches} micro-batches of "
+             f"{job.micro_batch}")
     out_console.print(escape(title), soft_wrap=False)
     table = Table()
     table.add_column("step", style="bold")

@@ -14,6 +14,7 @@ from clustersim.cli.common import (
     err_console,
     out_console,
 )
+from clustersim.training.ranks import DEFAULT_ORDER
 
 
 def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> None:
@@ -80,6 +81,13 @@ def _fmt(value: Any, kind: str) -> str:
     return str(value)
 
 
+def _ep(row: dict[str, Any]) -> str:
+    """ep, marked `i` when the rank order puts the expert groups inside the instance or
+    UltraServer, next to tensor parallelism (`tp-cp-ep-pp-dp`)."""
+    inside = row["ep"] > 1 and row.get("order", DEFAULT_ORDER) != DEFAULT_ORDER
+    return f"{row['ep']}{'i' if inside else ''}"
+
+
 def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
     from clustersim.hardware import units
 
@@ -104,7 +112,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
             1e6 / (r["tokens_per_s"] * r["ettr"]) if r["ettr"] > 0 else math.inf)
         table.add_row(
             str(rank), r["hardware"], f"{r['chips']:,}",
-            f"{r['tp']} {r['cp']} {r['pp']} {r['dp']} {r['ep']} {r['interleave']}",
+            f"{r['tp']} {r['cp']} {r['pp']} {r['dp']} {_ep(r)} {r['interleave']}",
             str(r["micro_batch"]), r["recompute"],
             f"{'y' if r['sequence_parallel'] else 'n'} {r['zero']}",
             f"{r['step_time_s']:,.3f}",
@@ -119,6 +127,11 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
 
     wide = Console(highlight=False, width=max(out_console.width, 160))
     wide.print(table)
+    if experts:
+        out_console.print("a2a s: the experts' all-to-all left exposed per step; ep 16i: "
+                          "expert groups next to tensor parallelism, inside an instance or "
+                          "UltraServer (order tp-cp-ep-pp-dp), else strided over the "
+                          "pipeline stages")
     if result.sites is not None:
         _print_sites(result.sites)
     rows = result.rows

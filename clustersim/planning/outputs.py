@@ -20,6 +20,7 @@ import yaml
 import clustersim
 from clustersim.planning.planner import checkpoint_of
 from clustersim.planning.plans import PlanResult
+from clustersim.training.ranks import DEFAULT_ORDER
 
 __all__ = ["write_plan", "plot_pareto", "best_scenario", "write_scenario", "pareto_front",
            "plan_summary"]
@@ -196,7 +197,9 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
         "parallelism": {"tp": best["tp"], "cp": best["cp"], "pp": best["pp"], "dp": best["dp"],
                         "ep": best["ep"], "interleave": best["interleave"],
                         "zero": int(best["zero"]),
-                        "sequence_parallel": bool(best["sequence_parallel"])},
+                        "sequence_parallel": bool(best["sequence_parallel"]),
+                        **({"order": best["order"]} if best.get("order", DEFAULT_ORDER)
+                           != DEFAULT_ORDER else {})},
         "micro_batch": best["micro_batch"], "recompute": best["recompute"],
         "instances": instances,
     })

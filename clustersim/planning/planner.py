@@ -209,7 +209,8 @@ def _is_reference(c: Candidate, job: JobSpec, given: bool, chips: int, name: str
     return (c.chips == chips and (c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave) ==
             (par.tp, par.cp, par.pp, par.dp, par.ep, par.interleave)
             and c.micro_batch == job.micro_batch and c.recompute == job.recompute
-            and c.sequence_parallel == par.sequence_parallel and c.zero == par.zero)
+            and c.sequence_parallel == par.sequence_parallel and c.zero == par.zero
+            and c.order == par.order)
 
 
 def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
@@ -218,7 +219,8 @@ def _own_candidate(job: JobSpec, group: Group) -> Candidate | None:
     if par.ranks != group.chips * group.hw.chip.ranks:
         return None
     return Candidate(group.name, group.chips, par.tp, par.pp, par.dp, par.ep, par.interleave,
-                     job.micro_batch, job.recompute, par.sequence_parallel, par.zero, par.cp)
+                     job.micro_batch, job.recompute, par.sequence_parallel, par.zero, par.cp,
+                     par.order)
 
 
 def _least_memory(c: Candidate, job: JobSpec, memory: MemoryScreen) -> float:

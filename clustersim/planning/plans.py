@@ -100,7 +100,7 @@ PUBLIC = ("hardware", "chips", "tp", "cp", "pp", "dp", "ep", "interleave", "micr
           "recompute", "sequence_parallel", "zero", "step_time_s", "mfu", "memory_per_chip_gib", "ettr",
           "time_to_train_s", "cost_usd", "energy_j", "tokens_per_s", "job_mtbf_s", "recovery_s",
           "checkpoint_interval_s", "cost_per_million_tokens_usd", "energy_per_token_j",
-          "step_time_s_band", "reference", "meets", "unmet", "all_to_all_s")
+          "step_time_s_band", "reference", "meets", "unmet", "all_to_all_s", "order")
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ def _job_of(base: Any, row: dict[str, Any], dp: int, global_batch: int, instance
             sync: CrossSiteSyncSpec | None) -> Any:
     par = ParallelismSpec(tp=row["tp"], pp=row["pp"], dp=dp, ep=row["ep"],
                           interleave=row["interleave"], zero=int(row["zero"]), cp=int(row["cp"]),
-                          sequence_parallel=bool(row["sequence_parallel"]))
+                          sequence_parallel=bool(row["sequence_parallel"]),
+                          order=row.get("order", "tp-cp-pp-dp"))
     return base.model_copy(update={"parallelism": par, "micro_batch": row["micro_batch"],
                                    "recompute": row["recompute"], "global_batch": global_batch,
                                    "instances": instances, "cross_site_sync": sync})

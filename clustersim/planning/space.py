@@ -2,18 +2,21 @@
 and why each one that cannot run is out.
 
 A candidate is (hardware, chips, tp, cp, pp, dp, ep, interleave, micro-batch, recompute,
-sequence parallelism, ZeRO stage). Degrees count ranks and tp x cp x pp x dp equals the
-job's ranks, so for a size the space is every tp dividing the ranks, every context-parallel
-degree of `CP_DEGREES` that divides the sequence (keeping at least `MIN_CP_POSITIONS`
-positions per rank), every pp dividing what is left up to the layers (stages may be uneven:
-training.stages), dp following, every ep dividing dp (mixtures of experts), every interleave
-up to `limits.MAX_INTERLEAVE` dividing the most or the fewest layers a pipeline rank holds,
-every micro-batch dividing a data-parallel rank's share of the batch, the three recompute
-modes (two with flash attention, where selective recompute frees nothing and costs time),
-sequence parallelism with tp > 1 and ZeRO 0 to 3 with more than one data-parallel rank.
-Equivalent settings are not listed twice (no sequence parallelism without tp, no ZeRO
-without data-parallel ranks, no interleave without pp). Hybrid sharding (`shard`) and the
-all-to-all context exchange are evaluated when a scenario gives them, not searched.
+sequence parallelism, ZeRO stage, rank order). Degrees count ranks and tp x cp x pp x dp
+equals the job's ranks, so for a size the space is every tp dividing the ranks, every
+context-parallel degree of `CP_DEGREES` that divides the sequence (keeping at least
+`MIN_CP_POSITIONS` positions per rank), every pp dividing what is left up to the layers
+(stages may be uneven: training.stages), dp following, every ep dividing dp (mixtures of
+experts), in the default rank order and, where that brings expert groups that span
+NeuronLink domains into one domain each, in the order `tp-cp-ep-pp-dp` (`training.ranks`;
+`_expert_layouts`), every interleave up to `limits.MAX_INTERLEAVE` dividing the most or the
+fewest layers a pipeline rank holds, every micro-batch dividing a data-parallel rank's share
+of the batch, the three recompute modes (two with flash attention, where selective recompute
+frees nothing and costs time), sequence parallelism with tp > 1 and ZeRO 0 to 3 with more
+than one data-parallel rank. Equivalent settings are not listed twice (no sequence
+parallelism without tp, no ZeRO without data-parallel ranks, no interleave without pp).
+Hybrid sharding (`shard`) and the all-to-all context exchange are evaluated when a scenario
+gives them, not searched.
 
 A candidate is pruned, in this order, for
 - divisibility: at least one layer per stage (pp x interleave at most the layers), tp at
@@ -36,6 +39,7 @@ from typing import Any
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.memory import BusiestMemory, busiest_memory
+from clustersim.training.ranks import DEFAULT_ORDER, EXPERTS_INSIDE
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Degrees, ParallelismSpec, TrainingJob, attention_of
 
@@ -71,6 +75,7 @@ class Candidate:
     sequence_parallel: bool
     zero: int
     cp: int = 1
+    order: str = DEFAULT_ORDER  # rank order (training.ranks); searched only with ep > 1
 
     @property
     def parallelism(self) -> ParallelismSpec:
@@ -79,18 +84,20 @@ class Candidate:
         return ParallelismSpec.model_construct(
             tp=self.tp, cp=self.cp, pp=self.pp, dp=self.dp, ep=self.ep,
             interleave=self.interleave, zero=self.zero,
-            sequence_parallel=self.sequence_parallel, cp_comm="ring", shard=None)
+            sequence_parallel=self.sequence_parallel, cp_comm="ring", shard=None,
+            order=self.order)
 
     def key(self) -> tuple:
         return (self.hardware, self.chips, self.tp, self.cp, self.pp, self.dp, self.ep,
                 self.interleave, self.micro_batch, self.recompute, self.sequence_parallel,
-                self.zero)
+                self.zero, self.order)
 
     def as_dict(self) -> dict[str, Any]:
         return {"hardware": self.hardware, "chips": self.chips, "tp": self.tp, "cp": self.cp,
                 "pp": self.pp, "dp": self.dp, "ep": self.ep, "interleave": self.interleave,
                 "micro_batch": self.micro_batch, "recompute": self.recompute,
-                "sequence_parallel": self.sequence_parallel, "zero": self.zero}
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero,
+                "order": self.order}
 
 
 def divisors(n: int) -> list[int]:
@@ -154,23 +161,41 @@ def enumerate_space(hardware_name: str, hw: HardwareSpec, chips: int, job: Train
         sps = (False, True) if tp > 1 else (False,)
         zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
         recomputes = RECOMPUTE if attention == "unfused" else FLASH_RECOMPUTE
-        for ep in eps:
+        for ep, order in _expert_layouts(hw, eps, tp, cp, pp):
             if ep > 1 and model.experts % ep:
                 out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, 1, 1, "none",
-                                     False, 0, cp))
+                                     False, 0, cp, order))
                 continue
             for v in _interleaves(model.layers, pp):
                 for mb in micro:
                     if v > 1 and (job.global_batch // (mb * dp)) % pp:
                         out.append(Candidate(hardware_name, chips, tp, pp, dp, ep, v,
-                                             mb, "none", False, 0, cp))
+                                             mb, "none", False, 0, cp, order))
                         continue
                     for recompute in recomputes:
                         for sp in sps:
                             for z in zeros:
                                 out.append(Candidate(hardware_name, chips, tp, pp, dp,
-                                                     ep, v, mb, recompute, sp, z, cp))
+                                                     ep, v, mb, recompute, sp, z, cp, order))
     return out
+
+
+def _expert_layouts(hw: HardwareSpec, eps: list[int], tp: int, cp: int, pp: int
+                    ) -> Iterator[tuple[int, str]]:
+    """(ep, rank order) pairs: every ep in the default order, and ep > 1 also in the order
+    `tp-cp-ep-pp-dp` where the default spreads an expert group over more than one
+    NeuronLink domain (tp x cp x pp x ep ranks beyond a domain) and the inner order puts
+    every group inside one (tp x cp x ep tiles the domain). Not listed elsewhere: where
+    tp x cp x ep does not tile a domain some of its groups straddle two, which the step
+    model (costing rank 0's group) would not see; where the default's group already fits
+    a domain the inner order only spreads the pipeline stages. Listing it for every ep
+    would double a mixture's space (past `limits.MAX_PLAN_CANDIDATES` on 128 Trn3
+    UltraServers)."""
+    domain = tp_domain_ranks(hw)
+    for ep in eps:
+        yield ep, DEFAULT_ORDER
+        if ep > 1 and domain % (tp * cp * ep) == 0 and tp * cp * pp * ep > domain:
+            yield ep, EXPERTS_INSIDE
 
 
 def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
@@ -190,7 +215,8 @@ def space_size(hw: HardwareSpec, chips: int, job: TrainingJob) -> int:
         if prune_reason(first, hw, job) is not None:
             total += 1
             continue
-        eps = len(divisors(dp)) if model.moe else 1
+        eps = (sum(1 for _ in _expert_layouts(hw, divisors(dp), tp, cp, pp)) if model.moe
+               else 1)
         settings = recomputes * (2 if tp > 1 else 1) * (4 if dp * cp > 1 else 1)
         micro = divisors(job.global_batch // dp)  # dp divides the batch: `first` runs
         per_ep = 0
@@ -265,6 +291,7 @@ class _Degrees(Degrees):
     sequence_parallel: bool
     shard: int | None = None
     cp_comm: str = "ring"
+    order: str = DEFAULT_ORDER
 
 
 @dataclass(frozen=True)
@@ -285,7 +312,7 @@ def screen_job(base: Any, c: Candidate) -> ScreenJob:
     """The light job of a candidate, for screening; `job_for` gives the scenario's."""
     return ScreenJob(base.model, base.global_batch, c.micro_batch,
                      _Degrees(c.tp, c.cp, c.pp, c.dp, c.ep, c.interleave, c.zero,
-                              c.sequence_parallel),
+                              c.sequence_parallel, order=c.order),
                      base.precision, c.recompute, getattr(base, "attention", None),
                      base.sequence_length)
 

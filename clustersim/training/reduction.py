@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,7 +28,13 @@ from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group,
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.memory import expert_params_per_rank, params_per_rank
-from clustersim.training.ranks import rank_chips
+from clustersim.training.ranks import (
+    DEFAULT_ORDER,
+    dp_rank_offsets,
+    experts_inside,
+    pipeline_stride,
+    rank_chips,
+)
 from clustersim.training.shape import leaves_matter
 from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob
@@ -43,11 +50,19 @@ class DataParallelTimes(NamedTuple):
     gather_s: float
 
 
-def data_parallel_offsets(tp: int, cp: int, pp: int, dp: int) -> np.ndarray:
+def data_parallel_offsets(tp: int, cp: int, pp: int, dp: int, ep: int = 1,
+                          order: str = DEFAULT_ORDER) -> np.ndarray:
     """Rank offsets of the dp x cp ranks holding the same weights as rank 0 (context-parallel
-    rank innermost), in the order shard groups take them."""
+    rank innermost), in the order shard groups take them, under the rank order `order`
+    (`ranks`)."""
     index = np.arange(dp * cp)
-    return tp * (index % cp) + tp * cp * pp * (index // cp)
+    par = SimpleNamespace(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, order=order)
+    return tp * (index % cp) + dp_rank_offsets(par, index // cp)
+
+
+def _offsets(par: Any) -> np.ndarray:
+    return data_parallel_offsets(par.tp, par.cp, par.pp, par.dp, par.ep,
+                                 getattr(par, "order", DEFAULT_ORDER))
 
 
 class GradientReduction:
@@ -68,7 +83,7 @@ class GradientReduction:
         """(gradient reduction, parameter gather) of each pipeline rank of `job` on the
         instances `placed`, with `grad_bytes` and `weight_bytes` per parameter."""
         par = job.parallelism
-        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        offsets = _offsets(par)
         z = par.shard_ranks if par.zero else len(offsets)
         per_rank = _layers_per_rank(job)
         self._pipeline_ranks = par.pp  # their reductions cross the inter-site links together
@@ -77,7 +92,7 @@ class GradientReduction:
             layers = per_rank[d]
             experts = expert_params_per_rank(job, layers)
             dense = params_per_rank(job, d == 0, d == par.pp - 1, layers) - experts
-            base = d * par.tp * par.cp
+            base = d * pipeline_stride(par)
             shard_groups = [base + t + offsets[:z] for t in range(par.tp)]
             reduce_s, gather_s = self._over_groups(par.zero, shard_groups, dense, grad_bytes,
                                                    weight_bytes, placed)
@@ -87,8 +102,7 @@ class GradientReduction:
                                               placed)[0]
             if experts and par.dp > par.ep:
                 replicas = np.arange(0, par.dp, par.ep)  # dp ranks holding the same experts
-                stride = par.tp * par.cp * par.pp
-                expert_ranks = [base + t + stride * (r + replicas)
+                expert_ranks = [base + t + dp_rank_offsets(par, r + replicas)
                                 for t in range(par.tp) for r in range(par.ep)]
                 more = self._over_groups(par.zero, expert_ranks, experts, grad_bytes,
                                          weight_bytes, placed)
@@ -106,7 +120,7 @@ class GradientReduction:
         # ZeRO-1 and 2 reduce alike; the micro-batch, recompute and sequence parallelism do
         # not change what is reduced (the planner bounds many candidates that share this).
         kind = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
-                par.interleave, min(par.zero, 1) if par.zero < 3 else 3, par.shard_ranks,
+                experts_inside(par), par.interleave, min(par.zero, 1) if par.zero < 3 else 3, par.shard_ranks,
                 grad_bytes, weight_bytes, placed.tobytes())
         found = self._alone_times.get(kind)
         if found is None:
@@ -117,7 +131,7 @@ class GradientReduction:
     def _alone_per_rank(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
                         weight_bytes: int) -> dict[int, DataParallelTimes]:
         par = job.parallelism
-        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        offsets = _offsets(par)
         z = par.shard_ranks if par.zero else len(offsets)
         per_rank = _layers_per_rank(job)
         out = {}
@@ -128,10 +142,11 @@ class GradientReduction:
             layers = per_rank[d]
             dense = (params_per_rank(job, d == 0, d == par.pp - 1, layers)
                      - expert_params_per_rank(job, layers))
-            key = (par.tp, par.cp, par.pp, par.dp, z, d, placed.tobytes())
+            key = (par.tp, par.cp, par.pp, par.dp, par.ep, experts_inside(par), z, d,
+                   placed.tobytes())
             found = self._first_groups.get(key)
             if found is None:
-                base = d * par.tp * par.cp
+                base = d * pipeline_stride(par)
                 groups = [base + t + offsets[:z] for t in range(par.tp)]
                 found = self._first_groups[key] = self._first_group(groups, placed)
             group, together = found
@@ -159,9 +174,9 @@ class GradientReduction:
         Groups on the same chips run as one collective carrying all their bytes; groups
         with one chip per instance each share nothing (their own NIC and Z links)."""
         par = job.parallelism
-        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        offsets = _offsets(par)
         z = par.shard_ranks
-        stride = par.tp * par.cp
+        stride = pipeline_stride(par)
         bases = [t + stride * d for d in range(par.pp if every_stage else 1)
                  for t in range(par.tp)]
         shards = range(0, len(offsets), z) if every_stage else range(0, z, z)
@@ -181,7 +196,7 @@ class GradientReduction:
         with the TP ranks' groups on its own chips carried in it (sharing links with the
         others only slows it)."""
         par = job.parallelism
-        offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp)
+        offsets = _offsets(par)
         groups = [t + offsets[: par.shard_ranks] for t in range(par.tp)]
         group, together = self._first_group(groups, placed)
         return (self.collectives.cost("all-gather", group,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.training.experts import expert_load
+from clustersim.training.ranks import pipeline_stride
 from clustersim.training.workload import TrainingJob
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray) -> t
     if model._leaves_matter:
         us_counts = tuple(sorted(np.unique(placed // ipu, return_counts=True)[1].tolist()))
         return (*head, offset, tuple(counts.tolist()), us_counts), canonical
-    stride = par.tp * par.cp
+    stride = pipeline_stride(par)
     firsts = canonical[np.arange(par.pp) * stride // hw.ranks_per_instance]
     return (*head, "ultraservers", first_seen_labels(canonical // ipu).tobytes(),
             (canonical % ipu).tobytes(), first_seen_labels(firsts // per_leaf).tobytes()
@@ -105,7 +106,7 @@ def small_placement_shape(model: StepModel, job: TrainingJob, head: tuple, place
         return (*head, offset, tuple(counts.values()), tuple(sorted(servers.values()))
                 ), canonical
     par = job.parallelism
-    stride = par.tp * par.cp
+    stride = pipeline_stride(par)
     rpi = model.hardware.ranks_per_instance
     firsts = [canonical_ids[d * stride // rpi] for d in range(par.pp)]
     return (*head, "ultraservers", labels_bytes([i // ipu for i in canonical_ids]),

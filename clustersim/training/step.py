@@ -2,7 +2,8 @@
 pipeline stage (never per chip).
 
 Ranks are placed as Neuron and Megatron place them (`ranks`: tensor parallelism innermost,
-then context parallelism, then pipeline stages, then data parallelism across instances);
+then context parallelism, then pipeline stages, then data parallelism across instances, or
+with `order: tp-cp-ep-pp-dp` the expert-parallel ranks before the pipeline stages);
 stages may hold uneven layer counts (`stages`), so every collective runs on a
 real group of the graph:
 
@@ -58,7 +59,13 @@ from clustersim.training.memory import (
 )
 from clustersim.training.pipeline import run_pipeline
 from clustersim.training.profile import StepProfile, renamed
-from clustersim.training.ranks import rank_chips, rank_group
+from clustersim.training.ranks import (
+    expert_group_ranks,
+    experts_inside,
+    pipeline_stride,
+    rank_chips,
+    rank_group,
+)
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import pipeline_order
 from clustersim.training.shape import leaves_matter, placement_shape
@@ -247,7 +254,7 @@ class StepModel:
             return None
         # What the costs depend on (the planner asks for many candidates that share it).
         key = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
-               par.shard_ranks, placed.tobytes(), alone)
+               experts_inside(par), par.shard_ranks, placed.tobytes(), alone)
         cached = self._zero3_cache.get(key)
         if cached is not None:
             return cached
@@ -300,12 +307,14 @@ class StepModel:
     def _parallel_groups(self, job: TrainingJob, placed: np.ndarray
                          ) -> tuple[Group | None, tuple[Group, int] | None,
                                     tuple[Group, int] | None]:
-        """Rank 0's tensor-parallel group, its expert-parallel group (dp ranks 0 .. ep-1) and
+        """Rank 0's tensor-parallel group, its expert-parallel group (dp ranks 0 .. ep-1, where
+        the rank order puts them: `ranks.expert_group_ranks`) and
         its context-parallel group, the last two with how many such groups share each chip;
         None where the job has no such group."""
         par = job.parallelism
         moe = job.model.moe and par.ep > 1
-        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, placed.tobytes())
+        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, experts_inside(par),
+               placed.tobytes())
         found = self._groups_cache.get(key)
         if found is None:
             found = self._groups_cache[key] = self._groups_of(job, placed)
@@ -318,8 +327,7 @@ class StepModel:
             tp_group, _ = rank_group(self.hardware, np.arange(par.tp), placed)
         ep_group = None
         if job.model.moe and par.ep > 1:
-            stride = par.tp * par.cp * par.pp
-            ep_group = rank_group(self.hardware, np.arange(par.ep) * stride, placed)
+            ep_group = rank_group(self.hardware, expert_group_ranks(par), placed)
         cp_group = None
         if par.cp > 1:
             cp_group = rank_group(self.hardware, np.arange(par.cp) * par.tp, placed)
@@ -360,7 +368,7 @@ class StepModel:
             BYTES_PER_ELEMENT[job.precision] / par.tp
         p2p = [0.0] * par.pp  # transfer from pipeline rank d to d+1 (mod pp)
         if par.pp > 1:
-            stride = par.tp * par.cp
+            stride = pipeline_stride(par)
             for d in range(par.pp):
                 src = rank_chips(hw, np.array([d * stride]), placed)[0]
                 dst = rank_chips(hw, np.array([((d + 1) % par.pp) * stride]), placed)[0]

@@ -99,8 +99,8 @@ class Degrees:
 
 
 class ParallelismSpec(Spec, Degrees):
-    """Degrees count ranks: tp x cp x pp x dp equals the job's ranks (rank = tp rank + tp x
-    (cp rank + cp x (pp rank + pp x dp rank)))."""
+    """Degrees count ranks: tp x cp x pp x dp equals the job's ranks (by default rank = tp
+    rank + tp x (cp rank + cp x (pp rank + pp x dp rank)); `order` and training.ranks)."""
 
     tp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
     pp: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE)
@@ -127,6 +127,12 @@ class ParallelismSpec(Spec, Degrees):
     ep: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE,
                     description="expert parallel: data-parallel ranks that "
                     "split a layer's experts between them (mixture-of-experts models)")
+    order: Literal["tp-cp-pp-dp", "tp-cp-ep-pp-dp"] = Field(
+        default="tp-cp-pp-dp", description="rank order, innermost first: tp-cp-pp-dp puts "
+        "an expert group's members tp x cp x pp ranks apart (across instances once tp x cp "
+        "x pp fills one); tp-cp-ep-pp-dp puts them next to tensor and context parallelism, "
+        "tp x cp ranks apart, so the experts' all-to-all stays inside an instance or "
+        "UltraServer while tp x cp x ep fits it (training.ranks)")
 
 
 class TrainingJob(Protocol):
