@@ -38,7 +38,12 @@ class Stack:
     token_rule: str = "none"
     # The release's own serving constants over the hardware's (ServingConstants field
     # names): empty for the stack the hardware's constants were fitted on.
-    serving: tuple[tuple[str, float], ...] = ()
+    serving: tuple[tuple[str, float | str], ...] = ()
+
+
+def _constant(value: object) -> float | str:
+    """A stack's serving constant: a number, or a choice (`moe_prefill: every-expert`)."""
+    return value if isinstance(value, str) else float(value)  # type: ignore[arg-type]
 
 
 @cache
@@ -47,7 +52,7 @@ def _stacks() -> dict[str, Stack]:
     return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
                         entry["buckets"]["value"], entry["constants"]["source"],
                         entry.get("token_buckets", {}).get("value", "none"),
-                        tuple((key, float(value["value"]))
+                        tuple((key, _constant(value["value"]))
                               for key, value in entry.get("serving", {}).items()))
             for name, entry in data.items()}
 
