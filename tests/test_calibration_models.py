@@ -161,3 +161,31 @@ def test_sglang_scenario_runs_as_its_formula(tmp_path):
     (tpot,) = ms.predict_batches(ms.SGLANG_H200[:1])
     assert deployment["tpot_p50_s"] == pytest.approx(tpot, rel=0.01)
     assert deployment["ttft_p50_s"] < 0.2
+
+
+def test_the_docs_quote_the_fits():
+    """docs/calibration.md and docs/serving.md quote the mixture fits as the closed forms
+    give them: the port's host time, trn2's moe_layer_overhead, the expert invocation
+    overhead, the every-expert prefill without it, the collectives without MLA's
+    all-gathers, and the sglang stack's constant."""
+    from pathlib import Path
+
+    from clustersim.calibration.trn2 import predict_trn2_serving
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    calibration = " ".join((docs / "calibration.md").read_text(encoding="utf-8").split())
+    serving = " ".join((docs / "serving.md").read_text(encoding="utf-8").split())
+    host = f"{ms.fit_contrib_iteration_overhead() * 1e3:.1f} ms"
+    moe = f"{ms.fit_moe_layer_overhead('trn2') * 1e3:.4f} ms per MoE layer"
+    invocation = f"{ms.fit_expert_invocation_overhead() * 1e6:.1f} us per expert"
+    sglang = f"{ms.fit_moe_layer_overhead('p5en') * 1e3:.3f} ms per MoE layer"
+    for text in (calibration, serving):
+        for quoted in (host, moe, invocation, sglang):
+            assert quoted in text, quoted
+    bare = ms._without(ms.contrib_hardware(), expert_invocation_overhead_s=0.0)
+    (ttft, _), = predict_trn2_serving(bare, (ms.DEEPSEEK_TRN2,))
+    assert f"512 padded tokens: {ttft:.2f} s" in calibration
+    it = ms._iteration_model("deepseek-v3", ms.contrib_hardware(), 64, "bf16")
+    reduces = 61 * 2 * it.tp_all_reduce_s(7168 * 2)
+    assert f"the collectives were {reduces * 1e3:.2f} ms (-42%)" in calibration
+    assert reduces * 1e3 / ms.DEEPSEEK_PROFILE_MS["collectives"] - 1 == pytest.approx(-0.42,
+                                                                                     abs=0.005)

@@ -213,14 +213,14 @@ class ServingConstants(Spec):
         description="how a context-encoding iteration runs a mixture's experts: `routed`, "
         "each token through its top-k (the experts its tokens reach); `every-expert`, every "
         "routed expert over every token, the outputs masked by the router's choice "
-        "(NxD's ExpertMLPs forward_all_experts): E x tokens rows whose (experts, tokens, "
-        "hidden) partial outputs travel through HBM to be combined",
+        "(NxD's ExpertMLPs forward_all_experts): every expert's weights read and its FLOPs "
+        "run over all the iteration's tokens, the partial outputs combined on chip",
     )
     expert_invocation_overhead_s: NonNegativeDuration = Field(
         default=0.0, alias="expert_invocation_overhead", le=limits.MAX_LATENCY_S,
         description="with moe_prefill every-expert: fixed time per expert a context-encoding "
-        "iteration's MoE layer runs (each expert's matmuls and its masked combine are their "
-        "own small kernels); 0 where no data separates it",
+        "iteration's MoE layer runs (each expert's masked scale-and-add of the combine is "
+        "its own short instruction stream); 0 where no data separates it",
     )
     all_reduce: Literal["mesh", "auto", "cheapest"] = Field(
         default="mesh",
