@@ -299,9 +299,9 @@ def print_models() -> None:
     contrib = [("trn2-deepseek-v3-256-256-nxd-inference-contrib", ms.DEEPSEEK_TRN2,
                 "fitted: TPOT (iteration overhead, moe_layer_overhead), TTFT (expert "
                 "invocation overhead)")]
-    contrib += [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, "judges (TTFT: about 1.7 s)")
-                for r in ms.DEEPSEEK_VLLM_BATCHES]
-    for stack, rows in ((ms.CONTRIB_STACK, contrib),
+    vllm = [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, "judges (TTFT: about 1.7 s)")
+            for r in ms.DEEPSEEK_VLLM_BATCHES]
+    for stack, rows in ((ms.CONTRIB_STACK, contrib), (ms.VLLM_STACK, vllm),
                         ("nxd-inference", [("trn2-qwen3-32b-128-558-nxd-inference",
                                             ms.QWEN3_TRN2, "judges")])):
         print(f"\n== stack {stack}, Trn2 (trn2.48xlarge, TP 64, bf16): 2025's models")

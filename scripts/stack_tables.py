@@ -124,6 +124,7 @@ def markdown() -> str:
 def _trn2_summary() -> list[str]:
     """The Trn2 stacks' summary lines: NxD Inference's fitted Llama rows and judging Qwen3
     row; the DeepSeek-V3 port's stack, its fitted row and judging vLLM batches."""
+    from clustersim.calibration import models_serving as ms
     from clustersim.calibration.trn2 import TRN2_SERVING, UNFITTED
     errors: dict[tuple[str, str], list[float]] = {}
     for row in TRN2_SERVING:
@@ -135,11 +136,11 @@ def _trn2_summary() -> list[str]:
         if row.tpot_ms is not None:
             found.append(tpot * 1e3 / row.tpot_ms - 1)
     for stack, _, _, published, model, role in model_rows():
-        if stack in ("nxd-inference", "nxd-inference-contrib"):
+        if stack.startswith("nxd-inference"):
             kind = "fitted" if role == "fitted" else "judges"
             errors.setdefault((stack, kind), []).append(model / published - 1)
     out = []
-    for stack in ("nxd-inference", "nxd-inference-contrib"):
+    for stack in ("nxd-inference", ms.CONTRIB_STACK, ms.VLLM_STACK):
         fitted, judging = errors.get((stack, "fitted"), []), errors.get((stack, "judges"), [])
         out.append(f"| `{stack}` (trn2, trn2u) | {_constants(stack)} | {len(fitted)} figures "
                    f"| {_span(fitted)} | {len(judging)} figures | {_span(judging)} |")
@@ -153,7 +154,7 @@ def model_rows() -> list[tuple[str, str, str, float, float, str]]:
     out = []
     runs = [(ms.CONTRIB_STACK, "trn2-deepseek-v3-256-256-nxd-inference-contrib",
              ms.DEEPSEEK_TRN2, ms.DEEPSEEK_TRN2.ttft_ms, "fitted", "fitted")]
-    runs += [(ms.CONTRIB_STACK, f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, ms.VLLM_TTFT_MS,
+    runs += [(ms.VLLM_STACK, f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, ms.VLLM_TTFT_MS,
               "judges (about 1.7 s)", "judges") for r in ms.DEEPSEEK_VLLM_BATCHES]
     runs.append(("nxd-inference", "trn2-qwen3-32b-128-558-nxd-inference", ms.QWEN3_TRN2,
                  ms.QWEN3_TRN2.ttft_ms, "judges", "judges"))

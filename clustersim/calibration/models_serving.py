@@ -14,7 +14,8 @@ Trn2 (one trn2.48xlarge, LNC 2, TP 64, bf16):
 - The same port through vLLM (about 200 in / 200 out): inter-token latency at batch 1, 2, 4
   and 8: 22.2, 30.5, 37.1 and 47.6 ms, TTFT about 1.7 s at every batch. They judge how the
   decode grows with the batch (the experts its tokens reach) and how the every-expert
-  prefill grows with the tokens, on the port's stack (vLLM's own host time is not added).
+  prefill grows with the tokens, on the port's stack with vLLM's published host gap
+  (nxd-inference-contrib-vllm: nothing fitted on them).
 - Qwen3-32B, NxD Inference tutorial "sd-inference-tutorial" (SDK 2.26.1, vLLM, TP 64,
   max-num-seqs 1, 128 in / about 558 out, p99): TTFT 48.3 ms, 102.3 output tokens/s per
   request (TPOT 9.78 ms). Judges, on the nxd-inference stack's constants (fitted on the
@@ -41,7 +42,7 @@ from clustersim.hardware.catalog import HardwareSpec, catalog_entry
 __all__ = ["DEEPSEEK_TRN2", "QWEN3_TRN2", "DEEPSEEK_VLLM_BATCHES", "DEEPSEEK_PROFILE_MS",
            "SGLANG_H200", "BatchRow", "predict_batches", "decode_breakdown",
            "deepseek_breakdown", "trn2_against_h200", "fit_moe_layer_overhead",
-           "CONTRIB_STACK", "PROFILED_TOKEN_MS", "contrib_hardware",
+           "CONTRIB_STACK", "VLLM_STACK", "PROFILED_TOKEN_MS", "contrib_hardware",
            "fit_contrib_iteration_overhead", "fit_expert_invocation_overhead", "VLLM_TTFT_MS"]
 
 _PORT = ("NxD Inference contrib models, DeepSeek-V3 port README (be9c97e, 2026-04-03; "
@@ -50,6 +51,7 @@ _QWEN = "Neuron docs, NxD Inference tutorial sd-inference-tutorial, Qwen3-32B (S
 _SGLANG = "sgl-project/sglang pull request 2643 (v0.4.1.post2 release notes, 2024-12-29)"
 
 CONTRIB_STACK = "nxd-inference-contrib"  # the port's own script (catalog/stacks.yaml)
+VLLM_STACK = "nxd-inference-contrib-vllm"  # the port through vLLM: its host gap added
 # Fitted: its TPOT (the stack's iteration overhead with the profiled token; then
 # serving.moe_layer_overhead), its TTFT (the stack's expert invocation overhead).
 DEEPSEEK_TRN2 = Trn2Serving("deepseek-v3 256/256 (NxD Inference port)", "deepseek-v3", 256,
@@ -82,7 +84,7 @@ class BatchRow:
 
 DEEPSEEK_VLLM_BATCHES: tuple[BatchRow, ...] = tuple(
     BatchRow(f"deepseek-v3 vLLM batch {b}", "deepseek-v3", "trn2", 64, "bf16", b, 200, 200,
-             ms, _PORT + ", through vLLM", stack=CONTRIB_STACK)
+             ms, _PORT + ", through vLLM", stack=VLLM_STACK)
     for b, ms in ((1, 22.2), (2, 30.5), (4, 37.1), (8, 47.6)))
 
 VLLM_TTFT_MS = 1700.0  # "about 1.7 s at every batch" (judges, to its rounding)
@@ -185,7 +187,7 @@ def predict_trn2_rows(hardware: HardwareSpec | None = None):
 
 def trn2_against_h200(batches: tuple[int, ...] = (1, 8)) -> list[dict[str, float]]:
     """DeepSeek-V3, 128 in / 256 out, `batch` requests decoding together: one trn2.48xlarge
-    (TP 64, bf16 weights, NxD Inference's constants) against one 8 x H200 p5en.48xlarge (TP
+    (TP 64, bf16 weights, the contrib port through vLLM) against one 8 x H200 p5en.48xlarge (TP
     8, FP8 W8A8, SGLang's MoE constant): each side's TPOT, their ratio (Trn2 over H200:
     below 1, Trn2 is faster) and the ratio of costs per output token (on-demand prices).
     The band: each side's error on its judged batch-8 row (the batch-1 rows are fitted),
@@ -199,7 +201,7 @@ def trn2_against_h200(batches: tuple[int, ...] = (1, 8)) -> list[dict[str, float
     out = []
     for batch in batches:
         rows = (BatchRow("trn2", "deepseek-v3", "trn2", 64, "bf16", batch, 128, 256, 0.0, "",
-                         stack=CONTRIB_STACK),
+                         stack=VLLM_STACK),
                 dataclasses.replace(SGLANG_H200[0], batch=batch))
         trn2, h200 = predict_batches(rows)
         ratio = trn2 / h200

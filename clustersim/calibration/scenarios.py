@@ -144,11 +144,12 @@ def model_serving_files() -> list[ScenarioFile]:
     for batch in ms.DEEPSEEK_VLLM_BATCHES:
         out.append(_serving_file(
             "serving", f"trn2-deepseek-v3-vllm-batch-{batch.batch}",
-            [f"{batch.name} (judging row, the port's stack): {batch.source}.",
+            [f"{batch.name} (judging row, the port's stack through vLLM): {batch.source}.",
              f"Published inter-token latency {batch.tpot_ms} ms at batch {batch.batch}.",
              "Each group of requests arrives together and decodes as one batch (the trace "
              "beside this file).", note], "trn2",
-            {**port, "server": {"max_batch": batch.batch, "chunked_prefill": False,
+            {**port, "stack": batch.stack,
+             "server": {"max_batch": batch.batch, "chunked_prefill": False,
                                 "max_tokens_per_iteration": 16384,
                                 "buckets": [row.prefill_tokens]}},
             batch.input_tokens, batch.output_tokens, batch.batch))

@@ -46,14 +46,21 @@ def _constant(value: object) -> float | str:
     return value if isinstance(value, str) else float(value)  # type: ignore[arg-type]
 
 
+def _serving(data: dict, name: str) -> dict[str, float | str]:
+    """A stack's own serving constants: its `base` stack's (a stack run another way, e.g.
+    through vLLM), then its own over them."""
+    entry = data[name]
+    own = {key: _constant(value["value"]) for key, value in entry.get("serving", {}).items()}
+    return {**(_serving(data, entry["base"]) if "base" in entry else {}), **own}
+
+
 @cache
 def _stacks() -> dict[str, Stack]:
     data = read_catalog("stacks")["stacks"]
     return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
                         entry["buckets"]["value"], entry["constants"]["source"],
                         entry.get("token_buckets", {}).get("value", "none"),
-                        tuple((key, _constant(value["value"]))
-                              for key, value in entry.get("serving", {}).items()))
+                        tuple(_serving(data, name).items()))
             for name, entry in data.items()}
 
 
