@@ -299,7 +299,9 @@ def print_models() -> None:
     contrib = [("trn2-deepseek-v3-256-256-nxd-inference-contrib", ms.DEEPSEEK_TRN2,
                 "fitted: TPOT (iteration overhead, moe_layer_overhead), TTFT (expert "
                 "invocation overhead)")]
-    vllm = [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, "judges (TTFT: about 1.7 s)")
+    vllm = [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", r,
+             "TPOT fitted (moe_expert_load_overhead); TTFT judges (about 1.7 s)"
+             if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges (TTFT: about 1.7 s)")
             for r in ms.DEEPSEEK_VLLM_BATCHES]
     for stack, rows in ((ms.CONTRIB_STACK, contrib), (ms.VLLM_STACK, vllm),
                         ("nxd-inference", [("trn2-qwen3-32b-128-558-nxd-inference",
@@ -340,13 +342,15 @@ def print_models() -> None:
 def fit_moe() -> None:
     """The mixture constants, closed forms in order (each after the catalog's earlier ones):
     the port's stack's iteration overhead (its TPOT less its profiled token), trn2's
-    moe_layer_overhead (its TPOT), the port's stack's expert invocation overhead (its
-    TTFT); the sglang stack's moe_layer_overhead (SGLang's batch-1 TPOT on 8 x H200)."""
+    moe_layer_overhead and moe_expert_load_overhead (its TPOT and its vLLM batch-8 TPOT), the
+    port's stack's expert invocation overhead (its TTFT); the sglang stack's
+    moe_layer_overhead (SGLang's batch-1 TPOT on 8 x H200)."""
     from clustersim.calibration import models_serving as ms
     print(f"{ms.CONTRIB_STACK} (stacks.yaml): serving.iteration_overhead_s "
           f"{ms.fit_contrib_iteration_overhead():.4g}")
     print(f"trn2 (hardware.yaml): serving.moe_layer_overhead "
-          f"{ms.fit_moe_layer_overhead('trn2') * 1e3:.5f}ms")
+          f"{ms.fit_moe_layer_overhead('trn2') * 1e3:.5f}ms, serving.moe_expert_load_overhead "
+          f"{ms.fit_moe_expert_load_overhead() * 1e3:.6f}ms")
     print(f"{ms.CONTRIB_STACK} (stacks.yaml): serving.expert_invocation_overhead_s "
           f"{ms.fit_expert_invocation_overhead():.5g}")
     print(f"{ms.SGLANG_STACK} (stacks.yaml): serving.moe_layer_overhead_s "

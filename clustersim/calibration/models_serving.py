@@ -43,7 +43,8 @@ __all__ = ["DEEPSEEK_TRN2", "QWEN3_TRN2", "DEEPSEEK_VLLM_BATCHES", "DEEPSEEK_PRO
            "SGLANG_H200", "BatchRow", "predict_batches", "decode_breakdown",
            "deepseek_breakdown", "trn2_against_h200", "fit_moe_layer_overhead",
            "CONTRIB_STACK", "VLLM_STACK", "PROFILED_TOKEN_MS", "contrib_hardware",
-           "fit_contrib_iteration_overhead", "fit_expert_invocation_overhead", "VLLM_TTFT_MS"]
+           "fit_contrib_iteration_overhead", "fit_expert_invocation_overhead", "VLLM_TTFT_MS",
+           "fit_moe_expert_load_overhead"]
 
 _PORT = ("NxD Inference contrib models, DeepSeek-V3 port README (be9c97e, 2026-04-03; "
          "SDK 2.28)")
@@ -190,9 +191,10 @@ def trn2_against_h200(batches: tuple[int, ...] = (1, 8)) -> list[dict[str, float
     (TP 64, bf16 weights, the contrib port through vLLM) against one 8 x H200 p5en.48xlarge (TP
     8, FP8 W8A8, SGLang's MoE constant): each side's TPOT, their ratio (Trn2 over H200:
     below 1, Trn2 is faster) and the ratio of costs per output token (on-demand prices).
-    The band: each side's error on its judged batch-8 row (the batch-1 rows are fitted),
-    applied as published / model: [ratio, corrected] ordered."""
-    judged = {"trn2": DEEPSEEK_VLLM_BATCHES[-1], "p5en": SGLANG_H200[1]}
+    The band: each side's error on a judged row (Trn2: the vLLM batch 4, its batches 1 and 8
+    being fitted; H200: batch 8, its batch 1 fitted), applied as published / model:
+    [ratio, corrected] ordered."""
+    judged = {"trn2": DEEPSEEK_VLLM_BATCHES[2], "p5en": SGLANG_H200[1]}
     errors = {k: r.tpot_ms * 1e-3 / p for (k, r), p in zip(
         judged.items(), predict_batches(tuple(judged.values())), strict=True)}
     correction = errors["trn2"] / errors["p5en"]
@@ -222,27 +224,48 @@ def fit_contrib_iteration_overhead() -> float:
     return (DEEPSEEK_TRN2.tpot_ms - PROFILED_TOKEN_MS) * 1e-3
 
 
+def _trn2_moe_equations() -> tuple[float, float]:
+    """What the trn2 MoE constants must add to a token (s) at batch 1 (the port's TPOT, its
+    own stack) and at batch 8 (its vLLM row, the vLLM stack): published less the model's
+    without them."""
+    from clustersim.hardware.stacks import stack_named, with_stack
+    zero = {"moe_layer_overhead_s": 0.0, "moe_expert_load_overhead_s": 0.0}
+    trn2 = _without(catalog_entry("trn2"), **zero)
+    (_, one), = predict_trn2_serving(contrib_hardware(trn2), (DEEPSEEK_TRN2,))
+    row = DEEPSEEK_VLLM_BATCHES[-1]
+    eight, = predict_batches((row,), {"trn2": with_stack(trn2, stack_named(row.stack))})
+    return DEEPSEEK_TRN2.tpot_ms * 1e-3 - one, row.tpot_ms * 1e-3 - eight
+
+
+def fit_moe_expert_load_overhead() -> float:
+    """trn2's `serving.moe_expert_load_overhead` (s): NxD's selective loading loads each
+    token's top-k experts by itself, so a MoE layer's fixed time is a + b x loads (8 at
+    batch 1, 64 at batch 8); the port's batch-1 TPOT and its vLLM batch-8 row give the two
+    (closed form: 58 MoE layers x 56 more loads)."""
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+    m = TransformerShape(**model_preset_values("deepseek-v3"))
+    one, eight = _trn2_moe_equations()
+    batch = DEEPSEEK_VLLM_BATCHES[-1].batch
+    return (eight - one) / (m.moe_layers * m.top_k * (batch - 1))
+
+
 def fit_moe_layer_overhead(family: str) -> float:
     """`serving.moe_layer_overhead` (s) from a batch-1 DeepSeek-V3 row (trn2: the NxD
-    Inference port's TPOT on its stack; p5en: SGLang's on 8 x H200, the sglang stack's): a
-    fixed time per MoE layer of an iteration adds moe_layers x it to each decode iteration,
-    so the constant is the published TPOT less the model's without it, over the MoE layers
-    (closed form)."""
+    Inference port's TPOT on its stack, less its 8 expert loads' `fit_moe_expert_load_overhead`;
+    p5en: SGLang's on 8 x H200, the sglang stack's): a fixed time per MoE layer of an
+    iteration adds moe_layers x it to each decode iteration, so the constant is the
+    published TPOT less the model's without it, over the MoE layers (closed form)."""
     from clustersim.hardware.stacks import stack_named, with_stack
     from clustersim.training.transformer import TransformerShape, model_preset_values
-    if family == "trn2":
-        hardware = contrib_hardware()
-    else:
-        hardware = with_stack(catalog_entry(family), stack_named(SGLANG_STACK))
-    bare = _without(hardware, moe_layer_overhead_s=0.0)
     moe_layers = TransformerShape(**model_preset_values("deepseek-v3")).moe_layers
     if family == "trn2":
-        published = DEEPSEEK_TRN2.tpot_ms * 1e-3
-        (_, model), = predict_trn2_serving(bare, (DEEPSEEK_TRN2,))
-    else:
-        published = SGLANG_H200[0].tpot_ms * 1e-3
-        model, = predict_batches(SGLANG_H200[:1], {SGLANG_H200[0].hardware: bare})
-    return (published - model) / moe_layers
+        one, _ = _trn2_moe_equations()
+        top_k = TransformerShape(**model_preset_values("deepseek-v3")).top_k
+        return one / moe_layers - top_k * fit_moe_expert_load_overhead()
+    hardware = with_stack(catalog_entry(family), stack_named(SGLANG_STACK))
+    bare = _without(hardware, moe_layer_overhead_s=0.0)
+    model, = predict_batches(SGLANG_H200[:1], {SGLANG_H200[0].hardware: bare})
+    return (SGLANG_H200[0].tpot_ms * 1e-3 - model) / moe_layers
 
 
 def fit_expert_invocation_overhead() -> float:

@@ -208,6 +208,19 @@ class ServingConstants(Spec):
         "top-k and the selected experts' gathers: work whose count does not grow with the "
         "tokens); 0 where no data separates it",
     )
+    moe_decode_loads: Literal["distinct", "per-token"] = Field(
+        default="distinct",
+        description="the routed experts' weights an iteration reads: `distinct`, each expert "
+        "its tokens reach once; `per-token`, each token's top-k by itself while tokens x "
+        "top_k <= experts (NxD's forward_selective_loading, a loop over the tokens), every "
+        "expert beyond (forward_all_experts): min(tokens x top_k, experts) loads a layer, "
+        "each paying moe_expert_load_overhead",
+    )
+    moe_expert_load_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="moe_expert_load_overhead", le=limits.MAX_LATENCY_S,
+        description="with moe_decode_loads per-token: fixed time per expert load of a MoE "
+        "layer (its gather and matmul pair); 0 where no data separates it",
+    )
     moe_prefill: Literal["routed", "every-expert"] = Field(
         default="routed",
         description="how a context-encoding iteration runs a mixture's experts: `routed`, "

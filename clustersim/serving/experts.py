@@ -31,7 +31,7 @@ from clustersim.training.workload import Op, _matmul, _vector
 
 __all__ = ["expected_distinct_experts", "expected_busiest_group", "moe_ffn_ops",
            "dispatch_bytes_per_rank", "moe_layer_count", "EXPERT_MATMULS", "routed_expert_ops",
-           "every_expert_ops"]
+           "every_expert_ops", "expert_loads"]
 
 # The routed experts' matmuls: their weight bytes are set here (per reached expert), not by
 # the iteration model's per-op weight precision pass.
@@ -91,7 +91,7 @@ def _expert_width(model: TransformerShape) -> int:
 
 def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
                 activation_bytes: float, weight_bytes: float, on_chip: bool = False,
-                skew: float = 0.0) -> list[Op]:
+                skew: float = 0.0, loads: float | None = None) -> list[Op]:
     """The FFN of one MoE layer on the busiest rank for an iteration of `tokens` tokens (the
     norms and residuals are the attention block's): the router, the shared experts over
     every token, and the routed experts the tokens reach, each read once. The matmuls carry
@@ -108,16 +108,30 @@ def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
         ops += [_matmul("mlp_in", tokens, h, shard * gated, e),
                 _vector("activation", tokens * shard * (3 if model.gated else 2), e, passes=1),
                 _matmul("mlp_out", tokens, shard, h, e)]
-    return ops + routed_expert_ops(model, tokens, tp, ep, e, weight_bytes, on_chip, skew)
+    return ops + routed_expert_ops(model, tokens, tp, ep, e, weight_bytes, on_chip, skew,
+                                   loads)
+
+
+def expert_loads(model: TransformerShape, tokens: int, ep: int, mode: str) -> float | None:
+    """The experts' weight loads of an iteration of `tokens` tokens in one MoE layer when
+    the stack loads them per token (`mode` per-token, no expert parallelism: NxD's
+    selective loading, each token's top-k by itself, while tokens x top_k <= experts, its
+    threshold of 1.0; every expert beyond it, forward_all_experts): min(tokens x top_k,
+    experts), continuous at the threshold. None: each reached expert once (`distinct`)."""
+    if mode != "per-token" or not model.moe or ep > 1 or tokens <= 0:
+        return None
+    return float(min(tokens * model.top_k, model.experts))
 
 
 def routed_expert_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
                       activation_bytes: float, weight_bytes: float, on_chip: bool = False,
-                      skew: float = 0.0) -> list[Op]:
+                      skew: float = 0.0, loads: float | None = None) -> list[Op]:
     """The routed experts' part of `moe_ffn_ops`: each reached expert's two matmuls over its
-    share of the tokens, and their activation."""
+    share of the tokens, and their activation. `loads` (`expert_loads`): that many expert
+    loads instead of the distinct experts reached."""
     e = activation_bytes
-    reached = expected_busiest_group(model.experts, model.top_k, tokens, ep, skew)
+    reached = loads if loads is not None else \
+        expected_busiest_group(model.experts, model.top_k, tokens, ep, skew)
     if reached <= 0:
         return []
     width = _expert_width(model)

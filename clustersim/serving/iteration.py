@@ -46,6 +46,7 @@ from clustersim.serving.layers import (
     expert_weight_bytes_per_rank,
     layer_collectives_s,
     layer_kinds,
+    moe_fixed_s,
 )
 from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
 from clustersim.training.step import StepModel
@@ -299,7 +300,7 @@ class IterationModel:
             layer_s = self._op_s(ops)
             comm_s = layer_collectives_s(self, tokens, moe)
             if moe:
-                layer_s += self.hardware.serving.moe_layer_overhead_s
+                layer_s += moe_fixed_s(self, tokens)
             if self.hardware.serving.overlap_collectives and comm_s > 0:
                 # a two-stage pipeline over the tokens' row tiles: the all-reduce of one tile
                 # runs while the next is computed (one tile, as in decode: nothing overlaps)
@@ -325,7 +326,8 @@ class IterationModel:
     def expert_weight_bytes_per_rank(self, tokens: int) -> float:
         """HBM bytes the busiest rank reads of routed experts' weights in one iteration of
         `tokens` tokens, all MoE layers (serving.layers)."""
-        return expert_weight_bytes_per_rank(self.shape, self.element_bytes, tokens)
+        return expert_weight_bytes_per_rank(self.shape, self.element_bytes, tokens,
+                                            self.hardware.serving.moe_decode_loads)
 
     def tp_all_reduce_s(self, size_bytes: float) -> float:
         """One tensor-parallel all-reduce of the replica: with the catalog's
