@@ -322,13 +322,15 @@ def print_models() -> None:
     for name, published in ms.DEEPSEEK_PROFILE_MS.items():
         print(f"{name:<16}{parts[name] * 1e3:>9.2f}{published:>9.1f}"
               f"{parts[name] * 1e3 / published - 1:>+8.1%}")
-    print("\n== DeepSeek-V3 decode by batch (TPOT ms), stack sglang@0.4.1 on 8 x H200")
-    print(f"{'row':<34}{'hardware':>9}{'batch':>6}{'model':>8}{'pub':>8}{'err':>8}  fitted")
-    rows = ms.SGLANG_H200
-    for row, p in zip(rows, ms.predict_batches(rows), strict=True):
-        fit = "moe_layer_overhead" if row is ms.SGLANG_H200[0] else "no: judges"
-        print(f"{row.name:<34}{row.hardware:>9}{row.batch:>6}{p * 1e3:>8.2f}{row.tpot_ms:>8.2f}"
-              f"{p * 1e3 / row.tpot_ms - 1:>+8.1%}  {fit}")
+    print(f"\n== stack {ms.SGLANG_STACK}, 8 x H200 (p5en.48xlarge, TP 8, FP8): DeepSeek-V3 "
+          "decode by batch")
+    print(f"{'row (scenario file)':<40}{'TPOT ms':>9}{'pub':>8}{'err':>8}  role")
+    for row in ms.SGLANG_H200:
+        name = f"p5en-deepseek-v3-sglang-batch-{row.batch}"
+        _, p = run_serving_row(file_for("serving", name))
+        fit = "fitted (moe_layer_overhead)" if row is ms.SGLANG_H200[0] else "judges"
+        print(f"{name:<40}{p * 1e3:>9.2f}{row.tpot_ms:>8.2f}{p * 1e3 / row.tpot_ms - 1:>+8.1%}"
+              f"  {fit}")
     print("\n== Trn2 (TP 64, bf16) against 8 x H200 (TP 8, FP8): DeepSeek-V3, 128 in / 256 out")
     print(f"{'batch':>5}{'trn2 ms':>9}{'h200 ms':>9}{'time ratio':>11}{'band':>16}"
           f"{'cost ratio':>11}{'band':>16}")

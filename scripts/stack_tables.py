@@ -136,13 +136,14 @@ def _trn2_summary() -> list[str]:
         if row.tpot_ms is not None:
             found.append(tpot * 1e3 / row.tpot_ms - 1)
     for stack, _, _, published, model, role in model_rows():
-        if stack.startswith("nxd-inference"):
+        if stack.startswith("nxd-inference") or stack == ms.SGLANG_STACK:
             kind = "fitted" if role == "fitted" else "judges"
             errors.setdefault((stack, kind), []).append(model / published - 1)
     out = []
-    for stack in ("nxd-inference", ms.CONTRIB_STACK, ms.VLLM_STACK):
+    for stack in ("nxd-inference", ms.CONTRIB_STACK, ms.VLLM_STACK, ms.SGLANG_STACK):
         fitted, judging = errors.get((stack, "fitted"), []), errors.get((stack, "judges"), [])
-        out.append(f"| `{stack}` (trn2, trn2u) | {_constants(stack)} | {len(fitted)} figures "
+        hardware = ", ".join(stack_named(stack).hardware)
+        out.append(f"| `{stack}` ({hardware}) | {_constants(stack)} | {len(fitted)} figures "
                    f"| {_span(fitted)} | {len(judging)} figures | {_span(judging)} |")
     return out
 
@@ -155,13 +156,20 @@ def model_rows() -> list[tuple[str, str, str, float, float, str]]:
     runs = [(ms.CONTRIB_STACK, "trn2-deepseek-v3-256-256-nxd-inference-contrib",
              ms.DEEPSEEK_TRN2, ms.DEEPSEEK_TRN2.ttft_ms, "fitted", "fitted")]
     runs += [(ms.VLLM_STACK, f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, ms.VLLM_TTFT_MS,
-              "judges (about 1.7 s)", "judges") for r in ms.DEEPSEEK_VLLM_BATCHES]
+              "judges (about 1.7 s)",
+              "fitted" if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges")
+             for r in ms.DEEPSEEK_VLLM_BATCHES]
     runs.append(("nxd-inference", "trn2-qwen3-32b-128-558-nxd-inference", ms.QWEN3_TRN2,
                  ms.QWEN3_TRN2.ttft_ms, "judges", "judges"))
     for stack, name, row, ttft_ms, ttft_role, tpot_role in runs:
         ttft, tpot = run_serving_row(file_for("serving", name))
         out.append((stack, name, "TTFT", ttft_ms, ttft * 1e3, ttft_role))
         out.append((stack, name, "TPOT", row.tpot_ms, tpot * 1e3, tpot_role))
+    for row in ms.SGLANG_H200:
+        name = f"p5en-deepseek-v3-sglang-batch-{row.batch}"
+        _, tpot = run_serving_row(file_for("serving", name))
+        out.append((ms.SGLANG_STACK, name, "TPOT", row.tpot_ms, tpot * 1e3,
+                    "fitted" if row is ms.SGLANG_H200[0] else "judges"))
     parts = ms.deepseek_breakdown()
     for part, published in ms.DEEPSEEK_PROFILE_MS.items():
         out.append((ms.CONTRIB_STACK, "DeepSeek-V3 port, profile of one token (batch 1)",
@@ -173,7 +181,7 @@ def models_markdown() -> str:
     lines = ["| stack | row (scenario file) | figure | published (ms) | model (ms) | error "
              "| role |", "|---|---|---|---|---|---|---|"]
     for stack, name, figure, published, model, role in model_rows():
-        shown = f"`{name}`" if name.startswith("trn2-") else name
+        shown = f"`{name}`" if name.startswith(("trn2-", "p5en-")) else name
         lines.append(f"| `{stack}` | {shown} | {figure} | {published:,.2f} | {model:,.2f} "
                      f"| {model / published - 1:+.1%} | {role} |")
     return "\n".join(lines) + "\n"

@@ -122,10 +122,10 @@ def trn2_serving_files() -> list[ScenarioFile]:
 
 
 def model_serving_files() -> list[ScenarioFile]:
-    """2025's models on one trn2.48xlarge (clustersim.calibration.models_serving): the
+    """2025's models (clustersim.calibration.models_serving) on one trn2.48xlarge: the
     DeepSeek-V3 port with its own stack and its one 512-token context graph (its row and its
-    vLLM batches, each batch one group of requests arriving together), and Qwen3-32B with
-    NxD Inference's."""
+    vLLM batches, each batch one group of requests arriving together), Qwen3-32B with NxD
+    Inference's; on one p5en.48xlarge: DeepSeek-V3 through SGLang at batch 1, 8 and 32."""
     from clustersim.calibration import models_serving as ms
 
     note = "Written by scripts/calibration_scenarios.py; run by scripts/calibrate_serving.py."
@@ -152,6 +152,21 @@ def model_serving_files() -> list[ScenarioFile]:
              "server": {"max_batch": batch.batch, "chunked_prefill": False,
                                 "max_tokens_per_iteration": 16384,
                                 "buckets": [row.prefill_tokens]}},
+            batch.input_tokens, batch.output_tokens, batch.batch))
+    for batch in ms.SGLANG_H200:
+        out.append(_serving_file(
+            "serving", f"p5en-deepseek-v3-sglang-batch-{batch.batch}",
+            [f"{batch.name} ({'fitted' if batch is ms.SGLANG_H200[0] else 'judging'} row, "
+             f"stack {batch.stack}): {batch.source}.",
+             f"Published {1000 * batch.batch / batch.tpot_ms:.2f} output tokens/s at batch "
+             f"{batch.batch} (TPOT {batch.tpot_ms:.2f} ms); read as 8 x H200 (p5en).",
+             "Each group of requests arrives together and decodes as one batch (the trace "
+             "beside this file).", note], batch.hardware,
+            {"model": batch.model, "stack": batch.stack,
+             "precision": {"weights": batch.precision, "activations": batch.activations,
+                           "kv_cache": "bf16"},
+             "parallelism": {"tp": batch.tp},
+             "server": {"max_batch": batch.batch, "max_tokens_per_iteration": 16384}},
             batch.input_tokens, batch.output_tokens, batch.batch))
     row = ms.QWEN3_TRN2
     out.append(_serving_file(
