@@ -290,31 +290,47 @@ def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
 
 
 def print_models() -> None:
-    """2025's models (calibration.models_serving): DeepSeek-V3 and Qwen3-32B on Trn2,
-    DeepSeek-V3 on H200, the port's token profile, and Trn2 against H200."""
+    """2025's models (calibration.models_serving), each Trn2 row run from its scenario file
+    (scenarios/calibration/serving/trn2-deepseek-v3-*.yaml, trn2-qwen3-*.yaml) as `clustersim
+    run` runs it, per stack; the port's token profile; DeepSeek-V3 on H200; Trn2 against
+    H200."""
     from clustersim.calibration import models_serving as ms
-    print("\n== Mixtures and Qwen3 on Trn2 (trn2.48xlarge, TP 64, bf16, NxD Inference)")
-    print(f"{'row':<46}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}{'pub':>7}{'err':>8}"
-          "  fitted")
-    fitted = {ms.DEEPSEEK_TRN2.name: "TPOT (moe_layer_overhead)"}
-    for row, (ttft, tpot) in zip((ms.DEEPSEEK_TRN2, ms.QWEN3_TRN2), ms.predict_trn2_rows(),
-                                 strict=True):
-        print(f"{row.name:<46}{ttft * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
-              f"{ttft * 1e3 / row.ttft_ms - 1:>+8.1%}{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}"
-              f"{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}  {fitted.get(row.name, 'no: judges')}")
+    from clustersim.calibration.scenarios import file_for, run_serving_row
+    contrib = [("trn2-deepseek-v3-256-256-nxd-inference-contrib", ms.DEEPSEEK_TRN2,
+                "fitted: TPOT (iteration overhead, moe_layer_overhead), TTFT (expert "
+                "invocation overhead)")]
+    vllm = [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", r,
+             "TPOT fitted (moe_expert_load_overhead); TTFT judges (about 1.7 s)"
+             if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges (TTFT: about 1.7 s)")
+            for r in ms.DEEPSEEK_VLLM_BATCHES]
+    for stack, rows in ((ms.CONTRIB_STACK, contrib), (ms.VLLM_STACK, vllm),
+                        ("nxd-inference", [("trn2-qwen3-32b-128-558-nxd-inference",
+                                            ms.QWEN3_TRN2, "judges")])):
+        print(f"\n== stack {stack}, Trn2 (trn2.48xlarge, TP 64, bf16): 2025's models")
+        print(f"{'row (scenario file)':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}"
+              f"{'pub':>7}{'err':>8}  role")
+        for name, row, role in rows:
+            ttft, tpot = run_serving_row(file_for("serving", name))
+            published = getattr(row, "ttft_ms", ms.VLLM_TTFT_MS)
+            print(f"{name:<50}{ttft * 1e3:>9.1f}{published:>8.1f}"
+                  f"{ttft * 1e3 / published - 1:>+8.1%}{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}"
+                  f"{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}  {role}")
     parts = ms.deepseek_breakdown()
-    print("\n== DeepSeek-V3 on trn2, one decode token (the port's profile; judges)")
+    print(f"\n== DeepSeek-V3 on trn2, one decode token (the port's profile; judges; the "
+          f"model's host time {parts['host'] * 1e3:.2f} ms is outside it)")
     print(f"{'part':<16}{'model ms':>9}{'profile':>9}{'err':>8}")
     for name, published in ms.DEEPSEEK_PROFILE_MS.items():
         print(f"{name:<16}{parts[name] * 1e3:>9.2f}{published:>9.1f}"
               f"{parts[name] * 1e3 / published - 1:>+8.1%}")
-    print("\n== DeepSeek-V3 decode by batch (TPOT ms): Trn2 via vLLM and 8 x H200 via SGLang")
-    print(f"{'row':<34}{'hardware':>9}{'batch':>6}{'model':>8}{'pub':>8}{'err':>8}  fitted")
-    rows = ms.DEEPSEEK_VLLM_BATCHES + ms.SGLANG_H200
-    for row, p in zip(rows, ms.predict_batches(rows), strict=True):
-        fit = "moe_layer_overhead" if row is ms.SGLANG_H200[0] else "no: judges"
-        print(f"{row.name:<34}{row.hardware:>9}{row.batch:>6}{p * 1e3:>8.2f}{row.tpot_ms:>8.2f}"
-              f"{p * 1e3 / row.tpot_ms - 1:>+8.1%}  {fit}")
+    print(f"\n== stack {ms.SGLANG_STACK}, 8 x H200 (p5en.48xlarge, TP 8, FP8): DeepSeek-V3 "
+          "decode by batch")
+    print(f"{'row (scenario file)':<40}{'TPOT ms':>9}{'pub':>8}{'err':>8}  role")
+    for row in ms.SGLANG_H200:
+        name = f"p5en-deepseek-v3-sglang-batch-{row.batch}"
+        _, p = run_serving_row(file_for("serving", name))
+        fit = "fitted (moe_layer_overhead)" if row is ms.SGLANG_H200[0] else "judges"
+        print(f"{name:<40}{p * 1e3:>9.2f}{row.tpot_ms:>8.2f}{p * 1e3 / row.tpot_ms - 1:>+8.1%}"
+              f"  {fit}")
     print("\n== Trn2 (TP 64, bf16) against 8 x H200 (TP 8, FP8): DeepSeek-V3, 128 in / 256 out")
     print(f"{'batch':>5}{'trn2 ms':>9}{'h200 ms':>9}{'time ratio':>11}{'band':>16}"
           f"{'cost ratio':>11}{'band':>16}")
@@ -326,11 +342,21 @@ def print_models() -> None:
 
 
 def fit_moe() -> None:
-    from clustersim.calibration.models_serving import fit_moe_layer_overhead
-    for family, entry in (("trn2", "trn2 (hardware.yaml)"),
-                          ("p5en", "sglang@0.4.1 (stacks.yaml)")):
-        value = fit_moe_layer_overhead(family)
-        print(f"{entry}: serving.moe_layer_overhead {value * 1e3:.5f}ms")
+    """The mixture constants, closed forms in order (each after the catalog's earlier ones):
+    the port's stack's iteration overhead (its TPOT less its profiled token), trn2's
+    moe_layer_overhead and moe_expert_load_overhead (its TPOT and its vLLM batch-8 TPOT), the
+    port's stack's expert invocation overhead (its TTFT); the sglang stack's
+    moe_layer_overhead (SGLang's batch-1 TPOT on 8 x H200)."""
+    from clustersim.calibration import models_serving as ms
+    print(f"{ms.CONTRIB_STACK} (stacks.yaml): serving.iteration_overhead_s "
+          f"{ms.fit_contrib_iteration_overhead():.4g}")
+    print(f"trn2 (hardware.yaml): serving.moe_layer_overhead "
+          f"{ms.fit_moe_layer_overhead('trn2') * 1e3:.5f}ms, serving.moe_expert_load_overhead "
+          f"{ms.fit_moe_expert_load_overhead() * 1e3:.6f}ms")
+    print(f"{ms.CONTRIB_STACK} (stacks.yaml): serving.expert_invocation_overhead_s "
+          f"{ms.fit_expert_invocation_overhead():.5g}")
+    print(f"{ms.SGLANG_STACK} (stacks.yaml): serving.moe_layer_overhead_s "
+          f"{ms.fit_moe_layer_overhead('p5en'):.5g}")
 
 
 def main() -> None:

@@ -7,7 +7,9 @@ Every Trn1 row (each transformers-neuronx release on its own rows: SDK 2.18.0, 2
 2.14) and every TensorRT-LLM row is run from its scenario file under
 scenarios/calibration/serving/ as `clustersim run` runs it, and printed with its error
 (model / published - 1). tests/test_docs.py fails when the page's tables are not what this
-prints.
+prints. The Trn2 stacks' rows of 2025's models (the DeepSeek-V3 port with its own stack,
+Qwen3-32B with NxD Inference's) and the port's token profile fill the page's second block
+(MODELS_BEGIN to MODELS_END), also from their scenario runs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from clustersim.hardware.stacks import stack_named  # noqa: E402
 PAGE = ROOT / "docs" / "calibration.md"
 BEGIN = "<!-- stack tables: python scripts/stack_tables.py --write -->"
 END = "<!-- end of stack tables -->"
+MODELS_BEGIN = "<!-- models tables: python scripts/stack_tables.py --write -->"
+MODELS_END = "<!-- end of models tables -->"
 TRN1 = ("transformers-neuronx@2.18.0", "transformers-neuronx@2.18.1",
         "transformers-neuronx@2.16", "transformers-neuronx@2.14")
 
@@ -48,8 +52,11 @@ def _constants(stack: str) -> str:
         return "none: the hardware entry's"
     shown = []
     for key, value in own.items():
-        shown.append(f"`{key}` {value * 1e6:.2f} us" if key.endswith("_s")
-                     else f"`{key}` {value:.3g}")
+        if isinstance(value, str):
+            shown.append(f"`{key}` {value}")
+        else:
+            shown.append(f"`{key}` {value * 1e6:.2f} us" if key.endswith("_s")
+                         else f"`{key}` {value:.3g}")
     return ", ".join(shown)
 
 
@@ -95,6 +102,7 @@ def markdown() -> str:
     lines.append(f"| `tensorrt-llm` (p5, p5e, p5en) | {_constants('tensorrt-llm')} "
                  f"| {len(gpu['fitted'])} | {_span(gpu['fitted'])} | {len(gpu['unseen'])} "
                  f"| {_span(gpu['unseen'])} |")
+    lines += _trn2_summary()
     lines += ["", "| stack | row | model | batch | in / out | published | model | error |",
               "|---|---|---|---|---|---|---|---|"]
     for stack in TRN1:
@@ -113,22 +121,96 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def page_text(page: str, tables: str) -> str:
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{tables}{END}{tail}"
+def _trn2_summary() -> list[str]:
+    """The Trn2 stacks' summary lines: NxD Inference's fitted Llama rows and judging Qwen3
+    row; the DeepSeek-V3 port's stack, its fitted row and judging vLLM batches."""
+    from clustersim.calibration import models_serving as ms
+    from clustersim.calibration.trn2 import TRN2_SERVING, UNFITTED
+    errors: dict[tuple[str, str], list[float]] = {}
+    for row in TRN2_SERVING:
+        if row.name in UNFITTED:
+            continue
+        ttft, tpot = run_serving_row(file_for("serving", f"trn2-{row.name}"))
+        found = errors.setdefault(("nxd-inference", "fitted"), [])
+        found.append(ttft * 1e3 / row.ttft_ms - 1)
+        if row.tpot_ms is not None:
+            found.append(tpot * 1e3 / row.tpot_ms - 1)
+    for stack, _, _, published, model, role in model_rows():
+        if stack.startswith("nxd-inference") or stack == ms.SGLANG_STACK:
+            kind = "fitted" if role == "fitted" else "judges"
+            errors.setdefault((stack, kind), []).append(model / published - 1)
+    out = []
+    for stack in ("nxd-inference", ms.CONTRIB_STACK, ms.VLLM_STACK, ms.SGLANG_STACK):
+        fitted, judging = errors.get((stack, "fitted"), []), errors.get((stack, "judges"), [])
+        hardware = ", ".join(stack_named(stack).hardware)
+        out.append(f"| `{stack}` ({hardware}) | {_constants(stack)} | {len(fitted)} figures "
+                   f"| {_span(fitted)} | {len(judging)} figures | {_span(judging)} |")
+    return out
+
+
+def model_rows() -> list[tuple[str, str, str, float, float, str]]:
+    """(stack, row, figure, published, model, role) of 2025's models on Trn2, each run from
+    its scenario file (times in ms)."""
+    from clustersim.calibration import models_serving as ms
+    out = []
+    runs = [(ms.CONTRIB_STACK, "trn2-deepseek-v3-256-256-nxd-inference-contrib",
+             ms.DEEPSEEK_TRN2, ms.DEEPSEEK_TRN2.ttft_ms, "fitted", "fitted")]
+    runs += [(ms.VLLM_STACK, f"trn2-deepseek-v3-vllm-batch-{r.batch}", r, ms.VLLM_TTFT_MS,
+              "judges (about 1.7 s)",
+              "fitted" if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges")
+             for r in ms.DEEPSEEK_VLLM_BATCHES]
+    runs.append(("nxd-inference", "trn2-qwen3-32b-128-558-nxd-inference", ms.QWEN3_TRN2,
+                 ms.QWEN3_TRN2.ttft_ms, "judges", "judges"))
+    for stack, name, row, ttft_ms, ttft_role, tpot_role in runs:
+        ttft, tpot = run_serving_row(file_for("serving", name))
+        out.append((stack, name, "TTFT", ttft_ms, ttft * 1e3, ttft_role))
+        out.append((stack, name, "TPOT", row.tpot_ms, tpot * 1e3, tpot_role))
+    for row in ms.SGLANG_H200:
+        name = f"p5en-deepseek-v3-sglang-batch-{row.batch}"
+        _, tpot = run_serving_row(file_for("serving", name))
+        out.append((ms.SGLANG_STACK, name, "TPOT", row.tpot_ms, tpot * 1e3,
+                    "fitted" if row is ms.SGLANG_H200[0] else "judges"))
+    parts = ms.deepseek_breakdown()
+    for part, published in ms.DEEPSEEK_PROFILE_MS.items():
+        out.append((ms.CONTRIB_STACK, "DeepSeek-V3 port, profile of one token (batch 1)",
+                    part.replace("_", " "), published, parts[part] * 1e3, "judges"))
+    return out
+
+
+def models_markdown() -> str:
+    lines = ["| stack | row (scenario file) | figure | published (ms) | model (ms) | error "
+             "| role |", "|---|---|---|---|---|---|---|"]
+    for stack, name, figure, published, model, role in model_rows():
+        shown = f"`{name}`" if name.startswith(("trn2-", "p5en-")) else name
+        lines.append(f"| `{stack}` | {shown} | {figure} | {published:,.2f} | {model:,.2f} "
+                     f"| {model / published - 1:+.1%} | {role} |")
+    return "\n".join(lines) + "\n"
+
+
+def _between(page: str, begin: str, end: str, tables: str) -> str:
+    head, rest = page.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{tables}{end}{tail}"
+
+
+def page_text(page: str, tables: str, models: str | None = None) -> str:
+    page = _between(page, BEGIN, END, tables)
+    if models is not None:
+        page = _between(page, MODELS_BEGIN, MODELS_END, models)
+    return page
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite docs/calibration.md")
     args = parser.parse_args()
-    tables = markdown()
+    tables, models = markdown(), models_markdown()
     if args.write:
-        PAGE.write_text(page_text(PAGE.read_text(encoding="utf-8"), tables), encoding="utf-8")
+        PAGE.write_text(page_text(PAGE.read_text(encoding="utf-8"), tables, models),
+                        encoding="utf-8")
         print(f"wrote the stack tables of {PAGE.relative_to(ROOT)}")
     else:
-        print(tables, end="")
+        print(tables + "\n" + models, end="")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import pytest
 from clustersim.calibration.scenarios import (
     CALIBRATION_DIR,
     file_for,
+    model_serving_files,
     run_serving_row,
     run_training_row,
     training_files,
@@ -30,7 +31,7 @@ def _same_as_written(files) -> None:
 
 
 def test_serving_scenario_files_are_the_script_output():
-    _same_as_written(trn2_serving_files() + trn1_serving_files())
+    _same_as_written(trn2_serving_files() + model_serving_files() + trn1_serving_files())
 
 
 @pytest.mark.slow

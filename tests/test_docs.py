@@ -397,13 +397,16 @@ def test_the_readmes_serving_comparison_is_the_planners(tmp_path):
 @pytest.mark.slow
 def test_the_serving_stack_tables_are_the_scenario_runs():
     """docs/calibration.md's serving-stack tables (every transformers-neuronx release's rows
-    and the stacks' error ranges, TensorRT-LLM's included) are what scripts/stack_tables.py
-    prints from the calibration rows' scenario runs."""
+    and the stacks' error ranges, TensorRT-LLM's included; the Trn2 stacks' rows of 2025's
+    models and the DeepSeek-V3 port's profile) are what scripts/stack_tables.py prints from
+    the calibration rows' scenario runs."""
     import stack_tables
 
     page = _text(DOCS / "calibration.md")
     assert stack_tables.BEGIN in page and stack_tables.END in page
-    assert page == stack_tables.page_text(page, stack_tables.markdown()), (
+    assert stack_tables.MODELS_BEGIN in page and stack_tables.MODELS_END in page
+    assert page == stack_tables.page_text(page, stack_tables.markdown(),
+                                          stack_tables.models_markdown()), (
         "docs/calibration.md's stack tables are out of date: run python "
         "scripts/stack_tables.py --write")
 

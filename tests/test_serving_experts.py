@@ -60,9 +60,13 @@ def test_busiest_group_between_mean_and_group():
 
 @pytest.fixture(scope="module")
 def mixtral_trn2():
+    """Mixtral on a trn2 whose stack reads each reached expert once (`moe_decode_loads:
+    distinct`, the default: NxD's per-token loads are tested apart)."""
     model = TransformerShape(**model_preset_values("mixtral-8x7b"))
-    topology = build_topology(catalog_entry("trn2"), 1)
-    return model, topology
+    hw = catalog_entry("trn2")
+    hw = hw.model_copy(update={"serving": hw.serving.model_copy(
+        update={"moe_decode_loads": "distinct"})})
+    return model, build_topology(hw, 1)
 
 
 def test_decode_reads_top_k_at_batch_one_and_distinct_experts_beyond(mixtral_trn2):
@@ -84,6 +88,29 @@ def test_decode_reads_top_k_at_batch_one_and_distinct_experts_beyond(mixtral_trn
     assert times == sorted(times)
     assert it.expert_weight_bytes_per_rank(4096) <= layers * model.experts * \
         expert_bytes_per_rank * (1 + 1e-9)
+
+
+def test_nxd_loads_each_tokens_experts_then_every_expert():
+    """trn2's NxD (`moe_decode_loads: per-token`): min(tokens x top_k, experts) expert loads
+    a layer (selective loading to its threshold, every expert beyond), each paying
+    `moe_expert_load_overhead`: continuous at the threshold, so a larger batch is never
+    faster (Mixtral: 2 loads at batch 1, 8 from batch 4 on)."""
+    model = TransformerShape(**model_preset_values("mixtral-8x7b"))
+    hw = catalog_entry("trn2")
+    assert hw.serving.moe_decode_loads == "per-token"
+    it = IterationModel(ReplicaShape(model, "bf16", 16, 1), build_topology(hw, 1))
+    per_expert = model.expert_parameters * 2 / 16
+    for batch, loads in ((1, 2), (2, 4), (3, 6), (4, 8), (5, 8), (64, 8)):
+        assert it.expert_weight_bytes_per_rank(batch) == pytest.approx(
+            model.layers * loads * per_expert), batch
+    from clustersim.serving.layers import moe_fixed_s
+    assert moe_fixed_s(it, 3) == pytest.approx(hw.serving.moe_layer_overhead_s
+                                               + 6 * hw.serving.moe_expert_load_overhead_s)
+    times = [it.decode_base_s(b) for b in range(1, 12)]
+    assert times == sorted(times)
+    # expert parallelism keeps the distinct experts (NxD's selective loading has none)
+    ep = IterationModel(ReplicaShape(model, "bf16", 16, 1, ep=4), build_topology(hw, 1))
+    assert moe_fixed_s(ep, 3) == pytest.approx(hw.serving.moe_layer_overhead_s)
 
 
 def test_expert_parallel_busiest_rank_reads_whole_experts(mixtral_trn2):

@@ -77,9 +77,20 @@ def test_deepseek_decode_reads_top_k_plus_shared_experts(deepseek_trn2) -> None:
     per_expert_rank = m.expert_parameters * 2 / 64
     assert deepseek_trn2.expert_weight_bytes_per_rank(1) == pytest.approx(
         58 * 8 * per_expert_rank)
+    # a stack that reads each reached expert once: the expected distinct experts
+    hw = catalog_entry("trn2")
+    distinct = IterationModel(deepseek_trn2.shape, build_topology(hw.model_copy(update={
+        "serving": hw.serving.model_copy(update={"moe_decode_loads": "distinct"})}), 1))
     for batch in (2, 8, 64):
-        assert deepseek_trn2.expert_weight_bytes_per_rank(batch) == pytest.approx(
+        assert distinct.expert_weight_bytes_per_rank(batch) == pytest.approx(
             58 * expected_distinct_experts(256, 8, batch) * per_expert_rank)
+    # trn2's NxD loads each token's top-k by itself while tokens x 8 <= 256 (selective
+    # loading), every expert beyond
+    for batch in (2, 8, 32):
+        assert deepseek_trn2.expert_weight_bytes_per_rank(batch) == pytest.approx(
+            58 * 8 * batch * per_expert_rank)
+    assert deepseek_trn2.expert_weight_bytes_per_rank(33) == pytest.approx(
+        58 * 256 * per_expert_rank)
     # The whole iteration's weight reads at batch 1: attention, dense layers, shared experts
     # and the top-8 routed experts of each MoE layer (not all 256): the active parameters
     # but the input embedding (a lookup), with the router replicated on every rank; far

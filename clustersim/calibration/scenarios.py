@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 __all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
+           "model_serving_files",
            "trn1_file", "training_files", "gpu_serving_files", "gpu_name",
            "trn1_token_latency_files",
            "run_throughput_row",
@@ -117,6 +118,66 @@ def trn2_serving_files() -> list[ScenarioFile]:
                    "scripts/calibrate_serving.py."]
         out.append(_serving_file("serving", f"trn2-{row.name}", comment, "trn2", deployment,
                                  row.input_tokens, max(row.output_tokens, 2)))
+    return out
+
+
+def model_serving_files() -> list[ScenarioFile]:
+    """2025's models (clustersim.calibration.models_serving) on one trn2.48xlarge: the
+    DeepSeek-V3 port with its own stack and its one 512-token context graph (its row and its
+    vLLM batches, each batch one group of requests arriving together), Qwen3-32B with NxD
+    Inference's; on one p5en.48xlarge: DeepSeek-V3 through SGLang at batch 1, 8 and 32."""
+    from clustersim.calibration import models_serving as ms
+
+    note = "Written by scripts/calibration_scenarios.py; run by scripts/calibrate_serving.py."
+    port = {"model": "deepseek-v3", "stack": ms.CONTRIB_STACK, "precision": "bf16",
+            "parallelism": {"tp": 64}}
+    row = ms.DEEPSEEK_TRN2
+    out = [_serving_file(
+        "serving", "trn2-deepseek-v3-256-256-nxd-inference-contrib",
+        [f"{row.name} (fitted row: its TPOT and TTFT, and the port's stack): {row.source}.",
+         f"Published TTFT p50 {row.ttft_ms} ms, TPOT p50 {row.tpot_ms} ms.",
+         "One request at a time (the trace beside this file), padded to the port's one "
+         "context graph (seq_len 512, no bucketing).", note], "trn2",
+        {**port, "server": {"max_batch": 1, "chunked_prefill": False,
+                            "buckets": [row.prefill_tokens]}},
+        row.input_tokens, row.output_tokens)]
+    for batch in ms.DEEPSEEK_VLLM_BATCHES:
+        out.append(_serving_file(
+            "serving", f"trn2-deepseek-v3-vllm-batch-{batch.batch}",
+            [f"{batch.name} (judging row, the port's stack through vLLM): {batch.source}.",
+             f"Published inter-token latency {batch.tpot_ms} ms at batch {batch.batch}.",
+             "Each group of requests arrives together and decodes as one batch (the trace "
+             "beside this file).", note], "trn2",
+            {**port, "stack": batch.stack,
+             "server": {"max_batch": batch.batch, "chunked_prefill": False,
+                                "max_tokens_per_iteration": 16384,
+                                "buckets": [row.prefill_tokens]}},
+            batch.input_tokens, batch.output_tokens, batch.batch))
+    for batch in ms.SGLANG_H200:
+        out.append(_serving_file(
+            "serving", f"p5en-deepseek-v3-sglang-batch-{batch.batch}",
+            [f"{batch.name} ({'fitted' if batch is ms.SGLANG_H200[0] else 'judging'} row, "
+             f"stack {batch.stack}): {batch.source}.",
+             f"Published {1000 * batch.batch / batch.tpot_ms:.2f} output tokens/s at batch "
+             f"{batch.batch} (TPOT {batch.tpot_ms:.2f} ms); read as 8 x H200 (p5en).",
+             "Each group of requests arrives together and decodes as one batch (the trace "
+             "beside this file).", note], batch.hardware,
+            {"model": batch.model, "stack": batch.stack,
+             "precision": {"weights": batch.precision, "activations": batch.activations,
+                           "kv_cache": "bf16"},
+             "parallelism": {"tp": batch.tp},
+             "server": {"max_batch": batch.batch, "max_tokens_per_iteration": 16384}},
+            batch.input_tokens, batch.output_tokens, batch.batch))
+    row = ms.QWEN3_TRN2
+    out.append(_serving_file(
+        "serving", "trn2-qwen3-32b-128-558-nxd-inference",
+        [f"{row.name} (judging row, stack nxd-inference: nothing fitted on it): "
+         f"{row.source}.", f"Published TTFT {row.ttft_ms} ms, TPOT {row.tpot_ms:.2f} ms "
+         "(102.3 output tokens/s).", "One request at a time (the trace beside this file).",
+         note], "trn2",
+        {"model": "qwen3-32b", "stack": "nxd-inference", "precision": "bf16",
+         "parallelism": {"tp": 64}, "server": {"max_batch": 1, "chunked_prefill": False}},
+        row.input_tokens, row.output_tokens))
     return out
 
 
@@ -251,7 +312,7 @@ def training_files() -> list[ScenarioFile]:
 
 
 def all_files() -> list[ScenarioFile]:
-    return trn2_serving_files() + trn1_serving_files() + trn1_token_latency_files() \
+    return trn2_serving_files() + model_serving_files() + trn1_serving_files() + trn1_token_latency_files() \
         + gpu_serving_files() + training_files()
 
 

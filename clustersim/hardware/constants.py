@@ -208,6 +208,33 @@ class ServingConstants(Spec):
         "top-k and the selected experts' gathers: work whose count does not grow with the "
         "tokens); 0 where no data separates it",
     )
+    moe_decode_loads: Literal["distinct", "per-token"] = Field(
+        default="distinct",
+        description="the routed experts' weights an iteration reads: `distinct`, each expert "
+        "its tokens reach once; `per-token`, each token's top-k by itself while tokens x "
+        "top_k <= experts (NxD's forward_selective_loading, a loop over the tokens), every "
+        "expert beyond (forward_all_experts): min(tokens x top_k, experts) loads a layer, "
+        "each paying moe_expert_load_overhead",
+    )
+    moe_expert_load_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="moe_expert_load_overhead", le=limits.MAX_LATENCY_S,
+        description="with moe_decode_loads per-token: fixed time per expert load of a MoE "
+        "layer (its gather and matmul pair); 0 where no data separates it",
+    )
+    moe_prefill: Literal["routed", "every-expert"] = Field(
+        default="routed",
+        description="how a context-encoding iteration runs a mixture's experts: `routed`, "
+        "each token through its top-k (the experts its tokens reach); `every-expert`, every "
+        "routed expert over every token, the outputs masked by the router's choice "
+        "(NxD's ExpertMLPs forward_all_experts): every expert's weights read and its FLOPs "
+        "run over all the iteration's tokens, the partial outputs combined on chip",
+    )
+    expert_invocation_overhead_s: NonNegativeDuration = Field(
+        default=0.0, alias="expert_invocation_overhead", le=limits.MAX_LATENCY_S,
+        description="with moe_prefill every-expert: fixed time per expert a context-encoding "
+        "iteration's MoE layer runs (each expert's masked scale-and-add of the combine is "
+        "its own short instruction stream); 0 where no data separates it",
+    )
     all_reduce: Literal["mesh", "auto", "cheapest"] = Field(
         default="mesh",
         description="how a replica's tensor-parallel all-reduce runs inside an instance: "

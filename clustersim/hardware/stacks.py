@@ -38,7 +38,20 @@ class Stack:
     token_rule: str = "none"
     # The release's own serving constants over the hardware's (ServingConstants field
     # names): empty for the stack the hardware's constants were fitted on.
-    serving: tuple[tuple[str, float], ...] = ()
+    serving: tuple[tuple[str, float | str], ...] = ()
+
+
+def _constant(value: object) -> float | str:
+    """A stack's serving constant: a number, or a choice (`moe_prefill: every-expert`)."""
+    return value if isinstance(value, str) else float(value)  # type: ignore[arg-type]
+
+
+def _serving(data: dict, name: str) -> dict[str, float | str]:
+    """A stack's own serving constants: its `base` stack's (a stack run another way, e.g.
+    through vLLM), then its own over them."""
+    entry = data[name]
+    own = {key: _constant(value["value"]) for key, value in entry.get("serving", {}).items()}
+    return {**(_serving(data, entry["base"]) if "base" in entry else {}), **own}
 
 
 @cache
@@ -47,8 +60,7 @@ def _stacks() -> dict[str, Stack]:
     return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
                         entry["buckets"]["value"], entry["constants"]["source"],
                         entry.get("token_buckets", {}).get("value", "none"),
-                        tuple((key, float(value["value"]))
-                              for key, value in entry.get("serving", {}).items()))
+                        tuple(_serving(data, name).items()))
             for name, entry in data.items()}
 
 

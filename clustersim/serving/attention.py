@@ -98,6 +98,14 @@ def mla_projection_ops(model: TransformerShape, tokens: int, heads: int, tp: int
     return ops
 
 
+def compressed_widths(model: TransformerShape) -> tuple[int, ...]:
+    """MLA's compressed vectors a token carries into its norms: the query's (where the
+    model compresses it) and the key-value latent with the rotary key."""
+    q_rank = getattr(model, "q_lora_rank", None)
+    latent = model.kv_lora_rank + model.qk_rope_head_dim
+    return (q_rank, latent) if q_rank else (latent,)
+
+
 def mla_decode_ops(model: TransformerShape, heads: int, context: int, kv_e: float
                    ) -> list[Op]:
     """Absorbed decode attention of one sequence's token over `context` cached tokens on a

@@ -30,7 +30,8 @@ from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Op, _matmul, _vector
 
 __all__ = ["expected_distinct_experts", "expected_busiest_group", "moe_ffn_ops",
-           "dispatch_bytes_per_rank", "moe_layer_count", "EXPERT_MATMULS"]
+           "dispatch_bytes_per_rank", "moe_layer_count", "EXPERT_MATMULS", "routed_expert_ops",
+           "every_expert_ops", "expert_loads"]
 
 # The routed experts' matmuls: their weight bytes are set here (per reached expert), not by
 # the iteration model's per-op weight precision pass.
@@ -90,7 +91,7 @@ def _expert_width(model: TransformerShape) -> int:
 
 def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
                 activation_bytes: float, weight_bytes: float, on_chip: bool = False,
-                skew: float = 0.0) -> list[Op]:
+                skew: float = 0.0, loads: float | None = None) -> list[Op]:
     """The FFN of one MoE layer on the busiest rank for an iteration of `tokens` tokens (the
     norms and residuals are the attention block's): the router, the shared experts over
     every token, and the routed experts the tokens reach, each read once. The matmuls carry
@@ -100,7 +101,6 @@ def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
     h, e = model.hidden, activation_bytes
     width = _expert_width(model)
     gated = 2 if model.gated else 1
-    matrices_in = width * gated
     ops: list[Op] = [_matmul("router", tokens, h, model.experts, e)]
     shared = int(getattr(model, "shared_experts", 0))
     if shared:
@@ -108,12 +108,36 @@ def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
         ops += [_matmul("mlp_in", tokens, h, shard * gated, e),
                 _vector("activation", tokens * shard * (3 if model.gated else 2), e, passes=1),
                 _matmul("mlp_out", tokens, shard, h, e)]
-    reached = expected_busiest_group(model.experts, model.top_k, tokens, ep, skew)
+    return ops + routed_expert_ops(model, tokens, tp, ep, e, weight_bytes, on_chip, skew,
+                                   loads)
+
+
+def expert_loads(model: TransformerShape, tokens: int, ep: int, mode: str) -> float | None:
+    """The experts' weight loads of an iteration of `tokens` tokens in one MoE layer when
+    the stack loads them per token (`mode` per-token, no expert parallelism: NxD's
+    selective loading, each token's top-k by itself, while tokens x top_k <= experts, its
+    threshold of 1.0; every expert beyond it, forward_all_experts): min(tokens x top_k,
+    experts), continuous at the threshold. None: each reached expert once (`distinct`)."""
+    if mode != "per-token" or not model.moe or ep > 1 or tokens <= 0:
+        return None
+    return float(min(tokens * model.top_k, model.experts))
+
+
+def routed_expert_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
+                      activation_bytes: float, weight_bytes: float, on_chip: bool = False,
+                      skew: float = 0.0, loads: float | None = None) -> list[Op]:
+    """The routed experts' part of `moe_ffn_ops`: each reached expert's two matmuls over its
+    share of the tokens, and their activation. `loads` (`expert_loads`): that many expert
+    loads instead of the distinct experts reached."""
+    e = activation_bytes
+    reached = loads if loads is not None else \
+        expected_busiest_group(model.experts, model.top_k, tokens, ep, skew)
     if reached <= 0:
-        return ops
+        return []
+    width = _expert_width(model)
     # An expert is sharded over the tp / ep ranks of its group.
     shard_ranks = max(1, tp // ep)
-    n_in = math.ceil(matrices_in / shard_ranks)
+    n_in = math.ceil(width * (2 if model.gated else 1) / shard_ranks)
     n_out = math.ceil(width / shard_ranks)
     # The busiest group's share of the routed tokens (top_k per token, spread over the
     # groups), over its reached experts: rows per expert matmul.
@@ -121,10 +145,33 @@ def moe_ffn_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
     count = max(1, round(reached))
     rows = max(1, math.ceil(routed / reached))
     a = 0.0 if on_chip else e
-    ops += [_expert_matmul("expert_in", rows, h, n_in, a, weight_bytes, reached, count),
+    h = model.hidden
+    return [_expert_matmul("expert_in", rows, h, n_in, a, weight_bytes, reached, count),
             _vector("activation", routed * n_out * (3 if model.gated else 2), e, passes=1),
             _expert_matmul("expert_out", rows, n_out, h, a, weight_bytes, reached, count)]
-    return ops
+
+
+def every_expert_ops(model: TransformerShape, tokens: int, tp: int, activation_bytes: float,
+                     weight_bytes: float, on_chip: bool = False) -> list[Op]:
+    """The routed experts of one MoE layer run as NxD's ExpertMLPs forward_all_experts
+    runs them in context encoding (no expert parallelism): every expert over every token,
+    each rank its 1/tp column shard of every expert, every expert's weights read once. The
+    experts' partial outputs (E x tokens x hidden on a rank) are scaled and summed on chip,
+    tile by tile, and never travel to HBM: the port's TTFT through vLLM is about the same at
+    batch 1 and 8 (8 x 512 padded tokens), which E x T x H values through HBM (1.9 GB a
+    layer at 512 tokens) would not allow. The per-expert instruction streams of that combine
+    are the stack's `expert_invocation_overhead`."""
+    e, h, experts = activation_bytes, model.hidden, model.experts
+    width = _expert_width(model)
+    n_in = math.ceil(width * (2 if model.gated else 1) / tp)
+    n_out = math.ceil(width / tp)
+    rows = max(1, tokens)
+    a = 0.0 if on_chip else e
+    return [_expert_matmul("expert_in", rows, h, n_in, a, weight_bytes, experts, experts),
+            _vector("activation", experts * rows * n_out * (3 if model.gated else 2), e,
+                    passes=1),
+            # its (small) input and the partial outputs stay on chip
+            _expert_matmul("expert_out", rows, n_out, h, 0.0, weight_bytes, experts, experts)]
 
 
 def _expert_matmul(name: str, rows: int, k: int, n: int, activation_bytes: float,

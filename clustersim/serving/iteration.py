@@ -41,7 +41,13 @@ from clustersim.hardware.topology import Topology
 from clustersim.scenario.serving import default_activations
 from clustersim.serving import attention as mla
 from clustersim.serving.experts import dispatch_bytes_per_rank
-from clustersim.serving.layers import expert_weight_bytes_per_rank, layer_kinds
+from clustersim.serving.layers import (
+    every_expert_prefill_s,
+    expert_weight_bytes_per_rank,
+    layer_collectives_s,
+    layer_kinds,
+    moe_fixed_s,
+)
 from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
@@ -200,8 +206,7 @@ class IterationModel:
         ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
         return per_rank * self.element_bytes * ranks_per_chip
 
-    def weight_bytes(self) -> float:
-        """All the replica's weights (bytes)."""
+    def weight_bytes(self) -> float:  # all the replica's weights
         return self.shape.model.parameter_count() * self.element_bytes
 
     def kv_bytes_per_token_per_chip(self) -> float:
@@ -289,19 +294,13 @@ class IterationModel:
         the sends between stages, for `tokens` tokens."""
         s = self.shape
         on_chip = self.activations_on_chip(tokens)
-        # The all-reduces and stage sends carry the hidden state (16-bit with fp8 matmuls).
         activation = tokens * s.model.hidden * self.hidden_bytes
         stages_s = 0.0
         for layers, ops, moe in layer_kinds(self, tokens, on_chip):
             layer_s = self._op_s(ops)
-            comm_s = 0.0
-            if self.tp_group is not None:
-                comm_s = 2 * self.tp_all_reduce_s(activation)
-            if moe and self.ep_group is not None:  # dispatch and combine replace the MLP's
-                comm_s = 2 * self.ep_all_to_all_s(tokens) + (
-                    comm_s / 2 * (1 if s.ep == s.tp else 2))
+            comm_s = layer_collectives_s(self, tokens, moe)
             if moe:
-                layer_s += self.hardware.serving.moe_layer_overhead_s
+                layer_s += moe_fixed_s(self, tokens)
             if self.hardware.serving.overlap_collectives and comm_s > 0:
                 # a two-stage pipeline over the tokens' row tiles: the all-reduce of one tile
                 # runs while the next is computed (one tile, as in decode: nothing overlaps)
@@ -327,7 +326,8 @@ class IterationModel:
     def expert_weight_bytes_per_rank(self, tokens: int) -> float:
         """HBM bytes the busiest rank reads of routed experts' weights in one iteration of
         `tokens` tokens, all MoE layers (serving.layers)."""
-        return expert_weight_bytes_per_rank(self.shape, self.element_bytes, tokens)
+        return expert_weight_bytes_per_rank(self.shape, self.element_bytes, tokens,
+                                            self.hardware.serving.moe_decode_loads)
 
     def tp_all_reduce_s(self, size_bytes: float) -> float:
         """One tensor-parallel all-reduce of the replica: with the catalog's
@@ -383,9 +383,7 @@ class IterationModel:
         group = heads // kv_heads  # query heads sharing a KV head score together
         ops = [_matmul("scores", group, m.head_dim, context, e, count=kv_heads),
                _matmul("attend", group, context, m.head_dim, e, count=kv_heads)]
-        # Operand traffic: the keys and values themselves, at the KV cache's precision (the
-        # matmul counts add the query and scores, a few bytes per token beside 2 x head_dim).
-        return self._op_s(ops)
+        return self._op_s(ops)  # traffic: the keys and values, at the KV cache's precision
 
     def _window_seconds_per_sequence(self) -> float:
         """A decoding sequence's attention on the sliding-window layers: `window` tokens on
@@ -467,8 +465,8 @@ class IterationModel:
         if tokens == 0:
             return 0.0
         time_s = self._linear(tokens, decode_batch + prefill_outputs)
-        if prefill:  # the context-encoding graph's own fixed time, and each layer's
-            time_s += self.prefill_fixed_s
+        if prefill:  # the context-encoding graph's fixed times; its every-expert MoE
+            time_s += self.prefill_fixed_s + every_expert_prefill_s(self, tokens)
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         if prefill and self.hardware.serving.attention == "unfused":
             time_s += self._unfused_scores_s(prefill, static_batch)

@@ -13,13 +13,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clustersim.serving import attention as mla
-from clustersim.serving.experts import EXPERT_MATMULS, moe_ffn_ops, moe_layer_count
+from clustersim.serving.experts import (
+    EXPERT_MATMULS,
+    every_expert_ops,
+    expert_loads,
+    moe_ffn_ops,
+    moe_layer_count,
+    routed_expert_ops,
+)
 from clustersim.training.workload import ATTENTION_CORE, Op, _matmul, _vector, layer_forward_ops
 
 if TYPE_CHECKING:
     from clustersim.serving.iteration import IterationModel, ReplicaShape
 
-__all__ = ["layer_kinds", "expert_weight_bytes_per_rank"]
+__all__ = ["layer_kinds", "expert_weight_bytes_per_rank", "every_expert_prefill_s",
+           "layer_collectives_s", "stack_expert_loads", "moe_fixed_s"]
 
 # The attention block of a layer (everything but its FFN and the attention core).
 _ATTENTION_BLOCK = ("norm_attention", "qkv", "projection", "residual_attention", "norm_mlp",
@@ -53,7 +61,7 @@ def layer_kinds(it: IterationModel, tokens: int, on_chip: bool
                       False))
     if moe_layers:
         routed = moe_ffn_ops(m, tokens, s.tp, s.ep, e, it.element_bytes, on_chip,
-                             s.routing_skew)
+                             s.routing_skew, stack_expert_loads(it, tokens))
         ops = it._weights_at_precision(
             block + [op for op in routed if op.name not in EXPERT_MATMULS], on_chip)
         kinds.append((moe_layers, ops + [op for op in routed if op.name in EXPERT_MATMULS],
@@ -61,13 +69,70 @@ def layer_kinds(it: IterationModel, tokens: int, on_chip: bool
     return kinds
 
 
-def expert_weight_bytes_per_rank(shape: ReplicaShape, weight_bytes: float, tokens: int
-                                 ) -> float:
+def stack_expert_loads(it: IterationModel, tokens: int) -> float | None:
+    """The expert loads of one MoE layer where the replica's stack loads experts per token
+    (`serving.moe_decode_loads`: serving.experts.expert_loads); None otherwise."""
+    return expert_loads(it.shape.model, tokens, it.shape.ep,
+                        it.hardware.serving.moe_decode_loads)
+
+
+def moe_fixed_s(it: IterationModel, tokens: int) -> float:
+    """A MoE layer's fixed time in an iteration of `tokens` tokens: `moe_layer_overhead`,
+    plus `moe_expert_load_overhead` per expert load where the stack loads them per token."""
+    serving = it.hardware.serving
+    loads = stack_expert_loads(it, tokens)
+    return serving.moe_layer_overhead_s + (loads or 0.0) * serving.moe_expert_load_overhead_s
+
+
+def expert_weight_bytes_per_rank(shape: ReplicaShape, weight_bytes: float, tokens: int,
+                                 mode: str = "distinct") -> float:
     """HBM bytes the busiest rank reads of routed experts' weights in one iteration of
-    `tokens` tokens, over all MoE layers."""
+    `tokens` tokens, over all MoE layers (`mode`: the stack's `moe_decode_loads`)."""
     m = shape.model
     if not m.moe:
         return 0.0
     ops = moe_ffn_ops(m, tokens, shape.tp, shape.ep, 0.0, weight_bytes, True,
-                      shape.routing_skew)
+                      shape.routing_skew, expert_loads(m, tokens, shape.ep, mode))
     return moe_layer_count(m) * sum(op.bytes for op in ops if op.name in EXPERT_MATMULS)
+
+
+def every_expert_prefill_s(it: IterationModel, tokens: int) -> float:
+    """What a context-encoding iteration of `tokens` tokens adds when its stack runs every
+    routed expert over every token (`serving.moe_prefill: every-expert`; NxD refuses it
+    with expert parallelism, which keeps the routed path): all MoE layers' every-expert
+    work less the routed work the iteration model already counts, plus the fixed time per
+    expert each layer runs (`serving.expert_invocation_overhead`). 0 for other stacks."""
+    serving = it.hardware.serving
+    s = it.shape
+    if serving.moe_prefill != "every-expert" or not s.model.moe or s.ep > 1 or tokens <= 0:
+        return 0.0
+    cache = it.__dict__.setdefault("_every_expert_s", {})
+    if tokens not in cache:
+        on_chip = it.activations_on_chip(tokens)
+        e = it.activation_bytes
+        every = every_expert_ops(s.model, tokens, s.tp, e, it.element_bytes, on_chip)
+        routed = routed_expert_ops(s.model, tokens, s.tp, 1, e, it.element_bytes, on_chip,
+                                   s.routing_skew, stack_expert_loads(it, tokens))
+        layer_s = (it._op_s(every) - it._op_s(routed)
+                   + s.model.experts * serving.expert_invocation_overhead_s)
+        cache[tokens] = moe_layer_count(s.model) * layer_s
+    return cache[tokens]
+
+
+def layer_collectives_s(it: IterationModel, tokens: int, moe: bool) -> float:
+    """One layer's collectives for an iteration of `tokens` tokens: the two TP all-reduces
+    of the hidden state (after attention and after the FFN); a MoE layer with expert
+    parallelism dispatches and combines in their place (the FFN's all-reduce kept when its
+    groups are smaller than tp); MLA's compressions, their weights split over the tp ranks,
+    each all-gathered before its norm (the query's and the latent's with its rotary key)."""
+    s = it.shape
+    hidden = it.hidden_bytes
+    comm = 2 * it.tp_all_reduce_s(tokens * s.model.hidden * hidden) \
+        if it.tp_group is not None else 0.0
+    if moe and it.ep_group is not None:
+        comm = 2 * it.ep_all_to_all_s(tokens) + comm / 2 * (1 if s.ep == s.tp else 2)
+    if it.tp_group is not None and mla.is_mla(s.model):
+        comm += sum(it.tp_collectives.cost("all-gather", it.tp_group,
+                                           tokens * width * hidden).time_s
+                    for width in mla.compressed_widths(s.model))
+    return comm
