@@ -53,7 +53,7 @@ def _grid(models, sigmas, utilisations) -> list[tuple]:
             base = _scenario(model, tp, sigma, 1.0)
             capacity = replica_curve(base, base.serve[0]).capacity_per_s
             cost, _, _ = replica_models(base, base.serve[0])
-            queue = QueueModel(cost, base.serve[0])
+            queue = QueueModel(cost, base.serve[0], capacity)
             for u in utilisations:
                 rate = u * capacity
                 measured = _requests(_scenario(model, tp, sigma, rate))

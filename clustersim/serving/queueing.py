@@ -43,7 +43,7 @@ from scipy import stats
 
 from clustersim.scenario.serving import DeploymentSpec, LengthSpec
 
-__all__ = ["QueueModel", "QueuePoint", "length_quadrature", "erlang_c", "PACKING",
+__all__ = ["QueueModel", "QueuePoint", "length_quadrature", "erlang_c", "admission_chain", "PACKING",
            "CHECKED", "checked"]
 
 PACKING = 1.0  # share of packing reached at rho = 1 (0: every prompt alone)
@@ -60,15 +60,22 @@ _QUADRATURE = 64
 def length_quadrature(spec: LengthSpec, points: int = _QUADRATURE) -> tuple[np.ndarray,
                                                                             np.ndarray]:
     """(token counts, weights) standing for a length distribution: its quantiles at the
-    middles of `points` equal slices, clipped and rounded as the request level draws."""
+    middles of slices of its probability, clipped and rounded as the request level draws.
+    Half the `points` slice [0, 0.9] evenly, a quarter [0.9, 0.99] and a quarter the top 1%:
+    the TTFT p99 is the longest prompts' (and those past `max`, all at `max`, may take one
+    more iteration), which one slice of 1/points would stand for with a single length."""
     if spec.distribution == "fixed":
         return np.array([float(spec.value)]), np.array([1.0])
     if spec.distribution != "lognormal":
         raise ValueError("the queueing model needs fixed or lognormal lengths")
-    levels = (np.arange(points) + 0.5) / points
+    half, quarter = points // 2, points // 4
+    edges = np.concatenate((np.linspace(0.0, 0.9, half + 1),
+                            np.linspace(0.9, 0.99, quarter + 1)[1:],
+                            np.linspace(0.99, 1.0, quarter + 1)[1:]))
+    levels = (edges[:-1] + edges[1:]) / 2.0
     tokens = spec.median * np.exp(spec.sigma * stats.norm.ppf(levels))
     tokens = np.clip(np.round(tokens), spec.min, spec.max)
-    return tokens, np.full(points, 1.0 / points)
+    return tokens, np.diff(edges)
 
 
 def checked(utilisation: float, prompt_sigma: float) -> bool:
@@ -110,7 +117,7 @@ class QueuePoint:
 class QueueModel:
     """The queueing model of one replica of a deployment (module docstring)."""
 
-    def __init__(self, cost, d: DeploymentSpec):
+    def __init__(self, cost, d: DeploymentSpec, capacity_per_s: float | None = None):
         self.cost = cost
         self.budget = d.server.max_tokens_per_iteration
         self.max_batch = d.server.max_batch
@@ -118,8 +125,21 @@ class QueueModel:
         outputs, out_w = length_quadrature(d.workload.output_tokens)
         self.output_mean = float(np.dot(outputs, out_w))
         self.output_cv2 = float(np.dot(outputs**2, out_w)) / self.output_mean**2 - 1.0
-        self._full: dict[float, float] = {}
+        self._rates: dict[float, np.ndarray] = {}
         self.prompt_mean = float(np.dot(self.prompts, self.weights))
+        # A sequence in the batch is met in proportion to how long it stays there (its
+        # outputs): its expected context is its prompt plus E[out^2] / (2 E[out]), the
+        # length-biased half of its outputs, not E[out] / 2 (longer with spread outputs).
+        self.context_per_sequence = self.prompt_mean + self.output_mean * (
+            1.0 + self.output_cv2) / 2.0
+        # With the replica's measured saturated capacity (the request level's, as the fluid
+        # level holds it), the full batch's completion rate is scaled to it at that load:
+        # near saturation the admission wait goes as 1 / (1 - load / capacity), so the model's
+        # own capacity (within a few % of the measured one) would decide it alone.
+        self.scale = 1.0
+        if capacity_per_s is not None:
+            self.scale = capacity_per_s / float(self._completion_rates(capacity_per_s)[-1])
+            self._rates.clear()
 
     # ----------------------------------------------------------------------- iterations
     def _decode_s(self, batch: float, context: float) -> float:
@@ -154,7 +174,7 @@ class QueueModel:
         lam = float(rate_per_s)
         batch = 1.0
         for _ in range(40):
-            context = batch * (self.prompt_mean + self.output_mean / 2.0)
+            context = batch * self.context_per_sequence
             decode = self._decode_s(batch, context)
             work, _ = self._prefill_work(batch, context, decode)
             busy = lam * float(np.dot(work, self.weights))
@@ -164,7 +184,7 @@ class QueueModel:
                 batch = new
                 break
             batch = 0.5 * (batch + new)
-        context = batch * (self.prompt_mean + self.output_mean / 2.0)
+        context = batch * self.context_per_sequence
         decode = self._decode_s(batch, context)
         work, count = self._prefill_work(batch, context, decode)
         busy = lam * float(np.dot(work, self.weights))
@@ -179,22 +199,40 @@ class QueueModel:
                           slot_wait)
 
     def _slots(self, lam: float, tpot: float, batch: float) -> tuple[float, float, float]:
-        """Batch admission: the batch's `max_batch` places are the servers of an M/G/c
-        queue, each held for a sequence's outputs x TPOT at the batch's full size (Erlang
-        C, with the Allen-Cunneen factor for the outputs' spread): (probability of
-        waiting, mean wait, occupancy)."""
+        """Batch admission: (probability of waiting, mean wait, occupancy) from a
+        birth-death chain over the requests in the replica (admission_chain), whose
+        completion rate with n sequences decoding is n over their outputs x TPOT at that
+        batch (_tpot_at): a small batch decodes faster than a full one. The outputs'
+        spread scales the wait (the Allen-Cunneen factor)."""
+        del tpot, batch
         c = self.max_batch
-        full = self._full_tpot(lam)
-        hold = self.output_mean * max(tpot, full * min(batch / c, 1.0))
-        offered = lam * self.output_mean * full
-        occupancy = offered / c
-        if occupancy >= 1.0:
+        rates = self._completion_rates(lam)
+        p_wait, drain_per_s = admission_chain(lam, rates)
+        occupancy = lam / rates[-1]
+        if not math.isfinite(drain_per_s):
             return 1.0, math.inf, occupancy
-        p_wait = erlang_c(c, offered)
         factor = (1.0 + self.output_cv2) / 2.0
-        wait = p_wait * self.output_mean * full / (c * (1.0 - occupancy)) * factor
-        del hold
-        return p_wait, wait, occupancy
+        del c
+        return p_wait, p_wait * factor / drain_per_s, occupancy
+
+    def _completion_rates(self, lam: float) -> np.ndarray:
+        """Requests completed per second with n = 1..max_batch sequences decoding, at `lam`
+        prompts per second (the prefill share of the replica's time slows them all)."""
+        found = self._rates.get(lam)
+        if found is None:
+            n = np.arange(1, self.max_batch + 1, dtype=float)
+            # TPOT at a few batch sizes, linear between (it is smooth in the batch)
+            knots = np.unique(np.round(np.geomspace(1, self.max_batch, 12)))
+            tpot = np.interp(n, knots, [self._tpot_at(lam, float(b)) for b in knots])
+            found = self._rates[lam] = n / (self.output_mean * tpot) * self.scale
+        return found
+
+    def _tpot_at(self, lam: float, batch: float) -> float:
+        context = batch * self.context_per_sequence
+        decode = self._decode_s(batch, context)
+        work, _ = self._prefill_work(batch, context, decode)
+        busy = lam * float(np.dot(work, self.weights))
+        return decode / max(1.0 - busy, 1e-6)
 
     def _queue_work(self, lam: float, work: np.ndarray, count: np.ndarray, decode: float
                     ) -> tuple[np.ndarray, float]:
@@ -213,18 +251,6 @@ class QueueModel:
             rho = new
         return queue, rho
 
-    def _full_tpot(self, lam: float) -> float:
-        """TPOT with the batch full (max_batch sequences), at `lam` prompts per second."""
-        found = self._full.get(lam)
-        if found is None:
-            batch = float(self.max_batch)
-            context = batch * (self.prompt_mean + self.output_mean / 2.0)
-            decode = self._decode_s(batch, context)
-            work, _ = self._prefill_work(batch, context, decode)
-            busy = lam * float(np.dot(work, self.weights))
-            found = self._full[lam] = decode / max(1.0 - busy, 1e-6)
-        return found
-
     # ----------------------------------------------------------------------- quantiles
     def _distribution(self, rate_per_s: float) -> tuple[np.ndarray, np.ndarray] | None:
         """(time grid, CDF of TTFT on it); None when a queue is unstable. TTFT is the sum
@@ -237,7 +263,7 @@ class QueueModel:
         p = self.point(rate_per_s)
         if not p.stable:
             return None
-        context = p.batch * (self.prompt_mean + self.output_mean / 2.0)
+        context = p.batch * self.context_per_sequence
         work, count = self._prefill_work(p.batch, context, p.decode_s)
         own = count * p.decode_s + work
         queue, _ = self._queue_work(p.rate_per_s, work, count, p.decode_s)
@@ -306,6 +332,25 @@ class QueueModel:
             return 0.0
         t, cdf = found
         return float(np.interp(ttft_slo_s, t, cdf, left=0.0, right=float(cdf[-1])))
+
+
+def admission_chain(lam: float, rates: np.ndarray) -> tuple[float, float]:
+    """A birth-death chain over the requests in a replica: arrivals at `lam`, completions at
+    rates[n - 1] with n <= c = len(rates) sequences in the batch and rates[-1] beyond (the
+    rest wait for a place). Returns (the probability that an arrival waits, the rate at
+    which the queue ahead of it drains: its wait, given it waits, is exponential of this
+    rate, first-come first-served). (1, inf) when the chain is unstable. With rates n mu it
+    is M/M/c: the probability is Erlang C."""
+    full = float(rates[-1])
+    if lam >= full:
+        return 1.0, math.inf
+    # pi_n / pi_0 = prod lam / rates_k, in logs (c may be in the hundreds)
+    log_pi = np.concatenate(([0.0], np.cumsum(np.log(lam / np.asarray(rates, float)))))
+    top = log_pi.max()
+    pi = np.exp(log_pi - top)
+    waiting = pi[-1] / (1.0 - lam / full)  # n >= c: geometric of ratio lam / full
+    total = float(pi[:-1].sum()) + waiting
+    return waiting / total, full - lam
 
 
 def _compound_poisson(mean_count: float, pmf: np.ndarray, n: int) -> np.ndarray:
