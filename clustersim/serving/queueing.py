@@ -287,7 +287,23 @@ class QueueModel:
             edges = np.exp(-np.arange(n + 1) * dt / mean)
             return edges[:-1] - edges[1:]
 
-        parts = [pmf_points(own, self.weights)]
+        # Its own iterations, and the prompts that ride in its last one: those that arrive
+        # while it waits for its first iteration and while its earlier chunks run (a prompt
+        # longer than an iteration's room takes several) join the queue behind it and fill
+        # the room its last chunk leaves, and it ends when their chunks do: a compound
+        # Poisson sum of their work over that window, by how many iterations it takes.
+        riders = pmf_points(work, self.weights)
+        mine = np.zeros(n)
+        for k in np.unique(count):
+            group = count == k
+            share = float(self.weights[group].sum())
+            earlier = float(np.dot(own[group], self.weights[group])) / share * (k - 1) / k
+            window = p.rate_per_s * (p.decode_s / 2.0 + p.wait_mean_s + earlier)
+            own_k = pmf_points(own[group], self.weights[group] / share)
+            if window > 0:
+                own_k = _convolve(own_k, _compound_poisson(window, riders, n), n)
+            mine += share * own_k
+        parts = [mine]
         iteration = np.zeros(n)
         iteration[: max(int(p.decode_s / dt), 1)] = 1.0
         parts.append(iteration / iteration.sum())
@@ -302,11 +318,6 @@ class QueueModel:
             idle = np.zeros(n)
             idle[0] = 1.0
             parts.append((1 - p.rho) * idle + p.rho * waited)
-        # The prompts that arrive while it waits for its iteration ride in it too, and it
-        # ends when their chunks do: a compound Poisson sum of their work over that window.
-        window = p.rate_per_s * (p.decode_s / 2.0 + p.wait_mean_s)
-        if window > 0:
-            parts.append(_compound_poisson(window, pmf_points(work, self.weights), n))
         if p.slot_wait_p > 0:
             idle = np.zeros(n)
             idle[0] = 1.0
