@@ -314,10 +314,7 @@ class QueueModel:
             residual = np.zeros(n)
             residual[: len(survival)] = survival
             residual /= residual.sum()
-            waited = _convolve(residual, exponential(behind), n)
-            idle = np.zeros(n)
-            idle[0] = 1.0
-            parts.append((1 - p.rho) * idle + p.rho * waited)
+            parts.append(_pollaczek_khinchine(p.rho, residual, n))
         if p.slot_wait_p > 0:
             idle = np.zeros(n)
             idle[0] = 1.0
@@ -362,6 +359,20 @@ def admission_chain(lam: float, rates: np.ndarray) -> tuple[float, float]:
     waiting = pi[-1] / (1.0 - lam / full)  # n >= c: geometric of ratio lam / full
     total = float(pi[:-1].sum()) + waiting
     return waiting / total, full - lam
+
+
+def _pollaczek_khinchine(rho: float, residual: np.ndarray, n: int) -> np.ndarray:
+    """The M/G/1 first-come first-served wait on the grid: a geometric number (P(k) =
+    (1 - rho) rho^k) of independent residuals of the work in service, summed (the
+    Pollaczek-Khinchine transform, through the characteristic function; its mean is the
+    Pollaczek-Khinchine mean wait). The grid is doubled to keep the tail off its end."""
+    size = 1 << (4 * n - 1).bit_length()
+    phi = np.fft.rfft(residual, size)
+    out = np.fft.irfft((1.0 - rho) / (1.0 - rho * phi), size)
+    out = np.maximum(out, 0.0)
+    head = out[:n].copy()
+    head[-1] += out[n:].sum()
+    return head / head.sum()
 
 
 def _compound_poisson(mean_count: float, pmf: np.ndarray, n: int) -> np.ndarray:
