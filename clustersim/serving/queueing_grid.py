@@ -3,10 +3,11 @@ over a grid: one replica, utilisation 10-95% of its saturated capacity (the requ
 all-at-once rate, as the fluid level's curves measure it), lognormal prompts of median 1,024
 with sigma 0 to 1.2, Llama 3.1 8B on TP 4 and 70B on TP 16 on Trn2.
 
-The request level's figures of a cell are pooled over `seeds` runs of `requests` requests
-each (the first tenth of each run left out as warm-up); near saturation a run of a few
-thousand requests is one excursion of the admission queue, so the cells from 85% run longer
-and over more seeds, and each cell also reports how far its seeds' own figures spread. Used
+The request level's figures of a cell are pooled over three seeds' runs (the first tenth of
+each run left out as warm-up), and each cell reports how far its seeds' own figures spread
+from the pooled ones: a TTFT p99 from a few thousand requests moves by 10% between seeds
+(it is the few longest prompts'), and near saturation a run is one excursion of the
+admission queue, so the cells from 85% run twice as long. Used
 by tests/test_fluid_queue.py (which prints the grid and checks it) and quoted in
 docs/fleet-day.md.
 """
@@ -34,7 +35,7 @@ HEAVY = 0.85  # from this utilisation the admission queue's excursions are long
 def runs_for(utilisation: float) -> tuple[int, tuple[int, ...]]:
     """(requests per run, seeds) of a cell."""
     if utilisation < HEAVY:
-        return 6_000, (5,)
+        return 10_000, (5, 6, 7)
     return 20_000, (5, 6, 7)
 
 
