@@ -141,16 +141,35 @@ def doc_figures(cells) -> dict[str, str]:
     def worst(index, keep):
         return max(abs(c.gaps[index]) for c in cells if keep(c))
 
+    def span(index, keep):
+        gaps = [c.gaps[index] for c in cells if keep(c)]
+        return f"{min(gaps):+.0%} to {max(gaps):+.0%}"
+
+    def light(c):
+        return c.utilisation <= 0.7 and c.sigma <= 0.8
+
+    def wide(c):
+        return c.utilisation <= 0.7 and c.sigma > 0.8
+
+    def at(u):
+        return lambda c: c.utilisation == u
+
     heavy = [c for c in cells if c.utilisation >= G.HEAVY]
+    (light_n, light_seeds), (heavy_n, _) = G.runs_for(0.1), G.runs_for(G.HEAVY)
+    words = {1: "one seed", 2: "two seeds", 3: "three seeds"}
     return {
+        "runs": (f"pooled over {words[len(light_seeds)]} of {light_n:,} requests a cell, "
+                 f"{heavy_n:,} from {G.HEAVY:.0%}"),
         "tpot": f"TPOT within {worst(2, lambda c: True):.1%} everywhere",
-        "p50": f"TTFT p50 within {worst(0, lambda c: c.utilisation <= 0.7):.1%} up to 70%",
-        "p99": f"TTFT p99 within {worst(1, lambda c: c.utilisation <= 0.7):.1%} up to 70%",
-        "heavy": ("from 85%: TTFT p50 "
-                  f"{min(c.gaps[0] for c in heavy):+.0%} to {max(c.gaps[0] for c in heavy):+.0%}"
-                  f", p99 {min(c.gaps[1] for c in heavy):+.0%} to "
-                  f"{max(c.gaps[1] for c in heavy):+.0%}"),
-        "spread": ("the request level's own seeds differ from their pooled figures by up to "
+        "light": (f"TTFT p50 within {worst(0, light):.1%} and p99 within {worst(1, light):.1%}"
+                  " up to 70% for prompt sigma up to 0.8"),
+        "wide": f"with sigma 1.2, p50 {span(0, wide)} and p99 {span(1, wide)}",
+        "85": f"at 85%: p50 {span(0, at(0.85))}, p99 {span(1, at(0.85))}",
+        "95": f"at 95%: p50 {span(0, at(0.95))}, p99 {span(1, at(0.95))}",
+        "95 narrow": ("within "
+                      f"{worst(0, lambda c: c.utilisation == 0.95 and c.sigma <= 0.4):.1%}"
+                      " for sigma up to 0.4"),
+        "spread": ("its own seeds differ from their pooled figures by up to "
                    f"{max(c.seed_spread[0] for c in heavy):.0%} (p50) and "
                    f"{max(c.seed_spread[1] for c in heavy):.0%} (p99)"),
     }
@@ -174,3 +193,46 @@ def test_the_grid_scenario_is_one_replica_of_the_cell():
     d = s.serve[0]
     assert d.replicas == 1 and d.tp == 16 and d.workload.input_tokens.sigma == 1.2
     assert d.workload.requests == 500 and d.workload.rate_per_s == pytest.approx(2.5)
+
+
+def _dispersion_fit(model: str, tp: int, sigma: float, utilisation: float) -> float:
+    """The DISPERSION at which the chain's share of arrivals finding the batch full is the
+    request level's time share at a full batch (its iteration series; bisection)."""
+    from clustersim.serving.curves import replica_curve
+    from clustersim.serving.simulate import simulate_serving
+
+    base = G.cell_scenario(model, tp, sigma, 1.0, 1000)
+    capacity = replica_curve(base, base.serve[0]).capacity_per_s
+    rate = utilisation * capacity
+    requests = 20_000
+    fleet = simulate_serving(G.cell_scenario(model, tp, sigma, rate, requests),
+                             np.random.SeedSequence(5)).fleets["chat"]
+    series = fleet.series  # (a property: the replicas' iteration rows)
+    start = series["start_s"]
+    held = np.diff(np.append(start, start[-1]))
+    full = float(held[series["batch"] >= _queue(model, tp, sigma).max_batch].sum() / held.sum())
+    rates = _queue(model, tp, sigma)._completion_rates(rate)
+    low, high = 1.0, 4.0
+    for _ in range(30):
+        middle = (low + high) / 2
+        if admission_chain(rate, rates, middle)[0] < full:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+@pytest.mark.slow
+def test_dispersion_is_read_off_the_request_level_batch_series():
+    """docs/fleet-day.md: DISPERSION and the range it was read from."""
+    from clustersim.serving.queueing import DISPERSION
+
+    fits = [_dispersion_fit(*case) for case in (
+        ("llama3.1-8b", 4, 0.0, 0.7), ("llama3.1-8b", 4, 0.0, 0.85),
+        ("llama3.1-70b", 16, 0.0, 0.85), ("llama3.1-70b", 16, 0.4, 0.7))]
+    print("DISPERSION fitted per case:", [round(f, 2) for f in fits])
+    assert min(fits) <= DISPERSION <= max(fits)
+    page = " ".join(DOC.read_text("utf-8").split())
+    assert (f"`DISPERSION` = {DISPERSION:g}, how much more the batch's occupancy varies than "
+            f"the chain's") in page
+    assert f"{min(fits):.1f} to {max(fits):.1f} over 8B and 70B at 70% and 85%" in page
