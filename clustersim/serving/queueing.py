@@ -53,15 +53,16 @@ __all__ = ["QueueModel", "QueuePoint", "length_quadrature", "erlang_c", "admissi
            "PACKING", "DISPERSION", "CHECKED", "checked", "checked_text"]
 
 PACKING = 1.0  # share of packing reached at rho = 1 (0: every prompt alone)
-# The batch's occupancy varies DISPERSION times as much as a chain whose completion rates
-# follow its size alone (admission_chain): the iteration time also moves with the contexts
-# and prompt work in the batch, which the chain averages. Read off the request level's
-# batch-size series (the value at which the chain's batch is full as often as the request
-# level's, 8B and 70B at 70% and 85% with prompt sigma 0 and 0.4: 1.4 to 2.0,
-# tests/test_fluid_queue.py). It sets how often an arrival
-# finds the batch full, not how fast the queue then drains (the full batch's rate less the
-# arrivals: tempering that too put the TTFT p99 at 95% half above the request level's).
-DISPERSION = 1.5
+# The batch's occupancy varies more than a chain whose completion rates follow its size
+# alone (admission_chain): the iteration time also moves with the prompt work arriving
+# (QueueModel.dispersion, from the prompts' lengths) and with the contexts in the batch,
+# which the chain averages: DISPERSION. Read off the request level's batch-size series (the
+# tempering at which the chain's batch is full as often as the request level's, over that
+# prompt-work factor: 1.25 to 1.37 at 85% over 8B and 70B, prompt sigma 0 to 1.2,
+# tests/test_fluid_queue.py). It sets how often an arrival finds the batch full, not how
+# fast the queue then drains (the full batch's rate less the arrivals: tempering that too
+# put the TTFT p99 at 95% half above the request level's).
+DISPERSION = 1.3
 # Where the model is checked against the request level within 10% on TTFT p50 and p99 and
 # TPOT p50 (clustersim.serving.queueing_grid, tests/test_fluid_queue.py: utilisation 10-95%
 # of a replica's saturated capacity, prompt sigma 0-1.2, Llama 3.1 8B and 70B on trn2):
@@ -227,12 +228,27 @@ class QueueModel:
         outputs x TPOT at that batch (_tpot_at). The outputs' spread scales the wait (the
         Allen-Cunneen factor)."""
         rates = self._completion_rates(lam)
-        p_wait, drain_per_s = admission_chain(lam, rates, DISPERSION)
+        p_wait, drain_per_s = admission_chain(lam, rates, self.dispersion(lam))
         occupancy = lam / float(rates[-1])
         if not math.isfinite(drain_per_s):
             return 1.0, math.inf, occupancy
         factor = (1.0 + self.output_cv2) / 2.0
         return p_wait, p_wait * factor / drain_per_s, occupancy
+
+    def dispersion(self, lam: float) -> float:
+        """How much more the batch's occupancy varies than the chain's: DISPERSION (the
+        contexts in the batch) times 1 + lambda^2 E[S^2] / (1 - lambda E[S])^2, S the
+        prefill work a prompt adds to a full batch's iterations. Over a sequence's life the
+        prefill share moves with the prompts that arrive, every sequence slowed together:
+        with m sequences held for T, the share's variance lambda E[S^2] / T, relative to
+        (1 - share)^2, times m^2 = (lambda T)^2 adds that term to the batch's variance over
+        its mean."""
+        batch = float(self.max_batch)
+        context = batch * self.context_per_sequence
+        work, _ = self._prefill_work(batch, context, self._decode_s(batch, context))
+        busy = min(lam * float(np.dot(work, self.weights)), 0.99)
+        return DISPERSION * (1.0 + lam**2 * float(np.dot(work**2, self.weights))
+                             / (1.0 - busy) ** 2)
 
     def _completion_rates(self, lam: float) -> np.ndarray:
         """Requests completed per second with n = 1..max_batch sequences decoding, at `lam`
