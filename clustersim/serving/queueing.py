@@ -140,7 +140,7 @@ class QueuePoint:
 class QueueModel:
     """The queueing model of one replica of a deployment (module docstring)."""
 
-    def __init__(self, cost, d: DeploymentSpec, capacity_per_s: float | None = None):
+    def __init__(self, cost, d: DeploymentSpec):
         self.cost = cost
         self.budget = d.server.max_tokens_per_iteration
         self.max_batch = d.server.max_batch
@@ -155,14 +155,6 @@ class QueueModel:
         # length-biased half of its outputs, not E[out] / 2 (longer with spread outputs).
         self.context_per_sequence = self.prompt_mean + self.output_mean * (
             1.0 + self.output_cv2) / 2.0
-        # With the replica's measured saturated capacity (the request level's, as the fluid
-        # level holds it), the full batch's completion rate is scaled to it at that load:
-        # near saturation the admission wait goes as 1 / (1 - load / capacity), so the model's
-        # own capacity (within a few % of the measured one) would decide it alone.
-        self.scale = 1.0
-        if capacity_per_s is not None:
-            self.scale = capacity_per_s / float(self._completion_rates(capacity_per_s)[-1])
-            self._rates.clear()
 
     # ----------------------------------------------------------------------- iterations
     def _decode_s(self, batch: float, context: float) -> float:
@@ -259,7 +251,7 @@ class QueueModel:
             # TPOT at a few batch sizes, linear between (it is smooth in the batch)
             knots = np.unique(np.round(np.geomspace(1, self.max_batch, 12)))
             tpot = np.interp(n, knots, [self._tpot_at(lam, float(b)) for b in knots])
-            found = self._rates[lam] = n / (self.output_mean * tpot) * self.scale
+            found = self._rates[lam] = n / (self.output_mean * tpot)
         return found
 
     def _tpot_at(self, lam: float, batch: float) -> float:
