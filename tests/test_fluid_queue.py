@@ -1,84 +1,33 @@
-"""The fluid level's queueing model of a replica (clustersim.serving.queueing) against the
-request level over a grid: utilisation 10-95% of the replica's saturated capacity, prompt
-sigma 0-1.2 (lognormal, median 1,024), two model sizes. Prints the grid; asserts within 10%
-on TTFT p50/p99 and TPOT p50 over the range the model is checked on (queueing.CHECKED),
-and reports the cells beyond it as they are."""
+"""The fluid level's queueing model of a replica (clustersim.serving.queueing): its parts
+against closed forms, and the whole against the request level over the grid of
+clustersim.serving.queueing_grid (utilisation 10-95% of the replica's saturated capacity,
+prompt sigma 0-1.2, Llama 3.1 8B and 70B). The grid test prints the grid, asserts within
+10% on TTFT p50/p99 and TPOT p50 over the range the model is checked on
+(queueing.CHECKED), and checks the figures docs/fleet-day.md quotes of the rest."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from clustersim.scenario.loader import scenario_from_dict
-from clustersim.serving.curves import replica_curve
-from clustersim.serving.queueing import QueueModel, checked, erlang_c
-from clustersim.serving.simulate import replica_models, simulate_serving
+from clustersim.serving import queueing_grid as G
+from clustersim.serving.queueing import (
+    CHECKED,
+    QueueModel,
+    _pollaczek_khinchine,
+    admission_chain,
+    checked,
+    erlang_c,
+    length_quadrature,
+)
+from clustersim.serving.simulate import replica_models
 
-MODELS = (("llama3.1-8b", 4), ("llama3.1-70b", 16))
-SIGMAS = (0.0, 0.4, 0.8, 1.2)
-UTILISATIONS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
-REQUESTS = 3000
-
-
-def _scenario(model: str, tp: int, sigma: float, rate: float):
-    prompts = ({"distribution": "lognormal", "median": 1024, "sigma": sigma, "max": 8192}
-               if sigma > 0 else {"distribution": "fixed", "value": 1024})
-    d = {"name": "chat", "model": model, "parallelism": {"tp": tp}, "replicas": 1,
-         "fidelity": "requests", "slo": {"ttft": "2s", "tpot": "100ms"},
-         "workload": {"rate": f"{rate}/s", "requests": REQUESTS, "input_tokens": prompts,
-                      "output_tokens": {"distribution": "lognormal", "median": 256,
-                                        "sigma": 0.8, "max": 2048}}}
-    return scenario_from_dict({"name": "grid", "duration": "1d", "hardware": "trn2",
-                               "cluster": {"instances": 4}, "serve": [d]})
-
-
-def _requests(s) -> tuple[float, float, float]:
-    """(TTFT p50, TTFT p99, TPOT p50) of the request level, the first tenth left out."""
-    f = simulate_serving(s, np.random.SeedSequence(5)).fleets["chat"]
-    keep = (f.status == 1) & (np.arange(len(f.status)) >= REQUESTS // 10)
-    ttft = f.first_token_s[keep] - f.arrival_s[keep]
-    outputs = f.output_tokens[keep]
-    decoding = outputs > 1
-    tpot = ((f.finish_s[keep] - f.first_token_s[keep]) / np.maximum(outputs - 1, 1))[decoding]
-    return float(np.quantile(ttft, 0.5)), float(np.quantile(ttft, 0.99)), float(
-        np.median(tpot))
-
-
-def _grid(models, sigmas, utilisations) -> list[tuple]:
-    rows = []
-    for model, tp in models:
-        for sigma in sigmas:
-            base = _scenario(model, tp, sigma, 1.0)
-            capacity = replica_curve(base, base.serve[0]).capacity_per_s
-            cost, _, _ = replica_models(base, base.serve[0])
-            queue = QueueModel(cost, base.serve[0])
-            for u in utilisations:
-                rate = u * capacity
-                measured = _requests(_scenario(model, tp, sigma, rate))
-                p50, p99 = queue.ttft_quantiles(rate, np.array([0.5, 0.99]))
-                modelled = (float(p50), float(p99), queue.point(rate).tpot_s)
-                gaps = tuple(m / r - 1 for m, r in zip(modelled, measured, strict=True))
-                rows.append((model, sigma, u, measured, modelled, gaps))
-    print(f"\n{'model':<13}{'sigma':>6}{'util':>6} | {'TTFT p50 req/model':>20} "
-          f"{'TTFT p99 req/model':>20} {'TPOT ms req/model':>18} | gaps p50 p99 tpot")
-    for model, sigma, u, r, m, g in rows:
-        mark = "" if checked(u, sigma) else "  (beyond the checked range)"
-        print(f"{model:<13}{sigma:>6.1f}{u:>6.2f} | {r[0]:8.3f} /{m[0]:8.3f}   "
-              f"{r[1]:8.3f} /{m[1]:8.3f}   {r[2]*1e3:7.2f} /{m[2]*1e3:7.2f} | "
-              f"{g[0]:+5.0%} {g[1]:+5.0%} {g[2]:+5.0%}{mark}")
-    return rows
-
-
-def _assert_within(rows, tolerance=0.10):
-    inside = [r for r in rows if checked(r[2], r[1])]
-    worst = max(abs(g) for r in inside for g in r[5])
-    print(f"worst gap in the checked range: {worst:.1%}")
-    tpot = max(abs(r[5][2]) for r in rows)
-    p50 = max(abs(r[5][0]) for r in rows if r[2] <= 0.85)
-    print(f"worst TPOT gap over the grid: {tpot:.1%}; worst TTFT p50 gap to 85%: {p50:.1%}")
-    assert worst <= tolerance
+DOC = Path(__file__).resolve().parents[1] / "docs" / "fleet-day.md"
 
 
 def test_erlang_c_closed_forms():
@@ -88,12 +37,63 @@ def test_erlang_c_closed_forms():
     assert 0 < erlang_c(64, 60.0) < 1
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 256), st.floats(0.01, 0.99), st.floats(0.01, 100.0))
+def test_the_admission_chain_with_rates_n_mu_is_erlang_c(servers, load, mu):
+    """With completion rates n mu and no tempering the chain is M/M/c: an arrival waits
+    with Erlang C's probability, and the queue drains at c mu - lambda."""
+    lam = load * servers * mu
+    p_wait, drain = admission_chain(lam, np.arange(1, servers + 1) * mu)
+    assert p_wait == pytest.approx(erlang_c(servers, lam / mu), rel=1e-9, abs=1e-12)
+    assert drain == pytest.approx(servers * mu - lam)
+
+
+def test_the_admission_chain_is_unstable_at_its_full_rate_and_tempering_widens_it():
+    rates = np.arange(1, 65) * 0.1
+    assert admission_chain(6.4, rates) == (1.0, math.inf)
+    assert admission_chain(5.0, rates, 1.5)[0] > admission_chain(5.0, rates)[0]
+
+
+def test_the_pollaczek_khinchine_wait_of_an_m_m_1_queue():
+    """Exponential work of mean 1/mu: the residual is the same exponential, and the wait is
+    0 with probability 1 - rho, else exponential of rate mu - lambda."""
+    n, dt, mu, rho = 8192, 0.002, 1.0, 0.6
+    edges = np.exp(-np.arange(n + 1) * dt * mu)
+    wait = _pollaczek_khinchine(rho, edges[:-1] - edges[1:], n)
+    assert wait.sum() == pytest.approx(1.0)
+    assert wait[0] == pytest.approx(1 - rho, abs=2e-3)
+    t = np.arange(n) * dt
+    survival = 1 - np.cumsum(wait)
+    for x in (0.5, 2.0, 5.0):
+        exact = rho * math.exp(-mu * (1 - rho) * x)
+        assert survival[int(x / dt)] == pytest.approx(exact, rel=0.01, abs=1e-3)
+    assert float(np.dot(t, wait)) == pytest.approx(rho / (mu * (1 - rho)), rel=0.01)
+
+
+@pytest.mark.parametrize("sigma", [0.4, 0.8, 1.2])
+def test_the_length_quadrature_keeps_the_lognormal_mean(sigma):
+    """Unclipped, the quadrature's mean is the lognormal's, median e^(sigma^2 / 2); its
+    top point lies in the top 1%."""
+    from clustersim.scenario.serving import LengthSpec
+
+    spec = LengthSpec(distribution="lognormal", median=1024, sigma=sigma, max=4_194_304)
+    tokens, weights = length_quadrature(spec)
+    assert weights.sum() == pytest.approx(1.0)
+    assert float(np.dot(tokens, weights)) == pytest.approx(1024 * math.exp(sigma**2 / 2),
+                                                          rel=0.03)
+    assert tokens[-1] > 1024 * math.exp(sigma * 2.326)
+
+
+def _queue(model="llama3.1-8b", tp=4, sigma=0.8) -> QueueModel:
+    base = G.cell_scenario(model, tp, sigma, 1.0, 1000)
+    cost, _, _ = replica_models(base, base.serve[0])
+    return QueueModel(cost, base.serve[0])
+
+
 def test_the_model_is_consistent_with_itself():
     """Without a request-level run: TTFT and TPOT grow with the load, the continuous
     attainment at the median is one half, and past the batch's capacity it is unstable."""
-    base = _scenario("llama3.1-8b", 4, 0.8, 1.0)
-    cost, _, _ = replica_models(base, base.serve[0])
-    queue = QueueModel(cost, base.serve[0])
+    queue = _queue()
     rates = (0.5, 2.0, 4.0)
     p50 = [float(queue.ttft_quantiles(r, np.array([0.5]))[0]) for r in rates]
     tpot = [queue.point(r).tpot_s for r in rates]
@@ -102,23 +102,140 @@ def test_the_model_is_consistent_with_itself():
     assert 0 < queue.attainment(4.0, 0.2) < queue.attainment(0.5, 0.2) < 1
     assert not queue.point(50.0).stable
     assert math.isinf(queue.ttft_quantiles(50.0, np.array([0.5]))[0])
-    assert checked(0.1, 1.2) and checked(0.3, 0.4) and not checked(0.3, 0.8)
+
+
+def test_attainment_is_continuous_in_the_bound():
+    """No steps of 1/201 and no cap below 1: a bound moved by a millisecond moves the share
+    by a little, and a bound far past every request's TTFT gives 1."""
+    queue = _queue()
+    shares = [queue.attainment(3.0, b) for b in np.linspace(0.10, 0.30, 201)]
+    assert all(b >= a for a, b in zip(shares, shares[1:], strict=False))
+    assert max(np.diff(shares)) < 0.01
+    assert len(set(np.round(shares, 9))) > 150
+    assert queue.attainment(3.0, 1e4) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_checked_is_the_union_of_its_pairs():
+    for sigma, top in CHECKED:
+        assert checked(top, sigma) and not checked(top + 0.01, sigma + 0.5)
+    assert not checked(0.5, 1.3)
+
+
+def _report(cells):
+    print("\n" + G.table(cells))
+    inside = [c for c in cells if c.checked]
+    worst = max(abs(g) for c in inside for g in c.gaps)
+    print(f"worst gap in the checked range: {worst:.1%}")
+    return worst
 
 
 @pytest.mark.slow
 def test_fluid_queue_agrees_with_requests_small_grid():
-    """One model, two spreads, two loads (16 s)."""
-    rows = _grid(MODELS[:1], (0.0, 0.8), (0.1, 0.3))
-    _assert_within(rows)
+    """One model, two spreads, two loads (about 10 s)."""
+    cells = G.grid(G.MODELS[:1], (0.0, 0.8), (0.1, 0.3))
+    assert _report(cells) <= 0.10
+
+
+def doc_figures(cells) -> dict[str, str]:
+    """The figures docs/fleet-day.md quotes of the grid, as it words them."""
+    def worst(index, keep):
+        return max(abs(c.gaps[index]) for c in cells if keep(c))
+
+    def span(index, keep):
+        gaps = [c.gaps[index] for c in cells if keep(c)]
+        return f"{min(gaps):+.0%} to {max(gaps):+.0%}"
+
+    def light(c):
+        return c.utilisation <= 0.7 and c.sigma <= 0.8
+
+    def wide(c):
+        return c.utilisation <= 0.7 and c.sigma > 0.8
+
+    def at(u):
+        return lambda c: c.utilisation == u
+
+    heavy = [c for c in cells if c.utilisation >= G.HEAVY]
+    (light_n, light_seeds), (heavy_n, _) = G.runs_for(0.1), G.runs_for(G.HEAVY)
+    words = {1: "one seed", 2: "two seeds", 3: "three seeds"}
+    return {
+        "runs": (f"pooled over {words[len(light_seeds)]} of {light_n:,} requests a cell, "
+                 f"{heavy_n:,} from {G.HEAVY:.0%}"),
+        "tpot": f"TPOT within {worst(2, lambda c: True):.1%} everywhere",
+        "light": (f"TTFT p50 within {worst(0, light):.1%} and p99 within {worst(1, light):.1%}"
+                  " up to 70% for prompt sigma up to 0.8"),
+        "wide": f"with sigma 1.2, p50 {span(0, wide)} and p99 {span(1, wide)}",
+        "85": f"at 85%: p50 {span(0, at(0.85))}, p99 {span(1, at(0.85))}",
+        "95": f"at 95%: p50 {span(0, at(0.95))}, p99 {span(1, at(0.95))}",
+        "95 narrow": ("within "
+                      f"{worst(0, lambda c: c.utilisation == 0.95 and c.sigma <= 0.4):.1%}"
+                      " for sigma up to 0.4"),
+        "spread": ("its own seeds differ from their pooled figures by up to "
+                   f"{max(c.seed_spread[0] for c in heavy):.0%} (p50) and "
+                   f"{max(c.seed_spread[1] for c in heavy):.0%} (p99)"),
+    }
 
 
 @pytest.mark.slow
 def test_fluid_queue_agrees_with_requests_over_the_grid():
-    rows = _grid(MODELS, SIGMAS, UTILISATIONS)
-    _assert_within(rows)
-    assert all(math.isfinite(v) for r in rows for v in r[4] if checked(r[2], r[1]))
-    # What docs/fleet-day.md says of the grid: TPOT within 5% everywhere; TTFT p50 within
-    # 13% up to 85% for prompt sigma up to 0.8, at most 29% off with sigma 1.2.
-    assert max(abs(r[5][2]) for r in rows) <= 0.05
-    assert max(abs(r[5][0]) for r in rows if r[2] <= 0.85 and r[1] <= 0.8) <= 0.13
-    assert max(abs(r[5][0]) for r in rows if r[2] <= 0.85) <= 0.30
+    cells = G.grid()
+    assert _report(cells) <= 0.10
+    assert all(math.isfinite(v) for c in cells for v in c.modelled if c.checked)
+    figures = doc_figures(cells)
+    for text in figures.values():
+        print(text)
+    page = " ".join(DOC.read_text("utf-8").split())
+    for key, text in figures.items():
+        assert text in page, (key, text)
+
+
+def test_the_grid_scenario_is_one_replica_of_the_cell():
+    s = G.cell_scenario("llama3.1-70b", 16, 1.2, 2.5, 500)
+    d = s.serve[0]
+    assert d.replicas == 1 and d.tp == 16 and d.workload.input_tokens.sigma == 1.2
+    assert d.workload.requests == 500 and d.workload.rate_per_s == pytest.approx(2.5)
+
+
+def _dispersion_fit(model: str, tp: int, sigma: float, utilisation: float) -> float:
+    """The tempering at which the chain's share of arrivals finding the batch full is the
+    request level's time share at a full batch (its iteration series; bisection), over the
+    model's prompt-work factor (QueueModel.dispersion / DISPERSION): DISPERSION's reading
+    in this case."""
+    from clustersim.serving.curves import replica_curve
+    from clustersim.serving.queueing import DISPERSION
+    from clustersim.serving.simulate import simulate_serving
+
+    base = G.cell_scenario(model, tp, sigma, 1.0, 1000)
+    capacity = replica_curve(base, base.serve[0]).capacity_per_s
+    rate = utilisation * capacity
+    requests = 20_000
+    fleet = simulate_serving(G.cell_scenario(model, tp, sigma, rate, requests),
+                             np.random.SeedSequence(5)).fleets["chat"]
+    series = fleet.series  # (a property: the replicas' iteration rows)
+    start = series["start_s"]
+    held = np.diff(np.append(start, start[-1]))
+    queue = _queue(model, tp, sigma)
+    full = float(held[series["batch"] >= queue.max_batch].sum() / held.sum())
+    rates = queue._completion_rates(rate)
+    low, high = 1.0, 6.0
+    for _ in range(30):
+        middle = (low + high) / 2
+        if admission_chain(rate, rates, middle)[0] < full:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2 / (queue.dispersion(rate) / DISPERSION)
+
+
+@pytest.mark.slow
+def test_dispersion_is_read_off_the_request_level_batch_series():
+    """docs/fleet-day.md: DISPERSION and the range it was read from (at 85%, where the
+    admission queue starts to decide the TTFT p99)."""
+    from clustersim.serving.queueing import DISPERSION
+
+    fits = [_dispersion_fit(model, tp, sigma, 0.85) for model, tp in G.MODELS
+            for sigma in (0.0, 0.8, 1.2)]
+    print("DISPERSION read per case:", [round(f, 2) for f in fits])
+    assert min(fits) <= DISPERSION <= max(fits)
+    page = " ".join(DOC.read_text("utf-8").split())
+    assert f"`DISPERSION` = {DISPERSION:g}" in page
+    assert f"{min(fits):.2f} to {max(fits):.2f} at 85% over 8B and 70B" in page

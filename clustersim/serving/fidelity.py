@@ -23,7 +23,7 @@ from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec, expected_requests
 from clustersim.serving.curves import replica_curve
 from clustersim.serving.fleetday_state import DeploymentState
-from clustersim.serving.queueing import CHECKED, checked
+from clustersim.serving.queueing import checked, checked_text
 
 __all__ = ["prompt_sigma", "expected_peak_utilisation", "fluid_fidelity", "settle_auto"]
 
@@ -46,7 +46,7 @@ def expected_peak_utilisation(dep: DeploymentState) -> float:
 
 
 def _range() -> str:
-    return " or ".join(f"prompt sigma up to {sigma:g} to {top:.0%}" for sigma, top in CHECKED)
+    return checked_text()
 
 
 def fluid_fidelity(dep: DeploymentState, duration_s: float) -> dict[str, Any]:
