@@ -14,7 +14,6 @@ from clustersim.cli.common import (
     err_console,
     out_console,
 )
-from clustersim.training.ranks import DEFAULT_ORDER
 
 
 def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> None:
@@ -84,6 +83,8 @@ def _fmt(value: Any, kind: str) -> str:
 def _ep(row: dict[str, Any]) -> str:
     """ep, marked `i` when the rank order puts the expert groups inside the instance or
     UltraServer, next to tensor parallelism (`tp-cp-ep-pp-dp`)."""
+    from clustersim.training.ranks import DEFAULT_ORDER  # the shell loads no layer up front
+
     inside = row["ep"] > 1 and row.get("order", DEFAULT_ORDER) != DEFAULT_ORDER
     return f"{row['ep']}{'i' if inside else ''}"
 
