@@ -1,0 +1,416 @@
+"""Figures the README and docs/ quote that tests/test_docs.py does not check, recomputed
+from the tree and compared at the page's rounding (a figure that drifts fails here):
+
+- docs/models.md (and docs/calibration.md): the Trn1 collective and step constants, the
+  collectives tables, the step-time error bands;
+- docs/serving.md: the 70B rate sweep's table, `--find-rate`'s capacities, the TP 64
+  iteration's breakdown;
+- docs/library.md: the comparisons its reference sweeps give;
+- docs/contributing.md: the test counts (`pytest --collect-only`) and the counts of the
+  benchmark rows that reference runs give (their times are dated, not checked: no test
+  asserts a wall time).
+
+Tests that run commands or step models of seconds each are marked slow.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from clustersim.cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _page(name: str) -> str:
+    path = ROOT / name if name == "README.md" else DOCS / name
+    return path.read_text(encoding="utf-8")
+
+
+def _flat(name: str) -> str:
+    """The page with its line breaks and runs of spaces as single spaces."""
+    return " ".join(_page(name).split())
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _pct(fraction: float, digits: int = 1) -> str:
+    return f"{fraction * 100:+.{digits}f}%"
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/models.md and docs/calibration.md: constants, collectives, bands
+
+
+def _catalog(name: str) -> dict[str, Any]:
+    from clustersim.hardware.catalog import catalog_values
+
+    return catalog_values(name)
+
+
+def _seconds(value: Any) -> float:
+    from clustersim.hardware.units import parse_duration
+
+    return parse_duration(value)
+
+
+def test_the_trn1_collective_constants_are_the_catalogs():
+    c = _catalog("trn1")["collectives"]
+    quoted = (f"NeuronLink efficiency {c['link_efficiency']:.3f} (of the duplex-counted figure, "
+              f"halved per direction), EFA efficiency {c['efa_efficiency']:.3f}, HBM efficiency "
+              f"of collective copies and reductions {c['hbm_efficiency']:.3f}, "
+              f"{_seconds(c['step_latency']) * 1e6:.1f} us per step that crosses NeuronLink, "
+              f"{_seconds(c['chip_step_latency']) * 1e6:.1f} us per step that stays on one "
+              f"chip, {_seconds(c['efa_step_latency']) * 1e6:.0f} us per step over EFA")
+    assert quoted in _flat("models.md"), quoted
+    table = (f"NeuronLink efficiency {c['link_efficiency']:.3f}, EFA efficiency "
+             f"{c['efa_efficiency']:.3f}, HBM efficiency {c['hbm_efficiency']:.3f}, "
+             f"{_seconds(c['step_latency']) * 1e6:.1f} us per NeuronLink step, "
+             f"{_seconds(c['chip_step_latency']) * 1e6:.1f} us per on-chip step, "
+             f"{_seconds(c['efa_step_latency']) * 1e6:.0f} us per EFA step")
+    assert table in _flat("calibration.md"), table
+
+
+def test_the_step_constants_and_bands_are_the_catalogs():
+    page = _flat("models.md")
+    trn1, trn2, gpu = (_catalog(n)["chip"]["efficiency"] for n in ("trn1", "trn2", "p4d"))
+
+    def constants(e: dict[str, Any]) -> str:
+        return f"{e['matmul']:.3f}, {e['vector']:.3f}, {_seconds(e['pass_overhead']) * 1e3:.2f} ms"
+
+    trainium = (f"matmul {trn1['matmul']:.3f}, vector {trn1['vector']:.3f}, "
+                f"{_seconds(trn1['pass_overhead']) * 1e3:.2f} ms per pass")
+    assert trainium in page, trainium
+    assert f"--family gpu`: {constants(gpu)})" in page, constants(gpu)
+    assert (f"(vector {trn2['vector']:.3f}, {_seconds(trn2['pass_overhead']) * 1e3:.2f} ms)"
+            in page), trn2
+    # every member of a family carries its family's band (tests/test_calibration_*: the band
+    # is the family's rows' residuals); the page quotes it
+    for family, members in (("trn1", ("trn1n", "trn3-gen1", "trn3-gen2")),
+                            ("p4d", ("p4de", "p5", "p5e", "p5en")), ("trn2", ("trn2u",))):
+        band = _catalog(family)["chip"]["efficiency"]["step_error_band"]
+        for member in members:
+            assert _catalog(member)["chip"]["efficiency"]["step_error_band"] == band
+    band = {f: "[{}, {}]".format(*(_pct(v) for v in _catalog(f)["chip"]["efficiency"][
+        "step_error_band"])) for f in ("trn1", "trn2", "p4d")}
+    quoted = f"{band['trn1']} for Trainium and {band['p4d']} for GPUs"
+    assert quoted in page, quoted
+    assert f"Trn2's own band, {band['trn2']}" in page, band["trn2"]
+
+
+_SIZES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def _collective_errors() -> dict[tuple[int, int, float], tuple[float, float]]:
+    from clustersim.calibration.collectives import MEASUREMENTS, predict_times
+
+    return {(m.ranks, m.instances, m.size_bytes): (m.time_us, t * 1e6)
+            for m, t in zip(MEASUREMENTS, predict_times(), strict=True)}
+
+
+@pytest.mark.parametrize("name", ["models.md", "calibration.md"])
+def test_the_collectives_tables_are_the_models(name):
+    """The rows and both curves, as `scripts/calibrate_collectives.py --check` gives them."""
+    page = _page(name)
+    points = _collective_errors()
+    rows = re.findall(r"^\| (\d+) ranks, (\d+) instances?, (\d+) (B|KiB|MiB|GiB) \| ([\d,]+) \| "
+                      r"([\d,]+) \| ([+-][\d.]+%) \|$", page, re.M)
+    assert len(rows) == 4, f"{name}: the collectives rows moved"
+    for ranks, instances, size, unit, published, model, err in rows:
+        time_us, model_us = points[(int(ranks), int(instances), int(size) * _SIZES[unit])]
+        assert (_number(published), _number(model), err) == (
+            time_us, round(model_us), _pct(model_us / time_us - 1)), (ranks, size, unit)
+    def cells(pattern: str) -> list[str]:
+        line = re.search(rf"^\| {pattern} \|(.*)\|$", page, re.M).group(1)
+        return [cell.strip() for cell in line.split("|")]
+
+    sizes = [int(v) * _SIZES[u] for v, u in (cell.split() for cell in cells("curve point"))]
+    for ranks, instances in ((2, 1), (64, 2)):
+        row = cells(f"{ranks} ranks: published / model / error")
+        for size, cell in zip(sizes, row, strict=True):
+            if (ranks, instances, size) not in points:
+                assert cell == "", (ranks, size)
+                continue
+            time_us, model_us = points[(ranks, instances, size)]
+            expected = f"{time_us:,.0f} / {model_us:,.0f} / {_pct(model_us / time_us - 1)}"
+            assert cell == expected, (name, ranks, size, expected)
+
+
+def test_the_collectives_summary_is_the_models():
+    """The ranges the pages quote around the tables: within 17% from 1 MiB up; below it the
+    2-rank curve fast by a few percent, the 64-rank curve from slow at 8 B to fast."""
+    points = _collective_errors()
+    err = {k: m / p - 1 for k, (p, m) in points.items()}
+    above = [abs(e) for (_, _, size), e in err.items() if size >= 2**20]
+    small2 = [e for (r, _, size), e in err.items() if r == 2 and size < 2**20]
+    small64 = [e for (r, _, size), e in err.items() if r == 64 and size < 2**20]
+    for name in ("models.md", "calibration.md"):
+        page = _flat(name)
+        within = int(re.search(r"Both curves are within (\d+)% from 1 MiB up", page).group(1))
+        assert round(max(above) * 100) == within, (name, max(above))
+        low, high = (int(v) for v in re.search(r"2-rank curve is (\d+)-(\d+)% fast",
+                                                  page).groups())
+        assert (low, high) == (round(-max(small2) * 100), round(-min(small2) * 100)), small2
+        slow, fast = (int(v) for v in re.search(r"64-rank curve goes from (\d+)% slow at [^,]*?"
+                                                  r" to (\d+)% fast", page).groups())
+        assert (slow, fast) == (round(max(small64) * 100), round(-min(small64) * 100)), small64
+
+
+@pytest.fixture(scope="module")
+def step_rows() -> dict[tuple[str, bool], list[tuple[str, float, float, float, str]]]:
+    """Each family's calibration (True) and unseen (False) training rows, run from their
+    scenario files as `python scripts/validate_model.py --steps` runs them."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import validate_model
+
+    return {(family, visible): validate_model.step_rows(family, visible)
+            for family in ("trainium", "gpu") for visible in (True, False)}
+
+
+@pytest.mark.slow  # 26 step models (about 5 s of CPU)
+def test_the_training_rows_are_the_models(step_rows):
+    """docs/models.md's calibration table (in the scripts' order: Trainium, then the GPU
+    rows, whose published figure is TF/s of the A100's peak), its error summary, the unseen
+    Trainium sentence and the Korthikanti table."""
+    page = _page("models.md")
+    table = re.findall(r"^\| [^|]+ \| ([\d.,]+) (seq/s|TF/s) \| ([\d.,]+) \| ([+-][\d.]+%) \|$",
+                       page, re.M)
+    rows = step_rows[("trainium", True)] + step_rows[("gpu", True)]
+    assert len(table) == len(rows), "docs/models.md: the calibration table's rows moved"
+    peak_tflops = _catalog("p4d")["chip"]["tflops"]["bf16"]
+    for (published, unit, model, err), (name, measured, predicted, error, _) in zip(
+            table, rows, strict=True):
+        scale = peak_tflops if unit == "TF/s" else 1.0
+        decimals = len(model.partition(".")[2])
+        assert _number(model) == pytest.approx(predicted * scale, abs=0.51 * 10**-decimals), name
+        assert _number(published) == pytest.approx(measured * scale, abs=0.5), name
+        assert err == _pct(error).replace("-0.0%", "+0.0%"), (name, error)
+    flat = " ".join(page.split())
+    worst = max(abs(r[3]) for r in rows)
+    assert f"Every calibration row is within {worst:.1%}" in flat, worst
+    means = {f: sum(abs(r[3]) for r in step_rows[(f, True)]) / len(step_rows[(f, True)])
+             for f in ("trainium", "gpu")}
+    assert f"Trainium {means['trainium']:.1%}, GPU {means['gpu']:.1%}" in flat, means
+    # the unseen Trainium rows: published against the model, error
+    unseen = re.findall(r"(\d[\d.]*) (?:seq/s )?against ([\d.]+)(?: in the model)? \(([+-][\d.]+%)",
+                        flat.split("Not fitted, as a check:")[1].split("Korthikanti")[0])
+    trn = step_rows[("trainium", False)]
+    assert len(unseen) == len(trn)
+    for (published, model, err), (name, measured, predicted, error, _) in zip(
+            unseen, trn, strict=True):
+        decimals = len(model.partition(".")[2])
+        assert (_number(published), _number(model), err) == (
+            measured, round(predicted, decimals), _pct(error)), name
+    # Korthikanti et al.: selective / full rows, step times
+    korthikanti = re.findall(r"^\| (\d+[BT]) \| ([\d.]+) s / ([\d.]+) s \| ([\d.]+) / ([\d.]+) \| "
+                             r"([+-][\d.]+%) / ([+-][\d.]+%) \|$", page, re.M)
+    gpu = iter(step_rows[("gpu", False)])
+    assert len(korthikanti) * 2 == len(step_rows[("gpu", False)])
+    for size, *figures in korthikanti:
+        selective, full = next(gpu), next(gpu)
+        assert size in selective[0] and size in full[0]
+        assert tuple(figures) == (
+            f"{selective[1]:.2f}", f"{full[1]:.2f}", f"{selective[2]:.2f}", f"{full[2]:.2f}",
+            _pct(selective[3]), _pct(full[3])), size
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/serving.md: the rate sweep, the capacities, the iteration
+
+
+def _ttft(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 10 else (
+        f"{seconds:.1f} s" if seconds < 100 else f"{seconds:,.0f} s")
+
+
+def _goodput(fraction: float) -> str:
+    return "100%" if round(fraction, 3) >= 1 else f"{fraction:.1%}"
+
+
+def serving_sweep_rows(sweeps: dict[str, Any]) -> list[str]:
+    """docs/serving.md's 70B table, a row per rate, from the sweeps' sweep.parquet tables
+    (hardware -> frame): TTFT p99, TPOT p50, SLO goodput and $ per million output tokens,
+    the rate it sustained where `saturated`."""
+    rows = []
+    trn2, p5en = sweeps["trn2"], sweeps["p5en"]
+    for k in range(len(trn2)):
+        cells = [f"{trn2['serve.0.workload.rate'].iloc[k]:g}/s"]
+        for frame in (trn2, p5en):
+            row = frame.iloc[k]
+            cost = f"{row['llama70b.cost_per_million_output_tokens_usd']:.1f}"
+            if row["llama70b.saturated"]:
+                cost += f" (saturated at {row['llama70b.requests_per_s']:.1f} req/s)"
+            cells += [_ttft(row["llama70b.ttft_p99_s"]),
+                      f"{row['llama70b.tpot_p50_s'] * 1e3:.1f} ms",
+                      _goodput(row["llama70b.slo_goodput"]), cost]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def run_serving_sweeps(out: Path) -> dict[str, Any]:
+    import pandas as pd
+
+    sweeps = {}
+    for hardware in ("trn2", "p5en"):
+        result = CliRunner().invoke(app, [
+            "sweep", str(ROOT / "scenarios" / "sweeps" / f"serving-rates-{hardware}.yaml"),
+            "-o", str(out / hardware)])
+        assert result.exit_code == 0, result.output
+        frame = pd.read_parquet(out / hardware / "sweep.parquet")
+        sweeps[hardware] = frame.sort_values("serve.0.workload.rate").reset_index(drop=True)
+    assert (sweeps["trn2"]["serve.0.workload.rate"].tolist()
+            == sweeps["p5en"]["serve.0.workload.rate"].tolist())
+    return sweeps
+
+
+@pytest.mark.slow  # ten serving runs (about 8 s of CPU)
+def test_the_serving_rate_table_is_the_sweeps(tmp_path):
+    page = _page("serving.md")
+    table = [line for line in page.splitlines() if re.match(r"^\| [\d.]+/s \|", line)]
+    assert table == serving_sweep_rows(run_serving_sweeps(tmp_path))
+
+
+def capacity_sentence() -> str:
+    """docs/serving.md's `--find-rate` figures: each deployment's highest rate meeting the
+    SLO for 99% of requests on trn2 and p5en, and its cost there (as `run --find-rate`
+    prints them)."""
+    from clustersim.scenario.loader import load_scenario
+    from clustersim.serving.capacity import find_rate
+
+    found = {}
+    for hardware in ("trn2", "p5en"):
+        scenario = load_scenario(ROOT / "scenarios" / f"serving-llama-{hardware}.yaml")
+        for name in ("llama70b", "llama405b"):
+            search = find_rate(scenario, name, 0.99, base_dir=ROOT / "scenarios")
+            found[hardware, name] = (search.rate_per_s,
+                                     search.figures["cost_per_million_output_tokens_usd"])
+    (r70t, c70t), (r70p, c70p) = found["trn2", "llama70b"], found["p5en", "llama70b"]
+    (r405t, c405t), (r405p, c405p) = found["trn2", "llama405b"], found["p5en", "llama405b"]
+    return (f"the two 70B TP 64 replicas hold {r70t:,.3g} requests/s on Trn2 (${c70t:.2f} per "
+            f"million output tokens there) and {r70p:,.3g} on p5en's two TP 8 replicas "
+            f"(`serving-llama-p5en.yaml`, ${c70p:.2f}), the 405B replica {r405t:,.3g} "
+            f"(${c405t:.2f}) and {r405p:,.3g} (${c405p:.2f})")
+
+
+@pytest.mark.slow  # four rate searches (about 15 s of CPU)
+def test_the_serving_capacities_are_find_rates():
+    quoted = capacity_sentence()
+    assert quoted in _flat("serving.md"), quoted
+
+
+def iteration_sentence() -> str:
+    """docs/serving.md's breakdown of a batch-one decode iteration of the 70B deployment
+    on each hardware: the iteration (no context), its fixed overhead, its TP all-reduces
+    (two per layer), and the weights' time at full HBM bandwidth."""
+    from clustersim.scenario.loader import load_scenario
+    from clustersim.serving.simulate import replica_models
+
+    parts = {}
+    for hardware in ("trn2", "p5en"):
+        scenario = load_scenario(ROOT / "scenarios" / f"serving-llama-{hardware}.yaml")
+        (deployment,) = (d for d in scenario.serve if d.name == "llama70b")
+        model = replica_models(scenario, deployment)[0].target
+        hidden = model.shape.model.hidden * model.hidden_bytes
+        all_reduces = 2 * model.shape.model.layers * model.tp_all_reduce_s(hidden)
+        floor = model.weight_bytes_per_chip() / model.hardware.chip.hbm_bandwidth_bytes_per_s
+        parts[hardware] = (deployment.tp, model.decode_base_s(1) * 1e3,
+                           model.overhead_s * 1e3, all_reduces * 1e3, floor * 1e3)
+    tp, it, over, ar, floor = parts["trn2"]
+    gtp, git, gover, gar, gfloor = parts["p5en"]
+    return (f"a batch-one decode iteration of the 70B takes {it:.1f} ms at TP {tp} on Trn2, "
+            f"{over:.1f} ms of it the iteration overhead fitted to NxD Inference's TPOTs and "
+            f"{ar:.1f} ms TP all-reduces (the weights stream in {floor:.1f} ms at full HBM "
+            f"bandwidth), against {git:.1f} ms at TP {gtp} on p5en ({gover:.1f} ms overhead, "
+            f"{gar:.1f} ms all-reduces, {gfloor:.1f} ms weight floor)")
+
+
+def test_the_serving_iteration_breakdown_is_the_models():
+    quoted = iteration_sentence()
+    assert quoted in _flat("serving.md"), quoted
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/contributing.md: the test counts and the benchmark rows
+
+
+@pytest.mark.slow  # collects the whole suite (about 10 s of CPU)
+def test_the_test_counts_are_pytests():
+    """The fast count (the default `-m "not slow"`) and the slow one, as `pytest
+    --collect-only` counts them in this tree."""
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    match = re.search(r"^(\d+)/(\d+) tests collected \((\d+) deselected\)", collected.stdout,
+                      re.M)
+    assert match, collected.stdout[-2000:] + collected.stderr[-2000:]
+    fast, _, slow = (int(v) for v in match.groups())
+    page = _page("contributing.md")
+    quoted_fast = re.search(r"^\| `pytest` \| ([\d,]+) tests", page, re.M)
+    quoted_slow = re.search(r"^\| `pytest -m \"slow or not slow\"` \| the fast ones and "
+                            r"([\d,]+) slow", page, re.M)
+    assert quoted_fast and quoted_slow, "docs/contributing.md: the test count rows moved"
+    assert (_number(quoted_fast.group(1)), _number(quoted_slow.group(1))) == (fast, slow)
+
+
+def _table_rows(page: str, header: str) -> list[list[str]]:
+    lines = page.split(header, 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_every_timing_is_dated():
+    """Times are not checked (no test asserts a wall time): each timing row says when it
+    was measured or last edited, a date no later than today."""
+    import datetime
+
+    page = _page("contributing.md")
+    today = datetime.date.today().isoformat()
+    for header in ("| command | tests | wall | CPU (user + sys) | as of |",
+                   "| benchmark | wall | peak memory | as of |"):
+        rows = _table_rows(page, header)
+        assert rows, header
+        for row in rows:
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d", row[-1]) and row[-1] <= today, row
+
+
+def test_the_benchmark_rows_counts_are_the_goldens():
+    """What the benchmark rows say the reference runs hold: their goldens' figures."""
+    page = _flat("contributing.md")
+
+    def golden(name: str) -> dict[str, Any]:
+        import json
+
+        return json.loads((ROOT / "results" / name / "summary.json").read_text("utf-8"))
+
+    rainier = golden("rainier-2000-jobs")
+    preemptions = sum(j["preemptions"] for j in rainier["jobs"].values())
+    assert (f"a week of {len(rainier['jobs']):,} jobs on "
+            f"{rainier['cluster']['ultraservers']:,} Trn2 UltraServers, priority with "
+            f"preemption, llama3 failures ({preemptions:,} preemptions)") in page
+    month = golden("trn2-512k-month")
+    (job,) = month["jobs"].values()
+    assert (f"30 days, {month['chips']:,} chips, one {job['chips']:,}-chip job, llama3 "
+            f"failures, Daly checkpoints ({job['interruptions']:,} interruptions)") in page
+    mix = golden("mix-128-trn2")
+    assert f"a week of {len(mix['jobs'])} jobs of 1 to 64 instances on 128 trn2" in page
+    (chat,) = golden("serving-1m-requests")["deployments"].values()
+    assert (f"an hour of {chat['requests']:,} requests over {chat['replicas']} replicas"
+            in page), chat["requests"]
+    topology = golden("trn2-524k-topology")["cluster"]
+    assert (f"topology graph of {topology['ultraservers']:,} Trn2 UltraServers "
+            f"({topology['chips']:,} chips") in page
