@@ -414,3 +414,54 @@ def test_the_benchmark_rows_counts_are_the_goldens():
     topology = golden("trn2-524k-topology")["cluster"]
     assert (f"topology graph of {topology['ultraservers']:,} Trn2 UltraServers "
             f"({topology['chips']:,} chips") in page
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/library.md: what the reference sweeps say
+
+
+def _sweep(name: str, out: Path) -> Any:
+    import pandas as pd
+
+    result = CliRunner().invoke(app, ["sweep", str(ROOT / "scenarios" / "sweeps" / f"{name}.yaml"),
+                                      "-o", str(out / name)])
+    assert result.exit_code == 0, result.output
+    return pd.read_parquet(out / name / "sweep.parquet")
+
+
+def library_sentence(out: Path) -> str:
+    """docs/library.md's reading of the sweeps: Trn2 against p5en on the 70B job at the
+    sweep's configurations (step, cost per million tokens), the 8B job on Trn1, Trn2 and
+    Trn3, the checkpoint study's best interval, Mixtral's expert parallelism."""
+    compare = _sweep("trn2-vs-p5en", out).groupby("variant").mean(numeric_only=True)
+    trn2, p5en = compare.loc["trn2"], compare.loc["p5en"]
+    step, cost = "train.step_time_s", "train.cost_per_million_tokens_usd"
+    assert trn2["train.tokens_per_step"] == p5en["train.tokens_per_step"]
+    generations = _sweep("trn1-trn2-trn3", out).set_index("variant")[step]
+    study = _sweep("checkpoint-interval", out).groupby("jobs.0.checkpoint.interval")[
+        "train.ettr"].mean()
+    assert study.idxmax() == "auto"  # Daly's, the default interval
+    experts = _sweep("mixtral-expert-parallel", out).groupby("jobs.0.parallelism.ep").mean(
+        numeric_only=True)
+    ep_step, ep_gib = experts["pretrain.step_time_s"], experts["pretrain.memory_per_chip_gib"]
+    return (
+        f"p5en steps about {trn2[step] / p5en[step]:.1f} times as fast as Trn2 "
+        f"({p5en[step]:.1f} s against {trn2[step]:.1f} s per "
+        f"{trn2['train.tokens_per_step'] / 1e6:.1f}M-token step) and Trn2 costs about "
+        f"{1 - trn2[cost] / p5en[cost]:.0%} less per million tokens (${trn2[cost]:.2f} against "
+        f"${p5en[cost]:.2f} at the catalog's prices)",
+        f"Trn2 runs the 8B job {generations['trn1'] / generations['trn2']:.1f}x faster than "
+        f"Trn1 and Trn3 {generations['trn2'] / generations['trn3']:.1f}x faster than Trn2; the "
+        f"best checkpoint interval of the study is Daly's (ETTR {study['auto']:.1%} against "
+        f"{study['5min']:.1%} at 5 minutes); Mixtral 8x7B steps in {ep_step[1]:.2f} s with its "
+        f"experts unsplit ({ep_gib[1]:.0f} GiB per chip) and nearly as fast split over 2 ranks "
+        f"({ep_step[2]:.2f} s, {ep_gib[2]:.0f} GiB), whose group stays inside an instance on "
+        f"NeuronLink, against {ep_step[4]:.2f} s and {ep_step[8]:.2f} s at 4 and 8, where the "
+        f"all-to-alls cross EFA ({ep_gib[8]:.0f} GiB at 8)")
+
+
+@pytest.mark.slow  # four sweeps of short runs (about 10 s of CPU)
+def test_the_library_pages_comparisons_are_the_sweeps(tmp_path):
+    page = _flat("library.md")
+    for quoted in library_sentence(tmp_path):
+        assert quoted in page, quoted
