@@ -465,3 +465,32 @@ def test_the_library_pages_comparisons_are_the_sweeps(tmp_path):
     page = _flat("library.md")
     for quoted in library_sentence(tmp_path):
         assert quoted in page, quoted
+
+
+@pytest.mark.slow  # the Trn1 serving rows' scenario runs (a few seconds)
+def test_the_trn1_serving_fit_is_quoted_alike():
+    """The pages quote the Trn1 serving fit alike: every fitted row of every
+    transformers-neuronx release (and of the trn1 entry's 2.18.0) within the largest fitted
+    error, and the judging 2.18.0 rows within theirs but the outliers named."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import stack_tables
+
+    runs = {stack: stack_tables.trn1_rows(stack) for stack in stack_tables.TRN1}
+    fitted = [abs(e) for rows in runs.values() for kind, _, _, es in rows if kind == "fitted"
+              for e in es]
+    default = [abs(e) for kind, _, _, es in runs["transformers-neuronx@2.18.0"]
+               if kind == "fitted" for e in es]
+    worst = f"{max(fitted):.1%}"
+    assert f"{max(default):.1%}" == worst  # the trn1 entry's release is the worst fitted
+    serving = _flat("serving.md")
+    assert f"every fitted Trn1 TTFT and TPOT is within {worst} of the published" in serving
+    assert f"In short: every fitted row of every release within {worst};" in serving
+    assert f"On Trn1 the same model is within {worst} of every fitted serving row" in serving
+    assert f"calibrated on Trn1 (every fitted TTFT and TPOT within {worst})" in _flat(
+        "README.md")
+    # the judging 2.18.0 rows: within the quoted bound but the four named outliers
+    judging = sorted((abs(e) for kind, _, _, es in runs["transformers-neuronx@2.18.0"]
+                      if kind == "unseen" for e in es), reverse=True)
+    bound = int(re.search(r"the judging SDK 2.18.0 rows within (\d+)% but", serving).group(1))
+    assert all(e > bound / 100 for e in judging[:4]) and judging[4] <= bound / 100
+    assert round(judging[4] * 100) == bound
