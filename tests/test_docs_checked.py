@@ -494,3 +494,43 @@ def test_the_trn1_serving_fit_is_quoted_alike():
     bound = int(re.search(r"the judging SDK 2.18.0 rows within (\d+)% but", serving).group(1))
     assert all(e > bound / 100 for e in judging[:4]) and judging[4] <= bound / 100
     assert round(judging[4] * 100) == bound
+
+
+# ---------------------------------------------------------------------------------------------
+# README: the training comparison, each hardware at its best
+
+
+@pytest.mark.slow  # the training planner over trn2 and p5en (about 5 s of CPU)
+def test_the_readmes_training_comparison_is_the_planners(tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "plan-trn2-vs-p5en.yaml"), "--hardware", "trn2,p5en",
+        "--objective", "cost", "--tokens", "2T", "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    import json
+
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))
+    best = {}
+    for candidate in plan["candidates"]:  # best first
+        best.setdefault(candidate["hardware"], candidate)
+    trn2, p5en = best["trn2"], best["p5en"]
+    cost = "cost_per_million_tokens_usd"
+
+    def layout(c: dict[str, Any]) -> str:
+        return f"TP {c['tp']}, CP {c['cp']}, DP {c['dp']:,}"
+
+    # at the bands' worst for Trn2: its slowest step against P5en's fastest
+    worst = (p5en[cost] * p5en["step_time_s_band"][0] / p5en["step_time_s"]) / (
+        trn2[cost] * trn2["step_time_s_band"][1] / trn2["step_time_s"])
+    quoted = (
+        f"Trn2's best is {layout(trn2)} with ZeRO-{trn2['zero']} and {trn2['recompute']} "
+        f"recompute at {trn2['step_time_s']:.2f} s per step, ${trn2[cost]:.3f} per million "
+        f"tokens; P5en's TP {p5en['tp']}, CP {p5en['cp']}, DP {p5en['dp']}, "
+        f"ZeRO-{p5en['zero']}, micro-batch {p5en['micro_batch']} at "
+        f"{p5en['step_time_s']:.2f} s, ${p5en[cost]:.3f}. Trn2 gives "
+        f"{p5en[cost] / trn2[cost]:.2f} times the tokens per dollar",
+        f"(its step band {trn2['step_time_s_band'][0]:.2f}-{trn2['step_time_s_band'][1]:.2f} s "
+        f"against P5en's {p5en['step_time_s_band'][0]:.2f}-{p5en['step_time_s_band'][1]:.2f} s)"
+        f" {worst:.2f} times")
+    readme = _flat("README.md")
+    for part in quoted:
+        assert part in readme, part
