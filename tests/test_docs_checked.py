@@ -534,3 +534,39 @@ def test_the_readmes_training_comparison_is_the_planners(tmp_path):
     readme = _flat("README.md")
     for part in quoted:
         assert part in readme, part
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/planning.md (and the benchmark row): the 405B plan
+
+
+@pytest.mark.slow  # the training planner over 24,072 candidates (about 5 s of CPU)
+def test_the_405b_plan_figures_are_the_planners(tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "plan-llama3-405b.yaml"), "--tokens", "15T",
+        "-o", str(tmp_path / "plan")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    import json
+
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))
+    best = plan["candidates"][0]
+    printed = " ".join(result.output.split())
+    memory, bound = re.search(r"pruned [\d,]+ \(([\d,]+) memory, ([\d,]+) bound", printed).groups()
+    recompute = "no recompute" if best["recompute"] == "none" else f"{best['recompute']} recompute"
+    quoted = (
+        f"{plan['considered']:,} candidates considered, {plan['pruned']:,} pruned ({memory} for "
+        f"memory, {bound} by the bound), {plan['simulated']} simulated",
+        f"TP {best['tp']}, CP {best['cp']}, PP {best['pp']} interleaved x {best['interleave']}, "
+        f"DP {best['dp']}, micro-batch {best['micro_batch']}, {recompute}, sequence "
+        f"parallelism, ZeRO-{best['zero']}, {best['step_time_s']:.2f} s per step at "
+        f"{best['mfu']:.1%} MFU and {best['memory_per_chip_gib']:.1f} GiB per chip; ETTR "
+        f"{best['ettr']:.3f} with the Llama 3 failure rates (job MTBF "
+        f"{best['job_mtbf_s'] / 3600:.1f} h, recovery {best['recovery_s'] / 60:.0f} min), "
+        f"{best['time_to_train_s'] / 86400:.0f} days for 15T tokens")
+    page = _flat("planning.md")
+    for part in quoted:
+        assert part in page, part
+    assert best["sequence_parallel"]
+    bench = (f"({plan['considered']:,} candidates considered, {plan['pruned']:,} pruned, "
+             f"{plan['simulated']} simulated since Trn2's EFA fit")
+    assert bench in _flat("contributing.md"), bench
