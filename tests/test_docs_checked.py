@@ -570,3 +570,41 @@ def test_the_405b_plan_figures_are_the_planners(tmp_path):
     bench = (f"({plan['considered']:,} candidates considered, {plan['pruned']:,} pruned, "
              f"{plan['simulated']} simulated since Trn2's EFA fit")
     assert bench in _flat("contributing.md"), bench
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/sites.md and docs/fleet-day.md: what their reference runs' goldens hold
+
+
+def _golden(name: str) -> dict[str, Any]:
+    import json
+
+    return json.loads((ROOT / "results" / name / "summary.json").read_text("utf-8"))
+
+
+def test_the_sites_pages_run_figures_are_the_goldens():
+    page = _flat("sites.md")
+    single = _golden("rainier-1m-4-sites")
+    (job,) = single["jobs"].values()
+    assert job["ettr"] < 0.01 and "its ETTR is under 1%" in page
+    minutes = re.search(r"mean time between failures \(about (\d+) minutes at a million chips\)",
+                        page)
+    assert minutes and int(minutes.group(1)) == round(job["job_mtbf_s"] / 60), job["job_mtbf_s"]
+    assert (f"({single['cluster']['ultraservers']:,} Trn2 UltraServers over four sites" in page)
+    assert f"Llama 3.1 405B on {job['chips']:,} chips" in page
+    assert (f"30 days, one {job['chips']:,}-chip job, Llama 3 failures, site events, traces "
+            f"({job['interruptions']:,} interruptions)") in page
+    assert f"{single['chips']:,} chips, 4 sites" in page
+    mix = _golden("rainier-1m-4-sites-mix")
+    largest = max(j["chips"] for j in mix["jobs"].values())
+    assert f"30 days, {len(mix['jobs'])} jobs up to {largest:,} chips" in page
+
+
+def test_the_fleet_day_pages_worked_case_is_its_golden():
+    day = _golden("rainier-serving-day")
+    page = _flat("fleet-day.md")
+    words = {3: "three", 10: "ten"}
+    quoted = (f"{day['chips']:,} Trn2 chips, {words[len(day['deployments'])]} deployments with "
+              f"day curves (peaking at about {round(day['fleet_day']['peak_load_per_s'], -5):,.0f} "
+              f"requests/s together), {words[len(day['jobs'])]} training jobs")
+    assert quoted in page, quoted
