@@ -608,3 +608,32 @@ def test_the_fleet_day_pages_worked_case_is_its_golden():
               f"day curves (peaking at about {round(day['fleet_day']['peak_load_per_s'], -5):,.0f} "
               f"requests/s together), {words[len(day['jobs'])]} training jobs")
     assert quoted in page, quoted
+
+
+@pytest.mark.slow  # 48 GPU serving rows (about 5 s of CPU)
+def test_the_gpu_serving_summaries_are_the_models():
+    """docs/calibration.md's summaries of the TensorRT-LLM rows, in the family table and
+    under the row tables, are alike and the model's: range, mean absolute error, count
+    within 10%, for the 18 fitted H100 rows and the 30 unseen ones."""
+    from clustersim.calibration.gpu_serving import (
+        GPU_SERVING,
+        UNSEEN_GPU_SERVING,
+        predict_throughput,
+    )
+
+    page = _flat("calibration.md")
+    for rows, lead in ((GPU_SERVING, "fitted H100 rows"),
+                       (UNSEEN_GPU_SERVING, "unseen H200 and v1.0 rows")):
+        errors = [p / r.output_tokens_per_s - 1
+                  for p, r in zip(predict_throughput(rows), rows, strict=True)]
+        mean = sum(abs(e) for e in errors) / len(errors)
+        within = sum(abs(e) < 0.10 for e in errors)
+        span = f"{_pct(min(errors))} to {_pct(max(errors))}"
+        below = (f"Mean absolute error {mean:.1%}, range [{_pct(min(errors))}, "
+                 f"{_pct(max(errors))}]; {within} of {len(errors)} within 10%.")
+        assert below in page, below
+        if within == len(errors):
+            table = f"{lead} {span} (mean {mean:.1%}; all {within} within 10%"
+        else:
+            table = f"{lead} {span} (mean {mean:.1%}, {within} of {len(errors)} within 10%"
+        assert table in page, table
