@@ -637,3 +637,34 @@ def test_the_gpu_serving_summaries_are_the_models():
         else:
             table = f"{lead} {span} (mean {mean:.1%}, {within} of {len(errors)} within 10%"
         assert table in page, table
+
+
+def test_the_prefill_sram_figures_are_the_models():
+    """docs/serving.md's Llama 2 70B prompts at TP 32 on trn1 (transformers-neuronx 2.18.0):
+    the hidden states of 1,024 and 2,048 tokens, the TTFT ratio between them (the model's
+    and the published rows'), and the step of the spilled scores between 1,770 and 1,780
+    tokens."""
+    from clustersim.calibration.serving import SERVING_MEASUREMENTS, UNSEEN_SERVING_218
+    from clustersim.hardware.build import build_topology
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.hardware.stacks import stack_named, with_stack
+    from clustersim.serving.iteration import IterationModel, ReplicaShape
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    hw = with_stack(catalog_entry("trn1"), stack_named("transformers-neuronx@2.18.0"))
+    model = IterationModel(ReplicaShape(TransformerShape(**model_preset_values("llama2-70b")),
+                                        "bf16", 32, 1), build_topology(hw, 2))
+    mib = {n: n * model.shape.model.hidden * model.hidden_bytes / 2**20 for n in (1024, 2048)}
+    assert model.activations_on_chip(1024) and not model.activations_on_chip(2048)
+    ttft = {(r.input_tokens, r.output_tokens): r.ttft_ms
+            for r in SERVING_MEASUREMENTS + UNSEEN_SERVING_218
+            if r.model == "llama2-70b" and r.batch == 1 and r.sdk == "2.18.0"}
+    quoted = (f"keeps a 1,024-token prompt on chip ({mib[1024]:.0f} MiB) and spills a "
+              f"2,048-token one ({mib[2048]:.0f} MiB); with the unfused attention term below "
+              f"its TTFT grows x{model.prefill_s(2048) / model.prefill_s(1024):.2f} between "
+              f"them in the model (x{ttft[2048, 2048] / ttft[1024, 1024]:.2f} published",
+              f"(Llama 2 70B at TP 32: {model.prefill_s(1770) * 1e3:.0f} ms at 1,770 tokens, "
+              f"{model.prefill_s(1780) * 1e3:.0f} ms at 1,780)")
+    page = _flat("serving.md")
+    for part in quoted:
+        assert part in page, part
