@@ -668,3 +668,35 @@ def test_the_prefill_sram_figures_are_the_models():
     page = _flat("serving.md")
     for part in quoted:
         assert part in page, part
+
+
+@pytest.mark.slow  # five plans of the calibration rows (about 7 s of CPU)
+def test_the_calibration_rows_plans_are_the_planners():
+    """docs/planning.md's calibration rows planned (what `python scripts/bench.py --only
+    plan:` runs): each row's published configuration against the plan's best."""
+    from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario
+    from clustersim.planning import PlanOptions, plan
+
+    page = _flat("planning.md")
+    rows = {"llama2-7b trn1 x16": "Llama 2 7B on 16 instances",
+            "llama2-13b trn1 x32": "Llama 2 13B on 32 instances",
+            "llama3.1-8b trn1 x32 (SDK 2.24)": "Llama 3.1 8B on 32 instances",
+            "megatron-1T a100 x3072": None}
+    for m in STEP_MEASUREMENTS:
+        if m.name not in rows:
+            continue
+        result = plan(step_scenario(m), PlanOptions(top=3))
+        ref = float(result.rows[result.rows["reference"]].iloc[0]["step_time_s"])
+        best = result.best
+        less = f"{1 - best['step_time_s'] / ref:.0%} less"
+        if rows[m.name] is None:  # Megatron's 1T
+            quoted = (f"is in `plan.parquet` at {ref:.1f} s per step; the plan's best, TP "
+                      f"{best['tp']}, CP {best['cp']}, PP {best['pp']} interleaved x "
+                      f"{best['interleave']}, DP {best['dp']}", f"steps in "
+                      f"{best['step_time_s']:.1f} s, {less} ({result.simulated} simulated)")
+        else:
+            quoted = (f"{rows[m.name]} {ref:.1f} s against {best['step_time_s']:.1f} s with TP "
+                      f"{best['tp']}", f"DP {best['dp']}", f"ZeRO-{best['zero']} ({less})")
+            assert result.simulated == 5
+        for part in quoted:
+            assert part in page, (m.name, part)
