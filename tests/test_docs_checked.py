@@ -719,3 +719,31 @@ def test_the_calibration_rows_plans_are_the_planners():
             assert result.simulated == 5
         for part in quoted:
             assert part in page, (m.name, part)
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/limits.md: each limit's value is the code's
+
+
+_LIMIT_UNITS = {"s": 1.0, "ms": 1e-3, "years": 365 * 86400.0, "B/s": 1.0, "MB/s": 1e6,
+                "MiB": 2.0**20, "PiB": 2.0**50, "MW": 1e6, "per second": 1.0}
+
+
+def _limit_value(text: str) -> float:
+    text = re.sub(r"\s*\(.*\)$", "", text.strip())  # "10^12 s (31,700 years)"
+    if text == "2^63 - 1":
+        return 2.0**63 - 1
+    number, _, unit = text.partition(" ")
+    power = re.fullmatch(r"(\d+)\^(\d+)", number)
+    value = float(power.group(1)) ** int(power.group(2)) if power else _number(number)
+    return value * _LIMIT_UNITS[unit] if unit else value
+
+
+def test_the_limits_table_gives_the_codes_values():
+    from clustersim.hardware import limits
+
+    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", _page("limits.md"), re.M)
+    assert len(rows) >= 60
+    for name, text in rows:
+        value = getattr(limits, name)
+        assert _limit_value(text) == pytest.approx(float(value), rel=1e-12), (name, text, value)
