@@ -747,3 +747,18 @@ def test_the_limits_table_gives_the_codes_values():
     for name, text in rows:
         value = getattr(limits, name)
         assert _limit_value(text) == pytest.approx(float(value), rel=1e-12), (name, text, value)
+
+
+def test_the_readmes_prices_and_sizes_are_the_catalogs_and_goldens():
+    readme = _flat("README.md")
+    trn2, p5en = (_catalog(n)["instance"]["price_per_hour"] for n in ("trn2", "p5en"))
+    quoted = (f"Trn2 at its Capacity Block rate (${float(trn2):.2f} an instance-hour), p5en on "
+              f"demand (${float(p5en):.2f})")
+    assert quoted in readme, quoted
+    assert f"a {_golden('rainier-1m-4-sites')['chips']:,}-chip four-site" in readme
+    # the README's test time is contributing.md's first row, with its date
+    (row, *_) = _table_rows(_page("contributing.md"),
+                            "| command | tests | wall | CPU (user + sys) | as of |")
+    wall = row[2].split(" (")[0]
+    assert f"`pytest` runs the fast tests (every test not marked `slow`): {wall} on 2 idle cores " \
+           f"(timed {row[-1]}" in readme
