@@ -762,3 +762,31 @@ def test_the_readmes_prices_and_sizes_are_the_catalogs_and_goldens():
     wall = row[2].split(" (")[0]
     assert f"`pytest` runs the fast tests (every test not marked `slow`): {wall} on 2 idle cores " \
            f"(timed {row[-1]}" in readme
+
+
+# ---------------------------------------------------------------------------------------------
+# README: the serving comparison at 16 requests/s (the 2/s part: tests/test_docs.py)
+
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
+          8: "eight", 9: "nine", 10: "ten"}
+
+
+@pytest.mark.slow  # the serving planner over trn2 and p5en at 16 requests/s (about 35 s of CPU)
+def test_the_readmes_serving_comparison_at_16_per_s_is_the_planners(tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "serving-llama-trn2.yaml"), "--hardware", "trn2,p5en",
+        "--set", "serve.0.workload.rate=16", "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    import json
+
+    best = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))["best_per_hardware"]
+    trn2, p5en = best["trn2"], best["p5en"]
+    cost = "cost_per_million_output_tokens_usd"
+
+    def fleet(c: dict[str, Any]) -> str:
+        return (f"{_WORDS.get(c['replicas'], c['replicas'])} TP {c['tp']} replicas on "
+                f"{c['instances']} instances, ${c[cost]:.2f}")
+
+    quoted = (f"Trn2 {fleet(trn2)}; P5en {fleet(p5en)}: Trn2 {1 - trn2[cost] / p5en[cost]:.0%} "
+              "cheaper again")
+    assert quoted in _flat("README.md"), quoted
