@@ -1,12 +1,17 @@
 """Figures the README and docs/ quote that tests/test_docs.py does not check, recomputed
 from the tree and compared at the page's rounding (a figure that drifts fails here):
 
-- docs/models.md (and docs/calibration.md): the Trn1 collective and step constants, the
-  collectives tables, the step-time error bands;
-- docs/serving.md: the 70B rate sweep's table, `--find-rate`'s capacities, the TP 64
-  iteration's breakdown;
+- docs/models.md and docs/calibration.md: the Trn1 collective and step constants, the
+  collectives tables and their summary, the training rows, the step-time error bands, the
+  TensorRT-LLM rows' summaries;
+- docs/serving.md (and the README's line): the 70B rate sweep's table, `--find-rate`'s
+  capacities, the decode iteration's breakdown, the prefill SRAM figures, the Trn1 fit;
 - docs/library.md: the comparisons its reference sweeps give;
-- docs/contributing.md: the test counts (`pytest --collect-only`) and the counts of the
+- docs/planning.md and the README: the 405B plan, the calibration rows' plans, Trn2
+  against P5en for training, and serving at 16 requests/s;
+- docs/sites.md, docs/fleet-day.md: their reference runs' goldens; docs/limits.md: the
+  limits' values;
+- docs/contributing.md: the test counts (`pytest --collect-only`), the counts of the
   benchmark rows that reference runs give (their times are dated, not checked: no test
   asserts a wall time).
 
