@@ -111,6 +111,9 @@ def test_the_step_constants_and_bands_are_the_catalogs():
     quoted = f"{band['trn1']} for Trainium and {band['p4d']} for GPUs"
     assert quoted in page, quoted
     assert f"Trn2's own band, {band['trn2']}" in page, band["trn2"]
+    table = _page("calibration.md")
+    for label, family in (("Trn1", "trn1"), ("Trn2", "trn2"), ("GPU", "p4d")):
+        assert f"| {label} | {band[family]}:" in table, (label, band[family])
 
 
 _SIZES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
