@@ -798,3 +798,12 @@ def test_the_readmes_serving_comparison_at_16_per_s_is_the_planners(tmp_path):
     quoted = (f"Trn2 {fleet(trn2)}; P5en {fleet(p5en)}: Trn2 {1 - trn2[cost] / p5en[cost]:.0%} "
               "cheaper again")
     assert quoted in _flat("README.md"), quoted
+
+
+def test_the_trace_pages_bounds_are_the_limits():
+    from clustersim.hardware import limits
+
+    page = _flat("traces-in.md")
+    assert (f"The file (and PAI's task table) is at most "
+            f"{limits.MAX_TRACE_FILE_BYTES / 2**20:.0f} MiB") in page
+    assert f"and {limits.MAX_TRACE_ROWS:,} jobs" in page
