@@ -807,3 +807,26 @@ def test_the_trace_pages_bounds_are_the_limits():
     assert (f"The file (and PAI's task table) is at most "
             f"{limits.MAX_TRACE_FILE_BYTES / 2**20:.0f} MiB") in page
     assert f"and {limits.MAX_TRACE_ROWS:,} jobs" in page
+
+
+@pytest.mark.slow  # the planner over DeepSeek-V3's 225,894 candidates (about 45 s of CPU)
+def test_the_readmes_mixture_of_experts_plan_is_the_planners(tmp_path):
+    import pandas as pd
+
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "plan-deepseek-v3-trn2.yaml"),
+        "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(tmp_path / "plan" / "plan.parquet")
+    simulated = rows[rows["status"] == "simulated"].sort_values("step_time_s")
+    best, experts = simulated.iloc[0], simulated[simulated["ep"] > 1].iloc[0]
+    quoted = (
+        f"the best layout is TP {best.tp}, CP {best.cp}, PP {best.pp}, DP {best.dp} with expert "
+        f"parallelism {best.ep}, ZeRO-{best.zero}, micro-batch {best.micro_batch}, at "
+        f"{best.step_time_s:.2f} s per step (MFU {best.mfu:.1%})",
+        f"(the fastest layout with expert parallelism, EP {experts.ep} over EFA, steps in "
+        f"{experts.step_time_s:.2f} s and leaves {experts.all_to_all_s:.0f} s of all-to-all "
+        "exposed)")
+    readme = _flat("README.md")
+    for part in quoted:
+        assert part in readme, part
