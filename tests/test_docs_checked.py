@@ -830,3 +830,20 @@ def test_the_readmes_mixture_of_experts_plan_is_the_planners(tmp_path):
     readme = _flat("README.md")
     for part in quoted:
         assert part in readme, part
+
+
+@pytest.mark.slow  # the planner over 485,593 Trn3 candidates (about 32 s of CPU)
+def test_the_readmes_trn3_mixture_of_experts_plan_is_the_planners(tmp_path):
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "plan-deepseek-v3-trn3.yaml"),
+        "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    import json
+
+    best = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))["candidates"][0]
+    quoted = (f"(`clustersim plan scenarios/plan-deepseek-v3-trn3.yaml`, {best['chips']:,} chips) "
+              f"the best is TP {best['tp']}, CP {best['cp']}, PP {best['pp']}, DP {best['dp']:,} "
+              f"with expert parallelism {best['ep']}, ZeRO-{best['zero']}, at "
+              f"{best['step_time_s']:.2f} s per step (MFU {best['mfu']:.1%}), its all-to-all "
+              f"inside each UltraServer's NeuronSwitch leaving {best['all_to_all_s']:.2f} s exposed")
+    assert quoted in _flat("README.md"), quoted
