@@ -167,7 +167,7 @@ def test_one_name_per_job_state(quick_run: Path):
     summary = run.summary["jobs"]["pretrain"]
     states = set(JOB_STATES) - {"done"}
     assert set(summary["time_by_state_s"]) == states
-    assert set(summary["lost_time_s"]) == (states - {"running"}) | {"lost_work"}
+    assert set(summary["lost_time_s"]) == (states - {"running"}) | {"lost_work", "requeued"}
     assert set(run.intervals.loc[run.intervals["entity"] == "job", "state"]) <= set(JOB_STATES)
     assert states <= set(UTILISATION_STATES)
     columns = set(run.goodput().columns)

@@ -25,6 +25,7 @@ STATE_COLOURS = {
     "running": "#2e7d32", "checkpointing": "#1565c0", "down": "#c62828",
     "waiting_for_hardware": "#ef6c00",
     "restarting": "#8e24aa", "restoring": "#00838f", "queued": "#9e9e9e",
+    "requeued": "#616161",  # (lost time only: queued again after a preemption)
     "failed": "#212121", "repairing": "#6d4c41",
     "idle": "#e0e0e0", "inactive": "#f5f5f5", "done": "#bdbdbd", "serving": "#1e88e5",
 }
@@ -32,7 +33,8 @@ STATE_COLOURS = {
 
 LOST_LABELS = {"lost_work": "lost work", "checkpointing": "checkpointing",
                "down": "down", "waiting_for_hardware": "waiting for hardware",
-               "restarting": "restarting", "restoring": "restoring", "queued": "queued"}
+               "restarting": "restarting", "restoring": "restoring", "queued": "queued",
+               "requeued": "queued again"}
 
 
 def _days(seconds: np.ndarray | float) -> np.ndarray | float:

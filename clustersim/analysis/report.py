@@ -250,7 +250,7 @@ def plot_hours(run: Run, path: Path) -> Path:
                "down": STATE_COLOURS["down"],
                "waiting_for_hardware": STATE_COLOURS["waiting_for_hardware"],
                "restarting": STATE_COLOURS["restarting"], "restoring": STATE_COLOURS["restoring"],
-               "queued": STATE_COLOURS["queued"]}
+               "queued": STATE_COLOURS["queued"], "requeued": STATE_COLOURS["requeued"]}
     jobs = _largest_jobs(run)
     rows = []
     for name, job in jobs.items():

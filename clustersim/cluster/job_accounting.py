@@ -23,7 +23,7 @@ class JobAccounting:
         now = self.t.env.now
         if state == self.state:
             return
-        self.outcome.time_in_state[self.state] += now - self.state_since
+        self._count_state(now)
         if self.t.recorder is not None and now > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
         self.state, self.state_since = state, now
@@ -32,10 +32,17 @@ class JobAccounting:
         else:
             self.t.recovering.discard(self)
 
+    def _count_state(self, now: float) -> None:
+        """The time since the last change to the current state (a wait in the queue after a
+        preemption also to the outcome's `requeued_s`)."""
+        self.outcome.time_in_state[self.state] += now - self.state_since
+        if self.state == "queued" and self.requeued:
+            self.outcome.requeued_s += now - self.state_since
+
     def close(self, horizon: float) -> None:
         """Close the books at the horizon: credit a running segment, count the last state."""
         self._credit_segment(horizon)
-        self.outcome.time_in_state[self.state] += horizon - self.state_since
+        self._count_state(horizon)
         if self.t.recorder is not None and horizon > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, horizon)
         self.state_since = horizon

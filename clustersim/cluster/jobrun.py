@@ -81,6 +81,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
         self.state = "queued"
         self.state_since = job.submit_s
+        self.requeued = False  # queued again after a preemption (lost_time_s.requeued)
         self.allocated_chip_s = 0.0
         self.held_since = 0.0
         self.pending: list[tuple[str, list[int]]] = []
@@ -149,6 +150,9 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
 
     def _queue(self):
         """Wait in the scheduler's queue until granted instances."""
+        # Back in the queue after a preemption: that wait is within its wall time (from its
+        # first start), unlike the wait before the first start.
+        self.requeued = self.outcome.start_s is not None
         self.set_state("queued")
         self.queued_at = self.t.env.now
         self.granted = self.t.env.event()
@@ -202,6 +206,15 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
             return None
         end = start + self.job.run_for_s
         return end if self.end_at is None else min(end, self.end_at)
+
+    def ends_by(self, now: float) -> bool:
+        """Whether its deadline or run time (from its first start) has come by `now` (its
+        end is then due in this instant, its watch not yet run)."""
+        ends = [self.end_at] if self.end_at is not None else []
+        if self.job.run_for_s is not None and self.outcome.start_s is not None:
+            ends.append(self.outcome.start_s + self.job.run_for_s)
+        # (the watch's timeout lands on its end to within a rounding of the sum)
+        return any(end <= now + 1e-9 * max(1.0, abs(now)) for end in ends)
 
     def backfill_count(self) -> int:
         """Instances it holds, or those just granted it (its process has not taken them up

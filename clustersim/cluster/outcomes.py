@@ -32,6 +32,7 @@ class JobOutcome:
     time_in_state: Counter = field(default_factory=Counter)
     interruptions: Counter = field(default_factory=Counter)
     lost_work_s: float = 0.0
+    requeued_s: float = 0.0  # queued again after preemptions (part of time_in_state's queued)
     running_s: float = 0.0
     checkpoints_completed: int = 0
     checkpoint_interval_s: float | None = None
@@ -86,8 +87,13 @@ class JobOutcome:
         since_submit = max(0.0, end - self.submit_s)
         states = {s: self.time_in_state.get(s, 0.0) for s in JOB_STATES
                   if s != "done"}
+        # `queued`: the wait before the first start, outside the wall time; `requeued`: the
+        # waits after preemptions, inside it. Wall minus useful is the sum of the entries
+        # after `queued`; useful plus every entry is the time since submission.
+        requeued = min(self.requeued_s, states["queued"])
         lost = {
-            "queued": states["queued"],
+            "queued": states["queued"] - requeued,
+            "requeued": requeued,
             "checkpointing": states["checkpointing"],
             "down": states["down"],
             "waiting_for_hardware": states["waiting_for_hardware"],

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     WaitingQueue = JobQueue | FairShareQueue
 
 __all__ = ["queue_key", "recovering_key", "runtime_floor", "reservation", "expected_returns",
-           "easy_backfill", "preempt_for"]
+           "easy_backfill", "preempt_for", "granted_below"]
 
 # `count` instances, whole UltraServers or not, among the free ones (Timeline.place)
 Placement = Callable[[int, bool, np.ndarray], "np.ndarray | None"]
@@ -130,17 +130,22 @@ def easy_backfill(head: JobRun, shadow: float, extra: int, rest: Iterator[JobRun
 
 
 def preempt_for(run: JobRun, free: np.ndarray, need: int, active: ActiveSet,
-                running: object, place: Placement) -> tuple[np.ndarray, list[JobRun]] | None:
+                running: object, place: Placement,
+                now: float | None = None) -> tuple[np.ndarray, list[JobRun]] | None:
     """The lower-priority jobs to evict (lowest priority, latest started first) until `run`
     fits, and the instances it would get once they are evicted; None when no eviction makes
     it fit. `running`: the simpy process this pass runs in (a job's own process, releasing
     instances as it recovers, cannot be interrupted from inside itself: it is no victim this
-    time). The caller evicts the victims and adds their instances to `free`."""
+    time). At time `now`, a job whose run time or deadline ends then is no victim either:
+    its instances come back at this instant anyway, and evicting it would throw away the
+    work it has just finished. The caller evicts the victims and adds their instances to
+    `free`."""
     if active.lowest_priority() >= run.job.priority:
         return None  # nobody it outranks holds anything
     victims = (r for r in active.by_preemption_order(run.job.priority)
                if r.held_count and r.state != "done"
-               and (running is None or r.process is not running))
+               and (running is None or r.process is not running)
+               and (now is None or not r.ends_by(now)))
     first = next(victims, None)
     if first is None:
         return None
@@ -159,3 +164,12 @@ def preempt_for(run: JobRun, free: np.ndarray, need: int, active: ActiveSet,
         if placement is not None:
             return placement, chosen_victims
     return None
+
+
+def granted_below(run: JobRun, active: ActiveSet) -> bool:
+    """Whether a job `run` outranks was granted instances it has not taken up yet (its
+    process takes them up later in this instant): no victim now, one once it holds them."""
+    if active.lowest_priority() >= run.job.priority:
+        return False
+    return any(not r.held_count and r.backfill_count()
+               for r in active.by_preemption_order(run.job.priority))

@@ -12,6 +12,7 @@ import numpy as np
 from clustersim.cluster.policies import (
     easy_backfill,
     expected_returns,
+    granted_below,
     preempt_for,
     queue_key,
     recovering_key,
@@ -62,6 +63,7 @@ class Scheduler:
                       else JobQueue(key, runtime_floor))
         self._busy = False
         self._again = False
+        self._retry_at = -math.inf  # the instant of the last preemption tried again
         # (time, head job, shadow time) of every backfill reservation, when a list (tests)
         self.reservations: list[tuple[float, int, float]] | None = None
         self.fragmentation_s = 0.0  # time integral of fragmentation
@@ -176,15 +178,29 @@ class Scheduler:
     def _preempt(self, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
         """Preemption (`policies.preempt_for`): the victims evicted, their instances added to
         `free`; the instances `run` gets, or None (nobody evicted)."""
+        now = self.t.env.now
         decision = preempt_for(run, free, need, self.t.active, self.t.env.active_process,
-                               self.t.place)
+                               self.t.place, now)
         if decision is None:
+            # Jobs it outranks that were granted instances in this instant hold none yet:
+            # once their processes take them up (later in this instant), they are victims.
+            # Try again then, once an instant (a preemption that fails again waits for the
+            # next change, as before).
+            if self._retry_at != now and granted_below(run, self.t.active):
+                self._retry_at = now
+                self.t.env.process(self._retry())
             return None
         chosen, victims = decision
         for victim in victims:
             free[victim.held] = True  # (read before the eviction empties it)
             victim.evict()
         return chosen
+
+    def _retry(self):
+        """A pass after the processes of the jobs granted instances in this instant took
+        them up (their wake-ups come before this one in the instant's order)."""
+        yield self.t.env.timeout(0)
+        self.schedule()
 
     def start(self, run: JobRun, chosen: np.ndarray) -> None:
         self.queue.remove(run)
