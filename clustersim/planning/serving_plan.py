@@ -17,7 +17,10 @@ simulated in that order, each with the fewest replicas that hold the load (the w
 deployment simulated at the load, exactly as `clustersim run` would), until no bound left
 can beat the best found for that hardware. A configuration holds the load when at least
 `goodput` of its requests meet the TTFT and TPOT bounds and its queue does not grow (not
-`saturated`), the test `--find-rate` uses.
+`saturated`), the test `--find-rate` uses. Each candidate's search (serving_search) runs
+its trials until they cannot reach `goodput` (serving.trials: an exact bound) and gives up
+once every count left costs more than the best found; candidates run on the planning
+engine in batches replayed in order, so the answer does not depend on the engine.
 
 Every figure comes from the serving simulation `run` uses: no second performance model. The
 best of each hardware is also given at its SLO capacity: the highest rate one replica holds
