@@ -268,9 +268,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
                                best_scenarios, notes)
     if options.capacity:
-        if progress is not None:
-            progress(0, None, "each best at its SLO capacity")
-        _capacities(result, base_dir, runner)
+        _capacities(result, base_dir, runner, progress)
     return result
 
 
@@ -369,7 +367,8 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
     return row
 
 
-def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any) -> None:
+def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
+                progress: Any = None) -> None:
     """Each hardware's best, and the shown candidates, at their SLO capacity: the highest
     rate one replica holds, and the cost per million output tokens there (a replica charged
     its share of an instance). The searches run on the engine, in the ranking's order."""
@@ -394,6 +393,8 @@ def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any) -
         rows.append((row, spec))
         tasks.append((mapping, f"{result.scenario.source} (capacity)", base_dir,
                       result.options.goodput))
+    if progress is not None and tasks:
+        progress(0, len(tasks), "each best at its SLO capacity")
     for (row, spec), found in zip(rows, runner.map(_capacity, tasks), strict=True):
         if found is None:
             continue
