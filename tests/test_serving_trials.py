@@ -186,3 +186,18 @@ def test_the_serving_plan_takes_the_engine_options_and_checks_them(tmp_path):
                                           *args])
         assert result.exit_code == 2, result.output
         assert says in " ".join(result.output.split())
+
+
+@pytest.mark.slow  # two rate searches of 8B on one trn2 replica: about 6 s
+def test_a_rate_search_stopping_early_finds_the_same_rate():
+    from clustersim.serving.capacity import find_rate
+
+    scenario = _small(1, 8.0, "500ms")
+    whole = find_rate(scenario, None, 0.99, None, bisections=4)
+    early = find_rate(scenario, None, 0.99, None, bisections=4, stop_early=True)
+    assert whole.rate_per_s is not None
+    assert early.rate_per_s == whole.rate_per_s
+    assert _whole(early.figures) == _whole(whole.figures)
+    assert [rate for rate, _ in early.tried] == [rate for rate, _ in whole.tried]
+    # some runs did stop early (their share so far is under the whole run's)
+    assert any(e < w for (_, e), (_, w) in zip(early.tried, whole.tried, strict=True))

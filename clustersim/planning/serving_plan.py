@@ -322,7 +322,8 @@ def _capacity(task: tuple[dict[str, Any], str, Path | None, float]
     `--find-rate`'s search of one replica (an engine's task)."""
     mapping, source, base_dir, goodput = task
     one = scenario_from_dict(mapping, source, base_dir=base_dir)
-    search = find_rate(one, None, goodput, None, bisections=4, base_dir=base_dir)
+    search = find_rate(one, None, goodput, None, bisections=4, base_dir=base_dir,
+                       stop_early=True)
     if search.rate_per_s is None or not search.figures:
         return None
     return search.rate_per_s, search.figures["output_tokens_per_s"]
