@@ -338,6 +338,27 @@ figures = {"plan_wall_s": round(wall, 1), "considered": shown["considered"],
 """,
         False,
     ),
+    "plan (serving): Llama 3.1 70B at 40 requests/s on trn2 and p5en, 2 workers (CLI, local)": (
+        """
+import resource, subprocess, sys, json, tempfile, time
+t0 = time.perf_counter()
+done = subprocess.run([sys.executable, "-m", "clustersim", "plan",
+                       "scenarios/serving-llama-trn2.yaml", "--hardware", "trn2,p5en",
+                       "--set", "serve.0.workload.rate=40/s", "--workers", "2", "--json",
+                       "-o", tempfile.mkdtemp() + "/plan"],
+                      capture_output=True, text=True, check=True)
+wall = time.perf_counter() - t0
+used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its workers
+shown = json.loads(done.stdout)
+best = {name: f"tp {r['tp']} pp {r['pp']} batch {r['max_batch']} x {r['replicas']}, "
+              f"${r['cost_per_million_output_tokens_usd']:.3f}/M"
+        for name, r in shown["best_per_hardware"].items()}
+figures = {"plan_wall_s": round(wall, 1), "cpu_s": round(used.ru_utime + used.ru_stime, 1),
+           "considered": shown["considered"], "pruned": shown["pruned"],
+           "simulated": shown["simulated"], "best": best}
+""",
+        False,
+    ),
     "plan: the calibration rows (Trn1 rows; Megatron 1T on 3,072 A100 p4de, 1600 Gbps)": (
         """
 from clustersim.calibration.step import STEP_MEASUREMENTS, step_scenario

@@ -394,6 +394,33 @@ def test_the_readmes_serving_comparison_is_the_planners(tmp_path):
     assert capacity in readme, capacity
 
 
+@pytest.mark.slow  # the serving planner's benchmark: about 40 s of CPU
+def test_the_serving_plan_benchmark_is_the_planners(tmp_path):
+    """docs/planning.md quotes the serving planner's benchmark (Llama 3.1 70B at 40
+    requests/s on trn2 and p5en): each best, and how many configurations it ranked and gave
+    up on cost."""
+    import pandas as pd
+
+    result = CliRunner().invoke(app, [
+        "plan", str(ROOT / "scenarios" / "serving-llama-trn2.yaml"), "--hardware", "trn2,p5en",
+        "--set", "serve.0.workload.rate=40/s", "--workers", "2", "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text("utf-8"))
+    rows = pd.read_parquet(tmp_path / "plan" / "plan.parquet")
+    t, p = plan["best_per_hardware"]["trn2"], plan["best_per_hardware"]["p5en"]
+    cut = int(rows["why"].fillna("").str.startswith("cost: ").sum())
+    quoted = (f"answers Trn2 with {t['replicas']} replicas of TP {t['tp']} (max_batch "
+              f"{t['max_batch']}) on {t['instances']} instances at "
+              f"${t['cost_per_million_output_tokens_usd']:.2f} per million output tokens "
+              f"({t['slo_goodput']:.2%} of requests within the SLO) and P5en with "
+              f"{p['replicas']} replicas of TP {p['tp']} (max_batch {p['max_batch']}) on "
+              f"{p['instances']} instances at ${p['cost_per_million_output_tokens_usd']:.2f}; "
+              f"of {plan['considered']} configurations considered, "
+              f"{int(rows['meets_slo'].fillna(False).astype(bool).sum())} hold the load and "
+              f"are ranked and {cut} are given up on cost")
+    assert quoted in " ".join(_text(DOCS / "planning.md").split()), quoted
+
+
 @pytest.mark.slow
 def test_the_serving_stack_tables_are_the_scenario_runs():
     """docs/calibration.md's serving-stack tables (every transformers-neuronx release's rows

@@ -47,3 +47,20 @@ def test_a_plan_on_ray_gives_the_local_answer():
         remote = plan(scenario, PlanOptions(top=3), engine)
     assert remote.as_json() == serial.as_json()
     pd.testing.assert_frame_equal(remote.rows, serial.rows)
+
+
+def test_a_serving_plan_on_ray_gives_the_serial_answer():
+    """The serving planner maps its candidates' searches, then their capacity searches, on
+    one engine: the Ray engine kept the first function and ran it for both (a failure)."""
+    from test_serving_trials import seventy_b_at_20
+
+    from clustersim.planning.serving_plan import ServingPlanOptions, plan_serving
+    from clustersim.runner.api import simulate
+
+    scenario = seventy_b_at_20()
+    options = ServingPlanOptions(hardware=("trn2",), top=2)
+    serial = plan_serving(scenario, options, None, simulate=simulate)
+    with Engine("ray", workers=2) as engine:
+        remote = plan_serving(scenario, options, None, simulate=simulate, engine=engine)
+    assert remote.as_json() == serial.as_json()
+    pd.testing.assert_frame_equal(remote.rows, serial.rows)

@@ -175,6 +175,7 @@ def plan(
                 raise UsageProblem(f"--global-batch {global_batch!r}: {batch_tokens:,.0f} tokens "
                                    f"is not a whole number of sequences of {length}")
             sets.append(f"jobs.0.global_batch={int(batch_tokens // length)}")
+    _check_engine(engine, address)
     if serve is not None or _serving_only(scenario, sets):
         given = {"--chips": chips, "--model": model, "--global-batch": global_batch,
                  "--seq-len": seq_len, "--tokens": tokens, "--deadline": deadline,
@@ -184,21 +185,11 @@ def plan(
             training_only.append("--objective")
         if training_only:
             raise UsageProblem(f"{', '.join(training_only)}: training options; a serving plan "
-                               "takes --hardware, --serve, --goodput, --top, -o, "
-                               "--write-scenario, --set and --json")
+                               "takes --hardware, --serve, --goodput, --top, --engine, "
+                               "--workers, --address, -o, --write-scenario, --set and --json")
         _plan_serving(scenario, sets, hardware, serve, goodput, top, out, write_scenario, force,
-                      json_out)
+                      json_out, (engine, workers, address))
         return
-    if engine not in ("local", "ray"):
-        raise UsageProblem(f"--engine {engine!r}: expected local or ray")
-    if address is not None and engine != "ray":
-        raise UsageProblem(f"--address {address!r}: a Ray cluster address, used only with "
-                           "--engine ray")
-    if engine == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'")
     spec = load_scenario(scenario, sets, planning=True)
     options = PlanOptions(
         hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
@@ -294,6 +285,20 @@ class _progress:
             self._bar.stop()
 
 
+def _check_engine(engine: str, address: str | None) -> None:
+    """--engine and --address, before any work (both planners take them)."""
+    if engine not in ("local", "ray"):
+        raise UsageProblem(f"--engine {engine!r}: expected local or ray")
+    if address is not None and engine != "ray":
+        raise UsageProblem(f"--address {address!r}: a Ray cluster address, used only with "
+                           "--engine ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'")
+
+
 def _serving_only(scenario: Path, sets: list[str]) -> bool:
     """A scenario with deployments and no jobs is planned as serving."""
     from clustersim.scenario.loader import load_scenario
@@ -304,11 +309,14 @@ def _serving_only(scenario: Path, sets: list[str]) -> bool:
 
 def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: str | None,
                   goodput: float, top: int, out: Path | None, write_scenario: Path | None,
-                  force: bool, json_out: bool) -> None:
+                  force: bool, json_out: bool,
+                  engine: tuple[str, int | None, str | None] = ("local", None, None)) -> None:
     """The serving planner (clustersim.planning.serving_plan): the cheapest configuration per
-    hardware meeting the deployment's SLO at its load."""
+    hardware meeting the deployment's SLO at its load, its candidates searched on `engine`
+    (kind, workers, address) as the training planner's are."""
     import yaml
 
+    from clustersim.planning import Engine
     from clustersim.planning.serving_outputs import serving_plan_scenario, write_serving_plan
     from clustersim.planning.serving_plan import ServingPlanOptions, plan_serving
     from clustersim.planning.serving_space import ServingPlanError
@@ -323,9 +331,9 @@ def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: 
         deployment=serve, goodput=goodput, top=top)
     with _scenario_file(write_scenario, out_dir, force, spec) as (temporary, commit):
         try:
-            with _progress() as progress:
+            with Engine(*engine) as runner, _progress() as progress:
                 result = plan_serving(spec, options, Path(scenario).parent, simulate=simulate,
-                                      progress=progress)
+                                      progress=progress, engine=runner)
         except ServingPlanError as error:
             raise UsageProblem(f"{scenario}: {error}") from None
         with atomic_output_dir(out_dir, force=force) as staging:

@@ -80,6 +80,7 @@ class Engine:
         self.address = address
         self._pool: ProcessPoolExecutor | None = None
         self._ray: Any = None
+        self._remote: dict[Any, Any] = {}  # function -> its Ray remote
 
     def __enter__(self) -> Engine:
         return self
@@ -108,7 +109,9 @@ class Engine:
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
         if self._ray is None:
-            ray = start_ray(self.address)
-            self._ray = (ray, ray.remote(fn))
-        ray, remote = self._ray
-        return ray.get([remote.remote(task) for task in tasks])
+            self._ray = start_ray(self.address)
+        # One remote per function: the serving planner maps its candidates' searches, then
+        # their capacity searches, on one engine (the first function was kept for both).
+        if fn not in self._remote:
+            self._remote[fn] = self._ray.remote(fn)
+        return self._ray.get([self._remote[fn].remote(task) for task in tasks])

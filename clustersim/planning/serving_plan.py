@@ -17,7 +17,10 @@ simulated in that order, each with the fewest replicas that hold the load (the w
 deployment simulated at the load, exactly as `clustersim run` would), until no bound left
 can beat the best found for that hardware. A configuration holds the load when at least
 `goodput` of its requests meet the TTFT and TPOT bounds and its queue does not grow (not
-`saturated`), the test `--find-rate` uses.
+`saturated`), the test `--find-rate` uses. Each candidate's search (serving_search) runs
+its trials until they cannot reach `goodput` (serving.trials: an exact bound) and gives up
+once every count left costs more than the best found; candidates run on the planning
+engine in batches replayed in order, so the answer does not depend on the engine.
 
 Every figure comes from the serving simulation `run` uses: no second performance model. The
 best of each hardware is also given at its SLO capacity: the highest rate one replica holds
@@ -28,6 +31,7 @@ an instance.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +41,8 @@ import pandas as pd
 import yaml
 
 from clustersim.hardware.catalog import catalog_entry, catalog_names
+from clustersim.planning.engine import Engine
+from clustersim.planning.serving_search import CandidateTask, search_candidate, settle
 from clustersim.planning.serving_space import (
     BATCHES,
     ServingPlanError,
@@ -53,9 +59,6 @@ from clustersim.scenario.models import Scenario
 from clustersim.serving.capacity import find_rate
 
 __all__ = ["ServingPlanOptions", "ServingPlanResult", "ServingPlanError", "plan_serving"]
-
-MAX_SIMULATIONS_PER_CANDIDATE = 8
-
 
 @dataclass(frozen=True)
 class ServingPlanOptions:
@@ -140,17 +143,21 @@ def _deployment_index(scenario: Scenario, name: str | None) -> int:
 
 class RunScenario(Protocol):
     """What the planner runs a candidate with: `clustersim run`'s simulation (the runner's
-    `simulate`, passed in by the caller: planning sits below the runner)."""
+    `simulate`, passed in by the caller: planning sits below the runner), which takes a
+    serving.trials.SloTrial to stop a run once it cannot hold the load. Picklable (a
+    module's function) for the engine's workers."""
 
-    def __call__(self, scenario: Scenario) -> Any: ...
+    def __call__(self, scenario: Scenario, *, serving_trial: Any = None) -> Any: ...
 
 
 def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                  base_dir: Path | None = None, *, simulate: RunScenario,
-                 progress: Any = None) -> ServingPlanResult:
+                 progress: Any = None, engine: Engine | None = None) -> ServingPlanResult:
     """Search each hardware entry for the cheapest configuration holding the load, each
-    candidate run with `simulate` (a run's result, its summary's `deployments`).
-    `progress(done, total, what)`, if given, hears of each candidate as it is looked at."""
+    candidate run with `simulate` (a run's result, its summary's `deployments`), on `engine`
+    (default: this process; the answer does not depend on it). `progress(done, total,
+    what)`, if given, hears of each batch of candidates as it starts."""
+    runner = engine if engine is not None else Engine("local", workers=1)
     index = _deployment_index(scenario, options.deployment)
     d = scenario.serve[index]
     if d.disaggregated is not None:
@@ -179,12 +186,6 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     notes: list[str] = []
     source = f"{scenario.source} (planned)"
 
-    def variant(shape: _Shape, replicas: int) -> tuple[dict[str, Any], Scenario]:
-        instances = _instances_for(shape.tp * shape.pp, replicas, shape.spec)
-        mapping = _raw_variant(raw, raw_deployment, shape.hw_value, shape.tp, shape.pp,
-                               replicas, shape.max_batch, instances)
-        return mapping, scenario_from_dict(mapping, source, base_dir=base_dir)
-
     for name in names:
         spec = scenario.hardware if name == scenario.hardware.name else catalog_entry(name)
         hw_value = raw.get("hardware") if name == scenario.hardware.name else name
@@ -197,7 +198,10 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
             if shape.why:
                 continue
             try:
-                _, one = variant(shape, 1)
+                one = scenario_from_dict(_raw_variant(
+                    raw, raw_deployment, shape.hw_value, shape.tp, shape.pp, 1,
+                    shape.max_batch, _instances_for(shape.tp * shape.pp, 1, shape.spec)),
+                    source, base_dir=base_dir)
             except ScenarioError as error:
                 shape.why = "validation: " + _first_issue(error)
                 continue
@@ -209,25 +213,40 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                       key=lambda s: (s.usd_per_h_bound, -s.rate_bound_per_s * max(
                           1, s.spec.ranks_per_instance // (s.tp * s.pp)), s.tp * s.pp))
         best_usd: float | None = None
-        for position, shape in enumerate(live):
-            if progress is not None:
-                progress(position, len(live), f"{name}: tp {shape.tp} x pp {shape.pp}, "
-                         f"batch {shape.max_batch}")
-            if best_usd is not None and shape.usd_per_h_bound >= best_usd:
-                shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best "
-                             f"found costs ${best_usd:,.2f}/h" if priced else
-                             f"bound: at least {shape.usd_per_h_bound:,.0f} chips, the best "
-                             f"found takes {best_usd:,.0f}")
-                continue
-            outcome = _fewest_replicas(shape, variant, simulate, options.goodput, d.name)
-            row = _row(shape, outcome, "simulated")
-            rows.append(row)
-            if outcome["holds"]:
-                usd = outcome["rank_cost"]
-                if best_usd is None or usd < best_usd:
-                    best_usd = usd
-                mappings[id(row)] = outcome["mapping"]
-                ranked.append(row)
+        width = _width(runner)
+        position = 0
+        while position < len(live):
+            # The next batch: the candidates whose bound can still beat the best found.
+            batch: list[_Shape] = []
+            end = position
+            while end < len(live) and len(batch) < width:
+                if best_usd is None or live[end].usd_per_h_bound < best_usd:
+                    batch.append(live[end])
+                end += 1
+            if progress is not None and batch:
+                progress(position, len(live), f"{name}: tp {batch[0].tp} x pp {batch[0].pp}, "
+                         f"batch {batch[0].max_batch}"
+                         + (f" (+{len(batch) - 1} more)" if len(batch) > 1 else ""))
+            found = dict(zip((id(s) for s in batch), runner.map(search_candidate, [
+                CandidateTask(s, raw, raw_deployment, source, base_dir, simulate,
+                              options.goodput, d.name, best_usd) for s in batch]),
+                strict=True))
+            # In order, against the best a one-at-a-time search would have found by then.
+            for shape in live[position:end]:
+                if shape.why or _beaten(shape, best_usd, priced):
+                    continue
+                outcome = settle(shape, found[id(shape)], best_usd)
+                if outcome is None:
+                    continue
+                row = _row(shape, outcome, "simulated")
+                rows.append(row)
+                if outcome["holds"]:
+                    usd = outcome["rank_cost"]
+                    if best_usd is None or usd < best_usd:
+                        best_usd = usd
+                    mappings[id(row)] = outcome["mapping"]
+                    ranked.append(row)
+            position = end
         rows += [_row(s, None, "pruned") for s in shapes if s.why]
     # Dollars and chips do not compare: priced hardware first by $/h, unpriced by chips.
     ranked.sort(key=lambda r: (r["usd_per_h"] is None, r["usd_per_h"] if r["usd_per_h"]
@@ -249,10 +268,27 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
                                best_scenarios, notes)
     if options.capacity:
-        if progress is not None:
-            progress(0, None, "each best at its SLO capacity")
-        _capacities(result, base_dir)
+        _capacities(result, base_dir, runner, progress)
     return result
+
+
+def _width(runner: Any) -> int:
+    """Candidates a batch gives the engine: one per worker (the local engine runs at most
+    one process per core)."""
+    if runner.kind == "local":
+        return max(1, min(runner.workers, os.cpu_count() or 1))
+    return max(1, runner.workers)
+
+
+def _beaten(shape: _Shape, best_usd: float | None, priced: bool) -> bool:
+    """Prune the shape when its bound cannot beat the best found (saying so)."""
+    if best_usd is None or shape.usd_per_h_bound < best_usd:
+        return False
+    shape.why = (f"bound: at least ${shape.usd_per_h_bound:,.2f}/h, the best found costs "
+                 f"${best_usd:,.2f}/h" if priced else
+                 f"bound: at least {shape.usd_per_h_bound:,.0f} chips, the best found takes "
+                 f"{best_usd:,.0f}")
+    return True
 
 
 def _why_none(rows: list[dict[str, Any]]) -> str:
@@ -280,56 +316,17 @@ def _first_issue(error: ScenarioError) -> str:
     return (text[1] if len(text) > 1 else text[0]).strip().lstrip("- ")
 
 
-def _fewest_replicas(shape: _Shape, variant: Any, simulate: Any, goodput: float,
-                     name: str) -> dict[str, Any]:
-    """The fewest replicas holding the load: from the bound's count, up (by half again)
-    until one holds or down (one less, then halving) until one fails, then bisection between
-    the last count that failed and the first that held."""
-    tried: dict[int, dict[str, Any]] = {}
-
-    def run(replicas: int) -> dict[str, Any]:
-        if replicas not in tried:
-            mapping, scenario = variant(shape, replicas)
-            figures = simulate(scenario).summary["deployments"][name]
-            holds = figures["slo_goodput"] >= goodput and not figures["saturated"]
-            price = shape.spec.instance.price_per_hour_usd
-            instances = figures["instances"]
-            tried[replicas] = {"replicas": replicas, "figures": figures, "holds": holds,
-                               "mapping": mapping, "instances": instances,
-                               "rank_cost": instances * (price if price is not None
-                                                         else shape.spec.chips_per_instance)}
-        return tried[replicas]
-
-    replicas = shape.replicas_bound
-    if run(replicas)["holds"]:
-        # The bound is close to a lower bound, not proven one: check below it, one less,
-        # then halving, and bisect between the last count that failed and the first held.
-        high, low = replicas, replicas - 1
-        while low >= 1 and run(low)["holds"] and len(tried) < MAX_SIMULATIONS_PER_CANDIDATE:
-            high, low = low, low // 2
-    else:
-        previous = None
-        while not run(replicas)["holds"]:
-            figures = run(replicas)["figures"]
-            # Latency-bound, not load-bound: the queue holds and more replicas did not bring
-            # more requests within the SLO (long prompts that miss the TTFT bound on an idle
-            # replica, say). No count of replicas will do.
-            stuck = (previous is not None and not figures["saturated"]
-                     and not previous["saturated"]
-                     and figures["slo_goodput"] - previous["slo_goodput"] < 0.002)
-            if stuck or len(tried) >= MAX_SIMULATIONS_PER_CANDIDATE:
-                return {**run(replicas), "simulations": len(tried), "stuck": stuck}
-            previous = figures
-            replicas = max(replicas + 1, math.ceil(replicas * 1.5))
-        high = replicas
-        low = max(k for k in tried if not tried[k]["holds"])
-    while high - low > 1 and len(tried) < MAX_SIMULATIONS_PER_CANDIDATE:
-        middle = (low + high) // 2
-        if run(middle)["holds"]:
-            high = middle
-        else:
-            low = middle
-    return {**run(high), "simulations": len(tried)}
+def _capacity(task: tuple[dict[str, Any], str, Path | None, float]
+              ) -> tuple[float, float] | None:
+    """(the highest rate one replica holds, its output tokens per second there), or None:
+    `--find-rate`'s search of one replica (an engine's task)."""
+    mapping, source, base_dir, goodput = task
+    one = scenario_from_dict(mapping, source, base_dir=base_dir)
+    search = find_rate(one, None, goodput, None, bisections=4, base_dir=base_dir,
+                       stop_early=True)
+    if search.rate_per_s is None or not search.figures:
+        return None
+    return search.rate_per_s, search.figures["output_tokens_per_s"]
 
 
 def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str, Any]:
@@ -349,7 +346,7 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
     if outcome is None:
         row.update({"replicas": None, "instances": None, "chips": None, "usd_per_h": None,
                     "meets_slo": None,
-                    "simulations": 0, **{k: None for k in keys}})
+                    "simulations": shape.simulations, **{k: None for k in keys}})
     else:
         figures = outcome["figures"]
         row.update({"replicas": outcome["replicas"], "instances": outcome["instances"],
@@ -371,36 +368,39 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
     return row
 
 
-def _capacities(result: ServingPlanResult, base_dir: Path | None) -> None:
+def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
+                progress: Any = None) -> None:
     """Each hardware's best, and the shown candidates, at their SLO capacity: the highest
     rate one replica holds, and the cost per million output tokens there (a replica charged
-    its share of an instance)."""
+    its share of an instance). The searches run on the engine, in the ranking's order."""
     shown = {id(r) for r in result.ranked[: result.options.top]}
     shown |= {id(r) for r in result.best_per_hardware().values()}
+    index = _deployment_index(result.scenario, result.deployment)
+    if result.scenario.serve[index].workload.arrival == "trace":
+        return  # a trace's rate is the trace's
+    raw = yaml.safe_load(result.scenario.source_yaml)
+    rows, tasks = [], []
     for row in result.ranked:
         if id(row) not in shown:
             continue
         spec = (result.scenario.hardware if row["hardware"] == result.scenario.hardware.name
                 else catalog_entry(row["hardware"]))
-        index = _deployment_index(result.scenario, result.deployment)
-        if result.scenario.serve[index].workload.arrival == "trace":
-            continue  # a trace's rate is the trace's
-        raw = yaml.safe_load(result.scenario.source_yaml)
         hw_value = (raw.get("hardware") if row["hardware"] == result.scenario.hardware.name
                     else row["hardware"])
         per_replica = result.load_rate_per_s / row["replicas"]
         mapping = _raw_variant(raw, raw["serve"][index], hw_value, row["tp"], row["pp"], 1,
                                row["max_batch"], _instances_for(row["tp"] * row["pp"], 1, spec))
         mapping["serve"][0]["workload"]["rate"] = float(per_replica)
-        one = scenario_from_dict(mapping, f"{result.scenario.source} (capacity)",
-                                 base_dir=base_dir)
-        search = find_rate(one, None, result.options.goodput, None, bisections=4,
-                           base_dir=base_dir)
-        if search.rate_per_s is None or not search.figures:
+        rows.append((row, spec))
+        tasks.append((mapping, f"{result.scenario.source} (capacity)", base_dir,
+                      result.options.goodput))
+    if progress is not None and tasks:
+        progress(0, len(tasks), "each best at its SLO capacity")
+    for (row, spec), found in zip(rows, runner.map(_capacity, tasks), strict=True):
+        if found is None:
             continue
-        row["capacity_rate_per_s"] = search.rate_per_s
+        row["capacity_rate_per_s"], tokens = found
         price = spec.instance.price_per_hour_usd
-        tokens = search.figures["output_tokens_per_s"]
         if price is not None and tokens > 0:
             share = row["tp"] * row["pp"] / spec.ranks_per_instance
             row["cost_per_million_output_tokens_at_capacity_usd"] = (

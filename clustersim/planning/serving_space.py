@@ -76,6 +76,7 @@ class _Shape:
     usd_per_h_bound: float = math.inf
     kv_capacity_tokens: int = 0
     decode_batch1_s: float = math.nan
+    simulations: int = 0  # trials run for a shape the search gave up on cost
 
 
 def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float

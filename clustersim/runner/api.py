@@ -170,10 +170,12 @@ def check_run_arguments(seed: int | None, replications: int) -> str | None:
 def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
              workers: int | None = None,
              progress: Callable[[float, float], None] | None = None,
-             trace_dir: Path | None = None) -> RunResult:
+             trace_dir: Path | None = None, serving_trial: Any = None) -> RunResult:
     """Run a scenario: build the cluster, simulate a step of each job, then the timeline of
     failures, repairs and checkpoints over the horizon, `replications` times. With
-    `trace_dir`, the first replication's Parquet traces are streamed there.
+    `trace_dir`, the first replication's Parquet traces are streamed there. `serving_trial`
+    (serving.trials.SloTrial) may stop the serving run early (the serving planner's trials:
+    the summary's deployment figures are then those of the run so far).
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
@@ -182,7 +184,8 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if scenario.serve or is_fleet_day(scenario):
         # (the serving simulators' garbage was not measured: the collector stays on there,
         # but for the timeline's own run)
-        return _simulate(scenario, seed, replications, workers, progress, trace_dir)
+        return _simulate(scenario, seed, replications, workers, progress, trace_dir,
+                         serving_trial)
     # Paused from the step profiles to the summary: a training run's figures and traces
     # leave no more cyclic garbage than its timeline (`collector_paused`).
     with collector_paused():
@@ -191,7 +194,7 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
 def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: int | None,
               progress: Callable[[float, float], None] | None,
-              trace_dir: Path | None) -> RunResult:
+              trace_dir: Path | None, serving_trial: Any = None) -> RunResult:
     problem = check_run_arguments(seed, replications)
     if problem:
         raise ValueError(problem.removeprefix("--"))
@@ -267,7 +270,8 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     if scenario.serve:
         # The first replication's failures of serving instances: one failure history for
         # training and serving.
-        serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages)
+        serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages,
+                              serving_trial)
         summary["deployments"] = deployment_figures(scenario, serving)
         for name, check in compare_levels(scenario, seed, summary["deployments"],
                                           serving).items():
@@ -305,15 +309,15 @@ SERVING_STREAM = 16
 
 
 def run_serving(scenario: Scenario, seed: int, trace_dir: Path | None = None,
-                outages: Sequence[tuple[float, int, int, float]] | None = None
-                ) -> ServingResult:
+                outages: Sequence[tuple[float, int, int, float]] | None = None,
+                trial: Any = None) -> ServingResult:
     """Simulate the scenario's deployments; with `trace_dir`, write `requests.parquet` and
     `replicas.parquet` there (the first replication's seed; serving is not replicated).
     `outages`: the timeline's hardware failures of serving instances (else drawn apart)."""
     source = Path(scenario.source)
     base_dir = source.parent if source.is_file() else None
     stream = np.random.SeedSequence(seed, spawn_key=(SERVING_STREAM,))
-    result = simulate_serving(scenario, stream, base_dir, outages)
+    result = simulate_serving(scenario, stream, base_dir, outages, trial)
     if trace_dir is not None and scenario.trace.enabled:
         metadata = {"version": clustersim.__version__, "seed": seed,
                     "scenario_yaml": scenario.source_yaml}

@@ -21,6 +21,7 @@ import numpy as np
 from clustersim.hardware import limits
 from clustersim.scenario.models import Scenario
 from clustersim.serving.simulate import deployment_figures, simulate_serving
+from clustersim.serving.trials import SloTrial
 
 __all__ = ["RateSearch", "find_rate", "rate_ceiling"]
 
@@ -65,11 +66,13 @@ def _with_rate(scenario: Scenario, index: int, rate: float) -> Scenario:
 
 
 def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float = 0.99,
-              seed: int | None = None, bisections: int = 6, base_dir: Path | None = None
-              ) -> RateSearch:
+              seed: int | None = None, bisections: int = 6, base_dir: Path | None = None,
+              stop_early: bool = False) -> RateSearch:
     """Highest Poisson/gamma arrival rate of `deployment` (default: the first) at which at
     least `goodput` of its requests meet the scenario's TTFT and TPOT bounds and its queue
-    does not grow (not `saturated`)."""
+    does not grow (not `saturated`). `stop_early` (the serving planner's): a run stops once
+    it cannot reach `goodput` (serving.trials), the same answer sooner; `tried` and
+    `saturated` then hold such a run's figures so far."""
     names = [d.name for d in scenario.serve]
     if not names:
         raise ValueError("the scenario has no serve: deployments")
@@ -85,8 +88,11 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
 
     def evaluate(rate: float) -> dict[str, Any]:
         variant = _with_rate(scenario, index, rate)
+        # A stopped run's share so far is under `goodput` too: its requests that can still
+        # meet the SLO are too few (the trial's bound), so `holds` says no, as it would.
         result = simulate_serving(variant, np.random.SeedSequence(seed, spawn_key=(16,)),
-                                  base_dir)
+                                  base_dir, trial=SloTrial(name, goodput) if stop_early
+                                  else None)
         figures = deployment_figures(variant, result)[name]
         search.tried.append((rate, figures["slo_goodput"]))
         if figures["saturated"]:

@@ -211,12 +211,14 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
 
 def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
                      base_dir: Path | None = None,
-                     outages: Sequence[tuple[float, int, int, float]] | None = None
-                     ) -> ServingResult:
+                     outages: Sequence[tuple[float, int, int, float]] | None = None,
+                     trial: Any = None) -> ServingResult:
     """Simulate every deployment of the scenario over its horizon (plus the time to drain
     requests in flight at the end, up to one more horizon). `outages`: (time, instance) of the
     hardware failures the training timeline of the same run applied to serving instances, as
-    (time, slot, chip or -1, down seconds); without them, hardware failures are drawn here."""
+    (time, slot, chip or -1, down seconds); without them, hardware failures are drawn here.
+    `trial` (serving.trials.SloTrial) stops the run once its deployment's SLO attainment is
+    decided short of its target."""
     env = ServingEnvironment()
     horizon = scenario.duration_s
     fleets: dict[str, Fleet] = {}
@@ -264,7 +266,11 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
         fleets[d.name] = fleet
         models[d.name] = (cost, capacity, _instances_per_replica(scenario, d))
     done = simpy.AllOf(env, [f.done for f in fleets.values()])
-    env.run_until(simpy.AnyOf(env, [done, env.timeout(2 * horizon)]))
+    end = simpy.AnyOf(env, [done, env.timeout(2 * horizon)])
+    if trial is None:
+        env.run_until(end)
+    else:
+        trial.run(env, fleets, end, horizon)
     return ServingResult(fleets, models, horizon)
 
 
