@@ -102,6 +102,10 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         self.placed_step_time = profile.step_time_s
         self.fabric_exposed_s = 0.0
         self.spans_leaves = False
+        # The profile of its last placement solved exactly, and the instances replaced since
+        # (UplinkPacing._placed keeps that profile through a few replacements).
+        self.solved_profile: StepProfile | None = None
+        self.replaced_since_solved = 0
         self.uplink_slowdown = 1.0
         self.queued_at = job.submit_s
         self.granted: simpy.Event | None = None

@@ -136,6 +136,7 @@ class UplinksTimeline(Protocol):
     instance_leaf: np.ndarray
     site_network: SiteNetwork | None
     site_first_instance: np.ndarray
+    site_spread: set[int]
     uplinks: UplinkDemand
 
     @property

@@ -229,8 +229,15 @@ def share_site_links(t: UplinksTimeline) -> None:
     if network is None:
         return
     bounds = t.site_first_instance.tolist()
-    spread = [r for r in t.jobs if r.held_count and r.state != "done"
-              and getattr(r, "site_cross_s", 0.0) > 0]
+    # (the candidates are the jobs whose placement crossed sites, in job order: the same
+    # list as a scan of every job, without the scan; a done one never comes back)
+    spread = []
+    for index in sorted(t.site_spread):
+        r = t.jobs[index]
+        if r.state == "done" or getattr(r, "site_cross_s", 0.0) <= 0:
+            t.site_spread.discard(index)
+        elif r.held_count:
+            spread.append(r)
     uses = []
     for run in spread:
         sites = [s for s in range(network.count)

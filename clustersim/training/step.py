@@ -107,6 +107,10 @@ class StepModel:
             self._cache[key] = cached
         return cached if name is None or cached.name == name else renamed(cached, name)
 
+    def has_profile(self, job: TrainingJob, instances: Any) -> bool:
+        """Whether `profile(job, instances=instances)` is cached (costs no simulation)."""
+        return self._shape(job, self._placement(job, 0, instances))[0] in self._cache
+
     def attention(self, job: TrainingJob) -> str:
         """The job's attention kernel, or the hardware family's usual one."""
         return attention_of(job, self.hardware.chip.framework.attention)
