@@ -107,8 +107,20 @@ class Engine:
         return list(self._pool.map(fn, tasks))
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        ray = self.start()
+        return ray.get(self.submit(fn, tasks))
+
+    def start(self) -> Any:
+        """`ray`, joined to the engine's cluster (Ray engine only)."""
         if self._ray is None:
-            ray = start_ray(self.address)
-            self._ray = (ray, ray.remote(fn))
-        ray, remote = self._ray
-        return ray.get([remote.remote(task) for task in tasks])
+            self._ray = (start_ray(self.address), {})
+        return self._ray[0]
+
+    def submit(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        """Ray object references of `fn` over the tasks, in task order, not waited for (the
+        caller works meanwhile, then `ray.get`s them)."""
+        ray = self.start()
+        remotes = self._ray[1]
+        if fn not in remotes:
+            remotes[fn] = ray.remote(fn)
+        return [remotes[fn].remote(task) for task in tasks]
