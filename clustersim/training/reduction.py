@@ -253,12 +253,13 @@ class GradientReduction:
         if not hw.switch_spans_ultraserver and not self._on_z_rings(
                 chips // hw.chips_per_instance):
             unit = hw.chips_per_instance
-        group = np.broadcast_to(np.arange(chips.shape[0])[:, None], chips.shape).ravel()
-        domain, within = np.divmod(chips.ravel(), unit)
-        order = np.lexsort((within, group, domain))
-        domain = domain[order]
-        # (group, chip within the domain) as one code: the same pairs, fewer arrays
-        codes = group[order] * unit + within[order]
+        # (group, chip within the domain) as one code, ordered by domain, then code: one
+        # sort of integers (the order of a lexsort by domain, group, chip, at a third of it)
+        span = chips.shape[0] * unit
+        domain, within = np.divmod(chips, unit)
+        keys = np.sort((domain * span + np.arange(chips.shape[0])[:, None] * unit
+                        + within).ravel())
+        domain, codes = np.divmod(keys, span)
         cuts = np.flatnonzero(domain[1:] != domain[:-1]) + 1
         sizes = np.diff(cuts, prepend=0, append=len(codes))
         if bool((sizes == sizes[0]).all()):
