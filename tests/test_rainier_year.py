@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from year_helpers import YEAR, year_slice
 
 from clustersim.cluster import uplinks
+from clustersim.hardware.lru import LruCache
 from clustersim.runner.api import run_to, simulate, topology_for
 from clustersim.scenario.loader import load_scenario
 from clustersim.training.reduction import GradientReduction
@@ -161,3 +162,30 @@ def test_one_site_placements_of_one_domain_shape_reduce_as_solved_exactly(two_si
         moved = max(moved, abs(cached / exact - 1))
     assert job is not None
     assert moved <= 1e-12
+
+
+def test_the_bounded_cache_drops_the_least_recently_used():
+    cache = LruCache(2)
+    cache["a"], cache["b"] = 1, 2
+    assert cache.get("a") == 1  # now the most recent
+    cache["c"] = 3
+    assert list(cache) == ["a", "c"] and "b" not in cache and cache.get("b") is None
+    cache["a"] = 4
+    cache["d"] = 5
+    assert dict(cache) == {"a": 4, "d": 5}
+    with pytest.raises(ValueError):
+        LruCache(0)
+
+
+def test_a_step_model_with_a_tiny_bound_gives_the_same_steps(two_site_model):
+    """Dropping shapes changes the time, not the figures: every profile asked again after
+    its shape was dropped is the one first computed."""
+    scenario = year_slice()
+    jobs = [j for j in scenario.jobs if scenario.job_instances(j) <= 64][:6]
+    bounded = StepModel(two_site_model.topology)
+    bounded._cache = LruCache(1)
+    bounded.reduction._cache = LruCache(1)
+    first = [bounded.profile(job, None).step_time_s for job in jobs]
+    again = [bounded.profile(job, None).step_time_s for job in jobs]
+    assert first == again
+    assert first == [two_site_model.profile(job, None).step_time_s for job in jobs]

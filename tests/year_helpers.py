@@ -1,7 +1,8 @@
-"""The Rainier year's scenario cut down to what a test runs in seconds: the same file, its
-four sites of 256 UltraServers each (16 instances hot spares), its twelve teams, a day of arrivals at a twentieth of its
-rate, its large jobs (more of them) at 256 and 512 instances, its frontier ones at 1,200 (over sites) and failures scaled up so that jobs are
-interrupted and their instances replaced."""
+"""The Rainier year's scenario cut down to what a test runs in seconds: the same file with
+its four sites of 256 UltraServers each (16 instances hot spares), its twelve teams, a day
+of arrivals at a twentieth of its rate, more large jobs at 256 and 512 instances, frontier
+ones at 1,200 (over sites), and failures scaled up so that jobs are interrupted and their
+instances replaced."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ import numpy as np
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.hardware.lru import LruCache
 from clustersim.training.memory import expert_params_per_rank, params_per_rank
 from clustersim.training.ranks import rank_chips
 from clustersim.training.shape import leaves_matter
@@ -33,6 +34,8 @@ from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob
 
 __all__ = ["DataParallelTimes", "GradientReduction", "data_parallel_offsets"]
+
+SOLVES_KEPT = 16_384  # reductions kept by groups' shape (two floats each), least recent dropped
 
 
 class DataParallelTimes(NamedTuple):
@@ -58,7 +61,7 @@ class GradientReduction:
         self.collectives = collectives
         # By (ZeRO stage, the groups' shape, bytes): the planner and the timeline ask again
         # and again for the same groups, and collectives sharing links are costly to solve.
-        self._cache: dict[tuple, tuple[float, float]] = {}
+        self._cache: LruCache = LruCache(SOLVES_KEPT)
         self._leaves_matter = leaves_matter(collectives.topology)
         # Over several sites, groups inside one site see only that site's fabric, on which
         # the leaves may not matter either (`_groups_shape`).

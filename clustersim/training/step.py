@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.hardware.lru import LruCache
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.training.bounds import pipeline_bound
@@ -73,6 +74,11 @@ from clustersim.training.workload import (
     model_flops_per_step,
 )
 
+# Step profiles (and placements' parallel groups) kept by shape, the least recently used
+# dropped past it: a profile is about 760 bytes pickled, its groups the chips of one rank's
+# groups (a few KB). The year's first 6 days met 750 shapes.
+SHAPES_KEPT = 16_384
+
 # matmul_quantisation lives in `chunk`; it stays importable from here.
 __all__ = ["StepModel", "matmul_quantisation"]
 
@@ -86,11 +92,12 @@ class StepModel:
         self.collectives = collectives or CollectiveModel(topology)
         self.chunks = ChunkModel(self.hardware, self.collectives)
         self.reduction = GradientReduction(self.hardware, self.collectives)
-        self._cache: dict[tuple, StepProfile] = {}
+        # Bounded: a year of a fleet's placements would otherwise keep every shape it met.
+        self._cache: LruCache = LruCache(SHAPES_KEPT)
         self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
         self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._optimizer_cache: dict[tuple, list[float]] = {}
-        self._groups_cache: dict[tuple, tuple] = {}
+        self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str | None = "job", first_instance: int = 0,
