@@ -106,6 +106,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         # (UplinkPacing._placed keeps that profile through a few replacements).
         self.solved_profile: StepProfile | None = None
         self.replaced_since_solved = 0
+        self.solved_class: tuple = ()  # its UltraServers' fill then (ultraserver_class)
         self.uplink_slowdown = 1.0
         self.queued_at = job.submit_s
         self.granted: simpy.Event | None = None

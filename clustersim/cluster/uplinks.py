@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 __all__ = ["share_uplinks", "UplinkBook", "UplinkPacing", "REPLACED_SHARE"]
 
 # Replacements a job's step may run on its last exact solve, as a share of its instances:
-# past it the placement is solved again (the error is measured in tests/test_rainier_year.py).
-# A job of fewer than 256 instances is solved again at every replacement: on the year's
-# scenario a 64-instance job's step moved 11% when one instance was replaced (an UltraServer
-# ring broken), none of 256 or more moved at all.
-REPLACED_SHARE = 1 / 256
+# past it the placement is solved again (the error is measured in tests/test_rainier_year.py:
+# none at twice this share). Without the UltraServer-fill condition (`ultraserver_class`) a
+# 64-instance job's step moved 11% when one instance was replaced (an UltraServer's ring
+# broken), and rainier-1m-4-sites-mix's research-0020 (256 instances) 0.6%.
+REPLACED_SHARE = 1 / 32
 
 
 class UplinkBook:
@@ -117,6 +117,7 @@ class UplinkPacing:
             # (its figures only: the profile as cached, whatever its name)
             profile = site_profile(model, self.job, None, instances=self.held)
             self.solved_profile, self.replaced_since_solved = profile, 0
+            self.solved_class = self.ultraserver_class(model)
         self.placed_step_time = profile.step_time_s
         leaves = self.t.instance_leaf[self.held]
         # (over several leaves or not: the lowest and highest leaf, no sort of its leaves)
@@ -152,10 +153,20 @@ class UplinkPacing:
         if (since > REPLACED_SHARE * self.instances_needed
                 or getattr(self, "site_cross_s", 0.0) > 0
                 or spread_shape(model.topology, self.held) is not None
+                or self.ultraserver_class(model) != self.solved_class
                 or model.has_profile(self.job, self.held)):
             return None
         self.replaced_since_solved = since
         return solved
+
+    def ultraserver_class(self, model: StepModel) -> tuple:
+        """How the job's instances fill UltraServers: how many UltraServers hold 1, 2, ...
+        of them. A replacement that keeps it (a whole UltraServer for a whole one, a lone
+        instance for a lone one) keeps the kinds of groups its reduction runs."""
+        ipu = model.hardware.instances_per_ultraserver
+        counts = np.bincount(np.unique(self.held // ipu, return_counts=True)[1],
+                             minlength=ipu + 1)
+        return tuple(counts.tolist())
 
     def fabric_factor_step(self) -> float:
         """Step time multiplier from sharing leaf uplinks with other jobs (1 when alone)."""
