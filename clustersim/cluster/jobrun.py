@@ -76,6 +76,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         # Instances held: a mask over the cluster, changed incrementally (no O(n) per change),
         # allocated while the job holds instances (JobAccounting.add).
         self.held_mask: np.ndarray | None = None
+        self.site_links: frozenset | None = None  # inter-site links its instances' sites use
         self._held_ids: np.ndarray | None = None  # `held`, kept until the mask changes
         self.held_count = 0
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
