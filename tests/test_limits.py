@@ -94,7 +94,7 @@ REFUSED = {
     "straggler slowdown 1e6": (["stragglers={fraction: 1, slowdown: 1000000}"],
                                ["stragglers.slowdown", "100"]),
     "too many events": (["failures.rates=[{component: chip, mtbf: 10s}]"],
-                        ["failures", "discrete events", "2,000,000"]),
+                        ["failures", "discrete events", "16,000,000"]),
     "dp true": (["jobs.0.parallelism.dp=true"], ["jobs.0.parallelism.dp", "not true or false"]),
     "zero true": (["jobs.0.parallelism.zero=true"], ["jobs.0.parallelism.zero"]),
     "Arabic-Indic digits": (["jobs.0.checkpoint.write='١٢'"], ["jobs.0.checkpoint.write"]),

@@ -187,3 +187,15 @@ def test_a_step_model_with_a_tiny_bound_gives_the_same_steps(two_site_model):
     again = [bounded.profile(job, None).step_time_s for job in jobs]
     assert first == again
     assert first == [two_site_model.profile(job, None).step_time_s for job in jobs]
+
+
+def test_a_spread_placement_is_keyed_by_a_digest_not_its_chips(two_site_model):
+    """Over several sites the reduction's key for a spread job's chips is a 16-byte digest:
+    the same chips the same key, other chips another."""
+    reduction = two_site_model.reduction
+    site = two_site_model.topology.sites.first_instance
+    chips = np.array([[int(site[0]) * 16, int(site[1]) * 16]], dtype=np.int64)
+    key = reduction._groups_shape(chips)
+    assert key == reduction._groups_shape(chips.copy())
+    assert key != reduction._groups_shape(chips + 1)
+    assert sum(len(part) for part in key if isinstance(part, bytes)) == 16

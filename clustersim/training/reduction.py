@@ -26,7 +26,7 @@ import numpy as np
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.hardware.lru import LruCache
+from clustersim.hardware.lru import LruCache, key_digest
 from clustersim.training.memory import expert_params_per_rank, params_per_rank
 from clustersim.training.ranks import rank_chips
 from clustersim.training.shape import leaves_matter
@@ -238,7 +238,7 @@ class GradientReduction:
         if self._leaves_matter:
             site = self._one_site(chips)
             if site is None:
-                return chips.tobytes()
+                return chips.shape, key_digest(chips.tobytes())
             return site, self._domain_shape(chips)
         return self._domain_shape(chips)
 
@@ -273,7 +273,8 @@ class GradientReduction:
             starts = np.flatnonzero(np.concatenate(([True], (rows[1:] != rows[:-1]).any(
                 axis=1))))
             counts = np.diff(starts, append=len(rows))
-            return unit, int(sizes[0]), rows[starts].tobytes(), counts.tobytes()
+            return (unit, int(sizes[0]), key_digest(rows[starts].tobytes()),
+                    key_digest(counts.tobytes()))
         return (unit, tuple(sorted(Counter(part.tobytes()
                                            for part in np.split(codes, cuts)).items())))
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
-from clustersim.hardware.lru import LruCache
+from clustersim.hardware.lru import LruCache, key_digest
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.training.bounds import pipeline_bound
@@ -316,7 +316,8 @@ class StepModel:
         None where the job has no such group."""
         par = job.parallelism
         moe = job.model.moe and par.ep > 1
-        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, placed.tobytes())
+        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, len(placed),
+               key_digest(placed.tobytes()))
         found = self._groups_cache.get(key)
         if found is None:
             found = self._groups_cache[key] = self._groups_of(job, placed)
