@@ -126,6 +126,8 @@ def test_in_bounds_extremes_still_run(tmp_path: Path):
         args = [a for o in overrides for a in ("--set", o)]
         assert invoke("validate", path, *args).exit_code == 0, overrides
     for scenario in sorted((ROOT / "scenarios").glob("*.yaml")):
+        if scenario.name == "rainier-year.yaml":  # a million jobs: a minute (a slow test,
+            continue                              # tests/test_rainier_year.py)
         assert invoke("validate", scenario).exit_code == 0, scenario
 
 

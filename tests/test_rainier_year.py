@@ -199,3 +199,13 @@ def test_a_spread_placement_is_keyed_by_a_digest_not_its_chips(two_site_model):
     assert key == reduction._groups_shape(chips.copy())
     assert key != reduction._groups_shape(chips + 1)
     assert sum(len(part) for part in key if isinstance(part, bytes)) == 16
+
+
+@pytest.mark.slow  # a million jobs: about a minute
+def test_the_whole_year_file_validates():
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    result = CliRunner().invoke(app, ["validate", str(YEAR)])
+    assert result.exit_code == 0, result.stdout + result.stderr
