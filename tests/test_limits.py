@@ -94,7 +94,7 @@ REFUSED = {
     "straggler slowdown 1e6": (["stragglers={fraction: 1, slowdown: 1000000}"],
                                ["stragglers.slowdown", "100"]),
     "too many events": (["failures.rates=[{component: chip, mtbf: 10s}]"],
-                        ["failures", "discrete events", "2,000,000"]),
+                        ["failures", "discrete events", "16,000,000"]),
     "dp true": (["jobs.0.parallelism.dp=true"], ["jobs.0.parallelism.dp", "not true or false"]),
     "zero true": (["jobs.0.parallelism.zero=true"], ["jobs.0.parallelism.zero"]),
     "Arabic-Indic digits": (["jobs.0.checkpoint.write='١٢'"], ["jobs.0.checkpoint.write"]),
@@ -126,6 +126,8 @@ def test_in_bounds_extremes_still_run(tmp_path: Path):
         args = [a for o in overrides for a in ("--set", o)]
         assert invoke("validate", path, *args).exit_code == 0, overrides
     for scenario in sorted((ROOT / "scenarios").glob("*.yaml")):
+        if scenario.name == "rainier-year.yaml":  # a million jobs: a minute (a slow test,
+            continue                              # tests/test_rainier_year.py)
         assert invoke("validate", scenario).exit_code == 0, scenario
 
 

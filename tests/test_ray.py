@@ -64,3 +64,20 @@ def test_a_serving_plan_on_ray_gives_the_serial_answer():
         remote = plan_serving(scenario, options, None, simulate=simulate, engine=engine)
     assert remote.as_json() == serial.as_json()
     pd.testing.assert_frame_equal(remote.rows, serial.rows)
+
+
+def test_the_year_slice_replications_on_ray_give_the_local_summary():
+    """`run --replications --engine ray` (the Rainier year's Monte Carlo replications, on a
+    slice of it): the replications after the first run as Ray tasks, with the same seeds, so
+    the summary is the local engine's."""
+    from year_helpers import year_slice
+
+    from clustersim.runner.api import simulate
+
+    scenario = year_slice("duration=12h", "workload.arrivals.until=12h")
+    local = simulate(scenario, replications=3, workers=1).summary
+    remote = simulate(scenario, replications=3, engine="ray").summary
+    assert ray.is_initialized()
+    local.pop("wall_s"), remote.pop("wall_s")
+    assert remote == local
+    assert local["replications"] == 3

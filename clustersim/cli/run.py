@@ -33,6 +33,10 @@ def run(
     workers: Annotated[
         int | None, typer.Option(help="Processes for replications.", show_default="cores", min=1)
     ] = None,
+    engine: Annotated[str, typer.Option(
+        help="Where replications after the first run: local (processes) or ray.")] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join (ray engine); "
+                                                     "default: start a local one.")] = None,
     overrides: SetOption = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUT.")] = False,
     find_rate: Annotated[bool, typer.Option(
@@ -50,6 +54,10 @@ def run(
     problem = check_run_arguments(seed, replications)
     if problem:
         raise UsageProblem(problem)
+    if engine not in ("local", "ray"):
+        raise UsageProblem(f"--engine {engine!r}: expected local or ray")
+    if address is not None and engine != "ray":
+        raise UsageProblem("--address: the Ray cluster of --engine ray; expected --engine ray")
 
     spec = load_scenario(scenario, overrides or [])
     from clustersim.scenario.fleetday import is_fleet_day
@@ -72,7 +80,7 @@ def run(
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
         result = run_to(spec, out_dir, force=force, seed=seed, replications=replications,
-                        workers=workers, progress=progress)
+                        workers=workers, progress=progress, engine=engine, address=address)
     _print_run(result.summary, out_dir, _price_label(spec))
     if replaced:
         report = " and its report/ (run clustersim report again)" if "report" in replaced else ""

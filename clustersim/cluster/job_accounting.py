@@ -134,6 +134,7 @@ class JobAccounting:
             self.held_mask = np.zeros(self.t.n_instances, dtype=bool)
         self.held_mask[added] = True
         self._held_ids = None
+        self.site_links = None  # (sites.share_site_links: the links its sites use)
         self.held_count += len(added)
         self.t.active.add(self)
         self.t.taken_at[added] = self.t.env.now
@@ -150,6 +151,7 @@ class JobAccounting:
         if len(removed):
             self.held_mask[removed] = False
             self._held_ids = None
+            self.site_links = None
             self.held_count -= len(removed)
         if not self.held_count:
             self.t.active.discard(self)

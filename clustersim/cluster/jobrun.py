@@ -76,6 +76,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         # Instances held: a mask over the cluster, changed incrementally (no O(n) per change),
         # allocated while the job holds instances (JobAccounting.add).
         self.held_mask: np.ndarray | None = None
+        self.site_links: frozenset | None = None  # inter-site links its instances' sites use
         self._held_ids: np.ndarray | None = None  # `held`, kept until the mask changes
         self.held_count = 0
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
@@ -103,6 +104,11 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         self.placed_step_time = profile.step_time_s
         self.fabric_exposed_s = 0.0
         self.spans_leaves = False
+        # The profile of its last placement solved exactly, and the instances replaced since
+        # (UplinkPacing._placed keeps that profile through a few replacements).
+        self.solved_profile: StepProfile | None = None
+        self.replaced_since_solved = 0
+        self.solved_class: tuple = ()  # its UltraServers' fill then (ultraserver_class)
         self.uplink_slowdown = 1.0
         self.queued_at = job.submit_s
         self.granted: simpy.Event | None = None

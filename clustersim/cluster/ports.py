@@ -53,9 +53,11 @@ class SiteJob(Protocol):
     """A job as the sites see it (sites: partitions, shared inter-site links); its
     `site_cross_s` is read with getattr (set only on several sites)."""
 
+    index: int
     state: str
     held_count: int
     held_mask: np.ndarray | None
+    site_links: frozenset | None
 
     def interrupt(self, component: str, lost: list[int]) -> None: ...
     def set_site_slowdown(self, slowdown: float) -> None: ...
@@ -136,6 +138,8 @@ class UplinksTimeline(Protocol):
     instance_leaf: np.ndarray
     site_network: SiteNetwork | None
     site_first_instance: np.ndarray
+    site_spread: set[int]
+    site_speeds: tuple | None
     uplinks: UplinkDemand
 
     @property

@@ -214,7 +214,7 @@ class Scheduler:
         self.t.owner[chosen] = run.index
         run.outcome.replacements += len(chosen)
         run.add(chosen)
-        run._placed()
+        run._placed(len(chosen))
         self.t.wake_waiting()
 
     def fragmentation_mean(self, horizon: float) -> float:

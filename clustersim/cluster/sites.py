@@ -229,21 +229,43 @@ def share_site_links(t: UplinksTimeline) -> None:
     if network is None:
         return
     bounds = t.site_first_instance.tolist()
-    spread = [r for r in t.jobs if r.held_count and r.state != "done"
-              and getattr(r, "site_cross_s", 0.0) > 0]
+    # (the candidates are the jobs whose placement crossed sites, in job order: the same
+    # list as a scan of every job, without the scan; a done one never comes back)
+    spread = []
+    for index in sorted(t.site_spread):
+        r = t.jobs[index]
+        if r.state == "done" or getattr(r, "site_cross_s", 0.0) <= 0:
+            t.site_spread.discard(index)
+        elif r.held_count:
+            spread.append(r)
     uses = []
     for run in spread:
-        sites = [s for s in range(network.count)
-                 if run.held_mask[bounds[s]: bounds[s + 1]].any()]
-        links: set = set()
-        for i, a in enumerate(sites):
-            b = sites[(i + 1) % len(sites)]
-            if a == b:
-                continue
-            if network.direct(a, b):
-                links.add((a, b))
-            else:  # a's access link out, b's access link in
-                links |= {("out", a), ("in", b)}
-        uses.append(links)
-    for run, speed in zip(spread, max_min_speeds(uses), strict=True):
+        if run.site_links is None:  # (kept until its instances change)
+            run.site_links = _site_links(network, bounds, run.held_mask)
+        uses.append(run.site_links)
+    # The same jobs on the same links as at the last call (most placements are of jobs in
+    # one site): the same speeds.
+    key = (tuple(run.index for run in spread), tuple(uses))
+    last = t.site_speeds
+    if last is not None and last[0] == key:
+        speeds = last[1]
+    else:
+        speeds = max_min_speeds([set(u) for u in uses])
+        t.site_speeds = (key, speeds)
+    for run, speed in zip(spread, speeds, strict=True):
         run.set_site_slowdown(1.0 / speed if speed > 0 else 1.0)
+
+
+def _site_links(network: Any, bounds: list[int], held_mask: np.ndarray) -> frozenset:
+    """The inter-site links a ring over the sites holding these instances uses."""
+    sites = [s for s in range(network.count) if held_mask[bounds[s]: bounds[s + 1]].any()]
+    links: set = set()
+    for i, a in enumerate(sites):
+        b = sites[(i + 1) % len(sites)]
+        if a == b:
+            continue
+        if network.direct(a, b):
+            links.add((a, b))
+        else:  # a's access link out, b's access link in
+            links |= {("out", a), ("in", b)}
+    return frozenset(links)

@@ -152,6 +152,10 @@ class Timeline:
         self.site_first_instance = (network.first_instance if network
                                     else np.array([0, self.n_instances]))
         self.partitioned = np.zeros(network.count if network else 1, dtype=np.int64)
+        # Indices of the jobs whose last placement crossed sites (site_cross_s > 0), so that
+        # sharing the inter-site links need not scan every job (a year's million).
+        self.site_spread: set[int] = set()
+        self.site_speeds: tuple | None = None  # (jobs and links, their speeds) of the last share
         self.site_seed = streams[3]
         self.site_events: SiteEvents | None = None
         if network is not None:

@@ -8,12 +8,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.cluster.sites import cross_site_seconds, share_site_links
+from clustersim.training.shape import spread_shape
 from clustersim.training.sites import site_profile
 
 if TYPE_CHECKING:
     from clustersim.cluster.ports import UplinkJob, UplinksTimeline
+    from clustersim.training.profile import StepProfile
+    from clustersim.training.step import StepModel
 
-__all__ = ["share_uplinks", "UplinkBook", "UplinkPacing"]
+__all__ = ["share_uplinks", "UplinkBook", "UplinkPacing", "REPLACED_SHARE"]
+
+# Replacements a job's step may run on its last exact solve, as a share of its instances:
+# past it the placement is solved again (the error is measured in tests/test_rainier_year.py:
+# none at twice this share). Without the UltraServer-fill condition (`ultraserver_class`) a
+# 64-instance job's step moved 11% when one instance was replaced (an UltraServer's ring
+# broken), and rainier-1m-4-sites-mix's research-0020 (256 instances) 0.6%.
+REPLACED_SHARE = 1 / 32
 
 
 class UplinkBook:
@@ -94,13 +104,20 @@ class UplinkPacing:
     A part of JobRun (`clustersim.cluster.jobrun`), which holds the state these methods keep.
     """
 
-    def _placed(self) -> None:
-        """The step time of the current placement (a job spread wider pays on the fabric)."""
+    def _placed(self, replaced: int = 0) -> None:
+        """The step time of the current placement (a job spread wider pays on the fabric).
+        After `replaced` instances replaced failed ones, in one site, a placement whose shape
+        was never simulated keeps the step of the last one solved exactly, until more than
+        REPLACED_SHARE of its instances were replaced since (`replacement_profile`)."""
         model = self.t.step_model
         if model is None or self.held_count != self.instances_needed:
             return
-        # (its figures only: the profile as cached, whatever its name)
-        profile = site_profile(model, self.job, None, instances=self.held)
+        profile = self.replacement_profile(model, replaced)
+        if profile is None:
+            # (its figures only: the profile as cached, whatever its name)
+            profile = site_profile(model, self.job, None, instances=self.held)
+            self.solved_profile, self.replaced_since_solved = profile, 0
+            self.solved_class = self.ultraserver_class(model)
         self.placed_step_time = profile.step_time_s
         leaves = self.t.instance_leaf[self.held]
         # (over several leaves or not: the lowest and highest leaf, no sort of its leaves)
@@ -113,11 +130,43 @@ class UplinkPacing:
                                  + exposed.get("ep", 0.0)) if self.spans_leaves else 0.0
         if self.t.site_network is not None:  # what its cross-site reduction adds, alone
             self.site_cross_s = cross_site_seconds(model, self.job, self.held)
+            if self.site_cross_s > 0:
+                self.t.site_spread.add(self.index)
         self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
         self.t.uplinks.update(self)
         share_uplinks(self.t)  # its traffic now loads the leaves it spans
+
+    def replacement_profile(self, model: StepModel, replaced: int) -> StepProfile | None:
+        """The last exactly solved profile, for a placement `replaced` instances away from
+        the last one: in one site before and after, when the new shape is not cached (a
+        cached one is exact at no cost) and at most REPLACED_SHARE of the job's instances
+        were replaced since the exact solve. A replacement moves a few of thousands of
+        instances to other UltraServers; the step differs from the solved one by what those
+        few change in the slowest data-parallel group (tests/test_rainier_year.py measures
+        it against the exact re-solve). None: solve exactly."""
+        solved = self.solved_profile
+        if not replaced or solved is None:
+            return None
+        since = self.replaced_since_solved + replaced
+        if (since > REPLACED_SHARE * self.instances_needed
+                or getattr(self, "site_cross_s", 0.0) > 0
+                or spread_shape(model.topology, self.held) is not None
+                or self.ultraserver_class(model) != self.solved_class
+                or model.has_profile(self.job, self.held)):
+            return None
+        self.replaced_since_solved = since
+        return solved
+
+    def ultraserver_class(self, model: StepModel) -> tuple:
+        """How the job's instances fill UltraServers: how many UltraServers hold 1, 2, ...
+        of them. A replacement that keeps it (a whole UltraServer for a whole one, a lone
+        instance for a lone one) keeps the kinds of groups its reduction runs."""
+        ipu = model.hardware.instances_per_ultraserver
+        counts = np.bincount(np.unique(self.held // ipu, return_counts=True)[1],
+                             minlength=ipu + 1)
+        return tuple(counts.tolist())
 
     def fabric_factor_step(self) -> float:
         """Step time multiplier from sharing leaf uplinks with other jobs (1 when alone)."""

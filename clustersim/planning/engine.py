@@ -80,7 +80,6 @@ class Engine:
         self.address = address
         self._pool: ProcessPoolExecutor | None = None
         self._ray: Any = None
-        self._remote: dict[Any, Any] = {}  # function -> its Ray remote
 
     def __enter__(self) -> Engine:
         return self
@@ -108,10 +107,22 @@ class Engine:
         return list(self._pool.map(fn, tasks))
 
     def _map_ray(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        ray = self.start()
+        return ray.get(self.submit(fn, tasks))
+
+    def start(self) -> Any:
+        """`ray`, joined to the engine's cluster (Ray engine only)."""
         if self._ray is None:
-            self._ray = start_ray(self.address)
+            self._ray = (start_ray(self.address), {})
+        return self._ray[0]
+
+    def submit(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        """Ray object references of `fn` over the tasks, in task order, not waited for (the
+        caller works meanwhile, then `ray.get`s them)."""
+        ray = self.start()
+        remotes = self._ray[1]
         # One remote per function: the serving planner maps its candidates' searches, then
-        # their capacity searches, on one engine (the first function was kept for both).
-        if fn not in self._remote:
-            self._remote[fn] = self._ray.remote(fn)
-        return self._ray.get([self._remote[fn].remote(task) for task in tasks])
+        # their capacity searches, on one engine (the first function was once kept for both).
+        if fn not in remotes:
+            remotes[fn] = ray.remote(fn)
+        return [remotes[fn].remote(task) for task in tasks]

@@ -114,24 +114,31 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
                   replications: int, workers: int | None = None,
                   progress: Callable[[float, float], None] | None = None,
                   recorder: MemoryRecorder | None = None,
-                  step_model: StepModel | None = None) -> list[TimelineResult]:
+                  step_model: StepModel | None = None, engine: str = "local",
+                  address: str | None = None) -> list[TimelineResult]:
     """Run the timeline once per replication, each with its own spawned seed stream. The
     first runs here (with the recorder and the progress display) while the others run in
-    parallel local processes. With several jobs, step times follow each job's placement."""
+    parallel local processes, or as Ray tasks (`engine` ray; on the cluster at `address`, or
+    a local one): the same seeds, so the same results either way. With several jobs, step
+    times follow each job's placement."""
     children = np.random.SeedSequence(seed).spawn(replications)
     rest = [(scenario, steps, child) for child in children[1:]]
+    if engine == "ray" and rest:
+        from clustersim.planning.engine import Engine
+
+        with Engine("ray", address=address) as remote:
+            ray = remote.start()
+            # Submitted before the first runs here: they run while it does.
+            pending = remote.submit(_one_timeline, rest)
+            head = Timeline(scenario, steps, children[0], progress_check(progress), recorder,
+                            step_model if len(scenario.jobs) > 1 else None).run()
+            return [head] + ray.get(pending)
     workers = capped_workers(workers, replications)
     model = step_model if len(scenario.jobs) > 1 else None
 
-    def checked(now: float, horizon: float) -> None:
-        # Every 1% of the horizon: a signal whose KeyboardInterrupt simpy swallowed (it
-        # fails the process it landed in) still stops the run.
-        raise_if_interrupted()
-        if progress is not None:
-            progress(now, horizon)
-
     def first() -> TimelineResult:
-        return Timeline(scenario, steps, children[0], checked, recorder, model).run()
+        return Timeline(scenario, steps, children[0], progress_check(progress), recorder,
+                        model).run()
 
     if not rest or workers <= 1:
         return [first()] + [_one_timeline(args) for args in rest]
@@ -141,6 +148,18 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
         others = pool.map_async(_one_timeline, rest)
         head = first()
         return [head] + others.get()
+
+
+def progress_check(progress: Callable[[float, float], None] | None
+                   ) -> Callable[[float, float], None]:
+    """What the timeline calls every 1% of the horizon: a signal whose KeyboardInterrupt
+    simpy swallowed (it fails the process it landed in) still stops the run."""
+    def checked(now: float, horizon: float) -> None:
+        raise_if_interrupted()
+        if progress is not None:
+            progress(now, horizon)
+
+    return checked
 
 
 def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
@@ -170,9 +189,11 @@ def check_run_arguments(seed: int | None, replications: int) -> str | None:
 def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
              workers: int | None = None,
              progress: Callable[[float, float], None] | None = None,
-             trace_dir: Path | None = None, serving_trial: Any = None) -> RunResult:
+             trace_dir: Path | None = None, serving_trial: Any = None, engine: str = "local",
+             address: str | None = None) -> RunResult:
     """Run a scenario: build the cluster, simulate a step of each job, then the timeline of
-    failures, repairs and checkpoints over the horizon, `replications` times. With
+    failures, repairs and checkpoints over the horizon, `replications` times (the second
+    on in local processes or, with `engine` ray, as Ray tasks: `run_timelines`). With
     `trace_dir`, the first replication's Parquet traces are streamed there. `serving_trial`
     (serving.trials.SloTrial) may stop the serving run early (the serving planner's trials:
     the summary's deployment figures are then those of the run so far).
@@ -185,16 +206,18 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
         # (the serving simulators' garbage was not measured: the collector stays on there,
         # but for the timeline's own run)
         return _simulate(scenario, seed, replications, workers, progress, trace_dir,
-                         serving_trial)
+                         serving_trial, engine=engine, address=address)
     # Paused from the step profiles to the summary: a training run's figures and traces
     # leave no more cyclic garbage than its timeline (`collector_paused`).
     with collector_paused():
-        return _simulate(scenario, seed, replications, workers, progress, trace_dir)
+        return _simulate(scenario, seed, replications, workers, progress, trace_dir,
+                         engine=engine, address=address)
 
 
 def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: int | None,
               progress: Callable[[float, float], None] | None,
-              trace_dir: Path | None, serving_trial: Any = None) -> RunResult:
+              trace_dir: Path | None, serving_trial: Any = None, engine: str = "local",
+              address: str | None = None) -> RunResult:
     problem = check_run_arguments(seed, replications)
     if problem:
         raise ValueError(problem.removeprefix("--"))
@@ -219,7 +242,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
             "version": clustersim.__version__, "seed": seed,
             "scenario_yaml": scenario.source_yaml})
     timelines = run_timelines(scenario, steps, seed, replications, workers, progress, recorder,
-                              model)
+                              model, engine, address)
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
     shapes = _job_figures(scenario, steps)
@@ -359,7 +382,8 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
 
 def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int | None = None,
            replications: int = 1, workers: int | None = None,
-           progress: Callable[[float, float], None] | None = None) -> RunResult:
+           progress: Callable[[float, float], None] | None = None, engine: str = "local",
+           address: str | None = None) -> RunResult:
     """Simulate and write OUT whole or not at all: traces stream into a temporary sibling,
     summary.json and the effective scenario join them, then the folder is renamed."""
     from clustersim.scenario.loader import input_files
@@ -367,7 +391,8 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
     with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
                            inputs=input_files(scenario)) as staging:
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
-                          progress=progress, trace_dir=staging)
+                          progress=progress, trace_dir=staging, engine=engine,
+                          address=address)
         _write_summary(result, staging)
     return result
 

@@ -27,6 +27,7 @@ import numpy as np
 from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group, simultaneous
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
+from clustersim.hardware.lru import LruCache, key_digest
 from clustersim.training.memory import expert_params_per_rank, params_per_rank
 from clustersim.training.ranks import (
     DEFAULT_ORDER,
@@ -40,6 +41,8 @@ from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob
 
 __all__ = ["DataParallelTimes", "GradientReduction", "data_parallel_offsets"]
+
+SOLVES_KEPT = 16_384  # reductions kept by groups' shape (two floats each), least recent dropped
 
 
 class DataParallelTimes(NamedTuple):
@@ -73,8 +76,12 @@ class GradientReduction:
         self.collectives = collectives
         # By (ZeRO stage, the groups' shape, bytes): the planner and the timeline ask again
         # and again for the same groups, and collectives sharing links are costly to solve.
-        self._cache: dict[tuple, tuple[float, float]] = {}
+        self._cache: LruCache = LruCache(SOLVES_KEPT)
         self._leaves_matter = leaves_matter(collectives.topology)
+        # Over several sites, groups inside one site see only that site's fabric, on which
+        # the leaves may not matter either (`_groups_shape`).
+        self._site_chips = collectives.topology.chip_site if not leaves_matter(
+            collectives.topology, sites=False) else None
         self._first_groups: dict[tuple, tuple[Group, int]] = {}
         self._alone_times: dict[tuple, dict[int, DataParallelTimes]] = {}
 
@@ -238,22 +245,53 @@ class GradientReduction:
         which of its chips, as a multiset. The reduction's times depend on nothing else where
         leaves do not matter (`spread.leaves_matter`): every level below the fabric repeats
         identically in each domain, the fabric level counts domains, and groups sharing a
-        domain's links share them alike wherever it is. Otherwise: the chips themselves."""
+        domain's links share them alike wherever it is. So too for groups all inside one
+        site of several (with the site: its own fabric, no inter-site stage), as when a hot
+        spare or a free instance replaces a failed one of a job in a site: the replacement
+        changes the chips but seldom this shape, and the year's thousands of replacements
+        need not each solve the reduction again. Otherwise: the chips themselves."""
         if self._leaves_matter:
-            return chips.tobytes()
+            site = self._one_site(chips)
+            if site is None:
+                return chips.shape, key_digest(chips.tobytes())
+            return site, self._domain_shape(chips)
+        return self._domain_shape(chips)
+
+    def _one_site(self, chips: np.ndarray) -> int | None:
+        """The site holding all these chips, when there the leaves do not matter; else None."""
+        if self._site_chips is None:
+            return None
+        sites = self._site_chips[chips]
+        first = int(sites.flat[0])
+        return first if bool((sites == first).all()) else None
+
+    def _domain_shape(self, chips: np.ndarray) -> Any:
         hw = self.hardware
         unit = hw.chips_per_instance * hw.instances_per_ultraserver
         if not hw.switch_spans_ultraserver and not self._on_z_rings(
                 chips // hw.chips_per_instance):
             unit = hw.chips_per_instance
-        group = np.broadcast_to(np.arange(chips.shape[0])[:, None], chips.shape).ravel()
-        domain, within = np.divmod(chips.ravel(), unit)
-        order = np.lexsort((within, group, domain))
-        domain = domain[order]
-        pairs = np.stack([group[order], within[order]], axis=1)
+        # (group, chip within the domain) as one code, ordered by domain, then code: one
+        # sort of integers (the order of a lexsort by domain, group, chip, at a third of it)
+        span = chips.shape[0] * unit
+        domain, within = np.divmod(chips, unit)
+        keys = np.sort((domain * span + np.arange(chips.shape[0])[:, None] * unit
+                        + within).ravel())
+        domain, codes = np.divmod(keys, span)
         cuts = np.flatnonzero(domain[1:] != domain[:-1]) + 1
+        sizes = np.diff(cuts, prepend=0, append=len(codes))
+        if bool((sizes == sizes[0]).all()):
+            # Every domain holds as many: the multiset as the distinct rows and their counts,
+            # in one array operation (a job of 8,192 instances has 2,048 domains).
+            rows = codes.reshape(len(sizes), int(sizes[0]))
+            rows = rows[np.lexsort(rows.T[::-1])]  # rows in order (first column first)
+            starts = np.flatnonzero(np.concatenate(([True], (rows[1:] != rows[:-1]).any(
+                axis=1))))
+            counts = np.diff(starts, append=len(rows))
+            return (unit, int(sizes[0]), key_digest(rows[starts].tobytes()),
+                    key_digest(counts.tobytes()))
         return (unit, tuple(sorted(Counter(part.tobytes()
-                                           for part in np.split(pairs, cuts)).items())))
+                                           for part in np.split(codes, cuts)).items())))
 
     def _on_z_rings(self, instances: np.ndarray) -> bool:
         """Whether a group on these instances (one row a group) runs a Z-ring stage: each

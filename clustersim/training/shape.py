@@ -149,14 +149,15 @@ def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndar
     return split, canonical
 
 
-def leaves_matter(topology: Topology) -> bool:
+def leaves_matter(topology: Topology, sites: bool = True) -> bool:
     """Whether the leaves a placement's instances fall on can change a collective beyond
     which spine a send crosses: over several sites, on an oversubscribed fabric, or with
     UltraServers split across leaves. Otherwise a leaf's uplinks carry all its chips' EFA,
     so crossing flows never outrun their NICs (`collectives.fabric`), and the step model
-    keys its caches without the leaves."""
+    keys its caches without the leaves. `sites` False: whether they matter inside one site
+    (each site's fabric is built alike)."""
     hw = topology.hardware
     ipu = hw.instances_per_ultraserver
     fabric = topology.fabric
-    return (topology.site_count > 1 or fabric.oversubscription > 1.0
+    return ((sites and topology.site_count > 1) or fabric.oversubscription > 1.0
             or fabric.leaf_size(ipu) % ipu != 0)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.hardware.lru import LruCache, key_digest
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.training.bounds import pipeline_bound
@@ -80,6 +81,11 @@ from clustersim.training.workload import (
     model_flops_per_step,
 )
 
+# Step profiles (and placements' parallel groups) kept by shape, the least recently used
+# dropped past it: a profile is about 760 bytes pickled, its groups the chips of one rank's
+# groups (a few KB). The year's first 6 days met 750 shapes.
+SHAPES_KEPT = 16_384
+
 # matmul_quantisation lives in `chunk`; it stays importable from here.
 __all__ = ["StepModel", "matmul_quantisation"]
 
@@ -93,11 +99,12 @@ class StepModel:
         self.collectives = collectives or CollectiveModel(topology)
         self.chunks = ChunkModel(self.hardware, self.collectives)
         self.reduction = GradientReduction(self.hardware, self.collectives)
-        self._cache: dict[tuple, StepProfile] = {}
+        # Bounded: a year of a fleet's placements would otherwise keep every shape it met.
+        self._cache: LruCache = LruCache(SHAPES_KEPT)
         self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
         self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._optimizer_cache: dict[tuple, list[float]] = {}
-        self._groups_cache: dict[tuple, tuple] = {}
+        self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str | None = "job", first_instance: int = 0,
@@ -113,6 +120,10 @@ class StepModel:
             cached = self._simulate(job, name or "job", canonical)
             self._cache[key] = cached
         return cached if name is None or cached.name == name else renamed(cached, name)
+
+    def has_profile(self, job: TrainingJob, instances: Any) -> bool:
+        """Whether `profile(job, instances=instances)` is cached (costs no simulation)."""
+        return self._shape(job, self._placement(job, 0, instances))[0] in self._cache
 
     def attention(self, job: TrainingJob) -> str:
         """The job's attention kernel, or the hardware family's usual one."""
@@ -314,7 +325,7 @@ class StepModel:
         par = job.parallelism
         moe = job.model.moe and par.ep > 1
         key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, experts_inside(par),
-               placed.tobytes())
+               len(placed), key_digest(placed.tobytes()))
         found = self._groups_cache.get(key)
         if found is None:
             found = self._groups_cache[key] = self._groups_of(job, placed)

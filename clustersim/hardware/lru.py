@@ -1,0 +1,40 @@
+"""A dictionary of at most a given number of entries, the least recently used dropped first:
+the step model's caches over a year of placements (each entry is recomputed the same way if
+asked again, so a bound changes the time a run takes, not its figures); and a digest for the
+large keys of such caches."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+__all__ = ["LruCache", "key_digest"]
+
+class LruCache(OrderedDict):
+    """`get`, `[]` and `in` as a dict; storing past `bound` entries drops the entry least
+    recently stored or got."""
+
+    def __init__(self, bound: int):
+        if bound < 1:
+            raise ValueError(f"bound {bound}: expected at least 1")
+        super().__init__()
+        self.bound = bound
+
+    def get(self, key, default=None):
+        if key in self:
+            self.move_to_end(key)
+            return super().__getitem__(key)
+        return default
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.bound:
+            self.popitem(last=False)
+
+
+def key_digest(data: bytes) -> bytes:
+    """A 128-bit digest standing for `data` in a cache key: a spread job's chips are
+    megabytes (the Rainier year's reduction cache held 949 MiB of such keys after 10 days);
+    two different arrays share a digest with probability 2^-128."""
+    return hashlib.blake2b(data, digest_size=16).digest()

@@ -1,0 +1,31 @@
+"""The Rainier year's scenario cut down to what a test runs in seconds: the same file with
+its four sites of 256 UltraServers each (16 instances hot spares), its twelve teams, a day
+of arrivals at a twentieth of its rate, more large jobs at 256 and 512 instances, frontier
+ones at 1,200 (over sites), and failures scaled up so that jobs are interrupted and their
+instances replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clustersim.scenario.loader import load_scenario
+from clustersim.scenario.models import Scenario
+
+YEAR = Path(__file__).resolve().parent.parent / "scenarios" / "rainier-year.yaml"
+
+SLICE = [
+    "duration=1d", "workload.arrivals.until=1d", "workload.arrivals.rate=140/d",
+    "trace.enabled=false",
+    *(f"cluster.sites.{i}.ultraservers=252" for i in range(4)),
+    *(f"cluster.sites.{i}.spares=16" for i in range(4)),
+    "workload.templates.2.instances=[256, 512]",
+    "workload.templates.2.weight=4",
+    "workload.templates.3.instances=[1200]",
+    "workload.templates.3.weight=0.05",
+    "failures.scale=40",
+]
+
+
+def year_slice(*more: str) -> Scenario:
+    """The cut-down scenario, with `more` overrides after the slice's own."""
+    return load_scenario(YEAR, [*SLICE, *more])
