@@ -197,7 +197,7 @@ def test_a_workload_that_would_generate_jobs_without_end_is_refused(tmp_path: Pa
                        "job": {"model": "llama3-8b", "parallelism": {"tp": 8}}}]})
     scenario["duration"] = "10y"
     path = write(tmp_path, scenario)
-    refused(invoke("validate", path), "100,000 jobs")
+    refused(invoke("validate", path), f"{limits.MAX_JOBS:,} jobs")  # ten years at 1/s: 315 M
 
 
 @pytest.mark.parametrize("content", ["", "not,a,trace\n1,2\n", "\x00\x01garbage"])
