@@ -101,17 +101,22 @@ def test_a_replacement_keeps_a_step_within_a_tiny_error_of_the_exact_solve(monke
 
 
 def _domain_shape_reference(reduction: GradientReduction, chips: np.ndarray):
-    """The multiset of each domain's (group, chip within) pairs, as the key was first
-    computed (a lexsort and a Counter of each domain's bytes)."""
+    """The domain's size and the multiset of each domain's (group, chip within) pairs, as
+    the key was first computed (a lexsort and a Counter of each domain's bytes). The domain
+    is the UltraServer where the groups run Z-ring stages (or a switch spans it), else the
+    instance: two single-instance placements one instance apart are then one shape."""
     hw = reduction.hardware
     unit = hw.chips_per_instance * hw.instances_per_ultraserver
+    if not hw.switch_spans_ultraserver and not reduction._on_z_rings(
+            chips // hw.chips_per_instance):
+        unit = hw.chips_per_instance
     group = np.broadcast_to(np.arange(chips.shape[0])[:, None], chips.shape).ravel()
     domain, within = np.divmod(chips.ravel(), unit)
     order = np.lexsort((within, group, domain))
     domain = domain[order]
     pairs = np.stack([group[order], within[order]], axis=1)
     cuts = np.flatnonzero(domain[1:] != domain[:-1]) + 1
-    return Counter(part.tobytes() for part in np.split(pairs, cuts))
+    return unit, Counter(part.tobytes() for part in np.split(pairs, cuts))
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +143,18 @@ def test_the_domain_key_is_equal_exactly_when_the_multisets_are(two_site_model, 
     if len(np.unique(c)) == c.size:
         assert reduction._domain_shape(c) == reduction._domain_shape(a) or not np.array_equal(
             np.sort(np.unique(a // 64)), np.unique(a // 64))
+
+
+def test_single_chips_one_instance_apart_are_one_domain_shape(two_site_model):
+    """No Z-ring stage on one chip: the domain is the instance, so chip 0 and chip 16 (the
+    first of the next instance) are one shape; chip 0 and chip 1 are not (hypothesis once
+    drew [0] against [16] with the UltraServer as the reference's domain)."""
+    reduction = two_site_model.reduction
+    first, next_instance, neighbour = (np.array([[c]], dtype=np.int64) for c in (0, 16, 1))
+    assert reduction._domain_shape(first) == reduction._domain_shape(next_instance)
+    assert _domain_shape_reference(reduction, first) == _domain_shape_reference(
+        reduction, next_instance)
+    assert reduction._domain_shape(first) != reduction._domain_shape(neighbour)
 
 
 def test_one_site_placements_of_one_domain_shape_reduce_as_solved_exactly(two_site_model):
