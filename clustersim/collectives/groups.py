@@ -12,7 +12,13 @@ import numpy as np
 from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.topology import Topology
 
-__all__ = ["Group", "Layout", "check_rank_split", "place_ranks", "build_layout"]
+__all__ = ["Group", "Layout", "AsymmetricGroupError", "check_rank_split", "place_ranks",
+           "build_layout"]
+
+
+class AsymmetricGroupError(CollectiveError):
+    """A group whose instances (or UltraServers) hold different local chips: no
+    hierarchical layout (an all-to-all over it is costed by `collectives.uneven`)."""
 
 
 @dataclass(frozen=True)
@@ -136,13 +142,13 @@ def build_layout(topology: Topology, group: Group) -> Layout:
     units, unit_starts = np.unique(chips // unit, return_index=True)
     counts = np.diff(np.append(unit_starts, len(chips)))
     if np.any(counts != counts[0]):
-        raise CollectiveError(
+        raise AsymmetricGroupError(
             "asymmetric group: every instance must hold the same number of its chips "
             "(Neuron forms groups with the same local ranks on every node)"
         )
     local = (chips % unit).reshape(len(units), counts[0])
     if np.any(local != local[0]):
-        raise CollectiveError("asymmetric group: instances hold different local chips")
+        raise AsymmetricGroupError("asymmetric group: instances hold different local chips")
     instance_chips = chips[: counts[0]]
     # The UltraServer (Z ring) level: used when every UltraServer holds the same instances
     # of the group; an uneven group is costed over EFA between its instances instead.

@@ -27,6 +27,7 @@ from typing import Any
 from clustersim.collectives.contention import capacity, resource_rates, simultaneous
 from clustersim.collectives.costs import CollectiveCost, StageCost, Step
 from clustersim.collectives.groups import (
+    AsymmetricGroupError,
     Group,
     Layout,
     build_layout,
@@ -44,6 +45,7 @@ from clustersim.collectives.ops import (
     normalise_op,
 )
 from clustersim.collectives.ring import flat_ring_over_all
+from clustersim.collectives.uneven import uneven_all_to_all
 from clustersim.collectives.zring import z_columns, z_steps
 from clustersim.hardware.topology import Topology
 
@@ -103,7 +105,19 @@ class CollectiveModel:
                 )
         if op == "send-recv":
             return self._send_recv(group, size_bytes, peer)
-        layout = self.layout(group)
+        try:
+            layout = self.layout(group)
+        except AsymmetricGroupError:
+            if op != "all-to-all" or (algorithm, intra, inter) != ("auto",) * 3:
+                raise
+            # Direct sends need no common tree: each domain's part over NeuronLink, the
+            # rest over EFA (`collectives.uneven`).
+            key = (op, float(size_bytes), "uneven", group.ranks_per_chip,
+                   hash(group.chips.tobytes()))
+            cached = self._cache.get(key)
+            if cached is None:
+                cached = self._cache[key] = uneven_all_to_all(self, group, size_bytes)
+            return replace(cached, group=group)
         key = (op, float(size_bytes), algorithm, intra, inter, layout.key)
         cached = self._cache.get(key)
         if cached is None:

@@ -31,7 +31,8 @@ from clustersim.collectives.model import Group
 from clustersim.hardware.catalog import HardwareSpec
 
 __all__ = ["rank_chips", "rank_group", "ORDERS", "DEFAULT_ORDER", "EXPERTS_INSIDE",
-           "experts_inside", "pipeline_stride", "dp_rank_offsets", "expert_group_ranks"]
+           "experts_inside", "pipeline_stride", "dp_rank_offsets", "expert_group_ranks",
+           "expert_groups_by_split"]
 
 DEFAULT_ORDER = "tp-cp-pp-dp"
 EXPERTS_INSIDE = "tp-cp-ep-pp-dp"
@@ -61,6 +62,30 @@ def dp_rank_offsets(par: Any, dp_ranks: np.ndarray) -> np.ndarray:
 def expert_group_ranks(par: Any) -> np.ndarray:
     """Rank 0's expert-parallel group: dp ranks 0 .. ep-1 (of tp, cp and pp rank 0)."""
     return dp_rank_offsets(par, np.arange(par.ep))
+
+
+def expert_groups_by_split(hardware: HardwareSpec, par: Any, placed: np.ndarray
+                           ) -> list[np.ndarray]:
+    """One expert group's ranks for each way the job's expert groups split over NeuronLink
+    domains (UltraServers, or instances without one), rank 0's group first. Every (tp, cp,
+    pp) rank and block of ep data-parallel ranks has a group; where tp x cp x pp x ep (or
+    tp x cp x ep in the inner order) does not tile a domain, some straddle two, their
+    members split unevenly, and a synchronous step waits for the slowest."""
+    base = (np.arange(par.tp * par.cp)[:, None]
+            + pipeline_stride(par) * np.arange(par.pp)[None, :]).ravel()
+    members = (np.arange(par.dp // par.ep)[:, None] * par.ep + np.arange(par.ep)[None, :])
+    groups = (base[:, None, None] + dp_rank_offsets(par, members)[None]).reshape(-1, par.ep)
+    unit = hardware.chips_per_instance * hardware.instances_per_ultraserver
+    domains = np.sort(rank_chips(hardware, groups, placed) // unit, axis=1)
+    # each group's members per domain, largest first, padded with zeros
+    starts = np.ones_like(domains, dtype=bool)
+    starts[:, 1:] = domains[:, 1:] != domains[:, :-1]
+    runs = np.cumsum(starts, axis=1) - 1
+    counts = np.zeros_like(domains)
+    np.add.at(counts, (np.repeat(np.arange(len(groups)), par.ep), runs.ravel()), 1)
+    counts = -np.sort(-counts, axis=1)
+    _, first = np.unique(counts, axis=0, return_index=True)
+    return [groups[i] for i in sorted(first.tolist())]
 
 
 def rank_chips(hardware: HardwareSpec, ranks: np.ndarray, placed: np.ndarray) -> np.ndarray:

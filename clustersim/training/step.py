@@ -51,6 +51,7 @@ from clustersim.training.chunk import (
     chunk_difference,
     matmul_quantisation,
 )
+from clustersim.training.experts import dispatch_bytes
 from clustersim.training.memory import (
     MemoryBreakdown,
     busiest_memory,
@@ -61,7 +62,7 @@ from clustersim.training.memory import (
 from clustersim.training.pipeline import run_pipeline
 from clustersim.training.profile import StepProfile, renamed
 from clustersim.training.ranks import (
-    expert_group_ranks,
+    expert_groups_by_split,
     experts_inside,
     pipeline_stride,
     rank_chips,
@@ -318,13 +319,15 @@ class StepModel:
     def _parallel_groups(self, job: TrainingJob, placed: np.ndarray
                          ) -> tuple[Group | None, tuple[Group, int] | None,
                                     tuple[Group, int] | None]:
-        """Rank 0's tensor-parallel group, its expert-parallel group (dp ranks 0 .. ep-1, where
-        the rank order puts them: `ranks.expert_group_ranks`) and
-        its context-parallel group, the last two with how many such groups share each chip;
-        None where the job has no such group."""
+        """Rank 0's tensor-parallel group, the slowest expert-parallel group (rank 0's, dp
+        ranks 0 .. ep-1 where the rank order puts them, unless another splits worse over
+        the NeuronLink domains: `_slowest_expert_group`) and rank 0's context-parallel
+        group, the last two with how many such groups share each chip; None where the job
+        has no such group."""
         par = job.parallelism
         moe = job.model.moe and par.ep > 1
         key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, experts_inside(par),
+               par.dp if moe else 0, self._dispatch_size(job) if moe else 0.0,
                len(placed), key_digest(placed.tobytes()))
         found = self._groups_cache.get(key)
         if found is None:
@@ -338,11 +341,33 @@ class StepModel:
             tp_group, _ = rank_group(self.hardware, np.arange(par.tp), placed)
         ep_group = None
         if job.model.moe and par.ep > 1:
-            ep_group = rank_group(self.hardware, expert_group_ranks(par), placed)
+            ep_group = self._slowest_expert_group(job, placed)
         cp_group = None
         if par.cp > 1:
             cp_group = rank_group(self.hardware, np.arange(par.cp) * par.tp, placed)
         return tp_group, ep_group, cp_group
+
+    def _dispatch_size(self, job: TrainingJob) -> float:
+        """One rank's bytes in one MoE layer's dispatch (workload's, before the mixed
+        layers' scaling)."""
+        s = job.sequence_length // job.parallelism.cp
+        activation = job.micro_batch * s * job.model.hidden * BYTES_PER_ELEMENT[job.precision]
+        return dispatch_bytes(job, float(activation))
+
+    def _slowest_expert_group(self, job: TrainingJob, placed: np.ndarray) -> tuple[Group, int]:
+        """The expert group whose all-to-all takes longest at the job's dispatch size, one
+        of each way the groups split over NeuronLink domains (`ranks.expert_groups_by_split`;
+        a group straddling two domains unevenly is costed by `collectives.uneven`): a
+        synchronous step waits for it. Rank 0's where the groups split alike."""
+        size = self._dispatch_size(job)
+        found: tuple[float, tuple[Group, int]] | None = None
+        for ranks in expert_groups_by_split(self.hardware, job.parallelism, placed):
+            group, sharing = rank_group(self.hardware, ranks, placed)
+            time_s = self.collectives.cost("all-to-all", group, size * sharing).time_s
+            if found is None or time_s > found[0]:
+                found = (time_s, (group, sharing))
+        assert found is not None
+        return found[1]
 
     # ------------------------------------------------------------------ simulation
     def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
