@@ -36,7 +36,7 @@ US = TRN3.chips_per_instance * TRN3.instances_per_ultraserver  # 144 chips a swi
 
 @pytest.fixture(scope="module")
 def trn3() -> CollectiveModel:
-    return CollectiveModel(build_topology(TRN3, 4 * TRN3.instances_per_ultraserver))
+    return CollectiveModel(build_topology(TRN3, 5 * TRN3.instances_per_ultraserver))
 
 
 def switch_part_s(model: CollectiveModel, chips: int, buffer: float) -> tuple[float, float]:
@@ -160,7 +160,7 @@ def test_more_of_the_group_across_efa_is_never_faster(trn3, split, data, size) -
     before = straddling(split, offset, stride=2)
     kept = split[:j] + [split[j] - moved] + split[j + 1:]
     after = Group(np.concatenate([straddling(kept, offset, stride=2).chips,
-                                  3 * US + 2 * np.arange(moved)]), 1)
+                                  4 * US + 2 * np.arange(moved)]), 1)  # a fifth domain
     slower = trn3.cost("all-to-all", after, size).time_s
     assert slower >= trn3.cost("all-to-all", before, size).time_s * (1 - 1e-12)
     inside = trn3.cost("all-to-all", Group(np.arange(sum(split)) * 2, 1), size).time_s

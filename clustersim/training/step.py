@@ -106,6 +106,7 @@ class StepModel:
         self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._optimizer_cache: dict[tuple, list[float]] = {}
         self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
+        self._splits_cache: LruCache = LruCache(SHAPES_KEPT)  # expert groups by split
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str | None = "job", first_instance: int = 0,
@@ -360,9 +361,16 @@ class StepModel:
         a group straddling two domains unevenly is costed by `collectives.uneven`): a
         synchronous step waits for it. Rank 0's where the groups split alike."""
         size = self._dispatch_size(job)
+        par = job.parallelism
+        key = (par.tp, par.cp, par.pp, par.dp, par.ep, experts_inside(par), len(placed),
+               key_digest(placed.tobytes()))
+        groups = self._splits_cache.get(key)
+        if groups is None:  # the micro-batch, sequence and precision do not change them
+            groups = self._splits_cache[key] = [
+                rank_group(self.hardware, ranks, placed)
+                for ranks in expert_groups_by_split(self.hardware, par, placed)]
         found: tuple[float, tuple[Group, int]] | None = None
-        for ranks in expert_groups_by_split(self.hardware, job.parallelism, placed):
-            group, sharing = rank_group(self.hardware, ranks, placed)
+        for group, sharing in groups:
             time_s = self.collectives.cost("all-to-all", group, size * sharing).time_s
             if found is None or time_s > found[0]:
                 found = (time_s, (group, sharing))
