@@ -77,14 +77,12 @@ def expert_groups_by_split(hardware: HardwareSpec, par: Any, placed: np.ndarray
     groups = (base[:, None, None] + dp_rank_offsets(par, members)[None]).reshape(-1, par.ep)
     unit = hardware.chips_per_instance * hardware.instances_per_ultraserver
     domains = np.sort(rank_chips(hardware, groups, placed) // unit, axis=1)
-    # each group's members per domain, largest first, padded with zeros
-    starts = np.ones_like(domains, dtype=bool)
-    starts[:, 1:] = domains[:, 1:] != domains[:, :-1]
-    runs = np.cumsum(starts, axis=1) - 1
-    counts = np.zeros_like(domains)
-    np.add.at(counts, (np.repeat(np.arange(len(groups)), par.ep), runs.ravel()), 1)
-    counts = -np.sort(-counts, axis=1)
-    _, first = np.unique(counts, axis=0, return_index=True)
+    # a group's split: its members' domains relative to its first one's
+    relative = np.ascontiguousarray(domains - domains[:, :1])
+    if not relative.any():  # every group inside one domain
+        return [groups[0]]
+    rows = relative.view(np.dtype((np.void, relative.dtype.itemsize * par.ep))).ravel()
+    _, first = np.unique(rows, return_index=True)
     return [groups[i] for i in sorted(first.tolist())]
 
 
