@@ -186,8 +186,8 @@ def _expert_layouts(hw: HardwareSpec, eps: list[int], tp: int, cp: int, pp: int
     `tp-cp-ep-pp-dp` where the default spreads an expert group over more than one
     NeuronLink domain (tp x cp x pp x ep ranks beyond a domain) and the inner order puts
     every group inside one (tp x cp x ep tiles the domain). Not listed elsewhere: where
-    tp x cp x ep does not tile a domain some of its groups straddle two, which the step
-    model (costing rank 0's group) would not see; where the default's group already fits
+    tp x cp x ep does not tile a domain some of its groups still straddle two (the step
+    costs the slowest group, `collectives.uneven`); where the default's group already fits
     a domain the inner order only spreads the pipeline stages. Listing it for every ep
     would double a mixture's space (past `limits.MAX_PLAN_CANDIDATES` on 128 Trn3
     UltraServers)."""
