@@ -315,6 +315,19 @@ def print_models() -> None:
             print(f"{name:<50}{ttft * 1e3:>9.1f}{published:>8.1f}"
                   f"{ttft * 1e3 / published - 1:>+8.1%}{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}"
                   f"{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}  {role}")
+    left = ms.fixed_time_left()
+    fit = left.pop("fit")
+    print(f"\n== nxd-inference decode, TP 64, batch 1: the fixed time per iteration each row "
+          f"leaves (published TPOT less the model's without the {fit['iteration_overhead_ms']:.2f}"
+          f" ms; why Qwen3-32B stays judged)")
+    print(f"{'row':<16}{'layers':>7}{'prompt':>8}{'left ms':>9}{'us/layer':>10}"
+          f"{'at ' + format(fit['even_hbm_efficiency'], '.3f'):>10}")
+    for name, r in left.items():
+        print(f"{name:<16}{r['layers']:>7}{r['input_tokens']:>8}{r['left_ms']:>9.2f}"
+              f"{r['per_layer_us']:>10.1f}{r['even_ms']:>10.2f}")
+    print(f"at decode HBM efficiency {fit['hbm_efficiency']:.3f}; the Llama rows leave the same "
+          f"time at {fit['even_hbm_efficiency']:.3f}; their slope over layers at "
+          f"{fit['hbm_efficiency']:.3f}: {fit['slope_us_per_layer']:.1f} us per layer")
     parts = ms.deepseek_breakdown()
     print(f"\n== DeepSeek-V3 on trn2, one decode token (the port's profile; judges; the "
           f"model's host time {parts['host'] * 1e3:.2f} ms is outside it)")

@@ -202,3 +202,39 @@ def test_the_vllm_stack_is_the_port_plus_vllms_host_gap():
         {k: v for k, v in port.items() if k != "iteration_overhead_s"}
     assert vllm["iteration_overhead_s"] == pytest.approx(port["iteration_overhead_s"] + 437e-6)
     assert default_stack("trn2").name == "nxd-inference"
+
+
+def test_why_qwen3_stays_judged():
+    """docs/calibration.md's case that nxd-inference's iteration overhead cannot be
+    re-expressed (per layer, per context token or per width) to hold Qwen3-32B with the
+    Llama rows: the fixed time each row leaves, the Llama pair's negative slope over layers
+    at the catalog's decode HBM efficiency, the efficiency where they leave the same time
+    and Qwen3's then, and what within 15% on Qwen3 would do to the 70B row."""
+    from pathlib import Path
+
+    from clustersim.training.transformer import model_preset_values
+    left = ms.fixed_time_left()
+    fit = left.pop("fit")
+    llama, big, qwen = left["llama3.3-70b"], left["llama3.1-405b"], left["qwen3-32b"]
+    doc = " ".join((Path(__file__).resolve().parent.parent / "docs/calibration.md")
+                   .read_text(encoding="utf-8").split())
+    assert (f"is {llama['left_ms']:.2f} ms for the Llama 3.3 70B ({llama['layers']} layers), "
+            f"{big['left_ms']:.2f} ms for the Llama 3.1 405B ({big['layers']} layers) and "
+            f"{qwen['left_ms']:.2f} ms for Qwen3-32B ({qwen['layers']} layers)") in doc
+    assert fit["slope_us_per_layer"] < 0  # more layers, less time left: no per-layer cost
+    assert (f"({fit['slope_us_per_layer']:.1f} us per layer at the decode HBM efficiency of "
+            f"{fit['hbm_efficiency']:.3f})") in doc
+    assert fit["hbm_efficiency"] < fit["even_hbm_efficiency"] < 1.0
+    assert llama["even_ms"] == pytest.approx(big["even_ms"], rel=1e-6)
+    assert (f"at {fit['even_hbm_efficiency']:.3f} of HBM bandwidth, and then both leave "
+            f"{llama['even_ms']:.2f} ms against Qwen3-32B's {qwen['even_ms']:.2f} ms") in doc
+    assert qwen["even_ms"] < 0.6 * llama["even_ms"]
+    # the 405B: more KV bytes a token (layers x KV heads x head width), twice the width
+    a, b = model_preset_values("llama3.1-70b"), model_preset_values("llama3.1-405b")
+    kv = [m["layers"] * m["kv_heads"] * m["hidden"] // m["heads"] for m in (a, b)]
+    assert f"{kv[1] / kv[0]:.1f} times the 70B's KV" in doc and b["hidden"] == 2 * a["hidden"]
+    # within 15% on Qwen3's TPOT: the most an iteration may take, and the 70B row then
+    most = 1.15 * ms.QWEN3_TRN2.tpot_ms - (ms.QWEN3_TRN2.tpot_ms - qwen["left_ms"])
+    at_most = (19.66 - llama["left_ms"] + most) / 19.66 - 1
+    assert f"needs at most {most:.2f} ms an iteration, which puts the 70B row at {at_most:.0%}" in doc
+    assert "the Llama pair (TPOT -8.7% and +9.9%)" in doc

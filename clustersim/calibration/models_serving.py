@@ -44,7 +44,7 @@ __all__ = ["DEEPSEEK_TRN2", "QWEN3_TRN2", "DEEPSEEK_VLLM_BATCHES", "DEEPSEEK_PRO
            "deepseek_breakdown", "trn2_against_h200", "fit_moe_layer_overhead",
            "CONTRIB_STACK", "VLLM_STACK", "PROFILED_TOKEN_MS", "contrib_hardware",
            "fit_contrib_iteration_overhead", "fit_expert_invocation_overhead", "VLLM_TTFT_MS",
-           "fit_moe_expert_load_overhead"]
+           "fit_moe_expert_load_overhead", "fixed_time_left"]
 
 _PORT = ("NxD Inference contrib models, DeepSeek-V3 port README (be9c97e, 2026-04-03; "
          "SDK 2.28)")
@@ -278,3 +278,46 @@ def fit_expert_invocation_overhead() -> float:
     (model, _), = predict_trn2_serving(bare, (DEEPSEEK_TRN2,))
     m = TransformerShape(**model_preset_values("deepseek-v3"))
     return (DEEPSEEK_TRN2.ttft_ms * 1e-3 - model) / (m.moe_layers * m.experts)
+
+
+def fixed_time_left(hardware: HardwareSpec | None = None) -> dict[str, dict[str, float]]:
+    """Why Qwen3-32B's row stays judged (docs/calibration.md): the fixed time per decode
+    iteration each nxd-inference row without speculation leaves, its published TPOT less
+    the model's without `iteration_overhead` (one token an iteration), for the Llama 3.3 70B
+    and 3.1 405B rows (fitted: SDK 2.29, p50, 10,000-token prompts) and Qwen3-32B's
+    (judging: SDK 2.26.1, p99, 128-token prompt); all three at TP 64 and batch 1.
+
+    `left_ms` at the catalog's decode HBM efficiency; `even_ms` at the efficiency where the
+    two Llama rows leave the same time (`even_hbm_efficiency`): below it the 405B (126
+    layers, 1.6 times the 70B's KV a token, the same context) leaves less than the 70B (80
+    layers), so a fixed time growing with layers or context would need a negative slope;
+    `slope_us_per_layer`: the Llama rows' difference over their layers at the catalog's."""
+    from clustersim.calibration.trn2 import TRN2_SERVING
+    from clustersim.training.transformer import model_preset_values
+    hardware = hardware or catalog_entry("trn2")
+    rows = tuple(r for r in TRN2_SERVING if r.draft is None and r.tpot_ms) + (QWEN3_TRN2,)
+    names = ("llama3.3-70b", "llama3.1-405b", "qwen3-32b")
+
+    def left(efficiency: float) -> list[float]:
+        bare = _without(hardware, iteration_overhead_s=0.0, hbm_efficiency=efficiency)
+        return [r.tpot_ms - tpot * 1e3 for r, (_, tpot) in zip(
+            rows, predict_trn2_serving(bare, rows), strict=True)]
+
+    low, high = 0.3, 2.0  # the 70B's minus the 405B's falls as the efficiency rises
+    for _ in range(40):
+        mid = (low + high) / 2
+        a, b, _ = left(mid)
+        low, high = (mid, high) if a > b else (low, mid)
+    even = (low + high) / 2
+    at_catalog, at_even = left(hardware.serving.hbm_efficiency), left(even)
+    layers = [model_preset_values(r.model)["layers"] for r in rows]
+    out: dict[str, dict[str, float]] = {}
+    for name, row, lay, now, flat in zip(names, rows, layers, at_catalog, at_even,
+                                         strict=True):
+        out[name] = {"left_ms": now, "even_ms": flat, "layers": lay,
+                     "per_layer_us": now / lay * 1e3, "input_tokens": row.input_tokens}
+    out["fit"] = {"even_hbm_efficiency": even, "hbm_efficiency": hardware.serving.hbm_efficiency,
+                  "slope_us_per_layer": (at_catalog[1] - at_catalog[0]) / (layers[1] - layers[0])
+                  * 1e3,
+                  "iteration_overhead_ms": hardware.serving.iteration_overhead_s * 1e3}
+    return out
