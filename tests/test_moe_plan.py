@@ -161,6 +161,10 @@ def test_deepseek_v3_on_trn3_plans_expert_parallelism_as_the_readme_says(trn3) -
     assert f"one group in {_WORDS[period // across]}" in planning
     assert f"one group in {_WORDS[period // across]} split 8 / 8" in quoted
     assert "straddles two UltraServers, split 8 / 8" in planning
+    c2, c3 = TRN2.collectives, hw.collectives
+    assert (f"a {c3.efa_step_latency_s * 1e6:.0f} us step and {c3.efa_efficiency:.3f} of the "
+            f"NIC, from an earlier Trn1 fit; Trn2's own fit has "
+            f"{c2.efa_step_latency_s * 1e6:.0f} us and {c2.efa_efficiency:.3f}") in planning
     assert 128 == 4 * 2 * 16 and "tp x cp x ep = 128 ranks does not tile 576" in planning
 
 
