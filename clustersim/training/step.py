@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
+from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.lru import LruCache, key_digest
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
@@ -359,7 +360,8 @@ class StepModel:
         """The expert group whose all-to-all takes longest at the job's dispatch size, one
         of each way the groups split over NeuronLink domains (`ranks.expert_groups_by_split`;
         a group straddling two domains unevenly is costed by `collectives.uneven`): a
-        synchronous step waits for it. Rank 0's where the groups split alike."""
+        synchronous step waits for it. Rank 0's where the groups split alike; a group
+        uneven over several sites (not modelled) is left out."""
         size = self._dispatch_size(job)
         par = job.parallelism
         key = (par.tp, par.cp, par.pp, par.dp, par.ep, experts_inside(par), len(placed),
@@ -370,8 +372,13 @@ class StepModel:
                 rank_group(self.hardware, ranks, placed)
                 for ranks in expert_groups_by_split(self.hardware, par, placed)]
         found: tuple[float, tuple[Group, int]] | None = None
-        for group, sharing in groups:
-            time_s = self.collectives.cost("all-to-all", group, size * sharing).time_s
+        for index, (group, sharing) in enumerate(groups):
+            try:
+                time_s = self.collectives.cost("all-to-all", group, size * sharing).time_s
+            except CollectiveError:
+                if index == 0:  # rank 0's group: the job cannot be costed, as before
+                    raise
+                continue  # uneven over several sites: not modelled, rank 0's stands
             if found is None or time_s > found[0]:
                 found = (time_s, (group, sharing))
         assert found is not None
