@@ -204,3 +204,21 @@ def stage_all_to_alls(job) -> list:
     """The dispatches and combines of one forward chunk (two per MoE layer)."""
     layers = -(-job.model.layers // job.parallelism.pp)
     return [None] * (2 * layers)
+
+
+def test_uneven_over_sites_is_refused_clearly() -> None:
+    """A group uneven over two sites: not modelled, refused by name (the step model then
+    keeps rank 0's group when it can cost that one)."""
+    from clustersim.runner.api import topology_for
+    raw = {"name": "two-sites", "hardware": "trn2u", "duration": "1d",
+           "cluster": {"fabric": {"spines": 4},
+                       "sites": [{"name": "east", "ultraservers": 4},
+                                 {"name": "west", "ultraservers": 4}],
+                       "inter_site": {"links": [{"sites": ["east", "west"],
+                                                 "bandwidth": "1TB/s", "latency": "2ms"}]}}}
+    model = CollectiveModel(topology_for(scenario_from_dict(raw)))
+    half = model.topology.chips // 2  # the first chip of the second site
+    with pytest.raises(AsymmetricGroupError, match="several sites"):
+        model.cost("all-to-all", Group(np.array([0, 1, 17, half]), 1), 1e6)
+    even = Group(np.array([0, half]), 1)  # one chip in each: an even group, the site level
+    assert model.cost("all-to-all", even, 1e6).time_s > 0
