@@ -225,3 +225,24 @@ def test_older_release_files_are_the_script_output_and_run_as_fitted():
         ttft, tpot = run_serving_row(trn1_file(row))
         (formula,) = predict_release(stack, (row,))
         assert (ttft, tpot) == pytest.approx(formula, rel=1e-6)
+
+
+def test_withdrawn_rows_are_shown_apart_and_judge_nothing():
+    """The SDK 2.16 Llama 2 70B rows, withdrawn by their publisher, are no release's fitted or
+    unseen rows; they still run from their scenario files (marked withdrawn), and they are
+    the only withdrawn rows."""
+    from clustersim.calibration.serving import UNSEEN_SERVING
+    from clustersim.calibration.serving_stacks import RELEASES, release_rows, withdrawn_rows
+
+    withdrawn = withdrawn_rows("transformers-neuronx@2.16")
+    assert [(r.model, r.input_tokens, r.output_tokens) for r in withdrawn] == [
+        ("llama2-70b", 256, 256), ("llama2-70b", 256, 2048)]
+    assert [r for r in UNSEEN_SERVING if r.withdrawn] == list(withdrawn)
+    for stack in (*RELEASES, "transformers-neuronx@2.18.0"):
+        fitted, unseen = release_rows(stack)
+        assert not set(withdrawn) & set(fitted + unseen), stack
+    from clustersim.calibration.scenarios import trn1_file
+    for row in withdrawn:
+        text = trn1_file(row).read_text(encoding="utf-8")
+        assert "withdrawn row of stack transformers-neuronx@2.16" in text
+        assert "446ef6c" in text
