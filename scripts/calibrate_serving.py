@@ -113,12 +113,17 @@ def print_token_latency_releases() -> None:
     (scenarios/calibration/serving/trn1-*-sdk2.1[46]-*.yaml): a request's time over its
     input and output tokens, as the data files give it."""
     from clustersim.calibration.scenarios import run_serving_row, trn1_file
-    from clustersim.calibration.serving_stacks import RELEASES, per_token_s
+    from clustersim.calibration.serving_stacks import RELEASES, per_token_s, withdrawn_rows
 
     for stack in ("transformers-neuronx@2.16", "transformers-neuronx@2.14"):
         fitted, unseen, keys = RELEASES[stack]
-        for title, table in ((f"fitted (its own {' and '.join(keys)})", fitted),
-                             ("unseen, not fitted", unseen)):
+        withdrawn = withdrawn_rows(stack)
+        tables = [(f"fitted (its own {' and '.join(keys)})", fitted),
+                  ("unseen, not fitted", unseen)]
+        if withdrawn:
+            tables.append(("withdrawn by the publisher, not judging (see docs/calibration.md)",
+                           withdrawn))
+        for title, table in tables:
             print(f"== stack {stack}, Trn1 family (trn1.32xlarge, TP 32, bf16, batch 1): "
                   f"{title}{'' if table else ': none'}")
             if not table:

@@ -28,7 +28,11 @@ from clustersim.calibration.scenarios import (  # noqa: E402
     run_throughput_row,
     trn1_file,
 )
-from clustersim.calibration.serving_stacks import per_token_s, release_rows  # noqa: E402
+from clustersim.calibration.serving_stacks import (  # noqa: E402
+    per_token_s,
+    release_rows,
+    withdrawn_rows,
+)
 from clustersim.hardware.stacks import stack_named  # noqa: E402
 
 PAGE = ROOT / "docs" / "calibration.md"
@@ -61,11 +65,13 @@ def _constants(stack: str) -> str:
 
 
 def trn1_rows(stack: str) -> list[tuple[str, object, tuple[float, ...]]]:
-    """(fitted or unseen, row, errors) of a release's rows from their scenario runs:
-    (TTFT, TPOT) errors, or the one per-token-latency error for SDK 2.14 and 2.16 rows."""
+    """(fitted, unseen or withdrawn, row, errors) of a release's rows from their scenario
+    runs: (TTFT, TPOT) errors, or the one per-token-latency error for SDK 2.14 and 2.16
+    rows."""
     out = []
     fitted, unseen = release_rows(stack)
-    for kind, table in (("fitted", fitted), ("unseen", unseen)):
+    for kind, table in (("fitted", fitted), ("unseen", unseen),
+                        ("withdrawn", withdrawn_rows(stack))):
         for row in table:
             ttft, tpot = run_serving_row(trn1_file(row))
             if hasattr(row, "ms_per_token"):
@@ -93,12 +99,15 @@ def markdown() -> str:
     lines = ["| stack | its own constants (over the hardware's) | rows fitted | error, fitted "
              "| rows judging | error, judging |", "|---|---|---|---|---|---|"]
     for stack in TRN1:
+        kinds = ("fitted", "unseen", "withdrawn")
         errors = {k: [e for kind, _, _, es in runs[stack] if kind == k for e in es]
-                  for k in ("fitted", "unseen")}
-        counts = {k: sum(kind == k for kind, *_ in runs[stack]) for k in ("fitted", "unseen")}
+                  for k in kinds}
+        counts = {k: sum(kind == k for kind, *_ in runs[stack]) for k in kinds}
+        withdrawn = (f" ({counts['withdrawn']} withdrawn by the publisher: "
+                     f"{_span(errors['withdrawn'])})" if counts["withdrawn"] else "")
         lines.append(f"| `{stack}` (trn1, trn1n) | {_constants(stack)} | {counts['fitted']} "
                      f"| {_span(errors['fitted'])} | {counts['unseen']} "
-                     f"| {_span(errors['unseen'])} |")
+                     f"| {_span(errors['unseen'])}{withdrawn} |")
     lines.append(f"| `tensorrt-llm` (p5, p5e, p5en) | {_constants('tensorrt-llm')} "
                  f"| {len(gpu['fitted'])} | {_span(gpu['fitted'])} | {len(gpu['unseen'])} "
                  f"| {_span(gpu['unseen'])} |")

@@ -91,6 +91,8 @@ def test_a_prompt_encoded_whole_costs_its_bucket():
     ("serve.0.server.buckets", list(range(1, 100)), "at most 64"),
     ("serve.0.server.buckets", [10**9], "token count"),
     ("serve.0.server.buckets", "many", "expected a list"),
+    ("serve.0.server.token_buckets", [4096, 2048], "must increase"),
+    ("serve.0.server.token_buckets", [-1], "token count"),
     ("serve.0.stack", "vllm-gpu", "known: " + ", ".join(known_stacks())),
     ("serve.0.stack", "tensorrt-llm", "runs on p5"),
 ])
@@ -102,6 +104,8 @@ def test_bad_bucket_and_stack_values_exit_2_with_the_key(tmp_path: Path, path, v
     out = tmp_path / "out"
     result = runner.invoke(app, ["run", str(file), "-o", str(out)])
     refused(result, path.rsplit(".", 1)[0] if path.endswith("buckets") else path, needle)
+    if path.endswith("buckets"):
+        assert path.rsplit(".", 1)[1] in result.output
     assert not out.exists()
 
 
@@ -205,3 +209,35 @@ def test_a_static_batch_encodes_its_prompts_as_one_graph():
     together = cost.prefill_s([(1024, 0)] * 4, 0, 0.0, 4)
     cost.static_batch = False
     assert together > 1.1 * cost.prefill_s([(1024, 0)] * 4, 0, 0.0, 4)
+
+
+def _tpot(raw: dict) -> float:
+    result = simulate(scenario_from_dict(raw), seed=0)
+    return result.summary["deployments"]["l70"]["tpot_p50_s"]
+
+
+def _trn1_decode(server: dict, stack: str | None = None) -> dict:
+    """Llama 2 13B at TP 32 on trn1: a 128-token prompt decoding 8,064 tokens, so most of
+    its steps read a long KV cache."""
+    raw = _scenario(server, stack=stack, hardware="trn1", prompt=128)
+    raw["serve"][0].update(model="llama2-13b", parallelism={"tp": 32})
+    raw["serve"][0]["workload"]["output_tokens"] = 8064
+    raw["duration"] = "4h"
+    return raw
+
+
+def test_token_buckets_as_written_or_the_stacks():
+    """`server.token_buckets`: transformers-neuronx's own list written out runs as its
+    default; [] reads only the tokens held (a faster decode); one bucket of the compiled
+    length reads it at every step (slower than the stack's powers of two)."""
+    from clustersim.hardware.stacks import stack_token_buckets
+
+    default = _tpot(_trn1_decode({}))
+    tnx = list(stack_token_buckets(default_stack("trn1"), 128 + 8064))
+    assert tnx == [128, 256, 512, 1024, 2048, 4096, 8192]
+    assert _tpot(_trn1_decode({"token_buckets": tnx})) == pytest.approx(default, rel=1e-12)
+    bare = _tpot(_trn1_decode({"token_buckets": []}))
+    one = _tpot(_trn1_decode({"token_buckets": [8192]}))
+    assert bare < default < one
+    # a stack without token buckets (NxD Inference on trn2) pads when the key says so
+    assert _tpot(_scenario({"token_buckets": [16384]})) > _tpot(_scenario({}))

@@ -217,7 +217,8 @@ def trn1_token_latency_files() -> list[ScenarioFile]:
     out = []
     for row in UNSEEN_SERVING:
         stack = f"transformers-neuronx@{row.sdk}"
-        kind = "fitted" if row in release_rows(stack)[0] else "unseen"
+        kind = ("fitted" if row in release_rows(stack)[0]
+                else "withdrawn" if row.withdrawn else "unseen")
         server = {"max_batch": 1, "max_tokens_per_iteration": max(row.input_tokens, 8192),
                   "chunked_prefill": False, "static_batch": False}
         deployment = {"model": row.model, "stack": stack, "precision": "bf16",
@@ -230,6 +231,8 @@ def trn1_token_latency_files() -> list[ScenarioFile]:
                    "One request at a time (the trace beside this file).",
                    "Written by scripts/calibration_scenarios.py; run by "
                    "scripts/calibrate_serving.py."]
+        if row.withdrawn:
+            comment.insert(2, f"Withdrawn: {row.withdrawn}.")
         out.append(_serving_file("serving", name, comment, "trn1", deployment,
                                  row.input_tokens, row.output_tokens))
     return out

@@ -16,7 +16,8 @@ rows: `transformers-neuronx@2.16` with `tp_step_latency_s` (the per-step time of
 all-reduce, which the 13B's decode at TP 32 is mostly made of: 80 all-reduces a token) and
 `score_efficiency` (its 3,968-token prompt), `transformers-neuronx@2.14` with
 `tp_step_latency_s` alone (its one row). The 2.16 file's two Llama 2 70B rows, five to six
-times slower than any 2.18 row of that model on the same instance, judge the 2.16 release.
+times slower than any 2.18 row of that model on the same instance, were withdrawn by their
+publisher (`withdrawn_rows`): shown with their error, they judge nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from clustersim.hardware.catalog import catalog_entry
 from clustersim.hardware.stacks import stack_named, with_stack
 
 __all__ = ["RELEASE_2181", "RELEASE_FITTED", "RELEASES", "release_rows", "predict_release",
-           "fit_release", "per_token_s"]
+           "fit_release", "per_token_s", "withdrawn_rows"]
 
 RELEASE_2181 = "transformers-neuronx@2.18.1"
 RELEASE_FITTED = ("matmul_efficiency", "score_efficiency")
@@ -44,8 +45,15 @@ _BOUNDS = {"matmul_efficiency": (0.3, 0.9), "score_efficiency": (0.05, 1.0),
 
 
 def _sdk(version: str, model: str | None = None, keep: bool = True) -> tuple:
-    return tuple(r for r in UNSEEN_SERVING if r.sdk == version
+    return tuple(r for r in UNSEEN_SERVING if r.sdk == version and not r.withdrawn
                  and (model is None or (r.model == model) == keep))
+
+
+def withdrawn_rows(stack: str) -> tuple:
+    """A release's rows that their publisher withdrew (clustersim.calibration.serving): run
+    and shown with their error, neither fitted nor judging."""
+    return tuple(r for r in UNSEEN_SERVING if r.withdrawn
+                 and stack == f"transformers-neuronx@{r.sdk}")
 
 
 # stack: (its fitted rows, its unseen rows, the constants fitted on them)

@@ -19,19 +19,16 @@ from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
 from clustersim.hardware.stacks import (
-    MAX_BUCKETS,
     Stack,
     default_stack,
     known_stacks,
     stack_buckets,
     stack_named,
+    stack_token_buckets,
 )
 from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
+from clustersim.scenario.serving_server import MAX_REQUEST_TOKENS, ServerSpec
 from clustersim.training.transformer import TransformerShape
-
-# Token counts of one request (prompt or output): the longest sequence the loader takes
-# (a count of 3e9 overflowed the int32 columns of requests.parquet).
-MAX_REQUEST_TOKENS = limits.MAX_SEQ_LEN
 
 __all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks",
            "serve_budget_checks", "expected_requests",
@@ -122,47 +119,6 @@ class RequestWorkloadSpec(Spec):
         if uses_trace and self.trace is None:
             raise ValueError("lengths from the trace need trace: a CSV or Parquet file")
         return self
-
-
-class ServerSpec(Spec):
-    """The serving engine's policy on each replica."""
-
-    max_batch: int = Field(default=64, gt=0, le=4096, description="sequences per iteration")
-    max_tokens_per_iteration: int = Field(default=8192, gt=0, le=1_048_576,
-                                          description="token budget of one iteration")
-    chunked_prefill: bool = Field(default=True, description="split long prompts over "
-                                  "iterations, mixed with decodes")
-    kv_block_tokens: int = Field(default=16, gt=0, le=4096, description="paged KV block size")
-    kv_full: Literal["preempt", "queue"] = Field(
-        default="queue", description="queue: admit only when the whole request's KV fits; "
-        "preempt: admit on the prompt's blocks, evict the newest (recomputed later) when full")
-    kv_reserve: float = Field(default=0.1, ge=0, lt=1, allow_inf_nan=False,
-                              description="share of HBM kept for activations and the runtime")
-    kv_precision: Literal["bf16", "fp16", "fp8"] = "bf16"
-    static_batch: bool = Field(
-        default=False, description="the prompts admitted together are encoded as one "
-        "static batch, one graph holding their attention scores in one tensor "
-        "(transformers-neuronx's batch; matters with unfused attention)")
-    buckets: list[int] | None = Field(
-        default=None, description="compiled context-encoding buckets (tokens, increasing): a "
-        "prompt encoded whole (chunked_prefill false) runs padded to the smallest that holds "
-        "it; default: the stack's (NxD Inference: powers of two from 128 up to the longest "
-        "prompt; none for the others); [] pads nothing")
-
-    @field_validator("buckets")
-    @classmethod
-    def _check_buckets(cls, value: list[int] | None) -> list[int] | None:
-        if value is None:
-            return value
-        if len(value) > MAX_BUCKETS:
-            raise ValueError(f"at most {MAX_BUCKETS} buckets, got {len(value)}")
-        for bucket in value:
-            if isinstance(bucket, bool) or not 0 < bucket <= MAX_REQUEST_TOKENS:
-                raise ValueError(f"a bucket is a token count from 1 to {MAX_REQUEST_TOKENS:,}, "
-                                 f"got {bucket}")
-        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
-            raise ValueError(f"buckets must increase, got {value}")
-        return value
 
 
 class PrecisionSpec(Spec):
@@ -314,6 +270,14 @@ class DeploymentSpec(Spec):
         lengths = self.workload.input_tokens
         longest = lengths.value if lengths.distribution == "fixed" else lengths.max
         return stack_buckets(self.serving_stack(hardware), int(longest or lengths.max))
+
+    def token_buckets(self, hardware: str, longest_sequence: int) -> tuple[int, ...]:
+        """Compiled token-generation buckets (decode reads each sequence's KV cache padded
+        to the smallest that holds it): as written, or the stack's for the deployment's
+        longest request (prompt and output), `longest_sequence` tokens."""
+        if self.server.token_buckets is not None:
+            return tuple(self.server.token_buckets)
+        return stack_token_buckets(self.serving_stack(hardware), longest_sequence)
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:

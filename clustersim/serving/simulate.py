@@ -32,7 +32,7 @@ from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.build import build_topology
-from clustersim.hardware.stacks import stack_token_buckets, with_stack
+from clustersim.hardware.stacks import with_stack
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import DeploymentSpec, deployment_instances
 from clustersim.serving.events import ServingEnvironment
@@ -244,7 +244,7 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
                                       requests.output_tokens)
         cost, capacity, transfer = replica_models(scenario, d)
         if len(requests.input_tokens):  # compiled for the longest request (prompt and output)
-            cost.token_buckets = stack_token_buckets(d.serving_stack(scenario.hardware.name), int(
+            cost.token_buckets = d.token_buckets(scenario.hardware.name, int(
                 (requests.input_tokens + requests.output_tokens).max()))
         issue = weights_fit_issue(scenario, d, cost, capacity)
         if issue is not None:
