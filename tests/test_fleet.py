@@ -159,18 +159,41 @@ def test_job_summary_parquet_has_every_per_job_figure(tmp_path: Path):
     assert "fleet.png" in (out / "report" / "report.md").read_text()
 
 
-def test_past_the_limit_summary_json_keeps_the_largest_jobs(monkeypatch):
+@pytest.mark.parametrize("replications", [1, 2])
+def test_past_the_limit_summary_json_keeps_the_largest_jobs(monkeypatch, replications):
     import clustersim.runner.api as api
 
     monkeypatch.setattr(api, "SUMMARY_JOBS", 3)
-    monkeypatch.setattr(api, "largest_jobs",
-                        lambda jobs: __import__("clustersim.cluster.fleet", fromlist=["x"])
-                        .largest_jobs(jobs, 2))
+    monkeypatch.setattr(api, "LARGEST_JOBS", 2)
     jobs = [small_job(f"j{i}", 1 + i, run_for="2h", submit=f"{i}h") for i in range(5)]
-    result = simulate(scenario_from_dict(fleet(jobs)))
+    result = simulate(scenario_from_dict(fleet(jobs)), replications=replications, workers=1)
     assert list(result.summary["jobs"]) == ["j3", "j4"]
     assert "every job is in job_summary.parquet" in result.summary["jobs_listed"]
     assert len(result.jobs) == 5
+
+
+def test_streamed_job_figures_are_those_of_the_dicts(monkeypatch):
+    """Past SUMMARY_JOBS, one replication: every job's figures made one at a time into
+    job_summary's columns (JobFigures), with the teams' figures and the largest jobs read
+    from the columns: the same as the per-job dicts of the general path."""
+    import clustersim.runner.api as api
+    from clustersim.training.step import StepModel
+
+    monkeypatch.setattr(api, "SUMMARY_JOBS", 3)
+    monkeypatch.setattr(api, "LARGEST_JOBS", 2)
+    jobs = [small_job(f"j{i}", 1 + i % 3, run_for=f"{1 + i}h", submit=f"{i}h") for i in range(8)]
+    for i, job in enumerate(jobs):
+        job["team"] = "a" if i % 2 else "b"
+    scenario = scenario_from_dict(fleet(jobs))
+    result = simulate(scenario)
+    general = api._job_summaries(scenario, result.steps, StepModel(result.topology),
+                                 result.topology, result.timelines, True)
+    assert dict(result.jobs.items()) == general["jobs"]
+    assert result.summary["teams"] == general["teams"]
+    largest = api.largest_jobs(general["jobs"], 2)
+    assert result.summary["jobs"] == largest
+    assert result.job_columns == api.flat_job_columns(
+        general["jobs"], {name: o.team for name, o in result.timelines[0].jobs.items()})
 
 
 # ---------------------------------------------------------------------------------------------

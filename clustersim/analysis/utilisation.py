@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from clustersim.analysis.trace import JOB_STATES, SCHEMAS, UTILISATION_STATES
 
@@ -18,12 +18,33 @@ __all__ = [
 ]
 
 
-@dataclass
 class _StepFunctions:
-    """Per job: cumulative time in each state, as piecewise-linear functions of time."""
+    """Per job: cumulative time in each state, as piecewise-linear functions of time, made
+    when a job's are asked for (`of`) and not kept: a year's million jobs' were 2 GB."""
 
-    breakpoints: dict[int, np.ndarray] = field(default_factory=dict)
-    cumulative: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.where: dict[int, tuple[int, int]] = {}  # job -> its rows in the sorted arrays
+        self.arrays: tuple[np.ndarray, ...] = ()
+
+    def __contains__(self, job: int) -> bool:
+        return job in self.where
+
+    def of(self, job: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The job's breakpoints and its cumulative time in each state at them."""
+        start, end, states = self.arrays
+        first, last = self.where[job]
+        s, e, st = start[first:last], end[first:last], states[first:last]
+        points = np.concatenate([s, e[-1:]])
+        cumulative = {}
+        entered = set(st.tolist())
+        never = np.zeros(len(s) + 1)  # (what the cumulative sum of no time is, exactly)
+        for code, state in enumerate(JOB_STATES):
+            if code not in entered:
+                cumulative[state] = never
+                continue
+            inside = np.where(st == code, e - s, 0.0)
+            cumulative[state] = np.concatenate([[0.0], np.cumsum(inside)])
+        return points, cumulative
 
 
 def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) -> _StepFunctions:
@@ -43,21 +64,8 @@ def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) ->
     last = np.append(bounds, len(ids))
     where = dict(zip(ids[first].tolist(), zip(first.tolist(), last.tolist(), strict=True),
                      strict=True))
-    for job in jobs:
-        span = where.get(job)
-        if span is None:
-            continue
-        s, e, st = start[span[0]:span[1]], end[span[0]:span[1]], states[span[0]:span[1]]
-        points = np.concatenate([s, e[-1:]])
-        out.breakpoints[job] = points
-        entered = set(st.tolist())
-        never = np.zeros(len(s) + 1)  # (what the cumulative sum of no time is, exactly)
-        for code, state in enumerate(JOB_STATES):
-            if code not in entered:
-                out.cumulative[(job, state)] = never
-                continue
-            inside = np.where(st == code, e - s, 0.0)
-            out.cumulative[(job, state)] = np.concatenate([[0.0], np.cumsum(inside)])
+    out.arrays = (start, end, states)
+    out.where = {job: where[job] for job in jobs if job in where}
     return out
 
 
@@ -68,7 +76,7 @@ def _state_codes(column: pa.ChunkedArray) -> np.ndarray:
     if not pa.types.is_dictionary(column.type):
         column = column.dictionary_encode()
     lookup = np.array([JOB_STATES.index(name) if name in JOB_STATES else -1
-                       for name in column.dictionary.to_pylist()] + [-1], dtype=np.int64)
+                       for name in column.dictionary.to_pylist()] + [-1], dtype=np.int8)
     indices = column.indices.fill_null(len(lookup) - 1).to_numpy()
     return lookup[indices]
 
@@ -83,7 +91,7 @@ def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_e
                    key: int) -> None:
     """Chip-time per state and bin of one job over one key, from its held-instance step
     function and its state intervals merged: O((allocations + states) log + bins)."""
-    points = functions.breakpoints[job]
+    points, cumulatives = functions.of(job)
     cuts = np.unique(np.concatenate([a_start, a_end, points]))
     if len(cuts) < 2:
         return
@@ -102,7 +110,7 @@ def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_e
     for state in JOB_STATES:
         if state == "done":
             continue
-        cumulative = functions.cumulative[(job, state)]
+        cumulative = cumulatives[state]
         if not cumulative[-1] > 0:
             continue  # never in this state: it would add only zeros (most jobs, most states)
         in_state = np.diff(cumulative)[index] > 0  # the interval at this piece is this state
@@ -159,21 +167,23 @@ def utilisation_rows(
     edges = np.minimum(np.arange(bins + 1) * bin_s, horizon_s)
     edges[-1] = horizon_s
     starts, widths = edges[:-1], np.diff(edges)
-    entity = np.asarray(intervals["entity"].cast(pa.string()).to_pylist(), dtype=object)
-    job_rows = intervals.filter(pa.array(entity == "job"))
-    down_rows = intervals.filter(pa.array(entity == "chip"))
-    functions = _job_state_functions(job_rows, job_ids)
+    # (compared in Arrow: a Python string per row was a gigabyte of a year's intervals)
+    entity = intervals["entity"].cast(pa.string())
+    down_rows = intervals.filter(pc.equal(entity, "chip"))
+    # (the job rows' copy dropped once their step functions are made: a year's are 300 MB)
+    functions = _job_state_functions(intervals.filter(pc.equal(entity, "job")), job_ids)
+    del entity
     blocks: list[dict[str, Any]] = []
 
     if "job" in levels:
         for job, name in zip(job_ids, job_names, strict=True):
             fractions = {state: np.zeros(len(starts)) for state in UTILISATION_STATES}
-            if job in functions.breakpoints:
-                points = functions.breakpoints[job]
+            if job in functions:
+                points, cumulatives = functions.of(job)
                 for state in JOB_STATES:
                     if state == "done":
                         continue
-                    c = _integrate(points, functions.cumulative[(job, state)], edges)
+                    c = _integrate(points, cumulatives[state], edges)
                     fractions[state] = np.diff(c) / widths
             used = sum(fractions[s] for s in JOB_STATES if s != "done")
             fractions["inactive"] = np.clip(1.0 - used, 0.0, 1.0)
@@ -181,8 +191,9 @@ def utilisation_rows(
 
     hardware_levels = [lv for lv in levels if lv in ("cluster", "ultraserver", "instance")]
     if hardware_levels:
-        a_job = allocations["job_id"].to_numpy().astype(np.int64)
-        a_inst = allocations["instance_id"].to_numpy().astype(np.int64)
+        # (32-bit ids as written: the same sorts and keys at half a year's 14 M rows' bytes)
+        a_job = allocations["job_id"].to_numpy()
+        a_inst = allocations["instance_id"].to_numpy()
         a_start = allocations["start_s"].to_numpy()
         a_end = allocations["end_s"].to_numpy()
         # Chips of an instance share their down intervals: fold identical (instance, state,
@@ -219,11 +230,14 @@ def utilisation_rows(
             chip_time = {state: np.zeros((keys, len(starts))) for state in UTILISATION_STATES}
             # Each job's allocations, in table order: one stable sort, a slice per job.
             by_job = np.argsort(a_job, kind="stable")
-            by_job = by_job[a_key[by_job] >= 0]
+            kept = a_key[by_job] >= 0
+            if not kept.all():
+                by_job = by_job[kept]
+            del kept
             cuts = np.flatnonzero(np.diff(a_job[by_job])) + 1
             for rows in np.split(by_job, cuts) if len(by_job) else []:
                 job = int(a_job[rows[0]])
-                if job not in functions.breakpoints:
+                if job not in functions:
                     continue
                 if len(rows) == 0:
                     continue
@@ -233,7 +247,7 @@ def utilisation_rows(
                     continue
                 # Finer levels: for an allocation [a, b) of job j, the differences of
                 # C_js(clip(edge, a, b)) are its chip-time in state s per bin.
-                points = functions.breakpoints[job]
+                points, cumulatives = functions.of(job)
                 for chunk in np.array_split(rows, max(1, len(rows) // 512 + 1)):
                     if len(chunk) == 0:
                         continue
@@ -241,7 +255,7 @@ def utilisation_rows(
                     for state in JOB_STATES:
                         if state == "done":
                             continue
-                        c = _integrate(points, functions.cumulative[(job, state)], clipped)
+                        c = _integrate(points, cumulatives[state], clipped)
                         per_bin = np.diff(c, axis=1) * chips_per_instance
                         np.add.at(chip_time[state], a_key[chunk], per_bin)
             for state in ("failed", "repairing"):

@@ -121,9 +121,10 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
             self.interrupt_pending = True
             self.process.interrupt("pace")
 
-    def main(self):
+    def main(self, arrived: bool = False):
+        """Its life; `arrived`: started at its submission (Timeline._arrivals), not before."""
         env = self.t.env
-        if self.job.submit_s > 0:
+        if self.job.submit_s > 0 and not arrived:
             yield env.timeout(self.job.submit_s)
         self.state_since = env.now
         first = True
@@ -133,6 +134,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
             except simpy.Interrupt as signal:  # only the end can come while queued
                 self.interrupt_pending = False
                 self._finish(*self._ending(signal.cause))
+                self.t.retire(self)
                 return
             self.add(chosen)
             self._placed()
@@ -147,11 +149,13 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
                 self.set_state("running")
                 yield from self._guard(self._training())
                 self._finish("done", "reached its step target")
+                self.t.retire(self)
                 return
             except Preempted:
                 continue
             except Ended as ended:
                 self._finish(*self._ending(("end", ended.why)))
+                self.t.retire(self)
                 return
 
     def _queue(self):

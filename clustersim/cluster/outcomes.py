@@ -15,9 +15,9 @@ from clustersim.analysis.trace import JOB_STATES
 __all__ = ["JobOutcome", "TimelineResult"]
 
 
-@dataclass
+@dataclass(slots=True)
 class JobOutcome:
-    """What happened to one job over the horizon."""
+    """What happened to one job over the horizon (slots: a year keeps a million)."""
 
     name: str
     instances: int

@@ -175,8 +175,9 @@ class SiteEvents:
         t.faults.failures_by_cause[component] += 1
         if t.recorder is not None:
             t.recorder.event(t.env.now, "failure", component, -1, -1, -1)
-        for run in t.jobs:
-            if run.state in ("running", "checkpointing", "restarting", "restoring") and (
+        for run in t.jobs:  # (None: not arrived yet)
+            if run is not None and run.state in ("running", "checkpointing", "restarting",
+                                                 "restoring") and (
                     cut_off(t, run)):
                 run.interrupt(component, [])
         yield t.env.timeout(event.duration_s)

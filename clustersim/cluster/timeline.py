@@ -29,6 +29,8 @@ import gc
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from heapq import heappush
+from typing import Any
 
 import numpy as np
 import simpy
@@ -69,6 +71,59 @@ __all__ = [
 ]
 
 
+def _delay_to(now: float, at: float) -> float:
+    """The delay that simpy adds to `now` to land exactly on `at` (a timeout's time is now +
+    delay, which for at - now may round off `at` by an ulp); if none does, the largest
+    that lands before it."""
+    delay = at - now
+    while now + delay < at:
+        delay = math.nextafter(delay, math.inf)
+    while now + delay > at:
+        delay = math.nextafter(delay, -math.inf)
+    return delay
+
+
+def event_at(env: simpy.Environment, at: float) -> simpy.Event:
+    """An event that happens at `at` exactly, as a timeout set at time 0 for `at` would (a
+    job's arrival, made when the one before it arrives): a timeout where one lands there,
+    else (a sum that skips `at`) the event queued at `at` itself, as simpy's `schedule`
+    queues it at now + delay."""
+    delay = _delay_to(env.now, at)
+    if env.now + delay == at:
+        return env.timeout(delay)
+    event = env.event()
+    event._ok, event._value = True, None  # (as a Timeout is: triggered, no value)
+    heappush(env._queue, (at, simpy.events.NORMAL, next(env._eid), event))
+    return event
+
+
+class Retired:
+    """A job that is done, as the horizon's close reads it (JobAccounting.close of a done
+    job: its time done since its end, that interval's row, its progress and chip-time)."""
+
+    __slots__ = ("t", "index", "outcome", "state", "state_since", "progress",
+                 "allocated_chip_s")
+    held_count = 0
+    site_cross_s = 0.0
+
+    def __init__(self, timeline: Timeline, run: JobRun):
+        self.t = timeline
+        self.index = run.index
+        self.outcome = run.outcome
+        self.state = run.state
+        self.state_since = run.state_since
+        self.progress = run.progress
+        self.allocated_chip_s = run.allocated_chip_s
+
+    def close(self, horizon: float) -> None:
+        self.outcome.time_in_state[self.state] += horizon - self.state_since
+        if self.t.recorder is not None and horizon > self.state_since:
+            self.t.recorder.interval("job", self.index, self.state, self.state_since, horizon)
+        self.state_since = horizon
+        self.outcome.progress_steps = self.progress
+        self.outcome.held_chip_s = self.allocated_chip_s
+
+
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused (as it was, afterwards).
@@ -89,6 +144,10 @@ def collector_paused() -> Iterator[None]:
 
 class Timeline:
     """One simulation of a scenario's horizon. Use `run()` once."""
+
+    # Jobs made when they arrive and kept only as `Retired` once done (tests turn it off:
+    # every job made at the start and kept whole, as before, must give the same run).
+    lazy_jobs = True
 
     def __init__(self, scenario: Scenario, profiles: dict[str, StepProfile],
                  seed_sequence: np.random.SeedSequence,
@@ -182,7 +241,7 @@ class Timeline:
         # Jobs holding instances or granted them (the scheduler's passes look at these, not
         # at every job of a 100,000-job mix); order-free: every use sorts or counts.
         self.active = ActiveJobs()
-        self.jobs: list[JobRun] = []
+        self.jobs: list[Any] = []  # JobRun, Retired once done, None before it arrives
         self.faults = FailureSource(self)
 
     # ------------------------------------------------------------------ the free pool
@@ -249,6 +308,26 @@ class Timeline:
             if job >= 0:
                 self.jobs[job].pace_changed(self.env.now + spec.duration_s)
 
+    def _arrivals(self, order: list[int]):
+        """Each job of `order` (by submission) made and started at its submission: its
+        process goes on as if it had waited for it from the start (`JobRun.main`)."""
+        env = self.env
+        jobs = self.scenario.jobs
+        for index in order:
+            job = jobs[index]
+            if job.submit_s > env.now:
+                yield event_at(env, job.submit_s)
+            run = self.jobs[index] = JobRun(self, index, job, self.profiles[job.name])
+            run.process = env.process(run.main(arrived=True))
+
+    def retire(self, run: JobRun) -> None:
+        """A job done, its process ending: only what closing its books at the horizon reads
+        is kept (`Retired`), not the JobRun (7 KiB a job, a year's million)."""
+        if (self.lazy_jobs and run.state == "done" and not run.held_count
+                and run.segment is None
+                and run.closed_segment is None and self.jobs[run.index] is run):
+            self.jobs[run.index] = Retired(self, run)
+
     def _progress_ticks(self, horizon: float):
         step = horizon / 100
         while True:
@@ -259,13 +338,26 @@ class Timeline:
     # ------------------------------------------------------------------ run
     def run(self) -> TimelineResult:
         horizon = self.scenario.duration_s
-        for index, job in enumerate(self.scenario.jobs):
-            run = JobRun(self, index, job, self.profiles[job.name])
-            self.jobs.append(run)
+        jobs = self.scenario.jobs
+        # A job submitted later (and without a deadline to watch) is made when it arrives,
+        # not at the start (`_arrivals`): a year's million JobRuns and processes were
+        # 3.2 KiB a job before the first one arrived.
+        self.jobs = [None] * len(jobs)
+        later = [index for index, job in enumerate(jobs)
+                 if job.submit_s > 0 and job.deadline_s is None] if self.lazy_jobs else []
+        arriving = set(later)
+        for index, job in enumerate(jobs):
+            if index not in arriving:
+                self.jobs[index] = JobRun(self, index, job, self.profiles[job.name])
         for run in self.jobs:
+            if run is None:
+                continue
             run.process = self.env.process(run.main())
             if run.end_at is not None:
                 self.env.process(run.end_watch())
+        if later:
+            later.sort(key=lambda index: jobs[index].submit_s)  # (stable: ties by index)
+            self.env.process(self._arrivals(later))
         self.env.process(self.faults.run())
         if self.site_events is not None:
             self.env.process(self.site_events.run())
@@ -275,6 +367,10 @@ class Timeline:
             self.env.process(self._progress_ticks(horizon))
         with collector_paused():
             self.env.run(until=horizon)
+        for index, run in enumerate(self.jobs):  # never arrived: queued from its submission
+            if run is None:
+                self.jobs[index] = JobRun(self, index, jobs[index],
+                                          self.profiles[jobs[index].name])
         allocated = useful = 0.0
         for run in self.jobs:
             run.close(horizon)

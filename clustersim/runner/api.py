@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import clustersim
 from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder
 from clustersim.analysis.utilisation import utilisation_rows
 from clustersim.cluster.fleet import (
+    LARGEST_JOBS,
     SUMMARY_JOBS,
     finite_or_none_column,
     flat_job_columns,
@@ -29,11 +30,14 @@ from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
 from clustersim.runner.budget import check_request_traces, check_run_budget
 from clustersim.runner.figures import (
+    ColumnRows,
+    JobFigures,
     _combine,
     _job_figures,
     capped_workers,
     cluster_figures,
     effective_figures,
+    largest_of_columns,
 )
 from clustersim.runner.fleetday import compare_levels, run_fleet_day
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
@@ -69,7 +73,9 @@ class RunResult:
     steps: dict[str, StepProfile]
     timelines: list[TimelineResult] = field(default_factory=list)
     serving: ServingResult | None = None
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # every job's figures
+    jobs: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # every job's figures
+    # job_summary.parquet's columns, when made with the figures (a run of many jobs)
+    job_columns: dict[str, list[Any]] | None = None
     fleet_day: Any = None  # a FleetDayResult, for a fleet-day run
 
 
@@ -230,7 +236,10 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     check_serving_fit(scenario)
     topology = topology_for(scenario)
     model = StepModel(topology)
-    steps = {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
+    # The cached profile of each job's shape, shared (its name is whichever job's solved it
+    # first; only its figures are read): a copy under each job's name was 2.2 KiB a job,
+    # 2.2 GiB of a year's million.
+    steps = {job.name: site_profile(model, job, None) for job in scenario.jobs}
     check_fit(scenario, steps)
     if is_fleet_day(scenario):
         if replications > 1:
@@ -245,30 +254,27 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
                               model, engine, address)
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
-    shapes = _job_figures(scenario, steps)
-    if topology.site_count > 1:  # each job's step over the sites, synchronous and not
-        for job in scenario.jobs:
-            crossing = cross_site_step(model, job, job.name)
-            if crossing is not None:
-                shapes[job.name]["cross_site"] = crossing.figures()
-    per_replication = []
     with_teams = uses_teams(scenario)
-    for result in timelines:
-        jobs = {}
-        for name, outcome in result.jobs.items():
-            jobs[name] = {**shapes[name], **outcome.figures(result.horizon_s)}
-            jobs[name].update(effective_figures(scenario, jobs[name]))
-            if with_teams:
-                jobs[name]["team"] = outcome.team
-        per_replication.append({"jobs": jobs, "cluster": result.cluster_figures()})
+    job_columns = None
+    if replications == 1 and len(scenario.jobs) > SUMMARY_JOBS:
+        # Every job's figures straight into job_summary.parquet's columns, one job at a
+        # time; the summary's team figures and largest jobs read the columns.
+        result = timelines[0]
+        all_jobs: Any = JobFigures(scenario, steps, model, result.jobs, result.horizon_s,
+                                   with_teams)
+        job_columns = flat_job_columns(all_jobs, {name: outcome.team for name, outcome
+                                                  in result.jobs.items()})
+        combined = {"jobs": largest_of_columns(all_jobs, job_columns, LARGEST_JOBS),
+                    "cluster": result.cluster_figures()}
         if with_teams:
-            per_replication[-1]["teams"] = team_figures(
-                jobs, {t.name: t.quota for t in scenario.teams},
+            combined["teams"] = team_figures(
+                ColumnRows(job_columns), {t.name: t.quota for t in scenario.teams},
                 {t.name: t.share for t in scenario.teams})
-    combined = _combine(per_replication)
-    all_jobs = combined["jobs"]
-    if len(all_jobs) > SUMMARY_JOBS:  # every job is in job_summary.parquet
-        combined["jobs"] = largest_jobs(all_jobs)
+    else:
+        combined = _job_summaries(scenario, steps, model, topology, timelines, with_teams)
+        all_jobs = combined["jobs"]
+        if len(all_jobs) > SUMMARY_JOBS:  # every job is in job_summary.parquet
+            combined["jobs"] = largest_jobs(all_jobs, LARGEST_JOBS)
     cluster = cluster_figures(scenario, topology)
     cluster.update(combined["cluster"])
     summary: dict[str, Any] = {
@@ -301,7 +307,34 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
             summary["deployments"][name]["fluid_check"] = check
     summary["wall_s"] = round(time.perf_counter() - started, 3)
     return RunResult(scenario=scenario, topology=topology, summary=summary, steps=steps,
-                     timelines=timelines, serving=serving, jobs=all_jobs)
+                     timelines=timelines, serving=serving, jobs=all_jobs,
+                     job_columns=job_columns)
+
+
+def _job_summaries(scenario: Scenario, steps: dict[str, StepProfile], model: StepModel,
+                   topology: Topology, timelines: list[TimelineResult], with_teams: bool
+                   ) -> dict[str, Any]:
+    """Every job's figures, the cluster's and the teams', means over the replications."""
+    shapes = _job_figures(scenario, steps)
+    if topology.site_count > 1:  # each job's step over the sites, synchronous and not
+        for job in scenario.jobs:
+            crossing = cross_site_step(model, job, job.name)
+            if crossing is not None:
+                shapes[job.name]["cross_site"] = crossing.figures()
+    per_replication = []
+    for result in timelines:
+        jobs = {}
+        for name, outcome in result.jobs.items():
+            jobs[name] = {**shapes[name], **outcome.figures(result.horizon_s)}
+            jobs[name].update(effective_figures(scenario, jobs[name]))
+            if with_teams:
+                jobs[name]["team"] = outcome.team
+        per_replication.append({"jobs": jobs, "cluster": result.cluster_figures()})
+        if with_teams:
+            per_replication[-1]["teams"] = team_figures(
+                jobs, {t.name: t.quota for t in scenario.teams},
+                {t.name: t.share for t in scenario.teams})
+    return _combine(per_replication)
 
 
 def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,
@@ -427,11 +460,13 @@ def write_job_summary(result: RunResult, path: Path) -> None:
 
     from clustersim.analysis.trace import table_metadata
 
-    if result.timelines:
-        teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
-    else:  # a fleet-day run: no timeline, the scenario's teams
-        teams = {job.name: job.team or "-" for job in result.scenario.jobs}
-    columns = flat_job_columns(result.jobs, teams)
+    columns = result.job_columns
+    if columns is None:
+        if result.timelines:
+            teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
+        else:  # a fleet-day run: no timeline, the scenario's teams
+            teams = {job.name: job.team or "-" for job in result.scenario.jobs}
+        columns = flat_job_columns(result.jobs, teams)
     table = pa.table({column: finite_or_none_column(values)
                       for column, values in columns.items()})
     table = table.replace_schema_metadata(table_metadata(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,10 @@ __all__ = [
     "capped_workers",
     "cluster_figures",
     "effective_figures",
+    "job_shape",
+    "JobFigures",
+    "ColumnRows",
+    "largest_of_columns",
     "t_quantile",
 ]
 
@@ -57,41 +62,44 @@ def cluster_figures(scenario: Scenario, topology: Topology) -> dict[str, Any]:
 
 
 def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str, dict[str, Any]]:
+    return {job.name: job_shape(scenario, job, steps[job.name]) for job in scenario.jobs}
+
+
+def job_shape(scenario: Scenario, job: Any, profile: StepProfile) -> dict[str, Any]:
+    """A job's size, parallelism and step figures (the summary's per-job figures before what
+    the timeline made of it)."""
     hw = scenario.hardware
-    jobs = {}
-    for job in scenario.jobs:
-        instances = scenario.job_instances(job)
-        par = job.parallelism
-        jobs[job.name] = {
-            "model": job.model.name,
-            "parameters": job.model.parameter_count(),
-            "active_parameters": job.model.active_parameters,
-            "ranks": job.ranks,
-            "instances": instances,
-            "chips": instances * hw.chips_per_instance,
-            "tp": par.tp,
-            "pp": par.pp,
-            "dp": par.dp,
-            "seq_len": job.sequence_length,
-            "global_batch": job.global_batch,
-            "tokens_per_step": job.global_batch * job.sequence_length,
-        }
-        profile = steps[job.name]
-        figures = profile.as_dict()
-        jobs[job.name].update({
-            "step_time_s": profile.step_time_s,
-            "step_time_s_band": list(profile.step_time_s_band),
-            "tokens_per_s": profile.tokens_per_s,
-            "sequences_per_s": profile.sequences_per_s,
-            "mfu": profile.mfu,
-            "hfu": profile.hfu,
-            "fits_memory": profile.fits_memory,
-            "memory_per_chip_gib": figures["memory_per_chip_gib"],
-            "step_breakdown": figures["step_breakdown"],
-            "energy_per_token_j": profile.energy_per_token_j,
-            "cost_per_million_tokens_usd": profile.cost_per_million_tokens_usd,
-        })
-    return jobs
+    instances = scenario.job_instances(job)
+    par = job.parallelism
+    shape = {
+        "model": job.model.name,
+        "parameters": job.model.parameter_count(),
+        "active_parameters": job.model.active_parameters,
+        "ranks": job.ranks,
+        "instances": instances,
+        "chips": instances * hw.chips_per_instance,
+        "tp": par.tp,
+        "pp": par.pp,
+        "dp": par.dp,
+        "seq_len": job.sequence_length,
+        "global_batch": job.global_batch,
+        "tokens_per_step": job.global_batch * job.sequence_length,
+    }
+    figures = profile.as_dict()
+    shape.update({
+        "step_time_s": profile.step_time_s,
+        "step_time_s_band": list(profile.step_time_s_band),
+        "tokens_per_s": profile.tokens_per_s,
+        "sequences_per_s": profile.sequences_per_s,
+        "mfu": profile.mfu,
+        "hfu": profile.hfu,
+        "fits_memory": profile.fits_memory,
+        "memory_per_chip_gib": figures["memory_per_chip_gib"],
+        "step_breakdown": figures["step_breakdown"],
+        "energy_per_token_j": profile.energy_per_token_j,
+        "cost_per_million_tokens_usd": profile.cost_per_million_tokens_usd,
+    })
+    return shape
 
 
 def effective_figures(scenario: Scenario, job: dict[str, Any]) -> dict[str, float | None]:
@@ -170,3 +178,98 @@ def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
 # Student t quantiles (0.975) for the 95% interval of a mean of n replications (n - 1 dof).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
+
+
+class JobFigures(Mapping):
+    """Every job's figures as the summary gives them (its shape, what the timeline made of it,
+    its effective cost, its team), made when read and not kept: a year's million as dicts
+    were about 6 GB. Read in order by `items`, or one by one by `at` (its index)."""
+
+    def __init__(self, scenario: Scenario, steps: dict[str, StepProfile], model: Any,
+                 outcomes: dict[str, Any], horizon_s: float, with_teams: bool):
+        self.scenario = scenario
+        self.steps = steps
+        self.model = model
+        self.outcomes = list(outcomes.values())  # in the scenario's order of jobs
+        self.names = list(outcomes)
+        self.horizon_s = horizon_s
+        self.with_teams = with_teams
+        self.sites = model is not None and model.topology.site_count > 1
+        self._index: dict[str, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        if self._index is None:
+            self._index = {name: index for index, name in enumerate(self.names)}
+        return self.at(self._index[name])
+
+    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:  # type: ignore[override]
+        for index, name in enumerate(self.names):
+            yield name, self.at(index)
+
+    def at(self, index: int) -> dict[str, Any]:
+        from clustersim.training.sites import cross_site_step
+
+        scenario = self.scenario
+        job = scenario.jobs[index]
+        outcome = self.outcomes[index]
+        figures = job_shape(scenario, job, self.steps[job.name])
+        if self.sites:  # its step over the sites, synchronous and not
+            crossing = cross_site_step(self.model, job, job.name)
+            if crossing is not None:
+                figures["cross_site"] = crossing.figures()
+        figures.update(outcome.figures(self.horizon_s))
+        figures.update(effective_figures(scenario, figures))
+        if self.with_teams:
+            figures["team"] = outcome.team
+        return figures
+
+
+class ColumnRows(Mapping):
+    """The rows of per-job columns (`fleet.flat_job_columns`) as mappings, by job name."""
+
+    def __init__(self, columns: dict[str, list[Any]]):
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns["name"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns["name"])
+
+    def __getitem__(self, name: str) -> Mapping[str, Any]:
+        return _Row(self.columns, self.columns["name"].index(name))
+
+    def values(self) -> Iterator[Mapping[str, Any]]:  # type: ignore[override]
+        return (_Row(self.columns, index) for index in range(len(self)))
+
+
+class _Row(Mapping):
+    __slots__ = ("columns", "index")
+
+    def __init__(self, columns: dict[str, list[Any]], index: int):
+        self.columns = columns
+        self.index = index
+
+    def __getitem__(self, key: str) -> Any:
+        return self.columns[key][self.index]
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns)
+
+
+def largest_of_columns(jobs: JobFigures, columns: dict[str, list[Any]], count: int
+                       ) -> dict[str, dict[str, Any]]:
+    """`fleet.largest_jobs` of the jobs whose columns these are (chips, then chip-time held,
+    then name), in the jobs' order, each job's figures made again."""
+    names, chips, held = columns["name"], columns["chips"], columns["held_chip_s"]
+    ranked = sorted(range(len(names)), key=lambda i: (-chips[i], -held[i], names[i]))[:count]
+    return {names[i]: jobs.at(i) for i in sorted(ranked)}

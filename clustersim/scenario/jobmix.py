@@ -216,6 +216,7 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                 names = list(template.teams)
                 weights_t = np.array([template.teams[n] for n in names])
                 team_choice[template.name] = (names, _cumulative(weights_t / weights_t.sum()))
+        index_of = {t.name: i for i, t in enumerate(workload.templates)}  # (names unique)
         t = 0.0
         while True:
             t += rng.exponential(1.0 / a.rate_per_s)
@@ -234,7 +235,7 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                     template.run_for.sigma * rng.standard_normal()))
             job = _job(template, _size(template, rng), ranks_per_instance,
                        f"{template.name}-{len(jobs):04d}", t, run_for, template.steps, None)
-            origins.append((_index(workload, template.name), None, {}))
+            origins.append((index_of[template.name], None, {}))
             if template.teams is not None:
                 names, cumulative = team_choice[template.name]
                 job["team"] = names[_draw(rng, cumulative)]

@@ -289,11 +289,24 @@ def scenario_from_dict(
                                                         generated_from, origins)) from None
     if issues:
         raise ScenarioError(source, issues)
+    _share_fields_sets(scenario.jobs)
     scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
     scenario._source = source
     scenario._cluster_given = cluster_given
     scenario._trace_rows = trace_rows
     return scenario
+
+
+def _share_fields_sets(jobs: Sequence[Any]) -> None:
+    """Jobs that were given the same keys share one set of them (pydantic's
+    `model_fields_set`, which a frozen spec never changes; a copy takes its own): a set of
+    11 names is 0.7 KiB, 0.7 GiB of a year's million generated jobs."""
+    shared: dict[frozenset, set] = {}
+    for job in jobs:
+        names = job.__pydantic_fields_set__
+        one = shared.setdefault(frozenset(names), names)
+        if one is not names:
+            object.__setattr__(job, "__pydantic_fields_set__", one)
 
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: bool = False

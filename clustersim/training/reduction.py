@@ -236,7 +236,8 @@ class GradientReduction:
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
-                                                    weight_bytes, placed, pipeline_ranks)
+                                                    weight_bytes, placed, pipeline_ranks,
+                                                    chips)
         return cached
 
     def _groups_shape(self, chips: np.ndarray) -> Any:
@@ -253,7 +254,7 @@ class GradientReduction:
         if self._leaves_matter:
             site = self._one_site(chips)
             if site is None:
-                return chips.shape, key_digest(chips.tobytes())
+                return chips.shape, key_digest(np.ascontiguousarray(chips))
             return site, self._domain_shape(chips)
         return self._domain_shape(chips)
 
@@ -311,13 +312,12 @@ class GradientReduction:
         return False
 
     def _solve(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
-               weight_bytes: int, placed: np.ndarray, pipeline_ranks: int
-               ) -> tuple[float, float]:
+               weight_bytes: int, placed: np.ndarray, pipeline_ranks: int,
+               all_chips: np.ndarray) -> tuple[float, float]:
+        """The reduction and gather of these groups, whose chips are `all_chips` (one row a
+        group: `rank_chips` of them, as `_over_groups` has them)."""
         hw = self.hardware
         by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
-        # Every group's chips at once (the groups have one length): one array operation,
-        # not one per group.
-        all_chips = rank_chips(hw, np.stack(groups), placed)
         for ranks, chips in zip(groups, all_chips, strict=True):
             key = chips.tobytes()
             first, count = by_chips.get(key, (ranks, 0))
