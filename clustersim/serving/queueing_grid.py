@@ -1,17 +1,17 @@
 """The queueing model of a replica (clustersim.serving.queueing) against the request level
 over a grid: one replica, utilisation 10-95% of its saturated capacity (the request level's
 all-at-once rate, as the fluid level's curves measure it), lognormal prompts of median 1,024
-with sigma 0 to 1.2, Llama 3.1 8B on TP 4 and 70B on TP 16 on Trn2.
+with sigma 0 to 1.2, Llama 3.1 8B on TP 4 and 70B on TP 16 on Trn2. The model is given that
+capacity as its saturated rate (QueueModel's `capacity_per_s`), as the fluid level has it.
 
 The request level's figures of a cell are pooled over several seeds' runs (the first tenth of
 each run left out as warm-up), and each cell reports how far its seeds' own figures spread
 from the pooled ones and the pooled figure's standard error (the seeds' standard deviation
 over the square root of their number). From 85% a run is a few excursions of the admission
-queue (the batch full, requests waiting for a place: at 95% a stretch of 10,000 requests has
-a mean TTFT anywhere from 1.3 to 15 s), so the seeds of 20,000 requests that an earlier grid
-pooled differed by up to 119%, and their pooled TTFT p99 at 95% was 30-40% above what longer
-runs give: the cells from 85% pool eight seeds of 100,000 requests (200,000 at 95%), which
-puts the standard error of their TTFT p50 and p99 at about 5% (6-9% at 95%). Used
+queue (the batch full, requests waiting for a place), so seeds of 20,000 requests differ
+wildly there and a TTFT p99 pooled over three of them is no reference: the cells from 70%
+pool eight seeds, of 30,000 requests at 70%, 100,000 at 85% and 200,000 at 95% (the table
+gives each cell's standard error and runs). Used
 by tests/test_fluid_queue.py (which prints the grid and checks it) and quoted in
 docs/fleet-day.md.
 """
@@ -33,6 +33,7 @@ __all__ = ["MODELS", "SIGMAS", "UTILISATIONS", "Cell", "cell_scenario", "grid", 
 MODELS = (("llama3.1-8b", 4), ("llama3.1-70b", 16))
 SIGMAS = (0.0, 0.4, 0.8, 1.2)
 UTILISATIONS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
+LOADED = 0.7  # from this utilisation a TTFT p99 from 30,000 requests moves by 5% between seeds
 HEAVY = 0.85  # from this utilisation the admission queue's excursions are long
 
 
@@ -42,9 +43,11 @@ SATURATED = 0.95  # from this utilisation the excursions are longer still
 def runs_for(utilisation: float) -> tuple[int, tuple[int, ...]]:
     """(requests per run, seeds) of a cell: enough that the request level is a reference
     (module docstring)."""
-    if utilisation < HEAVY:
+    if utilisation < LOADED:
         return 10_000, (5, 6, 7)
     seeds = tuple(range(5, 13))
+    if utilisation < HEAVY:
+        return 30_000, seeds
     return (200_000 if utilisation >= SATURATED else 100_000), seeds
 
 
@@ -115,7 +118,7 @@ def grid(models=MODELS, sigmas=SIGMAS, utilisations=UTILISATIONS) -> list[Cell]:
             base = cell_scenario(model, tp, sigma, 1.0, 1000)
             capacity = replica_curve(base, base.serve[0]).capacity_per_s
             cost, _, _ = replica_models(base, base.serve[0])
-            queue = QueueModel(cost, base.serve[0])
+            queue = QueueModel(cost, base.serve[0], capacity)
             for u in utilisations:
                 rate = u * capacity
                 requests, seeds = runs_for(u)
