@@ -115,10 +115,11 @@ def test_auto_past_the_request_scale_inside_the_range_stays_fluid():
     assert level == "fluid", why
 
 
-@pytest.mark.parametrize("replicas, sigma", [(3, 0.0), (10, 1.2)])
-def test_auto_past_the_request_scale_outside_the_range_runs_requests(replicas, sigma):
-    # 3 replicas: over 90% utilisation; sigma 1.2 at about 30%: checked only to 10%
-    level, why = _settled(_big(replicas, sigma))
+@pytest.mark.parametrize("replicas, sigma, rate", [(3, 0.0, "25/s"), (10, 1.2, "20/s")])
+def test_auto_past_the_request_scale_outside_the_range_runs_requests(replicas, sigma, rate):
+    # 25/s on 3 replicas of about 9/s each: 93% utilisation, past the checked 85%; sigma
+    # 1.2 at about 30%: checked only to 10%
+    level, why = _settled(_big(replicas, sigma, rate))
     assert level == "requests", why
     assert "outside the range the fluid level is checked on" in why
 

@@ -24,8 +24,13 @@ chunked over several (clustersim.serving.replica). From the replica's own iterat
   of them): a birth-death chain over the requests in the replica, completing at n over
   their outputs x TPOT(n) with n sequences decoding (a small batch decodes faster than a
   full one), tempered by DISPERSION; an arrival finding the places full waits an
-  exponential time at the rate the queue drains (the full batch's completions less the
-  arrivals), scaled by the outputs' spread (the Allen-Cunneen factor).
+  exponential time at the rate the queue drains, scaled by the outputs' spread (the
+  Allen-Cunneen factor). While requests queue for a place each completion admits one, so
+  prompts come at the completion rate and the full batch completes at the replica's
+  saturated rate: the queue drains at that rate less the arrivals. That rate is the one
+  figure taken from the request level when given (`capacity_per_s`, its measured
+  all-at-once rate; the chain's rates are scaled to it): at 95% the queue drains at a
+  twentieth of it, so an error of 1% moves the wait by a fifth.
 - **TTFT** = the iteration under way + the prefill wait + the admission wait + n(L) T_d +
   S(L) + the work of the prompts that ride in its last iteration (those arriving while it
   waits and while its earlier chunks run: a compound Poisson sum): a distribution
@@ -67,10 +72,11 @@ DISPERSION = 1.3
 # TPOT p50 (clustersim.serving.queueing_grid, tests/test_fluid_queue.py: utilisation 10-95%
 # of a replica's saturated capacity, prompt sigma 0-1.2, Llama 3.1 8B and 70B on trn2):
 # (largest prompt sigma, highest utilisation) pairs. TPOT holds within 2% over the whole
-# grid; the TTFT p99 from 85% is what limits the range (the admission queue's tail is short
-# there: the model's batch fills less often than the request level's), and with prompt sigma
-# 1.2 the TTFT p50 from 50% and the 70B's p99 at 30%.
-CHECKED = ((0.0, 0.7), (0.8, 0.5), (1.2, 0.1))
+# grid. At 95% the TTFT p50 is where about half the requests wait for a place in the batch:
+# it moves threefold with a tenth more or less waiting, and the model's p50 there is half the
+# request level's; with prompt sigma 1.2 the prefill queue's wait (the longest prompts' work
+# taken as serial) puts the p50 10-30% high from 70% and the p99 at 30% 12% low.
+CHECKED = ((0.8, 0.85), (1.2, 0.1))
 _QUADRATURE = 64
 
 
@@ -98,7 +104,7 @@ def length_quadrature(spec: LengthSpec, points: int = _QUADRATURE) -> tuple[np.n
 
 
 def checked_text() -> str:
-    """CHECKED in words: "prompt sigma 0 to 70% utilisation, up to 0.8 to 50%"."""
+    """CHECKED in words: "prompt sigma up to 0.8 to 85% utilisation, up to 1.2 to 10%"."""
     parts = [f"{'up to ' if sigma else ''}{sigma:g} to {top:.0%}" for sigma, top in CHECKED]
     return f"prompt sigma {parts[0]} utilisation" + "".join(f", {p}" for p in parts[1:])
 
@@ -142,7 +148,9 @@ class QueuePoint:
 class QueueModel:
     """The queueing model of one replica of a deployment (module docstring)."""
 
-    def __init__(self, cost, d: DeploymentSpec):
+    def __init__(self, cost, d: DeploymentSpec, capacity_per_s: float | None = None):
+        """`capacity_per_s`: the replica's saturated completion rate as the request level
+        measures it (replica_curve's all-at-once rate); None: the model's own."""
         self.cost = cost
         self.budget = d.server.max_tokens_per_iteration
         self.max_batch = d.server.max_batch
@@ -157,6 +165,9 @@ class QueueModel:
         # length-biased half of its outputs, not E[out] / 2 (longer with spread outputs).
         self.context_per_sequence = self.prompt_mean + self.output_mean * (
             1.0 + self.output_cv2) / 2.0
+        own = self._own_saturated_per_s()
+        self.saturated_per_s = float(capacity_per_s) if capacity_per_s else own
+        self._rate_scale = self.saturated_per_s / own
 
     # ----------------------------------------------------------------------- iterations
     def _decode_s(self, batch: float, context: float) -> float:
@@ -216,16 +227,20 @@ class QueueModel:
                           slot_wait)
 
     def _slots(self, lam: float) -> tuple[float, float, float]:
-        """Batch admission: (probability of waiting, mean wait, occupancy of the full batch's
-        completion rate) from the birth-death chain over the requests in the replica
+        """Batch admission: (probability of waiting, mean wait, occupancy of the saturated
+        rate) from the birth-death chain over the requests in the replica
         (admission_chain), whose completion rate with n sequences decoding is n over their
-        outputs x TPOT at that batch (_tpot_at). The outputs' spread scales the wait (the
-        Allen-Cunneen factor)."""
+        outputs x TPOT at that batch (_tpot_at). A request waits while the batch is full
+        and requests queue for a place: then each completion admits one, the prefill work
+        comes at the completion rate, not at lambda, and the queue drains at the saturated
+        rate less the arrivals (not the chain's full-batch rate at lambda, which counts
+        lambda's prefill). The outputs' spread scales the wait (the Allen-Cunneen factor)."""
         rates = self._completion_rates(lam)
         p_wait, drain_per_s = admission_chain(lam, rates, self.dispersion(lam))
-        occupancy = lam / float(rates[-1])
-        if not math.isfinite(drain_per_s):
+        occupancy = lam / self.saturated_per_s
+        if not math.isfinite(drain_per_s) or occupancy >= 1.0:
             return 1.0, math.inf, occupancy
+        drain_per_s = self.saturated_per_s - lam
         factor = (1.0 + self.output_cv2) / 2.0
         return p_wait, p_wait * factor / drain_per_s, occupancy
 
@@ -246,15 +261,33 @@ class QueueModel:
 
     def _completion_rates(self, lam: float) -> np.ndarray:
         """Requests completed per second with n = 1..max_batch sequences decoding, at `lam`
-        prompts per second (the prefill share of the replica's time slows them all)."""
+        prompts per second (the prefill share of the replica's time slows them all), scaled
+        so that the model's saturated rate is `saturated_per_s`."""
         found = self._rates.get(lam)
         if found is None:
-            n = np.arange(1, self.max_batch + 1, dtype=float)
-            # TPOT at a few batch sizes, linear between (it is smooth in the batch)
-            knots = np.unique(np.round(np.geomspace(1, self.max_batch, 12)))
-            tpot = np.interp(n, knots, [self._tpot_at(lam, float(b)) for b in knots])
-            found = self._rates[lam] = n / (self.output_mean * tpot)
+            found = self._rates[lam] = self._rate_scale * self._own_rates(lam)
         return found
+
+    def _own_rates(self, lam: float) -> np.ndarray:
+        n = np.arange(1, self.max_batch + 1, dtype=float)
+        # TPOT at a few batch sizes, linear between (it is smooth in the batch)
+        knots = np.unique(np.round(np.geomspace(1, self.max_batch, 12)))
+        tpot = np.interp(n, knots, [self._tpot_at(lam, float(b)) for b in knots])
+        return n / (self.output_mean * tpot)
+
+    def _own_saturated_per_s(self) -> float:
+        """The model's saturated rate: the full batch's completion rate when prompts arrive
+        as fast as it completes (its prefill share at that rate), by bisection."""
+        low, high = 1e-6, 1.0
+        while float(self._own_rates(high)[-1]) > high:
+            low, high = high, 2.0 * high
+        for _ in range(60):
+            middle = (low + high) / 2.0
+            if float(self._own_rates(middle)[-1]) > middle:
+                low = middle
+            else:
+                high = middle
+        return (low + high) / 2.0
 
     def _tpot_at(self, lam: float, batch: float) -> float:
         context = batch * self.context_per_sequence

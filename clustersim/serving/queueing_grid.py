@@ -1,13 +1,17 @@
 """The queueing model of a replica (clustersim.serving.queueing) against the request level
 over a grid: one replica, utilisation 10-95% of its saturated capacity (the request level's
 all-at-once rate, as the fluid level's curves measure it), lognormal prompts of median 1,024
-with sigma 0 to 1.2, Llama 3.1 8B on TP 4 and 70B on TP 16 on Trn2.
+with sigma 0 to 1.2, Llama 3.1 8B on TP 4 and 70B on TP 16 on Trn2. The model is given that
+capacity as its saturated rate (QueueModel's `capacity_per_s`), as the fluid level has it.
 
-The request level's figures of a cell are pooled over three seeds' runs (the first tenth of
+The request level's figures of a cell are pooled over several seeds' runs (the first tenth of
 each run left out as warm-up), and each cell reports how far its seeds' own figures spread
-from the pooled ones: a TTFT p99 from a few thousand requests moves by 10% between seeds
-(it is the few longest prompts'), and near saturation a run is one excursion of the
-admission queue, so the cells from 85% run twice as long. Used
+from the pooled ones and the pooled figure's standard error (the seeds' standard deviation
+over the square root of their number). From 85% a run is a few excursions of the admission
+queue (the batch full, requests waiting for a place), so seeds of 20,000 requests differ
+wildly there and a TTFT p99 pooled over three of them is no reference: the cells from 70%
+pool eight seeds, of 30,000 requests at 70%, 100,000 at 85% and 200,000 at 95% (the table
+gives each cell's standard error and runs). Used
 by tests/test_fluid_queue.py (which prints the grid and checks it) and quoted in
 docs/fleet-day.md.
 """
@@ -29,14 +33,22 @@ __all__ = ["MODELS", "SIGMAS", "UTILISATIONS", "Cell", "cell_scenario", "grid", 
 MODELS = (("llama3.1-8b", 4), ("llama3.1-70b", 16))
 SIGMAS = (0.0, 0.4, 0.8, 1.2)
 UTILISATIONS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
+LOADED = 0.7  # from this utilisation a TTFT p99 from 30,000 requests moves by 5% between seeds
 HEAVY = 0.85  # from this utilisation the admission queue's excursions are long
 
 
+SATURATED = 0.95  # from this utilisation the excursions are longer still
+
+
 def runs_for(utilisation: float) -> tuple[int, tuple[int, ...]]:
-    """(requests per run, seeds) of a cell."""
-    if utilisation < HEAVY:
+    """(requests per run, seeds) of a cell: enough that the request level is a reference
+    (module docstring)."""
+    if utilisation < LOADED:
         return 10_000, (5, 6, 7)
-    return 20_000, (5, 6, 7)
+    seeds = tuple(range(5, 13))
+    if utilisation < HEAVY:
+        return 30_000, seeds
+    return (200_000 if utilisation >= SATURATED else 100_000), seeds
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,7 @@ class Cell:
     measured: tuple[float, float, float]  # request level: TTFT p50, TTFT p99, TPOT p50 (s)
     modelled: tuple[float, float, float]
     seed_spread: tuple[float, float, float]  # largest |seed's figure / pooled - 1|
+    standard_error: tuple[float, float, float]  # the pooled figure's, relative to it
 
     @property
     def gaps(self) -> tuple[float, float, float]:
@@ -74,8 +87,11 @@ def _figures(ttft: np.ndarray, tpot: np.ndarray) -> np.ndarray:
     return np.array([np.quantile(ttft, 0.5), np.quantile(ttft, 0.99), np.median(tpot)])
 
 
-def _measure(scenario, requests: int, seeds: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(pooled figures, largest relative spread of a seed's figures from them)."""
+def _measure(scenario, requests: int, seeds: tuple[int, ...]
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pooled figures, largest relative spread of a seed's figures from them, the pooled
+    figures' standard error relative to them: the seeds' standard deviation over the
+    square root of their number)."""
     ttfts, tpots, per_seed = [], [], []
     for seed in seeds:
         f = simulate_serving(scenario, np.random.SeedSequence(seed)).fleets["chat"]
@@ -89,8 +105,10 @@ def _measure(scenario, requests: int, seeds: tuple[int, ...]) -> tuple[np.ndarra
         tpots.append(tpot)
         per_seed.append(_figures(ttft, tpot))
     pooled = _figures(np.concatenate(ttfts), np.concatenate(tpots))
-    spread = np.max(np.abs(np.array(per_seed) / pooled - 1.0), axis=0)
-    return pooled, spread
+    per_seed = np.array(per_seed)
+    spread = np.max(np.abs(per_seed / pooled - 1.0), axis=0)
+    error = per_seed.std(axis=0, ddof=1) / np.sqrt(len(seeds)) / pooled
+    return pooled, spread, error
 
 
 def grid(models=MODELS, sigmas=SIGMAS, utilisations=UTILISATIONS) -> list[Cell]:
@@ -100,28 +118,31 @@ def grid(models=MODELS, sigmas=SIGMAS, utilisations=UTILISATIONS) -> list[Cell]:
             base = cell_scenario(model, tp, sigma, 1.0, 1000)
             capacity = replica_curve(base, base.serve[0]).capacity_per_s
             cost, _, _ = replica_models(base, base.serve[0])
-            queue = QueueModel(cost, base.serve[0])
+            queue = QueueModel(cost, base.serve[0], capacity)
             for u in utilisations:
                 rate = u * capacity
                 requests, seeds = runs_for(u)
-                measured, spread = _measure(cell_scenario(model, tp, sigma, rate, requests),
+                measured, spread, error = _measure(cell_scenario(model, tp, sigma, rate, requests),
                                             requests, seeds)
                 p50, p99 = queue.ttft_quantiles(rate, np.array([0.5, 0.99]))
                 modelled = (float(p50), float(p99), queue.point(rate).tpot_s)
                 cells.append(Cell(model, sigma, u, rate, tuple(map(float, measured)),
-                                  modelled, tuple(map(float, spread))))
+                                  modelled, tuple(map(float, spread)),
+                                  tuple(map(float, error))))
     return cells
 
 
 def table(cells: list[Cell]) -> str:
     lines = [f"{'model':<13}{'sigma':>6}{'util':>6} | {'TTFT p50 s req/model':>21} "
              f"{'TTFT p99 s req/model':>21} {'TPOT ms req/model':>18} | "
-             f"{'gap p50':>7} {'p99':>5} {'tpot':>5} | seeds' spread p50 p99"]
+             f"{'gap p50':>7} {'p99':>5} {'tpot':>5} | seeds' spread p50 p99 | s.e. p50 p99 | runs"]
     for c in cells:
-        r, m, g, s = c.measured, c.modelled, c.gaps, c.seed_spread
+        r, m, g, s, e = c.measured, c.modelled, c.gaps, c.seed_spread, c.standard_error
+        requests, seeds = runs_for(c.utilisation)
         mark = "" if c.checked else "  beyond CHECKED"
         lines.append(f"{c.model:<13}{c.sigma:>6.1f}{c.utilisation:>6.2f} | "
                      f"{r[0]:9.3f} /{m[0]:9.3f}  {r[1]:9.3f} /{m[1]:9.3f}  "
                      f"{r[2] * 1e3:7.2f} /{m[2] * 1e3:7.2f} | {g[0]:+7.1%} {g[1]:+5.0%} "
-                     f"{g[2]:+5.1%} | {s[0]:5.0%} {s[1]:5.0%}{mark}")
+                     f"{g[2]:+5.1%} | {s[0]:5.0%} {s[1]:5.0%} | {e[0]:4.1%} {e[1]:4.1%} | "
+                     f"{len(seeds)} x {requests:,}{mark}")
     return "\n".join(lines)
