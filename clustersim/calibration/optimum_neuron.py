@@ -5,8 +5,9 @@ benchmark/vllm/single-instance/<model>-trn2/: the .env file gives the model, the
 batch, sequence length and TP degree; vllm-results.csv the guidellm 0.1.0 figures), run by
 `optimum-cli neuron serve` on Trainium2 with optimum-neuron 0.4.0.dev0 / 0.4.1.dev0 (Neuron
 SDK 2.26.0), requests of 1,500 prompt tokens (+-150) and 250 output tokens (+-20)
-(performance.sh). The rows here are guidellm's `synchronous` ones: one request at a time,
-its TTFT and inter-token latency (the mean time between output tokens).
+(benchmark/vllm/benchmark.sh at those commits; the means are the rows' lengths). The rows
+here are guidellm's `synchronous` ones: one request at a time, its TTFT and inter-token
+latency (the mean time between output tokens).
 
 What the stack compiles (optimum-neuron 0.4.1.dev0, models/inference/backend): no
 bucketing (`enable_bucketing` False), so one context-encoding graph of the sequence length
@@ -37,7 +38,7 @@ __all__ = ["STACK", "OptimumRow", "ROWS", "FITTED", "FIT_KEYS", "row_name", "row
 STACK = "optimum-neuron@0.4"
 _REPO = "huggingface/optimum-neuron"
 _SERVING_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "calibration" / "serving"
-_INPUT, _OUTPUT = 1500, 250  # performance.sh: prompt_tokens=1500, generated_tokens=250
+_INPUT, _OUTPUT = 1500, 250  # benchmark.sh: prompt_tokens=1500, generated_tokens=250
 
 
 @dataclass(frozen=True)
