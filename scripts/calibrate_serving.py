@@ -6,6 +6,8 @@ serving constants.
     python scripts/calibrate_serving.py --fit-gpu  # refit the p5 serving constants
     python scripts/calibrate_serving.py --family models  # DeepSeek-V3, Qwen3, Trn2 vs H200
     python scripts/calibrate_serving.py --fit-moe  # refit serving.moe_layer_overhead
+    python scripts/calibrate_serving.py --family optimum  # vLLM on Neuron (optimum-neuron)
+    python scripts/calibrate_serving.py --fit-optimum  # refit that stack's two constants
 
 Rows (sources in docs/calibration.md):
 - Trn1 (`clustersim.calibration.serving`): Neuron docs, trn1 inference performance,
@@ -31,6 +33,12 @@ Rows (sources in docs/calibration.md):
   efficiency, matmul efficiency and iteration overhead on the H100 rows of Llama 3.1 8B at
   TP 1 and 70B at TP 2 (p5e and p5en inherit them); the H200 rows, other TP degrees and a
   later version's rows judge.
+- vLLM on Neuron as optimum-neuron ships it (`clustersim.calibration.optimum_neuron`):
+  optimum-neuron's own vLLM benchmark on Trainium2 (guidellm, one request at a time),
+  stack optimum-neuron@0.4; `--fit-optimum` fits its `hbm_efficiency` and
+  `iteration_overhead_s` on the dense rows' inter-token latencies; the TTFTs and the
+  mixture rows judge. Printed from their scenario files
+  (scenarios/calibration/serving/trn2-*-optimum-neuron.yaml).
 Nothing is fitted per row.
 """
 
@@ -359,6 +367,22 @@ def print_models() -> None:
               f"{r['ratio']:>11.2f}{band:>16}{r['cost_ratio']:>11.2f}{cost_band:>16}")
 
 
+def print_optimum() -> None:
+    """The optimum-neuron rows (stack optimum-neuron@0.4), each run from its scenario file as
+    `clustersim run` runs it."""
+    from clustersim.calibration import optimum_neuron as on
+    print(f"\n== stack {on.STACK}, Trn2 (optimum-neuron's vLLM benchmark, guidellm "
+          "synchronous, 1,500 in / 250 out, bf16)")
+    print(f"{'row (scenario file)':<56}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'ITL ms':>8}"
+          f"{'pub':>7}{'err':>8}  role")
+    for row in on.ROWS:
+        ttft, itl = on.run_row(row)
+        role = "fitted (inter-token); TTFT judges" if row in on.FITTED else "judges"
+        print(f"{on.row_name(row):<56}{ttft * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
+              f"{ttft * 1e3 / row.ttft_ms - 1:>+8.1%}{itl * 1e3:>8.2f}{row.itl_ms:>7.2f}"
+              f"{itl * 1e3 / row.itl_ms - 1:>+8.1%}  {role}")
+
+
 def fit_moe() -> None:
     """The mixture constants, closed forms in order (each after the catalog's earlier ones):
     the port's stack's iteration overhead (its TPOT less its profiled token), trn2's
@@ -379,7 +403,7 @@ def fit_moe() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", choices=("trn1", "trn2", "gpu", "models"),
+    parser.add_argument("--family", choices=("trn1", "trn2", "gpu", "models", "optimum"),
                         action="append",
                         help="only these families (default: all)")
     parser.add_argument("--hbm-efficiency", type=float, help="trn1 trial value")
@@ -387,6 +411,8 @@ def main() -> None:
     parser.add_argument("--fit-gpu", action="store_true", help="refit the p5 serving constants")
     parser.add_argument("--fit-moe", action="store_true", help="refit serving."
                         "moe_layer_overhead (trn2, sglang@0.4.1) on the batch-1 DeepSeek-V3 rows")
+    parser.add_argument("--fit-optimum", action="store_true", help="refit the "
+                        "optimum-neuron@0.4 stack's hbm_efficiency and iteration_overhead_s")
     parser.add_argument("--fit-release", nargs="?", const="transformers-neuronx@2.18.1",
                         metavar="STACK", help="refit a transformers-neuronx release's own "
                         "constants on its rows (default @2.18.1; @2.16, @2.14)")
@@ -412,7 +438,13 @@ def main() -> None:
     if args.fit_moe:
         fit_moe()
         return
-    families = args.family or ["trn1", "trn2", "gpu", "models"]
+    if args.fit_optimum:
+        from clustersim.calibration.optimum_neuron import STACK, fit_stack
+        values = fit_stack()
+        print(f"fitted {STACK} (catalog/stacks.yaml):",
+              {k: float(f"{v:.4g}") for k, v in values.items()})
+        return
+    families = args.family or ["trn1", "trn2", "gpu", "models", "optimum"]
     if "trn1" in families:
         print_trn1(args.hbm_efficiency, args.overhead)
     if "trn2" in families:
@@ -422,6 +454,8 @@ def main() -> None:
         print_gpu()
     if "models" in families:
         print_models()
+    if "optimum" in families:
+        print_optimum()
 
 
 if __name__ == "__main__":

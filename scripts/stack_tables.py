@@ -144,12 +144,14 @@ def _trn2_summary() -> list[str]:
         found.append(ttft * 1e3 / row.ttft_ms - 1)
         if row.tpot_ms is not None:
             found.append(tpot * 1e3 / row.tpot_ms - 1)
+    from clustersim.calibration.optimum_neuron import STACK as OPTIMUM
     for stack, _, _, published, model, role in model_rows():
-        if stack.startswith("nxd-inference") or stack == ms.SGLANG_STACK:
+        if stack.startswith("nxd-inference") or stack in (ms.SGLANG_STACK, OPTIMUM):
             kind = "fitted" if role == "fitted" else "judges"
             errors.setdefault((stack, kind), []).append(model / published - 1)
     out = []
-    for stack in ("nxd-inference", ms.CONTRIB_STACK, ms.VLLM_STACK, ms.SGLANG_STACK):
+    for stack in ("nxd-inference", ms.CONTRIB_STACK, ms.VLLM_STACK, OPTIMUM,
+                  ms.SGLANG_STACK):
         fitted, judging = errors.get((stack, "fitted"), []), errors.get((stack, "judges"), [])
         hardware = ", ".join(stack_named(stack).hardware)
         out.append(f"| `{stack}` ({hardware}) | {_constants(stack)} | {len(fitted)} figures "
@@ -174,6 +176,13 @@ def model_rows() -> list[tuple[str, str, str, float, float, str]]:
         ttft, tpot = run_serving_row(file_for("serving", name))
         out.append((stack, name, "TTFT", ttft_ms, ttft * 1e3, ttft_role))
         out.append((stack, name, "TPOT", row.tpot_ms, tpot * 1e3, tpot_role))
+    from clustersim.calibration import optimum_neuron as on
+    for row in on.ROWS:
+        name = on.row_name(row)
+        ttft, itl = on.run_row(row)
+        out.append((on.STACK, name, "TTFT", row.ttft_ms, ttft * 1e3, "judges"))
+        out.append((on.STACK, name, "inter-token", row.itl_ms, itl * 1e3,
+                    "fitted" if row in on.FITTED else "judges"))
     for row in ms.SGLANG_H200:
         name = f"p5en-deepseek-v3-sglang-batch-{row.batch}"
         _, tpot = run_serving_row(file_for("serving", name))

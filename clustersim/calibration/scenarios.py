@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 __all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
-           "model_serving_files",
+           "model_serving_files", "optimum_neuron_files",
            "trn1_file", "training_files", "gpu_serving_files", "gpu_name",
            "trn1_token_latency_files",
            "run_throughput_row",
@@ -181,6 +181,28 @@ def model_serving_files() -> list[ScenarioFile]:
     return out
 
 
+def optimum_neuron_files() -> list[ScenarioFile]:
+    """optimum-neuron's own vLLM benchmark rows on Trainium2 (clustersim.calibration.
+    optimum_neuron), stack optimum-neuron@0.4: one request at a time (guidellm's
+    synchronous rows)."""
+    from clustersim.calibration import optimum_neuron as on
+
+    out = []
+    for row in on.ROWS:
+        kind = "fitted: its inter-token latency" if row in on.FITTED else "judging"
+        comment = [f"{row.model} on {row.instance}, TP {row.tp}, compiled batch {row.batch}, "
+                   f"sequence length {row.sequence_length} ({kind}; stack {on.STACK}): "
+                   f"{row.source}.",
+                   f"Published TTFT {row.ttft_ms:.1f} ms, inter-token latency {row.itl_ms:.2f} "
+                   f"ms ({row.input_tokens} in / {row.output_tokens} out, the benchmark's means).",
+                   "One request at a time (the trace beside this file).",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/calibrate_serving.py."]
+        out.append(_serving_file("serving", on.row_name(row), comment, "trn2",
+                                 on.row_scenario(row), row.input_tokens, row.output_tokens))
+    return out
+
+
 def trn1_serving_files() -> list[ScenarioFile]:
     """The transformers-neuronx rows on one trn1.32xlarge (clustersim.calibration.serving),
     each with its release's stack; a batch of 4 is one static batch, as the benchmark ran."""
@@ -315,7 +337,8 @@ def training_files() -> list[ScenarioFile]:
 
 
 def all_files() -> list[ScenarioFile]:
-    return trn2_serving_files() + model_serving_files() + trn1_serving_files() + trn1_token_latency_files() \
+    return trn2_serving_files() + model_serving_files() + optimum_neuron_files() \
+        + trn1_serving_files() + trn1_token_latency_files() \
         + gpu_serving_files() + training_files()
 
 

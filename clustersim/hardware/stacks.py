@@ -36,6 +36,9 @@ class Stack:
     # "powers-of-two-from-128": decode reads the KV cache padded to the compiled token
     # bucket holding its position (transformers-neuronx); "none": the tokens held.
     token_rule: str = "none"
+    # "compiled": every decode iteration runs the compiled batch, idle lines included
+    # (optimum-neuron's static token-generation graph); "active": the sequences it holds.
+    decode_rule: str = "active"
     # The release's own serving constants over the hardware's (ServingConstants field
     # names): empty for the stack the hardware's constants were fitted on.
     serving: tuple[tuple[str, float | str], ...] = ()
@@ -60,6 +63,7 @@ def _stacks() -> dict[str, Stack]:
     return {name: Stack(name, entry["description"], tuple(entry["hardware"]),
                         entry["buckets"]["value"], entry["constants"]["source"],
                         entry.get("token_buckets", {}).get("value", "none"),
+                        entry.get("decode_batch", {}).get("value", "active"),
                         tuple(_serving(data, name).items()))
             for name, entry in data.items()}
 

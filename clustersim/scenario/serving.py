@@ -279,6 +279,15 @@ class DeploymentSpec(Spec):
             return tuple(self.server.token_buckets)
         return stack_token_buckets(self.serving_stack(hardware), longest_sequence)
 
+    def decode_lines(self, hardware: str) -> int:
+        """Lines every decode iteration runs whatever the batch holds: max_batch when the
+        stack (or `server.decode_batch`) runs the compiled batch, else 0 (the active ones)."""
+        rule = self.server.decode_batch
+        if rule is None:
+            stack = self.serving_stack(hardware)
+            rule = stack.decode_rule if stack is not None else "active"
+        return self.server.max_batch if rule == "compiled" else 0
+
     @model_validator(mode="after")
     def _check(self) -> DeploymentSpec:
         for key, value in self.parallelism.items():

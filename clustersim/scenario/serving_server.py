@@ -66,6 +66,12 @@ class ServerSpec(Spec):
         "(transformers-neuronx: powers of two from 128 up to the deployment's longest "
         "request, prompt and output; none for the others); [] pads nothing")
 
+    decode_batch: Literal["active", "compiled"] | None = Field(
+        default=None, description="active: a decode iteration runs the sequences in the "
+        "batch; compiled: it runs all max_batch lines of the compiled graph, idle ones "
+        "included (static shapes: their weights' work and KV reads at the active lines' "
+        "length); default: the stack's (optimum-neuron: compiled; active for the others)")
+
     @field_validator("buckets", "token_buckets")
     @classmethod
     def _check_buckets(cls, value: list[int] | None) -> list[int] | None:

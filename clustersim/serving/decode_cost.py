@@ -44,6 +44,9 @@ class DecodeCost:
         # Compiled token-generation buckets: decode reads the KV cache padded to the one
         # holding its position (transformers-neuronx; () reads the tokens held).
         self.token_buckets: tuple[int, ...] = ()
+        # Lines every decode iteration runs (the compiled batch, idle lines included:
+        # optimum-neuron's static graph); 0 runs the batch's own.
+        self.decode_lines = 0
 
     def _draft_step_s(self, batch: int) -> float:
         assert self.draft is not None
@@ -62,15 +65,22 @@ class DecodeCost:
 
     def run_s(self, batch: int, context: float, n: float) -> float:
         """Time of the next n iterations of a fixed batch holding `context` KV tokens."""
+        if self.decode_lines > batch:  # idle lines: their work, and reads as long as ours
+            return (n * self.base_s(self.decode_lines)
+                    + self.decode_lines / batch * self._kv_run_s(batch, context, n))
+        return n * self.base_s(batch) + self._kv_run_s(batch, context, n)
+
+    def _kv_run_s(self, batch: int, context: float, n: float) -> float:
+        """The KV reads of n iterations of the batch's own sequences."""
         if self.token_buckets:
-            return n * self.base_s(batch) + self.kv_s * padded_kv_tokens(
+            return self.kv_s * padded_kv_tokens(
                 self.token_buckets, batch, context, self.tokens_per_iteration, int(n))
         g = batch * self.tokens_per_iteration
-        return n * self.base_s(batch) + self.kv_s * (n * context + g * n * (n - 1) / 2.0)
+        return self.kv_s * (n * context + g * n * (n - 1) / 2.0)
 
     def iterations_within(self, batch: int, context: float, elapsed: float) -> int:
         """Whole iterations finished `elapsed` seconds into a run (inverse of run_s)."""
-        if self.token_buckets:  # piecewise: bisection on the run's time
+        if self.token_buckets or self.decode_lines > batch:  # bisection on the run's time
             low, high = 0, 1 + int(elapsed / max(self.base_s(batch), 1e-12))
             while low < high:
                 middle = (low + high + 1) // 2

@@ -336,7 +336,7 @@ class Replica:
         first = base + kv * context  # the run's first iteration
         duration = iterations * first + kv_growth * iterations * (iterations - 1) / 2.0
         last = first + kv_growth * (iterations - 1)
-        if cost.token_buckets:  # padded KV reads: piecewise in the iterations
+        if cost.token_buckets or cost.decode_lines > n:  # padded reads or idle lines
             duration = cost.run_s(n, context, iterations)
             last = duration - cost.run_s(n, context, iterations - 1)
         delay = self.delay

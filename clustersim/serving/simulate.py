@@ -246,6 +246,7 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
         if len(requests.input_tokens):  # compiled for the longest request (prompt and output)
             cost.token_buckets = d.token_buckets(scenario.hardware.name, int(
                 (requests.input_tokens + requests.output_tokens).max()))
+        cost.decode_lines = d.decode_lines(scenario.hardware.name)
         issue = weights_fit_issue(scenario, d, cost, capacity)
         if issue is not None:
             raise ScenarioError(scenario.source, [issue])
