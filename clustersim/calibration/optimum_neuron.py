@@ -137,27 +137,12 @@ def fit_stack(start: Mapping[str, float] | None = None, rounds: int = 4) -> dict
     """Coordinate search (golden section on each constant's log, in turn, within its
     bounds) of the stack's two constants on the fitted rows' squared log errors of the
     inter-token latency."""
+    from clustersim.calibration.serving_stacks import golden_log_minimum
     from clustersim.hardware.stacks import stack_named
     own = dict(stack_named(STACK).serving)
     values = {k: float((start or own)[k]) for k in FIT_KEYS}
-    ratio = (math.sqrt(5) - 1) / 2
     for _ in range(rounds):
         for key in FIT_KEYS:
-            lo, hi = (math.log(b) for b in _BOUNDS[key])
-
-            def f(x: float, key: str = key) -> float:
-                return _loss({**values, key: math.exp(x)})
-
-            a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-            fa, fb = f(a), f(b)
-            while hi - lo > 2e-3:
-                if fa < fb:
-                    hi, b, fb = b, a, fa
-                    a = hi - ratio * (hi - lo)
-                    fa = f(a)
-                else:
-                    lo, a, fa = a, b, fb
-                    b = lo + ratio * (hi - lo)
-                    fb = f(b)
-            values[key] = math.exp((lo + hi) / 2)
+            values[key] = golden_log_minimum(
+                lambda v, key=key: _loss({**values, key: v}), _BOUNDS[key], 2e-3)
     return values

@@ -23,7 +23,7 @@ publisher (`withdrawn_rows`): shown with their error, they judge nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from clustersim.calibration.serving import (
     SERVING_MEASUREMENTS,
@@ -103,6 +103,26 @@ def _loss(stack: str, rows, constants: Mapping[str, float]) -> float:
     return total
 
 
+
+def golden_log_minimum(loss: Callable[[float], float], bounds: tuple[float, float],
+                       tolerance: float) -> float:
+    """The value within bounds minimising loss, by golden-section search on its log (the
+    fits' constants span decades), until the log interval is narrower than tolerance."""
+    ratio = (math.sqrt(5) - 1) / 2
+    lo, hi = (math.log(b) for b in bounds)
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = loss(math.exp(a)), loss(math.exp(b))
+    while hi - lo > tolerance:
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = loss(math.exp(a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = loss(math.exp(b))
+    return math.exp((lo + hi) / 2)
+
 def fit_release(stack: str = RELEASE_2181, start: Mapping[str, float] | None = None,
                 rounds: int = 4) -> dict[str, float]:
     """Coordinate search (golden section on each constant's log, in turn) of the release's
@@ -113,24 +133,8 @@ def fit_release(stack: str = RELEASE_2181, start: Mapping[str, float] | None = N
     defaults = {"matmul_efficiency": 0.583,
                 "tp_step_latency_s": hardware.collectives.step_latency_s}
     values = dict(start or {k: getattr(hardware.serving, k) or defaults[k] for k in keys})
-    ratio = (math.sqrt(5) - 1) / 2
     for _ in range(rounds if len(keys) > 1 else 1):
         for key in keys:
-            lo, hi = (math.log(b) for b in _BOUNDS[key])
-
-            def f(x: float, key: str = key) -> float:
-                return _loss(stack, rows, {**values, key: math.exp(x)})
-
-            a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-            fa, fb = f(a), f(b)
-            while hi - lo > 1e-3:
-                if fa < fb:
-                    hi, b, fb = b, a, fa
-                    a = hi - ratio * (hi - lo)
-                    fa = f(a)
-                else:
-                    lo, a, fa = a, b, fb
-                    b = lo + ratio * (hi - lo)
-                    fb = f(b)
-            values[key] = math.exp((lo + hi) / 2)
+            values[key] = golden_log_minimum(
+                lambda v, key=key: _loss(stack, rows, {**values, key: v}), _BOUNDS[key], 1e-3)
     return values
