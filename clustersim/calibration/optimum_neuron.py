@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["STACK", "OptimumRow", "ROWS", "FITTED", "FIT_KEYS", "row_name", "row_scenario",
-           "row_file", "run_row", "fit_stack"]
+           "row_file", "run_row", "fit_stack", "BLOCKWISE_FITTED", "blockwise_ttft_line",
+           "fit_blockwise_element"]
 
 STACK = "optimum-neuron@0.4"
 _REPO = "huggingface/optimum-neuron"
@@ -80,6 +81,13 @@ ROWS: tuple[OptimumRow, ...] = (
 FITTED = ROWS[:2]  # their inter-token latencies fit the stack's two constants
 FIT_KEYS = ("hbm_efficiency", "iteration_overhead_s")
 _BOUNDS = {"hbm_efficiency": (0.3, 1.0), "iteration_overhead_s": (1e-4, 3e-2)}
+
+
+# The mixture rows whose TTFTs fit the stack's `blockwise_element` (one constant): the two
+# Qwen3-MoE rows (optimum-neuron's modules/moe.py, NxD's ExpertMLPs); the two Llama 4 rows
+# (modules/moe_v2.py, ExpertMLPsV2 with shared experts) judge it.
+BLOCKWISE_FITTED = ("qwen3-30b-a3b", "qwen3-235b-a22b")
+_BLOCKWISE_PROBE_S = 1e-10  # a trial value of the constant, to read the TTFT's slope
 
 
 def row_name(row: OptimumRow) -> str:
@@ -146,3 +154,29 @@ def fit_stack(start: Mapping[str, float] | None = None, rounds: int = 4) -> dict
             values[key] = golden_log_minimum(
                 lambda v, key=key: _loss({**values, key: v}), _BOUNDS[key], 2e-3)
     return values
+
+
+def blockwise_ttft_line(row: OptimumRow) -> tuple[float, float]:
+    """(TTFT s at blockwise_element 0, its slope in the constant, s per s): the row's TTFT
+    through its scenario with the stack's other constants (one request at a time: the
+    context-encoding iteration, linear in the constant)."""
+    from clustersim.hardware.stacks import stack_named
+    own = dict(stack_named(STACK).serving)
+    base = {**own, "blockwise_element_s": 0.0}
+    zero, _ = run_row(row, base)
+    probe, _ = run_row(row, {**base, "blockwise_element_s": _BLOCKWISE_PROBE_S})
+    return zero, (probe - zero) / _BLOCKWISE_PROBE_S
+
+
+def fit_blockwise_element() -> float:
+    """The stack's `blockwise_element` (s per element of a block's token rows): golden
+    section on its log of the squared log errors of the BLOCKWISE_FITTED rows' TTFTs, each
+    TTFT the line `blockwise_ttft_line` gives."""
+    from clustersim.calibration.serving_stacks import golden_log_minimum
+    lines = [(blockwise_ttft_line(r), r.ttft_ms * 1e-3)
+             for r in ROWS if r.model in BLOCKWISE_FITTED]
+
+    def loss(value: float) -> float:
+        return sum(math.log((a + b * value) / published) ** 2
+                   for (a, b), published in lines)
+    return golden_log_minimum(loss, (1e-12, 1e-8), 1e-5)

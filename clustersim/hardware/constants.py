@@ -221,13 +221,25 @@ class ServingConstants(Spec):
         description="with moe_decode_loads per-token: fixed time per expert load of a MoE "
         "layer (its gather and matmul pair); 0 where no data separates it",
     )
-    moe_prefill: Literal["routed", "every-expert"] = Field(
+    moe_prefill: Literal["routed", "every-expert", "blockwise"] = Field(
         default="routed",
         description="how a context-encoding iteration runs a mixture's experts: `routed`, "
         "each token through its top-k (the experts its tokens reach); `every-expert`, every "
         "routed expert over every token, the outputs masked by the router's choice "
         "(NxD's ExpertMLPs forward_all_experts): every expert's weights read and its FLOPs "
-        "run over all the iteration's tokens, the partial outputs combined on chip",
+        "run over all the iteration's tokens, the partial outputs combined on chip; "
+        "`blockwise`, NxD's ExpertMLPsV2 context-encoding dispatch (SDK 2.26): selective "
+        "loading while tokens x top_k < experts, every expert while tokens x top_k < 512 "
+        "(the block size), else forward_blockwise: ceil((T k - (E - 1)) / 512) + E - 1 "
+        "blocks of 512 token slots, each one expert's matmuls over its gathered rows",
+    )
+    blockwise_element_s: NonNegativeDuration = Field(
+        default=0.0, alias="blockwise_element", le=limits.MAX_LATENCY_S,
+        description="with moe_prefill blockwise: time per element of a block's token rows "
+        "(block size x hidden on a rank, each block of each MoE layer) beyond their HBM "
+        "traffic: the block's gather of its tokens' hidden states and scatter-add of its "
+        "output, row by row through the token-to-position index; 0 where no data "
+        "separates it",
     )
     expert_invocation_overhead_s: NonNegativeDuration = Field(
         default=0.0, alias="expert_invocation_overhead", le=limits.MAX_LATENCY_S,

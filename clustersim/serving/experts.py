@@ -31,7 +31,12 @@ from clustersim.training.workload import Op, _matmul, _vector
 
 __all__ = ["expected_distinct_experts", "expected_busiest_group", "moe_ffn_ops",
            "dispatch_bytes_per_rank", "moe_layer_count", "EXPERT_MATMULS", "routed_expert_ops",
-           "every_expert_ops", "expert_loads"]
+           "every_expert_ops", "expert_loads", "BLOCK_SIZE", "context_moe_path",
+           "blockwise_blocks", "blockwise_ops"]
+
+# neuronx-distributed (SDK 2.26) modules/moe/model_utils.py: DEFAULT_BLOCK_SIZE, the token
+# slots of a forward_blockwise block (optimum-neuron passes no blockwise config of its own).
+BLOCK_SIZE = 512
 
 # The routed experts' matmuls: their weight bytes are set here (per reached expert), not by
 # the iteration model's per-op weight precision pass.
@@ -188,3 +193,48 @@ def dispatch_bytes_per_rank(model: TransformerShape, tokens: int, ep: int,
     """One all-to-all's buffer on each rank of the expert group (dispatch or combine): its
     share of the routed tokens' hidden states (top_k copies of each token)."""
     return tokens * model.top_k * model.hidden * hidden_bytes / ep
+
+
+def context_moe_path(tokens: int, top_k: int, experts: int, block_size: int = BLOCK_SIZE
+                     ) -> str:
+    """The path NxD's ExpertMLPsV2.forward (SDK 2.26, inference, capacity_factor None, no
+    expert parallelism) takes for a context-encoding graph of `tokens` tokens: `selective`
+    (forward_selective_loading) while tokens x top_k / experts < 1.0, its selective loading
+    threshold; `all-experts` (forward_all_experts) while tokens x top_k < block_size;
+    `blockwise` (forward_blockwise) beyond."""
+    if tokens * top_k < experts:  # tokens x top_k / experts < 1.0
+        return "selective"
+    if tokens * top_k < block_size:
+        return "all-experts"
+    return "blockwise"
+
+
+def blockwise_blocks(tokens: int, top_k: int, experts: int, block_size: int = BLOCK_SIZE
+                     ) -> int:
+    """forward_blockwise's block count: the worst case of the tokens' routing (E - 1
+    experts with one routed token each, a block apiece, the rest on one expert),
+    ceil((T k - (E - 1)) / B) + E - 1, at most T k. Every block runs, full or padded."""
+    routed = tokens * top_k
+    return min(-(-(routed - (experts - 1)) // block_size) + experts - 1, routed)
+
+
+def blockwise_ops(model: TransformerShape, tokens: int, tp: int, activation_bytes: float,
+                  weight_bytes: float, block_size: int = BLOCK_SIZE) -> list[Op]:
+    """The routed experts of one MoE layer as forward_blockwise runs them (no expert
+    parallelism): each of `blockwise_blocks` blocks is one expert's two matmuls over
+    block_size token rows (padded slots included), its rank's 1/tp column shard of that
+    expert's weights read for the block; the block's rows travel from HBM by its gather of
+    the tokens' hidden states and back by the scatter-add of its output into them (read and
+    written): 3 x block_size x hidden values a block, on every rank (the tokens' hidden
+    states are whole on each)."""
+    e, h = activation_bytes, model.hidden
+    blocks = blockwise_blocks(tokens, model.top_k, model.experts, block_size)
+    width = _expert_width(model)
+    n_in = math.ceil(width * (2 if model.gated else 1) / tp)
+    n_out = math.ceil(width / tp)
+    rows = blocks * block_size
+    return [_expert_matmul("expert_in", block_size, h, n_in, 0.0, weight_bytes, blocks, blocks),
+            _vector("activation", rows * n_out * (3 if model.gated else 2), e, passes=1),
+            _expert_matmul("expert_out", block_size, n_out, h, 0.0, weight_bytes, blocks,
+                           blocks),
+            _vector("block_rows", rows * h, e, passes=3)]

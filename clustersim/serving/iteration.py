@@ -42,7 +42,7 @@ from clustersim.scenario.serving import default_activations
 from clustersim.serving import attention as mla
 from clustersim.serving.experts import dispatch_bytes_per_rank
 from clustersim.serving.layers import (
-    every_expert_prefill_s,
+    context_moe_s,
     expert_weight_bytes_per_rank,
     layer_collectives_s,
     layer_kinds,
@@ -465,8 +465,8 @@ class IterationModel:
         if tokens == 0:
             return 0.0
         time_s = self._linear(tokens, decode_batch + prefill_outputs)
-        if prefill:  # the context-encoding graph's fixed times; its every-expert MoE
-            time_s += self.prefill_fixed_s + every_expert_prefill_s(self, tokens)
+        if prefill:  # the context-encoding graph's fixed times; its MoE path
+            time_s += self.prefill_fixed_s + context_moe_s(self, tokens)
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         if prefill and self.hardware.serving.attention == "unfused":
             time_s += self._unfused_scores_s(prefill, static_batch)

@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING
 
 from clustersim.serving import attention as mla
 from clustersim.serving.experts import (
+    BLOCK_SIZE,
     EXPERT_MATMULS,
+    blockwise_blocks,
+    blockwise_ops,
+    context_moe_path,
     every_expert_ops,
     expert_loads,
     moe_ffn_ops,
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from clustersim.serving.iteration import IterationModel, ReplicaShape
 
 __all__ = ["layer_kinds", "expert_weight_bytes_per_rank", "every_expert_prefill_s",
+           "context_moe_s",
            "layer_collectives_s", "stack_expert_loads", "moe_fixed_s"]
 
 # The attention block of a layer (everything but its FFN and the attention core).
@@ -102,21 +107,55 @@ def every_expert_prefill_s(it: IterationModel, tokens: int) -> float:
     with expert parallelism, which keeps the routed path): all MoE layers' every-expert
     work less the routed work the iteration model already counts, plus the fixed time per
     expert each layer runs (`serving.expert_invocation_overhead`). 0 for other stacks."""
+    if it.hardware.serving.moe_prefill != "every-expert":
+        return 0.0
+    return _context_moe_s(it, tokens, "all-experts")
+
+
+def context_moe_s(it: IterationModel, tokens: int) -> float:
+    """What a context-encoding iteration of `tokens` tokens adds to the routed path the
+    iteration model counts, by the stack's `serving.moe_prefill`: `every-expert`, as
+    `every_expert_prefill_s`; `blockwise`, the path NxD's ExpertMLPsV2 takes at that
+    many tokens (serving.experts.context_moe_path): selective loading (the routed path with
+    per-token loads: nothing added), every expert, or forward_blockwise's blocks (their
+    matmuls, weight reads and rows, plus `serving.blockwise_element` per element of the
+    blocks' token rows). 0 for `routed`, a dense model, expert parallelism (another path)
+    or no tokens."""
+    mode = it.hardware.serving.moe_prefill
+    if mode == "every-expert":
+        return every_expert_prefill_s(it, tokens)
+    if mode != "blockwise":
+        return 0.0
+    m = it.shape.model
+    if not m.moe or tokens <= 0:
+        return 0.0
+    path = context_moe_path(tokens, m.top_k, m.experts)
+    return 0.0 if path == "selective" else _context_moe_s(it, tokens, path)
+
+
+def _context_moe_s(it: IterationModel, tokens: int, path: str) -> float:
+    """All MoE layers' routed experts run on `path` (`all-experts`, `blockwise`) less the
+    routed work the iteration model counts, plus the path's fixed times."""
     serving = it.hardware.serving
     s = it.shape
-    if serving.moe_prefill != "every-expert" or not s.model.moe or s.ep > 1 or tokens <= 0:
+    if not s.model.moe or s.ep > 1 or tokens <= 0:
         return 0.0
-    cache = it.__dict__.setdefault("_every_expert_s", {})
-    if tokens not in cache:
+    cache = it.__dict__.setdefault("_context_moe_s", {})
+    if (tokens, path) not in cache:
         on_chip = it.activations_on_chip(tokens)
         e = it.activation_bytes
-        every = every_expert_ops(s.model, tokens, s.tp, e, it.element_bytes, on_chip)
         routed = routed_expert_ops(s.model, tokens, s.tp, 1, e, it.element_bytes, on_chip,
                                    s.routing_skew, stack_expert_loads(it, tokens))
-        layer_s = (it._op_s(every) - it._op_s(routed)
-                   + s.model.experts * serving.expert_invocation_overhead_s)
-        cache[tokens] = moe_layer_count(s.model) * layer_s
-    return cache[tokens]
+        if path == "all-experts":
+            ops = every_expert_ops(s.model, tokens, s.tp, e, it.element_bytes, on_chip)
+            fixed = s.model.experts * serving.expert_invocation_overhead_s
+        else:
+            ops = blockwise_ops(s.model, tokens, s.tp, e, it.element_bytes)
+            rows = blockwise_blocks(tokens, s.model.top_k, s.model.experts) * BLOCK_SIZE
+            fixed = rows * s.model.hidden * serving.blockwise_element_s
+        layer_s = it._op_s(ops) - it._op_s(routed) + fixed
+        cache[(tokens, path)] = moe_layer_count(s.model) * layer_s
+    return cache[(tokens, path)]
 
 
 def layer_collectives_s(it: IterationModel, tokens: int, moe: bool) -> float:
