@@ -36,8 +36,9 @@ Rows (sources in docs/calibration.md):
 - vLLM on Neuron as optimum-neuron ships it (`clustersim.calibration.optimum_neuron`):
   optimum-neuron's own vLLM benchmark on Trainium2 (guidellm, one request at a time),
   stack optimum-neuron@0.4; `--fit-optimum` fits its `hbm_efficiency` and
-  `iteration_overhead_s` on the dense rows' inter-token latencies; the TTFTs and the
-  mixture rows judge. Printed from their scenario files
+  `iteration_overhead_s` on the dense rows' inter-token latencies, then its
+  `blockwise_element_s` (NxD's forward_blockwise context encoding) on the two Qwen3-MoE
+  rows' TTFTs; the other TTFTs and inter-token latencies judge. Printed from their scenario files
   (scenarios/calibration/serving/trn2-*-optimum-neuron.yaml).
 Nothing is fitted per row.
 """
@@ -377,7 +378,9 @@ def print_optimum() -> None:
           f"{'pub':>7}{'err':>8}  role")
     for row in on.ROWS:
         ttft, itl = on.run_row(row)
-        role = "fitted (inter-token); TTFT judges" if row in on.FITTED else "judges"
+        role = ("fitted (inter-token); TTFT judges" if row in on.FITTED else
+                "fitted (TTFT: blockwise_element); inter-token judges"
+                if row.model in on.BLOCKWISE_FITTED else "judges")
         print(f"{on.row_name(row):<56}{ttft * 1e3:>9.1f}{row.ttft_ms:>8.1f}"
               f"{ttft * 1e3 / row.ttft_ms - 1:>+8.1%}{itl * 1e3:>8.2f}{row.itl_ms:>7.2f}"
               f"{itl * 1e3 / row.itl_ms - 1:>+8.1%}  {role}")
@@ -412,7 +415,8 @@ def main() -> None:
     parser.add_argument("--fit-moe", action="store_true", help="refit serving."
                         "moe_layer_overhead (trn2, sglang@0.4.1) on the batch-1 DeepSeek-V3 rows")
     parser.add_argument("--fit-optimum", action="store_true", help="refit the "
-                        "optimum-neuron@0.4 stack's hbm_efficiency and iteration_overhead_s")
+                        "optimum-neuron@0.4 stack's hbm_efficiency and iteration_overhead_s, "
+                        "then its blockwise_element_s")
     parser.add_argument("--fit-release", nargs="?", const="transformers-neuronx@2.18.1",
                         metavar="STACK", help="refit a transformers-neuronx release's own "
                         "constants on its rows (default @2.18.1; @2.16, @2.14)")
@@ -439,10 +443,12 @@ def main() -> None:
         fit_moe()
         return
     if args.fit_optimum:
-        from clustersim.calibration.optimum_neuron import STACK, fit_stack
+        from clustersim.calibration.optimum_neuron import STACK, fit_blockwise_element, fit_stack
         values = fit_stack()
         print(f"fitted {STACK} (catalog/stacks.yaml):",
               {k: float(f"{v:.4g}") for k, v in values.items()})
+        print(f"fitted {STACK} (catalog/stacks.yaml): blockwise_element_s "
+              f"{fit_blockwise_element():.6g} (the Qwen3-MoE rows' TTFTs)")
         return
     families = args.family or ["trn1", "trn2", "gpu", "models", "optimum"]
     if "trn1" in families:
