@@ -238,7 +238,7 @@ class ServingConstants(Spec):
         description="with moe_prefill blockwise: time per element of a block's token rows "
         "(block size x hidden on a rank, each block of each MoE layer) beyond their HBM "
         "traffic: the block's gather of its tokens' hidden states and scatter-add of its "
-        "output, row by row through the token-to-position index; 0 where no data "
+        "output through the token-to-position index; 0 where no data "
         "separates it",
     )
     expert_invocation_overhead_s: NonNegativeDuration = Field(
