@@ -137,25 +137,83 @@ def test_the_pages_quote_the_scenario_runs():
     itl = {m: runs[m][1] * 1e3 / r.itl_ms - 1 for m, r in zip(runs, on.ROWS, strict=True)}
     moe = [r.model for r in on.ROWS if r not in on.FITTED]
     own = dict(stack_named(on.STACK).serving)
-    every = [on.run_row(r, {**{k: own[k] for k in on.FIT_KEYS},
-                            "moe_prefill": "every-expert"})[0] * 1e3 / r.ttft_ms - 1
-             for r in on.ROWS if r not in on.FITTED]
+    bare = [a / (r.ttft_ms * 1e-3) - 1 for r in on.ROWS if r not in on.FITTED
+            for a, _ in (on.blockwise_ttft_line(r),)]
     fitted = f"{itl['llama3.1-8b']:+.1%} (8B) and {itl['qwen3-32b']:+.1%} (32B)"
     judged = f"{ttft['llama3.1-8b']:+.1%} and {ttft['qwen3-32b']:+.1%}"
     spread = (f"{min(itl[m] for m in moe):+.1%} (Scout) to "
               f"{max(itl[m] for m in moe):+.1%} (Qwen3-235B-A22B")
-    prefill = (f"{round(max(ttft[m] for m in moe) * 100)}% to "
-               f"{round(min(ttft[m] for m in moe) * 100)}%")  # nearest first
+    element = f"{own['blockwise_element_s'] * 1e12:.1f} ps per element"
+    qwen = (f"-{-ttft['qwen3-30b-a3b']:.1%} (Qwen3-30B-A3B) and {ttft['qwen3-235b-a22b']:+.1%}"
+            " (Qwen3-235B-A22B)")
+    llama = f"{ttft['llama4-scout']:+.1%} (Llama 4 Scout) and "\
+        f"{ttft['llama4-maverick']:+.1%} (Llama 4 Maverick)"
+    blocks = "191 for both Qwen3-MoE models, 23 for Scout, 135 for Maverick"
     overhead = f"{own['iteration_overhead_s'] * 1e3:.2f} ms"
     assert min(itl, key=lambda m: itl[m] if m in moe else 9) == "llama4-scout"
+    assert own["moe_prefill"] == "blockwise"
     calibration = _flat("calibration.md")
-    for quoted in (f"inter-token {fitted}", f"their TTFTs, {judged}", spread,
-                   f"their TTFTs, {prefill}", overhead,
-                   f"brings them to {round(max(every) * 100)}% to {round(min(every) * 100)}%"):
+    for quoted in (f"inter-token {fitted}", f"their TTFTs, {judged}", spread, overhead,
+                   element, f"TTFT {qwen}", f"TTFT {llama}", blocks,
+                   f"leaves the TTFTs at {round(max(bare) * 100)}% to "
+                   f"{round(min(bare) * 100)}%"):
         assert quoted in calibration, quoted
     serving = _flat("serving.md")
     for quoted in (f"are {itl['llama3.1-8b']:+.1%} and {itl['qwen3-32b']:+.1%}",
                    f"judge at {ttft['llama3.1-8b']:+.1%} and {ttft['qwen3-32b']:+.1%}",
-                   spread.replace("(Scout)", "(Llama 4 Scout)") + ")",
-                   f"TTFTs are {prefill}", overhead):
+                   spread.replace("(Scout)", "(Llama 4 Scout)") + ")", overhead, element,
+                   qwen, f"{ttft['llama4-scout']:+.1%} (Scout) and "
+                   f"{ttft['llama4-maverick']:+.1%} (Maverick)",
+                   "191 a layer for the Qwen3 mixtures, 23 for Scout, 135 for Maverick"):
         assert quoted in serving, quoted
+
+
+def test_the_rows_run_forward_blockwise_and_the_constant_is_linear():
+    """Each mixture row's 4,096-token graph takes NxD's blockwise path, and its TTFT grows
+    by moe_layers x blocks x 512 x hidden times the stack's `blockwise_element` (closed
+    form, the blocks from the source's formula)."""
+    from clustersim.serving.experts import blockwise_blocks, context_moe_path, moe_layer_count
+    for row in on.ROWS:
+        if row in on.FITTED:
+            continue
+        m = TransformerShape(**model_preset_values(row.model))
+        assert context_moe_path(row.sequence_length, m.top_k, m.experts) == "blockwise"
+        _, slope = on.blockwise_ttft_line(row)
+        blocks = blockwise_blocks(row.sequence_length, m.top_k, m.experts)
+        assert slope == pytest.approx(moe_layer_count(m) * blocks * 512 * m.hidden,
+                                      rel=1e-6), row.model
+        # the line is what the scenario file gives at the catalog constant
+        zero, slope = on.blockwise_ttft_line(row)
+        own = dict(stack_named(on.STACK).serving)
+        assert on.run_row(row)[0] == pytest.approx(
+            zero + slope * own["blockwise_element_s"], rel=1e-9)
+
+
+def test_blockwise_element_reproduces_its_fit():
+    """`calibrate_serving.py --fit-optimum`'s blockwise_element (the two Qwen3-MoE rows'
+    TTFTs) is the catalog's; fails if the constant is moved off its fit. The fitted rows
+    are within 10%."""
+    own = dict(stack_named(on.STACK).serving)
+    assert on.fit_blockwise_element() == pytest.approx(own["blockwise_element_s"], rel=1e-4)
+    assert on.BLOCKWISE_FITTED == ("qwen3-30b-a3b", "qwen3-235b-a22b")
+    for row in on.ROWS:
+        if row.model in on.BLOCKWISE_FITTED:
+            assert abs(on.run_row(row)[0] * 1e3 / row.ttft_ms - 1) < 0.10, row.model
+
+
+_JUDGED = {r.model: r for r in on.ROWS if r.model in ("llama4-scout", "llama4-maverick")}
+
+
+def test_llama4_scout_ttft_judges_within_20_percent():
+    """Llama 4 Scout (ExpertMLPsV2 with a shared expert, 23 blocks a layer) judges the
+    Qwen3-MoE fit: -16.8% at the catalog constant."""
+    row = _JUDGED["llama4-scout"]
+    assert abs(on.run_row(row)[0] * 1e3 / row.ttft_ms - 1) < 0.20
+
+
+@pytest.mark.xfail(strict=True, reason="Llama 4 Maverick's TTFT judges the Qwen3-MoE fit at "
+                   "-29.7%: its 135 blocks a layer take about 1.5 times the fitted element "
+                   "time; nothing here says why")
+def test_llama4_maverick_ttft_judges_within_20_percent():
+    row = _JUDGED["llama4-maverick"]
+    assert abs(on.run_row(row)[0] * 1e3 / row.ttft_ms - 1) < 0.20
