@@ -217,3 +217,17 @@ def test_llama4_scout_ttft_judges_within_20_percent():
 def test_llama4_maverick_ttft_judges_within_20_percent():
     row = _JUDGED["llama4-maverick"]
     assert abs(on.run_row(row)[0] * 1e3 / row.ttft_ms - 1) < 0.20
+
+
+def test_the_port_row_against_the_constant():
+    """docs/calibration.md's figure: the DeepSeek-V3 port's TTFT were its 512-token graph to
+    run forward_blockwise at this stack's constant (263 blocks a layer by the formula)."""
+    from clustersim.calibration import models_serving as ms
+    from clustersim.serving.experts import blockwise_blocks
+    assert blockwise_blocks(512, 8, 256) == 263
+    own = dict(stack_named(on.STACK).serving)
+    ttft = on.port_blockwise_ttft_s(own["blockwise_element_s"])
+    error = ttft * 1e3 / ms.DEEPSEEK_TRN2.ttft_ms - 1
+    quoted = (f"TTFT would be {error:+.0%} ({ttft:.2f} s against "
+              f"{ms.DEEPSEEK_TRN2.ttft_ms:,.0f} ms published)")
+    assert quoted in _flat("calibration.md"), quoted

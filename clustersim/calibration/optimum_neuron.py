@@ -34,7 +34,7 @@ from pathlib import Path
 
 __all__ = ["STACK", "OptimumRow", "ROWS", "FITTED", "FIT_KEYS", "row_name", "row_scenario",
            "row_file", "run_row", "fit_stack", "BLOCKWISE_FITTED", "blockwise_ttft_line",
-           "fit_blockwise_element"]
+           "fit_blockwise_element", "port_blockwise_ttft_s"]
 
 STACK = "optimum-neuron@0.4"
 _REPO = "huggingface/optimum-neuron"
@@ -180,3 +180,18 @@ def fit_blockwise_element() -> float:
         return sum(math.log((a + b * value) / published) ** 2
                    for (a, b), published in lines)
     return golden_log_minimum(loss, (1e-12, 1e-8), 1e-5)
+
+
+def port_blockwise_ttft_s(element_s: float) -> float:
+    """The DeepSeek-V3 port's TTFT (s; stack nxd-inference-contrib, its 512-token graph) if
+    its context encoding ran forward_blockwise as this stack's does, at `element_s` per
+    element of a block's rows (the port's every-expert constant off): what the port's row
+    says of the constant, were NxD Inference's ExpertMLPsV2 (SDK 2.28, the same dispatch:
+    512 x 8 routed slots >= 512) to take that path there."""
+    from clustersim.calibration import models_serving as ms
+    hw = ms.contrib_hardware()
+    hw = hw.model_copy(update={"serving": hw.serving.model_copy(update={
+        "moe_prefill": "blockwise", "blockwise_element_s": element_s,
+        "expert_invocation_overhead_s": 0.0})})
+    (ttft, _), = ms.predict_trn2_serving(hw, (ms.DEEPSEEK_TRN2,))
+    return ttft
