@@ -318,7 +318,7 @@ def print_models() -> None:
              if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges (TTFT: about 1.7 s)")
             for r in ms.DEEPSEEK_VLLM_BATCHES]
     for stack, rows in ((ms.CONTRIB_STACK, contrib), (ms.VLLM_STACK, vllm),
-                        ("nxd-inference", [("trn2-qwen3-32b-128-558-nxd-inference",
+                        ("nxd-inference", [("trn2-qwen3-32b-128-512-nxd-inference",
                                             ms.QWEN3_TRN2, "judges")])):
         print(f"\n== stack {stack}, Trn2 (trn2.48xlarge, TP 64, bf16): 2025's models")
         print(f"{'row (scenario file)':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}"

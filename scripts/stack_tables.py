@@ -173,7 +173,7 @@ def model_rows() -> list[tuple[str, str, str, float, float, str]]:
               "judges (about 1.7 s)",
               "fitted" if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges")
              for r in ms.DEEPSEEK_VLLM_BATCHES]
-    runs.append(("nxd-inference", "trn2-qwen3-32b-128-558-nxd-inference", ms.QWEN3_TRN2,
+    runs.append(("nxd-inference", "trn2-qwen3-32b-128-512-nxd-inference", ms.QWEN3_TRN2,
                  ms.QWEN3_TRN2.ttft_ms, "judges", "judges"))
     for stack, name, row, ttft_ms, ttft_role, tpot_role in runs:
         ttft, tpot = run_serving_row(file_for("serving", name))

@@ -90,18 +90,18 @@ def test_qwen3_32b_ttft_within_15_percent(trn2_rows):
     assert abs(trn2_rows["q_ttft"]) < 0.15
 
 
-@pytest.mark.xfail(strict=True, reason="not met: Qwen3-32B TPOT 13.89 ms against 9.78 "
-                   "(+42.1%): nxd-inference's 10.03 ms iteration overhead is the Llama rows' fit")
+@pytest.mark.xfail(strict=True, reason="not met: Qwen3-32B TPOT 13.89 ms against 11.74 "
+                   "(+18.4%): nxd-inference's 10.03 ms iteration overhead is the Llama rows' fit")
 def test_qwen3_32b_tpot_within_15_percent(trn2_rows):
     assert abs(trn2_rows["q_tpot"]) < 0.15
 
 
 def test_errors_as_docs_report_them(trn2_rows):
-    """The rows' errors as reported: Qwen3-32B TTFT +21.2% and TPOT +42.1%; the port
+    """The rows' errors as reported: Qwen3-32B TTFT +21.2% and TPOT +18.4%; the port
     through vLLM at batch 1, 2, 4 (judging) and 8 (fitted): TPOT -5.8%, -17.9%, -12.2%,
     -0.0%; 8 x H200 through SGLang at batch 8 and 32: -1.6%, +11.3%."""
     assert trn2_rows["q_ttft"] == pytest.approx(0.212, abs=0.002)
-    assert trn2_rows["q_tpot"] == pytest.approx(0.421, abs=0.002)
+    assert trn2_rows["q_tpot"] == pytest.approx(0.184, abs=0.002)
     rows = ms.DEEPSEEK_VLLM_BATCHES + ms.SGLANG_H200[1:]
     errors = [p * 1e3 / r.tpot_ms - 1 for r, p in zip(rows, ms.predict_batches(rows),
                                                         strict=True)]
@@ -124,7 +124,7 @@ def test_trn2_against_h200_answer():
 
 @pytest.mark.parametrize("name, row", [
     ("trn2-deepseek-v3-256-256-nxd-inference-contrib", ms.DEEPSEEK_TRN2),
-    ("trn2-qwen3-32b-128-558-nxd-inference", ms.QWEN3_TRN2),
+    ("trn2-qwen3-32b-128-512-nxd-inference", ms.QWEN3_TRN2),
     *((f"trn2-deepseek-v3-vllm-batch-{r.batch}", r) for r in ms.DEEPSEEK_VLLM_BATCHES)])
 def test_calibration_scenarios_run_as_users_run_them(name, row):
     """scenarios/calibration/serving/: the rows as `clustersim run` scenarios (written by
@@ -228,7 +228,7 @@ def test_why_qwen3_stays_judged():
     assert llama["even_ms"] == pytest.approx(big["even_ms"], rel=1e-6)
     assert (f"at {fit['even_hbm_efficiency']:.3f} of HBM bandwidth, and then both leave "
             f"{llama['even_ms']:.2f} ms against Qwen3-32B's {qwen['even_ms']:.2f} ms") in doc
-    assert qwen["even_ms"] < 0.6 * llama["even_ms"]
+    assert qwen["even_ms"] < 0.7 * llama["even_ms"]
     # the 405B: more KV bytes a token (layers x KV heads x head width), twice the width
     a, b = model_preset_values("llama3.1-70b"), model_preset_values("llama3.1-405b")
     kv = [m["layers"] * m["kv_heads"] * m["hidden"] // m["heads"] for m in (a, b)]
@@ -238,3 +238,20 @@ def test_why_qwen3_stays_judged():
     at_most = (19.66 - llama["left_ms"] + most) / 19.66 - 1
     assert f"needs at most {most:.2f} ms an iteration, which puts the 70B row at {at_most:.0%}" in doc
     assert "the Llama pair (TPOT -8.7% and +9.9%)" in doc
+    # the efficiency free too: no pair holds the three bands (issue 31's 15%, 32's 10%)
+    near = ms.decode_bands_feasibility()
+    assert near["margin_ms"] < 0
+    assert (f"(the nearest, at {near['hbm_efficiency']:.3f} and {near['overhead_ms']:.2f} ms, "
+            f"misses by {-near['margin_ms']:.2f} ms") in doc
+    assert ms.decode_bands_feasibility(qwen_band=0.20)["margin_ms"] > 0  # the scan can pass
+
+
+def test_qwen3_row_read_in_qwen3_tokens():
+    """The tutorial's LLMPerf counted the 512 Qwen3 tokens each request asked for as 558
+    (its default Llama 2 tokenizer): the row's TPOT is the p99 end-to-end less the TTFT
+    over the 511 tokens after the first, not 1 / 102.3 tokens/s."""
+    row = ms.QWEN3_TRN2
+    assert (row.input_tokens, row.output_tokens) == (128, 512)
+    assert row.tpot_ms == pytest.approx((6044.886 - 48.284) / 511, rel=1e-6)
+    assert row.tpot_ms == pytest.approx(11.735, abs=0.001)
+    assert 1000 / 102.3 < row.tpot_ms  # 102.3 a second is a rate of Llama 2 tokens
