@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clustersim.cluster.owners import FREE, SERVING
+from clustersim.cluster.owners import FLUID, FREE, SERVING
 from clustersim.cluster.rates import effective_rates, failure_population
 from clustersim.hardware.failures import weibull_scale
 
@@ -153,6 +153,8 @@ class FailureSource:
             elif job == SERVING:  # the serving simulator takes its replicas down
                 chip_in_instance = unit - inst * self.t.cpi if proc.per == "chip" else -1
                 free_downed |= self._serving_down(inst, chip_in_instance, now)
+            elif job == FLUID and self.t.holdings is not None:  # its replicas are gone
+                self.t.holdings.hit(inst)
             repaired.append(inst)
         if not downed:
             return
