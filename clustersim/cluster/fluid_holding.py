@@ -30,7 +30,7 @@ from clustersim.cluster.owners import FLUID, FREE
 if TYPE_CHECKING:
     from clustersim.cluster.timeline import Timeline
 
-__all__ = ["Holding", "HoldingBook"]
+__all__ = ["Holding", "HoldingBook", "HoldingBooks"]
 
 
 @dataclass
@@ -207,6 +207,24 @@ class HoldingBook:
                 self._apply(d)
 
     # ------------------------------------------------------------------ books
+    def books(self) -> HoldingBooks:
+        """What the run's figures read (picklable: a replication's result crosses processes)."""
+        return HoldingBooks(self.t.cpi, [list(x) for x in self.log_s],
+                            [list(x) for x in self.log_held], list(self.evicted),
+                            list(self.short_changes), list(self.failures))
+
+
+@dataclass
+class HoldingBooks:
+    """Each holding's healthy instances after every change, and its counts."""
+
+    cpi: int
+    log_s: list[list[float]]
+    log_held: list[list[int]]
+    evicted: list[int]  # jobs preempted for each holding
+    short_changes: list[int]  # changes that got fewer instances than asked
+    failures: list[int]  # held instances downed by hardware failures
+
     def counts(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """(times, healthy instances held from each on) of holding `d`."""
         return np.asarray(self.log_s[d]), np.asarray(self.log_held[d], dtype=np.int64)
@@ -214,9 +232,8 @@ class HoldingBook:
     def chip_s(self, horizon_s: float) -> float:
         """Chip-seconds the holdings held (healthy instances) over the horizon."""
         total = 0.0
-        for d in range(len(self.holdings)):
+        for d in range(len(self.log_s)):
             times, held = self.counts(d)
-            ends = np.append(times[1:], horizon_s)
-            total += float(np.dot(held, np.clip(ends, 0, horizon_s) - np.clip(times, 0,
-                                                                              horizon_s)))
-        return total * self.t.cpi
+            ends = np.minimum(np.append(times[1:], horizon_s), horizon_s)
+            total += float(np.dot(held, ends - np.minimum(times, horizon_s)))
+        return total * self.cpi

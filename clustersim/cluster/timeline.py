@@ -395,7 +395,7 @@ class Timeline:
             min_free_instances=self.min_free,
             fragmentation_mean=self.scheduler.fragmentation_mean(horizon),
             serving_outages=tuple(self.serving_outages),
-            holdings=self.holdings,
+            holdings=self.holdings.books() if self.holdings is not None else None,
             # Checkpoints are events only in the per-checkpoint reference.
             event_count=int(sum(faults.failures.values()) + faults.repairs + (sum(
                 r.outcome.checkpoints_completed for r in self.jobs)
