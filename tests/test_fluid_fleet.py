@@ -277,3 +277,28 @@ def test_bad_input_is_refused_with_its_key(tmp_path: Path, change, path):
     result = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
     refused(result, path)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_rainier_year_serves_what_its_docs_say(tmp_path: Path):
+    """docs/sites.md's year: four autoscaled deployments on day curves, held in the
+    event-driven fleet beside its generated jobs, preempting the tiny and small jobs
+    (priorities 0 and 1) but not the large and frontier ones."""
+    from clustersim.scenario.fleetday import in_event_fleet
+
+    root = Path(__file__).resolve().parents[1]
+    raw = yaml.safe_load((root / "scenarios" / "rainier-year.yaml").read_text())
+    serve = raw["serve"]
+    words = {4: "four"}
+    assert f"{words[len(serve)]} serving deployments whose replicas follow daily traffic" in \
+        " ".join((root / "docs" / "sites.md").read_text().split())
+    priorities = {t["name"]: t["job"].get("priority", 0) for t in raw["workload"]["templates"]}
+    for d in serve:
+        assert d["workload"]["load"] and d["autoscale"]
+        p = d["autoscale"]["priority"]
+        assert priorities["tiny"] < p and priorities["small"] < p
+        assert p <= priorities["large"] and p <= priorities["frontier"]
+    # its first day, loaded: the deployments held in the timeline, not a fleet-day run
+    raw["duration"] = "1d"
+    raw["workload"]["arrivals"] = {"rate": "2760/d", "until": "1d"}
+    _, scenario = _scenario(tmp_path, raw, "year.yaml")
+    assert in_event_fleet(scenario)
