@@ -55,6 +55,7 @@ class HoldingBook:
         count = len(self.holdings)
         self.dep_of = np.full(timeline.n_instances, -1, dtype=np.int16)
         self.asked = [0] * count
+        self.held = [0] * count  # healthy instances each holds (owner FLUID, dep_of it)
         self.log_s: list[list[float]] = [[0.0] for _ in range(count)]
         self.log_held: list[list[int]] = [[0] for _ in range(count)]
         self.evicted = [0] * count  # jobs preempted for it
@@ -112,21 +113,21 @@ class HoldingBook:
         return np.flatnonzero((self.dep_of == d) & (t.owner == FLUID) & t.healthy)
 
     def _held_count(self, d: int) -> int:
-        return len(self._held(d))
+        return self.held[d]
 
     def _apply(self, d: int) -> None:
-        held = self._held(d)
         want = self.asked[d]
-        if len(held) > want:
-            give = held[want:]  # the last ones (whole UltraServers when it holds those)
+        if self.held[d] > want:
+            give = self._held(d)[want:]  # the last (whole UltraServers when it holds those)
             self.dep_of[give] = -1
             self.t.owner[give] = FREE
+            self.held[d] -= len(give)
             self._record(d)
             self.t.release(give.tolist())
             return
-        if len(held) < want:
-            got = self._grow(d, want - len(held))
-            if got < want - len(held):
+        if self.held[d] < want:
+            short = want - self.held[d]
+            if self._grow(d, short) < short:
                 self.short_changes[d] += 1
         self._record(d)
 
@@ -145,6 +146,7 @@ class HoldingBook:
         if len(chosen):
             t.owner[chosen] = FLUID
             self.dep_of[chosen] = d
+            self.held[d] += len(chosen)
             t.scheduler.record_state()
         return len(chosen)
 
@@ -194,6 +196,7 @@ class HoldingBook:
         if d < 0:
             return
         self.failures[d] += 1
+        self.held[d] -= 1
         self._record(d)
         if not self._topping:
             self._topping = True
@@ -209,6 +212,10 @@ class HoldingBook:
     # ------------------------------------------------------------------ books
     def books(self) -> HoldingBooks:
         """What the run's figures read (picklable: a replication's result crosses processes)."""
+        for d in range(len(self.holdings)):  # the running counts are the owners'
+            if self.held[d] != len(self._held(d)):
+                raise AssertionError(f"holding {self.holdings[d].name}: {self.held[d]} "
+                                     f"counted, {len(self._held(d))} owned")
         return HoldingBooks(self.t.cpi, [list(x) for x in self.log_s],
                             [list(x) for x in self.log_held], list(self.evicted),
                             list(self.short_changes), list(self.failures))
