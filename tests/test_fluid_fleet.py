@@ -117,8 +117,9 @@ def test_constant_load_gives_the_closed_form_count(tmp_path: Path):
     assert np.all(plan.up == expected) and np.all(plan.held == expected)
     # one change: the holding at the start, in whole UltraServers
     assert len(plan.change_s) == 1 and plan.change_s[0] == 0.0
-    assert plan.instances[0] == -(-expected * dep.chips // 16 // 4) * 4 or \
-        plan.instances[0] == math.ceil(expected * dep.chips / 16 / 4) * 4
+    # (Trn2 UltraServers: 16 chips an instance, 4 instances; a block is one UltraServer here)
+    assert plan.block == 4
+    assert plan.instances[0] == math.ceil(expected * dep.chips / 16 / 4) * 4
 
 
 def test_a_sinusoids_count_rises_and_falls_by_its_closed_form():

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
+import simpy
 
 from clustersim.cluster.owners import FLUID, FREE
-
-if TYPE_CHECKING:
-    from clustersim.cluster.timeline import Timeline
 
 __all__ = ["Holding", "HoldingBook", "HoldingBooks"]
 
@@ -45,11 +43,30 @@ class Holding:
     instances: np.ndarray  # (C,) instances held from each change on
 
 
+class HoldingTimeline(Protocol):
+    """What the holdings read and change of the timeline (cluster.timeline.Timeline)."""
+
+    scenario: Any
+    env: simpy.Environment
+    scheduler: Any
+    active: Any
+    cpi: int
+    ipu: int
+    n_instances: int
+    owner: np.ndarray
+    healthy: np.ndarray
+
+    def free_mask(self) -> np.ndarray: ...
+    def release(self, instances: list[int]) -> None: ...
+    def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None,
+              held: np.ndarray | None = None) -> np.ndarray | None: ...
+
+
 class HoldingBook:
     """The holdings of a timeline: their instances (`Timeline.owner` FLUID, `dep_of` which)
     and their books."""
 
-    def __init__(self, timeline: Timeline, holdings: Sequence[Holding]):
+    def __init__(self, timeline: HoldingTimeline, holdings: Sequence[Holding]):
         self.t = timeline
         self.holdings = list(holdings)
         count = len(self.holdings)
