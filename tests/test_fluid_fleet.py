@@ -213,7 +213,8 @@ def test_chip_time_is_conserved_under_failures(tmp_path: Path):
     times, held = book.counts(0)
     assert np.all(np.diff(times) > 0) and np.all(held >= 0) and np.all(held <= 32)
     d = result.summary["deployments"]["chat"]
-    assert d["replica_failures"] == book.failures[0]
+    assert d["replica_failures"] == book.failures[0] + len(book.software_s[0])
+    assert book.software_s[0]  # software failures restarted replicas too
     assert d["chip_hours"] * 3600 == pytest.approx(serving)
 
 
@@ -303,3 +304,13 @@ def test_the_rainier_year_serves_what_its_docs_say(tmp_path: Path):
     raw["workload"]["arrivals"] = {"rate": "2760/d", "until": "1d"}
     _, scenario = _scenario(tmp_path, raw, "year.yaml")
     assert in_event_fleet(scenario)
+
+
+def test_software_restarts_take_replicas_out_for_whole_steps():
+    from clustersim.serving.fluid_fleet import restarting_per_step
+
+    times = np.arange(6) * 60.0
+    # 100 s each: at 30 s (steps 0 to 2), at 250 s (steps 4 and 5), at 100 s (1 to 3)
+    out = restarting_per_step(times, np.array([30.0, 250.0, 100.0]), 100.0)
+    assert list(out) == [1, 2, 2, 1, 1, 1]
+    assert list(restarting_per_step(times, np.array([]), 100.0)) == [0] * 6

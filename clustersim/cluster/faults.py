@@ -135,6 +135,9 @@ class FailureSource:
             if job >= 0 and self.t.jobs[job].state in ("running", "checkpointing"):
                 self._count(proc, chip, instances[0], job)
                 self.t.jobs[job].interrupt(proc.component, [])
+            elif job == FLUID and self.t.holdings is not None:  # a replica restarts
+                self._count(proc, chip, instances[0], -1)
+                self.t.holdings.software(instances[0])
             return
         hit_jobs: dict[int, list[int]] = {}
         downed = free_downed = False

@@ -10,8 +10,9 @@ work since their last checkpoint and queue again); what still does not fit is a 
 recorded (the deployment serves on fewer replicas). Shrinking gives instances back to the
 pool and wakes the scheduler (a replica's drain is in its plan already). A hardware failure
 of a held instance takes it out of the holding (its replicas are gone); it is replaced from
-the free pool once the failure is detected. Site events leave serving instances alone, as
-they do request-level deployments'.
+the free pool once the failure is detected. A software failure restarts one replica (it is
+recorded; the figures take the replica out for the detection and the restart). Site events
+leave serving instances alone, as they do request-level deployments'.
 
 The books: each holding's healthy instances after every change, for its chip-time and the
 replicas it could serve (`HoldingBook.counts`).
@@ -78,6 +79,7 @@ class HoldingBook:
         self.evicted = [0] * count  # jobs preempted for it
         self.short_changes = [0] * count  # changes that got fewer instances than asked
         self.failures = [0] * count  # held instances downed by hardware failures
+        self.software_s: list[list[float]] = [[] for _ in range(count)]  # replica restarts
         self._topping = False
 
     # ------------------------------------------------------------------ the plan
@@ -219,6 +221,13 @@ class HoldingBook:
             self._topping = True
             self.t.env.process(self._top_up())
 
+    def software(self, inst: int) -> None:
+        """A software failure on a held (healthy) instance: one of its replicas restarts (the
+        figures take it out of service for the detection and the restart)."""
+        d = int(self.dep_of[inst])
+        if d >= 0:
+            self.software_s[d].append(float(self.t.env.now))
+
     def _top_up(self):
         yield self.t.env.timeout(self.t.scenario.failures.detect_s)
         self._topping = False
@@ -235,7 +244,8 @@ class HoldingBook:
                                      f"counted, {len(self._held(d))} owned")
         return HoldingBooks(self.t.cpi, [list(x) for x in self.log_s],
                             [list(x) for x in self.log_held], list(self.evicted),
-                            list(self.short_changes), list(self.failures))
+                            list(self.short_changes), list(self.failures),
+                            [list(x) for x in self.software_s])
 
 
 @dataclass
@@ -248,6 +258,7 @@ class HoldingBooks:
     evicted: list[int]  # jobs preempted for each holding
     short_changes: list[int]  # changes that got fewer instances than asked
     failures: list[int]  # held instances downed by hardware failures
+    software_s: list[list[float]]  # times of software failures restarting a replica
 
     def counts(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """(times, healthy instances held from each on) of holding `d`."""

@@ -22,7 +22,8 @@ from clustersim.serving.fleetday_figures import fluid_deployment_figures
 from clustersim.serving.fleetday_latency import latency_books
 from clustersim.serving.fluid_plan import FluidPlan, running
 
-__all__ = ["fluid_queue", "held_per_step", "held_replicas_series", "fluid_fleet_figures"]
+__all__ = ["fluid_queue", "held_per_step", "held_replicas_series", "restarting_per_step",
+           "fluid_fleet_figures"]
 
 LEVEL = ("fluid, held in the event-driven fleet beside its jobs (docs/fleet-day.md, "
          "In the event-driven fleet)")
@@ -56,6 +57,20 @@ def held_replicas_series(plan: FluidPlan, instances: np.ndarray, cpi: int) -> np
     return np.minimum(plan.up, running(fit.astype(np.int64), warm, "min"))
 
 
+def restarting_per_step(times_s: np.ndarray, hits_s: np.ndarray, down_s: float
+                        ) -> np.ndarray:
+    """Replicas out of service per step: each hit takes one out from its step to the step
+    its detection and restart end in (whole steps)."""
+    steps = len(times_s)
+    count = np.zeros(steps + 1)
+    if len(hits_s) and steps:
+        first = np.searchsorted(times_s, hits_s, side="right") - 1
+        last = np.searchsorted(times_s, hits_s + down_s, side="right") - 1
+        np.add.at(count, np.clip(first, 0, steps - 1), 1)
+        np.add.at(count, np.clip(last, 0, steps - 1) + 1, -1)
+    return np.cumsum(count)[:steps].astype(np.int64)
+
+
 def fluid_fleet_figures(scenario: Scenario, plans: list[FluidPlan], holdings: Any
                         ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary.json `deployments`, `serving`) of the fluid deployments a timeline held."""
@@ -70,6 +85,10 @@ def fluid_fleet_figures(scenario: Scenario, plans: list[FluidPlan], holdings: An
         log_s, log_held = holdings.counts(d)
         instances = held_per_step(log_s, log_held, plan.times_s)
         up = held_replicas_series(plan, instances, cpi)
+        hits = np.asarray(holdings.software_s[d], dtype=float)
+        f = scenario.failures
+        up = np.maximum(up - restarting_per_step(plan.times_s, hits, f.detect_s + f.restart_s),
+                        0)
         dts = plan.dt_s
         arrived = dep.rates * dts
         served, backlog = fluid_queue(arrived, up * dep.curve.capacity_per_s * dts)
@@ -83,10 +102,11 @@ def fluid_fleet_figures(scenario: Scenario, plans: list[FluidPlan], holdings: An
         dep.scale_ups = int(changes[changes > 0].sum())
         dep.scale_downs = int(-changes[changes < 0].sum())
         dep.preempted_for = holdings.evicted[d]
-        dep.failures = holdings.failures[d]
+        dep.failures = holdings.failures[d] + len(hits)
+        # in flight on the replicas a failure stops: an instance's (hardware), one (software)
         per_instance = max(1, cpi // dep.chips)
-        dep.retries = dep.failures * per_instance * float(dep.curve.e2e_mean_s[0]) \
-            * dep.per_replica_rate
+        dep.retries = (holdings.failures[d] * per_instance + len(hits)) \
+            * float(dep.curve.e2e_mean_s[0]) * dep.per_replica_rate
         h = latency_books(dep, s, dts)
         figures = fluid_deployment_figures(scenario, dep, s, h, plan.times_s, dts, horizon)
         ends = np.append(log_s[1:], horizon)
