@@ -262,6 +262,16 @@ def test_runs_with_replications(tmp_path: Path):
     assert summary["deployments"]["chat"]["level"].startswith("fluid, held")
 
 
+def test_elastic_jobs_beside_a_workload_are_refused(tmp_path: Path):
+    data = json.loads(json.dumps(BASE))
+    data["workload"]["templates"][0]["job"]["elastic"] = {"min_dp": 1}
+    scenario = tmp_path / "elastic.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
+    refused(result, "workload.templates.0.job.elastic", "no elastic key")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("change, path", [
     ({"autoscale": {"min": 600, "max": 700}}, "serve.0.autoscale.min"),
     ({"workload": {"load": {"hourly": [10] * 6, "repeat": "none"}}},

@@ -431,6 +431,12 @@ def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assum
     if "utilisation" in cluster and summary["jobs"]:
         table.add_row("training", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
                       f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
+    if cluster.get("serving_utilisation") is not None:  # fluid deployments' holdings
+        serving = summary["serving"]
+        table.add_row("serving", f"{cluster['serving_utilisation']:.1%} of chip-time held by "
+                      f"serving ({serving['chip_hours']:,.0f} chip-hours), "
+                      f"{_money(serving['cost_per_million_output_tokens_usd'], 'per M output tokens')}"
+                      f"; idle or down {cluster['idle_or_down_share']:.1%}")
     if summary.get("replications", 1) > 1:
         table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
                          "figure without ± is the same in every replication")

@@ -326,8 +326,14 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                    f"{limits.MAX_FLEET_DAY_ROWS:,} (docs/limits.md): a shorter duration, a "
                    "longer fluid.interval, or fewer deployments", units.format_duration(
                        s.duration_s))
+    timeline = in_event_fleet(s)
     for index, job in enumerate(s.jobs):
         if job.elastic is None:
+            continue
+        if timeline:
+            yield (f"jobs.{index}.elastic", "beside a workload the event-driven timeline runs "
+                   "jobs at their size (elastic jobs shrink for serving in a fleet-day run "
+                   "only); expected no elastic key", job.elastic.min_dp)
             continue
         dp = job.parallelism.dp
         if job.elastic.min_dp > dp:
