@@ -324,3 +324,33 @@ def test_software_restarts_take_replicas_out_for_whole_steps():
     out = restarting_per_step(times, np.array([30.0, 250.0, 100.0]), 100.0)
     assert list(out) == [1, 2, 2, 1, 1, 1]
     assert list(restarting_per_step(times, np.array([]), 100.0)) == [0] * 6
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 1000), peak=st.sampled_from([200, 800, 3000]),
+       scale=st.sampled_from([1, 100, 400]), priority=st.integers(-1, 2))
+def test_chip_time_adds_up_whatever_the_load_and_failures(tmp_path_factory, seed, peak,
+                                                          scale, priority):
+    """Serving's books agree with the instance owners at the end (HoldingBook.books checks),
+    serving and jobs hold within the cluster's chip-time, and the planned replicas are
+    served but for what the holding lacked."""
+    data = json.loads(json.dumps(BASE))
+    data["seed"] = seed
+    data["duration"] = "6h"
+    data["workload"]["arrivals"] = {"rate": "200/d", "count": 30}
+    data["failures"] = {"preset": "llama3", "scale": scale, "repair": "1h"}
+    serve = data["serve"][0]
+    serve["workload"]["load"]["sinusoid"]["peak"] = f"{peak}/s"
+    serve["autoscale"]["priority"] = priority
+    _, scenario = _scenario(tmp_path_factory.mktemp("h"), data)
+    result = simulate(scenario)
+    timeline = result.timelines[0]
+    serving = timeline.holdings.chip_s(timeline.horizon_s)
+    total = timeline.total_chips * timeline.horizon_s
+    assert serving >= 0 and serving + timeline.allocated_chip_s <= total * (1 + 1e-9)
+    d = result.summary["deployments"]["chat"]
+    assert 0 <= d["replica_hours"] <= d["replica_hours_planned"] + 1e-9
+    assert d["replica_hours_planned"] - d["replica_hours"] == pytest.approx(
+        d["replica_shortfall_hours"], abs=1e-6)
+    c = result.summary["cluster"]
+    assert c["idle_or_down_share"] >= -1e-9
