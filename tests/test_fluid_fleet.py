@@ -354,3 +354,16 @@ def test_chip_time_adds_up_whatever_the_load_and_failures(tmp_path_factory, seed
         d["replica_shortfall_hours"], abs=1e-6)
     c = result.summary["cluster"]
     assert c["idle_or_down_share"] >= -1e-9
+
+
+def test_a_later_start_holds_nothing_before_it(tmp_path: Path):
+    data = json.loads(json.dumps(BASE))
+    data["serve"][0]["start"] = "6h"
+    _, scenario = _scenario(tmp_path, data)
+    (plan,) = fluid_plans(scenario, 3)
+    before = plan.times_s < 6 * 3600
+    assert not plan.held[before].any() and not plan.up[before].any()
+    # from its start, loaded (as at the horizon's start): up at once, at least its minimum
+    assert plan.up[~before][0] == plan.held[~before][0] >= 2
+    assert plan.change_s[0] == 0.0 and plan.instances[0] == 0
+    assert plan.change_s[1] == 6 * 3600 and plan.instances[1] > 0
