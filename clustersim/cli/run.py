@@ -60,9 +60,10 @@ def run(
         raise UsageProblem("--address: the Ray cluster of --engine ray; expected --engine ray")
 
     spec = load_scenario(scenario, overrides or [])
-    from clustersim.scenario.fleetday import is_fleet_day
+    from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
 
-    if is_fleet_day(spec) and (replications > 1 or find_rate):
+    # (fluid deployments beside a workload run in the timeline: replicated as it is)
+    if is_fleet_day(spec) and (find_rate or replications > 1 and not in_event_fleet(spec)):
         raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: a fleet-day "
                            "run (fluid deployments, docs/fleet-day.md) runs once, at its "
                            "scenario's rates")
@@ -211,8 +212,21 @@ def _level_rows(table: Table, d: dict[str, Any]) -> None:
                       "are outside the range it was checked on (docs/fleet-day.md)")
 
 
+def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
+    """A fluid deployment the event-driven fleet held beside its jobs."""
+    table.add_row(f"serve {escape(name)}", f"{d['model']}{_on_stack(d)}, tp {d['tp']} x pp "
+                  f"{d['pp']}: {d['replicas_min']:,}-{d['replicas_max']:,} replicas "
+                  f"({d['replica_shortfall_hours']:,.0f} replica-hours short of its plan), "
+                  f"peak {d['peak_load_per_s']:,.1f}/s, SLO goodput "
+                  f"{(d['slo_goodput'] or 0):.1%}, {d['chip_hours']:,.0f} chip-hours")
+    _level_rows(table, d)
+
+
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
     for name, d in summary.get("deployments", {}).items():
+        if "level" in d:
+            _held_rows(table, name, d)
+            continue
         table.add_row(f"serve {escape(name)}",
                       f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
                       f"{d['tp']} x pp "
@@ -417,6 +431,12 @@ def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assum
     if "utilisation" in cluster and summary["jobs"]:
         table.add_row("training", f"{_with_ci(cluster, 'utilisation', _percent)} of chip-time "
                       f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
+    if cluster.get("serving_utilisation") is not None:  # fluid deployments' holdings
+        serving = summary["serving"]
+        table.add_row("serving", f"{cluster['serving_utilisation']:.1%} of chip-time held by "
+                      f"serving ({serving['chip_hours']:,.0f} chip-hours), "
+                      f"{_money(serving['cost_per_million_output_tokens_usd'], 'per M output tokens')}"
+                      f"; idle or down {cluster['idle_or_down_share']:.1%}")
     if summary.get("replications", 1) > 1:
         table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
                          "figure without ± is the same in every replication")

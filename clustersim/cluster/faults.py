@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clustersim.cluster.owners import FREE, SERVING
+from clustersim.cluster.owners import FLUID, FREE, SERVING
 from clustersim.cluster.rates import effective_rates, failure_population
 from clustersim.hardware.failures import weibull_scale
 
@@ -135,6 +135,9 @@ class FailureSource:
             if job >= 0 and self.t.jobs[job].state in ("running", "checkpointing"):
                 self._count(proc, chip, instances[0], job)
                 self.t.jobs[job].interrupt(proc.component, [])
+            elif job == FLUID and self.t.holdings is not None:  # a replica restarts
+                self._count(proc, chip, instances[0], -1)
+                self.t.holdings.software(instances[0])
             return
         hit_jobs: dict[int, list[int]] = {}
         downed = free_downed = False
@@ -153,6 +156,8 @@ class FailureSource:
             elif job == SERVING:  # the serving simulator takes its replicas down
                 chip_in_instance = unit - inst * self.t.cpi if proc.per == "chip" else -1
                 free_downed |= self._serving_down(inst, chip_in_instance, now)
+            elif job == FLUID and self.t.holdings is not None:  # its replicas are gone
+                self.t.holdings.hit(inst)
             repaired.append(inst)
         if not downed:
             return

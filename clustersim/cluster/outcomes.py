@@ -157,6 +157,8 @@ class TimelineResult:
     # (time, slot, chip in the instance or -1, down seconds) of the hardware failures that
     # downed a serving deployment's instance (Timeline.serving_outages)
     serving_outages: tuple[tuple[float, int, int, float], ...] = ()
+    # fluid deployments' holdings and their books (cluster.fluid_holding.HoldingBook)
+    holdings: Any = None
 
     def cluster_figures(self) -> dict[str, Any]:
         chip_time = self.total_chips * self.horizon_s

@@ -166,6 +166,7 @@ class FaultsTimeline(Protocol):
     serving_slot: np.ndarray
     serving_per_leaf: np.ndarray
     serving_outages: list[tuple[float, int, int, float]]
+    holdings: Any  # cluster.fluid_holding.HoldingBook, or None
 
     @property
     def jobs(self) -> Sequence[StruckJob]: ...

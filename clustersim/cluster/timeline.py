@@ -37,6 +37,7 @@ import simpy
 
 from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
 from clustersim.cluster.faults import FailureSource
+from clustersim.cluster.fluid_holding import Holding, HoldingBook
 from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
 from clustersim.cluster.owners import FREE, SERVING
@@ -153,7 +154,8 @@ class Timeline:
                  seed_sequence: np.random.SeedSequence,
                  progress: Callable[[float, float], None] | None = None,
                  recorder: MemoryRecorder | None = None,
-                 step_model: StepModel | None = None, *, checkpoint_events: bool = False):
+                 step_model: StepModel | None = None, *, checkpoint_events: bool = False,
+                 holdings: list[Holding] | None = None):
         self.scenario = scenario
         # One discrete event per checkpoint (the reference the closed form of periodic
         # checkpoints, cluster.job_periodic, is tested against) instead of the closed form.
@@ -182,7 +184,8 @@ class Timeline:
         # serving simulator takes them): jobs are placed around them.
         self.healthy = np.ones(self.n_instances, dtype=bool)
         self.owner = np.full(self.n_instances, FREE, dtype=np.int32)
-        self.serving_instances = min(self.n_instances, sum(
+        # (fluid deployments' `holdings` come and go instead: cluster.fluid_holding)
+        self.serving_instances = 0 if holdings else min(self.n_instances, sum(
             deployment_instances(d, hw) for d in scenario.serve))
         self.owner[: self.serving_instances] = SERVING
         # The slot (position among the deployments' instances, as the serving simulator
@@ -243,6 +246,7 @@ class Timeline:
         self.active = ActiveJobs()
         self.jobs: list[Any] = []  # JobRun, Retired once done, None before it arrives
         self.faults = FailureSource(self)
+        self.holdings = HoldingBook(self, holdings) if holdings else None
 
     # ------------------------------------------------------------------ the free pool
     def release(self, instances: list[int]) -> None:
@@ -343,6 +347,9 @@ class Timeline:
         # not at the start (`_arrivals`): a year's million JobRuns and processes were
         # 3.2 KiB a job before the first one arrived.
         self.jobs = [None] * len(jobs)
+        if self.holdings is not None:  # serving holds its instances before jobs come
+            self.holdings.start()
+            self.env.process(self.holdings.run())
         later = [index for index, job in enumerate(jobs)
                  if job.submit_s > 0 and job.deadline_s is None] if self.lazy_jobs else []
         arriving = set(later)
@@ -388,6 +395,7 @@ class Timeline:
             min_free_instances=self.min_free,
             fragmentation_mean=self.scheduler.fragmentation_mean(horizon),
             serving_outages=tuple(self.serving_outages),
+            holdings=self.holdings.books() if self.holdings is not None else None,
             # Checkpoints are events only in the per-checkpoint reference.
             event_count=int(sum(faults.failures.values()) + faults.repairs + (sum(
                 r.outcome.checkpoints_completed for r in self.jobs)

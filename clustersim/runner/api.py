@@ -39,11 +39,16 @@ from clustersim.runner.figures import (
     effective_figures,
     largest_of_columns,
 )
-from clustersim.runner.fleetday import compare_levels, run_fleet_day
+from clustersim.runner.fleetday import (
+    add_fluid_figures,
+    compare_levels,
+    holdings_of,
+    run_fleet_day,
+)
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
 from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.fleetday import is_fleet_day
+from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
 from clustersim.scenario.models import Scenario
 from clustersim.serving import (
     ServingResult,
@@ -54,6 +59,7 @@ from clustersim.serving import (
     simulate_serving,
 )
 from clustersim.serving.fidelity import settle_auto
+from clustersim.serving.fluid_plan import fluid_plans
 from clustersim.training.profile import JobDoesNotFit, StepProfile
 from clustersim.training.sites import cross_site_step, site_profile
 from clustersim.training.step import StepModel
@@ -111,9 +117,10 @@ def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
 
 
 def _one_timeline(args: tuple) -> TimelineResult:
-    scenario, steps, seed_sequence = args
+    scenario, steps, seed_sequence, *held = args
     model = StepModel(topology_for(scenario)) if len(scenario.jobs) > 1 else None
-    return Timeline(scenario, steps, seed_sequence, step_model=model).run()
+    return Timeline(scenario, steps, seed_sequence, step_model=model,
+                    holdings=held[0] if held else None).run()
 
 
 def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
@@ -121,14 +128,17 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
                   progress: Callable[[float, float], None] | None = None,
                   recorder: MemoryRecorder | None = None,
                   step_model: StepModel | None = None, engine: str = "local",
-                  address: str | None = None) -> list[TimelineResult]:
+                  address: str | None = None, holdings: list | None = None
+                  ) -> list[TimelineResult]:
     """Run the timeline once per replication, each with its own spawned seed stream. The
     first runs here (with the recorder and the progress display) while the others run in
     parallel local processes, or as Ray tasks (`engine` ray; on the cluster at `address`, or
     a local one): the same seeds, so the same results either way. With several jobs, step
     times follow each job's placement."""
     children = np.random.SeedSequence(seed).spawn(replications)
-    rest = [(scenario, steps, child) for child in children[1:]]
+    # (`holdings`: fluid deployments' plans, the same in every replication)
+    rest = [(scenario, steps, child) + ((holdings,) if holdings else ())
+            for child in children[1:]]
     if engine == "ray" and rest:
         from clustersim.planning.engine import Engine
 
@@ -137,14 +147,15 @@ def run_timelines(scenario: Scenario, steps: dict[str, StepProfile], seed: int,
             # Submitted before the first runs here: they run while it does.
             pending = remote.submit(_one_timeline, rest)
             head = Timeline(scenario, steps, children[0], progress_check(progress), recorder,
-                            step_model if len(scenario.jobs) > 1 else None).run()
+                            step_model if len(scenario.jobs) > 1 else None,
+                            holdings=holdings).run()
             return [head] + ray.get(pending)
     workers = capped_workers(workers, replications)
     model = step_model if len(scenario.jobs) > 1 else None
 
     def first() -> TimelineResult:
         return Timeline(scenario, steps, children[0], progress_check(progress), recorder,
-                        model).run()
+                        model, holdings=holdings).run()
 
     if not rest or workers <= 1:
         return [first()] + [_one_timeline(args) for args in rest]
@@ -241,7 +252,10 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     # 2.2 GiB of a year's million.
     steps = {job.name: site_profile(model, job, None) for job in scenario.jobs}
     check_fit(scenario, steps)
-    if is_fleet_day(scenario):
+    plans = None
+    if in_event_fleet(scenario):  # fluid deployments held in the timeline beside its jobs
+        plans = fluid_plans(scenario, seed)
+    elif is_fleet_day(scenario):
         if replications > 1:
             raise ValueError("replications: a fleet-day run (docs/fleet-day.md) runs once")
         return _fleet_day_run(scenario, seed, topology, steps, trace_dir, started)
@@ -251,7 +265,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
             "version": clustersim.__version__, "seed": seed,
             "scenario_yaml": scenario.source_yaml})
     timelines = run_timelines(scenario, steps, seed, replications, workers, progress, recorder,
-                              model, engine, address)
+                              model, engine, address, holdings=holdings_of(scenario, plans))
     if recorder is not None:
         write_traces(recorder, scenario, topology, steps, timelines[0])
     with_teams = uses_teams(scenario)
@@ -296,7 +310,9 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     if with_teams:
         summary["teams"] = combined["teams"]
     serving = None
-    if scenario.serve:
+    if plans is not None:  # the first replication's holdings
+        add_fluid_figures(scenario, plans, timelines[0], summary)
+    elif scenario.serve:
         # The first replication's failures of serving instances: one failure history for
         # training and serving.
         serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages,

@@ -7,15 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from clustersim.cluster.fluid_holding import Holding
+from clustersim.cluster.outcomes import TimelineResult
 from clustersim.scenario.fleetday import fidelity_choice
 from clustersim.scenario.models import FailuresSpec, Scenario
 from clustersim.serving.fleetday import simulate_fleet_day
 from clustersim.serving.fleetday_figures import day_table, fleet_day_figures, fleet_table
 from clustersim.serving.fleetday_state import FleetDayResult
+from clustersim.serving.fluid_fleet import fluid_fleet_figures
+from clustersim.serving.fluid_plan import FluidPlan
 from clustersim.serving.simulate import ServingResult
 from clustersim.training.profile import StepProfile
 
-__all__ = ["run_fleet_day", "compare_levels"]
+__all__ = ["run_fleet_day", "compare_levels", "holdings_of", "add_fluid_figures"]
 
 
 def run_fleet_day(scenario: Scenario, seed: int, steps: dict[str, StepProfile],
@@ -65,3 +69,28 @@ def compare_levels(scenario: Scenario, seed: int, requests: dict[str, dict[str, 
         out[d.name]["relative_difference"] = {
             k: _relative(f[k], r.get(k)) for k in out[d.name]["fluid"]}
     return out
+
+
+def holdings_of(scenario: Scenario, plans: list[FluidPlan] | None) -> list[Holding] | None:
+    """What the timeline needs of fluid deployments' plans (cluster.fluid_holding)."""
+    if not plans:
+        return None
+    hw = scenario.hardware
+    return [Holding(p.name, p.dep.priority, hw.whole_ultraservers(p.dep.spec.tp),
+                    p.change_s, p.instances) for p in plans]
+
+
+def add_fluid_figures(scenario: Scenario, plans: list[FluidPlan], timeline: TimelineResult,
+                      summary: dict[str, Any]) -> None:
+    """summary.json of a run whose timeline held fluid deployments: `deployments`, `serving`
+    (the fleet's serving chip-hours, tokens and cost) and, in `cluster`, the chip-time held
+    by serving beside the jobs' `utilisation` (the rest idle or down)."""
+    deployments, serving = fluid_fleet_figures(scenario, plans, timeline.holdings)
+    summary["deployments"] = deployments
+    summary["serving"] = serving
+    cluster = summary["cluster"]
+    chip_s = timeline.total_chips * timeline.horizon_s
+    held = timeline.holdings.chip_s(timeline.horizon_s)
+    cluster["serving_instances"] = None  # they vary: deployments.<name>
+    cluster["serving_utilisation"] = held / chip_s if chip_s else 0.0
+    cluster["idle_or_down_share"] = 1.0 - cluster["serving_utilisation"] - cluster["utilisation"]

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["elastic_unit", "elastic_smallest", "ElasticSpec", "SinusoidSpec",
            "LoadCurveSpec", "AutoscaleSpec", "FluidSpec", "LoadRate", "fleet_day_checks",
-           "is_fleet_day", "resolved_fidelity", "fidelity_choice", "replica_chips", "AUTO_REQUESTS"]
+           "is_fleet_day", "in_event_fleet", "resolved_fidelity", "fidelity_choice",
+           "replica_chips", "AUTO_REQUESTS"]
 
 DAY_S = 86400.0
 # fidelity auto: the request-level simulator up to this many expected requests per deployment
@@ -266,6 +267,13 @@ def is_fleet_day(s: Scenario) -> bool:
     return any(resolved_fidelity(d, s.duration_s) == "fluid" for d in s.serve)
 
 
+def in_event_fleet(s: Scenario) -> bool:
+    """Fluid deployments beside a generated or replayed workload (`workload:`): the
+    event-driven timeline runs the jobs and holds the deployments' instances as their plans
+    change (clustersim.serving.fluid_plan), instead of the fleet-day level's steps."""
+    return s.workload is not None and is_fleet_day(s)
+
+
 def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
     """(path, message, value) for load curves, autoscaling and fidelity that do not fit the
     scenario: a curve short of the horizon, a fluid deployment without a rate, a request
@@ -307,7 +315,7 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                 yield (f"{at}.autoscale.min" if d.autoscale is not None else f"{at}.replicas",
                        f"the deployments' minimum replicas need {minimum_instances} instances "
                        f"up to this one; the cluster has {s.working_instances}", count)
-    if fleet:
+    if fleet and not in_event_fleet(s):  # (the timeline keeps no per-step books of jobs)
         steps = math.ceil(s.duration_s / s.fluid.interval_s - 1e-9)
         fluid = sum(resolved_fidelity(d, s.duration_s) == "fluid" for d in s.serve)
         rows = steps * (fluid + len(s.jobs) + 1)
@@ -318,8 +326,14 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                    f"{limits.MAX_FLEET_DAY_ROWS:,} (docs/limits.md): a shorter duration, a "
                    "longer fluid.interval, or fewer deployments", units.format_duration(
                        s.duration_s))
+    timeline = in_event_fleet(s)
     for index, job in enumerate(s.jobs):
         if job.elastic is None:
+            continue
+        if timeline:
+            yield (f"jobs.{index}.elastic", "beside a workload the event-driven timeline runs "
+                   "jobs at their size (elastic jobs shrink for serving in a fleet-day run "
+                   "only); expected no elastic key", job.elastic.min_dp)
             continue
         dp = job.parallelism.dp
         if job.elastic.min_dp > dp:

@@ -12,12 +12,19 @@ import pyarrow as pa
 from clustersim.analysis.trace import SCHEMAS
 from clustersim.scenario.models import Scenario
 from clustersim.serving.fidelity import fluid_fidelity
-from clustersim.serving.fleetday_state import CHIP_STATES, HISTOGRAM_EDGES_S, FleetDayResult
+from clustersim.serving.fleetday_state import (
+    CHIP_STATES,
+    HISTOGRAM_EDGES_S,
+    DeploymentState,
+    FleetDayResult,
+)
 
 __all__ = [
     "day_table",
     "fleet_day_figures",
     "fleet_table",
+    "fluid_deployment_figures",
+    "percentile_of",
 ]
 
 
@@ -45,50 +52,11 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
     deployments = {}
     serving_tokens = 0.0
     for dep in result.deployments:
-        s = result.series[dep.spec.name]
-        h = result.histograms[dep.spec.name]
-        arrived = float(s["arrived"].sum())
-        served = float(s["served"].sum())
-        tokens = float(s["output_tokens"].sum())
-        serving_tokens += tokens
-        chip_h = float(np.dot((s["replicas"] + s["starting"] + s["draining"]) * dep.chips,
-                              dts)) / 3600.0
-        # Missed as its own sum of non-negative terms (arrived - met cancelled to -3.7e-9),
-        # and the goodput from it: all met is exactly 0 missed and a goodput of 1.
-        missed = float(np.dot(1.0 - np.clip(s["slo_attainment"], 0.0, 1.0), s["arrived"]))
-        span = max(result.horizon_s - dep.spec.start_s, 1e-9)
-        # Its replicas over its own span: from the step of its start (it holds none before).
-        since = result.times_s >= dep.spec.start_s
-        since[-1] = True  # a start in the last step
-        live = s["replicas"][since]
-        stack = dep.spec.serving_stack(scenario.hardware.name)
-        deployments[dep.spec.name] = {
-            "model": dep.spec.model.name, "stack": stack.name if stack else None,
-            **fluid_fidelity(dep, scenario.duration_s),
-            "tp": dep.spec.tp,
-            "pp": dep.spec.pp, "chips_per_replica": dep.chips,
-            "replicas_min": int(live.min()), "replicas_max": int(live.max()),
-            "replicas_mean": float(np.dot(live, dts[since]) / dts[since].sum()),
-            "capacity_per_replica_per_s": dep.curve.capacity_per_s,
-            "provisioned_per_replica_per_s": dep.per_replica_rate,
-            "replica_start_s": dep.start_s,
-            "requests": arrived, "requests_completed": served,
-            "requests_per_s": served / span,
-            "peak_load_per_s": float(s["load_per_s"].max()),
-            "output_tokens_per_s": tokens / span, "output_tokens": tokens,
-            "ttft_p50_s": percentile_of(h["ttft"], 0.5), "ttft_p99_s": percentile_of(h["ttft"], 0.99),
-            "tpot_p50_s": percentile_of(h["tpot"], 0.5), "tpot_p99_s": percentile_of(h["tpot"], 0.99),
-            "slo_goodput": max(0.0, 1.0 - missed / arrived) if arrived > 0 else None,
-            "slo_missed_requests": missed,
-            "backlog_end": float(dep.backlog),
-            "chip_hours": chip_h,
-            "cost_per_million_output_tokens_usd": (chip_h * chip_price_h / tokens * 1e6
-                                                   if chip_price_h is not None and tokens > 0
-                                                   else None),
-            "replica_failures": dep.failures, "retries": dep.retries,
-            "scale_ups": dep.scale_ups, "scale_downs": dep.scale_downs,
-            "jobs_preempted": dep.preempted_for,
-        }
+        figures = fluid_deployment_figures(scenario, dep, result.series[dep.spec.name],
+                                           result.histograms[dep.spec.name],
+                                           result.times_s, dts, result.horizon_s)
+        serving_tokens += figures["output_tokens"]
+        deployments[dep.spec.name] = figures
     jobs = {}
     trained = 0.0
     for job in result.jobs:
@@ -144,6 +112,57 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
             "curve_requests_simulated": sum(d.curve.requests_simulated
                                             for d in result.deployments),
         },
+    }
+
+
+def fluid_deployment_figures(scenario: Scenario, dep: DeploymentState, s: dict[str, np.ndarray],
+                             h: dict[str, np.ndarray], times_s: np.ndarray, dts: np.ndarray,
+                             horizon_s: float) -> dict[str, Any]:
+    """summary.json `deployments.<name>` of a deployment the fluid level ran, from its
+    per-step series (`s`, with the latency columns `latency_books` fills) and its run-wide
+    latency histograms (`h`)."""
+    price = scenario.hardware.instance.price_per_hour_usd
+    chip_price_h = None if price is None else price / scenario.hardware.chips_per_instance
+    arrived = float(s["arrived"].sum())
+    served = float(s["served"].sum())
+    tokens = float(s["output_tokens"].sum())
+    chip_h = float(np.dot((s["replicas"] + s["starting"] + s["draining"]) * dep.chips,
+                          dts)) / 3600.0
+    # Missed as its own sum of non-negative terms (arrived - met cancelled to -3.7e-9),
+    # and the goodput from it: all met is exactly 0 missed and a goodput of 1.
+    missed = float(np.dot(1.0 - np.clip(s["slo_attainment"], 0.0, 1.0), s["arrived"]))
+    span = max(horizon_s - dep.spec.start_s, 1e-9)
+    # Its replicas over its own span: from the step of its start (it holds none before).
+    since = times_s >= dep.spec.start_s
+    since[-1] = True  # a start in the last step
+    live = s["replicas"][since]
+    stack = dep.spec.serving_stack(scenario.hardware.name)
+    return {
+        "model": dep.spec.model.name, "stack": stack.name if stack else None,
+        **fluid_fidelity(dep, scenario.duration_s),
+        "tp": dep.spec.tp,
+        "pp": dep.spec.pp, "chips_per_replica": dep.chips,
+        "replicas_min": int(live.min()), "replicas_max": int(live.max()),
+        "replicas_mean": float(np.dot(live, dts[since]) / dts[since].sum()),
+        "capacity_per_replica_per_s": dep.curve.capacity_per_s,
+        "provisioned_per_replica_per_s": dep.per_replica_rate,
+        "replica_start_s": dep.start_s,
+        "requests": arrived, "requests_completed": served,
+        "requests_per_s": served / span,
+        "peak_load_per_s": float(s["load_per_s"].max()),
+        "output_tokens_per_s": tokens / span, "output_tokens": tokens,
+        "ttft_p50_s": percentile_of(h["ttft"], 0.5), "ttft_p99_s": percentile_of(h["ttft"], 0.99),
+        "tpot_p50_s": percentile_of(h["tpot"], 0.5), "tpot_p99_s": percentile_of(h["tpot"], 0.99),
+        "slo_goodput": max(0.0, 1.0 - missed / arrived) if arrived > 0 else None,
+        "slo_missed_requests": missed,
+        "backlog_end": float(dep.backlog),
+        "chip_hours": chip_h,
+        "cost_per_million_output_tokens_usd": (chip_h * chip_price_h / tokens * 1e6
+                                               if chip_price_h is not None and tokens > 0
+                                               else None),
+        "replica_failures": dep.failures, "retries": dep.retries,
+        "scale_ups": dep.scale_ups, "scale_downs": dep.scale_downs,
+        "jobs_preempted": dep.preempted_for,
     }
 
 
