@@ -366,3 +366,34 @@ def test_ring_across_sites_is_not_the_cached_ring_inside_one(topo):
     assert "intersite" not in inside.link_kinds
     assert "intersite" in across.link_kinds
     assert across.max_hop_latency_s >= 2e-3
+
+
+def test_one_site_placement_on_its_slice_is_the_placement_on_a_copy_of_that_site():
+    """SitePlacer places a job in one site on that site's slice of the free mask: the same
+    instances as placing it on a whole-cluster copy that keeps only that site (the old way),
+    whole UltraServers or not, on Z rings or not, for random pools."""
+    from clustersim.cluster.sites import SitePlacer
+
+    rng = np.random.default_rng(5)
+    for ipu, per_leaf, bounds in [(4, 16, [0, 256, 512, 1024]), (2, 8, [0, 40, 80])]:
+        n = bounds[-1]
+        for ring in (True, False):
+            placer = SitePlacer(ipu, n // ipu, per_leaf, np.arange(n) // per_leaf, ring,
+                                np.array(bounds), np.zeros(len(bounds) - 1, dtype=np.int64))
+            assert placer._slices
+            for _ in range(400):
+                free = rng.random(n) < rng.choice([0.05, 0.5, 0.95])
+                free |= np.repeat(rng.random(n // per_leaf) < 0.2, per_leaf)
+                site = int(rng.integers(len(bounds) - 1))
+                count = int(rng.choice([1, 3, 4, 8, 12, 16, 17, 32, 100]))
+                whole = bool(rng.random() < 0.4)
+                sliced = placer._in_site(count, whole, free, site)
+                placer._slices = False
+                copied = placer._in_site(count, whole, free, site)
+                placer._slices = True
+                assert (sliced is None) == (copied is None)
+                if sliced is not None:
+                    assert sliced.dtype == copied.dtype
+                    assert np.array_equal(sliced, copied)
+                    assert free[sliced].all() and bounds[site] <= sliced.min()
+                    assert sliced.max() < bounds[site + 1] and len(sliced) == count

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clustersim.cluster.owners import FREE
-from clustersim.cluster.placement import Placer
+from clustersim.cluster.placement import Placer, pack_runs, whole_units
 from clustersim.hardware.sites import SiteEventSpec, SiteNetwork
 from clustersim.training.shape import spread_shape
 from clustersim.training.sites import cross_site_step
@@ -47,11 +47,39 @@ class SitePlacer(Placer):
         self.bounds = first_instance  # site s: instances bounds[s] .. bounds[s + 1] - 1
         self.n_sites = len(first_instance) - 1
         self.partitioned = partitioned  # the timeline's: above zero while a site is cut off
+        self._bounds = first_instance.tolist()
+        # Sites of whole leaves (and so of whole UltraServers), leaves and UltraServers runs
+        # of consecutive ids: a job placed in one site is placed on that site's slice of the
+        # mask (`_in_site`), not on a copy of the whole mask with only that site kept.
+        self._slices = bool(ipu and n_us and self.instance_run == per_leaf and self.unit_run
+                            and per_leaf % ipu == 0
+                            and all(b % per_leaf == 0 for b in self._bounds))
 
     def per_site(self, mask: np.ndarray) -> np.ndarray:
         """True entries of a mask over instances, per site."""
-        b = self.bounds.tolist()
+        b = self._bounds
         return np.array([np.count_nonzero(mask[b[s]: b[s + 1]]) for s in range(self.n_sites)])
+
+    def _in_site(self, count: int, whole_ultraservers: bool, free: np.ndarray, site: int
+                 ) -> np.ndarray | None:
+        """`Placer.place` on the free instances of one site alone: on the site's slice of
+        the mask (the same instances: the leaves and UltraServers outside hold none free,
+        and those inside keep their order), or on a copy keeping only that site."""
+        if not self._slices:
+            return super().place(count, whole_ultraservers, self._within(free, [site]))
+        first = self._bounds[site]
+        part = free[first: self._bounds[site + 1]]
+        if whole_ultraservers or (count % self.ipu == 0 and self.ring):
+            # (a job the size of whole UltraServers takes whole ones when it can)
+            ipu = self.ipu
+            units = pack_runs(whole_units(part, len(part) // ipu, ipu), self.unit_run,
+                              math.ceil(count / ipu))
+            if units is not None:
+                return (units[:, None] * ipu + np.arange(ipu)[None, :]).ravel()[:count] + first
+            if whole_ultraservers:
+                return None
+        chosen = pack_runs(part, self.instance_run, count)
+        return None if chosen is None else chosen + first
 
     def _within(self, free: np.ndarray, sites: list[int]) -> np.ndarray:
         kept = np.zeros_like(free)
@@ -68,14 +96,16 @@ class SitePlacer(Placer):
         if held is not None:
             own = np.flatnonzero(self.per_site(held)).tolist()
             if own and int(per_site[own].sum()) >= count:
-                chosen = super().place(count, whole_ultraservers, self._within(free, own))
+                chosen = (self._in_site(count, whole_ultraservers, free, own[0])
+                          if len(own) == 1 else
+                          super().place(count, whole_ultraservers, self._within(free, own)))
                 if chosen is not None:
                     return chosen
         # The site that fits it most tightly first (keeps big holes for big jobs).
         for site in np.argsort(per_site, kind="stable").tolist():
             if per_site[site] < count:
                 continue
-            chosen = super().place(count, whole_ultraservers, self._within(free, [site]))
+            chosen = self._in_site(count, whole_ultraservers, free, site)
             if chosen is not None:
                 return chosen
         # Spread: the fewest sites not cut off, most free first.
