@@ -12,7 +12,9 @@ per layer (`serving.prefill_layer_overhead`), the layers' matmul and vector work
 all-reduces, what overlapping them saves, the attention core and the rest (embedding, output).
 
 Token-generation buckets. With `enable_bucketing` NxD Inference compiles token generation in
-buckets too, and a decode step attends over its whole bucket: the Llama 3.1 405B tutorial
+buckets too (neuronx-distributed-inference, modules/autobucketing.py generate_buckets_for_tkg:
+the config's `token_generation_buckets`, else generate_buckets(128, seq_len)), and a decode
+step attends over its whole bucket: the Llama 3.1 405B tutorial
 sets `--token-generation-buckets 12800`; the Llama 3.3 70B tutorial compiles `--seq-len 12800`
 with `--enable-bucketing`, whose generated buckets (powers of two from 128 below it, then it)
 put every position from 10,000 to 11,500 in the 12,800 one; the Qwen3-32B tutorial's vLLM
