@@ -303,39 +303,6 @@ def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
                                  tolerance=1e-9, report=True)
 
 
-def print_nxd_terms() -> None:
-    """The nxd-inference rows' TPOT and TTFT term by term (calibration.nxd_terms), and the
-    three decode bands with the tutorials' token-generation buckets."""
-    from clustersim.calibration import nxd_terms as nt
-    decode = nt.decode_terms()
-    names = ("host", "collectives", "weight_reads", "kv_reads", "other", "total")
-    print("\n== nxd-inference decode, TP 64, batch 1: one token at the mean context, term by "
-          "term (ms)")
-    print(f"{'row':<16}{'context':>8}" + "".join(f"{n:>13}" for n in names) + f"{'pub':>8}")
-    for model, t in decode.items():
-        print(f"{model:<16}{t['context']:>8.0f}" + "".join(f"{t[n] * 1e3:>13.3f}" for n in names)
-              + f"{t['tpot_s'] * 1e3:>8.2f}")
-    names = ("host", "fixed", "layer_ops", "collectives", "overlap", "attention", "other",
-             "total")
-    print("\n== nxd-inference prefill, TP 64: the prompt's bucket alone, term by term (ms)")
-    print(f"{'row':<46}{'bucket':>7}" + "".join(f"{n:>12}" for n in names) + f"{'pub':>8}")
-    for name, t in nt.prefill_terms().items():
-        print(f"{name:<46}{t['tokens']:>7}" + "".join(f"{t[n] * 1e3:>12.2f}" for n in names)
-              + f"{t['ttft_s'] * 1e3:>8.1f}")
-    trend = nt.short_prompt_trend()
-    print(f"the 70B's published short prompts lie on {trend['intercept_ms']:.1f} ms + "
-          f"{trend['slope_ms_per_token']:.4f} ms a token (model {trend['errors'][0]:+.1%} at 512, "
-          f"{trend['errors'][1]:+.1%} at 1,024): at 128 tokens {trend['line_ms']:.1f} ms, the "
-          f"model {trend['llama_model_ms']:.1f} ms ({trend['llama_error']:+.1%}); Qwen3-32B's "
-          f"128 tokens {trend['qwen_error']:+.1%}")
-    near = nt.bucket_feasibility()
-    now = ", ".join(f"{m} {e:+.1%}" for m, e in near["errors_now"].items())
-    print(f"with the tutorials' token-generation buckets: TPOT errors {now} at the catalog's "
-          f"constants; the three decode bands' widest margin {near['margin_ms']:+.2f} ms at "
-          f"decode HBM efficiency {near['hbm_efficiency']:.3f} and {near['overhead_ms']:.2f} ms "
-          f"an iteration, where Qwen3-32B's TTFT is {near['qwen_ttft_error']:+.1%}")
-
-
 def print_models() -> None:
     """2025's models (calibration.models_serving), each Trn2 row run from its scenario file
     (scenarios/calibration/serving/trn2-deepseek-v3-*.yaml, trn2-qwen3-*.yaml) as `clustersim
@@ -375,7 +342,8 @@ def print_models() -> None:
     print(f"at decode HBM efficiency {fit['hbm_efficiency']:.3f}; the Llama rows leave the same "
           f"time at {fit['even_hbm_efficiency']:.3f}; their slope over layers at "
           f"{fit['hbm_efficiency']:.3f}: {fit['slope_us_per_layer']:.1f} us per layer")
-    print_nxd_terms()
+    from clustersim.calibration.nxd_terms import report
+    print("\n" + "\n".join(report()))
     parts = ms.deepseek_breakdown()
     print(f"\n== DeepSeek-V3 on trn2, one decode token (the port's profile; judges; the "
           f"model's host time {parts['host'] * 1e3:.2f} ms is outside it)")

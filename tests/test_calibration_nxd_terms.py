@@ -177,3 +177,18 @@ def test_docs_quote_the_terms(decode, prefill, near):
     assert (f"decode HBM efficiency {near['hbm_efficiency']:.3f} and {near['overhead_ms']:.2f} ms "
             f"an iteration (margin {near['margin_ms']:.2f} ms") in DOC
     assert f"Qwen3-32B's TTFT there is still {near['qwen_ttft_error']:+.1%}" in DOC
+
+
+def test_the_report_prints_every_row(decode, prefill):
+    """`calibrate_serving.py --family models` prints one line per decode row and per prompt,
+    each ending with its published figure, then the trend and the buckets' window."""
+    lines = nt.report()
+    decoding, prompts = lines[:lines.index("")], lines[lines.index(""):]
+    for model, t in decode.items():
+        row, = [line for line in decoding if line.startswith(model + " ")]
+        assert row.endswith(f"{t['tpot_s'] * 1e3:.2f}") and f"{t['total'] * 1e3:.3f}" in row
+    for name, t in prefill.items():
+        row, = [line for line in prompts if line.startswith(name)]
+        assert row.endswith(f"{t['ttft_s'] * 1e3:.1f}") and f"{t['total'] * 1e3:.2f}" in row
+    assert lines[-2].startswith("the 70B's published short prompts")
+    assert lines[-1].startswith("with the tutorials' token-generation buckets")

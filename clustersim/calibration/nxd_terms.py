@@ -41,7 +41,7 @@ from clustersim.hardware.catalog import HardwareSpec, catalog_entry
 
 __all__ = ["NXD_DECODE_ROWS", "NXD_PREFILL_ROWS", "TUTORIAL_TOKEN_BUCKETS", "generated_buckets",
            "decode_terms", "prefill_terms", "bucketed_tpots", "bucket_feasibility",
-           "short_prompt_trend"]
+           "short_prompt_trend", "report"]
 
 # The rows without speculation that have a TPOT: the two fitted Llama rows and Qwen3-32B.
 NXD_DECODE_ROWS: tuple[Trn2Serving, ...] = tuple(
@@ -189,3 +189,39 @@ def short_prompt_trend(hardware: HardwareSpec | None = None, tokens: int = 128
             "line_ms": line, "llama_model_ms": model, "llama_error": model / line - 1,
             "errors": [terms[r.name]["total"] / terms[r.name]["ttft_s"] - 1 for r in short],
             "qwen_error": terms[QWEN3_TRN2.name]["total"] / terms[QWEN3_TRN2.name]["ttft_s"] - 1}
+
+
+def report(hardware: HardwareSpec | None = None) -> list[str]:
+    """The lines `calibrate_serving.py --family models` prints: both tables, the 70B's
+    short-prompt trend and the token-generation buckets' decode window."""
+    lines = ["== nxd-inference decode, TP 64, batch 1: one token at the mean context, term by "
+             "term (ms)"]
+    names = ("host", "collectives", "weight_reads", "kv_reads", "other", "total")
+    lines.append(f"{'row':<16}{'context':>8}" + "".join(f"{n:>13}" for n in names)
+                 + f"{'pub':>8}")
+    for model, t in decode_terms(hardware).items():
+        lines.append(f"{model:<16}{t['context']:>8.0f}"
+                     + "".join(f"{t[n] * 1e3:>13.3f}" for n in names)
+                     + f"{t['tpot_s'] * 1e3:>8.2f}")
+    names = ("host", "fixed", "layer_ops", "collectives", "overlap", "attention", "other",
+             "total")
+    lines += ["", "== nxd-inference prefill, TP 64: the prompt's bucket alone, term by term (ms)",
+              f"{'row':<46}{'bucket':>7}" + "".join(f"{n:>12}" for n in names) + f"{'pub':>8}"]
+    for name, t in prefill_terms(hardware).items():
+        lines.append(f"{name:<46}{t['tokens']:>7}" + "".join(f"{t[n] * 1e3:>12.2f}" for n in names)
+                     + f"{t['ttft_s'] * 1e3:>8.1f}")
+    trend = short_prompt_trend(hardware)
+    lines.append(
+        f"the 70B's published short prompts lie on {trend['intercept_ms']:.1f} ms + "
+        f"{trend['slope_ms_per_token']:.4f} ms a token (model {trend['errors'][0]:+.1%} at 512, "
+        f"{trend['errors'][1]:+.1%} at 1,024): at 128 tokens {trend['line_ms']:.1f} ms, the "
+        f"model {trend['llama_model_ms']:.1f} ms ({trend['llama_error']:+.1%}); Qwen3-32B's "
+        f"128 tokens {trend['qwen_error']:+.1%}")
+    near = bucket_feasibility(hardware)
+    now = ", ".join(f"{m} {e:+.1%}" for m, e in near["errors_now"].items())
+    lines.append(
+        f"with the tutorials' token-generation buckets: TPOT errors {now} at the catalog's "
+        f"constants; the three decode bands' widest margin {near['margin_ms']:+.2f} ms at decode "
+        f"HBM efficiency {near['hbm_efficiency']:.3f} and {near['overhead_ms']:.2f} ms an "
+        f"iteration, where Qwen3-32B's TTFT is {near['qwen_ttft_error']:+.1%}")
+    return lines
