@@ -445,6 +445,7 @@ def test_the_sites_drawing_keeps_sixteen_discs_apart_and_every_link_visible(
         assert min(math.dist(middle, xy) for xy in labels) > 0.1, i
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # nor a warning on stderr
 def test_a_long_bar_note_is_not_clipped(tmp_path: Path):
     import matplotlib.image
 

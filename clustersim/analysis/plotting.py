@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,11 @@ def _save(fig: plt.Figure, path: str | Path, tight: bool = True) -> Path:
     """Write the figure as a PNG and free it: laid out tightly, or cropped to what is drawn
     (`tight=False`, for drawings without axes)."""
     if tight:
-        fig.tight_layout()
+        with warnings.catch_warnings():
+            # a note wider than the axes leaves tight_layout no room and it says so on
+            # stderr; the bbox below grows the canvas to it, so the warning is noise
+            warnings.filterwarnings("ignore", "Tight layout not applied", UserWarning)
+            fig.tight_layout()
         # and the canvas grown to what is drawn: a bar's note longer than the room right of
         # it was cut at the figure's edge (hours.png, step.png)
         fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
