@@ -78,8 +78,8 @@ DISPERSION = 1.3
 # it moves threefold with a tenth more or less waiting, and the model's p50 there is half the
 # request level's. With prompt sigma 1.2 it holds to 50% (a long prompt's earlier chunks
 # timed apart from its last: _chunk_work); from 70% the prefill queue's wait (the longest
-# prompts' work taken as serial) puts the p50 10-30% high (8B +10% and 70B +18% at 70%,
-# +14% and +30% at 85%) and the p99 at 85% 8-17% low.
+# prompts' work taken as serial) puts the p50 10-30% high (8B +10.1% and 70B +18.1% at 70%,
+# +14.4% and +29.5% at 85%) and the p99 at 85% 8-17% low.
 CHECKED = ((0.8, 0.85), (1.2, 0.5))
 _QUADRATURE = 64
 
