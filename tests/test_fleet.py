@@ -759,9 +759,9 @@ def test_running_jobs_by_end_and_by_preemption_order_are_the_sorts(jobs, data):
        serving=st.sampled_from([0, 0, 3, 10]), data=st.data())
 def test_fragmentation_is_the_share_of_free_instances_outside_wholly_free_leaves(
         per_leaf, leaves, partial, serving, data):
-    """Scheduler.record_state (whichever way it counts: words of 8 instances, with or
-    without serving instances, or a count per leaf) gives the definition: 1 - (free
-    instances in leaves whose instances, serving ones aside, are all free) / free."""
+    """Scheduler.record_state (from the free pool's counts per leaf, with or without
+    serving instances) gives the definition: 1 - (free instances in leaves whose
+    instances, serving ones aside, are all free) / free."""
     from types import SimpleNamespace
 
     from clustersim.cluster.scheduler import Scheduler
@@ -775,7 +775,9 @@ def test_fragmentation_is_the_share_of_free_instances_outside_wholly_free_leaves
                       per_leaf)[:n]
     free[:serving] = False
     t = SimpleNamespace(instance_leaf=leaf, n_leaves=leaves, n_instances=n, per_leaf=per_leaf,
-                        teams=None, env=SimpleNamespace(now=1.0), free_mask=lambda: free,
+                        teams=None, env=SimpleNamespace(now=1.0),
+                        free_pool=SimpleNamespace(count=int(free.sum()), per_leaf=np.bincount(
+                            leaf[free], minlength=leaves)),
                         serving_instances=serving, min_free=n, recorder=None,
                         serving_per_leaf=np.bincount(leaf[:serving], minlength=leaves))
     scheduler = Scheduler(t, "fifo", False)

@@ -372,7 +372,7 @@ def test_a_blocked_recovery_does_not_hold_back_the_next_recovery():
     t = Timeline(s, profiles, np.random.SeedSequence(0))
     t.jobs = [JobRun(t, i, j, profiles[j.name]) for i, j in enumerate(s.jobs)]
     big, small, queued = t.jobs
-    t.owner[:] = np.array([-1, -1, 2, 2, 2, 2, 2, 2])  # two free instances
+    t.set_owner(np.arange(2, 8), 2)  # two free instances
     for run in (big, small):
         run.set_state("waiting_for_hardware")
     t.scheduler.queue.append(queued)

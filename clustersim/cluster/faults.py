@@ -146,7 +146,7 @@ class FailureSource:
             if not self.t.healthy[inst]:
                 continue  # already down: this failure changes nothing
             downed = True
-            self.t.healthy[inst] = False
+            self.t.set_healthy(inst, False)
             self.t.instance_down_since[inst] = now
             job = int(self.t.owner[inst])
             if job >= 0:
@@ -183,8 +183,9 @@ class FailureSource:
         free = np.flatnonzero(t.free_mask()) if spares else ()
         if len(free):
             spare = int(free[-1])  # the pool's last: spares sit at the end of the cluster
-            t.owner[spare], t.serving_slot[spare] = SERVING, slot
-            t.owner[inst], t.serving_slot[inst] = FREE, -1
+            t.set_owner(spare, SERVING)
+            t.set_owner(inst, FREE)
+            t.serving_slot[spare], t.serving_slot[inst] = slot, -1
             t.serving_per_leaf[t.instance_leaf[spare]] += 1
             t.serving_per_leaf[t.instance_leaf[inst]] -= 1
             down_s = f.detect_s + f.restart_s
@@ -207,7 +208,7 @@ class FailureSource:
         UltraServer or a leaf switch is one repair, not one pass per instance)."""
         yield self.t.env.timeout(self.t.repair_s)
         for inst in instances:
-            self.t.healthy[inst] = True
+            self.t.set_healthy(inst, True)
             self.repairs += 1
             if self.t.recorder is not None:
                 self.record_down(inst, self.t.env.now)

@@ -57,6 +57,7 @@ class HoldingTimeline(Protocol):
     owner: np.ndarray
     healthy: np.ndarray
 
+    def set_owner(self, instances: Any, owner: int) -> None: ...
     def free_mask(self) -> np.ndarray: ...
     def release(self, instances: list[int]) -> None: ...
     def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None,
@@ -139,7 +140,7 @@ class HoldingBook:
         if self.held[d] > want:
             give = self._held(d)[want:]  # the last (whole UltraServers when it holds those)
             self.dep_of[give] = -1
-            self.t.owner[give] = FREE
+            self.t.set_owner(give, FREE)
             self.held[d] -= len(give)
             self._record(d)
             self.t.release(give.tolist())
@@ -163,7 +164,7 @@ class HoldingBook:
         if chosen is None:  # what fits: whole free UltraServers, or free instances
             chosen = self._what_fits(free, need, whole)
         if len(chosen):
-            t.owner[chosen] = FLUID
+            t.set_owner(chosen, FLUID)
             self.dep_of[chosen] = d
             self.held[d] += len(chosen)
             t.scheduler.record_state()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from clustersim.cluster.owners import FREE
+
 __all__ = ["Preempted", "Ended", "JobRecovery"]
 
 
@@ -73,7 +75,7 @@ class JobRecovery:
         self.t.teams.release(self)  # queued again: admitted again when it restarts
         held = self.held
         self.remove(held)
-        self.t.owner[held] = -1
+        self.t.set_owner(held, FREE)
         if self.process is not None and self.process.is_alive:
             self.interrupt_pending = True
             self.process.interrupt("preempt")
@@ -137,5 +139,5 @@ class JobRecovery:
         # The failed ones go to repair, then back to the pool: no longer the job's before the
         # scheduler's pass that the release runs (backfill would count them as coming back
         # at the job's end).
-        self.t.owner[gone[~healthy]] = -1
+        self.t.set_owner(gone[~healthy], FREE)
         self.t.release(gone[healthy].tolist())

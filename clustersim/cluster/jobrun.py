@@ -262,7 +262,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
             granted = np.asarray(self.granted.value, dtype=np.int64)
             held = granted[self.t.owner[granted] == self.index].tolist()
             if held:
-                self.t.owner[held] = FREE
+                self.t.set_owner(held, FREE)
                 self.t.release([])
                 return
         if held:

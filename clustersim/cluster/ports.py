@@ -4,8 +4,8 @@ receives its port, not the Timeline, and no module of cluster/ but the timeline 
 
 `clustersim.cluster.timeline.Timeline` satisfies every `...Timeline` port below, the
 Scheduler `Scheduling`, FailureSource `FaultCounts`, UplinkBook `UplinkDemand`, ActiveJobs
-`ActiveSet`, TeamBook `TeamRules`, and JobRun every job view. Each names exactly what its
-user reads or calls. This module sits below every other of cluster/ (it imports none of
+`ActiveSet`, TeamBook `TeamRules`, FreePool `FreeCounts`, and JobRun every job view. Each
+names exactly what its user reads or calls. This module sits below every other of cluster/ (it imports none of
 them), so a job appears here by what is used of it, never as JobRun.
 """
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from clustersim.training.step import StepModel
 
 __all__ = ["Member", "StruckJob", "SiteJob", "UplinkJob", "Scheduling", "FaultCounts",
-           "UplinkDemand", "ActiveSet", "TeamRules", "FaultsTimeline", "SitesTimeline",
+           "UplinkDemand", "ActiveSet", "TeamRules", "FreeCounts", "FaultsTimeline", "SitesTimeline",
            "UplinksTimeline", "JobTimeline", "SchedulerTimeline"]
 
 
@@ -127,6 +127,13 @@ class TeamRules(Protocol):
     def release(self, run: Any) -> None: ...
 
 
+class FreeCounts(Protocol):
+    """The free pool's counts, kept as owners and health change (freepool.FreePool)."""
+
+    count: int  # free instances (healthy, owned by nobody)
+    per_leaf: np.ndarray  # free instances under each leaf switch
+
+
 # ------------------------------------------------------------------ the timeline, per user
 class UplinksTimeline(Protocol):
     """What the leaf uplinks' and inter-site links' sharing read (uplinks.UplinkBook,
@@ -171,6 +178,8 @@ class FaultsTimeline(Protocol):
     @property
     def jobs(self) -> Sequence[StruckJob]: ...
     def free_mask(self) -> np.ndarray: ...
+    def set_owner(self, instances: Any, owner: int) -> None: ...
+    def set_healthy(self, instances: Any, healthy: bool) -> None: ...
     def release(self, instances: list[int]) -> None: ...
 
 
@@ -191,6 +200,8 @@ class SitesTimeline(UplinksTimeline, Protocol):
 
     @property
     def jobs(self) -> Sequence[SiteJob]: ...
+    def set_owner(self, instances: Any, owner: int) -> None: ...
+    def set_healthy(self, instances: Any, healthy: bool) -> None: ...
     def release(self, instances: list[int]) -> None: ...
     def wake_waiting(self) -> None: ...
 
@@ -218,6 +229,8 @@ class JobTimeline(UplinksTimeline, Protocol):
     hardware_event: simpy.Event
     checkpoint_events: bool  # an event per checkpoint (the tested reference), not closed form
 
+    def set_owner(self, instances: Any, owner: int) -> None: ...
+    def set_healthy(self, instances: Any, healthy: bool) -> None: ...
     def release(self, instances: list[int]) -> None: ...
     def slowdown(self, held: np.ndarray) -> float: ...
     def cut_off(self, run: Any) -> bool: ...
@@ -241,8 +254,10 @@ class SchedulerTimeline(UplinksTimeline, Protocol):
     owner: np.ndarray
     instance_down_since: np.ndarray
     serving_per_leaf: np.ndarray
+    free_pool: FreeCounts
 
     def free_mask(self) -> np.ndarray: ...
+    def set_owner(self, instances: Any, owner: int) -> None: ...
     def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None,
               held: np.ndarray | None = None) -> np.ndarray | None: ...
     def wake_waiting(self) -> None: ...

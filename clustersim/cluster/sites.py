@@ -172,7 +172,7 @@ class SiteEvents:
         block = np.arange(first + start * ipu, first + (start + hit) * ipu)
         downed = block[t.healthy[block] & (t.owner[block] >= FREE)]  # not serving, not down
         now = t.env.now
-        t.healthy[downed] = False
+        t.set_healthy(downed, False)
         t.instance_down_since[downed] = now
         component = f"site-{event.kind}"
         faults = t.faults
@@ -187,13 +187,13 @@ class SiteEvents:
         if len(downed):
             t.scheduler.record_state()
         yield t.env.timeout(event.duration_s)
-        t.healthy[downed] = True
+        t.set_healthy(downed, True)
         self.down_s += len(downed) * event.duration_s
         if t.recorder is not None:
             for inst in downed.tolist():
                 faults.record_down(inst, t.env.now)
         lost = downed[t.owner[downed] < 0]  # back to the pool; any still owned stay
-        t.owner[lost] = FREE
+        t.set_owner(lost, FREE)
         t.release(lost.tolist())
 
     def _partition(self, event: SiteEventSpec, site: int):

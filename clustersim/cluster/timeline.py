@@ -38,6 +38,7 @@ import simpy
 from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
 from clustersim.cluster.faults import FailureSource
 from clustersim.cluster.fluid_holding import Holding, HoldingBook
+from clustersim.cluster.freepool import FreePool
 from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
 from clustersim.cluster.owners import FREE, SERVING
@@ -204,6 +205,9 @@ class Timeline:
         # hot spare takes a serving slot, so the scheduler need not recount them.
         self.serving_per_leaf = np.bincount(self.instance_leaf[: self.serving_instances],
                                             minlength=self.n_leaves)
+        # The free instances and their counts per leaf, kept as owners and health change
+        # (`set_owner`, `set_healthy`: the only writers of `owner` and `healthy`).
+        self.free_pool = FreePool(self.healthy, self.owner, self.instance_leaf, self.n_leaves)
         ring = hw.ultraserver is not None and hw.ultraserver.interconnect.topology == "ring"
         self.placer = Placer(self.ipu, self.n_us, self.per_leaf, self.instance_leaf, ring)
         # Several sites (clustersim.cluster.sites): placement by site, site events.
@@ -254,7 +258,7 @@ class Timeline:
         if len(instances):
             idx = np.asarray(instances, dtype=np.int64)
             # A repaired serving instance goes back to its deployment, not to the pool.
-            self.owner[idx[self.owner[idx] != SERVING]] = FREE
+            self.set_owner(idx[self.owner[idx] != SERVING], FREE)
         self.wake_waiting()
         self.scheduler.schedule()
 
@@ -264,8 +268,27 @@ class Timeline:
             self.hardware_event.succeed()
         self.hardware_event = self.env.event()
 
+    def set_owner(self, instances: Any, owner: int) -> None:
+        """Who holds `instances` (an index, or distinct indices: a list, an array) from now:
+        a job's index or one of `owners`; the free pool follows."""
+        self.owner[instances] = owner
+        if owner == FREE:
+            self.free_pool.returned(instances)
+        else:
+            self.free_pool.taken(instances)
+
+    def set_healthy(self, instances: Any, healthy: bool) -> None:
+        """`instances` (an index, or distinct indices) up (True) or down (False) from now;
+        the free pool follows."""
+        self.healthy[instances] = healthy
+        if healthy:
+            self.free_pool.returned(instances)
+        else:
+            self.free_pool.taken(instances)
+
     def free_mask(self) -> np.ndarray:
-        return self.healthy & (self.owner == FREE)
+        """The free instances (healthy, owned by nobody): a copy, the caller's to change."""
+        return self.free_pool.mask.copy()
 
     def place(self, count: int, whole_ultraservers: bool, free: np.ndarray | None = None,
               held: np.ndarray | None = None) -> np.ndarray | None:
@@ -374,6 +397,7 @@ class Timeline:
             self.env.process(self._progress_ticks(horizon))
         with collector_paused():
             self.env.run(until=horizon)
+        self.free_pool.check()  # every change went through set_owner and set_healthy
         for index, run in enumerate(self.jobs):  # never arrived: queued from its submission
             if run is None:
                 self.jobs[index] = JobRun(self, index, jobs[index],
