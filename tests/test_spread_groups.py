@@ -204,3 +204,30 @@ def test_resource_rates_are_each_link_translated_to_each_instance(model, jobs):
             got = contention.resource_rates(collectives, cost)
             assert got == _resource_rates_reference(collectives, cost)
             assert any(key[0] == "link" for key in got) and any(key[0] == "hbm" for key in got)
+
+
+def test_instance_and_ultraserver_stages_kept_are_those_computed(model, jobs):
+    """The level coster keeps instance and UltraServer stages by their inputs: groups over
+    other sites (the same first UltraServer, other domains) get the stage computed for the
+    first, which is what computing theirs gives."""
+    from clustersim.collectives.model import Group
+
+    job, n = jobs["small"]
+    hw = model.hardware
+    collectives = StepModel(model.topology).collectives
+    levels = collectives.levels
+    first = model.topology.sites.first_instance
+    asked = 0
+    for other in (1, 2, 3):  # an UltraServer from site 0's start, the rest from another's
+        placed = np.concatenate([np.arange(int(first[0]), int(first[0]) + 4),
+                                 np.arange(int(first[other]), int(first[other]) + n - 4)])
+        group = Group.from_rank_chips(rank_chips(hw, _shard_groups(job).row(0), placed))
+        layout = collectives.layout(group)
+        assert layout.sites == 2 and layout.ultraserver_members > 1
+        for op in ("reduce-scatter", "all-gather"):
+            assert levels.instance_stage(op, layout, 2.0**26, "auto") == (
+                levels._instance_stage(op, layout, 2.0**26, "auto"))
+            assert levels.ultraserver_stage(op, layout, 2.0**24, "auto") == (
+                levels._ultraserver_stage(op, layout, 2.0**24, "auto"))
+            asked += 2
+    assert len(levels._stages) == 4 < asked  # one of each op and level, whatever the split
