@@ -34,6 +34,7 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost, instance: int |
         return {}
     layout = model.layout(cost.group)
     topology = model.topology
+    n_chips = topology.chips
     rates: dict[tuple, float] = {}
 
     def peak(key: tuple, rate: float) -> None:
@@ -45,7 +46,9 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost, instance: int |
             continue
         if stage.level == "fabric":
             for domain in layout.domains.tolist():
-                peak(("efa", domain), 1.0)
+                key = ("efa", domain)
+                if 1.0 > rates.get(key, 0.0):
+                    rates[key] = 1.0
             continue
         if stage.level == "site":
             for key, rate in site_link_rates(topology, layout, stage).items():
@@ -73,13 +76,25 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost, instance: int |
         else:
             first = instance * model.hardware.chips_per_instance
             bases = [first - first % span]
+        links = list(link_rate.items())
+        # Links between chips move with the chips (`_translate`), as most do: the loops
+        # below peak each resource as `peak` does, without a call per link and instance.
+        between_chips = all(u < n_chips and v < n_chips for (u, v), _ in links)
         for base in bases:
             shift = base - rep_base
-            for (u, v), rate in link_rate.items():
-                su, sv = _translate(model, u, v, shift), _translate(model, v, u, shift)
-                peak(("link", su, sv), rate)
+            if between_chips:
+                for (u, v), rate in links:
+                    key = ("link", u + shift, v + shift)
+                    if rate > rates.get(key, 0.0):
+                        rates[key] = rate
+            else:
+                for (u, v), rate in links:
+                    su, sv = _translate(model, u, v, shift), _translate(model, v, u, shift)
+                    peak(("link", su, sv), rate)
             for chip in chips:
-                peak(("hbm", chip + shift), hbm_rate)
+                key = ("hbm", chip + shift)
+                if hbm_rate > rates.get(key, 0.0):
+                    rates[key] = hbm_rate
     return rates
 
 
@@ -122,7 +137,9 @@ def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> lis
     for i, r in enumerate(rates):
         for key, rate in r.items():
             use[i, column[key]] = rate
-    limit = np.array([model.capacity(key) for key in keys])
+    # (`CollectiveModel.capacity`, a call only for a resource not yet looked up)
+    known = getattr(model, "_capacities", {}).get
+    limit = np.array([known(key) or model.capacity(key) for key in keys])
     speed = np.array([0.0 if r else 1.0 for r in rates])
     frozen = np.array([not r for r in rates])
     while not frozen.all():

@@ -41,7 +41,8 @@ class Group:
     @classmethod
     def from_rank_chips(cls, rank_chips: Iterable[int]) -> Group:
         """A group from the chip of each rank; every chip must hold the same number of ranks."""
-        chips, counts = np.unique(np.asarray(list(rank_chips), dtype=np.int64), return_counts=True)
+        given = rank_chips if isinstance(rank_chips, np.ndarray) else list(rank_chips)
+        chips, counts = np.unique(np.asarray(given, dtype=np.int64), return_counts=True)
         if len(chips) and np.any(counts != counts[0]):
             raise CollectiveError("every chip of a group must hold the same number of its ranks")
         return cls(chips, int(counts[0]) if len(counts) else 1)

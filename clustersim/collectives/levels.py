@@ -38,9 +38,12 @@ from clustersim.collectives.rdh import rdh_steps
 from clustersim.collectives.ring import ring_steps
 from clustersim.collectives.sites import site_cost
 from clustersim.collectives.zring import z_algorithms, z_columns, z_steps
+from clustersim.hardware.lru import LruCache
 from clustersim.hardware.topology import Topology
 
 __all__ = ["LevelCoster"]
+
+STAGES_KEPT = 16_384  # instance and UltraServer stages kept by their inputs, least recent dropped
 
 
 class LevelCoster:
@@ -52,6 +55,10 @@ class LevelCoster:
         self.constants = topology.hardware.collectives
         self.coster = coster
         self.cycles = CycleFinder(topology)
+        # The instance and UltraServer stages by what they depend on (the representative's
+        # chips, ranks per chip, op, buffer, algorithm): groups that differ above them (in
+        # their domains or sites, as a spread job's placements do) share them.
+        self._stages: LruCache = LruCache(STAGES_KEPT)
 
     def stage(self, level: str, op: str, layout: Layout, buffer: float, algorithm: str
               ) -> StageCost:
@@ -108,6 +115,15 @@ class LevelCoster:
 
     def instance_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
                        ) -> StageCost:
+        key = ("instance", op, layout.instance_chips.tobytes(), layout.ranks_per_chip,
+               float(buffer), algorithm)
+        found = self._stages.get(key)
+        if found is None:
+            found = self._stages[key] = self._instance_stage(op, layout, buffer, algorithm)
+        return found
+
+    def _instance_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
+                        ) -> StageCost:
         if algorithm in ("auto", "hierarchical"):
             algorithm = self.auto_instance(op, layout, buffer)
         if algorithm not in self.instance_candidates(op, layout):
@@ -146,6 +162,16 @@ class LevelCoster:
                           ) -> StageCost:
         """Instances of an UltraServer over the Z rings: each chip position runs its own
         group along its Z ring, with every rank of the chip in a parallel group."""
+        key = ("ultraserver", op, layout.ultraserver_chips.tobytes(),
+               len(layout.instance_chips), layout.ultraserver_members, layout.ranks_per_chip,
+               float(buffer), algorithm)
+        found = self._stages.get(key)
+        if found is None:
+            found = self._stages[key] = self._ultraserver_stage(op, layout, buffer, algorithm)
+        return found
+
+    def _ultraserver_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
+                           ) -> StageCost:
         m = layout.ultraserver_members
         k = layout.ranks_per_chip
         chips = [int(c) for c in layout.ultraserver_chips]

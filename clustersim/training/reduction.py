@@ -37,6 +37,7 @@ from clustersim.training.ranks import (
     rank_chips,
 )
 from clustersim.training.shape import leaves_matter
+from clustersim.training.spread_groups import GroupsOfRanks, SpreadClasses, SpreadKeys, chips_key
 from clustersim.training.stages import rank_layers
 from clustersim.training.workload import TrainingJob
 
@@ -82,6 +83,9 @@ class GradientReduction:
         # the leaves may not matter either (`_groups_shape`).
         self._site_chips = collectives.topology.chip_site if not leaves_matter(
             collectives.topology, sites=False) else None
+        # Over several sites, the same keys from the groups' ranks (`spread_groups`).
+        self._spread = SpreadKeys(self.hardware, _instance_sites(
+            collectives.topology, self._site_chips)) if self._leaves_matter else None
         self._first_groups: dict[tuple, tuple[Group, int]] = {}
         self._alone_times: dict[tuple, dict[int, DataParallelTimes]] = {}
 
@@ -100,11 +104,12 @@ class GradientReduction:
             experts = expert_params_per_rank(job, layers)
             dense = params_per_rank(job, d == 0, d == par.pp - 1, layers) - experts
             base = d * pipeline_stride(par)
-            shard_groups = [base + t + offsets[:z] for t in range(par.tp)]
-            reduce_s, gather_s = self._over_groups(par.zero, shard_groups, dense, grad_bytes,
+            tp_ranks = base + np.arange(par.tp)  # group t: base + t + the offsets
+            shards = GroupsOfRanks(tp_ranks, offsets[:z])
+            reduce_s, gather_s = self._over_groups(par.zero, shards, dense, grad_bytes,
                                                    weight_bytes, placed)
             if z < len(offsets):  # hybrid: the shard's gradients across the shard groups
-                across = [base + t + offsets[::z] for t in range(par.tp)]
+                across = GroupsOfRanks(tp_ranks, offsets[::z])
                 reduce_s += self._over_groups(0, across, dense / z, grad_bytes, weight_bytes,
                                               placed)[0]
             if experts and par.dp > par.ep:
@@ -217,7 +222,7 @@ class GradientReduction:
         together = int(np.count_nonzero((chips == chips[0]).all(axis=1)))
         return Group.from_rank_chips(chips[0].tolist()), together
 
-    def _over_groups(self, zero: int, groups: list[np.ndarray], params: float,
+    def _over_groups(self, zero: int, groups: list[np.ndarray] | GroupsOfRanks, params: float,
                      grad_bytes: int, weight_bytes: int, placed: np.ndarray,
                      pipeline_ranks: int | None = None) -> tuple[float, float]:
         """(reduction, gather) of `params` per rank over these groups of ranks at once:
@@ -225,19 +230,27 @@ class GradientReduction:
         after the step with ZeRO-3 (its reduce-scatters are in the passes). Over several
         sites, `pipeline_ranks` (default: the job's last asked) sets of such groups cross
         the inter-site links at once."""
-        if len(groups[0]) == 1 or zero == 3:
+        if not isinstance(groups, GroupsOfRanks):
+            groups = GroupsOfRanks(matrix=np.stack(groups))
+        if groups.shape[1] == 1 or zero == 3:
             return 0.0, 0.0
         if pipeline_ranks is None:
             pipeline_ranks = getattr(self, "_pipeline_ranks", 1)
+        spread = self._spread.key(groups, placed) if self._spread is not None else None
+        if spread is not None:  # over several sites: `_groups_shape`, without the chips
+            shape, classes = spread
+            chips = None
+        else:
+            chips = rank_chips(self.hardware, groups.matrix(), placed)
+            shape, classes = self._groups_shape(chips), None
         # ZeRO-1 and ZeRO-2 reduce alike (a reduce-scatter and an all-gather).
-        chips = rank_chips(self.hardware, np.stack(groups), placed)
-        key = (min(zero, 1), self._groups_shape(chips), len(groups), params, grad_bytes,
-               weight_bytes, pipeline_ranks)
+        key = (min(zero, 1), shape, groups.shape[0], params, grad_bytes, weight_bytes,
+               pipeline_ranks)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._solve(zero, groups, params, grad_bytes,
                                                     weight_bytes, placed, pipeline_ranks,
-                                                    chips)
+                                                    chips, classes)
         return cached
 
     def _groups_shape(self, chips: np.ndarray) -> Any:
@@ -254,7 +267,7 @@ class GradientReduction:
         if self._leaves_matter:
             site = self._one_site(chips)
             if site is None:
-                return chips.shape, key_digest(np.ascontiguousarray(chips))
+                return chips_key(chips, self.hardware.chips_per_instance)
             return site, self._domain_shape(chips)
         return self._domain_shape(chips)
 
@@ -311,29 +324,37 @@ class GradientReduction:
                 return True
         return False
 
-    def _solve(self, zero: int, groups: list[np.ndarray], params: float, grad_bytes: int,
-               weight_bytes: int, placed: np.ndarray, pipeline_ranks: int,
-               all_chips: np.ndarray) -> tuple[float, float]:
+    def _solve(self, zero: int, groups: GroupsOfRanks, params: float,
+               grad_bytes: int, weight_bytes: int, placed: np.ndarray, pipeline_ranks: int,
+               all_chips: np.ndarray | None, classes: SpreadClasses | None = None
+               ) -> tuple[float, float]:
         """The reduction and gather of these groups, whose chips are `all_chips` (one row a
-        group: `rank_chips` of them, as `_over_groups` has them)."""
+        group: `rank_chips` of them, as `_over_groups` has them), or over several sites
+        the groups' `classes` of equal chips (`spread_groups`)."""
         hw = self.hardware
-        by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
-        for ranks, chips in zip(groups, all_chips, strict=True):
-            key = chips.tobytes()
-            first, count = by_chips.get(key, (ranks, 0))
-            by_chips[key] = (first, count + 1)
-        first_chips = rank_chips(hw, groups[0], placed)
+        if classes is None:
+            by_chips: dict[bytes, tuple[np.ndarray, int]] = {}
+            for ranks, chips in zip(groups.matrix(), all_chips, strict=True):
+                key = chips.tobytes()
+                first, count = by_chips.get(key, (ranks, 0))
+                by_chips[key] = (first, count + 1)
+            first_chips = rank_chips(hw, groups.row(0), placed)
+            members = list(by_chips.values())
+            own_instances = len(np.unique(first_chips // hw.chips_per_instance)) == len(
+                first_chips)
+        else:  # the same, from the groups' ranks (`SpreadClasses`)
+            members = [(groups.row(i), count) for i, count in classes.members]
+            own_instances = classes.own_instances
         # Over several sites, every group of every pipeline rank crosses the same inter-site
         # links at once (clustersim.collectives.sites.share_site_links).
-        parallel = len(by_chips) * pipeline_ranks
-        if len(np.unique(first_chips // hw.chips_per_instance)) == len(first_chips):
+        parallel = len(members) * pipeline_ranks
+        if own_instances:
             # Each group has its own chip per instance (own NIC, own Z links): the groups
             # are translations of one another and share nothing; one stands for all.
-            first_key = next(iter(by_chips))
-            by_chips = {first_key: by_chips[first_key]}
+            members = members[:1]
         reduces, gathers = [], []
-        for ranks, together in by_chips.values():
-            group = Group.from_rank_chips(rank_chips(hw, ranks, placed).tolist())
+        for ranks, together in members:
+            group = Group.from_rank_chips(rank_chips(hw, ranks, placed))
             grads = params * grad_bytes * together
             if zero in (1, 2):
                 reduces.append(self.collectives.cost("reduce-scatter", group, grads))
@@ -342,7 +363,8 @@ class GradientReduction:
             else:
                 reduces.append(self.collectives.cost("all-reduce", group, grads))
         chips = reduces[0].group.chips
-        instances = len(np.unique(chips // hw.chips_per_instance))
+        instances = (classes.first_instances if classes is not None
+                     else len(np.unique(chips // hw.chips_per_instance)))
         shared = len(chips) > instances  # several chips of one group in an instance
         topology = self.collectives.topology
         if topology.site_count > 1:
@@ -360,6 +382,18 @@ class GradientReduction:
                     + gather_site)
         return (_slowest(self.collectives, reduces, shared),
                 _slowest(self.collectives, gathers, shared))
+
+
+def _instance_sites(topology: Any, site_chips: np.ndarray | None) -> np.ndarray | None:
+    """Each instance's site (`SpreadKeys`), or None with no sites; a placement's chips are
+    in one site exactly when its instances are."""
+    if site_chips is None:
+        return None
+    cpi = topology.hardware.chips_per_instance
+    by_instance = site_chips.reshape(-1, cpi)
+    if not bool((by_instance == by_instance[:, :1]).all()):
+        raise ValueError("an instance's chips in two sites")
+    return np.ascontiguousarray(by_instance[:, 0])
 
 
 def _layers_per_rank(job: TrainingJob) -> list[float]:
