@@ -46,9 +46,7 @@ def resource_rates(model: CollectiveModel, cost: CollectiveCost, instance: int |
             continue
         if stage.level == "fabric":
             for domain in layout.domains.tolist():
-                key = ("efa", domain)
-                if 1.0 > rates.get(key, 0.0):
-                    rates[key] = 1.0
+                peak(("efa", domain), 1.0)
             continue
         if stage.level == "site":
             for key, rate in site_link_rates(topology, layout, stage).items():
@@ -137,9 +135,7 @@ def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> lis
     for i, r in enumerate(rates):
         for key, rate in r.items():
             use[i, column[key]] = rate
-    # (`CollectiveModel.capacity`, a call only for a resource not yet looked up)
-    known = getattr(model, "_capacities", {}).get
-    limit = np.array([known(key) or model.capacity(key) for key in keys])
+    limit = np.array([model.capacity(key) for key in keys])  # (looked up once per model)
     speed = np.array([0.0 if r else 1.0 for r in rates])
     frozen = np.array([not r for r in rates])
     while not frozen.all():

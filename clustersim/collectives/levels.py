@@ -117,9 +117,14 @@ class LevelCoster:
                        ) -> StageCost:
         key = ("instance", op, layout.instance_chips.tobytes(), layout.ranks_per_chip,
                float(buffer), algorithm)
+        return self._kept(key, self._instance_stage, op, layout, buffer, algorithm)
+
+    def _kept(self, key: tuple, make, *args) -> StageCost:
+        """A stage's cost kept by its exact inputs (`key`): groups that differ only above
+        this level share it."""
         found = self._stages.get(key)
         if found is None:
-            found = self._stages[key] = self._instance_stage(op, layout, buffer, algorithm)
+            found = self._stages[key] = make(*args)
         return found
 
     def _instance_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
@@ -165,10 +170,7 @@ class LevelCoster:
         key = ("ultraserver", op, layout.ultraserver_chips.tobytes(),
                len(layout.instance_chips), layout.ultraserver_members, layout.ranks_per_chip,
                float(buffer), algorithm)
-        found = self._stages.get(key)
-        if found is None:
-            found = self._stages[key] = self._ultraserver_stage(op, layout, buffer, algorithm)
-        return found
+        return self._kept(key, self._ultraserver_stage, op, layout, buffer, algorithm)
 
     def _ultraserver_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
                            ) -> StageCost:
