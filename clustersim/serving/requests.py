@@ -4,13 +4,21 @@ request).
 Arrivals are Poisson (exponential gaps), gamma (gaps with a coefficient of variation `cv`:
 above 1 bursty, below 1 smoother than Poisson) or read from a trace file (CSV or Parquet with
 `arrival_s`, `input_tokens`, `output_tokens`). Lengths are fixed, log-normal (median and the
-standard deviation of the log, clipped to [min, max]) or the trace's.
+standard deviation of the log, clipped to [min, max]) or the trace's. `stratified` draws (the
+fluid level's capacity run) take log-normal lengths at a low-discrepancy sequence of
+probability levels (from a random start: consecutive requests' levels a fixed stride apart,
+_R2) rather than at random ones: every run of consecutive requests, the whole run's or the
+part of it a measurement window takes, has the distribution's mean and spread, to a
+fraction of a percent, not a sample's (3,000 random draws' mean output is off by a percent
+or two; a window's prompts by more). `length_mean` is that mean.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +31,7 @@ from clustersim.scenario.serving import MAX_REQUEST_TOKENS, LengthSpec, RequestW
 from clustersim.serving.load import rescale_arrivals
 
 __all__ = ["Requests", "generate_requests", "read_request_trace", "check_request_trace",
-           "TraceError"]
+           "TraceError", "length_mean"]
 
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 
@@ -144,8 +152,43 @@ def _arrivals(spec: RequestWorkloadSpec, horizon_s: float, rng: np.random.Genera
     return arrivals[:limit] if limit is not None else arrivals
 
 
+def length_mean(spec: LengthSpec) -> float | None:
+    """The mean token count of a length distribution as drawn (log-normal: clipped to [min,
+    max] and rounded to the nearest integer); None for a trace's. For a log-normal X, the
+    draw exceeds k (min <= k < max) when X >= k + 1/2, so the mean is min plus the sum of
+    P(X >= k + 1/2): exact over the first _EXACT_TOKENS counts, and past them the integral of
+    P(X >= x), in closed form (the rounding moves nothing there)."""
+    if spec.distribution == "fixed":
+        return float(spec.value)
+    if spec.distribution != "lognormal":
+        return None
+    mu, sigma = math.log(spec.median), spec.sigma
+    normal = NormalDist()
+
+    def survival(x: float) -> float:
+        return normal.cdf((mu - math.log(x)) / sigma)
+
+    split = min(spec.max, spec.min + _EXACT_TOKENS)
+    total = spec.min + math.fsum(survival(k + 0.5) for k in range(spec.min, split))
+    if split < spec.max:  # the integral of P(X >= x) over [split, max]
+        def partial(x: float) -> float:  # x P(X >= x) + E[X; X < x]
+            return x * survival(x) + math.exp(mu + sigma**2 / 2) * normal.cdf(
+                (math.log(x) - mu - sigma**2) / sigma)
+        total += partial(spec.max) - partial(split)
+    return total
+
+
+# Stratified draws' strides, prompts' and outputs': the R2 sequence (Roberts 2018: 1/g and
+# 1/g^2, g the plastic number, the real root of x^3 = x + 1), whose points fill the unit square
+# evenly in every run of consecutive requests (a prompt's and its output's levels together).
+_PLASTIC = 1.324717957244746
+_R2 = (1.0 / _PLASTIC, 1.0 / _PLASTIC**2)
+_EXACT_TOKENS = 1 << 16  # length_mean's exact sum: past it, the density is smooth per token
+
+
 def _lengths(spec: LengthSpec, n: int, rng: np.random.Generator,
-             trace: np.ndarray | None) -> np.ndarray:
+             trace: np.ndarray | None, stratified: bool = False,
+             stride: float = 0.0) -> np.ndarray:
     if spec.distribution == "fixed":
         assert spec.value is not None
         return np.full(n, spec.value, dtype=np.int64)
@@ -154,17 +197,26 @@ def _lengths(spec: LengthSpec, n: int, rng: np.random.Generator,
         values = np.rint(trace[:n]).astype(np.int64)
     else:
         assert spec.median is not None and spec.sigma is not None
+        if stratified:  # quantiles at a low-discrepancy sequence of levels (module docstring)
+            levels = (rng.random() + stride * np.arange(n)) % 1.0
+            normal = NormalDist(math.log(spec.median), spec.sigma)
+            logs = np.array([normal.inv_cdf(level) if 0 < level < 1 else
+                             math.copysign(math.inf, level - 0.5) for level in levels.tolist()])
+        else:
+            logs = rng.normal(np.log(spec.median), spec.sigma, n)
         # Clipped as floats: exp() of a wide draw overflows int64 (it became 1 token).
-        draws = np.exp(rng.normal(np.log(spec.median), spec.sigma, n))
+        draws = np.exp(logs)
         return np.rint(np.clip(draws, spec.min, spec.max)).astype(np.int64)
     return np.clip(values, spec.min, spec.max)
 
 
 def generate_requests(spec: RequestWorkloadSpec, horizon_s: float, seed: np.random.SeedSequence,
                       base_dir: Path | None = None,
-                      load: tuple[np.ndarray, float] | None = None) -> Requests:
+                      load: tuple[np.ndarray, float] | None = None,
+                      stratified: bool = False) -> Requests:
     """The deployment's requests over [0, horizon_s), from its own seed stream. `load`:
-    (requests per second per step, the step) of a load curve (clustersim.serving.load)."""
+    (requests per second per step, the step) of a load curve (clustersim.serving.load);
+    `stratified`: log-normal lengths drawn stratified (module docstring)."""
     arrival_rng, input_rng, output_rng = (np.random.default_rng(s) for s in seed.spawn(3))
     trace = None
     if spec.trace is not None:
@@ -197,7 +249,7 @@ def generate_requests(spec: RequestWorkloadSpec, horizon_s: float, seed: np.rand
         raise TraceError(f"the trace has {len(trace['input_tokens'])} requests' lengths, "
                          f"{n} arrivals need them")
     inputs = _lengths(spec.input_tokens, n, input_rng,
-                      None if trace is None else trace["input_tokens"])
+                      None if trace is None else trace["input_tokens"], stratified, _R2[0])
     outputs = _lengths(spec.output_tokens, n, output_rng,
-                       None if trace is None else trace["output_tokens"])
+                       None if trace is None else trace["output_tokens"], stratified, _R2[1])
     return Requests(np.ascontiguousarray(arrivals, dtype=np.float64), inputs, outputs)

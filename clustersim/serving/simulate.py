@@ -212,13 +212,14 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
 def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
                      base_dir: Path | None = None,
                      outages: Sequence[tuple[float, int, int, float]] | None = None,
-                     trial: Any = None) -> ServingResult:
+                     trial: Any = None, stratified: bool = False) -> ServingResult:
     """Simulate every deployment of the scenario over its horizon (plus the time to drain
     requests in flight at the end, up to one more horizon). `outages`: (time, instance) of the
     hardware failures the training timeline of the same run applied to serving instances, as
     (time, slot, chip or -1, down seconds); without them, hardware failures are drawn here.
     `trial` (serving.trials.SloTrial) stops the run once its deployment's SLO attainment is
-    decided short of its target."""
+    decided short of its target. `stratified`: log-normal lengths drawn stratified (the fluid
+    level's capacity run, clustersim.serving.requests)."""
     env = ServingEnvironment()
     horizon = scenario.duration_s
     fleets: dict[str, Fleet] = {}
@@ -234,7 +235,7 @@ def simulate_serving(scenario: Scenario, seed: np.random.SeedSequence,
                                load_seed(int(seed.entropy), len(fleets))), step_s)
         try:
             requests = generate_requests(d.workload, horizon - d.start_s, request_seed,
-                                         base_dir, load)
+                                         base_dir, load, stratified)
         except TraceError as error:
             index = scenario.serve.index(d)
             raise ScenarioError(scenario.source, [Issue(
