@@ -24,13 +24,13 @@ chunked over several (clustersim.serving.replica). From the replica's own iterat
   of them): a birth-death chain over the requests in the replica, completing at n over
   their outputs x TPOT(n) with n sequences decoding (a small batch decodes faster than a
   full one), tempered by DISPERSION; an arrival finding the places full waits an
-  exponential time at the rate the queue drains, scaled by the outputs' spread (the
-  Allen-Cunneen factor). While requests queue for a place each completion admits one, so
-  prompts come at the completion rate and the full batch completes at the replica's
-  saturated rate: the queue drains at that rate less the arrivals. That rate is the one
-  figure taken from the request level when given (`capacity_per_s`, its measured
-  all-at-once rate; the chain's rates are scaled to it): at 95% the queue drains at a
-  twentieth of it, so an error of 1% moves the wait by a fifth.
+  exponential time at the rate the queue drains, scaled by the Allen-Cunneen factor of a
+  request's time in a full batch (saturated_cv2). While requests queue for a place each
+  completion admits one, so prompts come at the completion rate and the full batch
+  completes at the replica's saturated rate: the queue drains at that rate less the
+  arrivals. That rate is the one figure taken from the request level when given
+  (`capacity_per_s`, measured by clustersim.serving.curves; the chain's rates are scaled
+  to it): at 95% the queue drains at a twentieth of it, so 1% moves the wait by a fifth.
 - **TTFT** = the iteration under way + the prefill wait + the admission wait + n(L) T_d +
   S(L) + the work of the prompts that ride in its last iteration (those arriving while it
   waits and while its earlier chunks run, timed chunk by chunk: a prompt a little past an
@@ -63,23 +63,23 @@ PACKING = 1.0  # share of packing reached at rho = 1 (0: every prompt alone)
 # The batch's occupancy varies more than a chain whose completion rates follow its size
 # alone (admission_chain): the iteration time also moves with the prompt work arriving
 # (QueueModel.dispersion, from the prompts' lengths) and with the contexts in the batch,
-# which the chain averages: DISPERSION. Read off the request level's batch-size series (the
-# tempering at which the chain's batch is full as often as the request level's, over that
-# prompt-work factor: 1.25 to 1.37 at 85% over 8B and 70B, prompt sigma 0 to 1.2,
-# tests/test_fluid_queue.py). It sets how often an arrival finds the batch full, not how
-# fast the queue then drains (the full batch's rate less the arrivals: tempering that too
-# put the TTFT p99 at 95% half above the request level's).
+# which the chain averages: DISPERSION. Read off the request level's admissions (the
+# tempering at which the chain's share of arrivals waiting for a place is the request
+# level's, over that prompt-work factor, the chain's rates scaled to the measured capacity:
+# 1.23 to 1.33 at 85% over 8B and 70B, prompt sigma 0 to 1.2, tests/test_fluid_queue.py,
+# which also checks the share waiting and their mean wait within 10% at 85% and 95%). It
+# sets how often an arrival finds the batch full, not how fast the queue then drains.
 DISPERSION = 1.3
 # Where the model is checked against the request level within 10% on TTFT p50 and p99 and
 # TPOT p50 (clustersim.serving.queueing_grid, tests/test_fluid_queue.py: utilisation 10-95%
 # of a replica's saturated capacity, prompt sigma 0-1.2, Llama 3.1 8B and 70B on trn2):
 # (largest prompt sigma, highest utilisation) pairs. TPOT holds within 2% over the whole
-# grid. At 95% the TTFT p50 is where about half the requests wait for a place in the batch:
-# it moves threefold with a tenth more or less waiting, and the model's p50 there is half the
-# request level's. With prompt sigma 1.2 it holds to 50% (a long prompt's earlier chunks
-# timed apart from its last: _chunk_work); from 70% the prefill queue's wait (the longest
-# prompts' work taken as serial) puts the p50 10-30% high (8B +10.1% and 70B +18.1% at 70%,
-# +14.4% and +29.5% at 85%) and the p99 at 85% 8-17% low.
+# grid. Up to 85% with sigma up to 0.8 two cells are past 10%: 70B's p99 at 70% with fixed
+# prompts (+10.7%) and its p50 at 85% with sigma 0.8 (+10.5%). At 95% the p50 is 12-31% high
+# and the p99 1-14% (the share waiting for a place and their mean wait are the request
+# level's within 10%; the p50 moves threefold with a tenth more or less waiting). With
+# sigma 1.2 it holds to 50%; from 70% the prefill queue's wait (the longest prompts' work
+# taken as serial) puts the p50 10-30% high (+10.1% and +18.3% at 70%, +16.7% and +29.0% at 85%).
 CHECKED = ((0.8, 0.85), (1.2, 0.5))
 _QUADRATURE = 64
 
@@ -163,6 +163,7 @@ class QueueModel:
         self.output_mean = float(np.dot(outputs, out_w))
         self.output_cv2 = float(np.dot(outputs**2, out_w)) / self.output_mean**2 - 1.0
         self._rates: dict[float, np.ndarray] = {}
+        self._full_work: tuple[float, float] | None = None
         self.prompt_mean = float(np.dot(self.prompts, self.weights))
         # A sequence in the batch is met in proportion to how long it stays there (its
         # outputs): its expected context is its prompt plus E[out^2] / (2 E[out]), the
@@ -254,15 +255,35 @@ class QueueModel:
         and requests queue for a place: then each completion admits one, the prefill work
         comes at the completion rate, not at lambda, and the queue drains at the saturated
         rate less the arrivals (not the chain's full-batch rate at lambda, which counts
-        lambda's prefill). The outputs' spread scales the wait (the Allen-Cunneen factor)."""
+        lambda's prefill), times the Allen-Cunneen factor (saturated_cv2)."""
         rates = self._completion_rates(lam)
         p_wait, drain_per_s = admission_chain(lam, rates, self.dispersion(lam))
         occupancy = lam / self.saturated_per_s
         if not math.isfinite(drain_per_s) or occupancy >= 1.0:
             return 1.0, math.inf, occupancy
         drain_per_s = self.saturated_per_s - lam
-        factor = (1.0 + self.output_cv2) / 2.0
+        factor = (1.0 + self.saturated_cv2()) / 2.0  # Poisson arrivals: their cv^2 is 1
         return p_wait, p_wait * factor / drain_per_s, occupancy
+
+    def saturated_cv2(self) -> float:
+        """cv^2 of the replica time a request takes in a full batch, its prompt's prefill work
+        S plus its outputs' decode time (the queue for a place drains by completions, a
+        renewal process of these times: the Allen-Cunneen factor's service term). With
+        prefill a share p of the saturated replica's time, (1 - p)^2 cv^2(out) + p^2
+        cv^2(S): a long answer also spares the replica a prefill for as long."""
+        mean, square = self._full_batch_work()
+        share = min(self.saturated_per_s * mean, 1.0)
+        return (1.0 - share) ** 2 * self.output_cv2 + share**2 * (square / mean**2 - 1.0)
+
+    def _full_batch_work(self) -> tuple[float, float]:
+        """E[S] and E[S^2], S the prefill work a prompt adds to a full batch's iterations."""
+        if self._full_work is None:
+            batch = float(self.max_batch)
+            context = batch * self.context_per_sequence
+            work, _ = self._prefill_work(batch, context, self._decode_s(batch, context))
+            self._full_work = (float(np.dot(work, self.weights)),
+                               float(np.dot(work**2, self.weights)))
+        return self._full_work
 
     def dispersion(self, lam: float) -> float:
         """How much more the batch's occupancy varies than the chain's: DISPERSION (the
@@ -272,12 +293,8 @@ class QueueModel:
         with m sequences held for T, the share's variance lambda E[S^2] / T, relative to
         (1 - share)^2, times m^2 = (lambda T)^2 adds that term to the batch's variance over
         its mean."""
-        batch = float(self.max_batch)
-        context = batch * self.context_per_sequence
-        work, _ = self._prefill_work(batch, context, self._decode_s(batch, context))
-        busy = min(lam * float(np.dot(work, self.weights)), 0.99)
-        return DISPERSION * (1.0 + lam**2 * float(np.dot(work**2, self.weights))
-                             / (1.0 - busy) ** 2)
+        mean, square = self._full_batch_work()
+        return DISPERSION * (1.0 + lam**2 * square / (1.0 - min(lam * mean, 0.99)) ** 2)
 
     def _completion_rates(self, lam: float) -> np.ndarray:
         """Requests completed per second with n = 1..max_batch sequences decoding, at `lam`
