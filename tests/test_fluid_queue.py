@@ -19,7 +19,6 @@ from clustersim.serving import queueing_grid as G
 from clustersim.serving.queueing import (
     CHECKED,
     QueueModel,
-    _pollaczek_khinchine,
     admission_chain,
     checked,
     erlang_c,
@@ -52,22 +51,6 @@ def test_the_admission_chain_is_unstable_at_its_full_rate_and_tempering_widens_i
     rates = np.arange(1, 65) * 0.1
     assert admission_chain(6.4, rates) == (1.0, math.inf)
     assert admission_chain(5.0, rates, 1.5)[0] > admission_chain(5.0, rates)[0]
-
-
-def test_the_pollaczek_khinchine_wait_of_an_m_m_1_queue():
-    """Exponential work of mean 1/mu: the residual is the same exponential, and the wait is
-    0 with probability 1 - rho, else exponential of rate mu - lambda."""
-    n, dt, mu, rho = 8192, 0.002, 1.0, 0.6
-    edges = np.exp(-np.arange(n + 1) * dt * mu)
-    wait = _pollaczek_khinchine(rho, edges[:-1] - edges[1:], n)
-    assert wait.sum() == pytest.approx(1.0)
-    assert wait[0] == pytest.approx(1 - rho, abs=2e-3)
-    t = np.arange(n) * dt
-    survival = 1 - np.cumsum(wait)
-    for x in (0.5, 2.0, 5.0):
-        exact = rho * math.exp(-mu * (1 - rho) * x)
-        assert survival[int(x / dt)] == pytest.approx(exact, rel=0.01, abs=1e-3)
-    assert float(np.dot(t, wait)) == pytest.approx(rho / (mu * (1 - rho)), rel=0.01)
 
 
 @pytest.mark.parametrize("sigma", [0.4, 0.8, 1.2])
@@ -139,6 +122,47 @@ def test_a_chunked_prompt_s_earlier_chunks_take_nearly_all_its_time():
     assert earlier[2] > 0.9 * own[2]  # the even split would say 2/3
 
 
+def test_an_iteration_s_time_is_its_prompt_tokens_together():
+    """queueing_ttft: riders cost the time their tokens add to the iteration they join, from
+    the cost model's iteration of all the tokens at once: the prefill iteration's fixed time
+    is paid once (two 1,024-token prompts together cost less than apart), and past the
+    tokens whose activations fit on chip more (70B: a rider taking an iteration past them
+    costs more than it does alone)."""
+    from clustersim.serving.queueing_ttft import _GRAIN, _Tokens
+
+    queue = _queue("llama3.1-70b", 16, 0.4)
+    batch, context = 32, 32 * queue.context_per_sequence
+    decode = queue._decode_s(batch, context)
+    tokens = _Tokens(queue, batch, context, decode, queue.budget - batch)
+    alone = queue.cost.prefill_s([(1024, 0)], batch, context, 1) - decode
+    step = 1024 // _GRAIN
+    assert tokens.time[step] == pytest.approx(alone)
+    rider = tokens.riders_s(1024)[step]
+    assert rider < 0.8 * alone
+    assert tokens.riders_s(3072)[step] > alone  # across the activations' limit
+    held = tokens.arriving(2.0)
+    assert held.sum() == pytest.approx(1.0)
+    assert held[0] == pytest.approx(math.exp(-2.0), rel=1e-3)
+
+
+def test_a_lone_arrival_waits_for_the_decode_iteration_under_way():
+    """At a vanishing rate a prompt finds a decode iteration under way, waits for its rest
+    (uniform over it) and is prefilled alone: TTFT's median is the prompt's own time plus
+    half a decode iteration, and the carried window is half an iteration."""
+    from clustersim.serving.queueing_ttft import _carried_s
+
+    assert _carried_s(1e-9, 0.04) == pytest.approx(0.02)
+    assert _carried_s(10.0, 0.04) > 0.02  # the first arrival comes early: more carried
+    queue = _queue("llama3.1-8b", 4, 0.0)
+    rate = 1e-3
+    p = queue.point(rate)
+    context = p.batch * queue.context_per_sequence
+    work, count, _ = queue._chunk_work(p.batch, context, p.decode_s)
+    own = float(count[0] * p.decode_s + work[0])
+    p50 = float(queue.ttft_quantiles(rate, np.array([0.5]))[0])
+    assert p50 == pytest.approx(own + p.decode_s / 2, rel=0.02)  # (a grid of 8,192 steps)
+
+
 def test_checked_is_the_union_of_its_pairs():
     for sigma, top in CHECKED:
         assert checked(top, sigma) and not checked(top + 0.01, sigma + 0.5)
@@ -172,16 +196,10 @@ def doc_figures(cells) -> dict[str, str]:
     def error(index, u):
         return max(c.standard_error[index] for c in cells if c.utilisation == u)
 
-    def narrow(c):
-        return c.utilisation <= 0.85 and c.sigma <= 0.8
+    top_sigma, top_load = max(CHECKED)  # the widest spread and the load it is checked to
 
-    wide_sigma, wide_top = CHECKED[-1]  # the widest spread, checked to a lower load
-
-    def wide(c):
-        return c.utilisation <= wide_top and c.sigma > 0.8
-
-    def wide_loaded(c):
-        return wide_top < c.utilisation <= 0.85 and c.sigma > 0.8
+    def inside(c):
+        return c.checked
 
     def at(u):
         return lambda c: c.utilisation == u
@@ -198,16 +216,10 @@ def doc_figures(cells) -> dict[str, str]:
                   f"{error(1, 0.7):.1%} at 70%, {error(1, 0.85):.1%} at 85% and "
                   f"{error(1, 0.95):.1%} at 95% (p50: {error(0, 0.95):.1%} at 95%)"),
         "tpot": f"TPOT within {worst(2, lambda c: True):.1%} everywhere",
-        "narrow": (f"TTFT p50 within {worst(0, narrow):.1%} and p99 within "
-                   f"{worst(1, narrow):.1%} up to 85% for prompt sigma up to 0.8"),
-        "wide": (f"with sigma {wide_sigma:g} up to {wide_top:.0%}, p50 within "
-                 f"{worst(0, wide):.1%} and p99 within {worst(1, wide):.1%}"),
-        "wide loaded": (f"from {min(c.utilisation for c in cells if wide_loaded(c)):.0%} to "
-                        f"85%, p50 {span(0, wide_loaded)} and p99 {span(1, wide_loaded)}"),
+        "checked": (f"TTFT p50 within {worst(0, inside):.1%} and p99 within "
+                    f"{worst(1, inside):.1%} up to {top_load:.0%} for prompt sigma up to "
+                    f"{top_sigma:g}"),
         "95": f"at 95%: p50 {span(0, at(0.95))}, p99 {span(1, at(0.95))}",
-        "95 narrow": ("p99 within "
-                      f"{worst(1, lambda c: c.utilisation == 0.95 and c.sigma <= 0.4):.1%}"
-                      " for sigma up to 0.4"),
         "spread": (f"seeds of {saturated_n:,} requests still differ from their pooled "
                    "figures by up to "
                    f"{max(c.seed_spread[0] for c in saturated):.0%} (p50) and "

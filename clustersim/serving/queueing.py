@@ -14,12 +14,12 @@ chunked over several (clustersim.serving.replica). From the replica's own iterat
   output token. The batch is B = lambda x output tokens x TPOT (Little's law), and C its
   prompts and its outputs so far, length-biased (a sequence is met in proportion to how
   long it stays: E[out^2] / (2 E[out]) of its outputs): a fixed point, solved by iteration.
-- **Prefill queue (M/G/1).** A prompt waits for the work of the prompts ahead. Its work is
-  S(L) plus the decode iterations it needs (n(L) of them when alone; L / budget when
-  packed with others, as at load): Q(L). With rho = lambda E[Q], the wait is the exact
-  M/G/1 one (the Pollaczek-Khinchine transform: a geometric number of residuals of the
-  work in service, whose mean is lambda E[Q^2] / (2 (1 - rho))). It also waits out the
-  iteration under way (uniform over one).
+- **Prefill queue (M/G/1), in the mean.** A prompt waits for the work of the prompts
+  ahead. Its work is S(L) plus the decode iterations it needs (n(L) of them when alone;
+  L / budget when packed with others, as at load): Q(L). With rho = lambda E[Q], the mean
+  wait is lambda E[Q^2] / (2 (1 - rho)) (QueuePoint.wait_mean_s, and rho < 1 its
+  stability); the TTFT's distribution does not take prompts as served one after another
+  (below).
 - **Batch admission.** A prompt is admitted only while the batch has a place (`max_batch`
   of them): a birth-death chain over the requests in the replica, completing at n over
   their outputs x TPOT(n) with n sequences decoding (a small batch decodes faster than a
@@ -31,16 +31,22 @@ chunked over several (clustersim.serving.replica). From the replica's own iterat
   arrivals. That rate is the one figure taken from the request level when given
   (`capacity_per_s`, measured by clustersim.serving.curves; the chain's rates are scaled
   to it): at 95% the queue drains at a twentieth of it, so 1% moves the wait by a fifth.
-- **TTFT** = the iteration under way + the prefill wait + the admission wait + n(L) T_d +
-  S(L) + the work of the prompts that ride in its last iteration (those arriving while it
-  waits and while its earlier chunks run, timed chunk by chunk: a prompt a little past an
-  iteration's room spends nearly all its time in its full chunks, its last chunk only the
-  rest; a compound Poisson sum): a distribution
-  convolved on a grid, over the prompt lengths' distribution (a quadrature of 64 slices,
-  refined in the top 10% and 1% where the TTFT p99 comes from).
+- **TTFT**: the prompt's prefill wait from the way the replica composes its iterations
+  (clustersim.serving.queueing_ttft: a prompt waits for the rest of the iteration under
+  way, not for the prompts ahead, which ride in its own iteration with those arriving after
+  it; an iteration's time is that of its prompt tokens together, its fixed time paid once;
+  an arrival that interrupts a decode run composes the next iteration at once, so those
+  arriving in the rest of that decode iteration wait for one more) + its own iterations,
+  n(L) T_d + S(L), with the prompts that ride in its last (those arriving while its
+  earlier chunks run, timed chunk by chunk: a prompt a little past an iteration's room
+  spends nearly all its time in its full chunks, its last chunk only the rest) + the
+  admission wait: a distribution convolved on a grid, over the prompt lengths'
+  distribution (a quadrature of 64 slices, refined in the top 10% and 1% where the TTFT
+  p99 comes from).
 
 Two constants with meaning, not fitted per case: `PACKING`, how far the decode iterations a
-prompt needs go from n(L) (alone) to L / budget (packed) as the queue builds, and
+prompt needs go from n(L) (alone) to L / budget (packed) as the queue builds (the mean
+prefill wait and its stability only), and
 `DISPERSION`, how much more the batch's occupancy varies than the chain's. Checked against
 the request level over load, prompt spread and model size (clustersim.serving.queueing_grid,
 tests/test_fluid_queue.py): CHECKED.
@@ -55,6 +61,7 @@ from statistics import NormalDist
 import numpy as np
 
 from clustersim.scenario.serving import DeploymentSpec, LengthSpec
+from clustersim.serving.queueing_ttft import ttft_distribution
 
 __all__ = ["QueueModel", "QueuePoint", "length_quadrature", "erlang_c", "admission_chain",
            "PACKING", "DISPERSION", "CHECKED", "checked", "checked_text"]
@@ -74,13 +81,14 @@ DISPERSION = 1.3
 # TPOT p50 (clustersim.serving.queueing_grid, tests/test_fluid_queue.py: utilisation 10-95%
 # of a replica's saturated capacity, prompt sigma 0-1.2, Llama 3.1 8B and 70B on trn2):
 # (largest prompt sigma, highest utilisation) pairs. TPOT holds within 2% over the whole
-# grid. Up to 85% with sigma up to 0.8 two cells are past 10%: 70B's p99 at 70% with fixed
-# prompts (+10.7%) and its p50 at 85% with sigma 0.8 (+10.5%). At 95% the p50 is 12-31% high
-# and the p99 1-14% (the share waiting for a place and their mean wait are the request
-# level's within 10%; the p50 moves threefold with a tenth more or less waiting). With
-# sigma 1.2 it holds to 50%; from 70% the prefill queue's wait (the longest prompts' work
-# taken as serial) puts the p50 10-30% high (+10.1% and +18.3% at 70%, +16.7% and +29.0% at 85%).
-CHECKED = ((0.8, 0.85), (1.2, 0.5))
+# grid; TTFT within 5% up to 85% for every spread (since the prefill wait follows the way
+# the replica composes its iterations, clustersim.serving.queueing_ttft: as an M/G/1 queue
+# of prompts it put 70B's p99 at 70% 11% high with fixed prompts and the p50 with sigma 1.2
+# 10-29% high from 70%). At 95%, where about half the requests wait for a place in the
+# batch, the p50 is 5-16% high and the p99 0-14% (the share waiting and their mean wait
+# are the request level's within 10%; the p50 moves threefold with a tenth more or less
+# waiting): outside.
+CHECKED = ((1.2, 0.85),)
 _QUADRATURE = 64
 
 
@@ -164,6 +172,7 @@ class QueueModel:
         self.output_cv2 = float(np.dot(outputs**2, out_w)) / self.output_mean**2 - 1.0
         self._rates: dict[float, np.ndarray] = {}
         self._full_work: tuple[float, float] | None = None
+        self._distributions: dict[float, tuple[np.ndarray, np.ndarray] | None] = {}
         self.prompt_mean = float(np.dot(self.prompts, self.weights))
         # A sequence in the batch is met in proportion to how long it stays there (its
         # outputs): its expected context is its prompt plus E[out^2] / (2 E[out]), the
@@ -352,76 +361,15 @@ class QueueModel:
 
     # ----------------------------------------------------------------------- quantiles
     def _distribution(self, rate_per_s: float) -> tuple[np.ndarray, np.ndarray] | None:
-        """(time grid, CDF of TTFT on it); None when a queue is unstable. TTFT is the sum
-        of independent parts, convolved on the grid: the iteration under way (uniform over
-        a decode iteration), the prompt's own iterations (its length's distribution), the
-        prefill queue's wait (none with probability 1 - rho; else the residual of the work
-        in service, from its equilibrium distribution, plus an exponential time for the
-        work queued behind it, of mean E[R] rho / (1 - rho): the M/G/1 mean in all) and the
-        batch admission's wait (none with probability 1 - P_wait, else exponential)."""
-        p = self.point(rate_per_s)
-        if not p.stable:
-            return None
-        context = p.batch * self.context_per_sequence
-        work, count, before = self._chunk_work(p.batch, context, p.decode_s)
-        own = count * p.decode_s + work
-        queue, _ = self._queue_work(p.rate_per_s, work, count, p.decode_s)
-        mean_q = float(np.dot(queue, self.weights))
-        residual_mean = float(np.dot(queue**2, self.weights)) / (2 * mean_q) if mean_q else 0.0
-        behind = residual_mean * p.rho / (1.0 - p.rho) if p.rho > 0 else 0.0
-        slot = p.slot_wait_mean_s / p.slot_wait_p if p.slot_wait_p > 0 else 0.0
-        top = float(own.max() + p.decode_s + queue.max() + 40 * (behind + slot)) * 1.05
-        n = 8192
-        dt = top / n
-        t = np.arange(n) * dt
-
-        def pmf_points(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-            out = np.zeros(n)
-            np.add.at(out, np.minimum((values / dt).astype(int), n - 1), weights)
-            return out
-
-        def exponential(mean: float) -> np.ndarray:
-            if mean <= 0:
-                return pmf_points(np.zeros(1), np.ones(1))
-            edges = np.exp(-np.arange(n + 1) * dt / mean)
-            return edges[:-1] - edges[1:]
-
-        # Its own iterations, and the prompts that ride in its last one: those that arrive
-        # while it waits for its first iteration and while its earlier chunks run (a prompt
-        # longer than an iteration's room takes several) join the queue behind it and fill
-        # the room its last chunk leaves, and it ends when their chunks do: a compound
-        # Poisson sum of their work over that window, by how many iterations it takes.
-        riders = pmf_points(work, self.weights)
-        mine = np.zeros(n)
-        for k in np.unique(count):
-            group = count == k
-            share = float(self.weights[group].sum())
-            earlier = float(np.dot(before[group], self.weights[group])) / share
-            window = p.rate_per_s * (p.decode_s / 2.0 + p.wait_mean_s + earlier)
-            own_k = pmf_points(own[group], self.weights[group] / share)
-            if window > 0:
-                own_k = _convolve(own_k, _compound_poisson(window, riders, n), n)
-            mine += share * own_k
-        parts = [mine]
-        iteration = np.zeros(n)
-        iteration[: max(int(p.decode_s / dt), 1)] = 1.0
-        parts.append(iteration / iteration.sum())
-        if p.rho > 0 and mean_q > 0:
-            # equilibrium residual: density P(Q > x) / E[Q]
-            survival = np.array([np.dot(self.weights, np.maximum(queue - x, 0.0) > 0)
-                                 for x in t[: int(queue.max() / dt) + 2]])
-            residual = np.zeros(n)
-            residual[: len(survival)] = survival
-            residual /= residual.sum()
-            parts.append(_pollaczek_khinchine(p.rho, residual, n))
-        if p.slot_wait_p > 0:
-            idle = np.zeros(n)
-            idle[0] = 1.0
-            parts.append((1 - p.slot_wait_p) * idle + p.slot_wait_p * exponential(slot))
-        total = parts[0]
-        for part in parts[1:]:
-            total = _convolve(total, part, n)
-        return t + dt, np.cumsum(total)
+        """(time grid, CDF of TTFT on it); None when a queue is unstable: the prefill wait
+        from the way the replica composes its iterations, the prompt's own iterations and
+        the batch admission's wait (clustersim.serving.queueing_ttft). Kept per rate."""
+        found = self._distributions.get(rate_per_s)
+        if found is None:
+            p = self.point(rate_per_s)
+            found = ttft_distribution(self, p) if p.stable else None
+            self._distributions[rate_per_s] = found
+        return found
 
     def ttft_quantiles(self, rate_per_s: float, levels: np.ndarray) -> np.ndarray:
         """TTFT at quantile `levels` (inf when a queue is unstable)."""
@@ -462,38 +410,3 @@ def admission_chain(lam: float, rates: np.ndarray, dispersion: float = 1.0
     waiting = pi[-1] / (1.0 - ratio)  # n >= c: geometric
     total = float(pi[:-1].sum()) + waiting
     return waiting / total, full - lam
-
-
-def _pollaczek_khinchine(rho: float, residual: np.ndarray, n: int) -> np.ndarray:
-    """The M/G/1 first-come first-served wait on the grid: a geometric number (P(k) =
-    (1 - rho) rho^k) of independent residuals of the work in service, summed (the
-    Pollaczek-Khinchine transform, through the characteristic function; its mean is the
-    Pollaczek-Khinchine mean wait). The grid is doubled to keep the tail off its end."""
-    size = 1 << (4 * n - 1).bit_length()
-    phi = np.fft.rfft(residual, size)
-    out = np.fft.irfft((1.0 - rho) / (1.0 - rho * phi), size)
-    out = np.maximum(out, 0.0)
-    head = out[:n].copy()
-    head[-1] += out[n:].sum()
-    return head / head.sum()
-
-
-def _compound_poisson(mean_count: float, pmf: np.ndarray, n: int) -> np.ndarray:
-    """The sum of a Poisson number (of mean `mean_count`) of draws from `pmf`, on the grid
-    (through the characteristic function)."""
-    size = 1 << (2 * n - 1).bit_length()
-    phi = np.fft.rfft(pmf, size)
-    out = np.fft.irfft(np.exp(mean_count * (phi - 1.0)), size)
-    out = np.maximum(out[:n], 0.0)
-    return out / out.sum()
-
-
-def _convolve(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
-    """Two distributions on the same grid, summed (FFT convolution, cut at the grid's end:
-    what falls beyond stays in the last cell)."""
-    size = 1 << (2 * n - 1).bit_length()
-    out = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[: 2 * n - 1]
-    out = np.maximum(out, 0.0)
-    head = out[:n].copy()
-    head[-1] += out[n:].sum()
-    return head
