@@ -130,8 +130,9 @@ class UplinkPacing:
                                  + exposed.get("ep", 0.0)) if self.spans_leaves else 0.0
         if self.t.site_network is not None:  # what its cross-site reduction adds, alone
             self.site_cross_s = cross_site_seconds(model, self.job, self.held)
-            if self.site_cross_s > 0:
-                self.t.site_spread.add(self.index)
+            if self.site_cross_s > 0 or self.index in self.t.site_spread:
+                self.t.site_spread.add(self.index)  # (dropped at the next share if 0)
+                self.t.site_changed = True
         self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
