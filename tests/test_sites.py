@@ -397,3 +397,39 @@ def test_one_site_placement_on_its_slice_is_the_placement_on_a_copy_of_that_site
                     assert np.array_equal(sliced, copied)
                     assert free[sliced].all() and bounds[site] <= sliced.min()
                     assert sliced.max() < bounds[site + 1] and len(sliced) == count
+
+
+def test_a_share_of_the_inter_site_links_skipped_as_unchanged_would_change_nothing(monkeypatch):
+    """share_site_links does nothing while `site_changed` is unset: forced to share at every
+    call instead, on spread jobs placed, struck by power events and done, it finds the same
+    jobs on the same links and sets no job's slowdown (the skip loses nothing)."""
+    import clustersim.cluster.uplinks as uplinks
+    from clustersim.runner.api import simulate
+
+    real = uplinks.share_site_links
+    checked = []
+
+    def forced(t):
+        if t.site_network is not None and not t.site_changed and t.site_speeds is not None:
+            key = t.site_speeds[0]
+            before = {i: getattr(t.jobs[i], "site_slowdown", 1.0) for i in t.site_spread}
+            t.site_changed = True
+            real(t)
+            assert t.site_speeds[0] == key
+            assert {i: getattr(t.jobs[i], "site_slowdown", 1.0) for i in before} == before
+            checked.append(t.env.now)
+            return
+        real(t)
+
+    monkeypatch.setattr(uplinks, "share_site_links", forced)
+    raw = small_sites(site_events=[{"kind": "power", "rate": "1/6h", "share": 0.5,
+                                    "duration": "1h"}])
+    raw["cluster"]["sites"].append({"name": "north", "ultraservers": 2})
+    raw["cluster"]["inter_site"] = {"backbone": {"bandwidth": "100Gbps", "latency": "5ms"}}
+    job = raw["jobs"][0]
+    raw["jobs"] = [{**job, "name": f"j{i}", "instances": 10, "global_batch": 40,
+                    "submit": f"{2 * i}h", "steps": 2000,
+                    "parallelism": {"tp": 32, "pp": 1, "dp": 20, "zero": 1,
+                                    "sequence_parallel": True}} for i in range(4)]
+    simulate(scenario_from_dict(raw))
+    assert checked

@@ -120,10 +120,9 @@ def flat_job_columns(jobs: Mapping[str, Mapping[str, Any]],
             if values is None:  # first seen: the jobs before had none
                 values = columns[column] = [_missing(column)] * done
             values.append(value)
-        if len(row) < len(columns):  # figures this job lacks
-            for column, values in columns.items():
-                if len(values) == done:
-                    values.append(_missing(column))
+        if len(row) < len(columns):  # figures this job lacks (each column its own list:
+            for column in columns.keys() - row.keys():  # any order; not a scan of them all)
+                columns[column].append(_missing(column))
     return columns
 
 

@@ -27,6 +27,8 @@ class JobAccounting:
         if self.t.recorder is not None and now > self.state_since:
             self.t.recorder.interval("job", self.index, self.state, self.state_since, now)
         self.state, self.state_since = state, now
+        if state == "done" and self.index in self.t.site_spread:
+            self.t.site_changed = True  # (it leaves the inter-site links)
         if state in ("down", "waiting_for_hardware"):
             self.t.recovering.add(self)
         else:
@@ -135,6 +137,8 @@ class JobAccounting:
         self.held_mask[added] = True
         self._held_ids = None
         self.site_links = None  # (sites.share_site_links: the links its sites use)
+        if self.index in self.t.site_spread:
+            self.t.site_changed = True
         self.held_count += len(added)
         self.t.active.add(self)
         self.t.taken_at[added] = self.t.env.now
@@ -153,6 +157,8 @@ class JobAccounting:
             self._held_ids = None
             self.site_links = None
             self.held_count -= len(removed)
+            if self.index in self.t.site_spread:
+                self.t.site_changed = True
         if not self.held_count:
             self.t.active.discard(self)
             self.held_mask = None

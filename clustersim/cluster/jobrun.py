@@ -108,7 +108,10 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         # (UplinkPacing._placed keeps that profile through a few replacements).
         self.solved_profile: StepProfile | None = None
         self.replaced_since_solved = 0
-        self.solved_class: tuple = ()  # its UltraServers' fill then (ultraserver_class)
+        # Its UltraServers' fill then (ultraserver_class), found from the instances it held
+        # then only when a replacement asks (most placements are never replaced).
+        self.solved_class: tuple | None = ()
+        self.solved_held: np.ndarray | None = None
         self.uplink_slowdown = 1.0
         self.queued_at = job.submit_s
         self.granted: simpy.Event | None = None

@@ -147,6 +147,7 @@ class UplinksTimeline(Protocol):
     site_first_instance: np.ndarray
     site_spread: set[int]
     site_speeds: tuple | None
+    site_changed: bool
     uplinks: UplinkDemand
 
     @property

@@ -255,10 +255,13 @@ def max_min_speeds(uses: list[set]) -> list[float]:
 def share_site_links(t: UplinksTimeline) -> None:
     """Jobs spread over sites share the inter-site links their rings over the sites use,
     max-min fairly: each one's cross-site reduction is slowed by 1 / its share (the
-    link-limited case; a job alone on its links is not slowed)."""
+    link-limited case; a job alone on its links is not slowed). Shared again only once
+    `t.site_changed` says a spread job was placed, added or removed instances, or ended
+    (most calls, after a pass that placed jobs in one site, find nothing to do)."""
     network = getattr(t, "site_network", None)
-    if network is None:
-        return
+    if network is None or not t.site_changed:
+        return  # (nothing it reads changed since the last share: the same speeds)
+    t.site_changed = False
     bounds = t.site_first_instance.tolist()
     # (the candidates are the jobs whose placement crossed sites, in job order: the same
     # list as a scan of every job, without the scan; a done one never comes back)

@@ -222,6 +222,9 @@ class Timeline:
         # sharing the inter-site links need not scan every job (a year's million).
         self.site_spread: set[int] = set()
         self.site_speeds: tuple | None = None  # (jobs and links, their speeds) of the last share
+        # Whether a job of site_spread changed (placed, instances added or removed, done)
+        # since the last share of the inter-site links: none, the share would be the same.
+        self.site_changed = True
         self.site_seed = streams[3]
         self.site_events: SiteEvents | None = None
         if network is not None:

@@ -117,7 +117,7 @@ class UplinkPacing:
             # (its figures only: the profile as cached, whatever its name)
             profile = site_profile(model, self.job, None, instances=self.held)
             self.solved_profile, self.replaced_since_solved = profile, 0
-            self.solved_class = self.ultraserver_class(model)
+            self.solved_class, self.solved_held = None, self.held  # (read-only: kept as is)
         self.placed_step_time = profile.step_time_s
         leaves = self.t.instance_leaf[self.held]
         # (over several leaves or not: the lowest and highest leaf, no sort of its leaves)
@@ -130,8 +130,9 @@ class UplinkPacing:
                                  + exposed.get("ep", 0.0)) if self.spans_leaves else 0.0
         if self.t.site_network is not None:  # what its cross-site reduction adds, alone
             self.site_cross_s = cross_site_seconds(model, self.job, self.held)
-            if self.site_cross_s > 0:
-                self.t.site_spread.add(self.index)
+            if self.site_cross_s > 0 or self.index in self.t.site_spread:
+                self.t.site_spread.add(self.index)  # (dropped at the next share if 0)
+                self.t.site_changed = True
         self.step_time = self.placed_step_time * self.fabric_factor_step()
         if self.outcome.placement_step_time_s is None:
             self.outcome.placement_step_time_s = profile.step_time_s
@@ -153,20 +154,27 @@ class UplinkPacing:
         if (since > REPLACED_SHARE * self.instances_needed
                 or getattr(self, "site_cross_s", 0.0) > 0
                 or spread_shape(model.topology, self.held) is not None
-                or self.ultraserver_class(model) != self.solved_class
+                or self.ultraserver_class(model) != self._solved_class(model)
                 or model.has_profile(self.job, self.held)):
             return None
         self.replaced_since_solved = since
         return solved
 
-    def ultraserver_class(self, model: StepModel) -> tuple:
-        """How the job's instances fill UltraServers: how many UltraServers hold 1, 2, ...
-        of them. A replacement that keeps it (a whole UltraServer for a whole one, a lone
-        instance for a lone one) keeps the kinds of groups its reduction runs."""
+    def ultraserver_class(self, model: StepModel, held: np.ndarray | None = None) -> tuple:
+        """How the job's instances (or `held`) fill UltraServers: how many UltraServers hold
+        1, 2, ... of them. A replacement that keeps it (a whole UltraServer for a whole one,
+        a lone instance for a lone one) keeps the kinds of groups its reduction runs."""
         ipu = model.hardware.instances_per_ultraserver
-        counts = np.bincount(np.unique(self.held // ipu, return_counts=True)[1],
-                             minlength=ipu + 1)
+        held = self.held if held is None else held
+        counts = np.bincount(np.unique(held // ipu, return_counts=True)[1], minlength=ipu + 1)
         return tuple(counts.tolist())
+
+    def _solved_class(self, model: StepModel) -> tuple:
+        """`ultraserver_class` of the placement last solved exactly (found once, when asked)."""
+        if self.solved_class is None:
+            self.solved_class = self.ultraserver_class(model, self.solved_held)
+            self.solved_held = None
+        return self.solved_class
 
     def fabric_factor_step(self) -> float:
         """Step time multiplier from sharing leaf uplinks with other jobs (1 when alone)."""

@@ -65,16 +65,20 @@ def _job_figures(scenario: Scenario, steps: dict[str, StepProfile]) -> dict[str,
     return {job.name: job_shape(scenario, job, steps[job.name]) for job in scenario.jobs}
 
 
-def job_shape(scenario: Scenario, job: Any, profile: StepProfile) -> dict[str, Any]:
+def job_shape(scenario: Scenario, job: Any, profile: StepProfile,
+              parameters: tuple[int, int] | None = None) -> dict[str, Any]:
     """A job's size, parallelism and step figures (the summary's per-job figures before what
-    the timeline made of it)."""
+    the timeline made of it). `parameters`: its model's parameter count and active
+    parameters, when the caller has them (`JobFigures` counts them once per model)."""
     hw = scenario.hardware
     instances = scenario.job_instances(job)
     par = job.parallelism
+    count, active = parameters if parameters is not None else (
+        job.model.parameter_count(), job.model.active_parameters)
     shape = {
         "model": job.model.name,
-        "parameters": job.model.parameter_count(),
-        "active_parameters": job.model.active_parameters,
+        "parameters": count,
+        "active_parameters": active,
         "ranks": job.ranks,
         "instances": instances,
         "chips": instances * hw.chips_per_instance,
@@ -196,6 +200,9 @@ class JobFigures(Mapping):
         self.with_teams = with_teams
         self.sites = model is not None and model.topology.site_count > 1
         self._index: dict[str, int] | None = None
+        # id(model) -> (model, parameters, active parameters): a fleet's jobs share a few
+        # models, and counting a model's parameters is most of a job's shape figures.
+        self._parameters: dict[int, tuple[Any, int, int]] = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -218,7 +225,11 @@ class JobFigures(Mapping):
         scenario = self.scenario
         job = scenario.jobs[index]
         outcome = self.outcomes[index]
-        figures = job_shape(scenario, job, self.steps[job.name])
+        counted = self._parameters.get(id(job.model))
+        if counted is None or counted[0] is not job.model:
+            counted = self._parameters[id(job.model)] = (
+                job.model, job.model.parameter_count(), job.model.active_parameters)
+        figures = job_shape(scenario, job, self.steps[job.name], counted[1:])
         if self.sites:  # its step over the sites, synchronous and not
             crossing = cross_site_step(self.model, job, job.name)
             if crossing is not None:

@@ -137,10 +137,13 @@ def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndar
     """((site, instances) per site in order, canonical placement), or None in one site."""
     if topology.chip_site is None or topology.sites is None:
         return None
-    sites = topology.chip_site[placed * topology.hardware.chips_per_instance]
-    first, last = int(sites.min()), int(sites.max())
-    if first == last:
+    # Sites are blocks of consecutive instances: in one site when its lowest and highest
+    # instance are (two look-ups, not one per instance: asked at every placement).
+    cpi = topology.hardware.chips_per_instance
+    chip_site = topology.chip_site
+    if chip_site[int(placed.min()) * cpi] == chip_site[int(placed.max()) * cpi]:
         return None
+    sites = chip_site[placed * cpi]
     ids, counts = np.unique(sites, return_counts=True)
     starts = topology.sites.first_instance
     canonical = np.concatenate([np.arange(starts[s], starts[s] + c)
