@@ -108,7 +108,7 @@ def test_a_chunked_prompt_s_earlier_chunks_take_nearly_all_its_time():
     decode = queue._decode_s(batch, context)
     room = queue.budget - 32
     queue.prompts = np.array([500.0, room + 64.0, 2 * room + 64.0])
-    work, count, earlier = queue._chunk_work(batch, context, decode)
+    work, count, earlier = queue.chunk_work(batch, context, decode)
     assert list(count) == [1, 2, 3]
     full = queue.cost.prefill_s([(room, 0)], 32, context, 0)
     last = queue.cost.prefill_s([(64, room)], 32, context, 1)
@@ -157,7 +157,7 @@ def test_a_lone_arrival_waits_for_the_decode_iteration_under_way():
     rate = 1e-3
     p = queue.point(rate)
     context = p.batch * queue.context_per_sequence
-    work, count, _ = queue._chunk_work(p.batch, context, p.decode_s)
+    work, count, _ = queue.chunk_work(p.batch, context, p.decode_s)
     own = float(count[0] * p.decode_s + work[0])
     p50 = float(queue.ttft_quantiles(rate, np.array([0.5]))[0])
     assert p50 == pytest.approx(own + p.decode_s / 2, rel=0.02)  # (a grid of 8,192 steps)

@@ -195,11 +195,11 @@ class QueueModel:
                       ) -> tuple[np.ndarray, np.ndarray]:
         """(S(L), n(L)) per quadrature prompt: the time its chunks add to the iterations
         they ride in, and how many iterations they take."""
-        extra, count, _ = self._chunk_work(batch, context, decode_s)
+        extra, count, _ = self.chunk_work(batch, context, decode_s)
         return extra, count
 
-    def _chunk_work(self, batch: float, context: float, decode_s: float
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def chunk_work(self, batch: float, context: float, decode_s: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(S(L), n(L), E(L)) per quadrature prompt: S and n as _prefill_work, and E the
         time of its iterations before its last (each chunk's iteration: its prefill work
         and the decode iteration it rides in). A prompt longer than an iteration's room

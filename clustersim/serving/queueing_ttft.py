@@ -59,7 +59,7 @@ def ttft_distribution(model, p) -> tuple[np.ndarray, np.ndarray]:
     lam, dec = p.rate_per_s, p.decode_s
     b = int(round(p.batch))
     context = p.batch * model.context_per_sequence
-    work, count, before = model._chunk_work(p.batch, context, dec)
+    work, count, before = model.chunk_work(p.batch, context, dec)
     own = count * dec + work
     weights = model.weights
     slot = p.slot_wait_mean_s / p.slot_wait_p if p.slot_wait_p > 0 else 0.0
