@@ -50,7 +50,7 @@ def test_auto_inside_the_checked_range_picks_fluid_and_says_so():
 @pytest.mark.parametrize("sigma, autoscale, why", [
     # prompts spread beyond every checked sigma (1.2 is the widest checked)
     (1.4, {"min": 1, "max": 30, "target": 0.65}, "prompt sigma 1.4"),
-    # fixed prompts, but the peak is held on at most 2 replicas: far past 85% utilisation
+    # fixed prompts, but the peak is held on at most 2 replicas: far past every checked load
     (0.0, {"min": 1, "max": 2, "target": 0.9}, "peak utilisation"),
 ])
 def test_auto_outside_the_checked_range_is_never_silent(sigma, autoscale, why):
@@ -117,7 +117,7 @@ def test_auto_past_the_request_scale_inside_the_range_stays_fluid():
 
 @pytest.mark.parametrize("replicas, sigma, rate", [(3, 0.0, "25/s"), (5, 1.4, "24/s")])
 def test_auto_past_the_request_scale_outside_the_range_runs_requests(replicas, sigma, rate):
-    # 25/s on 3 replicas of about 9/s each: 93% utilisation, past the checked 85%; sigma
+    # 25/s on 3 replicas of about 7.6/s each: 110% utilisation, past every checked load; sigma
     # 1.4 on 5 replicas: prompts spread past the widest checked sigma, 1.2
     level, why = _settled(_big(replicas, sigma, rate))
     assert level == "requests", why

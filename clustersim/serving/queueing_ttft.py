@@ -35,8 +35,12 @@ Its own iterations: n(L) T_d + S(L) (clustersim.serving.queueing), and those arr
 while its earlier chunks run ride in its last. Riders' time, given their tokens and the
 prompt's last chunk: P(last + tokens) - P(last), tokens past the room left to the next
 iteration. Prompts are taken in up to `_CLASSES` classes by length (the riders' cost
-depends on the last chunk they join). The batch admission's wait (QueueModel._slots) is
-added as an independent part. Everything is convolved in the Fourier domain on one grid.
+depends on the last chunk they join). A prompt that finds the batch's places full
+(QueueModel._slots: a share of arrivals, an exponential wait) is admitted when a sequence
+completes, at the end of a decode run, and the replica composes the next iteration at once
+with it: its TTFT is that wait and its own iterations, without a wait for an iteration under
+way (at 95% utilisation about half the requests, whose TTFT the independent sum made a
+prefill wait too long). Everything is convolved in the Fourier domain on one grid.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ def ttft_distribution(model, p) -> tuple[np.ndarray, np.ndarray]:
     mass = sum(share for _, share, _ in found) + decoding
 
     total = np.zeros(g.size // 2 + 1, complex)
+    owns = np.zeros(g.size // 2 + 1, complex)  # its own iterations alone
     last_chunk = model.prompts - (count - 1) * room
     for k in np.unique(count):
         index = np.flatnonzero(count == k)
@@ -127,11 +132,14 @@ def ttft_distribution(model, p) -> tuple[np.ndarray, np.ndarray]:
             if earlier > 0:
                 mine = mine * riders(tokens.arriving(lam * earlier))
             total += share * mine * wait / mass
+            owns += share * mine
     if p.slot_wait_p > 0:
+        # A prompt that waited for a place is admitted when a sequence completes, at the
+        # end of a decode run: the replica composes the next iteration then, with it (no
+        # iteration under way to wait for, no prompt ahead: the batch was full).
         edges = np.exp(-np.arange(_POINTS + 1) * g.dt / slot)
-        admission = p.slot_wait_p * (edges[:-1] - edges[1:])
-        admission[0] += 1.0 - p.slot_wait_p
-        total *= g.cf(admission)
+        admission = edges[:-1] - edges[1:]
+        total = (1.0 - p.slot_wait_p) * total + p.slot_wait_p * owns * g.cf(admission)
     out = np.maximum(np.fft.irfft(total, g.size), 0.0)
     head = out[:_POINTS].copy()
     head[-1] += out[_POINTS:].sum()
