@@ -426,7 +426,8 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
         chips_per_instance=hw.chips_per_instance,
         instances_per_ultraserver=hw.instances_per_ultraserver,
         job_ids=list(range(len(scenario.jobs))), job_names=[j.name for j in scenario.jobs],
-        intervals=recorder.read("intervals"), allocations=recorder.read("allocations")))
+        intervals=recorder.folder / "intervals.parquet",
+        allocations=recorder.folder / "allocations.parquet"))
 
 
 def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int | None = None,
