@@ -177,9 +177,12 @@ def test_streamed_job_figures_are_those_of_the_dicts(monkeypatch):
     job_summary's columns (JobFigures), with the teams' figures and the largest jobs read
     from the columns: the same as the per-job dicts of the general path."""
     import clustersim.runner.api as api
+    import clustersim.runner.job_columns as job_columns
+    from clustersim.cluster.fleet import flat_job_columns
     from clustersim.training.step import StepModel
 
     monkeypatch.setattr(api, "SUMMARY_JOBS", 3)
+    monkeypatch.setattr(job_columns, "ROWS_PER_BLOCK", 3)  # blocks of 3, 3 and 2 jobs
     monkeypatch.setattr(api, "LARGEST_JOBS", 2)
     jobs = [small_job(f"j{i}", 1 + i % 3, run_for=f"{1 + i}h", submit=f"{i}h") for i in range(8)]
     for i, job in enumerate(jobs):
@@ -192,8 +195,11 @@ def test_streamed_job_figures_are_those_of_the_dicts(monkeypatch):
     assert result.summary["teams"] == general["teams"]
     largest = api.largest_jobs(general["jobs"], 2)
     assert result.summary["jobs"] == largest
-    assert result.job_columns == api.flat_job_columns(
+    flat = flat_job_columns(
         general["jobs"], {name: o.team for name, o in result.timelines[0].jobs.items()})
+    assert list(result.job_columns) == list(flat)
+    for column, values in flat.items():
+        assert result.job_columns[column].to_pylist() == values, column
 
 
 # ---------------------------------------------------------------------------------------------
@@ -787,3 +793,41 @@ def test_fragmentation_is_the_share_of_free_instances_outside_wholly_free_leaves
     count = int(free.sum())
     expected = 1.0 - in_whole / count if count else 0.0
     assert scheduler._last == (1.0, expected)
+
+
+def test_job_columns_made_in_blocks_are_those_made_whole():
+    """job_summary's Arrow columns made a block of jobs at a time are the table the whole
+    lists made: figures first met in a later block (None, or 0 for a cause, before), a
+    column of integers and floats (floats), of None only (null), NaN and infinity (null)."""
+    import math
+
+    import pyarrow as pa
+
+    from clustersim.cluster.fleet import finite_or_none_column, flat_job_columns
+    from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
+
+    jobs = {}
+    for i in range(11):
+        figures = {"chips": 16 * (i + 1), "held_chip_s": 3.5 * i if i % 3 else i,
+                   "slowdown": None, "ettr": math.nan if i == 4 else 0.5,
+                   "status": "done" if i % 2 else "queued", "alone": i == 7,
+                   "interruptions_by_cause": {"hbm": i} if i >= 5 else {}}
+        if i >= 6:
+            figures["cross_site"] = {"step_s": math.inf if i == 9 else 1.25 * i, "sites": 2}
+        jobs[f"j{i}"] = figures
+    teams = {name: "a" if k % 2 else "b" for k, name in enumerate(jobs)}
+    lists = flat_job_columns(jobs, teams)
+    whole = pa.table({name: finite_or_none_column(list(values))
+                      for name, values in lists.items()})
+    assert whole.schema.field("held_chip_s").type == pa.float64()
+    assert whole.schema.field("slowdown").type == pa.null()
+    for rows in (1, 2, 3, 5, 11, 64):
+        made = pa.table(arrow_job_columns(jobs, teams, rows_per_block=rows))
+        assert made.equals(whole), rows
+    assert whole["interruptions_by_cause.hbm"].to_pylist()[:5] == [0] * 5
+    assert whole["cross_site.step_s"].to_pylist()[9] is None
+    rows = ArrowRows(arrow_job_columns(jobs, teams, rows_per_block=4))
+    assert len(rows) == 11 and list(rows)[:2] == ["j0", "j1"]
+    assert rows["j5"]["held_chip_s"] == 17.5 and rows["j5"]["team"] == "a"
+    with pytest.raises(ValueError, match="rows_per_block"):
+        arrow_job_columns(jobs, teams, rows_per_block=0)

@@ -320,3 +320,52 @@ def test_a_run_with_no_utilisation_levels_still_reports(tmp_path: Path):
     cluster = r.utilisation_at("cluster")
     assert (cluster["bin_s"] == 3600).all() and len(cluster) == 6 * 24
     assert (write_report(out).parent / "utilisation.png").exists()
+
+
+def test_utilisation_is_the_same_whatever_jobs_are_worked_on_at_a_time(tmp_path: Path):
+    """Utilisation read from the trace files a range of job ids at a time (the Rainier
+    year's million jobs in ranges of JOBS_PER_PASS) is exactly the one of all jobs at once,
+    and of the tables in memory: jobs are added in id order whatever the ranges."""
+    from clustersim.analysis.utilisation import utilisation_rows
+    from clustersim.scenario.loader import load_scenario
+
+    scenario = load_scenario(Path(__file__).resolve().parent.parent / "scenarios"
+                             / "mix-128-trn2.yaml")
+    out = tmp_path / "mix"
+    run_to(scenario, out)
+    r = load_run(out)
+    hardware = r.summary["cluster"]
+    jobs = r.jobs.sort_values("job_id")
+    assert len(jobs) > 100
+
+    def table(jobs_per_pass: int, from_files: bool = True):
+        sources = {name: out / f"{name}.parquet" for name in ("intervals", "allocations")}
+        if not from_files:
+            sources = {name: pq.read_table(path) for name, path in sources.items()}
+        return utilisation_rows(
+            horizon_s=float(r.summary["simulated_s"]), bin_s=6 * 3600.0,
+            levels=["cluster", "ultraserver", "instance", "job"],
+            n_instances=int(hardware["instances"]),
+            chips_per_instance=int(hardware["chips_per_instance"]),
+            instances_per_ultraserver=int(hardware["instances_per_ultraserver"]),
+            job_ids=jobs["job_id"].tolist(), job_names=jobs["name"].tolist(),
+            jobs_per_pass=jobs_per_pass, **sources)
+
+    whole = table(len(jobs))
+    held = whole.to_pandas()
+    assert held[held["level"] == "cluster"]["running"].max() > 0.3  # the jobs did run
+    for jobs_per_pass in (1, 7, 64):
+        assert table(jobs_per_pass).equals(whole), jobs_per_pass
+    assert table(7, from_files=False).equals(whole)
+    # The run's own table (the cluster level in 10-minute bins) is the same read either way.
+    written = pq.read_table(out / "utilisation.parquet")
+    ranged = utilisation_rows(
+        horizon_s=float(r.summary["simulated_s"]), bin_s=600.0, levels=["cluster"],
+        n_instances=int(hardware["instances"]),
+        chips_per_instance=int(hardware["chips_per_instance"]),
+        instances_per_ultraserver=int(hardware["instances_per_ultraserver"]),
+        job_ids=jobs["job_id"].tolist(), job_names=jobs["name"].tolist(), jobs_per_pass=3,
+        intervals=out / "intervals.parquet", allocations=out / "allocations.parquet")
+    assert ranged.equals(written.replace_schema_metadata(None))
+    with pytest.raises(ValueError, match="jobs_per_pass"):
+        table(0)

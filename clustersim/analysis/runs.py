@@ -373,8 +373,8 @@ class Run:
             n_instances=int(hardware["instances"]), chips_per_instance=chips_per_instance,
             instances_per_ultraserver=int(hardware["instances_per_ultraserver"]),
             job_ids=jobs["job_id"].tolist(), job_names=jobs["name"].tolist(),
-            intervals=pq.read_table(self.path / "intervals.parquet"),
-            allocations=pq.read_table(self.path / "allocations.parquet"),
+            intervals=self.path / "intervals.parquet",
+            allocations=self.path / "allocations.parquet",
             instances=instances)
         frame = table.to_pandas()
         frame["level"] = frame["level"].astype(str)

@@ -1,21 +1,33 @@
 """Utilisation from a run's traces: the chip-time of each level (cluster, instance, job) by
-state, per time bin, by interval arithmetic on the traces' step functions."""
+state, per time bin, by interval arithmetic on the traces' step functions.
+
+The traces are read once, in record batches, into compact arrays bucketed by ranges of job
+ids (`JOBS_PER_PASS`); each range is then worked on alone. The per-job work (sorts, step
+functions, slices) of a year's million jobs held at once was about 3 GB more than the run."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from clustersim.analysis.trace import JOB_STATES, SCHEMAS, UTILISATION_STATES
 
 __all__ = [
+    "JOBS_PER_PASS",
     "utilisation_rows",
 ]
+
+# Jobs worked on at a time: a range of job ids and its intervals and allocations (the year's
+# million jobs in 16 ranges). The result does not depend on it: jobs are added in id order.
+JOBS_PER_PASS = 65_536
+# Rows decoded at a time from a trace file.
+_BATCH_ROWS = 1 << 20
 
 
 class _StepFunctions:
@@ -47,14 +59,14 @@ class _StepFunctions:
         return points, cumulative
 
 
-def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) -> _StepFunctions:
+def _job_state_functions(ids: np.ndarray, states: np.ndarray, start: np.ndarray,
+                         end: np.ndarray, jobs: Iterable[int]) -> _StepFunctions:
+    """The step functions of `jobs` from their intervals' columns (job id, state code,
+    start, end), in table order."""
     out = _StepFunctions()
-    if job_intervals is None or job_intervals.num_rows == 0:
+    if len(ids) == 0:
         return out
-    ids = np.asarray(job_intervals["entity_id"].to_numpy(), dtype=np.int64)
-    states = _state_codes(job_intervals["state"])
-    start = job_intervals["start_s"].to_numpy()
-    end = job_intervals["end_s"].to_numpy()
+    ids = ids.astype(np.int64, copy=False)
     # Each job's intervals by start time (ties in table order), every job at once: one
     # sort, then a slice per job (not a scan of every interval per job: jobs x intervals).
     order = np.lexsort((start, ids))
@@ -69,16 +81,56 @@ def _job_state_functions(job_intervals: pa.Table | None, jobs: Iterable[int]) ->
     return out
 
 
-def _state_codes(column: pa.ChunkedArray) -> np.ndarray:
-    """A state column as each value's position in JOB_STATES (-1: another state), read from
-    its dictionary: integers compared per job, not a Python string per interval."""
-    column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+def _codes(column: pa.Array | pa.ChunkedArray, names: Sequence[str]) -> np.ndarray:
+    """A string column as each value's position in `names` (-1: another value or null),
+    read from its dictionary: integers compared, not a Python string per row."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if not pa.types.is_dictionary(column.type):
         column = column.dictionary_encode()
-    lookup = np.array([JOB_STATES.index(name) if name in JOB_STATES else -1
+    lookup = np.array([names.index(name) if name in names else -1
                        for name in column.dictionary.to_pylist()] + [-1], dtype=np.int8)
-    indices = column.indices.fill_null(len(lookup) - 1).to_numpy()
+    indices = column.indices.fill_null(len(lookup) - 1).to_numpy(zero_copy_only=False)
     return lookup[indices]
+
+
+def _batches(source: pa.Table | Path, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """A trace's columns a record batch at a time, in table order (a Parquet file is
+    decoded a batch at a time, not read whole)."""
+    if isinstance(source, pa.Table):
+        yield from source.select(list(columns)).to_batches(max_chunksize=_BATCH_ROWS)
+    else:
+        yield from pq.ParquetFile(source).iter_batches(batch_size=_BATCH_ROWS,
+                                                       columns=list(columns))
+
+
+class _Buckets:
+    """Rows of a trace bucketed by their job's range of ids (`JOBS_PER_PASS`), in table
+    order within each: compact column arrays, joined when a range is worked on."""
+
+    def __init__(self, first_job: int, jobs_per_pass: int):
+        self.first_job = first_job
+        self.jobs_per_pass = jobs_per_pass
+        self.parts: dict[int, list[tuple[np.ndarray, ...]]] = {}
+
+    def add(self, job_ids: np.ndarray, *columns: np.ndarray) -> None:
+        if not len(job_ids):
+            return
+        bucket = (job_ids.astype(np.int64) - self.first_job) // self.jobs_per_pass
+        order = np.argsort(bucket, kind="stable")
+        ranked = bucket[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(ranked)) + 1))
+        for rows, index in zip(np.split(order, starts[1:]), ranked[starts].tolist(),
+                               strict=True):
+            self.parts.setdefault(index, []).append(
+                tuple(column[rows] for column in (job_ids, *columns)))
+
+    def take(self, index: int, empty: tuple[np.dtype, ...]) -> tuple[np.ndarray, ...]:
+        """The range's rows (and forget them): `empty`'s dtypes where it has none."""
+        parts = self.parts.pop(index, [])
+        if not parts:
+            return tuple(np.array([], dtype=dtype) for dtype in empty)
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
 
 
 def _integrate(points: np.ndarray, cumulative: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -139,6 +191,34 @@ def _add_spans(target: np.ndarray, keys: np.ndarray, start: np.ndarray, end: np.
     np.add.at(target, (keys[row], bins), (high - low) * weight[row])
 
 
+def _read_traces(intervals: pa.Table | Path, allocations: pa.Table | Path, first_job: int,
+                 jobs_per_pass: int, with_allocations: bool
+                 ) -> tuple[_Buckets, _Buckets, tuple[np.ndarray, ...]]:
+    """One pass over each trace: the job intervals and the allocations bucketed by range of
+    job ids, and the chip intervals (chip id, 1.0 if repairing, start, end)."""
+    job_rows, held = _Buckets(first_job, jobs_per_pass), _Buckets(first_job, jobs_per_pass)
+    chip_parts: list[tuple[np.ndarray, ...]] = []
+    for batch in _batches(intervals, ("entity", "entity_id", "state", "start_s", "end_s")):
+        entity = _codes(batch.column("entity"), ("job", "chip"))
+        ids = batch.column("entity_id").to_numpy(zero_copy_only=False)
+        start = batch.column("start_s").to_numpy(zero_copy_only=False)
+        end = batch.column("end_s").to_numpy(zero_copy_only=False)
+        is_job, is_chip = entity == 0, entity == 1
+        job_rows.add(ids[is_job], _codes(batch.column("state"), JOB_STATES)[is_job],
+                     start[is_job], end[is_job])
+        if is_chip.any():
+            repairing = _codes(batch.column("state"), ("repairing",))[is_chip] == 0
+            chip_parts.append((ids[is_chip].astype(np.float64), repairing.astype(np.float64),
+                               start[is_chip], end[is_chip]))
+    if with_allocations:
+        for batch in _batches(allocations, ("job_id", "instance_id", "start_s", "end_s")):
+            held.add(*(batch.column(name).to_numpy(zero_copy_only=False)
+                       for name in ("job_id", "instance_id", "start_s", "end_s")))
+    chips = (tuple(np.concatenate(column) for column in zip(*chip_parts, strict=True))
+             if chip_parts else tuple(np.array([]) for _ in range(4)))
+    return job_rows, held, chips
+
+
 def utilisation_rows(
     *,
     horizon_s: float,
@@ -149,9 +229,10 @@ def utilisation_rows(
     instances_per_ultraserver: int,
     job_ids: Sequence[int],
     job_names: Sequence[str],
-    intervals: pa.Table,
-    allocations: pa.Table,
+    intervals: pa.Table | Path,
+    allocations: pa.Table | Path,
     instances: Sequence[int] | None = None,
+    jobs_per_pass: int = JOBS_PER_PASS,
 ) -> pa.Table:
     """Utilisation per time bin for the levels asked for, by interval arithmetic.
 
@@ -159,115 +240,69 @@ def utilisation_rows(
     chip (from `allocations` and the job's state intervals), `failed` and `repairing` (from
     chip intervals) and `idle` (the rest). Job level: the fraction of the bin the job spent in
     each state, `inactive` when it did not exist. Rows add up to 1. `instances` restricts the
-    instance level to those instances.
+    instance level to those instances. `intervals` and `allocations`: the tables, or their
+    Parquet files (read a batch at a time). `jobs_per_pass`: job ids worked on at a time.
     """
+    if jobs_per_pass < 1:
+        raise ValueError(f"jobs_per_pass {jobs_per_pass}: expected at least 1")
     # Whole bins, the last one cut at the horizon; an edge a rounding error short of the
     # horizon would make a bin of width ~0 whose fractions mean nothing.
     bins = max(1, math.ceil(horizon_s / bin_s - 1e-9))
     edges = np.minimum(np.arange(bins + 1) * bin_s, horizon_s)
     edges[-1] = horizon_s
     starts, widths = edges[:-1], np.diff(edges)
-    # (compared in Arrow: a Python string per row was a gigabyte of a year's intervals)
-    entity = intervals["entity"].cast(pa.string())
-    down_rows = intervals.filter(pc.equal(entity, "chip"))
-    # (the job rows' copy dropped once their step functions are made: a year's are 300 MB)
-    functions = _job_state_functions(intervals.filter(pc.equal(entity, "job")), job_ids)
-    del entity
-    blocks: list[dict[str, Any]] = []
+    hardware_levels = [lv for lv in levels if lv in ("cluster", "ultraserver", "instance")]
+    ids = np.asarray(job_ids, dtype=np.int64)
+    first_job = int(ids.min()) if len(ids) else 0
+    job_rows, held, down = _read_traces(intervals, allocations, first_job, jobs_per_pass,
+                                        bool(hardware_levels))
+    passes = int((ids.max() - first_job) // jobs_per_pass) + 1 if len(ids) else 0
+    ranges = (ids - first_job) // jobs_per_pass
+    keyed = [_level_keys(level, n_instances, instances_per_ultraserver, instances)
+             for level in hardware_levels]
+    chip_time = [{state: np.zeros((len(names), len(starts))) for state in UTILISATION_STATES}
+                 for _, names, _ in keyed]
+    job_fractions: dict[int, dict[str, np.ndarray]] = {}
+    for index in range(passes):
+        wanted = ids[ranges == index].tolist()
+        functions = _job_state_functions(
+            *job_rows.take(index, (np.int32, np.int8, np.float64, np.float64)), wanted)
+        if "job" in levels:
+            for job in wanted:
+                job_fractions[job] = _job_fractions(functions, job, edges, widths)
+        a_job, a_inst, a_start, a_end = held.take(
+            index, (np.int32, np.int32, np.float64, np.float64))
+        for (lookup, _, _), times in zip(keyed, chip_time, strict=True):
+            _add_held(functions, a_job, a_inst, a_start, a_end, lookup, edges,
+                      chips_per_instance, times)
+        del functions, a_job, a_inst, a_start, a_end
 
+    blocks: list[dict[str, Any]] = []
     if "job" in levels:
         for job, name in zip(job_ids, job_names, strict=True):
-            fractions = {state: np.zeros(len(starts)) for state in UTILISATION_STATES}
-            if job in functions:
-                points, cumulatives = functions.of(job)
-                for state in JOB_STATES:
-                    if state == "done":
-                        continue
-                    c = _integrate(points, cumulatives[state], edges)
-                    fractions[state] = np.diff(c) / widths
-            used = sum(fractions[s] for s in JOB_STATES if s != "done")
-            fractions["inactive"] = np.clip(1.0 - used, 0.0, 1.0)
-            blocks.append({"level": "job", "key": name, **fractions})
-
-    hardware_levels = [lv for lv in levels if lv in ("cluster", "ultraserver", "instance")]
+            blocks.append({"level": "job", "key": name, **job_fractions[int(job)]})
     if hardware_levels:
-        # (32-bit ids as written: the same sorts and keys at half a year's 14 M rows' bytes)
-        a_job = allocations["job_id"].to_numpy()
-        a_inst = allocations["instance_id"].to_numpy()
-        a_start = allocations["start_s"].to_numpy()
-        a_end = allocations["end_s"].to_numpy()
         # Chips of an instance share their down intervals: fold identical (instance, state,
         # span) rows into one with a chip count, so the work scales with repairs, not chips.
-        d_state = np.asarray(down_rows["state"].cast(pa.string()).to_pylist(), dtype=object)
-        folded = np.column_stack([
-            down_rows["entity_id"].to_numpy().astype(np.float64) // chips_per_instance,
-            (d_state == "repairing").astype(np.float64),
-            down_rows["start_s"].to_numpy(), down_rows["end_s"].to_numpy()])
+        d_chip, d_repairing, d_start, d_end = down
+        folded = np.column_stack([d_chip // chips_per_instance, d_repairing, d_start, d_end])
         folded, r_chips = np.unique(folded.reshape(-1, 4), axis=0, return_counts=True)
         r_inst = folded[:, 0].astype(np.int64)
         r_state = np.where(folded[:, 1] == 1.0, "repairing", "failed")
         r_start, r_end = folded[:, 2], folded[:, 3]
-        for level in hardware_levels:
-            if level == "cluster":
-                keys, a_key, r_key = 1, np.zeros_like(a_inst), np.zeros_like(r_inst)
-                members = np.array([n_instances])
-                names = ["all"]
-            elif level == "ultraserver":
-                ipu = instances_per_ultraserver
-                keys = -(-n_instances // ipu)
-                a_key, r_key = a_inst // ipu, r_inst // ipu
-                members = np.bincount(np.arange(n_instances) // ipu, minlength=keys)
-                names = [str(k) for k in range(keys)]
-            else:
-                chosen = np.arange(n_instances) if instances is None else np.unique(
-                    np.asarray(instances, dtype=np.int64))
-                lookup = np.full(n_instances, -1, dtype=np.int64)
-                lookup[chosen] = np.arange(len(chosen))
-                keys = len(chosen)
-                a_key, r_key = lookup[a_inst], lookup[r_inst]
-                members = np.ones(keys, dtype=np.int64)
-                names = [str(k) for k in chosen.tolist()]
-            chip_time = {state: np.zeros((keys, len(starts))) for state in UTILISATION_STATES}
-            # Each job's allocations, in table order: one stable sort, a slice per job.
-            by_job = np.argsort(a_job, kind="stable")
-            kept = a_key[by_job] >= 0
-            if not kept.all():
-                by_job = by_job[kept]
-            del kept
-            cuts = np.flatnonzero(np.diff(a_job[by_job])) + 1
-            for rows in np.split(by_job, cuts) if len(by_job) else []:
-                job = int(a_job[rows[0]])
-                if job not in functions:
-                    continue
-                if len(rows) == 0:
-                    continue
-                if keys == 1:
-                    _held_by_state(functions, job, a_start[rows], a_end[rows], edges,
-                                   chips_per_instance, chip_time, 0)
-                    continue
-                # Finer levels: for an allocation [a, b) of job j, the differences of
-                # C_js(clip(edge, a, b)) are its chip-time in state s per bin.
-                points, cumulatives = functions.of(job)
-                for chunk in np.array_split(rows, max(1, len(rows) // 512 + 1)):
-                    if len(chunk) == 0:
-                        continue
-                    clipped = np.clip(edges[None, :], a_start[chunk, None], a_end[chunk, None])
-                    for state in JOB_STATES:
-                        if state == "done":
-                            continue
-                        c = _integrate(points, cumulatives[state], clipped)
-                        per_bin = np.diff(c, axis=1) * chips_per_instance
-                        np.add.at(chip_time[state], a_key[chunk], per_bin)
+        for level, (lookup, names, members), times in zip(hardware_levels, keyed, chip_time,
+                                                          strict=True):
+            r_key = lookup(r_inst)
             for state in ("failed", "repairing"):
                 chosen = np.flatnonzero((r_key >= 0) & (r_state == state))
-                _add_spans(chip_time[state], r_key[chosen], r_start[chosen], r_end[chosen],
+                _add_spans(times[state], r_key[chosen], r_start[chosen], r_end[chosen],
                            r_chips[chosen], edges)
             capacity = members[:, None] * chips_per_instance * widths[None, :]
-            used = sum(chip_time[s] for s in UTILISATION_STATES if s not in ("idle", "inactive"))
-            chip_time["idle"] = np.clip(capacity - used, 0.0, None)
-            for k in range(keys):
+            used = sum(times[s] for s in UTILISATION_STATES if s not in ("idle", "inactive"))
+            times["idle"] = np.clip(capacity - used, 0.0, None)
+            for k in range(len(names)):
                 blocks.append({"level": level, "key": names[k],
-                               **{s: chip_time[s][k] / capacity[k] for s in UTILISATION_STATES}})
+                               **{s: times[s][k] / capacity[k] for s in UTILISATION_STATES}})
 
     n = len(starts)
     columns: dict[str, Any] = {
@@ -280,3 +315,74 @@ def utilisation_rows(
         columns[state] = np.concatenate([b[state] for b in blocks]) if blocks else np.array([])
     table = pa.table(columns)
     return table.cast(SCHEMAS["utilisation"])
+
+
+def _job_fractions(functions: _StepFunctions, job: int, edges: np.ndarray,
+                   widths: np.ndarray) -> dict[str, np.ndarray]:
+    """The fraction of each bin the job spent in each state (`inactive`: did not exist)."""
+    fractions = {state: np.zeros(len(widths)) for state in UTILISATION_STATES}
+    if job in functions:
+        points, cumulatives = functions.of(job)
+        for state in JOB_STATES:
+            if state == "done":
+                continue
+            c = _integrate(points, cumulatives[state], edges)
+            fractions[state] = np.diff(c) / widths
+    used = sum(fractions[s] for s in JOB_STATES if s != "done")
+    fractions["inactive"] = np.clip(1.0 - used, 0.0, 1.0)
+    return fractions
+
+
+def _level_keys(level: str, n_instances: int, instances_per_ultraserver: int,
+                instances: Sequence[int] | None) -> tuple[Any, list[str], np.ndarray]:
+    """A hardware level's key of each instance (-1: not reported), its keys' names and
+    their instances each."""
+    if level == "cluster":
+        return (lambda inst: np.zeros_like(inst)), ["all"], np.array([n_instances])
+    if level == "ultraserver":
+        ipu = instances_per_ultraserver
+        keys = -(-n_instances // ipu)
+        members = np.bincount(np.arange(n_instances) // ipu, minlength=keys)
+        return (lambda inst: inst // ipu), [str(k) for k in range(keys)], members
+    chosen = np.arange(n_instances) if instances is None else np.unique(
+        np.asarray(instances, dtype=np.int64))
+    table = np.full(n_instances, -1, dtype=np.int64)
+    table[chosen] = np.arange(len(chosen))
+    return ((lambda inst: table[inst]), [str(k) for k in chosen.tolist()],
+            np.ones(len(chosen), dtype=np.int64))
+
+
+def _add_held(functions: _StepFunctions, a_job: np.ndarray, a_inst: np.ndarray,
+              a_start: np.ndarray, a_end: np.ndarray, lookup: Any, edges: np.ndarray,
+              chips_per_instance: int, chip_time: dict[str, np.ndarray]) -> None:
+    """Add the chip-time of these allocations, by the state of the job holding them, to each
+    key's bins; jobs in id order, each job's allocations in table order."""
+    a_key = lookup(a_inst)
+    keys = len(next(iter(chip_time.values())))
+    by_job = np.argsort(a_job, kind="stable")
+    kept = a_key[by_job] >= 0
+    if not kept.all():
+        by_job = by_job[kept]
+    del kept
+    cuts = np.flatnonzero(np.diff(a_job[by_job])) + 1
+    for rows in np.split(by_job, cuts) if len(by_job) else []:
+        job = int(a_job[rows[0]])
+        if job not in functions:
+            continue
+        if keys == 1:
+            _held_by_state(functions, job, a_start[rows], a_end[rows], edges,
+                           chips_per_instance, chip_time, 0)
+            continue
+        # Finer levels: for an allocation [a, b) of job j, the differences of
+        # C_js(clip(edge, a, b)) are its chip-time in state s per bin.
+        points, cumulatives = functions.of(job)
+        for chunk in np.array_split(rows, max(1, len(rows) // 512 + 1)):
+            if len(chunk) == 0:
+                continue
+            clipped = np.clip(edges[None, :], a_start[chunk, None], a_end[chunk, None])
+            for state in JOB_STATES:
+                if state == "done":
+                    continue
+                c = _integrate(points, cumulatives[state], clipped)
+                per_bin = np.diff(c, axis=1) * chips_per_instance
+                np.add.at(chip_time[state], a_key[chunk], per_bin)

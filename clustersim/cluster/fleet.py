@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SUMMARY_JOBS", "LARGEST_JOBS", "team_figures", "largest_jobs",
-           "flat_job_columns"]
+           "flat_job_columns", "missing_figure", "finite_or_none_column", "finite_or_none"]
 
 SUMMARY_JOBS = 2_000  # up to this many jobs, summary.json lists every one
 LARGEST_JOBS = 100  # past it, the largest this many (by chips, then chip-time held)
@@ -118,15 +118,15 @@ def flat_job_columns(jobs: Mapping[str, Mapping[str, Any]],
         for column, value in row.items():
             values = columns.get(column)
             if values is None:  # first seen: the jobs before had none
-                values = columns[column] = [_missing(column)] * done
+                values = columns[column] = [missing_figure(column)] * done
             values.append(value)
         if len(row) < len(columns):  # figures this job lacks (each column its own list:
             for column in columns.keys() - row.keys():  # any order; not a scan of them all)
-                columns[column].append(_missing(column))
+                columns[column].append(missing_figure(column))
     return columns
 
 
-def _missing(column: str) -> Any:
+def missing_figure(column: str) -> Any:
     """A job's value of a figure it does not have: 0 times for a cause it never met."""
     return 0 if column.startswith("interruptions_by_cause.") else None
 

@@ -19,8 +19,6 @@ from clustersim.analysis.utilisation import utilisation_rows
 from clustersim.cluster.fleet import (
     LARGEST_JOBS,
     SUMMARY_JOBS,
-    finite_or_none_column,
-    flat_job_columns,
     largest_jobs,
     team_figures,
 )
@@ -30,7 +28,6 @@ from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
 from clustersim.runner.budget import check_request_traces, check_run_budget
 from clustersim.runner.figures import (
-    ColumnRows,
     JobFigures,
     _combine,
     _job_figures,
@@ -46,6 +43,7 @@ from clustersim.runner.fleetday import (
     run_fleet_day,
 )
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
+from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
@@ -81,7 +79,7 @@ class RunResult:
     serving: ServingResult | None = None
     jobs: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # every job's figures
     # job_summary.parquet's columns, when made with the figures (a run of many jobs)
-    job_columns: dict[str, list[Any]] | None = None
+    job_columns: dict[str, pa.Array] | None = None
     fleet_day: Any = None  # a FleetDayResult, for a fleet-day run
 
 
@@ -276,14 +274,16 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
         result = timelines[0]
         all_jobs: Any = JobFigures(scenario, steps, model, result.jobs, result.horizon_s,
                                    with_teams)
-        job_columns = flat_job_columns(all_jobs, {name: outcome.team for name, outcome
-                                                  in result.jobs.items()})
-        combined = {"jobs": largest_of_columns(all_jobs, job_columns, LARGEST_JOBS),
+        job_columns = arrow_job_columns(all_jobs, {name: outcome.team for name, outcome
+                                                   in result.jobs.items()})
+        rows = ArrowRows(job_columns)
+        combined = {"jobs": largest_of_columns(all_jobs, rows, LARGEST_JOBS),
                     "cluster": result.cluster_figures()}
         if with_teams:
             combined["teams"] = team_figures(
-                ColumnRows(job_columns), {t.name: t.quota for t in scenario.teams},
+                rows, {t.name: t.quota for t in scenario.teams},
                 {t.name: t.share for t in scenario.teams})
+        del rows  # (its columns as Python lists)
     else:
         combined = _job_summaries(scenario, steps, model, topology, timelines, with_teams)
         all_jobs = combined["jobs"]
@@ -426,7 +426,8 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
         chips_per_instance=hw.chips_per_instance,
         instances_per_ultraserver=hw.instances_per_ultraserver,
         job_ids=list(range(len(scenario.jobs))), job_names=[j.name for j in scenario.jobs],
-        intervals=recorder.read("intervals"), allocations=recorder.read("allocations")))
+        intervals=recorder.folder / "intervals.parquet",
+        allocations=recorder.folder / "allocations.parquet"))
 
 
 def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int | None = None,
@@ -482,9 +483,8 @@ def write_job_summary(result: RunResult, path: Path) -> None:
             teams = {name: outcome.team for name, outcome in result.timelines[0].jobs.items()}
         else:  # a fleet-day run: no timeline, the scenario's teams
             teams = {job.name: job.team or "-" for job in result.scenario.jobs}
-        columns = flat_job_columns(result.jobs, teams)
-    table = pa.table({column: finite_or_none_column(values)
-                      for column, values in columns.items()})
+        columns = arrow_job_columns(result.jobs, teams)
+    table = pa.table(columns)
     table = table.replace_schema_metadata(table_metadata(
         "job_summary", version=clustersim.__version__, seed=result.summary["seed"],
         scenario_yaml=result.scenario.source_yaml))

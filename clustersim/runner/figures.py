@@ -20,7 +20,6 @@ __all__ = [
     "effective_figures",
     "job_shape",
     "JobFigures",
-    "ColumnRows",
     "largest_of_columns",
     "t_quantile",
 ]
@@ -241,46 +240,11 @@ class JobFigures(Mapping):
         return figures
 
 
-class ColumnRows(Mapping):
-    """The rows of per-job columns (`fleet.flat_job_columns`) as mappings, by job name."""
-
-    def __init__(self, columns: dict[str, list[Any]]):
-        self.columns = columns
-
-    def __len__(self) -> int:
-        return len(self.columns["name"])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.columns["name"])
-
-    def __getitem__(self, name: str) -> Mapping[str, Any]:
-        return _Row(self.columns, self.columns["name"].index(name))
-
-    def values(self) -> Iterator[Mapping[str, Any]]:  # type: ignore[override]
-        return (_Row(self.columns, index) for index in range(len(self)))
-
-
-class _Row(Mapping):
-    __slots__ = ("columns", "index")
-
-    def __init__(self, columns: dict[str, list[Any]], index: int):
-        self.columns = columns
-        self.index = index
-
-    def __getitem__(self, key: str) -> Any:
-        return self.columns[key][self.index]
-
-    def __len__(self) -> int:
-        return len(self.columns)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.columns)
-
-
-def largest_of_columns(jobs: JobFigures, columns: dict[str, list[Any]], count: int
+def largest_of_columns(jobs: JobFigures, columns: Any, count: int
                        ) -> dict[str, dict[str, Any]]:
-    """`fleet.largest_jobs` of the jobs whose columns these are (chips, then chip-time held,
-    then name), in the jobs' order, each job's figures made again."""
-    names, chips, held = columns["name"], columns["chips"], columns["held_chip_s"]
+    """`fleet.largest_jobs` of the jobs whose columns these are (`job_columns.ArrowRows`:
+    chips, then chip-time held, then name), in the jobs' order, each job's figures made
+    again."""
+    names, chips, held = (columns.column(key) for key in ("name", "chips", "held_chip_s"))
     ranked = sorted(range(len(names)), key=lambda i: (-chips[i], -held[i], names[i]))[:count]
     return {names[i]: jobs.at(i) for i in sorted(ranked)}
