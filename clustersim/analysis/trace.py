@@ -345,9 +345,6 @@ class ParquetRecorder(MemoryRecorder):
             self._writer(table).close()
         self.writers.clear()
 
-    def read(self, table: str) -> pa.Table:
-        return pq.read_table(self.folder / f"{table}.parquet")
-
 
 def _rows_to_table(table: str, rows: list[tuple]) -> pa.Table:
     schema = SCHEMAS[table]
