@@ -123,6 +123,31 @@ def test_two_jobs_sharing_an_intersite_link_each_get_half():
         assert shared.time_s == pytest.approx(alone.time_s)
 
 
+@pytest.mark.parametrize("op", ["all-reduce", "reduce-scatter", "all-gather"])
+def test_groups_over_the_same_instances_of_two_sites_share_alike_on_each(op, monkeypatch):
+    """Groups of different chips of the same instances in two sites: solving their shares
+    on the first instance only (links and HBM; EFA and the inter-site link whole) gives the
+    speeds that solving them on every instance gives, to the bit."""
+    from clustersim.collectives import contention
+
+    topo = topology_for(scenario_from_dict(two_sites(link="100GB/s")))
+    model = CollectiveModel(topo)
+    cpi = topo.hardware.chips_per_instance
+    per_site = topo.chips // 2
+    instances = [0, 1, per_site // cpi, per_site // cpi + 3]
+    groups = [Group(np.array(sorted(i * cpi + c for i in instances
+                                    for c in (t, (t + 5) % 16, (t + 10) % 16, (t + 15) % 16))), 2)
+              for t in range(4)]
+    costs = [model.cost(op, g, 3e8) for g in groups]
+    assert any(s.level == "site" for s in costs[0].stages)
+    fast = [c.transfer_s for c in simultaneous(model, costs)]
+    assert contention._common_instance(model, costs) == 0
+    monkeypatch.setattr(contention, "_common_instance", lambda model, costs: None)
+    full = [c.transfer_s for c in simultaneous(model, costs)]
+    assert fast == full
+    assert fast[0] > costs[0].transfer_s  # they do share
+
+
 def test_single_site_list_builds_like_no_sites():
     plain = scenario_from_dict({"name": "one", "hardware": "trn2u", "duration": "1d",
                                 "cluster": {"ultraservers": 8, "fabric": {"spines": 4}}})

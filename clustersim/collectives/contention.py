@@ -158,11 +158,13 @@ def simultaneous(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> lis
 
 def _common_instance(model: CollectiveModel, costs: Sequence[CollectiveCost]) -> int | None:
     """The first instance of the collectives' groups when every group spans the same
-    instances (on one site), else None. Each collective then loads every one of those
-    instances (and UltraServers) alike, so the shares found on one are those found on all:
-    `simultaneous` looks at that one only (the same speeds, without a resource per link of
-    every instance)."""
-    if model.topology.site_count > 1 or any(c.group is None for c in costs):
+    instances, else None. Each collective then loads every one of those instances (and
+    UltraServers) alike, so the shares found on one are those found on all: `simultaneous`
+    looks at that one only (the same speeds, without a resource per link of every
+    instance). So too over several sites: the EFA domains and inter-site links a group
+    uses are kept whole (`resource_rates` limits only links and HBM to the instance), and
+    the instances of every site are built alike."""
+    if any(c.group is None for c in costs):
         return None
     cpi = model.hardware.chips_per_instance
     spans = [np.unique(c.group.chips // cpi) for c in costs if c.group is not None]

@@ -197,16 +197,19 @@ class LevelCoster:
         """Domains over EFA, one group per local rank, run in parallel."""
         x = len(layout.domains)
         names = fabric_algorithms(op, x, self.constants.fabric_mesh_max_nodes, algorithm)
+        costs: dict[str, tuple[float, float, int]] = {}
         if algorithm in ("auto", "hierarchical"):
-            algorithm = min(names, key=lambda n: sum(
-                fabric_cost(self.topology, op, layout, buffer, n)[:2]))
+            # (each candidate's cost kept: the chosen one is not costed twice)
+            costs = {n: fabric_cost(self.topology, op, layout, buffer, n) for n in names}
+            algorithm = min(names, key=lambda n: sum(costs[n][:2]))
         if algorithm == "biring":
             algorithm = "ring"  # EFA links are full duplex per flow; a ring already uses both
         if algorithm not in names:
             raise CollectiveError(
                 f"{algorithm} does not apply over EFA for {x} nodes; expected one of {names}"
             )
-        latency, transfer, steps = fabric_cost(self.topology, op, layout, buffer, algorithm)
+        latency, transfer, steps = costs.get(algorithm) or fabric_cost(
+            self.topology, op, layout, buffer, algorithm)
         return StageCost("fabric", op, algorithm, x, buffer, steps, latency, transfer)
 
     # ------------------------------------------------------------------ site level
