@@ -218,3 +218,32 @@ def test_mx_weights_compute_where_the_chip_has_a_peak() -> None:
     assert compute_precision("mxfp8", trn3) == "mxfp8" and trn3["mxfp8"] == trn3["fp8"]
     assert compute_precision("mxfp8", trn2) == "bf16"  # weight-only
     assert compute_precision("mxfp4", trn3) == "bf16"  # no chip has an FP4 peak here
+
+
+def test_a_shape_given_to_many_jobs_is_checked_once_and_a_changed_copy_again(monkeypatch):
+    """Pydantic runs a model's "after" validator again on an instance given to a field: a
+    million generated jobs share a few shapes, so each instance is checked once; a copy with
+    other values (model_copy does not validate) is checked when it is given."""
+    from pydantic import ValidationError
+
+    from clustersim.scenario.models import JobSpec
+    from clustersim.training import transformer
+    from clustersim.training.workload import ParallelismSpec
+
+    shape = TransformerShape.model_validate({"layers": 2, "hidden": 64, "heads": 4,
+                                             "vocab": 128})
+    calls = []
+    original = TransformerShape._check_values
+    monkeypatch.setattr(TransformerShape, "_check_values",
+                        lambda self: calls.append(id(self)) or original(self))
+    par = ParallelismSpec.model_validate({"tp": 1})
+    for _ in range(3):
+        JobSpec.model_validate({"name": "j", "model": shape, "parallelism": par,
+                                    "global_batch": 8})
+    assert calls == []
+    wrong = shape.model_copy(update={"top_k": 4})
+    with pytest.raises(ValidationError, match="top_k 4 is more than the 1 experts"):
+        JobSpec.model_validate({"name": "j", "model": wrong, "parallelism": par,
+                                    "global_batch": 8})
+    assert calls == [id(wrong)]
+    assert id(shape) in transformer._CHECKED

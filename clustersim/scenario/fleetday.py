@@ -344,11 +344,12 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                    f"not split into its {dp} data-parallel groups (nor they into them)",
                    job.elastic.min_dp)
     if fleet:
-        free = s.working_instances - minimum_instances
+        working = s.working_instances  # (once: over sites it resolves their network)
+        free = working - minimum_instances
         for index, job in enumerate(s.jobs):
-            if s.job_instances(job) > s.working_instances:
+            if s.job_instances(job) > working:
                 yield (f"jobs.{index}.instances", f"needs {s.job_instances(job)} instances; "
-                       f"the cluster has {s.working_instances}", s.job_instances(job))
+                       f"the cluster has {working}", s.job_instances(job))
             elif _smallest(s, job) > free >= 0:
                 yield (f"jobs.{index}", f"needs {s.job_instances(job)} instances; the "
                        f"deployments' minimum replicas leave {free}", s.job_instances(job))

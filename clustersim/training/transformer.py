@@ -7,6 +7,7 @@ The shape is all the step model needs to count FLOPs, bytes and memory; the pres
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +19,10 @@ from clustersim.hardware.spec import Spec
 
 __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source",
            "ShardedHeads", "sharded_heads"]
+
+
+# id of a shape already checked -> a weak reference to it (`TransformerShape._check`)
+_CHECKED: dict[int, weakref.ref] = {}
 
 
 class TransformerShape(Spec):
@@ -111,6 +116,18 @@ class TransformerShape(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> TransformerShape:
+        # Pydantic runs an "after" validator again on an instance given to a field, and a
+        # million generated jobs share a few shapes: each instance is checked once (kept
+        # outside it: a private attribute would take part in equality).
+        key = id(self)
+        known = _CHECKED.get(key)
+        if known is not None and known() is self:
+            return self
+        self._check_values()
+        _CHECKED[key] = weakref.ref(self, lambda _, key=key: _CHECKED.pop(key, None))
+        return self
+
+    def _check_values(self) -> None:
         if self.top_k > self.experts:
             raise ValueError(f"top_k {self.top_k} is more than the {self.experts} experts")
         if self.heads % self.n_kv_heads:
@@ -135,7 +152,6 @@ class TransformerShape(Spec):
                 raise ValueError(f"{', '.join(given)}: only with attention: mla")
         if self.window is None and self.global_every is not None:
             raise ValueError(f"global_every {self.global_every} needs a window")
-        return self
 
     @property
     def n_kv_heads(self) -> int:
