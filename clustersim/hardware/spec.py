@@ -73,6 +73,10 @@ def _boolean_where_number(value: Any, annotation: Any) -> bool:
             return not any(a is bool or get_origin(a) is Literal or a is Any for a in args) and (
                 any(_takes_number(a) for a in args))
         return _takes_number(annotation)
+    if args and origin not in (dict, list, tuple, Literal):
+        # an optional list or mapping (`buckets: list[int] | None`): its members' types say
+        # what the items are; pydantic's lax mode would take [true] as [1]
+        return any(_boolean_where_number(value, a) for a in args)
     if isinstance(value, dict) and origin is dict and len(args) == 2:
         return any(_boolean_where_number(v, args[1]) for v in value.values())
     if isinstance(value, list | tuple) and origin in (list, tuple) and args:
