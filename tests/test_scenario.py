@@ -386,6 +386,8 @@ MALFORMED = [
                  "write time above zero", id="auto-interval-with-a-free-write"),
     pytest.param({"cluster.instances": -4}, [], "cluster.instances", "greater than",
                  id="negative-instances"),
+    pytest.param({"cluster.instances": 1e30}, [], "cluster.instances", "too large",
+                 id="instances-beyond-any-integer"),  # not pydantic's "Unable to parse"
     pytest.param({"duration": "0s"}, [], "duration", "greater than zero", id="zero-duration"),
     pytest.param({"duration": "30dys"}, [], "duration", "unit", id="duration-unit"),
     pytest.param({"hardware": {"base": "trn2", "chip": {"hbm": "96GiBs"}}}, [],
