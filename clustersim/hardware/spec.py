@@ -7,6 +7,7 @@ write are the short aliases of the contract (`hbm`, `latency`).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -76,12 +77,27 @@ def _boolean_where_number(value: Any, annotation: Any) -> bool:
     if args and origin not in (dict, list, tuple, Literal):
         # an optional list or mapping (`buckets: list[int] | None`): its members' types say
         # what the items are; pydantic's lax mode would take [true] as [1]
-        return any(_boolean_where_number(value, a) for a in args)
+        try:
+            members = _container_members(annotation)
+        except TypeError:  # an annotation that cannot be a cache key
+            members = _container_members.__wrapped__(annotation)
+        for member in members:
+            if _boolean_where_number(value, member):
+                return True
+        return False
     if isinstance(value, dict) and origin is dict and len(args) == 2:
         return any(_boolean_where_number(v, args[1]) for v in value.values())
     if isinstance(value, list | tuple) and origin in (list, tuple) and args:
         return any(_boolean_where_number(v, args[0]) for v in value)
     return False
+
+
+@lru_cache(maxsize=256)
+def _container_members(annotation: Any) -> tuple[Any, ...]:
+    """A union's list, tuple and mapping members (once per annotation: a million jobs'
+    fields pass here)."""
+    return tuple(a for a in get_args(annotation)
+                 if get_origin(a) in (dict, list, tuple) or get_origin(a) is Annotated)
 
 
 def _takes_number(annotation: Any) -> bool:
