@@ -97,11 +97,12 @@ def _print_memory(job: Any, profile: Any, spec: Any) -> None:
     table.add_row("HBM", f"{memory['hbm']:,.0f}")
     out_console.print(table)
     if not profile.fits_memory:
+        from clustersim.runner.api import fit_remedies
+
         out_console.print(f"[bold red]DOES NOT FIT: job {escape(profile.name)} needs "
                           f"{memory['total']:,.1f} GiB per chip, the chip has "
-                          f"{memory['hbm']:,.0f} GiB[/bold red] (more tensor or pipeline "
-                          "parallelism, ZeRO-1, sequence parallelism or recompute would help)",
-                          soft_wrap=True)
+                          f"{memory['hbm']:,.0f} GiB[/bold red] ({fit_remedies(job)} "
+                          "would help)", soft_wrap=True)
 
 
 def _experts(par: Any) -> str:

@@ -47,7 +47,7 @@ from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
-from clustersim.scenario.models import Scenario
+from clustersim.scenario.models import JobSpec, Scenario
 from clustersim.serving import (
     ServingResult,
     check_serving_fit,
@@ -97,6 +97,23 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
     return {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
 
 
+def fit_remedies(job: JobSpec) -> str:
+    """What could make a job fit that it does not use yet (a ZeRO-3 job with full
+    recompute is not told to use ZeRO-1 and recompute)."""
+    par = job.parallelism
+    remedies = ["more tensor or pipeline parallelism"]
+    if job.model.moe and par.ep < job.model.experts:
+        remedies.append("more expert parallelism")
+    if par.zero < 3:
+        remedies.append(f"ZeRO-{par.zero + 1}" + (" to 3" if par.zero < 2 else ""))
+    if not par.sequence_parallel:
+        remedies.append("sequence parallelism")
+    if job.recompute != "full":
+        remedies.append("full recompute" if job.recompute == "selective" else "recompute")
+    return ", ".join(remedies[:-1]) + " or " + remedies[-1] if len(remedies) > 1 \
+        else remedies[0]
+
+
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
     """Refuse a run with a job that does not fit in its chips' HBM."""
     for index, job in enumerate(scenario.jobs):
@@ -109,8 +126,7 @@ def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
                 f"{scenario.hardware.chip.name} chip, which has {gib['hbm']:.0f} GiB (weights "
                 f"{gib['weights']:.1f}, gradients {gib['gradients']:.1f}, optimizer "
                 f"{gib['optimizer']:.1f}, activations {gib['activations']:.1f}, logits "
-                f"{gib['logits']:.1f}); use more "
-                f"tensor or pipeline parallelism, ZeRO-1, sequence parallelism or recompute"
+                f"{gib['logits']:.1f}); use {fit_remedies(job)}"
             )
 
 
