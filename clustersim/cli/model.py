@@ -97,7 +97,7 @@ def _print_memory(job: Any, profile: Any, spec: Any) -> None:
     table.add_row("HBM", f"{memory['hbm']:,.0f}")
     out_console.print(table)
     if not profile.fits_memory:
-        from clustersim.runner.api import fit_remedies
+        from clustersim.runner.budget import fit_remedies
 
         out_console.print(f"[bold red]DOES NOT FIT: job {escape(profile.name)} needs "
                           f"{memory['total']:,.1f} GiB per chip, the chip has "

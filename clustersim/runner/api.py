@@ -26,7 +26,7 @@ from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paus
 from clustersim.hardware import limits
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
-from clustersim.runner.budget import check_request_traces, check_run_budget
+from clustersim.runner.budget import check_request_traces, check_run_budget, fit_remedies
 from clustersim.runner.figures import (
     JobFigures,
     _combine,
@@ -47,7 +47,7 @@ from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
-from clustersim.scenario.models import JobSpec, Scenario
+from clustersim.scenario.models import Scenario
 from clustersim.serving import (
     ServingResult,
     check_serving_fit,
@@ -95,23 +95,6 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
     topology = topology or topology_for(scenario)
     model = StepModel(topology)
     return {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
-
-
-def fit_remedies(job: JobSpec) -> str:
-    """What could make a job fit that it does not use yet (a ZeRO-3 job with full
-    recompute is not told to use ZeRO-1 and recompute)."""
-    par = job.parallelism
-    remedies = ["more tensor or pipeline parallelism"]
-    if job.model.moe and par.ep < job.model.experts:
-        remedies.append("more expert parallelism")
-    if par.zero < 3:
-        remedies.append(f"ZeRO-{par.zero + 1}" + (" to 3" if par.zero < 2 else ""))
-    if not par.sequence_parallel:
-        remedies.append("sequence parallelism")
-    if job.recompute != "full":
-        remedies.append("full recompute" if job.recompute == "selective" else "recompute")
-    return ", ".join(remedies[:-1]) + " or " + remedies[-1] if len(remedies) > 1 \
-        else remedies[0]
 
 
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
