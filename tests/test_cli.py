@@ -444,3 +444,16 @@ def test_a_job_that_does_not_fit_is_told_only_remedies_it_lacks(tmp_path: Path):
     text = " ".join(result.output.split())
     for remedy in ("ZeRO-1", "sequence parallelism", "recompute"):
         assert remedy in text, (remedy, text)
+
+
+def test_trn3_servers_are_counted_in_the_plural(tmp_path: Path):
+    """Trn3's instance is a "trn3-gen2 server": step said "(36 trn3-gen2 server)"."""
+    result = invoke("step", "scenarios/single-trn2.yaml", "--set", "hardware=trn3-gen2",
+                    "--set", "cluster.instances=36", "--set", "jobs.0.parallelism.dp=72",
+                    "--set", "jobs.0.global_batch=72")
+    assert result.exit_code == 0, result.output
+    assert "(36 trn3-gen2 servers)" in " ".join(result.output.split())
+    result = invoke("collective", "--hardware", "trn3-gen2", "--op", "all-reduce", "--ranks",
+                    "32", "--instances", "2")
+    assert result.exit_code == 0, result.output
+    assert "on 2 trn3-gen2 servers" in result.output
