@@ -7,7 +7,6 @@ write are the short aliases of the contract (`hbm`, `latency`).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -77,10 +76,7 @@ def _boolean_where_number(value: Any, annotation: Any) -> bool:
     if args and origin not in (dict, list, tuple, Literal):
         # an optional list or mapping (`buckets: list[int] | None`): its members' types say
         # what the items are; pydantic's lax mode would take [true] as [1]
-        try:
-            members = _container_members(annotation)
-        except TypeError:  # an annotation that cannot be a cache key
-            members = _container_members.__wrapped__(annotation)
+        members = _container_members(annotation)
         for member in members:
             if _boolean_where_number(value, member):
                 return True
@@ -92,12 +88,19 @@ def _boolean_where_number(value: Any, annotation: Any) -> bool:
     return False
 
 
-@lru_cache(maxsize=256)
+_MEMBERS: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+
+
 def _container_members(annotation: Any) -> tuple[Any, ...]:
-    """A union's list, tuple and mapping members (once per annotation: a million jobs'
-    fields pass here)."""
-    return tuple(a for a in get_args(annotation)
-                 if get_origin(a) in (dict, list, tuple) or get_origin(a) is Annotated)
+    """A union's list, tuple and mapping members, found once per annotation (a million
+    jobs' fields pass here; keyed by identity: hashing a union hashes its members)."""
+    known = _MEMBERS.get(id(annotation))
+    if known is not None and known[0] is annotation:
+        return known[1]
+    members = tuple(a for a in get_args(annotation)
+                    if get_origin(a) in (dict, list, tuple) or get_origin(a) is Annotated)
+    _MEMBERS[id(annotation)] = (annotation, members)
+    return members
 
 
 def _takes_number(annotation: Any) -> bool:
