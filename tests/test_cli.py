@@ -422,3 +422,38 @@ def test_bad_sweep_seeds_exit_2(tmp_path: Path, seeds: str, words: str):
     sweep.write_text(f"scenario: s.yaml\ngrid: {{failures.scale: [1]}}\nseeds: {seeds}\n")
     result = invoke("sweep", sweep, "-o", tmp_path / "out")
     assert result.exit_code == 2 and words in result.stderr
+
+
+def test_a_job_that_does_not_fit_is_told_only_remedies_it_lacks(tmp_path: Path):
+    """A ZeRO-3 job with full recompute and sequence parallelism was told to use "ZeRO-1,
+    sequence parallelism or recompute"; it is told what it does not use yet."""
+    sets = ["--set", "jobs.0.model=llama3.1-405b", "--set", "jobs.0.parallelism.zero=3",
+            "--set", "jobs.0.recompute=full"]
+    for command in (["run", "scenarios/single-trn2.yaml", "-o", str(tmp_path / "o")],
+                    ["step", "scenarios/single-trn2.yaml"]):
+        result = invoke(*command, *sets)
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert "more tensor or pipeline parallelism" in text, text
+        for done in ("ZeRO", "sequence parallelism", "recompute"):
+            assert done not in text.split("does not fit", 1)[1], (done, text)
+    # a job using none of them is told all of them
+    result = invoke("step", "scenarios/single-trn2.yaml", "--set", "jobs.0.model=llama3.1-405b",
+                    "--set", "jobs.0.parallelism.zero=0", "--set", "jobs.0.recompute=none",
+                    "--set", "jobs.0.parallelism.sequence_parallel=false")
+    text = " ".join(result.output.split())
+    for remedy in ("ZeRO-1", "sequence parallelism", "recompute"):
+        assert remedy in text, (remedy, text)
+
+
+def test_trn3_servers_are_counted_in_the_plural(tmp_path: Path):
+    """Trn3's instance is a "trn3-gen2 server": step said "(36 trn3-gen2 server)"."""
+    result = invoke("step", "scenarios/single-trn2.yaml", "--set", "hardware=trn3-gen2",
+                    "--set", "cluster.instances=36", "--set", "jobs.0.parallelism.dp=72",
+                    "--set", "jobs.0.global_batch=72")
+    assert result.exit_code == 0, result.output
+    assert "(36 trn3-gen2 servers)" in " ".join(result.output.split())
+    result = invoke("collective", "--hardware", "trn3-gen2", "--op", "all-reduce", "--ranks",
+                    "32", "--instances", "2")
+    assert result.exit_code == 0, result.output
+    assert "on 2 trn3-gen2 servers" in result.output

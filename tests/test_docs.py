@@ -333,7 +333,7 @@ def test_the_serving_figures_are_the_goldens():
 
 
 @pytest.mark.slow  # two step models of a 512-chip job
-def test_the_quickstart_comment_quotes_the_trees_step():
+def test_the_quickstart_comment_quotes_the_trees_step(tmp_path):
     import doc_figures
 
     figures = doc_figures.quickstart_steps()
@@ -343,6 +343,16 @@ def test_the_quickstart_comment_quotes_the_trees_step():
     assert quoted in text, quoted
     wide = f"steps in {figures['tp32_step_s']:.2f} s ({figures['tp32_mfu']:.1%} MFU)"
     assert wide in text, wide
+    # the planner's best, as the comment says it (it once claimed the job was that best)
+    result = CliRunner().invoke(app, ["plan", str(ROOT / "scenarios" / "quickstart.yaml"),
+                                      "--top", "1", "--json", "-o", str(tmp_path / "plan")])
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.stdout)["best"]
+    shorter = 1 - best["step_time_s"] / figures["step_s"]
+    layout = (f"finds a step {shorter:.1%} shorter, TP {best['tp']}, CP {best['cp']}, DP "
+              f"{best['dp']:,} with ZeRO-{best['zero']}: {best['step_time_s']:.2f} s "
+              f"({best['mfu']:.1%} MFU, {best['memory_per_chip_gib']:.0f} GiB per chip)")
+    assert layout in text, layout
 
 
 def test_the_million_chip_step_is_its_goldens():

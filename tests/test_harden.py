@@ -85,7 +85,9 @@ def test_1_report_keeps_a_users_file_in_the_report_folder(traced_run: Path, tmp_
     (run / "report").mkdir(exist_ok=True)
     notes = run / "report" / "notes.txt"
     notes.write_text("mine")
-    refused(invoke("report", run), "--force")
+    result = invoke("report", run)
+    refused(result, "--force")
+    assert "-o elsewhere" not in result.output  # report has no -o: the hint was run's
     assert notes.read_text() == "mine"
     notes.unlink()
     assert invoke("report", run).exit_code == 0  # an earlier report alone is replaced

@@ -247,3 +247,42 @@ def test_a_shape_given_to_many_jobs_is_checked_once_and_a_changed_copy_again(mon
                                     "global_batch": 8})
     assert calls == [id(wrong)]
     assert id(shape) in transformer._CHECKED
+
+
+# Issue 31's matrix through the command line: `step --json` of every 2025 preset (one job
+# each, simulated alone) on each hardware, with its figures and parameter counts.
+MATRIX_PRESETS = ("deepseek-v3", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+                  "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b")
+MATRIX_HARDWARE = {  # cluster, tp, dp, ep (ep divides dp and every preset's experts)
+    "trn2": ({"instances": 2}, 8, 16, 4), "trn2u": ({"ultraservers": 1}, 8, 32, 4),
+    "trn3-gen2": ({"ultraservers": 1}, 8, 72, 4), "p5en": ({"instances": 2}, 8, 2, 2)}
+
+
+@pytest.mark.parametrize("hardware", sorted(MATRIX_HARDWARE))
+def test_step_json_of_every_preset_on_each_hardware(tmp_path, hardware: str) -> None:
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    cluster, tp, dp, ep = MATRIX_HARDWARE[hardware]
+    jobs = [{"name": name, "model": name, "seq_len": 4096, "global_batch": dp,
+             "parallelism": {"tp": tp, "dp": dp, "ep": ep if shape(name).moe else 1,
+                             "zero": 1}} for name in MATRIX_PRESETS]
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump({"name": "matrix", "duration": "1d", "hardware": hardware,
+                                    "cluster": cluster, "jobs": jobs}))
+    # the large mixtures do not fit a few instances: --ignore-memory prints their figures
+    result = CliRunner().invoke(app, ["step", str(path), "--json", "--ignore-memory"])
+    assert result.exit_code == 0, result.output
+    figures = {job["name"]: job for job in json.loads(result.stdout)["jobs"]}
+    assert sorted(figures) == sorted(MATRIX_PRESETS)
+    for name, job in figures.items():
+        m = shape(name)
+        assert 0 < job["step_time_s"] < 1e4 and 0 < job["mfu"] < 1, (name, job)
+        assert 0 < job["memory_per_chip_gib"] < 1e4 and job["tokens_per_s"] > 0, name
+        assert job["parameters"] == m.parameter_count(), name
+        assert job["active_parameters"] == m.active_parameters, name
+        assert (job["active_parameters"] < job["parameters"]) == m.moe, name

@@ -311,3 +311,16 @@ def test_global_batch_in_tokens(tmp_path):
     # 32 Ki tokens = 16 sequences of 2,048: no data parallelism above 16 survives.
     assert frame.loc[frame["status"] == "simulated", "dp"].max() <= 16
     assert frame.loc[frame["dp"] == 32, "why"].str.startswith("divisibility").all()
+
+
+def test_written_scenario_describes_the_planned_layout_not_the_old_one():
+    """The written scenario's description was the planned-from scenario's with a note
+    appended, so `quickstart-planned` said "with TP 4, DP 512" of a TP 1, DP 1,024 job."""
+    raw = _raw(parallelism={"tp": 32, "dp": 2})
+    raw["description"] = "a small job with TP 32, DP 2"
+    result = plan(scenario_from_dict(raw, planning=True), PlanOptions(top=3))
+    best = result.best
+    text = best_scenario(result)["description"]
+    assert "TP 32, DP 2" not in text
+    assert f"TP {best['tp']}, CP {best['cp']}, PP {best['pp']}, DP {best['dp']:,}" in text
+    assert f"step {best['step_time_s']:.4g} s" in text and "plan-small" in text

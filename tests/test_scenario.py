@@ -386,7 +386,14 @@ MALFORMED = [
                  "write time above zero", id="auto-interval-with-a-free-write"),
     pytest.param({"cluster.instances": -4}, [], "cluster.instances", "greater than",
                  id="negative-instances"),
+    pytest.param({"cluster.instances": 1e30}, [], "cluster.instances", "too large",
+                 id="instances-beyond-any-integer"),  # not pydantic's "Unable to parse"
     pytest.param({"duration": "0s"}, [], "duration", "greater than zero", id="zero-duration"),
+    # a duration's bound in its unit ("at least 1s, got 1ms"), not "greater than or equal to 1"
+    pytest.param({"fluid": {"interval": "1ms"}}, [], "fluid.interval", "at least 1s",
+                 id="fluid-interval-below-a-second"),
+    pytest.param({"fluid": {"interval": "2h"}}, [], "fluid.interval", "at most 1h",
+                 id="fluid-interval-above-an-hour"),
     pytest.param({"duration": "30dys"}, [], "duration", "unit", id="duration-unit"),
     pytest.param({"hardware": {"base": "trn2", "chip": {"hbm": "96GiBs"}}}, [],
                  "hardware.chip.hbm", "GiB", id="hbm-unit-GiBs"),

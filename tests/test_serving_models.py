@@ -142,3 +142,27 @@ def test_sliding_window_bounds_kv() -> None:
     assert windowed.kv_capacity_tokens() > dense.kv_capacity_tokens()
     # a long prompt's attention on the windowed layers spans the window, not the context
     assert windowed.prefill_s(16384) < dense.prefill_s(16384)
+
+
+def _served(model: dict, output_tokens: int = 64) -> dict:
+    raw = {"name": "serve", "duration": "60s", "hardware": "trn2", "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": model, "parallelism": {"tp": 64},
+                      "server": {"max_batch": 16},
+                      "workload": {"arrival": "poisson", "rate": 1, "input_tokens": 512,
+                                   "output_tokens": output_tokens}}]}
+    scenario = scenario_from_dict(raw)
+    result = simulate_serving(scenario, np.random.SeedSequence(0))
+    return deployment_figures(scenario, result)["chat"]
+
+
+def test_a_sliding_window_no_request_reaches_is_no_window() -> None:
+    """A window longer than any request (prompt and output) bounds nothing: its layers read
+    and keep the context as global ones do, not `window` tokens per sequence (a window of a
+    million tokens made every decode read a million tokens a layer: TPOT x15)."""
+    plain = _served({"base": "gpt-oss-20b", "window": None, "global_every": None})
+    wide = _served({"base": "gpt-oss-20b", "window": 1_000_000})
+    assert wide["requests_completed"] == plain["requests_completed"]
+    for key in ("ttft_p50_s", "tpot_p50_s", "tpot_p99_s"):
+        assert wide[key] == pytest.approx(plain[key], rel=1e-9), key
+    # a window the requests pass still bounds the windowed layers' reads
+    assert _served({"base": "gpt-oss-20b"})["tpot_p50_s"] < plain["tpot_p50_s"]

@@ -93,6 +93,8 @@ def test_a_prompt_encoded_whole_costs_its_bucket():
     ("serve.0.server.buckets", "many", "expected a list"),
     ("serve.0.server.token_buckets", [4096, 2048], "must increase"),
     ("serve.0.server.token_buckets", [-1], "token count"),
+    ("serve.0.server.buckets", [True, 256], "not true or false"),  # True is not 1 token
+    ("serve.0.server.token_buckets", [128, False], "not true or false"),
     ("serve.0.stack", "vllm-gpu", "known: " + ", ".join(known_stacks())),
     ("serve.0.stack", "tensorrt-llm", "runs on p5"),
 ])

@@ -97,11 +97,19 @@ def _print_memory(job: Any, profile: Any, spec: Any) -> None:
     table.add_row("HBM", f"{memory['hbm']:,.0f}")
     out_console.print(table)
     if not profile.fits_memory:
+        from clustersim.runner.budget import fit_remedies
+
         out_console.print(f"[bold red]DOES NOT FIT: job {escape(profile.name)} needs "
                           f"{memory['total']:,.1f} GiB per chip, the chip has "
-                          f"{memory['hbm']:,.0f} GiB[/bold red] (more tensor or pipeline "
-                          "parallelism, ZeRO-1, sequence parallelism or recompute would help)",
-                          soft_wrap=True)
+                          f"{memory['hbm']:,.0f} GiB[/bold red] ({fit_remedies(job)} "
+                          "would help)", soft_wrap=True)
+
+
+def _instances(count: int, name: str) -> str:
+    """A count of instances by their name: EC2 types stay as they are (4 trn2.48xlarge),
+    a word takes the plural (36 trn3-gen2 servers)."""
+    plural = count != 1 and name.endswith(" server")
+    return f"{count:,} {name}{'s' if plural else ''}"
 
 
 def _experts(par: Any) -> str:
@@ -119,7 +127,7 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
     par = job.parallelism
     title = (f"{profile.name}: {job.model.name} ({_parameters(job.model)}) on "
              f"{profile.chips:,} {spec.hardware.chip.name} "
-             f"chips ({profile.instances:,} {spec.hardware.instance.name}), tp {par.tp} x "
+             f"chips ({_instances(profile.instances, spec.hardware.instance.name)}), tp {par.tp} x "
              f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
              f" x dp {par.dp}{_experts(par)}, {profile.microbatches} micro-batches of "
              f"{job.micro_batch}")
@@ -258,7 +266,7 @@ def collective(
                           "rows": [_finite(r) for r in rows]}, indent=2, allow_nan=False))
         return
     table = Table(
-        title=f"{op_name} over {ranks} ranks on {wanted} {spec.instance.name} "
+        title=f"{op_name} over {ranks} ranks on {_instances(wanted, spec.instance.name)} "
               f"({len(group.chips)} chips, {group.ranks_per_chip} ranks each)",
         title_justify="left",
     )

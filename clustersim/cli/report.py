@@ -28,8 +28,10 @@ def report(
     from clustersim.runner.outputs import atomic_output_dir, check_output_dir, earlier_report
 
     _check_run_folder(run_dir)
-    check_output_dir(run_dir / "report", force, ours=earlier_report)  # before the work
-    with atomic_output_dir(run_dir / "report", force=force, ours=earlier_report) as staging:
+    instead = "move your files out of it"  # report has no -o
+    check_output_dir(run_dir / "report", force, ours=earlier_report, instead=instead)
+    with atomic_output_dir(run_dir / "report", force=force, ours=earlier_report,
+                           instead=instead) as staging:
         write_report(run_dir, staging)
         if html:
             from clustersim.analysis.html_report import html_report

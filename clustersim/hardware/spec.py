@@ -73,11 +73,34 @@ def _boolean_where_number(value: Any, annotation: Any) -> bool:
             return not any(a is bool or get_origin(a) is Literal or a is Any for a in args) and (
                 any(_takes_number(a) for a in args))
         return _takes_number(annotation)
+    if args and origin not in (dict, list, tuple, Literal):
+        # an optional list or mapping (`buckets: list[int] | None`): its members' types say
+        # what the items are; pydantic's lax mode would take [true] as [1]
+        members = _container_members(annotation)
+        for member in members:
+            if _boolean_where_number(value, member):
+                return True
+        return False
     if isinstance(value, dict) and origin is dict and len(args) == 2:
         return any(_boolean_where_number(v, args[1]) for v in value.values())
     if isinstance(value, list | tuple) and origin in (list, tuple) and args:
         return any(_boolean_where_number(v, args[0]) for v in value)
     return False
+
+
+_MEMBERS: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _container_members(annotation: Any) -> tuple[Any, ...]:
+    """A union's list, tuple and mapping members, found once per annotation (a million
+    jobs' fields pass here; keyed by identity: hashing a union hashes its members)."""
+    known = _MEMBERS.get(id(annotation))
+    if known is not None and known[0] is annotation:
+        return known[1]
+    members = tuple(a for a in get_args(annotation)
+                    if get_origin(a) in (dict, list, tuple) or get_origin(a) is Annotated)
+    _MEMBERS[id(annotation)] = (annotation, members)
+    return members
 
 
 def _takes_number(annotation: Any) -> bool:

@@ -214,10 +214,14 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
     raw["jobs"] = [job]
     raw.pop("workload", None)
     raw["name"] = f"{scenario.name}-planned"[:128]  # runs into its own results folder
-    note = (f"Planned by clustersim plan ({options.objective}): step {best['step_time_s']:.4g} s, "
-            f"ETTR {best['ettr']:.3f}.")
-    before = str(raw.get("description") or "").strip()
-    raw["description"] = f"{before.rstrip('.')}. {note}" if before else note
+    # The planned job's own layout, not the planned-from scenario's description (which may
+    # name the layout it replaced), as the serving planner writes its description.
+    ep = f", EP {best['ep']}" if best["ep"] > 1 else ""
+    raw["description"] = (
+        f"Planned by clustersim plan ({options.objective}) from {scenario.name}: "
+        f"TP {best['tp']}, CP {best['cp']}, PP {best['pp']}, DP {best['dp']:,}{ep}, "
+        f"ZeRO-{best['zero']}, micro-batch {best['micro_batch']}, recompute "
+        f"{best['recompute']}: step {best['step_time_s']:.4g} s, ETTR {best['ettr']:.3f}.")
     return raw
 
 

@@ -26,7 +26,7 @@ from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paus
 from clustersim.hardware import limits
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
-from clustersim.runner.budget import check_request_traces, check_run_budget
+from clustersim.runner.budget import check_request_traces, check_run_budget, fit_remedies
 from clustersim.runner.figures import (
     JobFigures,
     _combine,
@@ -109,8 +109,7 @@ def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
                 f"{scenario.hardware.chip.name} chip, which has {gib['hbm']:.0f} GiB (weights "
                 f"{gib['weights']:.1f}, gradients {gib['gradients']:.1f}, optimizer "
                 f"{gib['optimizer']:.1f}, activations {gib['activations']:.1f}, logits "
-                f"{gib['logits']:.1f}); use more "
-                f"tensor or pipeline parallelism, ZeRO-1, sequence parallelism or recompute"
+                f"{gib['logits']:.1f}); use {fit_remedies(job)}"
             )
 
 

@@ -8,6 +8,8 @@ those rows are counted with the events. Their expected number follows from the s
 and intervals, so a scenario that would run for days (a rate of 1e30, an MTBF of a
 nanosecond, a checkpoint every microsecond) is refused with the reason, as the trace-size
 check refuses a trace too large to write. Limits: clustersim.hardware.limits, docs/limits.md.
+A job too large for its chips' memory is refused too (runner.api.check_fit), told what it
+could use (`fit_remedies`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from clustersim.cluster.rates import (
 from clustersim.cluster.site_rates import site_events_per_s
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.models import Scenario
+from clustersim.scenario.models import JobSpec, Scenario
 
-__all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_request_traces"]
+__all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_request_traces",
+           "fit_remedies"]
 
 # Events one failure costs: the failure, its repair, and the detection, restart and restore
 # of the job it interrupts.
@@ -153,3 +156,20 @@ def check_request_traces(scenario: Scenario) -> None:
                 f"serve.{index}.workload", f"the deployments would receive about {total:,.0f} "
                 f"requests; expected at most {limits.MAX_SERVED_REQUESTS:,} in a run "
                 "(docs/limits.md)")])
+
+
+def fit_remedies(job: JobSpec) -> str:
+    """What could make a job fit that it does not use yet (a ZeRO-3 job with full
+    recompute is not told to use ZeRO-1 and recompute)."""
+    par = job.parallelism
+    remedies = ["more tensor or pipeline parallelism"]
+    if job.model.moe and par.ep < job.model.experts:
+        remedies.append("more expert parallelism")
+    if par.zero < 3:
+        remedies.append(f"ZeRO-{par.zero + 1}" + (" to 3" if par.zero < 2 else ""))
+    if not par.sequence_parallel:
+        remedies.append("sequence parallelism")
+    if job.recompute != "full":
+        remedies.append("full recompute" if job.recompute == "selective" else "recompute")
+    return ", ".join(remedies[:-1]) + " or " + remedies[-1] if len(remedies) > 1 \
+        else remedies[0]

@@ -107,12 +107,13 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
                      ours: Callable[[Path], bool] | None = None,
-                     inputs: Iterable[str | Path] = ()) -> Path:
+                     inputs: Iterable[str | Path] = (), instead: str = "-o elsewhere") -> Path:
     """Refuse before any work is done, so a long run does not fail at its end; returns the
     resolved OUT. A non-empty OUT needs `force`, unless it holds only an earlier run of the
     scenario `replaces` names (or, with `ours`, what that predicate says this command
     wrote). OUT holding one of `inputs` (the scenario, its traces) is refused even with
-    `force`: replacing OUT would delete them."""
+    `force`: replacing OUT would delete them. `instead`: the other way out a refusal
+    offers (a folder the command names itself, as report's, has no -o)."""
     given = out
     out = resolve_output_dir(out)
     if out.exists() and not out.is_dir():
@@ -136,8 +137,8 @@ def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
                 else "holds files this command did not write" if ours is not None
                 else "exists and is not empty")
         shown = "" if str(given) == str(out) else f" (it resolves to {out})"
-        raise OutputDirError(f"{given}: {what}{shown}; use --force to replace it, or -o "
-                             "elsewhere")
+        raise OutputDirError(f"{given}: {what}{shown}; use --force to replace it, or "
+                             f"{instead}")
     # OUT is staged beside itself: the nearest existing ancestor must take new folders.
     ancestor = _nearest_existing(out.parent)
     if not ancestor.is_dir():
@@ -291,15 +292,16 @@ def _temporary(out: Path, kind: str) -> Path:
 @contextlib.contextmanager
 def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None,
                       ours: Callable[[Path], bool] | None = None,
-                      inputs: Iterable[str | Path] = ()) -> Iterator[Path]:
+                      inputs: Iterable[str | Path] = (),
+                      instead: str = "-o elsewhere") -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it becomes `out`. OUT is locked
     for the whole time, checked again under the lock, and stale temporaries of earlier runs
     into it are removed first."""
     given = out
-    check_output_dir(given, force, replaces, ours, inputs)  # before the lock: a refusal
+    check_output_dir(given, force, replaces, ours, inputs, instead)  # before the lock: a refusal
     with output_lock(out) as resolved:  # leaves nothing
         # Again: another run may have written OUT meanwhile.
-        check_output_dir(given, force, replaces, ours, inputs)
+        check_output_dir(given, force, replaces, ours, inputs, instead)
         remove_stale_temporaries(resolved)
         try:
             staging = _temporary(resolved, "tmp")

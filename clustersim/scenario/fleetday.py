@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from clustersim.hardware import limits, units
-from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
+from clustersim.hardware.spec import (
+    Duration,
+    NonNegativeDuration,
+    RequestRate,
+    Spec,
+    at_least,
+    at_most,
+    show_duration,
+)
 
 if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
@@ -95,7 +103,12 @@ class LoadCurveSpec(Spec):
     noise: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
                          description="standard deviation of the log of the noise factor")
     noise_interval_s: Duration = Field(default=900.0, alias="noise_interval",
-                                       ge=60.0, description="time between noise draws")
+                                       description="time between noise draws")
+
+    @field_validator("noise_interval_s")
+    @classmethod
+    def _noise_interval_bound(cls, value: float) -> float:  # said in its unit
+        return at_least(60.0, show_duration)(value)
 
     @field_validator("hourly", mode="before")
     @classmethod
@@ -185,13 +198,18 @@ class AutoscaleSpec(Spec):
 class FluidSpec(Spec):
     """The fleet-level serving model (docs/fleet-day.md)."""
 
-    interval_s: Duration = Field(default=60.0, alias="interval", ge=1.0, le=3600.0,
-                                 description="the fleet's step")
+    interval_s: Duration = Field(default=60.0, alias="interval", description="the fleet's step")
     curve_requests: int = Field(default=3000, ge=200, le=100_000,
                                 description="requests simulated per point of a replica's "
                                 "latency curve")
     curve_replicas: int = Field(default=4, ge=1, le=64, description="replicas the curves are "
                                 "measured on (the router pools them)")
+
+    @field_validator("interval_s")
+    @classmethod
+    def _interval_bounds(cls, value: float) -> float:  # said in its unit: "at least 1s"
+        at_least(1.0, show_duration)(value)
+        return at_most(3600.0, show_duration)(value)
 
 
 def elastic_unit(instances: int, dp: int) -> int | None:

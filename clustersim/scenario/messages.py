@@ -53,6 +53,9 @@ _MESSAGES = {
     "int_type": "expected a whole number",
     "int_parsing": "expected a whole number",
     "int_from_float": "expected a whole number",
+    # a float beyond any integer (1e30): pydantic's "Unable to parse input string"
+    "int_parsing_size": "too large; expected a whole number within the key's limit "
+                        "(docs/limits.md)",
     "float_type": "expected a number",
     "float_parsing": "expected a number",
     "bool_type": "expected true or false",

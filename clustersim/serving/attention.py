@@ -17,7 +17,8 @@ v_head_dim for the values.
 Windowed layers (`window`, `window_kind`, `global_every`): a sliding-window layer (GPT-OSS:
 128 tokens on every other layer) keeps and reads at most `window` tokens per sequence, so
 its decode cost is a constant per sequence once the context passes the window, and its KV
-is bounded; a chunked layer (Llama 4: 8,192-token chunks on three layers of four) attends
+is bounded (a window no request of the deployment reaches is no window:
+`without_unreached_window`); a chunked layer (Llama 4: 8,192-token chunks on three layers of four) attends
 within its chunk, which is the whole context below one chunk: it is costed as a global
 layer (an upper bound past the first chunk).
 """
@@ -29,8 +30,8 @@ import math
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Op, _matmul, _vector
 
-__all__ = ["is_mla", "layer_split", "kv_values_per_token_layer", "kv_bytes_per_token",
-           "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops", "sliding_window"]
+__all__ = ["is_mla", "layer_split", "without_unreached_window", "kv_values_per_token_layer",
+           "kv_bytes_per_token", "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops", "sliding_window"]
 
 
 def is_mla(model: TransformerShape) -> bool:
@@ -43,6 +44,18 @@ def sliding_window(model: TransformerShape) -> int | None:
     if window is None or getattr(model, "window_kind", "sliding") != "sliding":
         return None
     return int(window)
+
+
+def without_unreached_window(model: TransformerShape, longest_sequence: int) -> TransformerShape:
+    """The model as a deployment whose requests (prompt and output) are at most
+    `longest_sequence` tokens runs it. A sliding window no request reaches bounds nothing:
+    its layers read and keep the whole context, as global layers do; costed as a window
+    they would read `window` tokens a sequence at every decode (a million-token window: a
+    million a layer) and leave their cache to the HBM reserve."""
+    window = sliding_window(model)
+    if window is None or window < longest_sequence:
+        return model
+    return model.model_copy(update={"window": None, "global_every": None})
 
 
 def layer_split(model: TransformerShape) -> tuple[int, int]:

@@ -34,7 +34,13 @@ from clustersim.collectives.model import Group
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.stacks import with_stack
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
-from clustersim.scenario.serving import DeploymentSpec, deployment_instances
+from clustersim.scenario.serving import (
+    MAX_REQUEST_TOKENS,
+    DeploymentSpec,
+    LengthSpec,
+    deployment_instances,
+)
+from clustersim.serving.attention import without_unreached_window
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
@@ -60,22 +66,36 @@ def _instances_per_replica(scenario: Scenario, d: DeploymentSpec) -> int:
     return max(1, math.ceil(d.tp * d.pp / scenario.hardware.ranks_per_instance))
 
 
+def _longest_sequence(d: DeploymentSpec) -> int:
+    """The most tokens a request of the deployment holds: its longest prompt and output (a
+    trace's lengths: the loader's limit)."""
+    def longest(spec: LengthSpec) -> int:
+        if spec.distribution == "fixed":
+            return int(spec.value)
+        return spec.max if spec.distribution == "lognormal" else MAX_REQUEST_TOKENS
+
+    return longest(d.workload.input_tokens) + longest(d.workload.output_tokens)
+
+
 def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, int, Any]:
     """(decode cost, KV capacity in tokens, KV transfer time function) of one replica."""
+    longest = _longest_sequence(d)
+    model = without_unreached_window(d.model, longest)
     hw = with_stack(scenario.hardware, d.serving_stack(scenario.hardware.name))
     per = _instances_per_replica(scenario, d)
     ipu = hw.instances_per_ultraserver
     small = max(2 * per, ipu * math.ceil(2 * per / ipu))
     topology = build_topology(hw, small, scenario.cluster.fabric)
     p = d.precisions
-    shape = ReplicaShape(d.model, p.weights, d.tp, d.pp, p.kv_cache, p.activations, d.ep,
+    shape = ReplicaShape(model, p.weights, d.tp, d.pp, p.kv_cache, p.activations, d.ep,
                          d.routing_skew)
     target = IterationModel(shape, topology)
     draft = None
     capacity = target.kv_capacity_tokens(d.server.kv_reserve)
     if d.speculative is not None:
         q = d.draft_precisions
-        draft = IterationModel(ReplicaShape(d.speculative.draft, q.weights, d.draft_tp, 1,
+        draft_model = without_unreached_window(d.speculative.draft, longest)
+        draft = IterationModel(ReplicaShape(draft_model, q.weights, d.draft_tp, 1,
                                             q.kv_cache, q.activations), topology)
         # The draft's weights and its KV cache share the busiest chip's HBM.
         free = (target.usable_hbm_bytes(d.server.kv_reserve)
@@ -87,7 +107,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                       d.speculative.fused if d.speculative else True)
     cost.buckets = d.context_buckets(scenario.hardware.name)
     cost.static_batch = d.server.static_batch
-    kv_per_chip = kv_bytes_per_token(d.model, p.kv_cache) / target.chips
+    kv_per_chip = kv_bytes_per_token(model, p.kv_cache) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
     cache: dict[int, float] = {}
