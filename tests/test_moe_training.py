@@ -185,3 +185,47 @@ def test_every_preset_steps_on_every_hardware(hardware: str) -> None:
 
 def test_deepseek_v3_steps_on_trn2_and_trn3() -> None:
     assert _step_of("trn3-gen2", "deepseek-v3") < _step_of("trn2", "deepseek-v3")
+
+
+def test_a_run_records_and_prints_the_expert_parallel_layout(tmp_path) -> None:
+    """summary.json has each job's cp, ep and ZeRO stage and each deployment's ep beside tp
+    and pp (job_summary.parquet the same columns), and the run table prints ep where it is
+    above 1: a MoE layout was written nowhere in a run's outputs."""
+    import json
+
+    import pyarrow.parquet as pq
+    import yaml
+    from typer.testing import CliRunner
+
+    from clustersim.cli.app import app
+
+    scenario = {
+        "name": "ep-layout", "hardware": "trn2", "duration": "1h", "cluster": {"instances": 3},
+        "jobs": [{"name": "moe", "model": "mixtral-8x7b", "global_batch": 64, "seq_len": 2048,
+                  "recompute": "full",
+                  "parallelism": {"tp": 8, "dp": 16, "ep": 8, "zero": 1,
+                                  "sequence_parallel": True}},
+                 {"name": "dense", "model": "llama3-8b", "global_batch": 32, "instances": 1,
+                  "parallelism": {"tp": 8, "dp": 8, "zero": 3}}],
+        "serve": [{"name": "chat", "model": "qwen3-30b-a3b", "parallelism": {"tp": 16, "ep": 4},
+                   "replicas": 1,
+                   "workload": {"arrival": "poisson", "rate": "2/s", "requests": 40,
+                                "input_tokens": 128, "output_tokens": 8}}],
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    result = CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")],
+                                terminal_width=200)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    moe, dense = summary["jobs"]["moe"], summary["jobs"]["dense"]
+    assert (moe["tp"], moe["cp"], moe["pp"], moe["dp"], moe["ep"], moe["zero"]) == (
+        8, 1, 1, 16, 8, 1)
+    assert (dense["ep"], dense["zero"]) == (1, 3)
+    assert summary["deployments"]["chat"]["ep"] == 4
+    rows = pq.read_table(tmp_path / "out" / "job_summary.parquet",
+                         columns=["name", "ep", "zero"]).to_pylist()
+    assert {r["name"]: (r["ep"], r["zero"]) for r in rows} == {"moe": (8, 1), "dense": (1, 3)}
+    table = " ".join(result.stdout.replace("│", " ").split())  # (the table's cells wrap)
+    assert "x dp 16 (ep 8)" in table and "x pp 1 (ep 4)" in table
+    assert "x dp 8 (ep" not in table and "x dp 8," in table

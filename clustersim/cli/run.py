@@ -215,7 +215,7 @@ def _level_rows(table: Table, d: dict[str, Any]) -> None:
 def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
     """A fluid deployment the event-driven fleet held beside its jobs."""
     table.add_row(f"serve {escape(name)}", f"{d['model']}{_on_stack(d)}, tp {d['tp']} x pp "
-                  f"{d['pp']}: {d['replicas_min']:,}-{d['replicas_max']:,} replicas "
+                  f"{d['pp']}{_over('ep', d, True)}: {d['replicas_min']:,}-{d['replicas_max']:,} replicas "
                   f"({d['replica_shortfall_hours']:,.0f} replica-hours short of its plan), "
                   f"peak {d['peak_load_per_s']:,.1f}/s, SLO goodput "
                   f"{(d['slo_goodput'] or 0):.1%}, {d['chip_hours']:,.0f} chip-hours")
@@ -230,7 +230,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
         table.add_row(f"serve {escape(name)}",
                       f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
                       f"{d['tp']} x pp "
-                      f"{d['pp']} on {_plural(d['instances'], 'instance')}")
+                      f"{d['pp']}{_over('ep', d, True)} on {_plural(d['instances'], 'instance')}")
         _level_rows(table, d)
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
@@ -303,13 +303,23 @@ def _active(job: dict[str, Any]) -> str:
     return f", {active / 1e9:,.1f}B active"
 
 
+def _over(degree: str, figures: dict[str, Any], aside: bool = False) -> str:
+    """" x cp 2" or " (ep 8)" where the degree is above 1 (a summary of an older release
+    has none)."""
+    value = figures.get(degree, 1)
+    if value == 1:
+        return ""
+    return f" ({degree} {value})" if aside else f" x {degree} {value}"
+
+
 def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
     """A job's rows of the run table: shape, step, outcome, lost hours, cost, why."""
     table.add_row(
         f"job {escape(name)}",
         f"{job['model']} ({job['parameters'] / 1e9:,.1f}B params{_active(job)}) on "
         f"{job['chips']:,} chips, "
-        f"tp {job['tp']} x pp {job['pp']} x dp {job['dp']}, {job['tokens_per_step']:,} tokens/step")
+        f"tp {job['tp']}{_over('cp', job)} x pp {job['pp']} x dp {job['dp']}{_over('ep', job, True)}, "
+        f"{job['tokens_per_step']:,} tokens/step")
     table.add_row("", f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
                       f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip")
     table.add_row("", f"{job['status']}: {_with_ci(job, 'steps_completed', lambda v: f'{v:,.0f}')}"

@@ -141,7 +141,7 @@ def fluid_deployment_figures(scenario: Scenario, dep: DeploymentState, s: dict[s
         "model": dep.spec.model.name, "stack": stack.name if stack else None,
         **fluid_fidelity(dep, scenario.duration_s),
         "tp": dep.spec.tp,
-        "pp": dep.spec.pp, "chips_per_replica": dep.chips,
+        "pp": dep.spec.pp, "ep": dep.spec.ep, "chips_per_replica": dep.chips,
         "replicas_min": int(live.min()), "replicas_max": int(live.max()),
         "replicas_mean": float(np.dot(live, dts[since]) / dts[since].sum()),
         "capacity_per_replica_per_s": dep.curve.capacity_per_s,

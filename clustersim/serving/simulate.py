@@ -385,7 +385,7 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
         stack = d.serving_stack(hw.name)
         out[d.name] = {
             "model": d.model.name, "stack": stack.name if stack else None,
-            "replicas": d.replicas, "tp": d.tp, "pp": d.pp,
+            "replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
             "instances": instances, "requests": int(len(fleet.arrival_s)),
             "window_start_s": float(d.start_s), "window_end_s": float(end),
             "requests_completed": int(inside.sum()),
