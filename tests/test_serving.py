@@ -172,6 +172,27 @@ def test_missing_trace_file_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_a_trace_whose_arrivals_all_fall_past_the_horizon_exits_2(tmp_path: Path) -> None:
+    """Arrivals in milliseconds, or a run shorter than the trace's start: none falls within
+    the run, which would otherwise pass for an idle deployment's (0 requests, exit 0)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n5000,64,8\n6000,32,8\n")
+    raw = scenario(1.0)
+    raw["duration"] = "10min"
+    raw["serve"][0]["workload"] = {"arrival": "trace", "trace": str(trace),
+                                   "input_tokens": "trace", "output_tokens": "trace"}
+    file = tmp_path / "late.yaml"
+    file.write_text(yaml.safe_dump(raw))
+    result = runner.invoke(app, ["run", str(file), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "serve.0.workload.trace" in result.output
+    assert "none of the trace's 2 arrivals falls within the deployment's 10min" in result.output
+    assert not (tmp_path / "out").exists()
+    raw["duration"] = "2h"  # both arrive within it
+    s, run_result = run(raw)
+    assert deployment_figures(s, run_result)["chat"]["requests_completed"] == 2
+
+
 def test_trace_workload_and_summary_figures(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,input_tokens,output_tokens\n0.5,100,10\n1.0,2000,50\n"

@@ -26,6 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from clustersim.hardware import limits
+from clustersim.hardware.units import format_duration
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 from clustersim.scenario.serving import MAX_REQUEST_TOKENS, LengthSpec, RequestWorkloadSpec
 from clustersim.serving.load import rescale_arrivals
@@ -230,6 +231,12 @@ def generate_requests(spec: RequestWorkloadSpec, horizon_s: float, seed: np.rand
         trace = {k: v[order] for k, v in trace.items()}
         arrivals = trace["arrival_s"]
         keep = arrivals < horizon_s
+        if len(arrivals) and not keep.any():
+            # (a run of no requests would pass for one of an idle deployment)
+            raise TraceError(f"none of the trace's {len(arrivals):,} arrivals falls within "
+                             f"the deployment's {format_duration(horizon_s)} (the first at "
+                             f"{format_duration(float(arrivals[0]))}); expected arrival_s in "
+                             "seconds from the deployment's start, or a longer duration")
         if spec.requests is not None:
             keep &= np.arange(len(arrivals)) < spec.requests
         trace = {k: v[keep] for k, v in trace.items()}
