@@ -9,7 +9,9 @@ key mutations, run and --find-rate), `trace` (request trace files), `plan` (plan
 --write-scenario targets), `report` (damaged run folders), `golden` (damaged goldens under
 `check`), `sweep` (sweep grids), and from scripts/fuzz_fleet.py `sites` (multi-site
 clusters and site events), `fleettrace` (job traces in the five formats), `serveday`
-(fluid deployments on load curves) and `serveplan` (the serving planner, through `plan`).
+(fluid deployments on load curves) and `serveplan` (the serving planner, through `plan`),
+and from scripts/fuzz_models.py `models` (2025's mixtures, MLA and sliding windows, trained
+and served through the serving stacks with their buckets and decode batching).
 
     python scripts/fuzz.py --surfaces sites,fleettrace,serveday,serveplan --cases 3000 \
         --budget 4500
@@ -45,6 +47,7 @@ from fuzz_base import (  # noqa: F401
 )
 from fuzz_fleet import make_surfaces
 from fuzz_harness import OUTCOMES, PASSES, Outcome, classify, inconsistency, run_case, write_case_file  # noqa: F401
+from fuzz_models import make_model_surfaces
 from fuzz_outputs import golden_case, golden_text, plan_case, report_case, run_files, sweep_case  # noqa: F401
 from hypothesis import strategies as st
 
@@ -198,6 +201,7 @@ SURFACES = {"scenario": lambda: scenario_case(), "cli": lambda: cli_case(),
             "plan": lambda: plan_case(), "report": lambda: report_case(),
             "golden": lambda: golden_case(), "sweep": lambda: sweep_case()}
 SURFACES.update(make_surfaces(_mutate, _dump))  # sites, fleettrace, serveday, serveplan
+SURFACES.update(make_model_surfaces(_mutate, _dump))  # models (fuzz_models.py)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ forked process with a time (30 s) and memory (4 GiB) budget. Every case must exi
 in time, leave no temporary, print and write only strict JSON, and write consistent summaries
 (useful time within the wall time and from completed steps). The newer surfaces (serve keys,
 request traces, plan flags, damaged run folders and goldens, sweep grids; sites, job traces
-in the five formats, serving days and the serving planner) run a few to 25 cases each, marked
-slow. scripts/fuzz.py runs the same generators for thousands of cases."""
+in the five formats, serving days and the serving planner; 2025's models with the serving
+stacks) run a few to 25 cases each, marked slow. scripts/fuzz.py runs the same generators
+for thousands of cases."""
 
 from __future__ import annotations
 
@@ -128,6 +129,13 @@ def test_serving_days_exit_0_or_2(case: dict) -> None:
 @given(fuzz.SURFACES["serveplan"]())
 def test_the_serving_planner_exits_0_or_2(case: dict) -> None:
     check(case, 180.0)  # a search with a simulation per candidate left
+
+
+@pytest.mark.slow
+@NEWER
+@given(fuzz.SURFACES["models"]())
+def test_2025_models_stacks_and_buckets_exit_0_or_2(case: dict) -> None:
+    check(case)
 
 
 def test_the_classifier_catches_what_it_must(tmp_path: Path) -> None:
