@@ -226,6 +226,33 @@ def test_hardware_list_and_entry():
     assert "trn2" in unknown.stderr
 
 
+def test_models_list_and_entry():
+    """`models` lists every preset with its parameter counts (the same the step model and
+    the presets' published-figures test use), and prints one with its source."""
+    from clustersim.training.transformer import TransformerShape, model_preset_names
+
+    listing = json.loads(invoke("models", "--json").stdout)["models"]
+    assert [row["name"] for row in listing] == model_preset_names()
+    by_name = {row["name"]: row for row in listing}
+    v3 = TransformerShape.model_validate({  # the row is the shape and its counts
+        k: v for k, v in by_name["deepseek-v3"].items()
+        if k not in ("parameters", "active_parameters", "source")})
+    assert by_name["deepseek-v3"]["parameters"] == v3.parameter_count()
+    assert round(by_name["deepseek-v3"]["parameters"] / 1e9) == 671
+    assert by_name["qwen3-30b-a3b"]["active_parameters"] < 0.15 * by_name[
+        "qwen3-30b-a3b"]["parameters"]
+    table = invoke("models")
+    assert table.exit_code == 0
+    text = " ".join(table.stdout.replace("│", " ").split())
+    assert "deepseek-v3" in text and "256 top 8 +1" in text and "128 sliding" in text
+    entry = invoke("models", "gpt-oss-20b")
+    assert entry.exit_code == 0
+    assert "window_kind" in entry.stdout and "source:" in entry.stdout
+    unknown = invoke("models", "gpt-5")
+    assert unknown.exit_code == 2
+    assert "gpt-oss-20b" in unknown.stderr
+
+
 def test_schema_is_json(tmp_path: Path):
     result = invoke("schema")
     assert result.exit_code == 0

@@ -1,7 +1,7 @@
 """`clustersim` command line: a thin shell over the Python API (docs/cli.md).
 
 One module per command group, registered here in the order `--help` lists them: `run`;
-`sweep` and `check` (experiments); `validate`, `topology`, `hardware` and `schema` (inspect);
+`sweep` and `check` (experiments); `validate`, `topology`, `hardware`, `models` and `schema` (inspect);
 `step` and `collective` (model); `plan`; `report`. Shared consoles, options and error
 handling are in `clustersim.cli.common`.
 
@@ -53,6 +53,7 @@ for _command in (
     inspect.topology,
     model.step,
     inspect.hardware,
+    inspect.models,
     model.collective,
     plan.plan,
     report.report,

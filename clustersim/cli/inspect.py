@@ -176,6 +176,74 @@ def hardware(
         out_console.print(f"[bold]{ref}[/bold]: {refs[ref]}", soft_wrap=True)
 
 
+@user_errors
+def models(
+    name: Annotated[str | None, typer.Argument(help="Model preset to print.")] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """List the model presets (a job's or deployment's `model:`), or print one with its
+    shape, parameter counts and source."""
+    from clustersim.training.transformer import (
+        TransformerShape,
+        model_preset_names,
+        model_preset_source,
+        model_preset_values,
+    )
+
+    names = model_preset_names()
+    if name is not None and name not in names:
+        raise UsageProblem(f"unknown model {name!r}; expected one of {', '.join(names)}")
+    rows = []
+    for preset in names if name is None else [name]:
+        shape = TransformerShape.model_validate(model_preset_values(preset))
+        rows.append({**shape.model_dump(mode="json"),
+                     "parameters": shape.parameter_count(),
+                     "active_parameters": shape.active_parameters,
+                     "source": model_preset_source(preset)})
+    if json_out:
+        print(json.dumps({"models": rows} if name is None else rows[0], indent=2,
+                         allow_nan=False))
+        return
+    if name is not None:
+        row = rows[0]
+        table = Table(title=f"{name}: {row['parameters'] / 1e9:,.1f}B parameters, "
+                      f"{row['active_parameters'] / 1e9:,.1f}B active", title_justify="left")
+        table.add_column("field", overflow="fold")
+        table.add_column("value", justify="right", overflow="fold")
+        for key, value in row.items():
+            if key not in ("name", "parameters", "active_parameters", "source"):
+                table.add_row(key, "-" if value is None else str(value))
+        out_console.print(table)
+        out_console.print(f"source: {row['source']}", soft_wrap=True)
+        return
+    table = Table(title="model presets (docs/models.md)", title_justify="left")
+    for column in ("name", "layers", "hidden", "heads", "attention", "experts", "window",
+                   "params", "active"):
+        table.add_column(column, no_wrap=True)
+    lines = []
+    for row in rows:
+        kv = row["kv_heads"] or row["heads"]
+        heads = f"{row['heads']}" + (f"/{kv}" if kv != row["heads"] else "")  # query/KV
+        experts = "-" if row["experts"] <= 1 else (
+            f"{row['experts']} top {row['top_k']}"
+            + (f" +{row['shared_experts']}" if row["shared_experts"] else ""))
+        window = "-" if row["window"] is None else f"{row['window']:,} {row['window_kind']}"
+        cells = (row["name"], str(row["layers"]), f"{row['hidden']:,}", heads,
+                 row["attention"], experts, window, f"{row['parameters'] / 1e9:,.1f}B",
+                 f"{row['active_parameters'] / 1e9:,.1f}B")
+        table.add_row(*cells)
+        lines.append(f"[bold]{cells[0]}[/bold]: {cells[1]} layers of {cells[2]}, {cells[3]} "
+                     f"query/KV heads ({cells[4]}), experts {cells[5]}, window {cells[6]}, {cells[7]} "
+                     f"parameters, {cells[8]} active")
+    wide = Measurement.get(out_console, out_console.options.update(max_width=10_000), table)
+    if wide.maximum > out_console.width:  # one wrapped line per preset rather than cut cells
+        out_console.print("model presets (docs/models.md)")
+        for line in lines:
+            out_console.print(line)
+        return
+    out_console.print(table)
+
+
 def _list_hardware(json_out: bool) -> None:
     from clustersim.hardware.catalog import catalog_entry, catalog_names
 
