@@ -194,6 +194,9 @@ def test_trace_times_beyond_the_calendar_range_are_refused(tmp_path: Path):
 def test_a_philly_file_nested_too_deep_is_refused(tmp_path: Path):
     refused(invoke("validate", _philly(tmp_path, "[" * 100_000 + "]" * 100_000)),
             "philly.json", "nested too deeply")
+    # a file that is not JSON names the key, as a missing one does
+    refused(invoke("validate", _philly(tmp_path, "[{]")), "workload.trace", "philly.json",
+            "cannot read it as JSON")
 
 
 def test_a_huge_gpu_count_is_refused_with_a_short_message(tmp_path: Path):

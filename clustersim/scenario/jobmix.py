@@ -309,7 +309,10 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
         template, label = default_template(ranks_per_instance), "default"
     jobs = []
     columns = COLUMNS[workload.format]
-    rows, stats = read_trace(path, workload.format, workload.mapping, target)
+    try:
+        rows, stats = read_trace(path, workload.format, workload.mapping, target)
+    except ValueError as error:  # (the key, as a missing file's message names it)
+        raise ValueError(f"workload.trace {error}") from None
     trace_rows.update(stats)
     for row in rows:
         origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))
