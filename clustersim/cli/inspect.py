@@ -193,9 +193,10 @@ def models(
     names = model_preset_names()
     if name is not None and name not in names:
         raise UsageProblem(f"unknown model {name!r}; expected one of {', '.join(names)}")
-    rows = []
+    rows, shapes = [], []
     for preset in names if name is None else [name]:
         shape = TransformerShape.model_validate(model_preset_values(preset))
+        shapes.append(shape)
         rows.append({**shape.model_dump(mode="json"),
                      "parameters": shape.parameter_count(),
                      "active_parameters": shape.active_parameters,
@@ -221,9 +222,9 @@ def models(
                    "params", "active"):
         table.add_column(column, no_wrap=True)
     lines = []
-    for row in rows:
-        kv = row["kv_heads"] or row["heads"]
-        heads = f"{row['heads']}" + (f"/{kv}" if kv != row["heads"] else "")  # query/KV
+    for row, shape in zip(rows, shapes, strict=True):
+        kv = shape.n_kv_heads
+        heads = f"{shape.heads}" + (f"/{kv}" if kv != shape.heads else "")  # query/KV
         experts = "-" if row["experts"] <= 1 else (
             f"{row['experts']} top {row['top_k']}"
             + (f" +{row['shared_experts']}" if row["shared_experts"] else ""))
@@ -235,13 +236,7 @@ def models(
         lines.append(f"[bold]{cells[0]}[/bold]: {cells[1]} layers of {cells[2]}, {cells[3]} "
                      f"query/KV heads ({cells[4]}), experts {cells[5]}, window {cells[6]}, {cells[7]} "
                      f"parameters, {cells[8]} active")
-    wide = Measurement.get(out_console, out_console.options.update(max_width=10_000), table)
-    if wide.maximum > out_console.width:  # one wrapped line per preset rather than cut cells
-        out_console.print("model presets (docs/models.md)")
-        for line in lines:
-            out_console.print(line)
-        return
-    out_console.print(table)
+    _table_or_lines(table, "model presets (docs/models.md)", lines)
 
 
 def _list_hardware(json_out: bool) -> None:
@@ -284,10 +279,15 @@ def _list_hardware(json_out: bool) -> None:
                      f"{cells[4]} BF16 TFLOPS and {cells[5]} HBM each, {cells[6]} links, "
                      f"{cells[7]} EFA, "
                      + ("no price" if cells[8] == "-" else f"${cells[8]}/h"))
+    _table_or_lines(table, "hardware catalog (prices are assumptions: override them)", lines)
+
+
+def _table_or_lines(table: Table, title: str, lines: list[str]) -> None:
+    """The table, or on a console narrower than it one wrapped line per entry under
+    `title` rather than cut cells."""
     wide = Measurement.get(out_console, out_console.options.update(max_width=10_000), table)
     if wide.maximum > out_console.width:
-        # Narrower than the table: one wrapped line per entry rather than cut cells.
-        out_console.print("hardware catalog (prices are assumptions: override them)")
+        out_console.print(title)
         for line in lines:
             out_console.print(line)
         return
