@@ -14,6 +14,7 @@ from clustersim.calibration.serving import (
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.serving.iteration import IterationModel, ReplicaShape
+from clustersim.serving.unfused import spilled_scores_s, unfused_scores_s
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
 
@@ -34,10 +35,10 @@ def test_unfused_scores_cost_nothing_on_chip_and_grow_quadratically_beyond():
     flash = _iteration(attention="flash")
     assert unfused.hardware.serving.attention == "unfused"
     heads = unfused.heads.per_rank
-    assert unfused._spilled_scores_s(heads * 1024 * 1024) == 0.0
-    at_2k = unfused._spilled_scores_s(heads * 2048 * 2048)
-    assert at_2k > 0 and flash._spilled_scores_s(heads * 2048 * 2048) == 0.0
-    assert unfused._spilled_scores_s(heads * 4096 * 4096) == pytest.approx(4 * at_2k)
+    assert spilled_scores_s(unfused, heads * 1024 * 1024) == 0.0
+    at_2k = spilled_scores_s(unfused, heads * 2048 * 2048)
+    assert at_2k > 0 and spilled_scores_s(flash, heads * 2048 * 2048) == 0.0
+    assert spilled_scores_s(unfused, heads * 4096 * 4096) == pytest.approx(4 * at_2k)
     # 12 passes of 2-byte scores at the fitted fraction of a rank's HBM bandwidth
     hw = unfused.hardware
     per_rank = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks
@@ -71,11 +72,11 @@ def test_unfused_scores_of_a_static_batch_share_the_sram():
     # a chunk over earlier context scores its whole span: 512 tokens over 1,536 (8.4 MB for
     # a pass's input and output) fit alone, but not beside a 2,048-token prompt in one graph
     mixed = [(512, 1536), (2048, 0)]
-    alone = layers * (unfused._spilled_scores_s(heads * 512 * 2048)
-                      + unfused._spilled_scores_s(heads * 2048 * 2048))
-    together = layers * unfused._spilled_scores_s(heads * (512 * 2048 + 2048 * 2048))
-    assert unfused._unfused_scores_s(mixed, False) == pytest.approx(alone)
-    assert unfused._unfused_scores_s(mixed, True) == pytest.approx(together)
+    alone = layers * (spilled_scores_s(unfused, heads * 512 * 2048)
+                      + spilled_scores_s(unfused, heads * 2048 * 2048))
+    together = layers * spilled_scores_s(unfused, heads * (512 * 2048 + 2048 * 2048))
+    assert unfused_scores_s(unfused, mixed, False) == pytest.approx(alone)
+    assert unfused_scores_s(unfused, mixed, True) == pytest.approx(together)
     assert together > alone > 0
     for model in (unfused, flash):  # decode attention reads the KV cache: no score passes
         assert model.iteration_s([], 8, 8 * 4096.0) == pytest.approx(

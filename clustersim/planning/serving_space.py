@@ -116,7 +116,10 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
         return
     tpi = cost.tokens_per_iteration
     context = mean_in  # each sequence holds at least its prompt's KV while it decodes
-    shape.decode_batch1_s = cost.run_s(1, context, 1) / tpi
+    # what its windowed layers skip of it at most (all of it on chunked layers, whose span
+    # restarts at each chunk), so the reads stay a lower bound
+    excess = cost.least_excess(context)
+    shape.decode_batch1_s = cost.run_s(1, context, 1, excess) / tpi
     if shape.decode_batch1_s > d.slo.tpot_s:
         shape.why = (f"slo: a decode iteration of one sequence takes "
                      f"{shape.decode_batch1_s * 1e3:,.1f} ms per token, over the TPOT bound "
@@ -139,7 +142,7 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
     low, high = 1, most  # iteration(low) meets the bound (checked above)
     while low < high:
         middle = (low + high + 1) // 2
-        if cost.run_s(middle, middle * context, 1) <= tpot:
+        if cost.run_s(middle, middle * context, 1, middle * excess) <= tpot:
             low = middle
         else:
             high = middle - 1
@@ -148,7 +151,7 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
     base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
     per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
                                          for i in range(len(samples) - 1)])
-    per_token = (per_batch + cost.kv_s * context) / tpi
+    per_token = (per_batch + cost.kv_s * context - cost.window_s * excess) / tpi
     # Prefill counts at half its marginal time (its iteration less a one-token one): merged
     # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
     # streaming, so its standalone time overstates what it adds; halved, the rate stays an

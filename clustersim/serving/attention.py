@@ -14,13 +14,16 @@ A prompt runs unabsorbed: its keys and values are decompressed (the projection's
 every context token) and attention runs at head width qk_nope + qk_rope for the scores and
 v_head_dim for the values.
 
-Windowed layers (`window`, `window_kind`, `global_every`): a sliding-window layer (GPT-OSS:
-128 tokens on every other layer) keeps and reads at most `window` tokens per sequence, so
-its decode cost is a constant per sequence once the context passes the window, and its KV
-is bounded (a window no request of the deployment reaches is no window:
-`without_unreached_window`); a chunked layer (Llama 4: 8,192-token chunks on three layers of four) attends
-within its chunk, which is the whole context below one chunk: it is costed as a global
-layer (an upper bound past the first chunk).
+Windowed layers (`window`, `window_kind`, `global_every`): at a decode iteration a sequence
+holding `c` tokens reads, on each windowed layer, the keys and values its token attends to:
+min(c, window) on a sliding-window layer (GPT-OSS: 128 tokens on every other layer), c mod
+window on a chunked one (Llama 4: 8,192-token chunks on three layers of four; its position in
+its chunk, about half a chunk on average once the context passes one). Both are c less an
+excess (`window_excess`), 0 until the context reaches the window, so a window no request
+reaches costs exactly what no window does; `window_excess_sum` is the excess summed over a
+run of iterations in closed form. A prompt's attention on a windowed layer scores each query
+against the keys of its window (`window_pairs`). Sliding-window layers keep at most `window`
+tokens per sequence in the KV cache (`kv_bytes_per_token`).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import math
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Op, _matmul, _vector
 
-__all__ = ["is_mla", "layer_split", "without_unreached_window", "kv_values_per_token_layer",
-           "kv_bytes_per_token", "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops", "sliding_window"]
+__all__ = ["is_mla", "layer_split", "kv_values_per_token_layer",
+           "kv_bytes_per_token", "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops",
+           "sliding_window", "decode_window", "window_split", "window_excess",
+           "window_excess_sum", "window_pairs"]
 
 
 def is_mla(model: TransformerShape) -> bool:
@@ -46,22 +51,102 @@ def sliding_window(model: TransformerShape) -> int | None:
     return int(window)
 
 
-def without_unreached_window(model: TransformerShape, longest_sequence: int) -> TransformerShape:
-    """The model as a deployment whose requests (prompt and output) are at most
-    `longest_sequence` tokens runs it. A sliding window no request reaches bounds nothing:
-    its layers read and keep the whole context, as global layers do; costed as a window
-    they would read `window` tokens a sequence at every decode (a million-token window: a
-    million a layer) and leave their cache to the HBM reserve."""
+def decode_window(model: TransformerShape) -> tuple[int, str] | None:
+    """(window tokens, kind) of a model's windowed layers, sliding or chunked, or None."""
+    window = getattr(model, "window", None)
+    if window is None:
+        return None
+    return int(window), str(getattr(model, "window_kind", "sliding"))
+
+
+def window_split(model: TransformerShape) -> tuple[int, int]:
+    """(global layers, windowed layers), sliding or chunked: every `global_every`-th layer
+    attends to the whole context (all layers windowed without it)."""
+    if decode_window(model) is None:
+        return model.layers, 0
+    every = getattr(model, "global_every", None)
+    global_layers = model.layers // every if every else 0
+    return global_layers, model.layers - global_layers
+
+
+def window_excess(window: int, kind: str, context: float) -> float:
+    """Tokens of a `context`-token sequence a windowed layer does not read at a decode
+    iteration: context - min(context, window) sliding, context - (context mod window)
+    chunked (the earlier chunks'). 0 while the context is below the window."""
+    if context < window:
+        return 0.0
+    if kind == "sliding":
+        return context - window
+    return context - math.fmod(context, window)
+
+
+def _triangle(first: float, n: float, step: float) -> float:
+    """first + (first + step) + ... over n terms."""
+    return n * first + step * n * (n - 1) / 2.0
+
+
+def _reaching(context: float, growth: float, level: float, least: int) -> int:
+    """The first t >= least with context + growth t >= level, as that sum rounds."""
+    t = max(least, math.ceil((level - context) / growth))
+    while t > least and context + growth * (t - 1) >= level:
+        t -= 1
+    while context + growth * t < level:
+        t += 1
+    return t
+
+
+def window_excess_sum(window: int, kind: str, context: float, iterations: int,
+                      growth: float = 1.0) -> float:
+    """sum over t < iterations of window_excess(context + growth t), in closed form: split
+    where the context reaches the window (sliding: 0 before, context - window after; chunked:
+    window x the chunks passed, constant over each chunk)."""
+    n = int(iterations)
+    if n <= 0 or growth <= 0:
+        return float(n * window_excess(window, kind, context)) if n > 0 else 0.0
+    first = _reaching(context, growth, window, 0)
+    if first >= n:
+        return 0.0
+    if kind == "sliding":
+        k = n - first
+        return _triangle(context + growth * first - window, k, growth)
+    # chunked: iterations t with context + growth t in [j w, (j + 1) w) add j w each
+    total = 0.0
+    t = first
+    while t < n:
+        chunks = math.floor((context + growth * t) / window)
+        end = min(n, _reaching(context, growth, (chunks + 1) * window, t + 1))
+        total += (end - t) * chunks * window
+        t = end
+    return total
+
+
+def window_pairs(window: int, kind: str, chunk: int, context: int) -> float:
+    """Query-key pairs of a prompt chunk of `chunk` tokens after `context` earlier ones on a
+    windowed layer, causally: query q (0-based position) scores min(q + 1, window) keys
+    (sliding) or (q mod window) + 1 (chunked). Below the window: the global layer's
+    chunk x context + chunk (chunk + 1) / 2."""
+    if kind == "sliding":
+        below = max(0, min(context + chunk, window - 1) - context)  # queries q + 1 < window
+        return (below * context + below * (below + 1) / 2.0) + (chunk - below) * window
+    total = 0.0
+    q = context
+    while q < context + chunk:  # one run per chunk of the window the queries cross
+        start = q - q % window
+        end = min(context + chunk, start + window)
+        first, last = q - start + 1, end - start  # spans of its first and last query
+        total += (first + last) * (end - q) / 2.0
+        q = end
+    return total
+
+
+def layer_split(model: TransformerShape, longest_sequence: int | None = None
+                ) -> tuple[int, int]:
+    """(layers whose KV cache grows with the context, sliding-window layers whose cache is
+    bounded): every `global_every`-th layer attends to the whole context (all layers
+    windowed without it). A window no sequence passes (`longest_sequence` tokens at most)
+    bounds nothing: its layers hold the whole context, as global ones do."""
     window = sliding_window(model)
-    if window is None or window < longest_sequence:
-        return model
-    return model.model_copy(update={"window": None, "global_every": None})
-
-
-def layer_split(model: TransformerShape) -> tuple[int, int]:
-    """(global layers, sliding-window layers): with a sliding window every
-    `global_every`-th layer attends to the whole context (all layers windowed without it)."""
-    if sliding_window(model) is None:
+    if window is None or (longest_sequence is not None and longest_sequence <= window):
         return model.layers, 0
     every = getattr(model, "global_every", None)
     global_layers = model.layers // every if every else 0
@@ -76,11 +161,15 @@ def kv_values_per_token_layer(model: TransformerShape) -> int:
     return 2 * model.n_kv_heads * model.head_dim
 
 
-def kv_bytes_per_token(model: TransformerShape, element_bytes: float) -> float:
+def kv_bytes_per_token(model: TransformerShape, element_bytes: float,
+                       longest_sequence: int | None = None) -> float:
     """Bytes one token adds to the whole model's KV cache. Sliding-window layers hold at
     most `window` tokens per sequence: bounded, they are left to the HBM reserve, unless
-    every layer is windowed (then they are counted in full, an upper bound)."""
-    global_layers, windowed = layer_split(model)
+    every layer is windowed (then they are counted in full, an upper bound) or no sequence
+    (of at most `longest_sequence` tokens) passes the window. A chunked layer's cache (its
+    current chunk, up to `window` tokens) is counted per token: exact within the first
+    chunk, an upper bound past it."""
+    global_layers, windowed = layer_split(model, longest_sequence)
     layers = global_layers if global_layers else windowed
     return float(layers * kv_values_per_token_layer(model) * element_bytes)
 

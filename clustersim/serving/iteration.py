@@ -10,7 +10,8 @@ prefilled and one token of each sequence being decoded. Its time, per pipeline s
   by streaming the weights from HBM and a long prompt by compute;
 - attention: a prompt chunk's scores against its context (the quadratic term, as the
   training workload counts it) and each decoding sequence reading its keys and values from
-  HBM (linear in the tokens held in the KV cache);
+  HBM (linear in the tokens it holds; a windowed layer reads min(context, window) of them,
+  or the position in its chunk: serving.attention);
 - the tensor-parallel all-reduces after attention and after the MLP, two per layer, costed
   by the collectives model on the replica's own group of chips; inside an instance they run
   mesh (or single-step mesh) at every size, as the catalog's `serving.all_reduce` says (the
@@ -21,7 +22,8 @@ prefilled and one token of each sequence being decoded. Its time, per pipeline s
   the chip family (launching the compiled graph, sampling, scheduling).
 
 Decode iterations between two events differ only in the KV tokens they read, so the time of
-the next n iterations is a closed form (`decode_run_s`): the simulator advances them at once.
+the next n iterations is a closed form (`decode_run_s`, the windowed layers' reads split
+where each context reaches its window): the simulator advances them at once.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from clustersim.serving.layers import (
     layer_kinds,
     moe_fixed_s,
 )
+from clustersim.serving.unfused import unfused_scores_s
 from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
 from clustersim.training.step import StepModel
 from clustersim.training.transformer import TransformerShape, sharded_heads
@@ -63,11 +66,6 @@ __all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
 
 _KV_CONTEXT = 1 << 16  # long enough that tile padding of the context is negligible
 _GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
-# Unfused prefill attention (transformers-neuronx's context encoding, layers/attention_hsb.py
-# score, mask and context_combined with hlo.softmax): each score element is written by the
-# QK^T matmul, read and written by the mask's select, read by softmax's max, read and written
-# by its subtract, exp and divide, read by its sum, and read by the P.V matmul: 12 passes.
-_UNFUSED_SCORE_PASSES = 12
 
 
 @dataclass(frozen=True)
@@ -83,6 +81,9 @@ class ReplicaShape:
     activations: str | None = None
     ep: int = 1  # expert parallel: groups of the tp ranks a MoE layer's experts split over
     routing_skew: float = 0.0  # serving.experts: routing concentrated on 1 - skew of them
+    # the most tokens a sequence of the deployment holds (None: unknown), which tells whether
+    # a sliding window bounds its layers' KV cache
+    longest_sequence: int | None = None
 
     @property
     def activation_precision(self) -> str:
@@ -109,11 +110,13 @@ def _with_weight_bytes(ops: list[Op], weight_bytes: float, activation_bytes: flo
                               + weight_bytes * op.k * op.n)) for op in ops]
 
 
-def kv_bytes_per_token(model: TransformerShape, kv_precision: str) -> float:
+def kv_bytes_per_token(model: TransformerShape, kv_precision: str,
+                       longest_sequence: int | None = None) -> float:
     """Bytes one token adds to the KV cache of the whole model (keys and values, all layers;
-    MLA's latent, sliding windows bounded: serving.attention)."""
+    MLA's latent, sliding windows the sequences pass bounded: serving.attention)."""
     if mla.is_mla(model) or mla.sliding_window(model) is not None:
-        return mla.kv_bytes_per_token(model, BYTES_PER_ELEMENT[kv_precision])
+        return mla.kv_bytes_per_token(model, BYTES_PER_ELEMENT[kv_precision],
+                                      longest_sequence)
     return 2.0 * model.layers * model.n_kv_heads * model.head_dim * BYTES_PER_ELEMENT[kv_precision]
 
 
@@ -183,8 +186,11 @@ class IterationModel:
         compute = shape.precision if shape.precision.startswith("mx") else \
             shape.activation_precision
         self.compute_precision = compute if compute in hw.chip.tflops else "bf16"
+        # Decode attention per token of context on every layer, and the part of it the
+        # windowed layers do not read past their window (charged per token of excess).
+        self.window = mla.decode_window(shape.model)
         self.kv_coefficient_s = self._kv_seconds_per_token()
-        self.window_s_per_sequence = self._window_seconds_per_sequence()
+        self.window_coefficient_s = self._kv_seconds_per_token(mla.window_split(shape.model)[1])
         serving = hw.serving
         self.prefill_fixed_s = (serving.prefill_overhead_s
                                 + shape.model.layers * serving.prefill_layer_overhead_s)
@@ -215,10 +221,11 @@ class IterationModel:
         # Each rank holds its KV heads (split over tp, replicated when tp exceeds them,
         # padded with the query heads) for its stage's layers; MLA's latent is every head's,
         # so every rank holds all of it.
+        kv_bytes = kv_bytes_per_token(m, self.shape.kv_precision, self.shape.longest_sequence)
         if mla.is_mla(m):
-            per_rank = kv_bytes_per_token(m, self.shape.kv_precision) / self.shape.pp
+            per_rank = kv_bytes / self.shape.pp
         else:
-            per_rank = (kv_bytes_per_token(m, self.shape.kv_precision) / m.n_kv_heads
+            per_rank = (kv_bytes / m.n_kv_heads
                         * self.heads.kv_per_rank / self.shape.pp)
         return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
 
@@ -366,12 +373,26 @@ class IterationModel:
             return cost("all-reduce", self.tp_group, size_bytes).time_s
         return min(times)
 
-    def _kv_seconds_per_token(self) -> float:
-        """Seconds a decoding sequence's attention costs per token of its context: reading
-        that token's keys and values on every layer and scoring it (all stages)."""
-        m = self.shape.model
-        global_layers, _ = mla.layer_split(m)
-        return global_layers * self._layer_kv_s(_KV_CONTEXT) / _KV_CONTEXT
+    def _kv_seconds_per_token(self, layers: int | None = None) -> float:
+        """Seconds a decoding sequence's attention costs per token of its context on
+        `layers` layers (all): reading that token's keys and values and scoring it."""
+        layers = self.shape.model.layers if layers is None else layers
+        return layers * self._layer_kv_s(_KV_CONTEXT) / _KV_CONTEXT
+
+    def window_excess(self, context: float) -> float:
+        """Tokens of a sequence's `context` its windowed layers do not read (0 without a
+        window, or below it)."""
+        if self.window is None:
+            return 0.0
+        return mla.window_excess(*self.window, context)
+
+    def decode_kv_s(self, context_tokens: float, window_excess: float = 0.0) -> float:
+        """Decode attention of sequences holding `context_tokens` in all, of which their
+        windowed layers skip `window_excess` (the sum of window_excess over them)."""
+        time_s = self.kv_coefficient_s * context_tokens
+        if window_excess:
+            time_s -= self.window_coefficient_s * window_excess
+        return time_s
 
     def _layer_kv_s(self, context: int) -> float:
         """One layer's decode attention of one sequence's token over `context` tokens."""
@@ -385,32 +406,28 @@ class IterationModel:
                _matmul("attend", group, context, m.head_dim, e, count=kv_heads)]
         return self._op_s(ops)  # traffic: the keys and values, at the KV cache's precision
 
-    def _window_seconds_per_sequence(self) -> float:
-        """A decoding sequence's attention on the sliding-window layers: `window` tokens on
-        each (the steady state once its context passes the window)."""
-        window = mla.sliding_window(self.shape.model)
-        _, windowed = mla.layer_split(self.shape.model)
-        if window is None or not windowed:
-            return 0.0
-        return windowed * self._layer_kv_s(window)
-
     @lru_cache(maxsize=65536)  # noqa: B019
     def _prefill_attention_s(self, chunk: int, context: int) -> float:
         """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
         itself: the quadratic term (scores and values) as fused (flash) attention runs it.
-        Unfused attention adds the iteration's passes over its scores (`_spilled_scores_s`)."""
+        Unfused attention adds the iteration's passes over its scores (serving.unfused)."""
         m = self.shape.model
         if mla.is_mla(m):
             return m.layers * self._op_s(mla.mla_prefill_ops(
                 m, chunk, context, self.heads.per_rank, self.activation_bytes,
                 self.kv_element_bytes))
-        window = mla.sliding_window(m)
-        if window is not None and context + chunk > window:
-            # the windowed layers' queries attend to at most the window each
-            global_layers, windowed = mla.layer_split(m)
-            return (global_layers * self._gqa_prefill_s(chunk, context + chunk)
-                    + windowed * self._gqa_prefill_s(chunk, window)) / m.layers
-        return self._gqa_prefill_s(chunk, context + chunk)
+        span = context + chunk
+        if self.window is not None and span > self.window[0]:
+            # A windowed layer's queries score only their window's keys: its span is the
+            # global one scaled by its causal pairs over a global layer's (the global span
+            # counts the chunk's full square, as the training workload does).
+            global_layers, windowed = mla.window_split(m)
+            pairs = mla.window_pairs(*self.window, chunk, context)
+            causal = chunk * context + chunk * (chunk + 1) / 2.0
+            narrow = max(1, round(span * pairs / causal))
+            return (global_layers * self._gqa_prefill_s(chunk, span)
+                    + windowed * self._gqa_prefill_s(chunk, narrow)) / m.layers
+        return self._gqa_prefill_s(chunk, span)
 
     def _gqa_prefill_s(self, chunk: int, span: int) -> float:
         """Grouped-query prefill attention of `chunk` queries over `span` keys, every layer."""
@@ -424,43 +441,14 @@ class IterationModel:
                        passes=1)]
         return m.layers * self._op_s(ops)
 
-    def _unfused_scores_s(self, prefill: list[tuple[int, int]], one_graph: bool) -> float:
-        """Unfused attention's passes over the scores of an iteration's prompt chunks (heads
-        x chunk x span on a rank, each layer). `one_graph`: the chunks are a static batch
-        encoded by one graph, which holds their scores in one (sequences, heads, tokens,
-        positions) tensor between its operations, so it is the batch's scores that must fit
-        on chip (transformers-neuronx's batched context encoding, the published rows'
-        setting). Otherwise each prompt's context is encoded on its own, as
-        transformers-neuronx does under continuous batching, and each prompt's scores spill
-        or not by themselves."""
-        heads = self.heads.per_rank
-        scores = [heads * chunk * (context + chunk) for chunk, context in prefill]
-        layers = self.shape.model.layers
-        if one_graph:
-            return layers * self._spilled_scores_s(sum(scores))
-        return layers * sum(self._spilled_scores_s(elements) for elements in scores)
-
-    def _spilled_scores_s(self, elements: float) -> float:
-        """Unfused attention: one layer's passes over its `elements` scores (heads x chunk x
-        span on a rank) through HBM, when a pass's input and output do not both fit the
-        rank's on-chip SRAM (while they fit, the passes stay on chip beside the matmuls)."""
-        hw = self.hardware
-        if hw.serving.attention != "unfused":
-            return 0.0
-        e = self.activation_bytes
-        per_rank_sram = (hw.chip.sram_bytes or 0.0) / hw.chip.ranks
-        if 2 * elements * e <= per_rank_sram:
-            return 0.0
-        bandwidth = hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks
-        return _UNFUSED_SCORE_PASSES * elements * e / (bandwidth * hw.serving.score_efficiency)
-
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
                     decode_context_tokens: float, prefill_outputs: int = 0,
-                    static_batch: bool = False) -> float:
+                    static_batch: bool = False, window_excess: float = 0.0) -> float:
         """One iteration: prompt chunks (tokens, earlier context) of which `prefill_outputs`
         end a prompt (and so emit a first token), plus `decode_batch` decoding sequences
-        holding `decode_context_tokens` KV tokens in all. `static_batch`: the prompts are
-        one statically batched context encoding (see `_unfused_scores_s`)."""
+        holding `decode_context_tokens` KV tokens in all, `window_excess` of which their
+        windowed layers do not read (see `window_excess`). `static_batch`: the prompts are
+        one statically batched context encoding (see serving.unfused)."""
         tokens = decode_batch + sum(c for c, _ in prefill)
         if tokens == 0:
             return 0.0
@@ -469,9 +457,8 @@ class IterationModel:
             time_s += self.prefill_fixed_s + context_moe_s(self, tokens)
         time_s += sum(self._prefill_attention_s(c, p) for c, p in prefill)
         if prefill and self.hardware.serving.attention == "unfused":
-            time_s += self._unfused_scores_s(prefill, static_batch)
-        return (time_s + self.kv_coefficient_s * decode_context_tokens
-                + self.window_s_per_sequence * decode_batch)
+            time_s += unfused_scores_s(self, prefill, static_batch)
+        return time_s + self.decode_kv_s(decode_context_tokens, window_excess)
 
     def prefill_s(self, input_tokens: int) -> float:
         """A whole prompt alone in one iteration (time to first token on an idle replica)."""
@@ -483,16 +470,21 @@ class IterationModel:
         return self._linear(batch, batch) - self.overhead_s
 
     def decode_base_s(self, batch: int) -> float:
-        """A decode iteration of `batch` sequences, without their attention over context
-        (but with their sliding-window layers', bounded by the window)."""
-        return self._linear(batch, batch) + self.window_s_per_sequence * batch
+        """A decode iteration of `batch` sequences, without their attention over context."""
+        return self._linear(batch, batch)
 
-    def decode_run_s(self, batch: int, context_tokens: float, iterations: np.ndarray | int,
-                     growth: float | None = None) -> np.ndarray | float:
-        """Total time of the next `iterations` decode iterations of a fixed batch holding
-        `context_tokens` KV tokens, each iteration adding `growth` tokens (default `batch`):
-        n x base + kv x (n x context + growth x n(n-1)/2), in closed form."""
-        n = iterations
-        g = batch if growth is None else growth
-        base = self.decode_base_s(batch)
-        return n * base + self.kv_coefficient_s * (n * context_tokens + g * n * (n - 1) / 2.0)
+    def decode_run_s(self, contexts: list[float], iterations: int) -> float:
+        """Total time of the next `iterations` decode iterations of a fixed batch whose
+        sequences hold `contexts` tokens, each growing by one token an iteration, in closed
+        form: n x base + kv x (n x context + batch x n(n-1)/2), less each sequence's window
+        excess summed over the run (serving.attention.window_excess_sum)."""
+        n, batch = int(iterations), len(contexts)
+        if n <= 0 or batch == 0:
+            return 0.0
+        total = float(sum(contexts))
+        time_s = n * self.decode_base_s(batch) + self.kv_coefficient_s * (
+            n * total + batch * n * (n - 1) / 2.0)
+        if self.window is not None:
+            time_s -= self.window_coefficient_s * sum(
+                mla.window_excess_sum(*self.window, c, n) for c in contexts)
+        return time_s

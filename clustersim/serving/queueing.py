@@ -206,7 +206,7 @@ class QueueModel:
         high = low + 1
         w = min(max(batch - low, 0.0), 1.0)
         base = (1 - w) * self.cost.base_s(low) + w * self.cost.base_s(high)
-        return base + self.cost.kv_s * context
+        return base + self.cost.kv_read_s(batch, context)
 
     def _prefill_work(self, batch: float, context: float, decode_s: float
                       ) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,9 @@ cache, and decode iterations advanced in bulk between events.
 The batch changes only when a prompt is being prefilled, a request joins or one finishes, so
 between those events the replica computes how many decode iterations remain until the next
 completion (or until the KV cache fills) and advances them at once (their summed duration is a
-closed form, `DecodeCost.run_s`). A request routed to a replica in the middle of such a run
+closed form, `DecodeCost.run_s`; a run also ends where a sequence's context reaches its
+window, or its next chunk, so that within a run the tokens the windowed layers skip grow
+linearly). A request routed to a replica in the middle of such a run
 interrupts it when it could join the batch; it joins at the end of the iteration in progress.
 Request state lives in the deployment's numpy arrays (`Fleet`), the batch in small fixed
 arrays: nothing is per token.
@@ -22,6 +24,7 @@ from simpy.events import URGENT
 
 from clustersim.serving.decode_cost import DecodeCost
 from clustersim.serving.events import Wake
+from clustersim.serving.window_batch import WindowedBatch
 
 if TYPE_CHECKING:
     from clustersim.serving.fleet import Fleet
@@ -68,6 +71,8 @@ class Replica:
         self.ends: list[tuple[float, int]] = []
         self.active: dict[int, tuple[float, float]] = {}  # request -> (clock, context) at join
         self.context_sum = 0.0
+        # the tokens of those contexts the windowed layers skip (serving.window_batch)
+        self.windows = WindowedBatch(cost.window) if cost.window is not None else None
         self.up = True
         self.interruptible = False
         self.delay = 0.0  # until the iteration in progress ends (after an interrupt)
@@ -79,7 +84,8 @@ class Replica:
         self._state = _IDLE_TOP
         self._idle = 0  # 0 no idle event, 1 sleeping until an offer, 2 offered (woken)
         self._chunks: list[tuple[int, int, int, bool]] = []
-        self._run: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)  # n, context, its, start
+        # n, context, iterations, start, excess, past
+        self._run: tuple[int, float, int, float, float, int] = (0, 0.0, 0, 0.0, 0.0, 0)
         self._rows = fleet.rows
         self._start()
 
@@ -115,6 +121,8 @@ class Replica:
         self.active = {}
         self.ends = []
         self.context_sum = 0.0
+        if self.windows is not None:
+            self.windows.clear()
         self.kv_used = 0.0
         self.up = False
         self.delay = 0.0
@@ -159,7 +167,7 @@ class Replica:
                     pairs.append((c, p))
                     ending += last
                 duration = self.cost.prefill_s(pairs, len(self.active), self.context_sum,
-                                               ending)
+                                               ending, self._excess())
                 self._record(duration)
                 self._chunks = chunks
                 self._state = _PREFILL
@@ -302,6 +310,8 @@ class Replica:
         left = float(fleet._outputs[request] - generated)
         self.active[request] = (self.clock, context)
         self.context_sum += context
+        if self.windows is not None:
+            self.windows.enter(request, context, self.clock)
         heapq.heappush(self.ends, (self.clock + left, request))
         if left <= 1e-9:
             self._finish()
@@ -327,6 +337,13 @@ class Replica:
                 self._preempt()
                 return False
             iterations = min(iterations, fits)
+        excess, past = 0.0, 0
+        if self.windows is not None:  # the run ends where a context reaches its window
+            windows = self.windows  # (or its next chunk)
+            excess, past = windows.excess, windows.past
+            left = windows.iterations_left(self.clock, per_iteration)
+            if left is not None:
+                iterations = min(iterations, left)
         # cost.run_s inline (this is the hot path): n x base + kv x (n x context + growth).
         base = cost._base.get(n)
         if base is None:
@@ -334,18 +351,21 @@ class Replica:
         kv = cost.kv_s
         kv_growth = kv * n * per_iteration
         first = base + kv * context  # the run's first iteration
+        if excess or past:  # less what the windowed layers skip
+            first -= cost.window_s * excess
+            kv_growth -= cost.window_s * past * per_iteration
         duration = iterations * first + kv_growth * iterations * (iterations - 1) / 2.0
         last = first + kv_growth * (iterations - 1)
         if cost.token_buckets or cost.decode_lines > n:  # padded reads or idle lines
-            duration = cost.run_s(n, context, iterations)
-            last = duration - cost.run_s(n, context, iterations - 1)
+            duration = cost.run_s(n, context, iterations, excess, past)
+            last = duration - cost.run_s(n, context, iterations - 1, excess, past)
         delay = self.delay
         start = self.env.now + delay
         self.last_iteration_s = start + duration - last
         self._rows.extend((self.index, start, duration, n + len(self.prefilling),
                            self.kv_used))  # _record inline
         self.interruptible = n < self.max_batch and self._joins
-        self._run = (n, context, iterations, start)
+        self._run = (n, context, iterations, start, excess, past)
         self._state = _DECODE
         self._target = Wake(self.env, self._resume, delay + duration)
         return True
@@ -361,11 +381,11 @@ class Replica:
         if self._state != _DECODE or self._target is None:
             raise RuntimeError(f"replica {self.index}: an arrival interrupted no decode run")
         self._target = None
-        n, context, iterations, start = self._run
+        n, context, iterations, start, excess, past = self._run
         cost = self.cost
-        done = cost.iterations_within(n, context, max(0.0, self.env.now - start))
+        done = cost.iterations_within(n, context, max(0.0, self.env.now - start), excess, past)
         iterations = min(iterations, done + 1)
-        self.delay = start + cost.run_s(n, context, iterations) - self.env.now
+        self.delay = start + cost.run_s(n, context, iterations, excess, past) - self.env.now
         self._advance(iterations)
         self._proceed(True)
 
@@ -376,10 +396,15 @@ class Replica:
         tokens = iterations * self.cost.tokens_per_iteration
         self.clock += tokens
         self.context_sum += n * tokens
+        if self.windows is not None:
+            self.windows.advance(tokens, self.clock, self._context)
         if not self.queue_policy:
             self.kv_used += n * tokens
         if self.ends[0][0] <= self.clock + 1e-9:
             self._finish()
+
+    def _excess(self) -> float:
+        return self.windows.excess if self.windows is not None else 0.0
 
     def _context(self, request: int) -> float:
         joined, context = self.active[request]
@@ -397,6 +422,8 @@ class Replica:
             freed = fleet._kv_reserved[request] if self.queue_policy else self._blocks(context)
             self.kv_used -= freed
             self.context_sum -= context
+            if self.windows is not None:
+                self.windows.leave(request, context)
             del self.active[request]
             fleet.complete(self, request)
         if self.kv_used < 1e-6:
@@ -404,6 +431,8 @@ class Replica:
         if not self.active:
             self.context_sum = 0.0
             self.ends = []
+            if self.windows is not None:
+                self.windows.clear()
 
     def _preempt(self) -> None:
         """KV full (preempt policy): evict the newest sequence; it is recomputed later."""
@@ -413,7 +442,10 @@ class Replica:
         end = next(e for e, r in self.ends if r == request)
         self.kv_used -= self._blocks(context)
         self.context_sum -= context
+        if self.windows is not None:
+            self.windows.leave(request, context)
         self.ends = [(e, r) for e, r in self.ends if r != request]
         heapq.heapify(self.ends)
         self.fleet.preempted(self, request, end - self.clock)
         self.queue.appendleft(request)
+

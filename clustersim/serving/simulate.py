@@ -40,7 +40,6 @@ from clustersim.scenario.serving import (
     LengthSpec,
     deployment_instances,
 )
-from clustersim.serving.attention import without_unreached_window
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
@@ -79,8 +78,8 @@ def _longest_sequence(d: DeploymentSpec) -> int:
 
 def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, int, Any]:
     """(decode cost, KV capacity in tokens, KV transfer time function) of one replica."""
-    longest = _longest_sequence(d)
-    model = without_unreached_window(d.model, longest)
+    longest = _longest_sequence(d)  # whether a sliding window bounds the KV cache
+    model = d.model
     hw = with_stack(scenario.hardware, d.serving_stack(scenario.hardware.name))
     per = _instances_per_replica(scenario, d)
     ipu = hw.instances_per_ultraserver
@@ -88,15 +87,15 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     topology = build_topology(hw, small, scenario.cluster.fabric)
     p = d.precisions
     shape = ReplicaShape(model, p.weights, d.tp, d.pp, p.kv_cache, p.activations, d.ep,
-                         d.routing_skew)
+                         d.routing_skew, longest)
     target = IterationModel(shape, topology)
     draft = None
     capacity = target.kv_capacity_tokens(d.server.kv_reserve)
     if d.speculative is not None:
         q = d.draft_precisions
-        draft_model = without_unreached_window(d.speculative.draft, longest)
-        draft = IterationModel(ReplicaShape(draft_model, q.weights, d.draft_tp, 1,
-                                            q.kv_cache, q.activations), topology)
+        draft = IterationModel(ReplicaShape(d.speculative.draft, q.weights, d.draft_tp, 1,
+                                            q.kv_cache, q.activations,
+                                            longest_sequence=longest), topology)
         # The draft's weights and its KV cache share the busiest chip's HBM.
         free = (target.usable_hbm_bytes(d.server.kv_reserve)
                 - target.weight_bytes_per_chip() - draft.weight_bytes_per_chip())
@@ -107,7 +106,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                       d.speculative.fused if d.speculative else True)
     cost.buckets = d.context_buckets(scenario.hardware.name)
     cost.static_batch = d.server.static_batch
-    kv_per_chip = kv_bytes_per_token(model, p.kv_cache) / target.chips
+    kv_per_chip = kv_bytes_per_token(model, p.kv_cache, longest) / target.chips
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
     cache: dict[int, float] = {}
@@ -407,7 +406,7 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
             "requests_rejected": int((fleet.status == 2).sum()),
             "kv_capacity_tokens_per_replica": capacity,
             "prefill_s_per_1k_tokens": cost.target.prefill_s(1024),
-            "decode_iteration_batch1_s": cost.run_s(1, 1024, 1),
+            "decode_iteration_batch1_s": cost.run_s(1, 1024, 1, cost.excess(1024)),
         }
     return out
 
