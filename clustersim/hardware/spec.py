@@ -55,11 +55,27 @@ class Spec(BaseModel):
     @classmethod
     def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, _CAN_HIDE_A_BOOLEAN):
-            return value  # only these can hide a boolean (100,000 jobs validate fast)
+            # only these can hide a boolean (100,000 jobs validate fast); and a flag is a
+            # YAML true or false: pydantic's lax mode would read "yes", "off", 1 or "0"
+            if info.field_name in _flags(cls):
+                raise ValueError("expected true or false (a YAML boolean, unquoted)")
+            return value
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and _boolean_where_number(value, field.annotation):
             raise ValueError("expected a number, not true or false")
         return value
+
+
+_FLAGS: dict[type, frozenset[str]] = {}
+
+
+def _flags(spec: type[Spec]) -> frozenset[str]:
+    """The names of a spec's boolean fields (found once per class)."""
+    known = _FLAGS.get(spec)
+    if known is None:
+        known = _FLAGS[spec] = frozenset(
+            name for name, field in spec.model_fields.items() if field.annotation is bool)
+    return known
 
 
 def _boolean_where_number(value: Any, annotation: Any) -> bool:

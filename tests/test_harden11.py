@@ -1,0 +1,93 @@
+"""Session 11's hardening: flags take only a YAML true or false, a workload's unreadable file
+is reported under its own key, and what a demanding user found on the newest surfaces. One
+test (or a few) per defect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_helpers import refused, set_key
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from clustersim.cli.app import app  # (imports every spec)
+from clustersim.hardware.spec import Spec
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+SMALL = {
+    "name": "small", "hardware": "trn2", "duration": "1h", "cluster": {"instances": 1},
+    "jobs": [{"name": "train", "model": "llama3-8b", "global_batch": 16,
+              "parallelism": {"tp": 8, "dp": 8, "zero": 1}}],
+    "trace": {"enabled": False},
+}
+
+
+def invoke(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def write(folder: Path, mapping, name: str = "scenario.yaml") -> Path:
+    path = folder / name
+    path.write_text(mapping if isinstance(mapping, str) else yaml.safe_dump(mapping),
+                    encoding="utf-8")
+    return path
+
+
+# 1. Flags: a YAML true or false, nothing pydantic's lax mode reads as one ------------------
+
+FLAG_KEYS = ["jobs.0.parallelism.sequence_parallel", "jobs.0.checkpoint.async",
+             "scheduler.preemption", "scheduler.borrowing", "trace.enabled"]
+
+
+@pytest.mark.parametrize("key", FLAG_KEYS)
+@pytest.mark.parametrize("value", ["yes", "on", "1", "true", 1, 0])
+def test_a_flag_refuses_text_and_numbers(tmp_path: Path, key: str, value):
+    raw = json.loads(json.dumps(SMALL))
+    raw["jobs"][0]["checkpoint"] = {"interval": "1h", "write": "30s"}
+    raw["scheduler"] = {}
+    set_key(raw, key, value)
+    refused(invoke("validate", write(tmp_path, raw)), "scenario.yaml", key, repr(value),
+            "expected true or false")
+
+
+def test_bare_yaml_yes_and_no_are_flags(tmp_path: Path):
+    # PyYAML reads YAML 1.1: bare yes/no/on/off are booleans (docs/scenario.md says so)
+    from clustersim.scenario.loader import load_scenario
+
+    text = yaml.safe_dump(SMALL).replace("enabled: false", "enabled: yes")
+    scenario = load_scenario(write(tmp_path, text.replace("zero: 1", "zero: 1\n    "
+                                                          "sequence_parallel: on")))
+    assert scenario.trace.enabled is True
+    assert scenario.jobs[0].parallelism.sequence_parallel is True
+
+
+def _specs(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_specs(sub)]
+    return found
+
+
+def test_every_flag_of_every_spec_refuses_a_string():
+    # one check for every boolean field, present and future: none is left to the lax mode
+    flags = [(spec, name) for spec in _specs(Spec) for name, field in spec.model_fields.items()
+             if field.annotation is bool]
+    assert len(flags) >= 10, flags
+    for spec, name in flags:
+        field = spec.model_fields[name]
+        with pytest.raises(ValidationError) as caught:
+            spec.model_validate({field.alias or name: "yes"})
+        errors = [e for e in caught.value.errors() if e["loc"] == (field.alias or name,)]
+        assert errors and "expected true or false" in errors[0]["msg"], (spec, name)
+
+
+def test_a_flag_set_on_the_command_line_is_checked_too(tmp_path: Path):
+    scenario = write(tmp_path, SMALL)
+    refused(invoke("validate", scenario, "--set", "trace.enabled='no'"), "trace.enabled",
+            "'no'", "expected true or false")
+    assert invoke("validate", scenario, "--set", "trace.enabled=no").exit_code == 0
