@@ -91,3 +91,41 @@ def test_a_flag_set_on_the_command_line_is_checked_too(tmp_path: Path):
     refused(invoke("validate", scenario, "--set", "trace.enabled='no'"), "trace.enabled",
             "'no'", "expected true or false")
     assert invoke("validate", scenario, "--set", "trace.enabled=no").exit_code == 0
+
+
+# 2. A workload's file that cannot be read: under its own key -------------------------------
+
+def _trace_scenario(folder: Path, fmt: str, trace: Path, **workload) -> Path:
+    raw = yaml.safe_load((ROOT / f"scenarios/trace-{fmt}.yaml").read_text("utf-8"))
+    raw["workload"]["trace"] = str(trace)
+    raw["workload"].update(workload)
+    raw["trace"] = {"enabled": False}
+    return write(folder, raw)
+
+
+@pytest.mark.parametrize(("fmt", "name", "text", "kind"), [
+    ("philly", "bad.json", "[{]", "JSON"),
+    ("helios", "bad.csv", 'job_id,user\n"x\n', "CSV"),
+])
+def test_an_unreadable_trace_is_reported_under_workload_trace(tmp_path: Path, fmt, name,
+                                                               text, kind):
+    trace = tmp_path / name
+    trace.write_text(text, encoding="utf-8")
+    result = invoke("validate", _trace_scenario(tmp_path, fmt, trace))
+    refused(result, f"scenario.yaml: workload.trace: {trace}: cannot read it as {kind}")
+    assert "workload: " not in result.stderr
+
+
+def test_a_native_trace_is_not_called_a_workload_file(tmp_path: Path):
+    trace = tmp_path / "native.csv"
+    trace.write_text("submit,instances\n0,1\n", encoding="utf-8")
+    result = invoke("validate", _trace_scenario(tmp_path, "native", trace))
+    refused(result, "scenario.yaml: workload.trace: ", "missing columns template")
+    assert "workload.file" not in result.stderr
+
+
+def test_a_trace_mapping_problem_is_reported_under_its_key(tmp_path: Path):
+    trace = ROOT / "scenarios/traces/helios-sample.csv"
+    result = invoke("validate", _trace_scenario(tmp_path, "helios", trace,
+                                                mapping={"rule": "compute", "gpu": "zz"}))
+    refused(result, "scenario.yaml: workload.mapping.gpu: 'zz' is not a catalog hardware")

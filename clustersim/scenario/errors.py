@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["Issue", "ScenarioError", "ScenarioCheckError", "short_repr", "path_text"]
+__all__ = ["Issue", "ScenarioError", "ScenarioCheckError", "WorkloadError", "short_repr",
+           "path_text"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,17 @@ class ScenarioCheckError(Exception):
     def __init__(self, issues: Sequence[Issue]):
         self.issues = list(issues)
         super().__init__("; ".join(f"{i.path}: {i.message}" for i in self.issues))
+
+
+class WorkloadError(ValueError):
+    """A job file or trace that cannot be used, under the key that names it
+    (`workload.trace`, `workload.file`, `workload.mapping.gpu`, ...): the loader reports
+    `detail` at that key path."""
+
+    def __init__(self, key: str, detail: str):
+        super().__init__(f"{key} {detail}")
+        self.key = key
+        self.detail = detail
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

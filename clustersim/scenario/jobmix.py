@@ -41,10 +41,12 @@ from pydantic import Field, model_validator
 
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
+from clustersim.scenario.errors import WorkloadError
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
 __all__ = ["WorkloadSpec", "JobTemplate", "default_template", "generate_jobs"]
+
 
 
 class SizeRange(Spec):
@@ -225,9 +227,10 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
             if a.count is not None and len(jobs) >= a.count:
                 break
             if len(jobs) >= limits.MAX_JOBS:
-                raise ValueError(f"arrivals: more than {limits.MAX_JOBS:,} jobs before `until` "
-                                 "(docs/limits.md); expected a lower rate, an earlier until or "
-                                 "a count")
+                raise WorkloadError("workload.arrivals",
+                                    f"more than {limits.MAX_JOBS:,} jobs before `until` "
+                                    "(docs/limits.md); expected a lower rate, an earlier until "
+                                    "or a count")
             template = workload.templates[_draw(rng, which)]
             run_for = None
             if template.run_for is not None:
@@ -275,7 +278,7 @@ def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -
         path = base_dir / path
     problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES, "a trace file")
     if problem is not None:
-        raise ValueError(f"{key} {path}: {problem}")
+        raise WorkloadError(key, f"{path}: {problem}")
     return path
 
 
@@ -309,10 +312,7 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
         template, label = default_template(ranks_per_instance), "default"
     jobs = []
     columns = COLUMNS[workload.format]
-    try:
-        rows, stats = read_trace(path, workload.format, workload.mapping, target)
-    except ValueError as error:  # (the key, as a missing file's message names it)
-        raise ValueError(f"workload.trace {error}") from None
+    rows, stats = read_trace(path, workload.format, workload.mapping, target)
     trace_rows.update(stats)
     for row in rows:
         origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))
@@ -332,56 +332,60 @@ def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: i
             target: TraceTarget, origins: list, where: str) -> list[dict[str, Any]]:
     """The native trace (the `file:` columns) with the trace checks: names once, rows in
     submission order, run times >= 0, sizes within the cluster."""
-    jobs = _from_file(str(path), templates, ranks_per_instance, None, origins, where)
+    jobs = _from_file(str(path), templates, ranks_per_instance, None, origins, where,
+                      "workload.trace")
     seen: dict[str, int] = {}
     previous = -math.inf
     for number, job in enumerate(jobs, start=1):
-        where = f"workload.trace {path}, row {number}"
+        where = f"{path}, row {number}"
         if job["name"] in seen:
-            raise ValueError(f"{where}, column name: {job['name']!r} is also row "
-                             f"{seen[job['name']]}; expected each job once")
+            raise WorkloadError("workload.trace", f"{where}, column name: {job['name']!r} is "
+                                f"also row {seen[job['name']]}; expected each job once")
         seen[job["name"]] = number
         if job["submit"] < previous:
-            raise ValueError(f"{where}, column submit: before the row above; expected rows in "
-                             "submission order")
+            raise WorkloadError("workload.trace", f"{where}, column submit: before the row "
+                                "above; expected rows in submission order")
         previous = job["submit"]
         if job.get("run_for") is not None and job["run_for"] < 0:
-            raise ValueError(f"{where}, column run_for: {job['run_for']}; expected >= 0")
+            raise WorkloadError("workload.trace",
+                                f"{where}, column run_for: {job['run_for']}; expected >= 0")
         if target.max_instances is not None and job["instances"] > target.max_instances:
-            raise ValueError(f"{where}, column instances: {job['instances']:,} is more than "
-                             f"the cluster's {target.max_instances:,} instances")
+            raise WorkloadError("workload.trace", f"{where}, column instances: "
+                                f"{job['instances']:,} is more than the cluster's "
+                                f"{target.max_instances:,} instances")
     return jobs
 
 
 def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_instance: int,
-               base_dir: Path | None, origins: list, where: str) -> list[dict[str, Any]]:
+               base_dir: Path | None, origins: list, where: str, key: str = "workload.file"
+               ) -> list[dict[str, Any]]:
     """The jobs of a job file, one a row; `origins` gets each one's template index and row
-    (`where`, row N)."""
+    (`where`, row N); refused under `key` (a native trace is `workload.trace`)."""
     import pandas as pd
 
-    path = _trace_path(path_text, base_dir, "workload.file")
+    path = _trace_path(path_text, base_dir, key)
     try:  # bounded: a /proc file behind a link says 0 bytes and may never end
         data = io.BytesIO(read_bounded(path, limits.MAX_TRACE_FILE_BYTES))
     except (TooLarge, OSError) as error:
-        raise ValueError(f"workload.file {path}: "
-                         f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
-                         ) from None
+        raise WorkloadError(key, f"{path}: "
+                            f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
+                            ) from None
     try:
         # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
         frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
                  pd.read_csv(data, dtype={"name": str, "team": str, "template": str}))
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
-        raise ValueError(f"workload.file {path}: cannot read it as "
-                         f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
-                         f"({type(error).__name__}: {error})") from None
+        raise WorkloadError(key, f"{path}: cannot read it as "
+                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
+                            f"({type(error).__name__}: {error})") from None
     if len(frame) > limits.MAX_TRACE_ROWS:
-        raise ValueError(f"workload.file {path}: {len(frame):,} rows; expected at most "
-                         f"{limits.MAX_TRACE_ROWS:,} (docs/limits.md)")
+        raise WorkloadError(key, f"{path}: {len(frame):,} rows; expected at most "
+                            f"{limits.MAX_TRACE_ROWS:,} (docs/limits.md)")
     missing = {"submit", "instances", "template"} - set(frame.columns)
     if missing:
-        raise ValueError(f"workload.file {path}: missing columns {', '.join(sorted(missing))}; "
-                         "expected submit, instances, template (run_for, steps, priority, name "
-                         "optional)")
+        raise WorkloadError(key, f"{path}: missing columns {', '.join(sorted(missing))}; "
+                            "expected submit, instances, template (run_for, steps, priority, "
+                            "name optional)")
     jobs = []
     for number, row in enumerate(frame.to_dict("records")):
         try:
@@ -389,7 +393,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
             origins.append((list(templates).index(str(row["template"])),
                             f"{where}, row {number + 1}", {}))
         except (TypeError, OverflowError, units.UnitError, ValueError) as error:
-            raise ValueError(f"workload.file {path}, row {number + 1}: {error}") from None
+            raise WorkloadError(key, f"{path}, row {number + 1}: {error}") from None
     return jobs
 
 

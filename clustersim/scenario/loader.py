@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from clustersim.hardware.catalog import catalog_names, deep_merge, resolve_hardware_mapping
 from clustersim.hardware.failures import StragglerSpec
 from clustersim.hardware.topology import FabricSpec
-from clustersim.scenario.errors import Issue, ScenarioCheckError, ScenarioError
+from clustersim.scenario.errors import Issue, ScenarioCheckError, ScenarioError, WorkloadError
 from clustersim.scenario.jobmix import WorkloadSpec, generate_jobs
 from clustersim.scenario.messages import collapse_generated, pydantic_issues
 from clustersim.scenario.models import (
@@ -167,6 +167,8 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
     try:
         generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
                                   _trace_target(resolved), origins, trace_rows)
+    except WorkloadError as error:  # a file, a trace or their mapping: under its own key
+        raise ScenarioError(source, [Issue(error.key, error.detail)]) from None
     except ValueError as error:
         raise ScenarioError(source, [Issue("workload", str(error))]) from None
     jobs = resolved.get("jobs") or []

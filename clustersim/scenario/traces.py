@@ -43,6 +43,7 @@ from pydantic import Field
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
+from clustersim.scenario.errors import WorkloadError
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
 
 __all__ = ["COLUMNS", "FORMATS", "LEFT_OUT", "TraceMapping", "TraceTarget", "TraceJob", "read_trace"]
@@ -126,11 +127,12 @@ LEFT_OUT = {
 
 class _Bad(ValueError):
     """A problem of the trace; `file` names the file when it is not the trace given (PAI's
-    task table)."""
+    task table); `key` the scenario key when it is not the trace's file but its mapping."""
 
-    def __init__(self, message: str, file: Path | None = None):
+    def __init__(self, message: str, file: Path | None = None, key: str | None = None):
         super().__init__(message)
         self.file = file
+        self.key = key
 
 
 def _contents(path: Path) -> bytes:
@@ -366,13 +368,15 @@ def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: f
 
 def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
                ) -> tuple[list[TraceJob], dict[str, Any]]:
-    """The GPU jobs of a trace file, mapped (ValueError naming the file, row and column),
-    and what became of its rows: {rows, replayed, left_out: {reason: count} (LEFT_OUT),
-    ended_at_trace_end}."""
+    """The GPU jobs of a trace file, mapped (WorkloadError under `workload.trace` naming the
+    file, row and column, or under the mapping's key), and what became of its rows: {rows,
+    replayed, left_out: {reason: count} (LEFT_OUT), ended_at_trace_end}."""
     try:
         return _read(path, fmt, mapping, target)
     except _Bad as error:
-        raise ValueError(f"{error.file or path}: {error}") from None
+        if error.key is not None:
+            raise WorkloadError(error.key, str(error)) from None
+        raise WorkloadError("workload.trace", f"{error.file or path}: {error}") from None
 
 
 def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
@@ -384,13 +388,14 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
         try:
             gpu_tflops = catalog_entry(mapping.gpu).chip.tflops.get("bf16")
         except (KeyError, ValueError):
-            raise _Bad(f"mapping.gpu {mapping.gpu!r} is not a catalog hardware entry "
-                       "(`clustersim hardware` lists them)") from None
+            raise _Bad(f"{mapping.gpu!r} is not a catalog hardware entry (`clustersim "
+                       "hardware` lists them)", key="workload.mapping.gpu") from None
         if not gpu_tflops or not target.chip_bf16_tflops:
-            raise _Bad("mapping.rule compute needs a BF16 peak of both chips")
+            raise _Bad("compute needs a BF16 peak of both chips", key="workload.mapping.rule")
     team = mapping.team or ("user" if fmt in ("pai", "acme") else "vc")
     if team == "vc" and fmt in ("pai", "acme"):
-        raise _Bad(f"mapping.team vc: the {fmt} trace has no virtual cluster; use user")
+        raise _Bad(f"vc: the {fmt} trace has no virtual cluster; use user",
+                   key="workload.mapping.team")
     if fmt == "philly":
         rows = _philly_rows(path, "user" if team == "none" else team)
     elif fmt == "helios":
@@ -400,7 +405,7 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
     elif fmt == "pai":
         rows = _pai_rows(path)
     else:
-        raise _Bad(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise _Bad(f"{fmt!r}; expected one of {', '.join(FORMATS)}", key="workload.format")
     seen: dict[str, str] = {}
     jobs = []
     previous = -math.inf
