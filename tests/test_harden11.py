@@ -129,3 +129,38 @@ def test_a_trace_mapping_problem_is_reported_under_its_key(tmp_path: Path):
     result = invoke("validate", _trace_scenario(tmp_path, "helios", trace,
                                                 mapping={"rule": "compute", "gpu": "zz"}))
     refused(result, "scenario.yaml: workload.mapping.gpu: 'zz' is not a catalog hardware")
+
+
+# 3. A demanding user's findings on the newest surfaces -------------------------------------
+
+def _serving(folder: Path, rows: str) -> Path:
+    (folder / "requests.csv").write_text(rows, encoding="utf-8")
+    return write(folder, {
+        "name": "replay", "hardware": "trn2", "duration": "2min", "cluster": {"instances": 1},
+        "serve": [{"name": "chat", "model": "llama3-8b", "parallelism": {"tp": 16},
+                   "workload": {"arrival": "trace", "trace": "requests.csv",
+                                "input_tokens": "trace", "output_tokens": "trace"},
+                   "slo": {"ttft": "2s", "tpot": "100ms"}}]})
+
+
+@pytest.mark.parametrize(("rows", "words"), [
+    ("arrival_s,input_tokens,output_tokens\n", ["has no requests"]),
+    ("arrival_s,input_tokens,output_tokens\n-1,100,10\n", ["column arrival_s has -1"]),
+    ("arrival_s,input_tokens,output_tokens\n0,1e30,10\n", ["column input_tokens"]),
+    ("arrival_s,input_tokens\n0,100\n", ["lacks column(s) output_tokens"]),
+    ("arrival_s,input_tokens,output_tokens\n500,100,10\n", ["none of the trace's 1 arrivals"]),
+])
+def test_validate_reads_a_request_trace_as_run_does(tmp_path: Path, rows: str, words):
+    # validate said ok and run then refused the trace
+    scenario = _serving(tmp_path, rows)
+    refused(invoke("validate", scenario), "serve.0.workload.trace", "'requests.csv'", *words)
+    refused(invoke("run", scenario, "-o", tmp_path / "out"), "serve.0.workload.trace", *words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_counts_a_serving_scenarios_deployments(tmp_path: Path):
+    # it said "(replay: 16 Trainium2 chips, 0 jobs)"
+    result = invoke("validate", _serving(tmp_path, "arrival_s,input_tokens,output_tokens\n"
+                                                   "0,100,10\n1,200,20\n"))
+    assert result.exit_code == 0, result.output
+    assert "16 Trainium2 chips, 0 jobs, 1 deployment)" in result.stdout

@@ -40,10 +40,14 @@ def validate(
         try:
             # A first job without parallelism is a scenario for `plan` (which chooses it).
             spec = load_scenario(path, overrides or [], planning=True)
-            if spec.serve:  # the weights-fit check `run` makes before any work
+            if spec.serve:  # the checks `run` makes before any work, and its traces' rows
                 from clustersim.runner.api import check_serving_fit
+                from clustersim.runner.budget import check_request_traces
+                from clustersim.serving import check_request_trace_rows
 
+                check_request_traces(spec)
                 check_serving_fit(spec)
+                check_request_trace_rows(spec, path.parent)
         except ScenarioError as error:
             failed += 1
             err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
@@ -51,12 +55,17 @@ def validate(
         for_plan = bool(spec.jobs) and "parallelism" not in spec.jobs[0].model_fields_set
         out_console.print(
             f"ok: {escape(str(path))} ({spec.name}: {spec.total_chips:,} {spec.hardware.chip.name} chips, "
-            f"{len(spec.jobs):,} job{'s' if len(spec.jobs) != 1 else ''})"
+            f"{_count(len(spec.jobs), 'job')}"
+            + (f", {_count(len(spec.serve), 'deployment')})" if spec.serve else ")")
             + (" for `plan`: jobs.0.parallelism is left to the planner (`run` needs it)"
                if for_plan else "")
         )
     if failed:
         raise typer.Exit(2)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'s' if number != 1 else ''}"
 
 
 @user_errors

@@ -4,6 +4,7 @@ KV cache and iteration times from the same roofline and collectives as training.
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.simulate import (
     ServingResult,
+    check_request_trace_rows,
     check_serving_fit,
     deployment_figures,
     replica_series_table,
@@ -13,4 +14,4 @@ from clustersim.serving.simulate import (
 
 __all__ = ["IterationModel", "ReplicaShape", "kv_bytes_per_token", "ServingResult",
            "simulate_serving", "deployment_figures", "requests_table", "replica_series_table",
-           "check_serving_fit"]
+           "check_serving_fit", "check_request_trace_rows"]

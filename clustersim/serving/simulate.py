@@ -45,7 +45,7 @@ from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
-from clustersim.serving.requests import TraceError, generate_requests
+from clustersim.serving.requests import TraceError, generate_requests, read_request_trace
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
            "requests_table", "replica_series_table", "replicas_on_instance", "saturated",
@@ -157,6 +157,26 @@ def check_serving_fit(scenario: Scenario) -> None:
             issues.append(issue)
     if issues:
         raise ScenarioError(scenario.source, issues)
+
+
+def check_request_trace_rows(scenario: Scenario, base_dir: Path | None) -> None:
+    """Refuse (ScenarioError) a deployment's request trace whose rows `run` would refuse:
+    read as the run reads it, and for `arrival: trace` its arrivals within the horizon
+    (what `validate` checks without simulating)."""
+    for index, d in enumerate(scenario.serve):
+        if d.workload.trace is None:
+            continue
+        try:
+            if d.workload.arrival == "trace":  # as many requests as the trace has rows
+                generate_requests(d.workload, scenario.duration_s - d.start_s,
+                                  np.random.SeedSequence(0), base_dir)
+            else:  # the arrivals are drawn: only the lengths come from the trace
+                path = Path(d.workload.trace)
+                read_request_trace(path if path.is_absolute() or base_dir is None
+                                   else base_dir / path)
+        except TraceError as error:
+            raise ScenarioError(scenario.source, [Issue(
+                f"serve.{index}.workload.trace", str(error), d.workload.trace, True)]) from None
 
 
 def _replica_failure_rate(scenario: Scenario, d: DeploymentSpec, software_only: bool = False
