@@ -164,3 +164,18 @@ def test_validate_counts_a_serving_scenarios_deployments(tmp_path: Path):
                                                    "0,100,10\n1,200,20\n"))
     assert result.exit_code == 0, result.output
     assert "16 Trainium2 chips, 0 jobs, 1 deployment)" in result.stdout
+
+
+def test_step_of_a_serving_scenario_says_what_it_needs(tmp_path: Path):
+    scenario = _serving(tmp_path, "arrival_s,input_tokens,output_tokens\n0,100,10\n")
+    refused(invoke("step", scenario), "no jobs", "`jobs:`", "simulated by `run`")
+
+
+def test_step_title_counts_context_parallelism(tmp_path: Path):
+    # "tp 4 x pp 1 x dp 8" for a job of tp 4 x cp 2 x pp 1 x dp 8 = 64 ranks
+    raw = json.loads(json.dumps(SMALL))
+    raw["jobs"][0].update(model="qwen3-30b-a3b", seq_len=8192,
+                          parallelism={"tp": 4, "cp": 2, "dp": 8, "ep": 8, "zero": 1})
+    result = invoke("step", write(tmp_path, raw), "--ignore-memory")
+    assert result.exit_code == 0, result.output
+    assert "tp 4 x cp 2 x pp 1 x dp 8 (ep 8)" in " ".join(result.stdout.split())

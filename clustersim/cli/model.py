@@ -48,7 +48,9 @@ def step(
         _check_timeline(timeline, force)  # before the work
     spec = load_scenario(scenario, overrides or [])
     if not spec.jobs:
-        raise UsageProblem(f"{scenario}: the scenario has no jobs")
+        raise UsageProblem(f"{scenario}: the scenario has no jobs; expected training jobs "
+                           "(`jobs:`) for a step" + (" (its `serve:` deployments are "
+                                                     "simulated by `run`)" if spec.serve else ""))
     topology = topology_for(spec)
     profiles = step_profiles(spec, topology)
     too_big = [job.name for job in spec.jobs if not profiles[job.name].fits_memory]
@@ -128,7 +130,7 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
     title = (f"{profile.name}: {job.model.name} ({_parameters(job.model)}) on "
              f"{profile.chips:,} {spec.hardware.chip.name} "
              f"chips ({_instances(profile.instances, spec.hardware.instance.name)}), tp {par.tp} x "
-             f"pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
+             f"{f'cp {par.cp} x ' if par.cp > 1 else ''}pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
              f" x dp {par.dp}{_experts(par)}, {profile.microbatches} micro-batches of "
              f"{job.micro_batch}")
     out_console.print(escape(title), soft_wrap=False)
