@@ -179,3 +179,33 @@ def test_step_title_counts_context_parallelism(tmp_path: Path):
     result = invoke("step", write(tmp_path, raw), "--ignore-memory")
     assert result.exit_code == 0, result.output
     assert "tp 4 x cp 2 x pp 1 x dp 8 (ep 8)" in " ".join(result.stdout.split())
+
+
+def test_a_plans_best_names_every_degree():
+    from clustersim.cli.plan_tables import _layout
+
+    row = {"tp": 1, "cp": 2, "pp": 4, "dp": 8, "ep": 4, "interleave": 2,
+           "order": "tp-cp-ep-pp-dp"}
+    assert _layout(row) == "tp 1 cp 2 pp 4 v 2 dp 8 ep 4i"
+    assert _layout({**row, "cp": 1, "ep": 1, "interleave": 1}) == "tp 1 pp 4 dp 8"
+
+
+@pytest.mark.slow  # two hardware entries planned: about 10 s
+def test_plan_prints_each_hardwares_best_with_its_cp_and_ep(tmp_path: Path):
+    # "trn2 at its best: 16 chips, tp 1 pp 1 dp 32": 32 of its 64 ranks
+    raw = {"name": "moe", "hardware": "trn2", "duration": "30d", "cluster": {"instances": 1},
+           "jobs": [{"name": "moe", "model": "qwen3-30b-a3b", "seq_len": 4096,
+                     "global_batch": 64}], "trace": {"enabled": False}}
+    result = invoke("plan", write(tmp_path, raw), "--hardware", "trn2,p5en", "--chips", "16",
+                    "-o", tmp_path / "plan", "--top", "1")
+    assert result.exit_code == 0, result.output
+    ranks = {"trn2": 64, "p5en": 16}
+    for line in result.stdout.splitlines():
+        name, _, rest = line.partition(" at its best: ")
+        if rest:
+            degrees = rest.split(", ")[1].split()
+            product = 1
+            for key, value in zip(degrees[::2], degrees[1::2], strict=True):
+                product *= int(value.rstrip("i")) if key != "v" and key != "ep" else 1
+            assert product == ranks.pop(name), line
+    assert not ranks, result.stdout

@@ -89,6 +89,15 @@ def _ep(row: dict[str, Any]) -> str:
     return f"{row['ep']}{'i' if inside else ''}"
 
 
+def _layout(row: dict[str, Any]) -> str:
+    """`tp 2 cp 2 pp 1 dp 32 ep 2`: every degree of the candidate's ranks (cp, ep and the
+    interleave where above 1), so that they multiply to its ranks."""
+    cp = f" cp {row['cp']}" if row.get("cp", 1) > 1 else ""
+    ep = f" ep {_ep(row)}" if row.get("ep", 1) > 1 else ""
+    v = f" v {row['interleave']}" if row.get("interleave", 1) > 1 else ""
+    return f"tp {row['tp']}{cp} pp {row['pp']}{v} dp {row['dp']}{ep}"
+
+
 def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
     from clustersim.hardware import units
 
@@ -160,8 +169,8 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
             r = mine[0]
             band = r.get("step_time_s_band")
             out_console.print(
-                f"{name} at its best: {r['chips']:,} chips, tp {r['tp']} pp {r['pp']} dp "
-                f"{r['dp']}, {r['step_time_s']:,.3f} s per step"
+                f"{name} at its best: {r['chips']:,} chips, {_layout(r)}, "
+                f"{r['step_time_s']:,.3f} s per step"
                 + (f" (band {band[0]:,.3f}-{band[1]:,.3f} s)" if band else "")
                 + f", ETTR {r['ettr']:.3f}"
                 + (f", ${r['cost_per_million_tokens_usd']:,.3f} per million tokens"
