@@ -209,3 +209,20 @@ def test_plan_prints_each_hardwares_best_with_its_cp_and_ep(tmp_path: Path):
                 product *= int(value.rstrip("i")) if key != "v" and key != "ep" else 1
             assert product == ranks.pop(name), line
     assert not ranks, result.stdout
+
+
+def test_a_closed_stdout_is_no_internal_error():
+    # `clustersim models NAME --json | head` printed "internal error: BrokenPipeError"
+    import os
+    import subprocess
+    import sys
+
+    read, write_end = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "clustersim", "models", "deepseek-v3", "--json"],
+                              stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1 and done.stderr == b"", done.stderr

@@ -67,8 +67,8 @@ def user_errors(command: F) -> F:
         except KeyboardInterrupt as interrupt:
             err_console.print("[red]interrupted[/red], nothing written")
             raise typer.Exit(exit_status(interrupt)) from None
-        except (typer.Exit, typer.Abort):
-            raise
+        except (typer.Exit, typer.Abort, BrokenPipeError):
+            raise  # (a closed stdout, `| head`: clustersim.cli.main ends quietly)
         except Exception as error:
             if isinstance(error, _user_error_types()):
                 err_console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
