@@ -130,7 +130,8 @@ def _print_step(job: Any, profile: Any, spec: Any, ignore_memory: bool = False) 
     title = (f"{profile.name}: {job.model.name} ({_parameters(job.model)}) on "
              f"{profile.chips:,} {spec.hardware.chip.name} "
              f"chips ({_instances(profile.instances, spec.hardware.instance.name)}), tp {par.tp} x "
-             f"{f'cp {par.cp} x ' if par.cp > 1 else ''}pp {par.pp}{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
+             f"{f'cp {par.cp} x ' if par.cp > 1 else ''}pp {par.pp}"
+             f"{f' (x{par.interleave} interleaved)' if par.interleave > 1 else ''}"
              f" x dp {par.dp}{_experts(par)}, {profile.microbatches} micro-batches of "
              f"{job.micro_batch}")
     out_console.print(escape(title), soft_wrap=False)
