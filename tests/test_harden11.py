@@ -226,3 +226,21 @@ def test_a_closed_stdout_is_no_internal_error():
     finally:
         os.close(write_end)
     assert done.returncode == 1 and done.stderr == b"", done.stderr
+
+
+def test_a_layout_whose_groups_cannot_be_formed_is_refused_not_an_internal_error(
+        tmp_path: Path):
+    # 72 Trn3 Gen2 instances over 2 UltraServers of 36: an expert's 9 data-parallel
+    # replicas (dp 72 / ep 8, 8 instances apart) are 5 in one UltraServer and 4 in the other:
+    # "internal error: AsymmetricGroupError"
+    raw = {"name": "t3", "hardware": "trn3-gen2", "duration": "1d",
+           "cluster": {"ultraservers": 2}, "trace": {"enabled": False},
+           "jobs": [{"name": "moe", "model": "qwen3-30b-a3b", "seq_len": 4096,
+                     "global_batch": 288,
+                     "parallelism": {"tp": 4, "pp": 4, "dp": 72, "ep": 8, "zero": 1}}]}
+    scenario = write(tmp_path, raw)
+    words = ["jobs.0.parallelism = {tp: 4, pp: 4, dp: 72, zero: 1, ep: 8}", "job moe",
+             "cannot be formed on trn3-gen2", "clustersim plan"]
+    refused(invoke("step", scenario), *words)
+    refused(invoke("run", scenario, "-o", tmp_path / "out"), *words)
+    assert not (tmp_path / "out").exists()

@@ -23,6 +23,7 @@ from clustersim.cluster.fleet import (
     team_figures,
 )
 from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paused
+from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware import limits
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
@@ -93,8 +94,27 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
                   ) -> dict[str, StepProfile]:
     """One step of each job, as if it ran alone from the cluster's first instance."""
     topology = topology or topology_for(scenario)
-    model = StepModel(topology)
-    return {job.name: site_profile(model, job, job.name) for job in scenario.jobs}
+    return _job_profiles(scenario, StepModel(topology), named=True)
+
+
+def _job_profiles(scenario: Scenario, model: StepModel, named: bool
+                  ) -> dict[str, StepProfile]:
+    """Each job's step (`named`: under its own name, else the cached profile of its shape).
+    A job whose groups of ranks the collectives cannot form on its instances (an expert
+    group split unevenly over two Trn3 UltraServers, say) is refused under its parallelism,
+    as the planner leaves such a candidate out ('placement'), not an internal error."""
+    steps = {}
+    for index, job in enumerate(scenario.jobs):
+        try:
+            steps[job.name] = site_profile(model, job, job.name if named else None)
+        except CollectiveError as error:
+            shown = job.parallelism.model_dump(exclude_defaults=True)
+            raise ScenarioError(scenario.source, [Issue(
+                f"jobs.{index}.parallelism", f"job {job.name}: a group of its ranks cannot "
+                f"be formed on {scenario.hardware.name} ({error}); expected degrees whose "
+                "groups hold the same share of every instance or UltraServer they span "
+                "(`clustersim plan` lists the layouts that place)", shown, True)]) from None
+    return steps
 
 
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
@@ -247,7 +267,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     # The cached profile of each job's shape, shared (its name is whichever job's solved it
     # first; only its figures are read): a copy under each job's name was 2.2 KiB a job,
     # 2.2 GiB of a year's million.
-    steps = {job.name: site_profile(model, job, None) for job in scenario.jobs}
+    steps = _job_profiles(scenario, model, named=False)
     check_fit(scenario, steps)
     plans = None
     if in_event_fleet(scenario):  # fluid deployments held in the timeline beside its jobs
