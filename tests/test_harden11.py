@@ -244,3 +244,35 @@ def test_a_layout_whose_groups_cannot_be_formed_is_refused_not_an_internal_error
     refused(invoke("step", scenario), *words)
     refused(invoke("run", scenario, "-o", tmp_path / "out"), *words)
     assert not (tmp_path / "out").exists()
+
+
+def _deployment(tmp_path: Path, **changes) -> Path:
+    deployment = {"name": "g", "model": "gpt-oss-120b", "parallelism": {"tp": 8, "ep": 8},
+                  "replicas": 2, "slo": {"ttft": "2s", "tpot": "100ms"},
+                  "workload": {"arrival": "poisson", "rate": "1/s", "input_tokens": 1024,
+                               "output_tokens": 128}}
+    deployment.update(changes)
+    return write(tmp_path, {"name": "sp", "hardware": "p5en", "duration": "2min",
+                            "cluster": {"instances": 2}, "serve": [deployment]})
+
+
+@pytest.mark.parametrize(("changes", "line"), [
+    ({"parallelism": {"tp": 8, "ep": 3}},
+     "serve.0.parallelism.ep = 3: ep must divide both tp (8) and the model's 128 experts"),
+    ({"parallelism": {"tp": 8, "pp": 7}},
+     "serve.0.parallelism.pp = 7: the model's 36 layers do not split into 7 stages"),
+    ({"model": "llama3-8b"}, "serve.0.parallelism.ep = 8: ep needs a mixture of experts"),
+    ({"disaggregated": {"prefill_replicas": 1, "decode_replicas": 2}},
+     "serve.0.disaggregated = {prefill_replicas: 1, decode_replicas: 2}: its pools (3 "
+     "replicas) must add up to replicas (2)"),
+])
+def test_a_deployments_own_checks_name_their_key_and_value(tmp_path: Path, changes, line):
+    # they said "serve.0: parallelism.ep 3 must divide tp 8 and the 128 experts"
+    refused(invoke("validate", _deployment(tmp_path, **changes)), f"scenario.yaml: {line}")
+
+
+def test_too_many_replicas_show_no_value_that_is_not_in_the_file(tmp_path: Path):
+    # "serve = 4: the deployments' replicas need 4 instances": no key holds 4
+    result = invoke("validate", _deployment(tmp_path, parallelism={"tp": 8, "pp": 2, "ep": 8}))
+    refused(result, "scenario.yaml: serve: the deployments' replicas need 4 instances")
+    assert "serve = " not in result.stderr

@@ -163,7 +163,7 @@ def _deployment(model: str, parallelism: dict, **extra) -> dict:
 
 @pytest.mark.parametrize("model, parallelism, extra, message", [
     ("llama3.1-8b", {"tp": 8, "ep": 2}, {}, "needs a mixture of experts"),
-    ("mixtral-8x7b", {"tp": 16, "ep": 3}, {}, "must divide tp 16"),
+    ("mixtral-8x7b", {"tp": 16, "ep": 3}, {}, r"parallelism.ep = 3: ep must divide both tp \(16\)"),
     ("mixtral-8x7b", {"tp": 16}, {"routing_skew": 1.0}, "routing_skew"),
 ])
 def test_bad_expert_parallelism_is_refused(model, parallelism, extra, message):

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from clustersim.hardware.spec import Spec
-from clustersim.scenario.errors import Issue, path_text
+from clustersim.scenario.errors import Issue, KeyedError, path_text
 from clustersim.scenario.models import Scenario
 
 __all__ = ["pydantic_issues", "collapse_generated"]
@@ -77,6 +77,11 @@ def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> l
         loc = [part for part in detail["loc"] if not _is_union_tag(part)]
         kind = detail["type"]
         value = detail.get("input")
+        keyed = (detail.get("ctx") or {}).get("error")
+        if isinstance(keyed, KeyedError):  # a spec's check naming a key below it
+            issues.append(Issue(path_text([*loc, *keyed.key.split(".")]), keyed.message,
+                                keyed.value, True))
+            continue
         if kind == "extra_forbidden":
             allowed = _allowed_keys(root or Scenario, loc[:-1])
             hint = f"; expected one of {', '.join(allowed)}" if allowed else ""

@@ -242,7 +242,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
         largest_job = whole = 0
     for path, message, value in serve_cross_checks(s.serve, hw, s.working_instances,
                                                     largest_job, whole):
-        yield Issue(path, message, value, True)
+        yield Issue(path, message, value, value is not None)  # (None: a count of several)
     for path, message, value in serve_budget_checks(s.serve, hw, s.duration_s,
                                                      (job.name for job in s.jobs)):
         yield Issue(path, message, value, True)

@@ -26,6 +26,7 @@ from clustersim.hardware.stacks import (
     stack_named,
     stack_token_buckets,
 )
+from clustersim.scenario.errors import KeyedError
 from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
 from clustersim.scenario.serving_server import MAX_REQUEST_TOKENS, ServerSpec
 from clustersim.training.transformer import TransformerShape
@@ -292,32 +293,34 @@ class DeploymentSpec(Spec):
     def _check(self) -> DeploymentSpec:
         for key, value in self.parallelism.items():
             if value < 1:
-                raise ValueError(f"parallelism.{key} must be at least 1, got {value}")
+                raise KeyedError(f"parallelism.{key}", "expected at least 1", value)
         if self.model.layers % self.pp:
-            raise ValueError(f"the model's {self.model.layers} layers do not split into "
-                             f"pp {self.pp} stages")
+            raise KeyedError("parallelism.pp", f"the model's {self.model.layers} layers do "
+                             f"not split into {self.pp} stages", self.pp)
         if self.ep > 1:
             if not self.model.moe:
-                raise ValueError(f"parallelism.ep {self.ep} needs a mixture of experts "
-                                 "(model.experts > 1)")
+                raise KeyedError("parallelism.ep", "ep needs a mixture of experts "
+                                 "(model.experts > 1)", self.ep)
             if self.tp % self.ep or self.model.experts % self.ep:
-                raise ValueError(f"parallelism.ep {self.ep} must divide tp {self.tp} and the "
-                                 f"{self.model.experts} experts")
+                raise KeyedError("parallelism.ep", f"ep must divide both tp ({self.tp}) and "
+                                 f"the model's {self.model.experts} experts", self.ep)
         # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
                 and self.precision.kv_cache != self.server.kv_precision):
-            raise ValueError(f"precision.kv_cache {self.precision.kv_cache} and "
-                             f"server.kv_precision {self.server.kv_precision} disagree: give one")
+            raise KeyedError("server.kv_precision", f"precision.kv_cache "
+                             f"{self.precision.kv_cache} disagrees: give one",
+                             self.server.kv_precision)
         if self.speculative is not None and self.speculative.tp is not None:
             if self.speculative.tp > self.tp or self.tp % self.speculative.tp:
-                raise ValueError(f"speculative.tp {self.speculative.tp} must divide the "
-                                 f"target's tp {self.tp} (the draft runs on its ranks)")
+                raise KeyedError("speculative.tp", f"expected a divisor of the target's tp "
+                                 f"{self.tp} (the draft runs on its ranks)", self.speculative.tp)
         if self.disaggregated is not None:
             pools = self.disaggregated.prefill_replicas + self.disaggregated.decode_replicas
             if pools != self.replicas:
-                raise ValueError(f"disaggregated pools ({pools} replicas) must add up to "
-                                 f"replicas ({self.replicas})")
+                raise KeyedError("disaggregated", f"its pools ({pools} replicas) must add up "
+                                 f"to replicas ({self.replicas})",
+                                 self.disaggregated.model_dump())
         return self
 
     @property
@@ -461,8 +464,9 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
     if not serve:  # a job alone larger than the cluster is the job's own issue
         return
     if used + job_instances > working_instances:
+        # (no value: the count is the deployments' together, not one written in the file)
         yield ("serve", f"the deployments' replicas need {used} instances and the jobs "
-               f"{job_instances}; the cluster has {working_instances}", used)
+               f"{job_instances}; the cluster has {working_instances}", None)
     elif job_ultraservers:
         ipu = hardware.instances_per_ultraserver
         taken = -(-used // ipu)
@@ -470,4 +474,4 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
             yield ("serve", f"the deployments' replicas take {used} instances, touching "
                    f"{taken} UltraServer(s), and a job whose tensor parallelism spans "
                    f"instances needs {job_ultraservers} whole UltraServer(s); the cluster "
-                   f"has {working_instances // ipu}", used)
+                   f"has {working_instances // ipu}", None)
