@@ -276,3 +276,23 @@ def test_too_many_replicas_show_no_value_that_is_not_in_the_file(tmp_path: Path)
     result = invoke("validate", _deployment(tmp_path, parallelism={"tp": 8, "pp": 2, "ep": 8}))
     refused(result, "scenario.yaml: serve: the deployments' replicas need 4 instances")
     assert "serve = " not in result.stderr
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    ({"top_k": 300}, "jobs.0.model.top_k = 300: more than the model's 32 experts"),
+    ({"kv_heads": 7}, "jobs.0.model.kv_heads = 7: expected a divisor of heads (64)"),
+    ({"dense_layers": 24}, "jobs.0.model.dense_layers = 24: with moe_every 1, leaves none of "
+                           "the 24 layers a MoE layer"),
+    ({"attention": "mla"}, "jobs.0.model.attention = 'mla': needs kv_lora_rank"),
+    ({"q_lora_rank": 16}, "jobs.0.model.q_lora_rank = 16: only with attention: mla"),
+    ({"window": None, "global_every": 2}, "jobs.0.model.global_every = 2: needs a window"),
+    ({"heads": 7, "head_dim": None}, "jobs.0.model.heads = 7: does not divide hidden (2880)"),
+])
+def test_a_models_own_checks_name_their_key_and_value(tmp_path: Path, change, line):
+    # they said "jobs.0.model: top_k 300 is more than the 32 experts"
+    raw = json.loads(json.dumps(SMALL))
+    raw["cluster"]["instances"] = 4
+    raw["jobs"][0].update(model={"base": "gpt-oss-20b", **change}, global_batch=64,
+                          parallelism={"tp": 8, "dp": 32, "ep": 8 if "top_k" not in change
+                                       else 1, "zero": 1})
+    refused(invoke("validate", write(tmp_path, raw)), f"scenario.yaml: {line}")

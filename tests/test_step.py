@@ -364,7 +364,7 @@ def test_expert_parallelism_is_checked(change, message):
     with pytest.raises(ScenarioError, match=message):
         scenario_from_dict({"name": "t", "hardware": "trn2", "cluster": {"instances": 8},
                             "jobs": [raw_job]})
-    with pytest.raises(ValueError, match="top_k 3 is more than the 2 experts"):
+    with pytest.raises(ValueError, match="top_k 3: more than the model.s 2 experts"):
         TransformerShape(layers=2, hidden=64, heads=4, vocab=100, experts=2, top_k=3)
 
 

@@ -23,6 +23,7 @@ from clustersim.hardware import limits, units
 
 __all__ = [
     "Spec",
+    "KeyedError",
     "Bytes",
     "Bandwidth",
     "Duration",
@@ -41,6 +42,18 @@ __all__ = [
 # (a tuple, not `bool | dict | list | tuple`: that union is built again at every call, and a
 # million generated jobs' 22 million fields pass here)
 _CAN_HIDE_A_BOOLEAN = (bool, dict, list, tuple)
+
+
+class KeyedError(ValueError):
+    """A spec's own check that names the key below the spec (`parallelism.ep`, `top_k`)
+    and its value: the issue is reported at that key (scenario.messages finds it in the
+    error pydantic wraps), not at the spec's (`serve.0`, `jobs.0.model`)."""
+
+    def __init__(self, key: str, message: str, value: Any):
+        super().__init__(f"{key} {value!r}: {message}")
+        self.key = key
+        self.message = message
+        self.value = value
 
 
 class Spec(BaseModel):

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from clustersim.hardware.spec import KeyedError
+
 __all__ = ["Issue", "ScenarioError", "ScenarioCheckError", "WorkloadError", "KeyedError",
            "short_repr", "path_text"]
 
@@ -67,18 +69,6 @@ class WorkloadError(ValueError):
         super().__init__(f"{key} {detail}")
         self.key = key
         self.detail = detail
-
-
-class KeyedError(ValueError):
-    """A spec's own check that names the key below the spec (`parallelism.ep`) and its
-    value: the issue is reported at that key (messages.pydantic_issues finds it in the
-    error pydantic wraps), not at the spec's (`serve.0`)."""
-
-    def __init__(self, key: str, message: str, value: Any):
-        super().__init__(f"{key} {short_repr(value)}: {message}")
-        self.key = key
-        self.message = message
-        self.value = value
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from clustersim.catalog import read_catalog
 from clustersim.hardware import limits
-from clustersim.hardware.spec import Spec
+from clustersim.hardware.spec import KeyedError, Spec
 
 __all__ = ["TransformerShape", "model_preset_names", "model_preset_values", "model_preset_source",
            "ShardedHeads", "sharded_heads"]
@@ -109,8 +109,8 @@ class TransformerShape(Spec):
             if (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
                     and not isinstance(hidden, bool) and not isinstance(heads, bool)):
                 if hidden % heads:
-                    raise ValueError(f"hidden {hidden} is not divisible by heads {heads}; "
-                                     "give head_dim")
+                    raise KeyedError("heads", f"does not divide hidden ({hidden}); give "
+                                     "head_dim", heads)
                 data = {**data, "head_dim": hidden // heads}
         return data
 
@@ -129,29 +129,33 @@ class TransformerShape(Spec):
 
     def _check_values(self) -> None:
         if self.top_k > self.experts:
-            raise ValueError(f"top_k {self.top_k} is more than the {self.experts} experts")
+            raise KeyedError("top_k", f"more than the model's {self.experts} experts",
+                             self.top_k)
         if self.heads % self.n_kv_heads:
-            raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.n_kv_heads}")
+            raise KeyedError("kv_heads", f"expected a divisor of heads ({self.heads})",
+                             self.n_kv_heads)
         moe_only = {"shared_experts": self.shared_experts, "dense_layers": self.dense_layers,
                     "expert_ffn_hidden": self.expert_ffn_hidden,
                     "moe_every": self.moe_every if self.moe_every != 1 else None}
         for key, value in moe_only.items():
             if value and not self.moe:
-                raise ValueError(f"{key} {value} needs a mixture of experts (experts > 1)")
+                raise KeyedError(key, "needs a mixture of experts (experts > 1)", value)
         if self.moe and self.moe_layers == 0:
-            raise ValueError(f"dense_layers {self.dense_layers} and moe_every {self.moe_every} "
-                             f"leave none of the {self.layers} layers a MoE layer")
+            raise KeyedError("dense_layers", f"with moe_every {self.moe_every}, leaves none of "
+                             f"the {self.layers} layers a MoE layer", self.dense_layers)
         ranks = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
         if self.attention == "mla":
             missing = [k for k in ranks if getattr(self, k) is None]
             if missing:
-                raise ValueError(f"attention mla needs {', '.join(missing)}")
+                raise KeyedError("attention", f"needs {', '.join(missing)}", "mla")
         else:
             given = [k for k in (*ranks, "q_lora_rank") if getattr(self, k) is not None]
             if given:
-                raise ValueError(f"{', '.join(given)}: only with attention: mla")
+                raise KeyedError(given[0], "only with attention: mla"
+                                 + (f" (and {', '.join(given[1:])})" if given[1:] else ""),
+                                 getattr(self, given[0]))
         if self.window is None and self.global_every is not None:
-            raise ValueError(f"global_every {self.global_every} needs a window")
+            raise KeyedError("global_every", "needs a window", self.global_every)
 
     @property
     def n_kv_heads(self) -> int:
