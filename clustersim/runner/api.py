@@ -23,11 +23,15 @@ from clustersim.cluster.fleet import (
     team_figures,
 )
 from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paused
-from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware import limits
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
-from clustersim.runner.budget import check_request_traces, check_run_budget, fit_remedies
+from clustersim.runner.budget import (
+    check_request_traces,
+    check_run_budget,
+    fit_remedies,
+    job_profiles,
+)
 from clustersim.runner.figures import (
     JobFigures,
     _combine,
@@ -60,7 +64,7 @@ from clustersim.serving import (
 from clustersim.serving.fidelity import settle_auto
 from clustersim.serving.fluid_plan import fluid_plans
 from clustersim.training.profile import JobDoesNotFit, StepProfile
-from clustersim.training.sites import cross_site_step, site_profile
+from clustersim.training.sites import cross_site_step
 from clustersim.training.step import StepModel
 
 __all__ = ["RunResult", "simulate", "run_to", "write_run", "topology_for", "step_profiles",
@@ -94,27 +98,7 @@ def step_profiles(scenario: Scenario, topology: Topology | None = None
                   ) -> dict[str, StepProfile]:
     """One step of each job, as if it ran alone from the cluster's first instance."""
     topology = topology or topology_for(scenario)
-    return _job_profiles(scenario, StepModel(topology), named=True)
-
-
-def _job_profiles(scenario: Scenario, model: StepModel, named: bool
-                  ) -> dict[str, StepProfile]:
-    """Each job's step (`named`: under its own name, else the cached profile of its shape).
-    A job whose groups of ranks the collectives cannot form on its instances (an expert
-    group split unevenly over two Trn3 UltraServers, say) is refused under its parallelism,
-    as the planner leaves such a candidate out ('placement'), not an internal error."""
-    steps = {}
-    for index, job in enumerate(scenario.jobs):
-        try:
-            steps[job.name] = site_profile(model, job, job.name if named else None)
-        except CollectiveError as error:
-            shown = job.parallelism.model_dump(exclude_defaults=True)
-            raise ScenarioError(scenario.source, [Issue(
-                f"jobs.{index}.parallelism", f"job {job.name}: a group of its ranks cannot "
-                f"be formed on {scenario.hardware.name} ({error}); expected degrees whose "
-                "groups hold the same share of every instance or UltraServer they span "
-                "(`clustersim plan` lists the layouts that place)", shown, True)]) from None
-    return steps
+    return job_profiles(scenario, StepModel(topology), named=True)
 
 
 def check_fit(scenario: Scenario, steps: dict[str, StepProfile]) -> None:
@@ -267,7 +251,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     # The cached profile of each job's shape, shared (its name is whichever job's solved it
     # first; only its figures are read): a copy under each job's name was 2.2 KiB a job,
     # 2.2 GiB of a year's million.
-    steps = _job_profiles(scenario, model, named=False)
+    steps = job_profiles(scenario, model, named=False)
     check_fit(scenario, steps)
     plans = None
     if in_event_fleet(scenario):  # fluid deployments held in the timeline beside its jobs

@@ -9,7 +9,8 @@ and intervals, so a scenario that would run for days (a rate of 1e30, an MTBF of
 nanosecond, a checkpoint every microsecond) is refused with the reason, as the trace-size
 check refuses a trace too large to write. Limits: clustersim.hardware.limits, docs/limits.md.
 A job too large for its chips' memory is refused too (runner.api.check_fit), told what it
-could use (`fit_remedies`).
+could use (`fit_remedies`), and so is one whose groups of ranks the collectives cannot form
+on its instances (`job_profiles`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ from clustersim.cluster.rates import (
     job_failure_rates,
 )
 from clustersim.cluster.site_rates import site_events_per_s
+from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware import limits
 from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.models import JobSpec, Scenario
+from clustersim.training.profile import StepProfile
+from clustersim.training.sites import site_profile
+from clustersim.training.step import StepModel
 
 __all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_request_traces",
-           "fit_remedies"]
+           "fit_remedies", "job_profiles"]
 
 # Events one failure costs: the failure, its repair, and the detection, restart and restore
 # of the job it interrupts.
@@ -173,3 +178,23 @@ def fit_remedies(job: JobSpec) -> str:
         remedies.append("full recompute" if job.recompute == "selective" else "recompute")
     return ", ".join(remedies[:-1]) + " or " + remedies[-1] if len(remedies) > 1 \
         else remedies[0]
+
+
+def job_profiles(scenario: Scenario, model: StepModel, named: bool
+                  ) -> dict[str, StepProfile]:
+    """Each job's step (`named`: under its own name, else the cached profile of its shape).
+    A job whose groups of ranks the collectives cannot form on its instances (an expert
+    group split unevenly over two Trn3 UltraServers, say) is refused under its parallelism,
+    as the planner leaves such a candidate out ('placement'), not an internal error."""
+    steps = {}
+    for index, job in enumerate(scenario.jobs):
+        try:
+            steps[job.name] = site_profile(model, job, job.name if named else None)
+        except CollectiveError as error:
+            shown = job.parallelism.model_dump(exclude_defaults=True)
+            raise ScenarioError(scenario.source, [Issue(
+                f"jobs.{index}.parallelism", f"job {job.name}: a group of its ranks cannot "
+                f"be formed on {scenario.hardware.name} ({error}); expected degrees whose "
+                "groups hold the same share of every instance or UltraServer they span "
+                "(`clustersim plan` lists the layouts that place)", shown, True)]) from None
+    return steps
