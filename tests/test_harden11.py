@@ -296,3 +296,19 @@ def test_a_models_own_checks_name_their_key_and_value(tmp_path: Path, change, li
                           parallelism={"tp": 8, "dp": 32, "ep": 8 if "top_k" not in change
                                        else 1, "zero": 1})
     refused(invoke("validate", write(tmp_path, raw)), f"scenario.yaml: {line}")
+
+
+@pytest.mark.parametrize(("lengths", "line"), [
+    ({"distribution": "lognormal", "median": 1000, "sigma": 1, "max": 200},
+     "serve.0.workload.input_tokens.median = 1000.0: outside [min 1, max 200]"),
+    ({"distribution": "lognormal", "median": 10, "sigma": 1, "min": 20},
+     "serve.0.workload.input_tokens.median = 10.0: outside [min 20, max 131072]"),
+    ({"distribution": "fixed", "value": 10, "min": 20, "max": 10},
+     "serve.0.workload.input_tokens.min = 20: above max 10"),
+])
+def test_request_lengths_whose_median_the_clipping_hides_are_refused(tmp_path: Path, lengths,
+                                                                      line):
+    # a median of 1,000 clipped to max 200 ran every prompt at 200 tokens, silently
+    workload = {"arrival": "poisson", "rate": "1/s", "input_tokens": lengths,
+                "output_tokens": 128}
+    refused(invoke("validate", _deployment(tmp_path, workload=workload)), line)

@@ -64,7 +64,12 @@ class LengthSpec(Spec):
         if self.distribution == "lognormal" and (self.median is None or self.sigma is None):
             raise ValueError("lognormal lengths need median and sigma (e.g. 512 and 0.8)")
         if self.min > self.max:
-            raise ValueError(f"min {self.min} is above max {self.max}")
+            raise KeyedError("min", f"above max {self.max}", self.min)
+        if self.distribution == "lognormal" and not self.min <= self.median <= self.max:
+            # (draws are clipped to [min, max]: most would be the one bound, not log-normal)
+            raise KeyedError("median", f"outside [min {self.min}, max {self.max}], where "
+                             "the draws are clipped; expected a median within them",
+                             self.median)
         return self
 
 
