@@ -312,3 +312,13 @@ def test_request_lengths_whose_median_the_clipping_hides_are_refused(tmp_path: P
     workload = {"arrival": "poisson", "rate": "1/s", "input_tokens": lengths,
                 "output_tokens": 128}
     refused(invoke("validate", _deployment(tmp_path, workload=workload)), line)
+
+
+def test_set_into_a_list_the_file_does_not_have_says_so(tmp_path: Path):
+    # it made a mapping {"0": ...} and said "failures.rates: expected a list"
+    scenario = write(tmp_path, SMALL)
+    refused(invoke("validate", scenario, "--set", "failures.rates.0.rate=1/d"),
+            "failures.rates: --set 'failures.rates.0.rate=1/d': no list item '0': the file "
+            "has no list here; expected the whole list, e.g. --set 'failures.rates=[...]'")
+    whole = "failures.rates=[{component: host, per: instance, rate: 1/d}]"
+    assert invoke("validate", scenario, "--set", whole).exit_code == 0

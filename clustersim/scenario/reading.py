@@ -76,6 +76,10 @@ def apply_override(raw: dict[str, Any], path: str, value: Any) -> None:
         if isinstance(child, str) and part in ("hardware", "model"):
             child = {"base": child}
         elif child is None:
+            following = parts[depth + 1]
+            if re.fullmatch(r"\d+", following):  # an index into a list the file does not have
+                raise OverrideError(here, f"no list item {following!r}: the file has no list "
+                                    f"here; expected the whole list, e.g. --set '{here}=[...]'")
             child = {}
         node[key] = child
         node = child
