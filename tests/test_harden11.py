@@ -322,3 +322,13 @@ def test_set_into_a_list_the_file_does_not_have_says_so(tmp_path: Path):
             "has no list here; expected the whole list, e.g. --set 'failures.rates=[...]'")
     whole = "failures.rates=[{component: host, per: instance, rate: 1/d}]"
     assert invoke("validate", scenario, "--set", whole).exit_code == 0
+
+
+@pytest.mark.parametrize("name", ["   ", "x\ny", "a\tb", "\u202eabc"])
+def test_a_job_or_deployment_name_must_print_on_one_line(tmp_path: Path, name: str):
+    # '   ' and 'x\ny' were accepted and printed as a blank or a broken line
+    raw = json.loads(json.dumps(SMALL))
+    raw["jobs"][0]["name"] = name
+    refused(invoke("validate", write(tmp_path, raw)), "jobs.0.name = ", "expected a name")
+    refused(invoke("validate", _deployment(tmp_path, name=name)), "serve.0.name = ",
+            "expected a name")

@@ -32,6 +32,7 @@ __all__ = [
     "RequestRate",
     "Power",
     "positive",
+    "printable",
     "non_negative",
     "at_most",
     "at_least",
@@ -141,6 +142,16 @@ def _takes_number(annotation: Any) -> bool:
     if get_origin(annotation) is Annotated:
         return _takes_number(get_args(annotation)[0])
     return annotation in (int, float)
+
+
+def printable(text: str) -> str:
+    """A name as messages and tables show it on one line: something visible, and no control
+    or format characters (a newline, a tab, a right-to-left override)."""
+    if not text.strip():
+        raise ValueError("expected a name with a visible character, got only spaces")
+    if not text.isprintable():
+        raise ValueError("expected a name without control characters (newlines, tabs, ...)")
+    return text
 
 
 def positive(value: float) -> float:

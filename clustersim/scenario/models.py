@@ -8,9 +8,16 @@ whole scenario is read.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
@@ -28,6 +35,7 @@ from clustersim.hardware.spec import (
     Spec,
     at_least,
     at_most,
+    printable,
     show_duration,
 )
 from clustersim.hardware.topology import FabricSpec
@@ -140,7 +148,7 @@ class CheckpointSpec(Spec):
 
 
 class JobSpec(Spec):
-    name: str = Field(min_length=1)
+    name: Annotated[str, AfterValidator(printable)] = Field(min_length=1)
     model: TransformerShape
     seq_len: int | None = Field(default=None, gt=0, le=limits.MAX_SEQ_LEN,
                                 description="defaults to the model's")

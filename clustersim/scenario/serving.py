@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.catalog import HardwareSpec
-from clustersim.hardware.spec import Duration, NonNegativeDuration, RequestRate, Spec
+from clustersim.hardware.spec import (
+    Duration,
+    NonNegativeDuration,
+    RequestRate,
+    Spec,
+    printable,
+)
 from clustersim.hardware.stacks import (
     Stack,
     default_stack,
@@ -221,7 +227,7 @@ class SloSpec(Spec):
 
 
 class DeploymentSpec(Spec):
-    name: str = Field(min_length=1, max_length=128)
+    name: Annotated[str, AfterValidator(printable)] = Field(min_length=1, max_length=128)
     model: TransformerShape
     precision: ServePrecision | PrecisionSpec = Field(
         default="bf16", description="the weights' (activations the same, bf16 for fp8 "
