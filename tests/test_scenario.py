@@ -407,7 +407,7 @@ MALFORMED = [
     pytest.param({"jobs.0.model": {"base": "llama9-8b"}}, [], "jobs.0.model.base", "preset",
                  id="unknown-model-base"),
     pytest.param({"jobs.0.model": {"layers": 4, "hidden": 100, "heads": 3, "vocab": 10}}, [],
-                 "jobs.0.model", "divisible", id="hidden-not-divisible-by-heads"),
+                 "jobs.0.model.heads", "does not divide hidden", id="hidden-not-divisible-by-heads"),
     pytest.param({"jobs.0.instances": 4, "jobs.0.parallelism.dp": 8}, [], "jobs.0.parallelism",
                  "256", id="ranks-not-job-instances"),
     pytest.param({"jobs.0.parallelism.dp": 1}, [], "jobs.0.parallelism", "multiple of 64",
