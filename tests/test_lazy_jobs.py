@@ -14,7 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clustersim.analysis.trace import MemoryRecorder
-from clustersim.cluster.timeline import Retired, Timeline, _delay_to, event_at
+from clustersim.cluster.instants import _delay_to, event_at
+from clustersim.cluster.jobrun import JobRun
+from clustersim.cluster.timeline import Retired, Timeline
 from clustersim.runner.api import step_profiles, topology_for
 from clustersim.scenario.loader import load_scenario
 from clustersim.training.step import StepModel
@@ -43,8 +45,9 @@ def test_an_arrival_lands_on_its_submission_exactly(a, b):
     assert seen == [at]
 
 
-def _run(scenario, lazy: bool, monkeypatch) -> tuple[Timeline, object, MemoryRecorder]:
-    monkeypatch.setattr(Timeline, "lazy_jobs", lazy)
+def _run(scenario, lazy: bool, monkeypatch, toggle=(Timeline, "lazy_jobs")
+         ) -> tuple[Timeline, object, MemoryRecorder]:
+    monkeypatch.setattr(*toggle, lazy)
     recorder = MemoryRecorder()
     profiles = step_profiles(scenario)
     timeline = Timeline(scenario, profiles, np.random.SeedSequence(3), recorder=recorder,
@@ -52,9 +55,9 @@ def _run(scenario, lazy: bool, monkeypatch) -> tuple[Timeline, object, MemoryRec
     return timeline, timeline.run(), recorder
 
 
-def _same(scenario, monkeypatch) -> list:
-    lazy_timeline, lazy, lazy_rows = _run(scenario, True, monkeypatch)
-    _, eager, eager_rows = _run(scenario, False, monkeypatch)
+def _same(scenario, monkeypatch, toggle=(Timeline, "lazy_jobs")) -> list:
+    lazy_timeline, lazy, lazy_rows = _run(scenario, True, monkeypatch, toggle)
+    _, eager, eager_rows = _run(scenario, False, monkeypatch, toggle)
     for table in ("events", "intervals", "allocations", "states"):
         assert getattr(lazy_rows, table) == getattr(eager_rows, table), table
     horizon = scenario.duration_s
@@ -85,3 +88,41 @@ def test_a_day_of_the_rainier_year_is_the_same(monkeypatch):
     jobs = _same(scenario, monkeypatch)
     assert sum(isinstance(run, Retired) for run in jobs) > 1000
     assert math.isfinite(scenario.duration_s)
+
+
+def _events_processed(scenario, lazy: bool, monkeypatch) -> int:
+    monkeypatch.setattr(JobRun, "lazy_end_watch", lazy)
+    timeline = Timeline(scenario, step_profiles(scenario), np.random.SeedSequence(3),
+                        step_model=StepModel(topology_for(scenario)))
+    count = 0
+    step = timeline.env.step
+
+    def counted():
+        nonlocal count
+        count += 1
+        step()
+
+    monkeypatch.setattr(timeline.env, "step", counted)
+    timeline.run()
+    return count
+
+
+def test_the_end_of_a_run_time_watched_only_after_an_interruption_is_the_same(monkeypatch):
+    """A closed-form segment ends at the end of the job's run time itself; the watch that
+    interrupts the job then is set only at its first interruption (failure, preemption,
+    pace): the same run, bit for bit, with fewer events."""
+    scenario = load_scenario(ROOT / "scenarios" / "mix-128-trn2.yaml")
+    assert any(job.run_for_s is not None for job in scenario.jobs)
+    jobs = _same(scenario, monkeypatch, (JobRun, "lazy_end_watch"))
+    ran_for = [run for run in jobs if run.outcome.reason.startswith("ran for its run_for")]
+    assert ran_for, "no job ended at its run time: the test would not test it"
+    watched = _events_processed(scenario, False, monkeypatch)
+    lazy = _events_processed(scenario, True, monkeypatch)
+    assert lazy < watched - len(ran_for) // 2, (lazy, watched, len(ran_for))
+
+
+@pytest.mark.slow  # two runs of a day of 2,700 jobs on a million chips (about 20 s)
+def test_a_day_of_the_rainier_year_with_its_run_times_watched_lazily_is_the_same(monkeypatch):
+    scenario = load_scenario(ROOT / "scenarios" / "rainier-year.yaml",
+                             ["duration=1d", "workload.arrivals.until=1d"])
+    _same(scenario, monkeypatch, (JobRun, "lazy_end_watch"))

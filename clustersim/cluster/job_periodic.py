@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from clustersim.cluster.instants import event_at
+from clustersim.cluster.job_recovery import Ended
 from clustersim.cluster.periodic import (
     async_snapshots,
     blocking_span,
@@ -64,12 +66,18 @@ class PeriodicTraining:
         wall = min(full, cap) if nominal < need else full
         to_target = nominal >= need and wall >= full
         self.closed_segment = (now, training, steps_planned, wall, to_target)
+        # Its run time ends first (or with it: the end's watch came first): the segment,
+        # planned as ever, is cut there, as the watch's interrupt would cut it.
+        end = self.run_end if not self.end_armed else None
+        cut = end is not None and end <= now + wall
         try:
-            yield env.timeout(wall)
+            yield event_at(env, end) if cut else env.timeout(wall)
         except BaseException:
             self._credit_segment(env.now)
             raise
         self._credit_segment(env.now)
+        if cut:
+            raise Ended("run_for")
         if to_target:
             self.progress = float(out.steps_target)
             return True

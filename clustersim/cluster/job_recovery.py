@@ -35,6 +35,7 @@ class JobRecovery:
             return
         self.pending.append((component, lost))
         if self.process.is_alive and not self.interrupt_pending:
+            self.arm_end()
             self.interrupt_pending = True
             self.process.interrupt("failure")
 
@@ -77,6 +78,7 @@ class JobRecovery:
         self.remove(held)
         self.t.set_owner(held, FREE)
         if self.process is not None and self.process.is_alive:
+            self.arm_end()
             self.interrupt_pending = True
             self.process.interrupt("preempt")
 

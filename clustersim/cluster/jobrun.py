@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from clustersim.cluster.instants import event_at
 from clustersim.cluster.job_accounting import JobAccounting
 from clustersim.cluster.job_periodic import PeriodicTraining
 from clustersim.cluster.job_recovery import Ended, JobRecovery, Preempted
@@ -42,6 +43,10 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
     Its books are kept by JobAccounting, its interruptions and recovery by JobRecovery, its
     step time on its placement and shared uplinks by UplinkPacing; this class holds the
     state and the life cycle: queue, train, checkpoint, finish."""
+
+    # The watch of the end of its run time set at its first interruption, not at its start
+    # (tests turn it off: set at the start, as before, must give the same run).
+    lazy_end_watch = True
 
     def __init__(self, timeline: JobTimeline, index: int, job: JobSpec, profile: StepProfile):
         self.t = timeline
@@ -116,11 +121,19 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         self.queued_at = job.submit_s
         self.granted: simpy.Event | None = None
         self.end_at = job.submit_s + job.deadline_s if job.deadline_s is not None else None
+        # The end of its run time (from its first start), and whether a watch that interrupts
+        # it then is set. A closed-form training segment ends there itself
+        # (PeriodicTraining._train_closed), so a job that is never interrupted needs no watch
+        # (four events and an interrupt fewer, most of a year's million jobs); the first
+        # interruption of any other kind sets one (arm_end), for the phases that follow.
+        self.run_end: float | None = None
+        self.end_armed = False
 
     def pace_changed(self, until: float) -> None:
         self.pace_until = max(self.pace_until, until)
         if (self.state == "running" and self.process is not None and self.process.is_alive
                 and not self.interrupt_pending):
+            self.arm_end()
             self.interrupt_pending = True
             self.process.interrupt("pace")
 
@@ -146,7 +159,11 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
                     first = False
                     self.outcome.start_s = env.now
                     if self.job.run_for_s is not None:
-                        env.process(self._watch(env.now + self.job.run_for_s, "run_for"))
+                        at = env.now + self.job.run_for_s
+                        # (where the watch's timeout, set now, lands)
+                        self.run_end = env.now + max(0.0, at - env.now)
+                        if not (self.closed_form and self.lazy_end_watch):
+                            self.arm_end()
                 else:  # back after a preemption: restart and restore first
                     yield from self._guard(self._resume())
                 self.set_state("running")
@@ -183,6 +200,20 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
             finished = yield from train()
             if finished:
                 return True
+
+    def arm_end(self) -> None:
+        """The watch that interrupts it at the end of its run time, set once (an event with
+        a callback, not a process)."""
+        if self.end_armed or self.run_end is None:
+            return
+        self.end_armed = True
+        event_at(self.t.env, self.run_end).callbacks.append(self._run_end_came)
+
+    def _run_end_came(self, _event: simpy.Event) -> None:
+        if self.state == "done" or self.process is None or not self.process.is_alive:
+            return
+        self.interrupt_pending = True
+        self.process.interrupt(("end", "run_for"))
 
     def _watch(self, at: float, why: str):
         yield self.t.env.timeout(max(0.0, at - self.t.env.now))

@@ -29,7 +29,6 @@ import gc
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from heapq import heappush
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,7 @@ from clustersim.analysis.trace import JOB_STATES, MemoryRecorder
 from clustersim.cluster.faults import FailureSource
 from clustersim.cluster.fluid_holding import Holding, HoldingBook
 from clustersim.cluster.freepool import FreePool
+from clustersim.cluster.instants import event_at
 from clustersim.cluster.jobrun import JobRun
 from clustersim.cluster.outcomes import JobOutcome, TimelineResult
 from clustersim.cluster.owners import FREE, SERVING
@@ -71,32 +71,6 @@ __all__ = [
     "job_failure_rate",
     "effective_rates",
 ]
-
-
-def _delay_to(now: float, at: float) -> float:
-    """The delay that simpy adds to `now` to land exactly on `at` (a timeout's time is now +
-    delay, which for at - now may round off `at` by an ulp); if none does, the largest
-    that lands before it."""
-    delay = at - now
-    while now + delay < at:
-        delay = math.nextafter(delay, math.inf)
-    while now + delay > at:
-        delay = math.nextafter(delay, -math.inf)
-    return delay
-
-
-def event_at(env: simpy.Environment, at: float) -> simpy.Event:
-    """An event that happens at `at` exactly, as a timeout set at time 0 for `at` would (a
-    job's arrival, made when the one before it arrives): a timeout where one lands there,
-    else (a sum that skips `at`) the event queued at `at` itself, as simpy's `schedule`
-    queues it at now + delay."""
-    delay = _delay_to(env.now, at)
-    if env.now + delay == at:
-        return env.timeout(delay)
-    event = env.event()
-    event._ok, event._value = True, None  # (as a Timeout is: triggered, no value)
-    heappush(env._queue, (at, simpy.events.NORMAL, next(env._eid), event))
-    return event
 
 
 class Retired:
