@@ -36,6 +36,10 @@ class FreePool:
         self.per_leaf = np.bincount(instance_leaf[self.mask], minlength=n_leaves).astype(
             np.int64)
         self.count = int(np.count_nonzero(self.mask))
+        # Bumped at every change of the mask: what reads the pool may keep what it found
+        # until it moves (Scheduler.record_state, after every pass, most of which change
+        # nothing).
+        self.version = 0
 
     def taken(self, instances: Any) -> None:
         """`instances` (an index, or distinct indices: a list or an array) were just made
@@ -45,6 +49,7 @@ class FreePool:
                 self.mask[instances] = False
                 self.per_leaf[self._leaf[instances]] -= 1
                 self.count -= 1
+                self.version += 1
             return
         idx = _indices(instances)
         were = idx[self.mask[idx]]
@@ -52,6 +57,7 @@ class FreePool:
             self.mask[were] = False
             np.subtract.at(self.per_leaf, self._leaf[were], 1)
             self.count -= were.size
+            self.version += 1
 
     def returned(self, instances: Any) -> None:
         """`instances` (an index, or distinct indices) were just made unowned or healthy:
@@ -62,6 +68,7 @@ class FreePool:
                 self.mask[instances] = True
                 self.per_leaf[self._leaf[instances]] += 1
                 self.count += 1
+                self.version += 1
             return
         idx = _indices(instances)
         now = idx[~self.mask[idx]]
@@ -71,6 +78,7 @@ class FreePool:
             self.mask[now] = True
             np.add.at(self.per_leaf, self._leaf[now], 1)
             self.count += now.size
+            self.version += 1
 
     def recount(self) -> tuple[np.ndarray, np.ndarray, int]:
         """(mask, per leaf, count) recomputed from the arrays: what the kept ones must equal

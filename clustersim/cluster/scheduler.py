@@ -68,6 +68,7 @@ class Scheduler:
         # Instances per leaf: fixed, counted once (record_state runs after every pass).
         self._leaf_size = np.bincount(timeline.instance_leaf, minlength=timeline.n_leaves)
         self._even_leaves = bool((self._leaf_size == timeline.per_leaf).all())
+        self._fragmentation = (-1, 0.0)  # (free pool version, its fragmentation)
 
     def submit(self, run: JobRun) -> None:
         self.queue.append(run)
@@ -224,6 +225,9 @@ class Scheduler:
         now = self.t.env.now
         pool = self.t.free_pool
         count = pool.count
+        if pool.version == self._fragmentation[0]:  # the pool as at the last pass
+            self._record(now, count, self._fragmentation[1])
+            return
         whole = 0
         if count and self._even_leaves and not self.t.serving_instances:
             # (every leaf as large: a count of the wholly free ones, 3 times as fast)
@@ -235,6 +239,11 @@ class Scheduler:
             per_leaf = pool.per_leaf
             whole = int(per_leaf[per_leaf == size].sum())
         fragmentation = 1.0 - whole / count if count else 0.0
+        # (a spare taking a serving slot changes serving_per_leaf and the pool together)
+        self._fragmentation = (pool.version, fragmentation)
+        self._record(now, count, fragmentation)
+
+    def _record(self, now: float, count: int, fragmentation: float) -> None:
         last_time, last_value = self._last
         self.fragmentation_s += (now - last_time) * last_value
         self._last = (now, fragmentation)

