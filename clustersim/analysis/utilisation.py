@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from clustersim.analysis.segments import segment_cumsums, segment_interp, segment_starts
 from clustersim.analysis.trace import JOB_STATES, SCHEMAS, UTILISATION_STATES
 
 __all__ = [
@@ -138,37 +139,103 @@ def _integrate(points: np.ndarray, cumulative: np.ndarray, t: np.ndarray) -> np.
     return np.interp(t, points, cumulative)
 
 
-def _held_by_state(functions: _StepFunctions, job: int, a_start: np.ndarray, a_end: np.ndarray,
-                   edges: np.ndarray, chips_per_instance: int, chip_time: dict[str, np.ndarray],
-                   key: int) -> None:
-    """Chip-time per state and bin of one job over one key, from its held-instance step
-    function and its state intervals merged: O((allocations + states) log + bins)."""
-    points, cumulatives = functions.of(job)
-    cuts = np.unique(np.concatenate([a_start, a_end, points]))
-    if len(cuts) < 2:
+def _held_by_state(functions: _StepFunctions, a_job: np.ndarray, a_start: np.ndarray,
+                   a_end: np.ndarray, edges: np.ndarray, chips_per_instance: int,
+                   chip_time: dict[str, np.ndarray]) -> None:
+    """Chip-time per state and bin of these allocations (by job, each job's in table order)
+    to the one key, every job at once: per job, its held-instance step function and its
+    state intervals merged at their cuts, the chip-time of each piece in each state summed
+    and read at the bin edges. The `segments` operations do per job what numpy did job by
+    job, to the bit, and the jobs' sums are added to the bins in job order as before."""
+    start, end, states = functions.arrays
+    jobs, allocations = np.unique(a_job, return_counts=True)
+    spans = [functions.where.get(job, (0, 0)) for job in jobs.tolist()]
+    known = np.array([job in functions for job in jobs.tolist()], dtype=bool)
+    if not known.any():
         return
-    left = cuts[:-1]
-    held = (np.searchsorted(np.sort(a_start), left, side="right")
-            - np.searchsorted(np.sort(a_end), left, side="right")) * chips_per_instance
+    # Segment k: the k-th job with state intervals; its allocations and its intervals.
+    kept = np.repeat(known, allocations)
+    a_seg = np.repeat(np.arange(known.sum()), allocations[known])
+    a_start, a_end = a_start[kept], a_end[kept]
+    first, last = np.array(spans, dtype=np.int64).reshape(-1, 2)[known].T
+    rows = last - first  # its intervals
+    at = np.arange(rows.sum()) - np.repeat(segment_starts(rows) - first, rows)
+    s, e, st = start[at], end[at], states[at]
+    # Its breakpoints (`_StepFunctions.of`): the intervals' starts, then the last one's end.
+    p_len = rows + 1
+    p_first = segment_starts(p_len)
+    p_seg = np.repeat(np.arange(len(rows)), p_len)
+    points = np.empty(p_len.sum())
+    points[np.arange(len(at)) - np.repeat(segment_starts(rows) - p_first, rows)] = s
+    points[p_first + rows] = end[last - 1]
+    # Its cuts: the distinct allocation starts and ends and breakpoints, in order.
+    values = np.concatenate([a_start, a_end, points])
+    segs = np.concatenate([a_seg, a_seg, p_seg])
+    order = np.lexsort((values, segs))
+    values, segs = values[order], segs[order]
+    new = np.ones(len(values), dtype=bool)
+    new[1:] = (values[1:] != values[:-1]) | (segs[1:] != segs[:-1])
+    cut_of = np.empty(len(values), dtype=np.int64)
+    cut_of[order] = np.cumsum(new) - 1
+    cuts, c_seg = values[new], segs[new]
+    c_len = np.bincount(c_seg, minlength=len(rows))
+    c_first = segment_starts(c_len)
+
+    def at_or_before(of: np.ndarray) -> np.ndarray:
+        """Per cut, how many of these values of its job are at or before it."""
+        total = np.cumsum(np.bincount(of, minlength=len(cuts)))
+        return total - np.concatenate([[0], total])[c_first][c_seg]
+
+    n = len(a_start)
+    held = (at_or_before(cut_of[:n]) - at_or_before(cut_of[n:2 * n])) * chips_per_instance
     # The state at each piece: the interval containing its left end.
-    index = np.clip(np.searchsorted(points, left, side="right") - 1, 0, len(points) - 2)
-    length = np.diff(cuts)
-    # Only the bins between the edge at or before its first cut and the edge at or after its
-    # last: before, the cumulative chip-time is exactly 0 at every edge, after, exactly its
-    # total, so the other bins would add exact zeros (most jobs span a few of a month's bins).
-    first = max(int(np.searchsorted(edges, cuts[0], side="right")) - 1, 0)
-    last = min(int(np.searchsorted(edges, cuts[-1], side="left")), len(edges) - 1)
-    spanned = edges[first: last + 1]
-    for state in JOB_STATES:
+    index = np.clip(at_or_before(cut_of[2 * n:]) - 1, 0, p_len[c_seg] - 2) + p_first[c_seg]
+    piece = np.ones(len(cuts), dtype=bool)  # a piece from each cut but a job's last
+    piece[c_first + c_len - 1] = False
+    held, index = held[piece], index[piece]
+    length = np.diff(cuts)[piece[:-1]]
+    later_points = np.ones(len(points), dtype=bool)
+    later_points[p_first] = False
+    later_cuts = np.ones(len(cuts), dtype=bool)
+    later_cuts[c_first] = False
+    # The bins from the edge at or before a job's first allocation to the edge at or after
+    # the end of its last: before and after, its chip-time in any state is constant (held is
+    # 0), its bins' differences exact zeros, which added change no bin (a job done in its
+    # first days has intervals to the horizon: all a month's bins, 60 times the work).
+    # Jobs of one cut add nothing.
+    whole = c_len >= 2
+    a_first = segment_starts(allocations[known])
+    low = np.maximum(np.searchsorted(edges, np.minimum.reduceat(a_start, a_first),
+                                     side="right") - 1, 0)
+    high = np.minimum(np.searchsorted(edges, np.maximum.reduceat(a_end, a_first),
+                                      side="left"), len(edges) - 1)
+    count = np.where(whole, high - low + 1, 0)
+    q_seg = np.repeat(np.arange(len(rows)), count)
+    q_bin = np.arange(count.sum()) - np.repeat(segment_starts(count) - low, count)
+    # Each edge's rank among its job's cuts: a cut is at or before edge b when fewer than
+    # b + 1 edges are below it, so one search of the (job, edges below) integer keys.
+    stride = len(edges) + 1
+    below = np.searchsorted(edges, cuts, side="left")
+    ranks = (np.searchsorted(c_seg * stride + below, q_seg * stride + q_bin, side="right")
+             - c_first[q_seg])
+    step = np.ones(len(q_bin), dtype=bool)  # a bin from each edge but a job's last
+    step[segment_starts(count)[count > 0] + count[count > 0] - 1] = False
+    for code, state in enumerate(JOB_STATES):
         if state == "done":
             continue
-        cumulative = cumulatives[state]
-        if not cumulative[-1] > 0:
-            continue  # never in this state: it would add only zeros (most jobs, most states)
-        in_state = np.diff(cumulative)[index] > 0  # the interval at this piece is this state
+        inside = np.where(st == code, e - s, 0.0)
+        cumulative = np.zeros(len(points))  # (`of`: 0, then the running sum of each job)
+        cumulative[later_points] = segment_cumsums(inside, rows)
+        in_state = (cumulative[index + 1] - cumulative[index]) > 0
         chip_seconds = np.where(in_state, held * length, 0.0)
-        total = np.concatenate([[0.0], np.cumsum(chip_seconds)])
-        chip_time[state][key][first:last] += np.diff(np.interp(spanned, cuts, total))
+        total = np.zeros(len(cuts))  # at each cut: 0, then the running sum of each job
+        total[later_cuts] = segment_cumsums(chip_seconds, c_len - 1)
+        # Jobs ever in this state (the others would add only zeros)
+        wanted = (cumulative[p_first + rows] > 0)[q_seg]
+        read = segment_interp(edges[q_bin[wanted]], q_seg[wanted], cuts, c_seg, total,
+                              ranks[wanted])
+        adds = step[wanted]
+        np.add.at(chip_time[state][0], q_bin[wanted][adds], np.diff(read)[adds[:-1]])
 
 
 def _add_spans(target: np.ndarray, keys: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -285,8 +352,8 @@ def utilisation_rows(
         # Chips of an instance share their down intervals: fold identical (instance, state,
         # span) rows into one with a chip count, so the work scales with repairs, not chips.
         d_chip, d_repairing, d_start, d_end = down
-        folded = np.column_stack([d_chip // chips_per_instance, d_repairing, d_start, d_end])
-        folded, r_chips = np.unique(folded.reshape(-1, 4), axis=0, return_counts=True)
+        folded, r_chips = _distinct_rows(
+            (d_chip // chips_per_instance, d_repairing, d_start, d_end))
         r_inst = folded[:, 0].astype(np.int64)
         r_state = np.where(folded[:, 1] == 1.0, "repairing", "failed")
         r_start, r_end = folded[:, 2], folded[:, 3]
@@ -315,6 +382,20 @@ def utilisation_rows(
         columns[state] = np.concatenate([b[state] for b in blocks]) if blocks else np.array([])
     table = pa.table(columns)
     return table.cast(SCHEMAS["utilisation"])
+
+
+def _distinct_rows(columns: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(np.column_stack(columns), axis=0, return_counts=True)`: the distinct rows in
+    order (by the first column, then the next...) and how many times each occurs. One
+    lexsort of the columns, not numpy's sort of the rows as records (5 times as long)."""
+    rows = np.column_stack(columns).reshape(-1, len(columns))
+    if not len(rows):
+        return rows, np.zeros(0, dtype=np.int64)
+    rows = rows[np.lexsort(columns[::-1])]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    starts = np.flatnonzero(new)
+    return rows[starts], np.diff(np.append(starts, len(rows)))
 
 
 def _job_fractions(functions: _StepFunctions, job: int, edges: np.ndarray,
@@ -364,14 +445,14 @@ def _add_held(functions: _StepFunctions, a_job: np.ndarray, a_inst: np.ndarray,
     if not kept.all():
         by_job = by_job[kept]
     del kept
+    if keys == 1:
+        _held_by_state(functions, a_job[by_job], a_start[by_job], a_end[by_job], edges,
+                       chips_per_instance, chip_time)
+        return
     cuts = np.flatnonzero(np.diff(a_job[by_job])) + 1
     for rows in np.split(by_job, cuts) if len(by_job) else []:
         job = int(a_job[rows[0]])
         if job not in functions:
-            continue
-        if keys == 1:
-            _held_by_state(functions, job, a_start[rows], a_end[rows], edges,
-                           chips_per_instance, chip_time, 0)
             continue
         # Finer levels: for an allocation [a, b) of job j, the differences of
         # C_js(clip(edge, a, b)) are its chip-time in state s per bin.
