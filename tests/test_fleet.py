@@ -831,3 +831,35 @@ def test_job_columns_made_in_blocks_are_those_made_whole():
     assert rows["j5"]["held_chip_s"] == 17.5 and rows["j5"]["team"] == "a"
     with pytest.raises(ValueError, match="rows_per_block"):
         arrow_job_columns(jobs, teams, rows_per_block=0)
+
+
+def test_job_columns_made_a_column_at_a_time_are_those_made_row_by_row():
+    """`block_columns` (the values under a key gathered for every job at once, a mapping
+    shared by several jobs flattened once) gives `flat_job_columns`' columns in its order:
+    figures first met late go after the others, a key a leaf in one job and nested in
+    another, a figure `team` over the teams given, tuples by index."""
+    from clustersim.cluster.fleet import flat_job_columns
+    from clustersim.runner.job_columns import block_columns
+
+    shared = {"a": 1, "b": {"c": 2.0, "d": [1, 2]}}
+    jobs = {}
+    for i in range(60):
+        figures = {"chips": i, "shape": shared if i % 3 else {"a": 5, "b": {"c": 1.0}},
+                   "x": None}
+        if i > 20:
+            figures["interruptions_by_cause"] = {"hbm": i} if i % 2 else {"gpu": 1, "hbm": 2}
+        if i == 30:
+            figures["late"] = {"z": [1, {"q": 2}]}
+        if i == 40:
+            figures["shape"] = 7
+        if i == 50:
+            figures["team"] = "own"
+        if i % 7 == 0:
+            figures["band"] = (1.0, 2.0)
+        jobs[f"j{i}"] = figures
+    for teams in (None, {f"j{i}": "t" for i in range(0, 60, 3)}):
+        made, walked = block_columns(jobs, teams), flat_job_columns(jobs, teams)
+        assert list(made) == list(walked)
+        assert made == walked
+    assert list(made)[-3:] == ["late.z.0", "late.z.1.q", "shape"]
+    assert made["interruptions_by_cause.gpu"][:24] == [0] * 22 + [1, 0]

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SUMMARY_JOBS", "LARGEST_JOBS", "team_figures", "largest_jobs",
-           "flat_job_columns", "missing_figure", "finite_or_none_column", "finite_or_none"]
+           "flat_job_columns", "flatten_into", "missing_figure", "finite_or_none_column",
+           "finite_or_none"]
 
 SUMMARY_JOBS = 2_000  # up to this many jobs, summary.json lists every one
 LARGEST_JOBS = 100  # past it, the largest this many (by chips, then chip-time held)
@@ -85,17 +86,18 @@ def largest_jobs(jobs: Mapping[str, Mapping[str, Any]], count: int = LARGEST_JOB
 _PLAIN = frozenset({float, int, str, bool, type(None)})
 
 
-def _flatten(prefix: str, value: Any, row: dict[str, Any]) -> None:
+def flatten_into(prefix: str, value: Any, row: dict[str, Any]) -> None:
+    """Set `row`'s entry of each figure in `value`, by dotted name under `prefix`."""
     if isinstance(value, Mapping):
         for key, inner in value.items():
             name = f"{prefix}.{key}" if prefix else str(key)
             if type(inner) in _PLAIN:
                 row[name] = inner
             else:
-                _flatten(name, inner, row)
+                flatten_into(name, inner, row)
     elif isinstance(value, list | tuple):
         for index, inner in enumerate(value):
-            _flatten(f"{prefix}.{index}", inner, row)
+            flatten_into(f"{prefix}.{index}", inner, row)
     else:
         row[prefix] = value
 
@@ -114,7 +116,7 @@ def flat_job_columns(jobs: Mapping[str, Mapping[str, Any]],
         row: dict[str, Any] = {"name": name}
         if teams is not None:
             row["team"] = teams.get(name, "-")
-        _flatten("", figures, row)
+        flatten_into("", figures, row)
         for column, value in row.items():
             values = columns.get(column)
             if values is None:  # first seen: the jobs before had none

@@ -205,6 +205,10 @@ class JobFigures(Mapping):
         # id(model) -> (model, parameters, active parameters): a fleet's jobs share a few
         # models, and counting a model's parameters is most of a job's shape figures.
         self._parameters: dict[int, tuple[Any, int, int]] = {}
+        # A shape's figures (`job_shape`), by what they are made of: a fleet's jobs share far
+        # fewer shapes than there are jobs, and making them again was a third of making a
+        # job's figures (profiled on the 30-day slice of rainier-year).
+        self._shapes: dict[tuple, tuple[Any, Any, dict[str, Any]]] = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -227,11 +231,7 @@ class JobFigures(Mapping):
         scenario = self.scenario
         job = scenario.jobs[index]
         outcome = self.outcomes[index]
-        counted = self._parameters.get(id(job.model))
-        if counted is None or counted[0] is not job.model:
-            counted = self._parameters[id(job.model)] = (
-                job.model, job.model.parameter_count(), job.model.active_parameters)
-        figures = job_shape(scenario, job, self.steps[job.name], counted[1:])
+        figures = dict(self._shape(job))
         if self.sites:  # its step over the sites, synchronous and not
             crossing = cross_site_step(self.model, job, job.name)
             if crossing is not None:
@@ -241,6 +241,24 @@ class JobFigures(Mapping):
         if self.with_teams:
             figures["team"] = outcome.team
         return figures
+
+    def _shape(self, job: Any) -> dict[str, Any]:
+        """`job_shape` of the job, shared with the jobs of its shape (its nested figures too:
+        read them, do not change them)."""
+        profile, par = self.steps[job.name], job.parallelism
+        # Everything job_shape reads of the job (the ids: of objects the key's entry keeps)
+        key = (id(profile), id(job.model), self.scenario.job_instances(job), par.tp, par.pp,
+               par.dp, par.cp, par.ep, par.zero, par.ranks, job.sequence_length,
+               job.global_batch)
+        found = self._shapes.get(key)
+        if found is None or found[0] is not profile or found[1] is not job.model:
+            counted = self._parameters.get(id(job.model))
+            if counted is None or counted[0] is not job.model:
+                counted = self._parameters[id(job.model)] = (
+                    job.model, job.model.parameter_count(), job.model.active_parameters)
+            found = self._shapes[key] = (profile, job.model,
+                                         job_shape(self.scenario, job, profile, counted[1:]))
+        return found[2]
 
 
 def largest_of_columns(jobs: JobFigures, columns: Any, count: int
