@@ -15,7 +15,7 @@ README.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "EVENT_KINDS",
     "MemoryRecorder",
     "ParquetRecorder",
+    "columns_table",
     "table_metadata",
 ]
 
@@ -358,8 +359,16 @@ class ParquetRecorder(MemoryRecorder):
 def _rows_to_table(table: str, rows: list[tuple]) -> pa.Table:
     schema = SCHEMAS[table]
     columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.names]
+    return columns_table(table, dict(zip(schema.names, columns, strict=True)))
+
+
+def columns_table(table: str, columns: Mapping[str, Sequence[Any]]) -> pa.Table:
+    """The table `table` (its schema) of its columns by name (made a column at a time: no
+    tuple per row, as `write_table`'s rows)."""
+    schema = SCHEMAS[table]
     arrays = []
-    for field_, values in zip(schema, columns, strict=True):
+    for field_ in schema:
+        values = columns[field_.name]
         if pa.types.is_dictionary(field_.type):
             arrays.append(pa.array(list(values), pa.string()).dictionary_encode().cast(
                 field_.type))

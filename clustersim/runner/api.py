@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 import clustersim
-from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder
+from clustersim.analysis.trace import MemoryRecorder, ParquetRecorder, columns_table
 from clustersim.analysis.utilisation import utilisation_rows
 from clustersim.cluster.fleet import (
     LARGEST_JOBS,
@@ -414,15 +414,21 @@ def write_traces(recorder: ParquetRecorder, scenario: Scenario, topology: Topolo
         "leaf_id": topology.chip_leaf, "x": topology.chip_x.astype(np.int16),
         "y": topology.chip_y.astype(np.int16), "z": topology.chip_z.astype(np.int16),
     }))
-    rows = []
-    for index, job in enumerate(scenario.jobs):
-        outcome = result.jobs[job.name]
-        par = job.parallelism
-        rows.append((index, job.name, job.model.name, par.ranks, outcome.chips,
-                     outcome.instances, par.tp, par.pp, par.dp, job.submit_s, outcome.start_s,
-                     outcome.end_s, outcome.status, outcome.steps_completed,
-                     steps[job.name].step_time_s, outcome.team))
-    recorder.write_table("jobs", rows)
+    # A column at a time (a year's million jobs: no tuple per job to take apart again)
+    jobs = scenario.jobs
+    outcomes = [result.jobs[job.name] for job in jobs]
+    pars = [job.parallelism for job in jobs]
+    recorder.write_table("jobs", columns_table("jobs", {
+        "job_id": range(len(jobs)), "name": [job.name for job in jobs],
+        "model": [job.model.name for job in jobs], "ranks": [par.ranks for par in pars],
+        "chips": [o.chips for o in outcomes], "instances": [o.instances for o in outcomes],
+        "tp": [par.tp for par in pars], "pp": [par.pp for par in pars],
+        "dp": [par.dp for par in pars], "submit_s": [job.submit_s for job in jobs],
+        "start_s": [o.start_s for o in outcomes], "end_s": [o.end_s for o in outcomes],
+        "status": [o.status for o in outcomes],
+        "steps_completed": [o.steps_completed for o in outcomes],
+        "step_time_s": [steps[job.name].step_time_s for job in jobs],
+        "team": [o.team for o in outcomes]}))
     recorder.write_table("utilisation", utilisation_rows(
         horizon_s=scenario.duration_s, bin_s=scenario.trace.bin_s,
         levels=scenario.trace.levels, n_instances=scenario.total_instances,
