@@ -91,6 +91,8 @@ class JobOutcome:
         # waits after preemptions, inside it. Wall minus useful is the sum of the entries
         # after `queued`; useful plus every entry is the time since submission.
         requeued = min(self.requeued_s, states["queued"])
+        # (each once here: the properties were asked for several times a job)
+        useful, steps = self.useful_s, self.steps_completed
         lost = {
             "queued": states["queued"] - requeued,
             "requeued": requeued,
@@ -104,13 +106,13 @@ class JobOutcome:
         return {
             "status": self.status,
             "reason": self.reason,
-            "steps_completed": self.steps_completed,
-            "tokens_trained": self.steps_completed * self.tokens_per_step,
+            "steps_completed": steps,
+            "tokens_trained": steps * self.tokens_per_step,
             "interruptions": int(sum(self.interruptions.values())),
             "interruptions_by_cause": dict(sorted(self.interruptions.items())),
-            "ettr": self.useful_s / wall if wall > 0 else 0.0,
-            "goodput": self.useful_s / since_submit if since_submit > 0 else 0.0,
-            "useful_s": self.useful_s,
+            "ettr": useful / wall if wall > 0 else 0.0,
+            "goodput": useful / since_submit if since_submit > 0 else 0.0,
+            "useful_s": useful,
             "lost_work_s": self.lost_work_s,
             "wall_s": wall,
             "held_chip_s": self.held_chip_s,
@@ -127,8 +129,8 @@ class JobOutcome:
             "ultraservers_lost": self.ultraservers_lost,
             "preemptions": self.preemptions,
             "queue_wait_s": states["queued"],
-            "slowdown": ((end - self.submit_s) / (self.steps_completed * self.step_time_s)
-                         if self.steps_completed > 0 else None),
+            "slowdown": ((end - self.submit_s) / (steps * self.step_time_s)
+                         if steps > 0 else None),
             "placement_slowdown": (self.placement_step_time_s / self.step_time_s
                                    if self.placement_step_time_s else None),
             "uplink_contention": self.contention_slowdown,

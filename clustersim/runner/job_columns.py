@@ -131,7 +131,7 @@ def block_columns(jobs: Mapping[str, Mapping[str, Any]],
     out = {}
     for name in order:
         values = columns[name]
-        if any(value is _MISSING for value in values):
+        if _MISSING in values:  # (compared by identity first: no figure equals it)
             missing = missing_figure(name)
             values = [missing if value is _MISSING else value for value in values]
         out[name] = values
