@@ -225,8 +225,10 @@ class FailureSource:
         if not math.isfinite(self.t.repair_s):
             detected = end_s
         first = inst * self.t.cpi
-        for chip in range(first, first + self.t.cpi):
-            if detected > start:
-                self.t.recorder.interval("chip", chip, "failed", start, detected)
-            if end_s > detected:
-                self.t.recorder.interval("chip", chip, "repairing", detected, end_s)
+        # The chips' rows in one call, in the order row by row gave them (785,000 calls in
+        # the 30-day slice of rainier-year)
+        spans = ([("failed", start, detected)] if detected > start else []) + (
+            [("repairing", detected, end_s)] if end_s > detected else [])
+        self.t.recorder.interval_rows([("chip", chip, state, since, until)
+                                       for chip in range(first, first + self.t.cpi)
+                                       for state, since, until in spans])
