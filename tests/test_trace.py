@@ -369,3 +369,29 @@ def test_utilisation_is_the_same_whatever_jobs_are_worked_on_at_a_time(tmp_path:
     assert ranged.equals(written.replace_schema_metadata(None))
     with pytest.raises(ValueError, match="jobs_per_pass"):
         table(0)
+
+
+def test_fact_rows_make_the_table_of_their_encoded_columns():
+    """A row group's rows made a column at a time, a dictionary column straight from its
+    strings: the table of the string columns dictionary-encoded (dictionary in order of first
+    appearance, nulls kept), and a row of the wrong width refused."""
+    import pyarrow as pa
+    import pytest
+
+    from clustersim.analysis.trace import SCHEMAS, _rows_to_table
+
+    rows = [("job", 3, "running", 0.0, 1.5), ("chip", 7, None, 1.0, 2.0),
+            ("job", 3, "queued", 1.5, 2.5), ("chip", 8, "repairing", 2.0, None)]
+    made = _rows_to_table("intervals", rows)
+    schema = SCHEMAS["intervals"]
+    for k, field_ in enumerate(schema):
+        values = [row[k] for row in rows]
+        if pa.types.is_dictionary(field_.type):
+            expected = pa.array(values, pa.string()).dictionary_encode().cast(field_.type)
+            assert made.column(k).chunk(0).dictionary.to_pylist() == list(
+                dict.fromkeys(v for v in values if v is not None))
+        else:
+            expected = pa.array(values, field_.type)
+        assert made.column(k).chunk(0).equals(expected)
+    with pytest.raises(ValueError, match="intervals"):
+        _rows_to_table("intervals", rows + [("job", 1, "running", 0.0)])

@@ -357,23 +357,21 @@ class ParquetRecorder(MemoryRecorder):
 
 
 def _rows_to_table(table: str, rows: list[tuple]) -> pa.Table:
-    schema = SCHEMAS[table]
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.names]
-    return columns_table(table, dict(zip(schema.names, columns, strict=True)))
+    names = SCHEMAS[table].names
+    if set(map(len, rows)) - {len(names)}:
+        raise ValueError(f"{table}: a row of other than its {len(names)} columns")
+    # A column at a time: zip(*rows) of a row group's 65,536 rows was 6 times as long
+    return columns_table(table, {name: [row[k] for row in rows]
+                                 for k, name in enumerate(names)})
 
 
 def columns_table(table: str, columns: Mapping[str, Sequence[Any]]) -> pa.Table:
     """The table `table` (its schema) of its columns by name (made a column at a time: no
     tuple per row, as `write_table`'s rows)."""
     schema = SCHEMAS[table]
-    arrays = []
-    for field_ in schema:
-        values = columns[field_.name]
-        if pa.types.is_dictionary(field_.type):
-            arrays.append(pa.array(list(values), pa.string()).dictionary_encode().cast(
-                field_.type))
-        else:
-            arrays.append(pa.array(list(values), field_.type))
+    # A dictionary column straight from its strings: the dictionary in order of first
+    # appearance, as encoding a string column gives it, in a tenth of the time.
+    arrays = [pa.array(columns[field_.name], field_.type) for field_ in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
