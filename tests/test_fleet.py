@@ -863,3 +863,20 @@ def test_job_columns_made_a_column_at_a_time_are_those_made_row_by_row():
         assert made == walked
     assert list(made)[-3:] == ["late.z.0", "late.z.1.q", "shape"]
     assert made["interruptions_by_cause.gpu"][:24] == [0] * 22 + [1, 0]
+
+
+def test_job_columns_of_a_nan_beside_other_values_are_those_of_the_lists():
+    """A figure's column in Arrow is the column of its values with a NaN or an infinity as
+    None, also where that changes its type (integers beside a NaN; strings beside one)."""
+    import math
+
+    import pyarrow as pa
+
+    from clustersim.cluster.fleet import finite_or_none_column
+    from clustersim.runner.job_columns import _finite_array
+
+    for values in (["a", math.nan, None], [1, math.nan], [1.5, -math.inf], [None, None],
+                   [1, 2.5], [True, False]):
+        made, expected = _finite_array(list(values)), pa.array(finite_or_none_column(
+            list(values)))
+        assert made.type == expected.type and made.equals(expected), values

@@ -61,7 +61,10 @@ def _finite_array(values: list[Any]) -> pa.Array:
     """`pa.array(finite_or_none_column(values))`, looking for a NaN or an infinity in Arrow:
     only a float column can hold one, and hardly any does (then the Python lists' way, whose
     type can differ: integers beside a NaN become an integer column)."""
-    array = pa.array(values)
+    try:
+        array = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a NaN beside strings, say: as before
+        return pa.array(finite_or_none_column(values))
     if pa.types.is_floating(array.type) and not pc.all(pc.is_finite(array)).as_py():
         array = pa.array(finite_or_none_column(values))
     return array
