@@ -357,6 +357,14 @@ def test_utilisation_is_the_same_whatever_jobs_are_worked_on_at_a_time(tmp_path:
     for jobs_per_pass in (1, 7, 64):
         assert table(jobs_per_pass).equals(whole), jobs_per_pass
     assert table(7, from_files=False).equals(whole)
+    import clustersim.analysis.utilisation as utilisation
+
+    for held_jobs in (1, 5):  # the cluster's chip-time a few jobs at a time: the same
+        original, utilisation.HELD_JOBS = utilisation.HELD_JOBS, held_jobs
+        try:
+            assert table(len(jobs)).equals(whole), held_jobs
+        finally:
+            utilisation.HELD_JOBS = original
     # The run's own table (the cluster level in 10-minute bins) is the same read either way.
     written = pq.read_table(out / "utilisation.parquet")
     ranged = utilisation_rows(
