@@ -4,6 +4,7 @@ chunk (chunked), and the closed forms integrate that exactly."""
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 import numpy as np
@@ -18,6 +19,7 @@ from clustersim.serving import deployment_figures, simulate_serving
 from clustersim.serving.attention import window_excess, window_excess_sum, window_pairs
 from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.simulate import requests_table
+from clustersim.serving.window_batch import WindowedBatch
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
 KINDS = st.sampled_from(["sliding", "chunked"])
@@ -175,3 +177,84 @@ def test_the_simulator_s_decode_runs_are_the_closed_form(tmp_path, name: str) ->
     assert finish[1] - first[1] == pytest.approx(together, rel=1e-9)
     alone = it.decode_run_s([contexts[0] + outputs[1] - 1], outputs[0] - outputs[1])
     assert finish[0] - first[0] == pytest.approx(together + alone, rel=1e-9)
+
+
+def _bounded(context: float, joined: float, clock: list[float], calls: list[int]):
+    """A replica's context_of for one sequence, failing (rather than hanging) once it has
+    been asked more often than any advance needs."""
+    def context_of(_request: int) -> float:
+        calls[0] += 1
+        assert calls[0] < 50, "WindowedBatch.advance keeps re-entering a crossing"
+        return context + clock[0] - joined
+    return context_of
+
+
+@pytest.mark.parametrize("kind", ["sliding", "chunked"])
+@pytest.mark.parametrize("acceptance", [0.9, 0.8, 0.6])
+def test_a_crossing_at_a_fractional_clock_is_taken_once(kind: str, acceptance: float) -> None:
+    """Speculative decoding emits a fractional number of tokens an iteration (1.9 with one
+    proposal at 0.9 acceptance), so the replica's token clock is fractional: a run ending
+    where a context reaches its window can leave that context a rounding below it. The
+    crossing must still be taken once (the sequence then grows its excess from 0, or enters
+    its next chunk), not set again at once, which looped forever."""
+    tpi = (1.0 - acceptance ** 2) / (1.0 - acceptance)
+    window = 128
+    for start in (0, 3, 17):
+        for context in range(1, window):
+            batch = WindowedBatch((window, kind))
+            clock = [start * tpi]
+            joined = clock[0]
+            batch.enter(0, float(context), joined)
+            left = batch.iterations_left(clock[0], tpi)
+            assert left == math.ceil((window - context) / tpi - 1e-9)
+            clock[0] += left * tpi
+            calls = [0]
+            batch.advance(left * tpi, clock[0], _bounded(context, joined, clock, calls))
+            reached = context + clock[0] - joined
+            # past the window: its excess is its overshoot, and it grows (sliding); in its
+            # next chunk: the first chunk skipped, the next change a chunk on (chunked)
+            if kind == "sliding":
+                assert batch.past == 1
+                assert batch.excess == pytest.approx(max(0.0, reached - window), abs=1e-9)
+                assert batch.iterations_left(clock[0], tpi) is None
+            else:
+                assert batch.past == 0 and batch.excess == window
+                assert batch.iterations_left(clock[0], tpi) == math.ceil(
+                    (2 * window - reached) / tpi - 1e-9)
+
+
+def test_speculative_decoding_with_a_window_finishes() -> None:
+    """GPT-OSS 120B drafted by GPT-OSS 20B (one proposal, 0.9 accepted: 1.9 tokens an
+    iteration), prompts below the 128-token window: every request completes, and the
+    served decode is no slower than with the window costed as absent (it skips reads)."""
+    import signal
+
+    def expired(*_args: object) -> None:
+        raise TimeoutError("the serving simulation did not finish in 60 s")
+
+    def served(model: dict | str) -> dict:
+        raw = {"name": "serve", "duration": "60s", "hardware": "trn2",
+               "cluster": {"instances": 1},
+               "serve": [{"name": "chat", "model": model, "parallelism": {"tp": 64},
+                          "speculative": {"draft": "gpt-oss-20b", "tokens": 1,
+                                          "acceptance": 0.9},
+                          "server": {"max_batch": 16, "max_tokens_per_iteration": 8192},
+                          "workload": {"arrival": "poisson", "rate": 2,
+                                       "input_tokens": {"distribution": "lognormal",
+                                                        "median": 60, "sigma": 0.5,
+                                                        "max": 120},
+                                       "output_tokens": 300}}]}
+        scenario = scenario_from_dict(raw)
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.alarm(60)
+        try:
+            result = simulate_serving(scenario, np.random.SeedSequence(0))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        assert np.all(result.fleets["chat"].status == 1)
+        return deployment_figures(scenario, result)["chat"]
+
+    windowed = served("gpt-oss-120b")
+    plain = served({"base": "gpt-oss-120b", "window": None, "global_every": None})
+    assert windowed["tpot_p50_s"] <= plain["tpot_p50_s"]

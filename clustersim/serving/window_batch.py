@@ -66,9 +66,14 @@ class WindowedBatch:
         self.excess += self.past * tokens
         while (change := self._next_change()) is not None and change <= clock + 1e-9:
             _, request = heapq.heappop(self.crossings)
+            # It reached the level its change was set for (the window, or its next chunk)
+            # even where a fractional clock (speculative decoding) rounds its context a
+            # hair below: taken as below, it would set a change at once, again and again.
+            _, _, excess = self._state[request]
+            level = self.window if self.kind == "sliding" else excess + self.window
             context = context_of(request)
             self.leave(request, context)
-            self.enter(request, context, clock)
+            self.enter(request, max(context, level), clock)
 
     def iterations_left(self, clock: float, per_iteration: float) -> int | None:
         """Iterations (at least one) until a sequence's excess changes its way; None: none
