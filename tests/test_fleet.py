@@ -783,7 +783,7 @@ def test_fragmentation_is_the_share_of_free_instances_outside_wholly_free_leaves
     t = SimpleNamespace(instance_leaf=leaf, n_leaves=leaves, n_instances=n, per_leaf=per_leaf,
                         teams=None, env=SimpleNamespace(now=1.0),
                         free_pool=SimpleNamespace(count=int(free.sum()), per_leaf=np.bincount(
-                            leaf[free], minlength=leaves)),
+                            leaf[free], minlength=leaves), version=0),
                         serving_instances=serving, min_free=n, recorder=None,
                         serving_per_leaf=np.bincount(leaf[:serving], minlength=leaves))
     scheduler = Scheduler(t, "fifo", False)
@@ -793,6 +793,14 @@ def test_fragmentation_is_the_share_of_free_instances_outside_wholly_free_leaves
     count = int(free.sum())
     expected = 1.0 - in_whole / count if count else 0.0
     assert scheduler._last == (1.0, expected)
+    # Kept until the pool's version moves (a pass that changed nothing), recomputed then.
+    t.free_pool.per_leaf = np.zeros(leaves, dtype=np.int64)
+    t.env.now = 2.0
+    scheduler.record_state()
+    assert scheduler._last == (2.0, expected)
+    t.free_pool.version += 1
+    scheduler.record_state()
+    assert scheduler._last == (2.0, 1.0 if count else 0.0)
 
 
 def test_job_columns_made_in_blocks_are_those_made_whole():
