@@ -231,3 +231,36 @@ def test_instance_and_ultraserver_stages_kept_are_those_computed(model, jobs):
                 levels._ultraserver_stage(op, layout, 2.0**24, "auto"))
             asked += 2
     assert len(levels._stages) == 4 < asked  # one of each op and level, whatever the split
+
+
+def test_fabric_stages_kept_are_those_computed(model, jobs):
+    """The level coster keeps fabric stages by what `fabric_cost` reads, the domains'
+    leaves up to a shift: splits of a large job that keep its largest site's share (the
+    within-site stages' representative) share the stage, in whichever site it is, and it
+    is what computing each gives; another share is another stage."""
+    from clustersim.collectives.model import Group
+
+    job, n = jobs["large"]
+    hw = model.hardware
+    collectives = StepModel(model.topology).collectives
+    levels = collectives.levels
+    first = model.topology.sites.first_instance
+    big = n - 16
+    layouts = []
+    # the largest share from the start of site 0 or 1, the small one anywhere else
+    for site, other, start in ((0, 1, 0), (0, 2, 0), (1, 3, 16), (1, 0, 32)):
+        small = int(first[other]) + start
+        for size in (big, big - 8):
+            placed = np.concatenate([np.arange(int(first[site]), int(first[site]) + size),
+                                     np.arange(small, small + n - size)])
+            placed.sort()
+            group = Group.from_rank_chips(rank_chips(hw, _shard_groups(job).row(0), placed))
+            layout = collectives.layout(group)
+            assert layout.sites == 2 and len(layout.domains) > 1
+            layouts.append(layout)
+    for op in ("reduce-scatter", "all-gather"):
+        for layout in layouts:
+            assert levels.fabric_stage(op, layout, 2.0**26, "auto") == (
+                levels._fabric_stage(op, layout, 2.0**26, "auto"))
+    # two largest shares, two ops: four stages for sixteen asked
+    assert sum(key[0] == "fabric" for key in levels._stages) == 4

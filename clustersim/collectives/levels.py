@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from clustersim.collectives.costs import StageCost, Step
 from clustersim.collectives.fabric import fabric_algorithms, fabric_cost
 from clustersim.collectives.groups import Layout
@@ -38,12 +40,13 @@ from clustersim.collectives.rdh import rdh_steps
 from clustersim.collectives.ring import ring_steps
 from clustersim.collectives.sites import site_cost
 from clustersim.collectives.zring import z_algorithms, z_columns, z_steps
-from clustersim.hardware.lru import LruCache
+from clustersim.hardware.lru import LruCache, key_digest
 from clustersim.hardware.topology import Topology
 
 __all__ = ["LevelCoster"]
 
-STAGES_KEPT = 16_384  # instance and UltraServer stages kept by their inputs, least recent dropped
+# Instance, UltraServer and fabric stages kept by their inputs, the least recent dropped.
+STAGES_KEPT = 16_384
 
 
 class LevelCoster:
@@ -195,6 +198,19 @@ class LevelCoster:
     def fabric_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
                      ) -> StageCost:
         """Domains over EFA, one group per local rank, run in parallel."""
+        # Kept by all `fabric_cost` reads: the leaves only as their steps from the first
+        # (a cost counts the flows that cross leaves and the busiest leaf, the same on leaves
+        # shifted alike). A spread job's placements that split over the sites otherwise but
+        # keep its largest site's share (the within-site stages' representative, `groups`)
+        # share it: the year's spread solves costed this stage again for each split.
+        leaves = layout.domain_leaves
+        key = ("fabric", op, float(buffer), algorithm, layout.ranks_per_chip,
+               layout.chips_per_domain, len(leaves),
+               key_digest(np.ascontiguousarray(leaves - leaves[0], dtype=np.int64)))
+        return self._kept(key, self._fabric_stage, op, layout, buffer, algorithm)
+
+    def _fabric_stage(self, op: str, layout: Layout, buffer: float, algorithm: str
+                      ) -> StageCost:
         x = len(layout.domains)
         names = fabric_algorithms(op, x, self.constants.fabric_mesh_max_nodes, algorithm)
         costs: dict[str, tuple[float, float, int]] = {}
