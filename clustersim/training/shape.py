@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from clustersim.hardware.topology import Topology
     from clustersim.training.step import StepModel
 
-__all__ = ["placement_shape", "small_placement_shape", "spread_shape", "leaves_matter",
-           "first_seen_labels", "labels_bytes", "SMALL"]
+__all__ = ["placement_shape", "small_placement_shape", "alike_shape", "spread_shape",
+           "leaves_matter", "first_seen_labels", "labels_bytes", "SMALL"]
 
 
 def placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray) -> tuple[tuple, np.ndarray]:
@@ -43,9 +43,7 @@ def placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray) -> t
     hw = model.hardware
     per_leaf = model.topology.fabric.leaf_size(hw.instances_per_ultraserver)
     ipu = hw.instances_per_ultraserver
-    head = (job.model, job.sequence_length, job.global_batch, job.micro_batch, par,
-            job.precision, job.recompute, model.attention(job), hw.name, len(placed),
-            expert_load(job))
+    head = _head(model, job, len(placed))
     spread = spread_shape(model.topology, placed)
     if spread is not None:  # over several sites: the shape is how it splits over them
         split, canonical = spread
@@ -115,6 +113,46 @@ def small_placement_shape(model: StepModel, job: TrainingJob, head: tuple, place
 
 
 SMALL = 16  # placements of at most this many instances: `small_placement_shape`
+
+
+def _head(model: StepModel, job: TrainingJob, instances: int) -> tuple:
+    """What of the job the step depends on, on `instances` instances."""
+    return (job.model, job.sequence_length, job.global_batch, job.micro_batch, job.parallelism,
+            job.precision, job.recompute, model.attention(job), model.hardware.name, instances,
+            expert_load(job))
+
+
+def alike_shape(model: StepModel, job: TrainingJob, canonical: np.ndarray) -> tuple | None:
+    """A coarser key than `placement_shape`'s for a step whose placements it cannot tell
+    apart, or None: over several sites (where the leaves count) but on a canonical placement
+    in one site where they do not (`leaves_matter`), a job whose only collectives across
+    instances are its data-parallel reduction over all its replicas (one stage, no
+    context or expert parallelism, no ZeRO-3 or hybrid shard, its tensor-parallel groups
+    inside whole instances). Its step then depends on the placement only through that
+    reduction, which `GradientReduction` keys by the site and the multiset of which
+    instances of each UltraServer it holds (`_domain_shape`: every instance carries the
+    same ranks): so this key, and placements that differ in their leaves or in the order
+    of their UltraServers share one simulation (tests/test_step.py checks it against
+    simulating each)."""
+    par = job.parallelism
+    hw = model.hardware
+    rpi = hw.ranks_per_instance
+    if not model._alike_in_site or not (
+            par.pp == 1 and par.cp == 1 and par.ep == 1 and not job.model.moe
+            and par.zero < 3 and par.shard_ranks in (1, par.replicas)
+            and rpi % par.tp == 0 and par.ranks % rpi == 0):
+        return None
+    ids = canonical.tolist()
+    sites = model.topology.chip_site
+    cpi = hw.chips_per_instance
+    site = int(sites[min(ids) * cpi])
+    if site != int(sites[max(ids) * cpi]):
+        return None
+    ipu = hw.instances_per_ultraserver
+    held: dict[int, int] = {}  # UltraServer -> its instances held, a bit each
+    for i in ids:
+        held[i // ipu] = held.get(i // ipu, 0) | 1 << (i % ipu)
+    return (*_head(model, job, len(ids)), "in-site", site, tuple(sorted(held.values())))
 
 
 def labels_bytes(ids: list[int]) -> bytes:

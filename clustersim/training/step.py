@@ -71,7 +71,7 @@ from clustersim.training.ranks import (
 )
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.schedule import pipeline_order
-from clustersim.training.shape import leaves_matter, placement_shape
+from clustersim.training.shape import alike_shape, leaves_matter, placement_shape
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
@@ -104,6 +104,9 @@ class StepModel:
         # Bounded: a year of a fleet's placements would otherwise keep every shape it met.
         self._cache: LruCache = LruCache(SHAPES_KEPT)
         self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
+        # Over sites, inside one where the leaves do not matter: `shape.alike_shape`.
+        self._alike_in_site = self._leaves_matter and not leaves_matter(topology, sites=False)
+        self._alike: LruCache = LruCache(SHAPES_KEPT)
         self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._optimizer_cache: dict[tuple, list[float]] = {}
         self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
@@ -120,9 +123,23 @@ class StepModel:
         key, canonical = self._shape(job, placed)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._simulate(job, name or "job", canonical)
-            self._cache[key] = cached
+            cached = self._cache[key] = self._simulated_alike(job, name or "job", canonical)
         return cached if name is None or cached.name == name else renamed(cached, name)
+
+    def _simulated_alike(self, job: TrainingJob, name: str, canonical: np.ndarray
+                         ) -> StepProfile:
+        """The step on a canonical placement, or on one it cannot be told from
+        (`shape.alike_shape`): the shape cache stays keyed as it was (what `has_profile`
+        answers is unchanged), only simulations are saved: the 30-day slice's 4,622 steps
+        of small jobs in one site were 1,539 such, their leaves and UltraServers' order
+        aside."""
+        alike = alike_shape(self, job, canonical)
+        if alike is None:
+            return self._simulate(job, name, canonical)
+        found = self._alike.get(alike)
+        if found is None:
+            found = self._alike[alike] = self._simulate(job, name, canonical)
+        return found if found.name == name else renamed(found, name)
 
     def has_profile(self, job: TrainingJob, instances: Any) -> bool:
         """Whether `profile(job, instances=instances)` is cached (costs no simulation)."""
