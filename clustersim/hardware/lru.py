@@ -11,6 +11,9 @@ from typing import Any
 
 __all__ = ["LruCache", "key_digest"]
 
+_MISSING = object()  # (a cached value may be anything, None too)
+
+
 class LruCache(OrderedDict):
     """`get`, `[]` and `in` as a dict; storing past `bound` entries drops the entry least
     recently stored or got."""
@@ -22,10 +25,13 @@ class LruCache(OrderedDict):
         self.bound = bound
 
     def get(self, key, default=None):
-        if key in self:
-            self.move_to_end(key)
-            return super().__getitem__(key)
-        return default
+        # Two hashes of the key, not three (`in`, then the item): a step profile's key
+        # holds the job's model and parallelism, hashed field by field at each look-up.
+        found = super().get(key, _MISSING)
+        if found is _MISSING:
+            return default
+        self.move_to_end(key)
+        return found
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)

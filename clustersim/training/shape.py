@@ -179,7 +179,12 @@ def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndar
     # instance are (two look-ups, not one per instance: asked at every placement).
     cpi = topology.hardware.chips_per_instance
     chip_site = topology.chip_site
-    if chip_site[int(placed.min()) * cpi] == chip_site[int(placed.max()) * cpi]:
+    if len(placed) <= SMALL:  # (on Python integers: numpy's min and max cost more here)
+        ids = placed.tolist()
+        lowest, highest = min(ids), max(ids)
+    else:
+        lowest, highest = int(placed.min()), int(placed.max())
+    if chip_site[lowest * cpi] == chip_site[highest * cpi]:
         return None
     sites = chip_site[placed * cpi]
     ids, counts = np.unique(sites, return_counts=True)
