@@ -1,7 +1,8 @@
 """Steps simulated once for placements the step cannot tell apart (`shape.alike_shape`):
 over several sites, small jobs in one site whose placements differ in their leaves or in
-the order of their UltraServers. Each profile handed out is checked against simulating that
-placement's canonical form afresh, figure for figure, exactly."""
+the order of their UltraServers; and pipelines run once for a spread job's splits. Each
+profile handed out is checked against simulating that placement's canonical form afresh,
+figure for figure, exactly."""
 
 from __future__ import annotations
 
@@ -82,3 +83,27 @@ def test_steps_over_sites_or_with_more_parallelism_are_not_alike(year):
     piped = job.model_copy(update={"parallelism": job.parallelism.model_copy(
         update={"pp": 2, "dp": job.parallelism.dp // 2})})
     assert alike_shape(model, piped, inside) is None
+
+
+def test_splits_of_a_spread_job_run_one_pipeline(year):
+    """The pipeline's passes are kept by what they read (`StepModel._pipeline`): a large
+    job's placements over two sites, split otherwise, run one pipeline, and each profile is
+    what simulating its placement afresh gives."""
+    scenario, topology = year
+    model = StepModel(topology)
+    job = next(j for j in scenario.jobs if j.parallelism.tp > 64)
+    n = scenario.job_instances(job)
+    first = topology.sites.first_instance
+    for share in (n // 2, n // 4, n // 8):
+        placed = np.concatenate([np.arange(int(first[0]), int(first[0]) + n - share),
+                                 np.arange(int(first[1]), int(first[1]) + share)])
+        profile = model.profile(job, "a", instances=placed)
+        _, canonical = model._shape(job, placed)
+        assert _figures(profile) == _figures(StepModel(topology)._simulate(job, "a", canonical))
+    assert len(model._cache) == 3 and len(model._pipelines) == 1
+    # another job, its own passes
+    small = next(j for j in scenario.jobs if j.parallelism.tp < 64)
+    placed = np.arange(scenario.job_instances(small))
+    assert _figures(model.profile(small, "b", instances=placed)) == _figures(
+        StepModel(topology)._simulate(small, "b", placed))
+    assert len(model._pipelines) == 2

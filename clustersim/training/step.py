@@ -60,7 +60,7 @@ from clustersim.training.memory import (
     optimizer_params_per_rank,
     weight_bytes_per_param,
 )
-from clustersim.training.pipeline import run_pipeline
+from clustersim.training.pipeline import StageLedger, run_pipeline
 from clustersim.training.profile import StepProfile, renamed
 from clustersim.training.ranks import (
     expert_groups_by_split,
@@ -111,6 +111,7 @@ class StepModel:
         self._optimizer_cache: dict[tuple, list[float]] = {}
         self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
         self._splits_cache: LruCache = LruCache(SHAPES_KEPT)  # expert groups by split
+        self._pipelines: LruCache = LruCache(SHAPES_KEPT)  # (`_pipeline`)
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str | None = "job", first_instance: int = 0,
@@ -402,6 +403,21 @@ class StepModel:
         return found[1]
 
     # ------------------------------------------------------------------ simulation
+    def _pipeline(self, par: Any, microbatches: int, stages: int, times: Any,
+                  p2p: list[float]) -> list[StageLedger]:
+        """`run_pipeline` of the job's schedule, kept by all it reads (the schedule's
+        degrees, each chunk's times, the transfers): placements of a job's size that differ
+        in their data-parallel reduction only (a spread job's splits over the sites) run
+        the same passes. The ledgers are shared: read, never changed."""
+        chunks = tuple(times(g) for g in range(stages))
+        key = (par.pp, microbatches, par.interleave, chunks, tuple(p2p))
+        found = self._pipelines.get(key)
+        if found is None:
+            orders = pipeline_order(par.pp, microbatches, par.interleave)
+            found = self._pipelines[key] = run_pipeline(orders, stages, chunks.__getitem__,
+                                                        p2p)
+        return found
+
     def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
         hw = self.hardware
         par = job.parallelism
@@ -444,8 +460,7 @@ class StepModel:
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
 
-        orders = pipeline_order(par.pp, microbatches, par.interleave)
-        ledgers = run_pipeline(orders, stages, times, p2p)
+        ledgers = self._pipeline(par, microbatches, stages, times, p2p)
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         dp_times = self.data_parallel_times(job, placed)
