@@ -7,15 +7,16 @@ ledger; the data-parallel reduction and the optimizer come after, in the step mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
 from clustersim.training.chunk import ChunkTimes
-from clustersim.training.schedule import Task
+from clustersim.training.schedule import Task, pipeline_order
 
-__all__ = ["PassRecord", "StageLedger", "run_pipeline"]
+__all__ = ["PassRecord", "StageLedger", "run_pipeline", "kept_pipeline"]
 
 PassKey = tuple[str, int, int]  # ("F" or "B", global chunk, micro-batch)
 
@@ -119,3 +120,17 @@ def run_pipeline(orders: list[list[Task]], stages: int,
         env.process(stage(d))
     env.run()
     return ledgers
+
+
+def kept_pipeline(kept: MutableMapping, par: Any, microbatches: int,
+                  chunks: tuple[ChunkTimes, ...], p2p_s: list[float]) -> list[StageLedger]:
+    """`run_pipeline` of the schedule of `par`'s degrees, chunk g taking `chunks[g]`, kept in
+    `kept` by all it reads: a spread job's splits over the sites, and small jobs' placements
+    alike but for their data-parallel reduction, run the same passes (once, not once each).
+    The ledgers are shared: read, never changed."""
+    key = (par.pp, microbatches, par.interleave, chunks, tuple(p2p_s))
+    found = kept.get(key)
+    if found is None:
+        orders = pipeline_order(par.pp, microbatches, par.interleave)
+        found = kept[key] = run_pipeline(orders, len(chunks), chunks.__getitem__, p2p_s)
+    return found

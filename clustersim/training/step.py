@@ -60,7 +60,7 @@ from clustersim.training.memory import (
     optimizer_params_per_rank,
     weight_bytes_per_param,
 )
-from clustersim.training.pipeline import StageLedger, run_pipeline
+from clustersim.training.pipeline import kept_pipeline
 from clustersim.training.profile import StepProfile, renamed
 from clustersim.training.ranks import (
     expert_groups_by_split,
@@ -70,7 +70,6 @@ from clustersim.training.ranks import (
     rank_group,
 )
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
-from clustersim.training.schedule import pipeline_order
 from clustersim.training.shape import alike_shape, leaves_matter, placement_shape
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.transformer import sharded_heads
@@ -104,14 +103,13 @@ class StepModel:
         # Bounded: a year of a fleet's placements would otherwise keep every shape it met.
         self._cache: LruCache = LruCache(SHAPES_KEPT)
         self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
-        # Over sites, inside one where the leaves do not matter: `shape.alike_shape`.
         self._alike_in_site = self._leaves_matter and not leaves_matter(topology, sites=False)
-        self._alike: LruCache = LruCache(SHAPES_KEPT)
+        self._alike: LruCache = LruCache(SHAPES_KEPT)  # by `shape.alike_shape`
         self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._optimizer_cache: dict[tuple, list[float]] = {}
         self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
         self._splits_cache: LruCache = LruCache(SHAPES_KEPT)  # expert groups by split
-        self._pipelines: LruCache = LruCache(SHAPES_KEPT)  # (`_pipeline`)
+        self._pipelines: LruCache = LruCache(SHAPES_KEPT)  # (`pipeline.kept_pipeline`)
 
     # ------------------------------------------------------------------ public
     def profile(self, job: TrainingJob, name: str | None = "job", first_instance: int = 0,
@@ -129,11 +127,7 @@ class StepModel:
 
     def _simulated_alike(self, job: TrainingJob, name: str, canonical: np.ndarray
                          ) -> StepProfile:
-        """The step on a canonical placement, or on one it cannot be told from
-        (`shape.alike_shape`): the shape cache stays keyed as it was (what `has_profile`
-        answers is unchanged), only simulations are saved: the 30-day slice's 4,622 steps
-        of small jobs in one site were 1,539 such, their leaves and UltraServers' order
-        aside."""
+        """The step on `canonical`, or on a placement it cannot be told from (`alike_shape`)."""
         alike = alike_shape(self, job, canonical)
         if alike is None:
             return self._simulate(job, name, canonical)
@@ -403,21 +397,6 @@ class StepModel:
         return found[1]
 
     # ------------------------------------------------------------------ simulation
-    def _pipeline(self, par: Any, microbatches: int, stages: int, times: Any,
-                  p2p: list[float]) -> list[StageLedger]:
-        """`run_pipeline` of the job's schedule, kept by all it reads (the schedule's
-        degrees, each chunk's times, the transfers): placements of a job's size that differ
-        in their data-parallel reduction only (a spread job's splits over the sites) run
-        the same passes. The ledgers are shared: read, never changed."""
-        chunks = tuple(times(g) for g in range(stages))
-        key = (par.pp, microbatches, par.interleave, chunks, tuple(p2p))
-        found = self._pipelines.get(key)
-        if found is None:
-            orders = pipeline_order(par.pp, microbatches, par.interleave)
-            found = self._pipelines[key] = run_pipeline(orders, stages, chunks.__getitem__,
-                                                        p2p)
-        return found
-
     def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
         hw = self.hardware
         par = job.parallelism
@@ -460,7 +439,8 @@ class StepModel:
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
 
-        ledgers = self._pipeline(par, microbatches, stages, times, p2p)
+        ledgers = kept_pipeline(self._pipelines, par, microbatches,
+                                tuple(times(g) for g in range(stages)), p2p)
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         dp_times = self.data_parallel_times(job, placed)
