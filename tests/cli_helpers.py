@@ -2,6 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+# A one-instance Trn2 training scenario without traces: the base the refusal tests change.
+SMALL = {
+    "name": "small", "hardware": "trn2", "duration": "1h", "cluster": {"instances": 1},
+    "jobs": [{"name": "train", "model": "llama3-8b", "global_batch": 16,
+              "parallelism": {"tp": 8, "dp": 8, "zero": 1}}],
+    "trace": {"enabled": False},
+}
+
+_runner = CliRunner()
+
+
+def invoke(*args: object):
+    """The command line run in-process on `args` (each made a string)."""
+    from clustersim.cli.app import app
+
+    return _runner.invoke(app, [str(a) for a in args])
+
+
+def write(folder: Path, mapping, name: str = "scenario.yaml") -> Path:
+    """A scenario file (a mapping dumped as YAML, or text as it is) in `folder`."""
+    path = folder / name
+    path.write_text(mapping if isinstance(mapping, str) else yaml.safe_dump(mapping),
+                    encoding="utf-8")
+    return path
+
 
 def refused(result, *words: str) -> None:
     """A command refused its input: exit 2, no traceback or internal error, and each of

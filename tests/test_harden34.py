@@ -9,31 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import refused
-from typer.testing import CliRunner
-
-from clustersim.cli.app import app
+from cli_helpers import SMALL, invoke, refused, write
 
 ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
-
-SMALL = {
-    "name": "small", "hardware": "trn2", "duration": "1h", "cluster": {"instances": 1},
-    "jobs": [{"name": "train", "model": "llama3-8b", "global_batch": 16,
-              "parallelism": {"tp": 8, "dp": 8, "zero": 1}}],
-    "trace": {"enabled": False},
-}
-
-
-def invoke(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def write(folder: Path, mapping, name: str = "scenario.yaml") -> Path:
-    path = folder / name
-    path.write_text(mapping if isinstance(mapping, str) else yaml.safe_dump(mapping),
-                    encoding="utf-8")
-    return path
 
 
 # 2. Data loss -----------------------------------------------------------------------------
