@@ -35,8 +35,8 @@ __all__ = ["layer_kinds", "expert_weight_bytes_per_rank", "every_expert_prefill_
            "layer_collectives_s", "stack_expert_loads", "moe_fixed_s"]
 
 # The attention block of a layer (everything but its FFN and the attention core).
-_ATTENTION_BLOCK = ("norm_attention", "qkv", "projection", "residual_attention", "norm_mlp",
-                    "residual_mlp")
+_ATTENTION_BLOCK = ("norm_attention", "qkv", "attention_gate", "projection",
+                    "residual_attention", "norm_mlp", "residual_mlp")
 
 
 def layer_kinds(it: IterationModel, tokens: int, on_chip: bool

@@ -4,7 +4,8 @@ and MoE layers, shared experts, uneven routing): Korthikanti et al.'s count per 
 
 - the attention's tensors at their own widths: queries and the output projection's input
   (heads x head_dim, or with MLA heads x (qk_nope + qk_rope) queries, as wide keys and
-  heads x v_head_dim values), keys and values (KV heads x head_dim);
+  heads x v_head_dim values), keys and values (KV heads x head_dim), and a gated output's
+  gate and the output it multiplies;
 - MLA's latents (q_lora_rank, kv_lora_rank + qk_rope_head_dim), replicated over tensor
   parallelism like the down-projections that make them;
 - the FFN intermediates of the mean layer (training.experts.ffn_activation_width);
@@ -41,7 +42,9 @@ def mean_layer_activation_bytes(job: Any, attention: str, element_bytes: int) ->
     else:
         q = layout.heads * model.head_dim
         kv = layout.kv_heads * model.head_dim
-        attention_split = (2 * q + 2 * kv) / h
+        # (a gated output keeps the gate's sigmoid and the output it multiplies)
+        gate = 2 * q if model.attention_gate else 0
+        attention_split = (2 * q + 2 * kv + gate) / h
         latents = 0.0
     load = expert_load(job) if model.moe else 1.0
     replicated = e * sbh * (4 + latents)

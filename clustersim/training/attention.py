@@ -32,8 +32,8 @@ __all__ = ["classic_attention", "classic_core", "projection_ops", "core_ops", "s
 
 
 def classic_attention(model: TransformerShape) -> bool:
-    """Grouped-query attention on every layer without a window: the 2023 layer."""
-    return model.attention == "gqa" and model.window is None
+    """Grouped-query attention on every layer without a window or gate: the 2023 layer."""
+    return model.attention == "gqa" and model.window is None and not model.attention_gate
 
 
 def classic_core(model: TransformerShape) -> bool:

@@ -101,7 +101,7 @@ def value_width(model: TransformerShape) -> int:
 
 def attention_parameters(model: TransformerShape) -> int:
     """Weights of one layer's attention (projections and, where the model has them, the
-    q/k head norms or MLA's latent norms)."""
+    q/k head norms, the output gate's projection or MLA's latent norms)."""
     h = model.hidden
     if model.attention == "mla":
         q_head = model.qk_nope_head_dim + model.qk_rope_head_dim
@@ -116,7 +116,8 @@ def attention_parameters(model: TransformerShape) -> int:
     kv_width = model.n_kv_heads * d
     q_width = model.heads * d
     norms = 2 * d if model.qk_norm else 0
-    return h * (q_width + 2 * kv_width) + q_width * h + norms
+    gate = h * q_width if model.attention_gate else 0
+    return h * (q_width + 2 * kv_width) + q_width * h + norms + gate
 
 
 def layer_weights(model: TransformerShape, moe_layer: bool, active: bool) -> int:

@@ -26,17 +26,23 @@ def mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
     layout = sharded_heads(model, tp)
     heads, kv_heads = layout.per_rank, layout.kv_per_rank
     outside = tokens * h / (tp if sequence_parallel else 1)
+    after_core: list[Op] = []
     if model.attention == "mla":
         before = projection_ops(model, tokens, heads, e)
         out_width = heads * model.v_head_dim
     else:
-        before = [_matmul("qkv", tokens, h, (heads + 2 * kv_heads) * model.head_dim, e)]
+        # (with a gate, its projection rides in the same matmul: as wide as the queries)
+        q_heads = 2 * heads if model.attention_gate else heads
+        before = [_matmul("qkv", tokens, h, (q_heads + 2 * kv_heads) * model.head_dim, e)]
         out_width = heads * model.head_dim
+        if model.attention_gate:  # sigmoid of the gate, times the attention output
+            after_core = [_vector("attention_gate", tokens * out_width, e, passes=3)]
     router_tokens = tokens // (tp if sequence_parallel else 1)
     return [
         _vector("norm_attention", outside, e, passes=2),
         *before,
         *core_ops(model, b, s, seq, heads, kv_heads, e, attention),
+        *after_core,
         _matmul("projection", tokens, out_width, h, e),
         _vector("residual_attention", outside, e, passes=3),
         _vector("norm_mlp", outside, e, passes=2),

@@ -82,6 +82,10 @@ class TransformerShape(Spec):
                                    description="mla: width of a value head")
     qk_norm: bool = Field(default=False, description="RMSNorm weights on each query and key "
                           "head (Qwen3)")
+    attention_gate: bool = Field(default=False, description="gated attention: a sigmoid gate "
+                                 "on every element of the attention output before its "
+                                 "projection, projected from the layer's input (hidden x "
+                                 "heads x head_dim weights; Trinity)")
     window: int | None = Field(default=None, gt=0, le=limits.MAX_SEQ_LEN,
                                description="tokens a windowed layer attends to: the last "
                                "`window` (sliding) or those of its chunk (chunked); none: "
@@ -148,6 +152,9 @@ class TransformerShape(Spec):
             missing = [k for k in ranks if getattr(self, k) is None]
             if missing:
                 raise KeyedError("attention", f"needs {', '.join(missing)}", "mla")
+            if self.attention_gate:
+                raise KeyedError("attention_gate", "only with attention: gqa (no MLA model "
+                                 "gates its attention output)", True)
         else:
             given = [k for k in (*ranks, "q_lora_rank") if getattr(self, k) is not None]
             if given:
@@ -241,12 +248,13 @@ class ShardedHeads:
     def extra_attention_parameters_per_rank(self, model: TransformerShape, tp: int) -> float:
         """Weights a rank holds beyond its 1/tp share of a layer's attention when the query
         heads are padded (Q, K, V and the output projection of the padded heads); zero when
-        tp divides the heads."""
+        tp divides the heads (the gate's too, where the model has one)."""
         if not self.padded(model):
             return 0.0
         d = model.head_dim
-        held = model.hidden * d * (2 * self.per_rank + 2 * self.kv_per_rank)
-        share = model.hidden * d * (2 * model.heads + 2 * model.n_kv_heads) / tp
+        q = 3 if model.attention_gate else 2  # Q, the output projection (and the gate)
+        held = model.hidden * d * (q * self.per_rank + 2 * self.kv_per_rank)
+        share = model.hidden * d * (q * model.heads + 2 * model.n_kv_heads) / tp
         return held - share
 
 
