@@ -7,8 +7,9 @@ Every Trn1 row (each transformers-neuronx release on its own rows: SDK 2.18.0, 2
 2.14) and every TensorRT-LLM row is run from its scenario file under
 scenarios/calibration/serving/ as `clustersim run` runs it, and printed with its error
 (model / published - 1). tests/test_docs.py fails when the page's tables are not what this
-prints. The Trn2 stacks' rows of 2025's models (the DeepSeek-V3 port with its own stack,
-Qwen3-32B with NxD Inference's) and the port's token profile fill the page's second block
+prints. The Trn2 stacks' rows of 2025's models (the DeepSeek-V3 port with its own stack and
+the Trinity port judging it, Qwen3-32B with NxD Inference's) and the port's token profile
+fill the page's second block
 (MODELS_BEGIN to MODELS_END), also from their scenario runs.
 """
 
@@ -187,6 +188,14 @@ def model_rows() -> list[tuple[str, str, str, float, float, str]]:
                     "fitted" if row.model in on.BLOCKWISE_FITTED else "judges"))
         out.append((on.STACK, name, "inter-token", row.itl_ms, itl * 1e3,
                     "fitted" if row in on.FITTED else "judges"))
+    from clustersim.calibration import trinity as tr
+    for row in tr.TRINITY_ROWS:
+        name = tr.row_name(row)
+        ttft, tpot = run_serving_row(file_for("serving", name))
+        out.append((ms.CONTRIB_STACK, name, "TTFT", row.ttft_ms, ttft * 1e3,
+                    "judges (unseen model)"))
+        out.append((ms.CONTRIB_STACK, name, "TPOT", row.tkg_ms, tpot * 1e3,
+                    "judges (unseen model)"))
     for row in ms.SGLANG_H200:
         name = f"p5en-deepseek-v3-sglang-batch-{row.batch}"
         _, tpot = run_serving_row(file_for("serving", name))

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 __all__ = ["CALIBRATION_DIR", "ScenarioFile", "trn2_serving_files", "trn1_serving_files",
-           "model_serving_files", "optimum_neuron_files",
+           "model_serving_files", "optimum_neuron_files", "trinity_files",
            "trn1_file", "training_files", "gpu_serving_files", "gpu_name",
            "trn1_token_latency_files",
            "run_throughput_row",
@@ -180,6 +180,34 @@ def model_serving_files() -> list[ScenarioFile]:
         {"model": "qwen3-32b", "stack": "nxd-inference", "precision": "bf16",
          "parallelism": {"tp": 64}, "server": {"max_batch": 1, "chunked_prefill": False}},
         row.input_tokens, row.output_tokens))
+    return out
+
+
+def trinity_files() -> list[ScenarioFile]:
+    """Arcee Trinity through NxD Inference's contrib port (clustersim.calibration.trinity):
+    each compiled batch of the test's short prompt encoded and decoded together, on the
+    port's stack with its context and token-generation buckets (judging rows)."""
+    from clustersim.calibration import trinity as tr
+
+    out = []
+    for row in tr.TRINITY_ROWS:
+        buckets = list(tr.CONTEXT_BUCKETS)
+        instance = "trn2.48xlarge" if row.tp == 64 else "trn2.3xlarge (one chip)"
+        comment = [f"{row.model} on {instance}, TP {row.tp}, batch {row.batch} (judging row, "
+                   f"stack nxd-inference-contrib: nothing fitted on it): {tr.SOURCE}.",
+                   f"Published TTFT {row.ttft_ms:g} ms, {row.tkg_ms:g} ms per generated token.",
+                   f"Each group of {row.batch} request(s) arrives together: its prompts, "
+                   f"{tr.PROMPT_TOKENS} tokens, run padded to the 128-token context bucket.",
+                   "Written by scripts/calibration_scenarios.py; run by "
+                   "scripts/stack_tables.py."]
+        out.append(_serving_file(
+            "serving", tr.row_name(row), comment, "trn2",
+            {"model": row.model, "stack": "nxd-inference-contrib", "precision": "bf16",
+             "parallelism": {"tp": row.tp},
+             "server": {"max_batch": row.batch, "chunked_prefill": False,
+                        "max_tokens_per_iteration": 16384, "buckets": buckets,
+                        "token_buckets": buckets}},
+            tr.PROMPT_TOKENS, tr.OUTPUT_TOKENS, row.batch))
     return out
 
 
@@ -340,6 +368,7 @@ def training_files() -> list[ScenarioFile]:
 
 def all_files() -> list[ScenarioFile]:
     return trn2_serving_files() + model_serving_files() + optimum_neuron_files() \
+        + trinity_files() \
         + trn1_serving_files() + trn1_token_latency_files() \
         + gpu_serving_files() + training_files()
 
