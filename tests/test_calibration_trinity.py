@@ -58,3 +58,21 @@ def test_the_rows_run_on_the_ports_stack_with_its_buckets() -> None:
         assert tuple(d.server.buckets) == tr.CONTEXT_BUCKETS
         assert d.server.max_batch == row.batch
     assert dict(stack_named("nxd-inference-contrib").serving)["moe_prefill"] == "every-expert"
+
+
+def test_the_pages_figures_are_its_tables() -> None:
+    """Every signed percentage the page's Trinity section quotes is one its models table
+    prints (the table is the scenario runs': tests/test_docs.py, slow), so the prose cannot
+    go stale apart from it."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "calibration.md").read_text(
+        encoding="utf-8")
+    section = page.split("### An unseen mixture", 1)[1].split("\n## ", 1)[0]
+    table = page.split("<!-- models tables", 1)[1].split("<!-- end of models tables", 1)[0]
+    trinity = [line for line in table.splitlines() if "trinity" in line]
+    quoted = set(re.findall(r"[+-]\d+\.\d%", section))
+    assert quoted, "the section quotes no error"
+    printed = {cell.strip() for line in trinity for cell in line.split("|")}
+    assert quoted <= printed, sorted(quoted - printed)
