@@ -264,7 +264,8 @@ def test_a_shape_given_to_many_jobs_is_checked_once_and_a_changed_copy_again(mon
 # Issue 31's matrix through the command line: `step --json` of every 2025 preset (one job
 # each, simulated alone) on each hardware, with its figures and parameter counts.
 MATRIX_PRESETS = ("deepseek-v3", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
-                  "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b")
+                  "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b",
+                  "trinity-nano", "trinity-mini", "trinity-large")
 MATRIX_HARDWARE = {  # cluster, tp, dp, ep (ep divides dp and every preset's experts)
     "trn2": ({"instances": 2}, 8, 16, 4), "trn2u": ({"ultraservers": 1}, 8, 32, 4),
     "trn3-gen2": ({"ultraservers": 1}, 8, 72, 4), "p5en": ({"instances": 2}, 8, 2, 2)}

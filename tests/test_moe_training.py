@@ -156,7 +156,8 @@ def test_trn3_switch_all_to_all_is_one_level() -> None:
 
 
 PRESETS = ("deepseek-v3", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
-           "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b")
+           "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b",
+           "trinity-nano", "trinity-mini", "trinity-large")
 HARDWARE = {"trn2": ({"instances": 2}, 128), "trn2u": ({"ultraservers": 1}, 256),
             "trn3-gen2": ({"ultraservers": 1}, 576), "p5en": ({"instances": 2}, 16)}
 

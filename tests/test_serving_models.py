@@ -17,9 +17,10 @@ from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_
 from clustersim.training.transformer import TransformerShape, model_preset_values
 
 PRESETS = ("deepseek-v3", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
-           "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b")
+           "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b",
+           "trinity-nano", "trinity-mini", "trinity-large")
 # (tp, precision) per hardware: one instance (or trn3's UltraServer servers) holding the weights
-BIG = ("deepseek-v3", "llama4-maverick")
+BIG = ("deepseek-v3", "llama4-maverick", "trinity-large")
 LAYOUT = {"trn2": lambda m: (64, "bf16"), "trn2u": lambda m: (64, "bf16"),
           "trn3-gen2": lambda m: (64 if m in BIG else 16, "bf16"),
           "p5en": lambda m: (8, "fp8" if m == "deepseek-v3" else "bf16")}
