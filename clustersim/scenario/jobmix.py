@@ -385,7 +385,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     if missing:
         raise WorkloadError(key, f"{path}: missing columns {', '.join(sorted(missing))}; "
                             "expected submit, instances, template (run_for, steps, priority, "
-                            "name optional)")
+                            "name, team optional)")
     jobs = []
     for number, row in enumerate(frame.to_dict("records")):
         try:
