@@ -135,6 +135,9 @@ def bound_shapes(task: BoundTask) -> list[dict[str, Any]]:
     figures wherever it runs, so the engine that runs it changes no answer."""
     out = []
     for shape in task.shapes:
+        if shape.why:  # pruned already
+            out.append({key: getattr(shape, key) for key in BOUND_FIELDS})
+            continue
         try:
             one = scenario_from_dict(_raw_variant(
                 task.raw, task.raw_deployment, shape.hw_value, shape.tp, shape.pp, 1,
@@ -197,9 +200,19 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
             high = middle - 1
     samples = np.unique(np.round(np.geomspace(
         1, low, num=max(2, math.ceil(math.log(max(low, 2)) / math.log(1.1)) + 1))).astype(int))
-    base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
-    per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
-                                         for i in range(len(samples) - 1)])
+    # The least of base(b_i) / b_(i+1) and base(low) / low (base: the iteration less its KV
+    # reads), from the largest sample down. An iteration of b sequences costs at least one of
+    # one, so base(b_i) / b_(i+1) >= base(1) / b_(i+1): once that cannot beat the least found,
+    # no smaller sample's term can, and the rest are not costed. The same minimum as costing
+    # every sample, from the few largest (a mixture's ep shapes made this loop most of the
+    # planner's time).
+    first = cost.run_s(1, 0.0, 1)  # samples[0] is 1
+    per_batch = cost.run_s(int(samples[-1]), 0.0, 1) / low
+    for i in range(len(samples) - 2, -1, -1):
+        if first / samples[i + 1] >= per_batch:
+            break
+        per_batch = min(per_batch, (first if i == 0 else cost.run_s(int(samples[i]), 0.0, 1))
+                        / samples[i + 1])
     per_token = (per_batch + cost.kv_s * context - cost.window_s * excess) / tpi
     # Prefill counts at half its marginal time (its iteration less a one-token one): merged
     # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
