@@ -142,7 +142,7 @@ def _live_shapes(hardware: str) -> list[Any]:
     """Every replica shape of SMALL on `hardware` the planner bounds, with its one-replica
     scenario."""
     from clustersim.hardware.catalog import catalog_entry
-    from clustersim.planning import serving_plan as sp
+    from clustersim.planning import serving_space as sp
     from clustersim.scenario import ScenarioError, scenario_from_dict
 
     scenario = scenario_from_dict(SMALL, "small")
@@ -232,7 +232,7 @@ def test_the_cost_bound_is_below_the_cost_charged_on_ultraserver_hardware():
     the cost figure charges the instances the replicas take (1): a bound 4 times the true
     cost pruned shapes cheaper than the best found."""
     from clustersim.hardware.catalog import catalog_entry
-    from clustersim.planning import serving_plan as sp
+    from clustersim.planning import serving_space as sp
     from clustersim.scenario import scenario_from_dict
     from clustersim.scenario.serving import deployment_instances
 

@@ -23,16 +23,18 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         f"requests/s, SLO TTFT {d.slo.ttft_s:g} s and TPOT {d.slo.tpot_s:g} s for "
         f"{result.options.goodput:.0%} of requests: top {min(result.options.top, len(result.ranked))}"
         f" of {len(result.ranked):,} that hold the load"), title_justify="left")
-    for name in ("#", "hardware", "tp pp", "per inst", "max batch", "replicas", "instances",
-                 "chips", "$/h", "TTFT p99", "TPOT p99", "in SLO", "$/M out tok", "capacity/replica",
-                 "$/M at capacity"):
+    mixture = d.model.moe  # its rows carry the expert parallelism searched
+    for name in ("#", "hardware", "tp pp ep" if mixture else "tp pp", "per inst", "max batch",
+                 "replicas", "instances", "chips", "$/h", "TTFT p99", "TPOT p99", "in SLO",
+                 "$/M out tok", "capacity/replica", "$/M at capacity"):
         table.add_column(name, justify="left" if name == "hardware" else "right", no_wrap=True)
     for rank, r in enumerate(result.ranked[: result.options.top], start=1):
         capacity = r.get("capacity_rate_per_s")
         at_capacity = r.get("cost_per_million_output_tokens_at_capacity_usd")
         cost = r.get("cost_per_million_output_tokens_usd")
         table.add_row(
-            str(rank), r["hardware"], f"{r['tp']} {r['pp']}", str(r["replicas_per_instance"]),
+            str(rank), r["hardware"], f"{r['tp']} {r['pp']}" + (f" {r['ep']}" if mixture else ""),
+            str(r["replicas_per_instance"]),
             str(r["max_batch"]), f"{r['replicas']:,}", f"{r['instances']:,}",
             f"{r['chips']:,}", "-" if r["usd_per_h"] is None else f"{r['usd_per_h']:,.2f}",
             f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
@@ -52,7 +54,8 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         cost = r.get("cost_per_million_output_tokens_usd")
         at_capacity = r.get("cost_per_million_output_tokens_at_capacity_usd")
         out_console.print(
-            f"{name} at its best: {r['replicas']:,} replica(s) of tp {r['tp']} pp {r['pp']}, "
+            f"{name} at its best: {r['replicas']:,} replica(s) of tp {r['tp']} pp {r['pp']}"
+            + (f" ep {r['ep']}" if mixture else "") + ", "
             f"max batch {r['max_batch']}, on {r['instances']:,} instance(s) ("
             + (f"{r['chips']:,} chips, no price" if r["usd_per_h"] is None
                else f"${r['usd_per_h']:,.2f}/h")

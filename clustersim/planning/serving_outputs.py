@@ -21,8 +21,9 @@ def serving_plan_scenario(result: ServingPlanResult, hardware: str | None = None
     row = result.best if hardware is None else result.best_per_hardware()[hardware]
     mapping = copy.deepcopy(result.best_scenarios[row["hardware"]])
     mapping["name"] = f"{result.scenario.name}-planned"[:128]
+    ep = f" x ep {row['ep']}" if "ep" in row else ""  # a mixture's expert parallelism
     figures = (f"Planned by clustersim plan: {row['replicas']} replica(s) of tp {row['tp']} x "
-               f"pp {row['pp']} on {row['instances']} {row['hardware']} instance(s), max_batch "
+               f"pp {row['pp']}{ep} on {row['instances']} {row['hardware']} instance(s), max_batch "
                f"{row['max_batch']}, at {result.load_rate_per_s:g} requests/s: TTFT p99 "
                f"{row['ttft_p99_s']:.3g} s, TPOT p99 {row['tpot_p99_s']:.3g} s, "
                f"{row['slo_goodput']:.1%} within the SLO")
@@ -78,7 +79,8 @@ def plot_serving_pareto(result: ServingPlanResult, path: Path) -> Path:
                            facecolors="none", edgecolors="red", linewidths=1.5, label="best")
             for i in front:
                 r = rows[i]
-                ax.annotate(f"{r['hardware']} tp{r['tp']} pp{r['pp']} x{r['replicas']}",
+                ep = f" ep{r['ep']}" if "ep" in r else ""
+                ax.annotate(f"{r['hardware']} tp{r['tp']} pp{r['pp']}{ep} x{r['replicas']}",
                             points[i], fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"SLO {bound:g} s")
         ax.set_xlabel("cost per million output tokens at the load")

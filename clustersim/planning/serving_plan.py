@@ -1,9 +1,10 @@
 """The serving planner: the cheapest way to serve a deployment's load within its SLO.
 
 `clustersim plan` on a scenario with a `serve:` deployment searches, on each hardware entry,
-the replica shape (tensor and pipeline parallelism, hence replicas per instance), the batch
-limit (`server.max_batch`) and the number of replicas, and ranks the configurations that meet
-the SLO at the deployment's load by cost per million output tokens at that load.
+the replica shape (tensor and pipeline parallelism, hence replicas per instance; for a
+mixture of experts also every expert parallelism the deployment accepts, serving_space), the
+batch limit (`server.max_batch`) and the number of replicas, and ranks the configurations
+that meet the SLO at the deployment's load by cost per million output tokens at that load.
 
 How it searches, as the training planner does: the scenario's own validation prunes shapes
 that cannot run (tensor parallelism leaving a NeuronLink domain, heads not divisible, layers
@@ -30,6 +31,7 @@ an instance.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -45,15 +47,15 @@ from clustersim.planning.engine import Engine
 from clustersim.planning.serving_search import CandidateTask, search_candidate, settle
 from clustersim.planning.serving_space import (
     BATCHES,
+    BoundTask,
     ServingPlanError,
-    _bound,
     _instances_for,
     _load,
     _raw_variant,
     _Shape,
     _shapes,
+    bound_shapes,
 )
-from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
 from clustersim.serving.capacity import find_rate
@@ -194,18 +196,8 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
             notes.append(f"{name} has no price in the catalog: its candidates are ranked by "
                          "chips and have no cost figures")
         shapes = _shapes(name, hw_value, spec, options.batches, d)
-        for shape in shapes:
-            if shape.why:
-                continue
-            try:
-                one = scenario_from_dict(_raw_variant(
-                    raw, raw_deployment, shape.hw_value, shape.tp, shape.pp, 1,
-                    shape.max_batch, _instances_for(shape.tp * shape.pp, 1, shape.spec)),
-                    source, base_dir=base_dir)
-            except ScenarioError as error:
-                shape.why = "validation: " + _first_issue(error)
-                continue
-            _bound(shape, one, load, mean_in, mean_out, longest, kth_in, options.goodput)
+        _bound_all(shapes, BoundTask((), raw, raw_deployment, source, base_dir, (
+            load, mean_in, mean_out, longest, kth_in), options.goodput), runner)
         # Cheapest bound first; among equal ones (every shape that fits the load on one
         # instance, say) the most an instance could serve first, so the one kept has the
         # most headroom and the best cost at capacity.
@@ -224,8 +216,8 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
                     batch.append(live[end])
                 end += 1
             if progress is not None and batch:
-                progress(position, len(live), f"{name}: tp {batch[0].tp} x pp {batch[0].pp}, "
-                         f"batch {batch[0].max_batch}"
+                progress(position, len(live), f"{name}: tp {batch[0].tp} x pp {batch[0].pp}"
+                         f"{_ep_text(batch[0].ep)}, batch {batch[0].max_batch}"
                          + (f" (+{len(batch) - 1} more)" if len(batch) > 1 else ""))
             found = dict(zip((id(s) for s in batch), runner.map(search_candidate, [
                 CandidateTask(s, raw, raw_deployment, source, base_dir, simulate,
@@ -310,14 +302,29 @@ def _why_none(rows: list[dict[str, Any]]) -> str:
     simulated = [r for r in rows if r["status"] != "pruned"]
     if simulated:
         close = max(simulated, key=lambda r: r["slo_goodput"] or 0.0)
-        parts.append(f"closest: tp {close['tp']} x pp {close['pp']} on {close['hardware']}, "
-                     f"{close['why']}")
+        parts.append(f"closest: tp {close['tp']} x pp {close['pp']}{_ep_text(close.get('ep'))}"
+                     f" on {close['hardware']}, {close['why']}")
     return "; ".join(parts)
 
 
-def _first_issue(error: ScenarioError) -> str:
-    text = str(error).strip().splitlines()
-    return (text[1] if len(text) > 1 else text[0]).strip().lstrip("- ")
+def _ep_text(ep: int | None) -> str:
+    """`, ep 4` after a mixture's tp and pp (nothing for a dense model's shape)."""
+    return "" if ep is None else f", ep {ep}"
+
+
+def _bound_all(shapes: list[_Shape], task: BoundTask, runner: Any) -> None:
+    """Validate and bound every shape, on the engine: `_width(runner)` interleaved slices
+    (a slice of every kind of shape, so the workers finish together). A mixture has up to
+    log2(tp) + 1 shapes per dense one (its ep values); bounding them, not simulating them,
+    is most of what they add to the planner's time."""
+    parts = max(1, min(len(shapes), _width(runner) if runner.workers > 1 else 1))
+    slices = [shapes[i::parts] for i in range(parts)]
+    found = runner.map(bound_shapes, [dataclasses.replace(task, shapes=tuple(part))
+                                      for part in slices])
+    for part, figures in zip(slices, found, strict=True):
+        for shape, fields in zip(part, figures, strict=True):
+            for key, value in fields.items():
+                setattr(shape, key, value)
 
 
 def _capacity(task: tuple[dict[str, Any], str, Path | None, float]
@@ -336,6 +343,8 @@ def _capacity(task: tuple[dict[str, Any], str, Path | None, float]
 def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str, Any]:
     row: dict[str, Any] = {
         "hardware": shape.hardware, "tp": shape.tp, "pp": shape.pp,
+        # a mixture's expert parallelism; a dense model's rows have no such column
+        **({} if shape.ep is None else {"ep": shape.ep}),
         "replicas_per_instance": max(0, shape.spec.ranks_per_instance // (shape.tp * shape.pp)),
         "max_batch": shape.max_batch, "status": status, "why": shape.why,
         "kv_capacity_tokens": shape.kv_capacity_tokens or None,
@@ -393,7 +402,8 @@ def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
                     else row["hardware"])
         per_replica = result.load_rate_per_s / row["replicas"]
         mapping = _raw_variant(raw, raw["serve"][index], hw_value, row["tp"], row["pp"], 1,
-                               row["max_batch"], _instances_for(row["tp"] * row["pp"], 1, spec))
+                               row["max_batch"], _instances_for(row["tp"] * row["pp"], 1, spec),
+                               row.get("ep"))
         mapping["serve"][0]["workload"]["rate"] = float(per_replica)
         rows.append((row, spec))
         tasks.append((mapping, f"{result.scenario.source} (capacity)", base_dir,
@@ -413,5 +423,7 @@ def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
     for row in result.ranked:
         match = ((frame["hardware"] == row["hardware"]) & (frame["tp"] == row["tp"])
                  & (frame["pp"] == row["pp"]) & (frame["max_batch"] == row["max_batch"]))
+        if "ep" in row:
+            match &= frame["ep"] == row["ep"]
         for key in ("capacity_rate_per_s", "cost_per_million_output_tokens_at_capacity_usd"):
             frame.loc[match, key] = row[key]

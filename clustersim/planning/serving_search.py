@@ -72,7 +72,7 @@ def search_candidate(task: CandidateTask) -> dict[str, Any]:
         if replicas not in tried:
             instances = _instances_for(shape.tp * shape.pp, replicas, shape.spec)
             mapping = _raw_variant(task.raw, task.raw_deployment, shape.hw_value, shape.tp,
-                                   shape.pp, replicas, shape.max_batch, instances)
+                                   shape.pp, replicas, shape.max_batch, instances, shape.ep)
             scenario = scenario_from_dict(mapping, task.source, base_dir=task.base_dir)
             trial = SloTrial(task.deployment, task.goodput)
             result = task.simulate(scenario, serving_trial=trial)

@@ -1,5 +1,6 @@
-"""The serving planner's candidates: replica shapes per hardware, the scenario variant of
-each, the deployment's load and a lower bound of the replicas it needs."""
+"""The serving planner's candidates: replica shapes per hardware (a mixture's at each expert
+parallelism it accepts), the scenario variant of each, the deployment's load and a lower
+bound of the replicas it needs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from clustersim.scenario.errors import ScenarioError
+from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
+from clustersim.scenario.serving import expert_parallel_issue
 from clustersim.serving.requests import TraceError, generate_requests
 from clustersim.serving.simulate import replica_models
 
@@ -29,8 +33,10 @@ class ServingPlanError(ValueError):
 
 
 def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any, tp: int,
-                 pp: int, replicas: int, max_batch: int, instances: int) -> dict[str, Any]:
-    """The scenario serving only this deployment on `instances` of `hardware`."""
+                 pp: int, replicas: int, max_batch: int, instances: int,
+                 ep: int | None = None) -> dict[str, Any]:
+    """The scenario serving only this deployment on `instances` of `hardware` (`ep`: a
+    mixture's expert parallelism, written even at 1; None for a dense model, none written)."""
     out = copy.deepcopy(raw)
     out.pop("jobs", None)
     out.pop("workload", None)
@@ -45,7 +51,7 @@ def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any,
     if isinstance(failures, dict) and "site_events" in failures:
         out["failures"] = {k: v for k, v in failures.items() if k != "site_events"}
     d = copy.deepcopy(deployment)
-    d["parallelism"] = {"tp": tp, "pp": pp}
+    d["parallelism"] = {"tp": tp, "pp": pp} if ep is None else {"tp": tp, "pp": pp, "ep": ep}
     d["replicas"] = replicas
     d["server"] = {**dict(d.get("server") or {}), "max_batch": max_batch}
     out["serve"] = [d]
@@ -77,6 +83,7 @@ class _Shape:
     kv_capacity_tokens: int = 0
     decode_batch1_s: float = math.nan
     simulations: int = 0  # trials run for a shape the search gave up on cost
+    ep: int | None = None  # a mixture's expert parallelism (None: a dense model)
 
 
 def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
@@ -102,6 +109,51 @@ def _load(scenario: Scenario, index: int, base_dir: Path | None, goodput: float
     k = max(1, math.ceil(goodput * len(inputs) - 1e-9))
     return (rate, float(inputs.mean()), float(outputs.mean()),
             int((inputs + outputs).max()), int(np.partition(inputs, k - 1)[k - 1]))
+
+
+@dataclass(frozen=True)
+class BoundTask:
+    """Some shapes' bounds, picklable for a worker: each shape's one-replica scenario
+    validated, then `_bound` at the deployment's load (`_load`'s figures)."""
+
+    shapes: tuple[_Shape, ...]
+    raw: dict[str, Any]  # the scenario as read
+    raw_deployment: dict[str, Any]
+    source: str
+    base_dir: Path | None
+    load: tuple[float, float, float, int, int]  # _load's (rate, mean in, mean out, ...)
+    goodput: float
+
+
+# What bounding sets on a shape, sent back from a worker.
+BOUND_FIELDS = ("why", "kv_capacity_tokens", "decode_batch1_s", "rate_bound_per_s",
+                "replicas_bound", "instances_bound", "usd_per_h_bound")
+
+
+def bound_shapes(task: BoundTask) -> list[dict[str, Any]]:
+    """Each shape's BOUND_FIELDS once validated (`why` says why not) and bounded: the same
+    figures wherever it runs, so the engine that runs it changes no answer."""
+    out = []
+    for shape in task.shapes:
+        if shape.why:  # pruned already
+            out.append({key: getattr(shape, key) for key in BOUND_FIELDS})
+            continue
+        try:
+            one = scenario_from_dict(_raw_variant(
+                task.raw, task.raw_deployment, shape.hw_value, shape.tp, shape.pp, 1,
+                shape.max_batch, _instances_for(shape.tp * shape.pp, 1, shape.spec),
+                shape.ep), task.source, base_dir=task.base_dir)
+        except ScenarioError as error:
+            shape.why = "validation: " + _first_issue(error)
+        else:
+            _bound(shape, one, *task.load, task.goodput)
+        out.append({key: getattr(shape, key) for key in BOUND_FIELDS})
+    return out
+
+
+def _first_issue(error: ScenarioError) -> str:
+    text = str(error).strip().splitlines()
+    return (text[1] if len(text) > 1 else text[0]).strip().lstrip("- ")
 
 
 def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_out: float,
@@ -148,9 +200,19 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
             high = middle - 1
     samples = np.unique(np.round(np.geomspace(
         1, low, num=max(2, math.ceil(math.log(max(low, 2)) / math.log(1.1)) + 1))).astype(int))
-    base = [cost.run_s(int(b), 0.0, 1) for b in samples]  # the iteration less its KV reads
-    per_batch = min([base[-1] / low] + [base[i] / samples[i + 1]
-                                         for i in range(len(samples) - 1)])
+    # The least of base(b_i) / b_(i+1) and base(low) / low (base: the iteration less its KV
+    # reads), from the largest sample down. An iteration of b sequences costs at least one of
+    # one, so base(b_i) / b_(i+1) >= base(1) / b_(i+1): once that cannot beat the least found,
+    # no smaller sample's term can, and the rest are not costed. The same minimum as costing
+    # every sample, from the few largest (a mixture's ep shapes made this loop most of the
+    # planner's time).
+    first = cost.run_s(1, 0.0, 1)  # samples[0] is 1
+    per_batch = cost.run_s(int(samples[-1]), 0.0, 1) / low
+    for i in range(len(samples) - 2, -1, -1):
+        if first / samples[i + 1] >= per_batch:
+            break
+        per_batch = min(per_batch, (first if i == 0 else cost.run_s(int(samples[i]), 0.0, 1))
+                        / samples[i + 1])
     per_token = (per_batch + cost.kv_s * context - cost.window_s * excess) / tpi
     # Prefill counts at half its marginal time (its iteration less a one-token one): merged
     # into decode iterations by chunked prefill, a prompt's matrix work shares their weight
@@ -174,13 +236,29 @@ def _bound(shape: _Shape, variant: Scenario, load: float, mean_in: float, mean_o
 def _shapes(name: str, hw_value: Any, spec: Any, batches: tuple[int, ...], d: Any
             ) -> list[_Shape]:
     """Every replica shape to consider: tensor parallelism in powers of two up to the
-    NeuronLink (or NVLink) domain, pipeline stages, batch limits."""
+    NeuronLink (or NVLink) domain, pipeline stages, batch limits, and for a mixture every
+    expert parallelism a deployment accepts (`_expert_parallelism`)."""
     domain = spec.ranks_per_instance * (spec.instances_per_ultraserver if spec.ultraserver
                                         else 1)
     tps = [2 ** k for k in range(int(math.log2(domain)) + 1)]
     out = []
     for tp in tps:
         for pp in PIPELINE:
-            for batch in sorted(set(batches) | {d.server.max_batch}):
-                out.append(_Shape(name, hw_value, spec, tp, pp, batch))
+            for ep in _expert_parallelism(tp, d.model):
+                for batch in sorted(set(batches) | {d.server.max_batch}):
+                    out.append(_Shape(name, hw_value, spec, tp, pp, batch, ep=ep))
     return out
+
+
+def _expert_parallelism(tp: int, model: Any) -> list[int | None]:
+    """The expert parallelism of a replica of tensor parallelism `tp`: [None] for a dense
+    model (no `ep` key, as before the planner searched it); for a mixture each divisor of
+    tp the deployment's own rule accepts (scenario.serving.expert_parallel_issue: ep divides
+    tp and the experts), 1 included. ep never adds ranks (its groups are made of the tp
+    ranks), so a shape's chips and price are its tp x pp whatever its ep. At most
+    log2(tp) + 1 values per tp: 28 (tp, ep) pairs for 7 tps on a 64-rank domain, each
+    bounded and pruned as any shape (the bounds on the engine: serving_plan._bound_all)."""
+    if not model.moe:
+        return [None]
+    return [ep for ep in range(1, tp + 1)
+            if tp % ep == 0 and expert_parallel_issue(ep, tp, model) is None]

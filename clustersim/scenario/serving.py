@@ -37,9 +37,8 @@ from clustersim.scenario.fleetday import AutoscaleSpec, LoadCurveSpec
 from clustersim.scenario.serving_server import MAX_REQUEST_TOKENS, ServerSpec
 from clustersim.training.transformer import TransformerShape
 
-__all__ = ["deployment_instances", "resolve_serve_models", "serve_cross_checks",
-           "serve_budget_checks", "expected_requests",
-           "LengthSpec",
+__all__ = ["deployment_instances", "expert_parallel_issue", "resolve_serve_models",
+           "serve_cross_checks", "serve_budget_checks", "expected_requests", "LengthSpec",
            "RequestWorkloadSpec", "ServerSpec", "DisaggregationSpec", "SpeculativeSpec",
            "SloSpec", "DeploymentSpec", "PrecisionSpec", "Precisions", "ServePrecision",
            "DEFAULT_ACCEPTANCE", "default_activations"]
@@ -226,6 +225,19 @@ class SloSpec(Spec):
     tpot_s: Duration = Field(default=0.1, alias="tpot", description="time per output token bound")
 
 
+def expert_parallel_issue(ep: int, tp: int, model: TransformerShape) -> str | None:
+    """Why a replica of tensor parallelism `tp` cannot split `model`'s experts over `ep`
+    groups of its ranks (serving.experts), or None: the deployment's rule, which the
+    serving planner's ep candidates also follow."""
+    if ep <= 1:
+        return None
+    if not model.moe:
+        return "ep needs a mixture of experts (model.experts > 1)"
+    if tp % ep or model.experts % ep:
+        return f"ep must divide both tp ({tp}) and the model's {model.experts} experts"
+    return None
+
+
 class DeploymentSpec(Spec):
     name: Annotated[str, AfterValidator(printable)] = Field(min_length=1, max_length=128)
     model: TransformerShape
@@ -308,13 +320,9 @@ class DeploymentSpec(Spec):
         if self.model.layers % self.pp:
             raise KeyedError("parallelism.pp", f"the model's {self.model.layers} layers do "
                              f"not split into {self.pp} stages", self.pp)
-        if self.ep > 1:
-            if not self.model.moe:
-                raise KeyedError("parallelism.ep", "ep needs a mixture of experts "
-                                 "(model.experts > 1)", self.ep)
-            if self.tp % self.ep or self.model.experts % self.ep:
-                raise KeyedError("parallelism.ep", f"ep must divide both tp ({self.tp}) and "
-                                 f"the model's {self.model.experts} experts", self.ep)
+        why = expert_parallel_issue(self.ep, self.tp, self.model)
+        if why is not None:
+            raise KeyedError("parallelism.ep", why, self.ep)
         # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
