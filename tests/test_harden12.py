@@ -1,0 +1,70 @@
+"""Session 12's hardening: what a demanding user found on the mixture presets, serving
+stacks, traces and the command line's newer surfaces. One test (or a few) per defect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clustersim.collectives import Group
+from clustersim.hardware.build import build_topology
+from clustersim.hardware.catalog import catalog_entry
+from clustersim.scenario.loader import scenario_from_dict
+from clustersim.training.memory import expert_params_per_rank
+from clustersim.training.ranks import dp_rank_offsets, rank_chips
+from clustersim.training.step import StepModel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# 1. ZeRO-3 with expert parallelism gathers each rank's experts over their holders --------
+
+
+def _zero3_moe(order: str):
+    """Qwen3-30B-A3B on 4 Trn2 instances: tp 4 (a chip's ranks), ep 16, dp 64, ZeRO-3."""
+    raw = {"name": "z3", "hardware": "trn2", "cluster": {"instances": 4},
+           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 64,
+                     "seq_len": 4096,
+                     "parallelism": {"tp": 4, "dp": 64, "ep": 16, "zero": 3,
+                                     "order": order}}]}
+    job = scenario_from_dict(raw).jobs[0]
+    hw = catalog_entry("trn2")
+    return job, hw, StepModel(build_topology(hw, 4))
+
+
+@pytest.mark.parametrize("order", ["tp-cp-pp-dp", "tp-cp-ep-pp-dp"])
+def test_zero3_gathers_experts_over_the_ranks_holding_them(order: str):
+    """Each rank's routed experts (a 1/(tp x ep) share of a layer's) are sharded over the 4
+    data-parallel ranks holding the same experts, one per instance (as memory counts them).
+    Every rank of an instance gathers its own experts, so a layer's gather is at least one
+    such group's all-gather of its chip's 4 ranks' expert bytes (and at least 3/4 of them
+    over the chip's EFA line rate). Priced over the whole shard group, as if every rank of
+    an instance wanted the same bytes, it came out about 5 times faster than that."""
+    job, hw, step = _zero3_moe(order)
+    par = job.parallelism
+    experts_bytes = expert_params_per_rank(job, 1.0) * 2  # bf16
+    holders = dp_rank_offsets(par, np.arange(0, par.dp, par.ep))  # rank 0's expert shard
+    group = Group.from_rank_chips(rank_chips(hw, holders, np.arange(4)).tolist())
+    assert len(set((group.chips // hw.chips_per_instance).tolist())) == 4
+    one_group_s = step.collectives.cost("all-gather", group,
+                                        experts_bytes * hw.chip.ranks).time_s
+    assert one_group_s >= hw.chip.ranks * 3 / 4 * experts_bytes / hw.efa_per_chip_bytes_per_s
+    gather_s, scatter_s, _, _ = step.zero3_traffic_s(job)
+    assert gather_s >= one_group_s
+    assert scatter_s >= one_group_s * 0.99
+    # The planner's bound stays below the step (sharing links only slows collectives).
+    assert step.lower_bound(job) <= step.profile(job).step_time_s
+
+
+def test_zero3_step_exposes_more_than_zero2_with_experts_sharded():
+    """ZeRO-1 and 2 gather no parameters in the passes; ZeRO-3 gathers every layer in every
+    pass, so its exposed data-parallel time exceeds ZeRO-2's on the same layout."""
+    job, _, step = _zero3_moe("tp-cp-ep-pp-dp")
+    zero2 = job.model_copy(update={"parallelism": job.parallelism.model_copy(
+        update={"zero": 2})})
+    z3 = step.profile(job).exposed_comm_s["dp"]
+    z2 = step.profile(zero2).exposed_comm_s["dp"]
+    assert z3 > z2
+    assert np.isfinite(z3)
+
