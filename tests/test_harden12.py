@@ -3,10 +3,12 @@ stacks, traces and the command line's newer surfaces. One test (or a few) per de
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import invoke, write
 
 from clustersim.collectives import Group
 from clustersim.hardware.build import build_topology
@@ -68,3 +70,24 @@ def test_zero3_step_exposes_more_than_zero2_with_experts_sharded():
     assert z3 > z2
     assert np.isfinite(z3)
 
+
+# 2. step_breakdown's keys with context parallelism are documented --------------------------
+
+
+def test_every_step_breakdown_key_of_a_context_parallel_mixture_is_documented(tmp_path):
+    """A cp > 1 job's breakdown has `cp_comm_s`; docs/outputs.md listed tp, pp, dp and ep
+    only and called exposed_comm_s 'the sum of the next four'."""
+    raw = {"name": "cp", "hardware": "trn2", "cluster": {"instances": 2},
+           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 32,
+                     "seq_len": 8192, "recompute": "full",
+                     "parallelism": {"tp": 4, "cp": 2, "dp": 16, "ep": 8, "zero": 1}}]}
+    result = invoke("step", write(tmp_path, raw), "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    breakdown = json.loads(result.stdout)["jobs"][0]["step_breakdown"]
+    assert {"cp_comm_s", "ep_comm_s"} <= set(breakdown)
+    comm = [value for key, value in breakdown.items() if key.endswith("_comm_s")
+            and key != "exposed_comm_s"]
+    assert breakdown["exposed_comm_s"] == pytest.approx(sum(comm))
+    page = (ROOT / "docs/outputs.md").read_text(encoding="utf-8")
+    for key in breakdown:
+        assert f"`step_breakdown.{key}`" in page, key
