@@ -91,3 +91,39 @@ def test_every_step_breakdown_key_of_a_context_parallel_mixture_is_documented(tm
     page = (ROOT / "docs/outputs.md").read_text(encoding="utf-8")
     for key in breakdown:
         assert f"`step_breakdown.{key}`" in page, key
+
+
+# 3. The serving planner compares hardware each with its own stack --------------------------
+
+SERVE_ON_OPTIMUM = {
+    "name": "sp", "duration": "2min", "hardware": "trn2", "cluster": {"instances": 1},
+    "serve": [{"name": "chat", "model": "llama3.2-1b", "stack": "optimum-neuron@0.4",
+               "parallelism": {"tp": 4}, "replicas": 1,
+               "workload": {"rate": "1/s", "input_tokens": 256, "output_tokens": 64},
+               "slo": {"ttft": "2s", "tpot": "100ms"}}]}
+
+
+def test_a_stack_of_another_hardware_is_not_carried_to_the_compared_one(tmp_path: Path):
+    """`plan --hardware p5en` on a deployment written for optimum-neuron on Trn2: every P5en
+    candidate kept the stack, failed validation, and the plan said no configuration holds
+    1 request/s. P5en runs its own default stack, and the plan says so."""
+    from clustersim.planning.serving_space import _raw_variant, foreign_stack
+
+    deployment = SERVE_ON_OPTIMUM["serve"][0]
+    assert foreign_stack(deployment, "trn2") is None
+    assert "tensorrt-llm" in foreign_stack(deployment, "p5en")
+    assert "stack" not in _raw_variant(SERVE_ON_OPTIMUM, deployment, "p5en", 1, 1, 1, 16,
+                                       1)["serve"][0]
+    assert _raw_variant(SERVE_ON_OPTIMUM, deployment, "trn2u", 4, 1, 1, 16,
+                        1)["serve"][0]["stack"] == "optimum-neuron@0.4"
+
+
+@pytest.mark.slow
+def test_the_plan_on_another_hardware_runs_its_default_stack(tmp_path: Path):
+    """The whole plan (about 10 s: the capacity search of the best)."""
+    result = invoke("plan", write(tmp_path, SERVE_ON_OPTIMUM), "--hardware", "p5en",
+                    "-o", tmp_path / "plan", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    found = json.loads(result.stdout)
+    assert found["best"]["hardware"] == "p5en"
+    assert any("planned with tensorrt-llm" in note for note in found["notes"])

@@ -52,6 +52,7 @@ from clustersim.planning.serving_space import (
     _raw_variant,
     _Shape,
     _shapes,
+    foreign_stack,
 )
 from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import scenario_from_dict
@@ -193,6 +194,9 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         if not priced:
             notes.append(f"{name} has no price in the catalog: its candidates are ranked by "
                          "chips and have no cost figures")
+        other_stack = foreign_stack(raw_deployment, hw_value)
+        if other_stack is not None:
+            notes.append(other_stack)
         shapes = _shapes(name, hw_value, spec, options.batches, d)
         for shape in shapes:
             if shape.why:
