@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import invoke, write
+from cli_helpers import invoke, refused, write
 
 from clustersim.collectives import Group
 from clustersim.hardware.build import build_topology
@@ -127,3 +127,28 @@ def test_the_plan_on_another_hardware_runs_its_default_stack(tmp_path: Path):
     found = json.loads(result.stdout)
     assert found["best"]["hardware"] == "p5en"
     assert any("planned with tensorrt-llm" in note for note in found["notes"])
+
+
+# 4. A refused elastic key shows the value written ------------------------------------------
+
+
+def test_an_elastic_job_beside_a_workload_is_refused_with_its_mapping(tmp_path: Path):
+    """The refusal named `jobs.0.elastic = 16`: the value of min_dp under the key of the
+    mapping, a value the file does not hold there."""
+    raw = {"name": "el", "duration": "1h", "hardware": "trn2", "cluster": {"instances": 4},
+           "workload": {"arrivals": {"rate": "2/h", "count": 2},
+                        "templates": [{"name": "t", "instances": {"min": 1, "max": 1},
+                                       "run_for": {"median": "1h", "sigma": 0.5},
+                                       "job": {"model": "llama3-8b",
+                                               "parallelism": {"tp": 8}}}]},
+           "jobs": [{"name": "train", "model": "llama3-8b", "global_batch": 16,
+                     "parallelism": {"tp": 8, "dp": 16, "zero": 1},
+                     "elastic": {"min_dp": 8}}],
+           "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                      "workload": {"load": {"sinusoid": {"peak": "10/s", "trough": "2/s",
+                                                         "peak_at": "1h"}},
+                                   "input_tokens": 256, "output_tokens": 64},
+                      "slo": {"ttft": "1s", "tpot": "50ms"},
+                      "autoscale": {"min": 1, "max": 4, "priority": 100}}]}
+    refused(invoke("validate", write(tmp_path, raw)), "scenario.yaml",
+            "jobs.0.elastic = {min_dp: 8}", "expected no elastic key")
