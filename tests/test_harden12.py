@@ -152,3 +152,23 @@ def test_an_elastic_job_beside_a_workload_is_refused_with_its_mapping(tmp_path: 
                       "autoscale": {"min": 1, "max": 4, "priority": 100}}]}
     refused(invoke("validate", write(tmp_path, raw)), "scenario.yaml",
             "jobs.0.elastic = {min_dp: 8}", "expected no elastic key")
+
+
+# 5. A deployment whose weights do not fit is offered a smaller format than its own --------
+
+
+@pytest.mark.parametrize(("precision", "offered"), [("bf16", "fp8 weights, "),
+                                                    ("fp8", "mxfp4 weights, "),
+                                                    ("mxfp4", "more tp or pp, or a smaller")])
+def test_weights_that_do_not_fit_are_offered_a_smaller_format(tmp_path: Path, precision: str,
+                                                               offered: str):
+    """DeepSeek-V3 in fp8 on 4 Trn3 chips was told to use fp8 weights."""
+    raw = {"name": "w", "hardware": "trn3-gen2", "cluster": {"instances": 36},
+           "serve": [{"name": "chat", "model": "deepseek-v3", "precision": precision,
+                      "parallelism": {"tp": 4}, "replicas": 1,
+                      "workload": {"rate": "1/s", "input_tokens": 256, "output_tokens": 64},
+                      "slo": {"ttft": "2s", "tpot": "100ms"}}]}
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "serve.0.parallelism", "the weights do not fit", offered)
+    if precision != "bf16":
+        assert "fp8 weights" not in result.stderr
