@@ -172,3 +172,26 @@ def test_weights_that_do_not_fit_are_offered_a_smaller_format(tmp_path: Path, pr
     refused(result, "serve.0.parallelism", "the weights do not fit", offered)
     if precision != "bf16":
         assert "fp8 weights" not in result.stderr
+
+
+# 6. An uneven group on a NeuronSwitch UltraServer names the UltraServer ---------------------
+
+
+def test_an_asymmetric_group_names_the_switch_ultraserver_as_its_node():
+    """One chip on each of three Trn3 instances, two in one UltraServer and one in the
+    next: every instance holds one chip, yet the refusal said 'every instance must hold
+    the same number of its chips' (the node of a switch UltraServer is the UltraServer)."""
+    from clustersim.collectives.groups import AsymmetricGroupError
+    from clustersim.collectives.model import CollectiveModel
+
+    hw = catalog_entry("trn3-gen2")
+    per_instance, per_server = hw.chips_per_instance, hw.chips_per_instance * 36
+    model = CollectiveModel(build_topology(hw, 72))
+    chips = np.array([0, per_instance, per_server])
+    with pytest.raises(AsymmetricGroupError, match=r"every UltraServer \(NeuronSwitch "
+                       r"domain\) must hold the same number of its chips \(\[1, 2\] here"):
+        model.cost("all-gather", Group(chips, 1), 1e6)
+    trn2 = catalog_entry("trn2")
+    with pytest.raises(AsymmetricGroupError, match="every instance must hold"):
+        CollectiveModel(build_topology(trn2, 2)).cost("all-gather", Group(np.array([0, 1, 16]),
+                                                                           1), 1e6)
