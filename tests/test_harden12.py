@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import invoke, refused, write
+from cli_helpers import SMALL, invoke, refused, write
 
 from clustersim.collectives import Group
 from clustersim.hardware.build import build_topology
@@ -195,3 +195,21 @@ def test_an_asymmetric_group_names_the_switch_ultraserver_as_its_node():
     with pytest.raises(AsymmetricGroupError, match="every instance must hold"):
         CollectiveModel(build_topology(trn2, 2)).cost("all-gather", Group(np.array([0, 1, 16]),
                                                                            1), 1e6)
+
+
+# 7. run's closing `plan` hint is a command that plans -------------------------------------
+
+
+def test_the_plan_hint_carries_the_overrides_and_is_left_out_for_trace_jobs(tmp_path: Path):
+    """After a run the hint named `clustersim plan FILE` without the run's --set (a file
+    valid only with them made the hint fail) and after trace-philly.yaml named a Philly job
+    of 16 chips, which `plan` refuses on trn2u (less than one UltraServer)."""
+    path = write(tmp_path, SMALL)
+    done = invoke("run", path, "-o", tmp_path / "out", "--set", "duration=30min")
+    assert done.exit_code == 0, done.stdout + done.stderr
+    assert f"clustersim plan {path} --set duration=30min" in " ".join(done.stdout.split())
+    trace = invoke("run", ROOT / "scenarios/trace-philly.yaml", "-o", tmp_path / "trace")
+    assert trace.exit_code == 0, trace.stdout + trace.stderr
+    assert "clustersim plan" not in trace.stdout
+    refused(invoke("plan", ROOT / "scenarios/trace-philly.yaml", "-o", tmp_path / "plan"),
+            "no hardware and size to plan on")
