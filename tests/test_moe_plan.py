@@ -139,13 +139,29 @@ def test_deepseek_v3_on_trn3_plans_expert_parallelism_as_the_readme_says(trn3) -
     assert f"expert groups are {span} ranks" in planning
     assert f"tile a {domain}-rank domain" in planning
     assert f"{trn3.considered:,} candidates considered, {trn3.simulated} simulated" in planning
-    # the layout planned before the straddling groups were costed
-    old = Candidate("trn3-gen2", best["chips"], 4, 3, 3072, 16, 1, 1, "none", True, 3, 2)
-    was = simulate_task((trn3.groups[0].key, [job_for(trn3.scenario.jobs[0], old)]))[0]
-    assert was["step_time_s"] > best["step_time_s"]
-    assert f"steps in {was['step_time_s']:.2f} s" in quoted
-    assert (f"now steps in {was['step_time_s']:.2f} s (MFU {was['mfu']:.1%}) with "
-            f"{was['all_to_all_s']:.2f} s of all-to-all exposed") in planning
+    # the best layout with ZeRO-3: each rank gathers its own experts every layer
+    def simulated(candidate: Candidate) -> dict:
+        return simulate_task((trn3.groups[0].key, [job_for(trn3.scenario.jobs[0],
+                                                           candidate)]))[0]
+
+    assert best["zero"] != 3
+    zero3 = simulated(Candidate("trn3-gen2", best["chips"], best["tp"], best["pp"], best["dp"],
+                                best["ep"], 1, best["micro_batch"], best["recompute"],
+                                bool(best["sequence_parallel"]), 3, best["cp"]))
+    assert zero3["step_time_s"] > best["step_time_s"]
+    assert f"with ZeRO-3 the same layout steps in {zero3['step_time_s']:.2f} s" in quoted
+    assert (f"({zero3['memory_per_chip_gib']:.0f} GiB per chip against "
+            f"{best['memory_per_chip_gib']:.0f}) steps in {zero3['step_time_s']:.2f} s") in planning
+    assert f"{(best['dp'] // best['ep']):,} ranks holding them" in planning
+    # the layout planned before the straddling groups were costed: its experts' holders
+    # (192 ranks, 24 instances apart) split unevenly over the UltraServers
+    was = simulated(Candidate("trn3-gen2", best["chips"], 4, 3, 3072, 16, 1, 1, "none",
+                              True, 3, 2))
+    assert "asymmetric group" in was["unplaceable"]
+    assert "cannot be placed" in quoted
+    apart = 4 * 2 * 3 * 16 // hw.ranks_per_instance  # tp x cp x pp x ep ranks, in instances
+    assert (f"and the {3072 // 16} ranks holding the same experts, {apart} instances apart, "
+            "split") in planning
     span = 4 * 2 * 3 * 16
     assert domain % span and f"groups are {span} ranks and a domain is {domain} ranks" in (
         planning)

@@ -178,26 +178,31 @@ def _trn3_job(order: str = DEFAULT_ORDER):
 
 def test_the_step_waits_for_the_straddling_expert_group() -> None:
     """The job's expert groups are 384 ranks in 576-rank UltraServers: one in three spans
-    two. The step costs that one (rank 0's is inside a switch), so the exposed all-to-all
-    is the straddling group's."""
+    two. The step's chunks cost that one (rank 0's is inside a switch), so the exposed
+    all-to-all is the straddling group's. The whole step cannot be placed: the 6 ranks
+    holding the same experts, 24 instances apart, split unevenly over the UltraServers, and
+    their gradient reduction (ZeRO-3: their gathers) needs an even group (it stepped while
+    ZeRO-3 gathered the experts over the whole shard group)."""
     hw_topology = build_topology(TRN3, 4 * TRN3.instances_per_ultraserver)
     steps = StepModel(hw_topology)
     job = _trn3_job()
     placed = np.arange(job.parallelism.ranks // TRN3.ranks_per_instance)
-    group, sharing = steps._parallel_groups(job, placed)[1]
+    groups = steps._parallel_groups(job, placed)
+    group, sharing = groups[1]
     assert len(np.unique(group.chips // US)) == 2 and sharing == 4
-    profile = steps.profile(job)
     # rank 0's group alone: the same step costed on the group inside the switch
     rank0 = rank_group(TRN3, expert_group_ranks(job.parallelism), placed)
     size = steps._dispatch_size(job) * sharing
     ratio = (steps.collectives.cost("all-to-all", group, size).time_s
              / steps.collectives.cost("all-to-all", rank0[0], size).time_s)
     assert ratio > 5
-    assert profile.exposed_comm_s["ep"] > 0
-    chunk = steps.chunk_times(job, True, False)
+    layers = -(-job.model.layers // job.parallelism.pp)
+    chunk = steps.chunks.times(job, layers, True, False, *groups)
     assert chunk.forward_ep_s == pytest.approx(
         steps.collectives.cost("all-to-all", group, size).time_s
         * len(stage_all_to_alls(job)), rel=1e-9)
+    with pytest.raises(AsymmetricGroupError):
+        steps.profile(job)
 
 
 def stage_all_to_alls(job) -> list:

@@ -87,9 +87,33 @@ def run(
         report = " and its report/ (run clustersim report again)" if "report" in replaced else ""
         err_console.print(f"note: replaced the earlier run in {escape(str(out_dir))}/{report}",
                           soft_wrap=True)
-    if spec.jobs:
+    hint = _plan_hint(spec, scenario, overrides or [])
+    if hint:
         out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
-                          f"clustersim plan {escape(str(scenario))}", soft_wrap=True)
+                          f"{escape(hint)}", soft_wrap=True)
+
+
+def _plan_hint(spec: Any, scenario: Path, overrides: list[str]) -> str | None:
+    """The `plan` command for the first job, with the run's --set overrides; None when that
+    command would not plan it: the first job is a workload's (a trace row: `plan` is for the
+    scenario's own `jobs:`), or its size is below the hardware's unit (an UltraServer)."""
+    import shlex
+
+    import yaml
+
+    from clustersim.planning.planner import PlanError, PlanOptions, _sizes
+
+    raw = yaml.safe_load(spec.source_yaml) if spec.source_yaml else None
+    if not spec.jobs or not isinstance(raw, dict) or not raw.get("jobs"):
+        return None
+    try:
+        sizes, _ = _sizes(spec, spec.jobs[0], PlanOptions(), spec.hardware)
+    except PlanError:
+        return None
+    if not sizes:
+        return None
+    return " ".join(["clustersim plan", shlex.quote(str(scenario)),
+                     *(f"--set {shlex.quote(o)}" for o in overrides)])
 
 
 def _warn_never_admitted(spec: Any, shown: int = 5) -> None:

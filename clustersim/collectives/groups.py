@@ -142,14 +142,17 @@ def build_layout(topology: Topology, group: Group) -> Layout:
     unit = cpi * hw.instances_per_ultraserver if hw.switch_spans_ultraserver else cpi
     units, unit_starts = np.unique(chips // unit, return_index=True)
     counts = np.diff(np.append(unit_starts, len(chips)))
+    # A switch UltraServer is the node here: say so (each instance may hold the same).
+    node = "UltraServer (NeuronSwitch domain)" if hw.switch_spans_ultraserver else "instance"
     if np.any(counts != counts[0]):
         raise AsymmetricGroupError(
-            "asymmetric group: every instance must hold the same number of its chips "
-            "(Neuron forms groups with the same local ranks on every node)"
+            f"asymmetric group: every {node} must hold the same number of its chips "
+            f"({sorted(set(counts.tolist()))} here; Neuron forms groups with the same local "
+            "ranks on every node)"
         )
     local = (chips % unit).reshape(len(units), counts[0])
     if np.any(local != local[0]):
-        raise AsymmetricGroupError("asymmetric group: instances hold different local chips")
+        raise AsymmetricGroupError(f"asymmetric group: {node}s hold different local chips")
     instance_chips = chips[: counts[0]]
     # The UltraServer (Z ring) level: used when every UltraServer holds the same instances
     # of the group; an uneven group is costed over EFA between its instances instead.

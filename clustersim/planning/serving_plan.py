@@ -55,6 +55,7 @@ from clustersim.planning.serving_space import (
     _Shape,
     _shapes,
     bound_shapes,
+    foreign_stack,
 )
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
@@ -195,6 +196,9 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         if not priced:
             notes.append(f"{name} has no price in the catalog: its candidates are ranked by "
                          "chips and have no cost figures")
+        other_stack = foreign_stack(raw_deployment, hw_value)
+        if other_stack is not None:
+            notes.append(other_stack)
         shapes = _shapes(name, hw_value, spec, options.batches, d)
         _bound_all(shapes, BoundTask((), raw, raw_deployment, source, base_dir, (
             load, mean_in, mean_out, longest, kth_in), options.goodput), runner)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from clustersim.hardware.stacks import default_stack, stack_named
 from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
@@ -51,11 +52,29 @@ def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any,
     if isinstance(failures, dict) and "site_events" in failures:
         out["failures"] = {k: v for k, v in failures.items() if k != "site_events"}
     d = copy.deepcopy(deployment)
+    if foreign_stack(d, hardware) is not None:
+        del d["stack"]  # each hardware at its own best: with its own (default) stack
     d["parallelism"] = {"tp": tp, "pp": pp} if ep is None else {"tp": tp, "pp": pp, "ep": ep}
     d["replicas"] = replicas
     d["server"] = {**dict(d.get("server") or {}), "max_batch": max_batch}
     out["serve"] = [d]
     return out
+
+
+def foreign_stack(deployment: dict[str, Any], hardware: Any) -> str | None:
+    """What the plan says when the deployment's `stack` does not run on `hardware` (a
+    catalog name of --hardware; the scenario's own hardware validated it): its stack is
+    left out there, the hardware's default taken instead; None when it runs there."""
+    named = stack_named(str(deployment.get("stack"))) if deployment.get("stack") else None
+    if named is None or not isinstance(hardware, str):
+        return None
+    base = hardware.split("+")[0]
+    if base in named.hardware:
+        return None
+    default = default_stack(base)
+    return (f"{hardware}: the deployment's stack {named.name} runs on "
+            f"{', '.join(named.hardware)}, so {hardware} is planned with "
+            f"{default.name if default else 'no stack'} (its default)")
 
 
 def _instances_for(ranks_per_replica: int, replicas: int, hw: Any) -> int:

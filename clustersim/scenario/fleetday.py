@@ -351,7 +351,7 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
         if timeline:
             yield (f"jobs.{index}.elastic", "beside a workload the event-driven timeline runs "
                    "jobs at their size (elastic jobs shrink for serving in a fleet-day run "
-                   "only); expected no elastic key", job.elastic.min_dp)
+                   "only); expected no elastic key", {"min_dp": job.elastic.min_dp})
             continue
         dp = job.parallelism.dp
         if job.elastic.min_dp > dp:

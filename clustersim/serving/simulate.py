@@ -135,6 +135,9 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
     usable = target.usable_hbm_bytes(d.server.kv_reserve)
     block = target.kv_bytes_per_token_per_chip() * d.server.kv_block_tokens
     drafted = f", the draft's {draft / gib:.2f} GiB" if cost.draft is not None else ""
+    # a smaller weight format than the deployment's own, if there is one
+    smaller = {2.0: "fp8 weights, ", 1.0: "mxfp4 weights, ", 33 / 32: "mxfp4 weights, "}.get(
+        target.element_bytes, "")
     return Issue(
         f"serve.{scenario.serve.index(d)}.parallelism",
         f"the weights do not fit: {target.weight_bytes_per_chip() / gib:.2f} GiB per chip "
@@ -142,8 +145,8 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
         f"{d.server.kv_block_tokens} tokens ({block / gib:.3f} GiB) against "
         f"{usable / gib:.2f} GiB usable ({scenario.hardware.chip.hbm_bytes / gib:.0f} GiB "
         f"of HBM, the replica's ranks' share of the chip, less kv_reserve "
-        f"{d.server.kv_reserve:g}); expected more tp or pp, fp8 weights or a smaller "
-        "model", dict(d.parallelism), True)
+        f"{d.server.kv_reserve:g}); expected more tp or pp, {smaller}or a smaller model",
+        dict(d.parallelism), True)
 
 
 def check_serving_fit(scenario: Scenario) -> None:

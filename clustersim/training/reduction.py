@@ -28,7 +28,11 @@ from clustersim.collectives.model import CollectiveCost, CollectiveModel, Group,
 from clustersim.collectives.sites import share_site_links
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.lru import LruCache, key_digest
-from clustersim.training.memory import expert_params_per_rank, params_per_rank
+from clustersim.training.memory import (
+    expert_params_per_rank,
+    layer_params_per_rank,
+    params_per_rank,
+)
 from clustersim.training.ranks import (
     DEFAULT_ORDER,
     dp_rank_offsets,
@@ -201,6 +205,48 @@ class GradientReduction:
         scatter_s, gather_s = self._over_groups(1, groups, params, grad_bytes, weight_bytes,
                                                 placed, pipeline_ranks=1)
         return gather_s, scatter_s
+
+    def zero3_mean_layer_times(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
+                               weight_bytes: int, alone: bool = False) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) of one mean layer's weights per rank under ZeRO-3:
+        its dense weights over the shard group (`zero3_layer_times`, or `..._alone`), then
+        with expert parallelism its routed experts over the ranks holding the same experts
+        (dp / ep of them in each context-parallel rank, as the ZeRO 1-2 reduction groups
+        them). Over the whole shard group they would be priced as if every rank of an
+        instance wanted the same bytes, hiding that each of its ep ranks gathers different
+        experts over the fabric."""
+        par = job.parallelism
+        layer = layer_params_per_rank(job)
+        experts = expert_params_per_rank(job, 1.0) if par.ep > 1 else 0.0
+        if alone:
+            gather_s, scatter_s = self.zero3_layer_times_alone(job, placed, layer - experts,
+                                                               grad_bytes, weight_bytes)
+        else:
+            gather_s, scatter_s = self.zero3_layer_times(job, placed, layer - experts,
+                                                         grad_bytes, weight_bytes)
+        if experts <= 0.0 or par.dp == par.ep:
+            return gather_s, scatter_s  # each rank holds its experts whole
+        # As the ZeRO 1-2 reduction forms them: the dp / ep ranks holding rank 0's experts,
+        # one such group per (pipeline, tensor, context, expert) rank.
+        holders = np.arange(0, par.dp, par.ep)
+        stride = pipeline_stride(par)
+        groups = [stride * d + t + par.tp * c + dp_rank_offsets(par, r + holders)
+                  for d in range(1 if alone else par.pp) for c in range(par.cp)
+                  for t in range(par.tp) for r in range(1 if alone else par.ep)]
+        if alone:
+            group, together = self._first_group(groups, placed)
+            return (gather_s + self.collectives.cost(
+                        "all-gather", group, experts * weight_bytes * together).time_s,
+                    scatter_s + self.collectives.cost(
+                        "reduce-scatter", group, experts * grad_bytes * together).time_s)
+        hw = self.hardware  # keep the groups on the first group's instances
+        instances = rank_chips(hw, np.stack(groups), placed) // hw.chips_per_instance
+        mine = np.isin(instances, instances[0]).any(axis=1)
+        groups = [g for g, keep in zip(groups, mine.tolist(), strict=True) if keep]
+        more_scatter_s, more_gather_s = self._over_groups(1, groups, experts, grad_bytes,
+                                                          weight_bytes, placed,
+                                                          pipeline_ranks=1)
+        return gather_s + more_gather_s, scatter_s + more_scatter_s
 
     def zero3_layer_times_alone(self, job: TrainingJob, placed: np.ndarray, params: float,
                                 grad_bytes: int, weight_bytes: int) -> tuple[float, float]:

@@ -56,7 +56,6 @@ from clustersim.training.experts import dispatch_bytes
 from clustersim.training.memory import (
     MemoryBreakdown,
     busiest_memory,
-    layer_params_per_rank,
     optimizer_params_per_rank,
     weight_bytes_per_param,
 )
@@ -286,15 +285,15 @@ class StepModel:
             return cached
         w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
                                                      self.hardware.chip.framework.gradients)
-        layer = layer_params_per_rank(job)
         extra = job.model.vocab * job.model.hidden / par.tp
+        # A layer's dense weights over the shard group, its experts over their holders.
+        layer_s = self.reduction.zero3_mean_layer_times(job, placed, g_bytes, w_bytes, alone)
         if alone:
             cached = self._zero3_cache[key] = (
-                *self.reduction.zero3_layer_times_alone(job, placed, layer, g_bytes, w_bytes),
+                *layer_s,
                 *self.reduction.zero3_layer_times_alone(job, placed, extra, g_bytes, w_bytes))
             return cached
-        gather_s, scatter_s = self.reduction.zero3_layer_times(job, placed, layer, g_bytes,
-                                                               w_bytes)
+        gather_s, scatter_s = layer_s
         # The embedding's and output layer's: the first or last stage's TP ranks at once.
         extra_gather_s, extra_scatter_s = self.reduction.zero3_layer_times(
             job, placed, extra, g_bytes, w_bytes, every_stage=False)
