@@ -61,7 +61,7 @@ def test_a_fleet_day_run_too_long_to_keep_is_refused_up_front(tmp_path: Path):
     from typer.testing import CliRunner
 
     from clustersim.cli.app import app
-    from tests.cli_helpers import refused
+    from cli_helpers import refused
 
     # ten years of rainier-serving-day's minutes: 5.3 million steps x (10 deployments,
     # 3 jobs, 1) rows

@@ -29,7 +29,7 @@ from clustersim.serving.fluid_plan import (
     holding_blocks,
     running,
 )
-from tests.cli_helpers import refused
+from cli_helpers import refused
 
 BASE = {
     "name": "fluid-beside-jobs",

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
-from tests.cli_helpers import refused
+from cli_helpers import refused
 from tests.test_serving_plan import SMALL
 from tests.test_sites import small_sites
 
