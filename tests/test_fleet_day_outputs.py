@@ -58,10 +58,10 @@ def test_slo_misses_are_never_negative_and_zero_when_all_met(day_run: Path):
 
 
 def test_a_fleet_day_run_too_long_to_keep_is_refused_up_front(tmp_path: Path):
+    from cli_helpers import refused
     from typer.testing import CliRunner
 
     from clustersim.cli.app import app
-    from cli_helpers import refused
 
     # ten years of rainier-serving-day's minutes: 5.3 million steps x (10 deployments,
     # 3 jobs, 1) rows

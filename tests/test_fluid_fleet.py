@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from cli_helpers import refused
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -29,7 +30,6 @@ from clustersim.serving.fluid_plan import (
     holding_blocks,
     running,
 )
-from cli_helpers import refused
 
 BASE = {
     "name": "fluid-beside-jobs",

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from cli_helpers import refused
 from typer.testing import CliRunner
 
 from clustersim.cli.app import app
-from cli_helpers import refused
 from tests.test_serving_plan import SMALL
 from tests.test_sites import small_sites
 
