@@ -238,8 +238,9 @@ def models(
             f"{row['experts']} top {row['top_k']}"
             + (f" +{row['shared_experts']}" if row["shared_experts"] else ""))
         window = "-" if row["window"] is None else f"{row['window']:,} {row['window_kind']}"
+        attention = row["attention"] + (" gated" if shape.attention_gate else "")
         cells = (row["name"], str(row["layers"]), f"{row['hidden']:,}", heads,
-                 row["attention"], experts, window, f"{row['parameters'] / 1e9:,.1f}B",
+                 attention, experts, window, f"{row['parameters'] / 1e9:,.1f}B",
                  f"{row['active_parameters'] / 1e9:,.1f}B")
         table.add_row(*cells)
         lines.append(f"[bold]{cells[0]}[/bold]: {cells[1]} layers of {cells[2]}, {cells[3]} "
