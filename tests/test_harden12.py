@@ -213,3 +213,30 @@ def test_the_plan_hint_carries_the_overrides_and_is_left_out_for_trace_jobs(tmp_
     assert "clustersim plan" not in trace.stdout
     refused(invoke("plan", ROOT / "scenarios/trace-philly.yaml", "-o", tmp_path / "plan"),
             "no hardware and size to plan on")
+
+
+def test_zero3_gathers_experts_over_their_context_parallel_holders_too():
+    """Context parallelism replicates the weights, so with dp = ep and cp 2 each rank's
+    experts are sharded over its two context ranks (memory: dp x cp / ep holders) and
+    ZeRO-3 gathers them every layer: the layer's gather is at least the dense part's plus
+    one such pair's all-gather of the rank's experts. It was the dense part alone (the
+    holders were looked for among the dp ranks only, one per context rank: none to
+    gather from)."""
+    from clustersim.training.memory import _expert_shard, layer_params_per_rank
+
+    raw = {"name": "z3", "hardware": "trn2", "cluster": {"instances": 2},
+           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 64,
+                     "seq_len": 4096,
+                     "parallelism": {"tp": 4, "cp": 2, "dp": 8, "ep": 8, "zero": 3}}]}
+    job = scenario_from_dict(raw).jobs[0]
+    hw = catalog_entry("trn2")
+    step = StepModel(build_topology(hw, 2))
+    par, placed = job.parallelism, np.arange(2)
+    experts = expert_params_per_rank(job, 1.0)
+    assert _expert_shard(par) == 2  # memory holds half of each rank's experts
+    pair = Group.from_rank_chips(rank_chips(hw, np.array([0, par.tp]), placed).tolist())
+    pair_s = step.collectives.cost("all-gather", pair, experts * 2).time_s  # bf16
+    dense_s, _ = step.reduction.zero3_layer_times(job, placed,
+                                                  layer_params_per_rank(job) - experts, 4, 2)
+    gather_s, scatter_s, _, _ = step.zero3_traffic_s(job)
+    assert pair_s > 0 and gather_s >= dense_s + pair_s

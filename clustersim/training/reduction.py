@@ -211,10 +211,9 @@ class GradientReduction:
         """(all-gather, reduce-scatter) of one mean layer's weights per rank under ZeRO-3:
         its dense weights over the shard group (`zero3_layer_times`, or `..._alone`), then
         with expert parallelism its routed experts over the ranks holding the same experts
-        (dp / ep of them in each context-parallel rank, as the ZeRO 1-2 reduction groups
-        them). Over the whole shard group they would be priced as if every rank of an
-        instance wanted the same bytes, hiding that each of its ep ranks gathers different
-        experts over the fabric."""
+        (dp x cp / ep of them, the ranks memory shards them over). Over the whole shard
+        group they would be priced as if every rank of an instance wanted the same bytes,
+        hiding that each of its ep ranks gathers different experts over the fabric."""
         par = job.parallelism
         layer = layer_params_per_rank(job)
         experts = expert_params_per_rank(job, 1.0) if par.ep > 1 else 0.0
@@ -224,14 +223,18 @@ class GradientReduction:
         else:
             gather_s, scatter_s = self.zero3_layer_times(job, placed, layer - experts,
                                                          grad_bytes, weight_bytes)
-        if experts <= 0.0 or par.dp == par.ep:
+        if experts <= 0.0 or par.dp * par.cp == par.ep:
             return gather_s, scatter_s  # each rank holds its experts whole
-        # As the ZeRO 1-2 reduction forms them: the dp / ep ranks holding rank 0's experts,
-        # one such group per (pipeline, tensor, context, expert) rank.
+        # The dp x cp / ep ranks holding rank 0's experts, as memory shards them (context
+        # parallelism replicates the weights: a dp rank's cp ranks hold the same experts;
+        # context rank innermost, as data_parallel_offsets), one such group per (pipeline,
+        # tensor, expert) rank.
         holders = np.arange(0, par.dp, par.ep)
+        contexts = par.tp * np.arange(par.cp)
         stride = pipeline_stride(par)
-        groups = [stride * d + t + par.tp * c + dp_rank_offsets(par, r + holders)
-                  for d in range(1 if alone else par.pp) for c in range(par.cp)
+        groups = [stride * d + t + (dp_rank_offsets(par, r + holders)[:, None]
+                                    + contexts[None, :]).ravel()
+                  for d in range(1 if alone else par.pp)
                   for t in range(par.tp) for r in range(1 if alone else par.ep)]
         if alone:
             group, together = self._first_group(groups, placed)
