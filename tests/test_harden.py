@@ -10,11 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from cli_helpers import refused
+from cli_helpers import invoke, refused, write
 from ray_helpers import import_ray
 from typer.testing import CliRunner
-
-from clustersim.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -37,17 +35,6 @@ TRACED = {
     "failures": {"preset": "llama3"},
     "trace": {"enabled": True, "levels": ["cluster", "job"]},
 }
-
-
-def invoke(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def write(tmp_path: Path, mapping, name: str = "scenario.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(mapping if isinstance(mapping, str) else yaml.safe_dump(mapping),
-                    encoding="utf-8")
-    return path
 
 
 def leftovers(folder: Path) -> list[str]:
