@@ -304,31 +304,36 @@ def fit_gpu(start: dict[str, float] | None = None) -> dict[str, float]:
 
 
 def print_models() -> None:
-    """2025's models (calibration.models_serving), each Trn2 row run from its scenario file
-    (scenarios/calibration/serving/trn2-deepseek-v3-*.yaml, trn2-qwen3-*.yaml) as `clustersim
+    """2025's models (calibration.models_serving; Trinity's port rows, calibration.trinity),
+    each Trn2 row run from its scenario file (scenarios/calibration/serving/
+    trn2-deepseek-v3-*.yaml, trn2-trinity-*.yaml, trn2-qwen3-*.yaml) as `clustersim
     run` runs it, per stack; the port's token profile; DeepSeek-V3 on H200; Trn2 against
     H200."""
     from clustersim.calibration import models_serving as ms
+    from clustersim.calibration import trinity as tr
     from clustersim.calibration.scenarios import file_for, run_serving_row
-    contrib = [("trn2-deepseek-v3-256-256-nxd-inference-contrib", ms.DEEPSEEK_TRN2,
-                "fitted: TPOT (iteration overhead, moe_layer_overhead), TTFT (expert "
-                "invocation overhead)")]
-    vllm = [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", r,
+    # (scenario, published TTFT ms, published TPOT ms, role)
+    contrib = [("trn2-deepseek-v3-256-256-nxd-inference-contrib", ms.DEEPSEEK_TRN2.ttft_ms,
+                ms.DEEPSEEK_TRN2.tpot_ms, "fitted: TPOT (iteration overhead, "
+                "moe_layer_overhead), TTFT (expert invocation overhead)")]
+    contrib += [(tr.row_name(r), r.ttft_ms, r.tkg_ms, "judges (unseen model, Trinity port)")
+                for r in tr.TRINITY_ROWS]
+    vllm = [(f"trn2-deepseek-v3-vllm-batch-{r.batch}", ms.VLLM_TTFT_MS, r.tpot_ms,
              "TPOT fitted (moe_expert_load_overhead); TTFT judges (about 1.7 s)"
              if r is ms.DEEPSEEK_VLLM_BATCHES[-1] else "judges (TTFT: about 1.7 s)")
             for r in ms.DEEPSEEK_VLLM_BATCHES]
+    qwen3 = [("trn2-qwen3-32b-128-512-nxd-inference", ms.QWEN3_TRN2.ttft_ms,
+              ms.QWEN3_TRN2.tpot_ms, "judges")]
     for stack, rows in ((ms.CONTRIB_STACK, contrib), (ms.VLLM_STACK, vllm),
-                        ("nxd-inference", [("trn2-qwen3-32b-128-512-nxd-inference",
-                                            ms.QWEN3_TRN2, "judges")])):
-        print(f"\n== stack {stack}, Trn2 (trn2.48xlarge, TP 64, bf16): 2025's models")
-        print(f"{'row (scenario file)':<50}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}"
+                        ("nxd-inference", qwen3)):
+        print(f"\n== stack {stack}, Trn2 (trn2.48xlarge or one chip, bf16): 2025's models")
+        print(f"{'row (scenario file)':<58}{'TTFT ms':>9}{'pub':>8}{'err':>8}{'TPOT ms':>9}"
               f"{'pub':>7}{'err':>8}  role")
-        for name, row, role in rows:
+        for name, ttft_pub, tpot_pub, role in rows:
             ttft, tpot = run_serving_row(file_for("serving", name))
-            published = getattr(row, "ttft_ms", ms.VLLM_TTFT_MS)
-            print(f"{name:<50}{ttft * 1e3:>9.1f}{published:>8.1f}"
-                  f"{ttft * 1e3 / published - 1:>+8.1%}{tpot * 1e3:>9.2f}{row.tpot_ms:>7.2f}"
-                  f"{tpot * 1e3 / row.tpot_ms - 1:>+8.1%}  {role}")
+            print(f"{name:<58}{ttft * 1e3:>9.1f}{ttft_pub:>8.1f}"
+                  f"{ttft * 1e3 / ttft_pub - 1:>+8.1%}{tpot * 1e3:>9.2f}{tpot_pub:>7.2f}"
+                  f"{tpot * 1e3 / tpot_pub - 1:>+8.1%}  {role}")
     left = ms.fixed_time_left()
     fit = left.pop("fit")
     print(f"\n== nxd-inference decode, TP 64, batch 1: the fixed time per iteration each row "
