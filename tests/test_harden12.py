@@ -240,3 +240,27 @@ def test_zero3_gathers_experts_over_their_context_parallel_holders_too():
                                                   layer_params_per_rank(job) - experts, 4, 2)
     gather_s, scatter_s, _, _ = step.zero3_traffic_s(job)
     assert pair_s > 0 and gather_s >= dense_s + pair_s
+
+
+def test_zero1_reduces_experts_over_their_context_parallel_holders_too():
+    """The same holders under ZeRO-1: with dp = ep and cp 2 a rank's experts' gradients are
+    reduce-scattered over its two context ranks (the optimizer keeps half of them each), the
+    chip's 4 TP ranks' pairs on the same two chips at once, so the step's reduction is at
+    least that pair's reduce-scatter of the 4 ranks' expert gradients. It reduced the dense
+    weights alone (the experts' holders were looked for among the dp ranks only)."""
+    from clustersim.training.memory import _expert_shard
+
+    raw = {"name": "z1", "hardware": "trn2", "cluster": {"instances": 2},
+           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 64,
+                     "seq_len": 4096,
+                     "parallelism": {"tp": 4, "cp": 2, "dp": 8, "ep": 8, "zero": 1}}]}
+    job = scenario_from_dict(raw).jobs[0]
+    hw = catalog_entry("trn2")
+    step = StepModel(build_topology(hw, 2))
+    par, placed = job.parallelism, np.arange(2)
+    assert _expert_shard(par) == 2
+    pair = Group.from_rank_chips(rank_chips(hw, np.array([0, par.tp]), placed).tolist())
+    experts_bytes = expert_params_per_rank(job) * 2 * par.tp  # bf16, the chip's TP ranks
+    pair_s = step.collectives.cost("reduce-scatter", pair, experts_bytes).time_s
+    (times,) = step.reduction.per_pipeline_rank(job, placed, 2, 2).values()
+    assert pair_s > 0 and times.reduce_s >= pair_s

@@ -116,9 +116,13 @@ class GradientReduction:
                 across = GroupsOfRanks(tp_ranks, offsets[::z])
                 reduce_s += self._over_groups(0, across, dense / z, grad_bytes, weight_bytes,
                                               placed)[0]
-            if experts and par.dp > par.ep:
-                replicas = np.arange(0, par.dp, par.ep)  # dp ranks holding the same experts
-                expert_ranks = [base + t + dp_rank_offsets(par, r + replicas)
+            if experts and par.dp * par.cp > par.ep:
+                # The dp x cp / ep ranks holding the same experts (every ep-th dp rank, each
+                # with its cp ranks: context parallelism replicates the weights).
+                replicas = np.arange(0, par.dp, par.ep)
+                contexts = par.tp * np.arange(par.cp)
+                expert_ranks = [base + t + (dp_rank_offsets(par, r + replicas)[:, None]
+                                            + contexts[None, :]).ravel()
                                 for t in range(par.tp) for r in range(par.ep)]
                 more = self._over_groups(par.zero, expert_ranks, experts, grad_bytes,
                                          weight_bytes, placed)
