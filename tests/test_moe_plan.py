@@ -22,6 +22,7 @@ from clustersim.training.ranks import expert_group_ranks, expert_groups_by_split
 
 ROOT = Path(__file__).resolve().parent.parent
 _WORDS = {2: "two", 3: "three", 4: "four"}
+_ORDINALS = {2: "second", 4: "fourth", 8: "eighth", 16: "sixteenth"}
 TRN2 = catalog_entry("trn2")
 
 
@@ -114,6 +115,15 @@ def test_deepseek_v3_on_trn2_plans_as_the_readme_and_planning_say(trn2) -> None:
     figures = simulate_task((group.key, [job_for(trn2.scenario.jobs[0], old)]))[0]
     assert (f"TP 16, PP 32, DP 128 at {figures['step_time_s']:.2f} s, MFU "
             f"{figures['mfu']:.1%}") in planning
+    if best["cp"] > 1:  # the same layout's context ranks folded into data parallelism
+        folded = Candidate("trn2", best["chips"], best["tp"], best["pp"], best["dp"] * best["cp"],
+                           best["ep"] * best["cp"], 1, best["micro_batch"], best["recompute"],
+                           bool(best["sequence_parallel"]), best["zero"], 1, best["order"])
+        cp1 = simulate_task((group.key, [job_for(trn2.scenario.jobs[0], folded)]))[0]
+        assert cp1["step_time_s"] > best["step_time_s"]
+        assert (f"Context parallelism beats CP 1 (TP {best['tp']}, PP {best['pp']}, DP "
+                f"{folded.dp:,} with expert parallelism {folded.ep}, "
+                f"{cp1['step_time_s']:.2f} s)") in planning
 
 
 @pytest.mark.slow
@@ -152,7 +162,9 @@ def test_deepseek_v3_on_trn3_plans_expert_parallelism_as_the_readme_says(trn3) -
     assert f"with ZeRO-3 the same layout steps in {zero3['step_time_s']:.2f} s" in quoted
     assert (f"({zero3['memory_per_chip_gib']:.0f} GiB per chip against "
             f"{best['memory_per_chip_gib']:.0f}) steps in {zero3['step_time_s']:.2f} s") in planning
-    assert f"{(best['dp'] // best['ep']):,} ranks holding them" in planning
+    holders = best["dp"] * best["cp"] // best["ep"]  # context ranks hold the same experts
+    assert f"{holders:,} ranks holding them (both context ranks of every " \
+        f"{_ORDINALS[best['ep']]} data-parallel rank)" in planning
     # the layout planned before the straddling groups were costed: its experts' holders
     # (192 ranks, 24 instances apart) split unevenly over the UltraServers
     was = simulated(Candidate("trn3-gen2", best["chips"], 4, 3, 3072, 16, 1, 1, "none",
@@ -225,6 +237,12 @@ def test_deepseek_v3_trn2_against_p5en_as_the_readme_says(trn2, p5en) -> None:
             f"${trn['cost_usd']:.2f}") in quoted
     assert f"{gpu['cost_usd'] / trn['cost_usd']:.2f} times P5en's tokens per dollar" in quoted
     assert trn["mfu"] < gpu["mfu"] / 2  # "its MFU under half the GPUs'"
+    # "a gap inside Trn2's expected step band": Trn2 at the band's edge would cost P5en's
+    low, high = trn2.rows.loc[trn2.rows["step_time_s"] == trn["step_time_s"],
+                              "step_time_s_band"].iloc[0]
+    ratio = gpu["cost_usd"] / trn["cost_usd"]
+    assert low / trn["step_time_s"] < ratio < high / trn["step_time_s"]
+    assert "a gap inside Trn2's expected step band" in quoted
     row = trn2.rows[(trn2.rows["step_time_s"] == trn["step_time_s"])].iloc[0]
     assert (row["bubble_s"] + row["exposed_comm_s"]) / row["step_time_s"] > 0.5  # "mostly"
     assert "Trn2 gives 1.52 times the tokens per dollar" in " ".join(
