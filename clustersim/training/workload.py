@@ -418,6 +418,19 @@ def _matmul_weights(model: TransformerShape) -> int:
     return model.layers * (attention + mlp) + model.vocab * model.hidden
 
 
+def _token_matmul_weights(job: TrainingJob) -> float:
+    """_matmul_weights of the job's mean token: a capacity factor c below 1 lets each expert
+    take at most c times its mean tokens, so at least 1 - c of the routed copies are dropped
+    (they skip their expert) and their FLOPs are not the model's."""
+    model = job.model
+    weights = float(_matmul_weights(model))
+    capacity = getattr(job, "capacity_factor", None)
+    if model.moe and capacity is not None and capacity < 1.0:
+        routed = model.moe_layers * model.top_k * model.expert_parameters
+        weights -= (1.0 - capacity) * routed
+    return weights
+
+
 def model_flops_per_step(job: TrainingJob) -> float:
     """Model FLOPs of a step (no recompute): 6 x matmul weights x tokens + the attention term.
 
@@ -427,9 +440,10 @@ def model_flops_per_step(job: TrainingJob) -> float:
     model, s = job.model, job.sequence_length
     tokens = job.global_batch * s
     if not classic_core(model):
-        return 6.0 * _matmul_weights(model) * tokens + 3.0 * attention_flops_per_token(
+        return 6.0 * _token_matmul_weights(job) * tokens + 3.0 * attention_flops_per_token(
             model, s) * tokens
-    return 6.0 * _matmul_weights(model) * tokens + 12.0 * model.layers * model.hidden * s * tokens
+    return 6.0 * _token_matmul_weights(job) * tokens + (
+        12.0 * model.layers * model.hidden * s * tokens)
 
 
 def hardware_flops_per_step(job: TrainingJob) -> float:
@@ -438,7 +452,7 @@ def hardware_flops_per_step(job: TrainingJob) -> float:
     tokens = job.global_batch * s
     core = (4.0 * model.layers * model.hidden * s * tokens if classic_core(model)
             else attention_flops_per_token(model, s) * tokens)
-    forward = 2.0 * _matmul_weights(model) * tokens + core
+    forward = 2.0 * _token_matmul_weights(job) * tokens + core
     base = model_flops_per_step(job)
     if job.recompute == "full":
         return base + forward - 2.0 * model.vocab * model.hidden * tokens
