@@ -9,8 +9,9 @@ import pytest
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.scenario.loader import scenario_from_dict
+from clustersim.training.memory import memory_per_rank
 from clustersim.training.step import StepModel
-from clustersim.training.workload import model_flops_per_step
+from clustersim.training.workload import cp_exchange_per_layer, model_flops_per_step
 
 # 1. A capacity factor below 1 drops tokens: their expert FLOPs are not the model's ---------
 
@@ -44,3 +45,39 @@ def test_mfu_stays_below_one_when_a_capacity_factor_drops_most_tokens(capacity: 
     hw = catalog_entry("trn2")
     profile = StepModel(build_topology(hw, 1)).profile(_capped(capacity))
     assert 0.0 < profile.mfu <= profile.hfu <= 1.0
+
+
+# 2. Context parallelism moves MLA's expanded keys and values, not hidden / heads wide -------
+
+
+def _mla_cp(cp_comm: str):
+    raw = {"name": "mla", "hardware": "trn2", "cluster": {"instances": 2},
+           "jobs": [{"name": "j", "model": {"base": "deepseek-v3", "layers": 8, "experts": 16},
+                     "seq_len": 16384, "global_batch": 16,
+                     "parallelism": {"tp": 8, "cp": 2, "pp": 2, "dp": 4, "ep": 4,
+                                     "zero": 1, "cp_comm": cp_comm}}]}
+    return scenario_from_dict(raw).jobs[0]
+
+
+def test_mla_context_parallel_exchange_carries_192_wide_keys_and_128_wide_values():
+    """DeepSeek-V3's heads are 7,168 / 128 = 56 wide by hidden / heads, but its expanded
+    keys are 128 + 64 = 192 wide and its values 128: a rank's 16 heads (tp 8) of 8,192
+    positions. Before, both exchanges were counted 56 wide (ring 2.9x, Ulysses 3x short)."""
+    positions, heads, e = 16384 // 2, 128 // 8, 2
+    ring_fwd, ring_bwd = cp_exchange_per_layer(_mla_cp("ring"))
+    assert ring_fwd == [("all-gather", positions * heads * (192 + 128) * e * 2)]
+    assert [op for op, _ in ring_bwd] == ["all-gather", "reduce-scatter"]
+    a2a_fwd, _ = cp_exchange_per_layer(_mla_cp("all-to-all"))
+    assert a2a_fwd == [("all-to-all", positions * e * (heads * 192 + heads * (192 + 128))),
+                       ("all-to-all", positions * e * heads * 128)]
+
+
+def test_mla_ring_buffers_hold_the_expanded_keys_and_values():
+    """Ring attention keeps two blocks of keys and values: 2 x 8,192 positions x 16 heads x
+    (192 + 128) x 2 bytes a rank, on top of the all-to-all variant's activations."""
+    ring, a2a = _mla_cp("ring"), _mla_cp("all-to-all")
+    held = 3.0  # any micro-batch count: the buffers are one micro-batch's
+    extra = (memory_per_rank(ring, held, 96 * 2**30, 4).activations
+             - memory_per_rank(a2a, held, 96 * 2**30, 4).activations)
+    assert extra == 2 * 8192 * 16 * (192 + 128) * 2
+

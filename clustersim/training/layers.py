@@ -28,6 +28,7 @@ __all__ = [
     "mean_attention_span",
     "query_width",
     "value_width",
+    "head_widths",
     "kv_elements_per_token",
     "kv_elements_per_token_per_layer",
     "layer_weights",
@@ -97,6 +98,14 @@ def value_width(model: TransformerShape) -> int:
     if model.attention == "mla":
         return model.heads * model.v_head_dim
     return model.heads * model.head_dim
+
+
+def head_widths(model: TransformerShape) -> tuple[int, int]:
+    """(key width, value width) of one key-value head as attention reads it: head_dim
+    each, or with MLA (expanded per head, as trained) qk_nope + qk_rope and v_head_dim."""
+    if model.attention == "mla":
+        return model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    return model.head_dim, model.head_dim
 
 
 def attention_parameters(model: TransformerShape) -> int:

@@ -23,6 +23,7 @@ from clustersim.training.experts import (
     expert_weights_per_layer,
     router_weights_per_layer,
 )
+from clustersim.training.layers import head_widths
 from clustersim.training.schedule import in_flight
 from clustersim.training.stages import rank_layers
 from clustersim.training.transformer import TransformerShape, sharded_heads
@@ -196,6 +197,16 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     return replicated + split / t
 
 
+def _ring_buffer_bytes(job: TrainingJob) -> float:
+    """Ring attention's buffers: the keys and values of the block being received and of the
+    one attended to (MLA's expanded per head: 192 + 128 wide for DeepSeek-V3)."""
+    par = job.parallelism
+    key, value = head_widths(job.model)
+    return 2.0 * job.micro_batch * (job.sequence_length // par.cp) * (
+        sharded_heads(job.model, par.tp).kv_per_rank) * (key + value) * (
+        BYTES_PER_ELEMENT[job.precision])
+
+
 def _stage_layers(job: TrainingJob, stage: int) -> float:
     """Layers pipeline rank `stage` holds: as evenly as possible (training.stages)."""
     par, layers = job.parallelism, job.model.layers
@@ -226,9 +237,7 @@ def memory_per_rank(job: TrainingJob, in_flight_microbatches: float, hbm_bytes: 
     activations = _activation_bytes(job, attention) * layers * in_flight_microbatches
     if par.cp > 1 and par.cp_comm == "ring":
         # Keys and values of the block being received and of the one attended to.
-        e = BYTES_PER_ELEMENT[job.precision]
-        activations += 2 * 2.0 * job.micro_batch * (job.sequence_length // par.cp) * (
-            sharded_heads(job.model, par.tp).kv_per_rank) * job.model.head_dim * e
+        activations += _ring_buffer_bytes(job)
     logits = 0.0
     if last:  # fp32 logits of the vocabulary shard for one micro-batch
         logits = 4.0 * job.micro_batch * (job.sequence_length // par.cp) * math.ceil(
@@ -386,9 +395,7 @@ class BusiestMemory:
         par = job.parallelism
         ring = None
         if par.cp > 1 and par.cp_comm == "ring":
-            e = BYTES_PER_ELEMENT[job.precision]
-            ring = 2 * 2.0 * job.micro_batch * (job.sequence_length // par.cp) * (
-                sharded_heads(job.model, par.tp).kv_per_rank) * job.model.head_dim * e
+            ring = _ring_buffer_bytes(job)
         logits = 4.0 * job.micro_batch * (job.sequence_length // par.cp) * math.ceil(
             job.model.vocab / par.tp)
         return ring, logits

@@ -51,6 +51,7 @@ from clustersim.training.experts import (
     local_experts,
     moe_share,
 )
+from clustersim.training.layers import head_widths
 from clustersim.training.mean_layer import mean_layer_ops
 from clustersim.training.ops import Op, _attention_ops, _matmul, _vector
 from clustersim.training.transformer import TransformerShape, sharded_heads
@@ -290,14 +291,16 @@ def cp_exchange_per_layer(job: TrainingJob) -> tuple[list[tuple[str, float]],
         return [], []
     model, b = job.model, job.micro_batch
     e = BYTES_PER_ELEMENT[job.precision]
-    local = b * (job.sequence_length // par.cp) * model.head_dim * e
+    local = b * (job.sequence_length // par.cp) * e
+    key, value = head_widths(model)  # (MLA: 192 and 128 wide for DeepSeek-V3)
     layout = sharded_heads(model, par.tp)
     heads, kv_heads = layout.per_rank, layout.kv_per_rank
     if par.cp_comm == "ring":
-        block = 2.0 * local * kv_heads * par.cp  # every rank's keys and values, gathered
+        # every rank's keys and values, gathered
+        block = float(local * kv_heads * (key + value) * par.cp)
         return [("all-gather", block)], [("all-gather", block), ("reduce-scatter", block)]
-    qkv = float(local * (heads + 2 * kv_heads))
-    out = float(local * heads)
+    qkv = float(local * (heads * key + kv_heads * (key + value)))
+    out = float(local * heads * value)
     return [("all-to-all", qkv), ("all-to-all", out)], [("all-to-all", out), ("all-to-all", qkv)]
 
 
