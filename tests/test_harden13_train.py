@@ -9,7 +9,7 @@ import pytest
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
 from clustersim.scenario.loader import scenario_from_dict
-from clustersim.training.memory import memory_per_rank
+from clustersim.training.memory import memory_per_rank, params_per_rank
 from clustersim.training.step import StepModel
 from clustersim.training.workload import cp_exchange_per_layer, model_flops_per_step
 
@@ -81,3 +81,19 @@ def test_mla_ring_buffers_hold_the_expanded_keys_and_values():
              - memory_per_rank(a2a, held, 96 * 2**30, 4).activations)
     assert extra == 2 * 8192 * 16 * (192 + 128) * 2
 
+
+# 3. Tied embeddings on one pipeline stage are one matrix ------------------------------------
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_a_tied_output_layer_is_not_held_twice_by_one_stage(pp: int):
+    """Llama 3.2 1B with its embeddings tied: 1,235,814,400 weights. On one stage a rank
+    held 1,498,482,688 (the 262.7M vocabulary matrix twice); with two stages each end keeps
+    its copy, so the two ranks hold the model plus one matrix."""
+    raw = {"name": "t", "hardware": "trn2", "cluster": {"instances": 1},
+           "jobs": [{"name": "j", "model": {"base": "llama3.2-1b", "tied_embeddings": True},
+                     "global_batch": 64, "parallelism": {"tp": 1, "pp": pp, "dp": 64 // pp}}]}
+    job = scenario_from_dict(raw).jobs[0]
+    held = sum(params_per_rank(job, d == 0, d == pp - 1, 16 / pp) for d in range(pp))
+    copies = 0 if pp == 1 else 1
+    assert held == job.model.parameter_count() + copies * 128256 * 2048

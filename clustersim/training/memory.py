@@ -154,7 +154,11 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
-        count += model.vocab * model.hidden / par.tp + model.hidden
+        # The output layer, unless it is the input embedding (tied) held on this rank too:
+        # with pipeline stages the last keeps its own copy, as Megatron-LM does.
+        if not (first and model.tied_embeddings):
+            count += model.vocab * model.hidden / par.tp
+        count += model.hidden
     return count
 
 
