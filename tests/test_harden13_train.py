@@ -5,6 +5,7 @@ per defect."""
 from __future__ import annotations
 
 import pytest
+from cli_helpers import invoke, refused, write
 
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
@@ -97,3 +98,17 @@ def test_a_tied_output_layer_is_not_held_twice_by_one_stage(pp: int):
     held = sum(params_per_rank(job, d == 0, d == pp - 1, 16 / pp) for d in range(pp))
     copies = 0 if pp == 1 else 1
     assert held == job.model.parameter_count() + copies * 128256 * 2048
+
+
+# 4. A refused rank count shows the degrees it multiplies -----------------------------------
+
+
+def test_a_rank_count_refusal_shows_the_context_parallel_degree_it_counts(tmp_path):
+    """tp 1 x cp 4 x pp 1 x dp 2 = 8 ranks on trn2 (64 a trn2.48xlarge): the value shown
+    was {tp: 1, pp: 1, dp: 2}, whose product is not the 8 ranks the message names."""
+    path = write(tmp_path, {"name": "r", "hardware": "trn2", "cluster": {"instances": 1},
+                            "jobs": [{"name": "j", "model": "llama3-8b", "global_batch": 8,
+                                      "parallelism": {"tp": 1, "cp": 4, "dp": 2}}]})
+    result = invoke("step", path)
+    refused(result, "jobs.0.parallelism = {tp: 1, cp: 4, pp: 1, dp: 2}",
+            "tp 1 x cp 4 x pp 1 x dp 2 = 8 ranks", "expected a multiple of 64")

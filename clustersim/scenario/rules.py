@@ -145,6 +145,9 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                             "or let `clustersim plan SCENARIO --write-scenario FILE` choose it")
             continue
         cp_shown = f" x cp {par.cp}" if par.cp > 1 else ""
+        # the degrees whose product the messages below are about, as the value shown
+        degrees = {"tp": par.tp, **({"cp": par.cp} if par.cp > 1 else {}), "pp": par.pp,
+                   "dp": par.dp}
         shown = f"tp {par.tp}{cp_shown} x pp {par.pp} x dp {par.dp} = {par.ranks} ranks"
         if job.instances is not None:
             if par.ranks != job.instances * rpi:
@@ -152,14 +155,14 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                     f"{at}.parallelism",
                     f"{shown}; expected {job.instances * rpi} = {job.instances} instances x "
                     f"{rpi} ranks per {hw.instance.name}",
-                    {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
+                    degrees, True,
                 )
         elif par.ranks % rpi:
             yield Issue(
                 f"{at}.parallelism",
                 f"{shown} is not a whole number of {hw.instance.name} instances "
                 f"({rpi} ranks each); expected a multiple of {rpi}",
-                {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
+                degrees, True,
             )
         instances = s.job_instances(job)
         if instances > working:
@@ -168,7 +171,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 f"{at}.instances" if written else f"{at}.parallelism",
                 f"the job needs {instances} instances but the cluster has "
                 f"{s.working_instances} (plus {s.cluster.spares} spares)",
-                instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
+                instances if written else degrees, True,
             )
         model = job.model
         # A tp that does not divide the heads is run as NxD runs it: heads padded up to a
