@@ -112,3 +112,17 @@ def test_a_rank_count_refusal_shows_the_context_parallel_degree_it_counts(tmp_pa
     result = invoke("step", path)
     refused(result, "jobs.0.parallelism = {tp: 1, cp: 4, pp: 1, dp: 2}",
             "tp 1 x cp 4 x pp 1 x dp 2 = 8 ranks", "expected a multiple of 64")
+
+
+# 5. moe_every past the last layer is named as the key at fault -----------------------------
+
+
+def test_moe_every_past_the_last_layer_names_moe_every(tmp_path):
+    """Qwen3-30B-A3B (48 layers, no dense ones) with moe_every 49 has no MoE layer: the
+    refusal named `dense_layers = 0`, a key the user never wrote."""
+    path = write(tmp_path, {"name": "m", "hardware": "trn2", "cluster": {"instances": 1},
+                            "jobs": [{"name": "j", "model": {"base": "qwen3-30b-a3b",
+                                                             "moe_every": 49},
+                                      "global_batch": 64, "parallelism": {"tp": 4, "dp": 16}}]})
+    refused(invoke("step", path), "jobs.0.model.moe_every = 49",
+            "leaves none of the 48 layers a MoE layer; expected at most 48")

@@ -145,6 +145,9 @@ class TransformerShape(Spec):
             if value and not self.moe:
                 raise KeyedError(key, "needs a mixture of experts (experts > 1)", value)
         if self.moe and self.moe_layers == 0:
+            if self.dense_layers == 0:  # moe_every alone is past the last layer
+                raise KeyedError("moe_every", f"leaves none of the {self.layers} layers a MoE "
+                                 f"layer; expected at most {self.layers}", self.moe_every)
             raise KeyedError("dense_layers", f"with moe_every {self.moe_every}, leaves none of "
                              f"the {self.layers} layers a MoE layer", self.dense_layers)
         ranks = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
