@@ -126,3 +126,19 @@ def test_moe_every_past_the_last_layer_names_moe_every(tmp_path):
                                       "global_batch": 64, "parallelism": {"tp": 4, "dp": 16}}]})
     refused(invoke("step", path), "jobs.0.model.moe_every = 49",
             "leaves none of the 48 layers a MoE layer; expected at most 48")
+
+
+# 6. Llama 3.2 1B ties its embeddings, as its config (and the catalog's source note) says -----
+
+
+def test_llama32_1b_counts_its_tied_embeddings_once():
+    """config.json: tie_word_embeddings true; the model card's 1.23B (1.24B on its Hugging
+    Face page). The preset left the tie out: 1.50B, the 262.7M vocabulary matrix twice."""
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    model = TransformerShape(**model_preset_values("llama3.2-1b"))
+    assert model.tied_embeddings
+    count = model.parameter_count()
+    assert count == 16 * (2048 * (2048 + 2 * 512 + 2048) + 3 * 2048 * 8192 + 2 * 2048) + (
+        128256 * 2048 + 2048)
+    assert round(count / 1e9, 2) == 1.24 and abs(count / 1.23e9 - 1) < 0.01
