@@ -335,4 +335,11 @@ def input_files(scenario: Scenario) -> list[Path]:
         if text:
             path = Path(text)
             files.append(path if path.is_absolute() else source.parent / path)
+    workload = scenario.workload
+    if workload is not None and workload.format == "pai" and workload.trace:
+        # PAI's task table, read beside its job table (or in the folder `trace` names)
+        table = Path(workload.trace)
+        table = table if table.is_absolute() else source.parent / table
+        files.append(table / "pai_task_table.csv" if table.is_dir() else
+                     table.with_name(table.name.replace("job_table", "task_table")))
     return files
