@@ -36,3 +36,64 @@ def test_an_output_folder_that_is_a_trace_folder_is_refused_even_with_force(tmp_
     result = invoke("run", scenario, "-o", data, "--force")
     refused(result, "an input of this command")
     assert sorted(p.name for p in data.iterdir()) == ["pai_job_table.csv", "pai_task_table.csv"]
+
+
+# 2. A trace's missing submission time was 1970; "now" was the clock's time -------------
+
+HELIOS_HEADER = ("job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,"
+                 "end_time,duration,queue")
+
+
+def _helios(tmp_path: Path, *rows: str) -> Path:
+    (tmp_path / "h.csv").write_text("\n".join((HELIOS_HEADER, *rows)) + "\n")
+    return _trace_scenario(tmp_path, "h.csv", "helios")
+
+
+def test_a_missing_submission_time_is_refused_naming_its_row(tmp_path: Path):
+    """An empty submit_time was read as 0 s, i.e. 1970: it became the trace's first
+    submission, every other job 50 years later, and the run was refused for row 2's
+    submission (`'1.842e+04d': at or after the end of the scenario`), not row 1's."""
+    scenario = _helios(
+        tmp_path,
+        "1,u,v,8,1,1,COMPLETED,,2020-06-09 18:41:01,2020-06-10 04:55:09,1,0",
+        "2,u,v,8,1,1,COMPLETED,2020-06-09 18:42:01,2020-06-09 18:43:01,2020-06-10 04:55:09,1,0")
+    refused(invoke("validate", scenario), "row 1, column submit_time", "submission time")
+
+
+def test_a_missing_pai_submission_does_not_shift_the_others(tmp_path: Path):
+    """PAI's job start_time (its submission) empty on row 1: it was 0 s, so row 2's job was
+    submitted 150 s into the run rather than 50 s after row 1's (shifted by the 100 s of
+    the first submission)."""
+    from clustersim.scenario.errors import WorkloadError
+    from clustersim.scenario.traces import TraceMapping, TraceTarget, read_trace
+
+    (tmp_path / "pai_job_table.csv").write_text(
+        "j1,i1,u,Terminated,,200.0\nj2,i2,u,Terminated,150.0,300.0\n")
+    (tmp_path / "pai_task_table.csv").write_text(
+        "j1,worker,8.0,Terminated,110.0,200.0,600,29,100,V100\n"
+        "j2,worker,2.0,Terminated,160.0,300.0,600,29,50,V100\n")
+    try:
+        read_trace(tmp_path / "pai_job_table.csv", "pai", TraceMapping(),
+                   TraceTarget(64, 667.0, 64))
+    except WorkloadError as error:
+        assert "row 1, column start_time" in str(error)
+    else:
+        raise AssertionError("a PAI job without its submission time was replayed")
+
+
+def test_now_is_not_a_time_of_a_trace(tmp_path: Path):
+    """pandas reads "now" as the clock's time: an end_time of "now" replayed a 2020 job for
+    six years of run time (and a different one every day)."""
+    scenario = _helios(
+        tmp_path, "1,u,v,8,1,1,COMPLETED,2020-06-09 18:41:01,2020-06-09 18:41:01,now,1,0")
+    refused(invoke("validate", scenario), "row 1, column end_time", "'now' is not a time")
+
+
+def test_a_400_digit_philly_time_is_refused_not_an_overflow(tmp_path: Path):
+    """A JSON integer too large for a float: OverflowError, exit 1 (internal error)."""
+    (tmp_path / "p.json").write_text(
+        '[{"status": "Pass", "vc": "v", "user": "u", "jobid": "a", "submitted_time": '
+        + "9" * 400 + ', "attempts": []}]')
+    result = invoke("validate", _trace_scenario(tmp_path, "p.json", "philly"))
+    refused(result, "job 1 (jobid a), column submitted_time", "not a finite time")
+    assert "9" * 100 not in result.stderr  # shown shortened

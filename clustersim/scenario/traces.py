@@ -153,6 +153,14 @@ def _contents(path: Path) -> bytes:
 # as Arabic-Indic, `1_000`, `infinity`) is not a trace's number.
 _PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _FIRST_YEAR, _LAST_YEAR = limits.TRACE_FIRST_YEAR, limits.TRACE_LAST_YEAR
+_DATE = re.compile(r"\s*[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(\s|T|$)")  # YYYY-MM-DD, then the time
+_MISSING = ("None", "NaT", "nan", "NaN")  # a time not known: Philly's "None", pandas' marks
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, at most 40 characters (a 400-digit number is not shown whole)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _plain(value: Any) -> float | None:
@@ -161,7 +169,10 @@ def _plain(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer of 400 digits: no finite number
+            return math.inf
     if isinstance(value, str) and _PLAIN_NUMBER.fullmatch(value.strip()):
         return float(value)
     return None
@@ -170,7 +181,7 @@ def _plain(value: Any) -> float | None:
 def _seconds(value: Any, where: str, column: str) -> float | None:
     """A time as seconds: a number, or a date and time (with or without a zone)."""
     if (value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
-            or value == "None"):  # Philly writes a time it does not have as "None"
+            or value in _MISSING):  # Philly writes a time it does not have as "None"
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
@@ -178,8 +189,11 @@ def _seconds(value: Any, where: str, column: str) -> float | None:
     seconds = _plain(value)  # seconds, written as a number or as text (PAI's tables)
     if seconds is not None:
         if not math.isfinite(seconds):
-            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
+            raise _Bad(f"{where}, column {column}: {_shown(value)} is not a finite time")
         return seconds
+    if not _DATE.match(value):  # pandas reads "now" and "today" as the clock's time
+        raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
+                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
     import pandas as pd
 
     try:
@@ -197,6 +211,17 @@ def _seconds(value: Any, where: str, column: str) -> float | None:
             raise
         raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
                    "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
+
+
+def _submitted(value: Any, where: str, column: str) -> float:
+    """A job's submission time, which every replayed or left-out row needs: it orders the
+    trace and is where its clock starts (one missing was read as 1970, decades before the
+    others)."""
+    seconds = _seconds(value, where, column)
+    if seconds is None:
+        raise _Bad(f"{where}, column {column}: {_shown(value)}; expected the job's submission "
+                   "time (YYYY-MM-DD HH:MM:SS or seconds)")
+    return seconds
 
 
 def _number(value: Any, where: str, column: str) -> float:
@@ -249,7 +274,7 @@ def _slurm_rows(path: Path, team_column: str, with_fail_time: bool) -> list[_Row
             end = fail if end is None or (fail is not None and fail < end) else end
         gpus = _number(record["gpu_num"], where, "gpu_num")
         rows.append(_Row(where, str(record["job_id"]),
-                         _seconds(record["submit_time"], where, "submit_time") or 0.0,
+                         _submitted(record["submit_time"], where, "submit_time"),
                          _seconds(record["start_time"], where, "start_time"), end,
                          gpus or None, _text(record.get(team_column)),
                          _text(record["state"]), "gpu_num"))
@@ -310,7 +335,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
                            "GPUs per server")
             gpus = float(sum(len(d["gpus"]) for d in detail))
         rows.append(_Row(where, str(job["jobid"]),
-                         _seconds(job["submitted_time"], where, "submitted_time") or 0.0,
+                         _submitted(job["submitted_time"], where, "submitted_time"),
                          start, end, gpus or None, _text(job.get(team_column)),
                          _text(job["status"]), "attempts.detail.gpus", reason))
     return rows
@@ -350,7 +375,7 @@ def _pai_rows(path: Path) -> list[_Row]:
         ends = [e for _, _, e in own if e is not None]
         gpus = sum(g for g, _, _ in own)
         rows.append(_Row(where, str(job["inst_id"] or job["job_name"]),
-                         _seconds(job["start_time"], where, "start_time") or 0.0,
+                         _submitted(job["start_time"], where, "start_time"),
                          min(starts) if starts else None, max(ends) if ends else None,
                          gpus or None, _text(job["user"]), _text(job["status"]),
                          "plan_gpu"))
