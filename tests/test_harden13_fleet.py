@@ -97,3 +97,30 @@ def test_a_400_digit_philly_time_is_refused_not_an_overflow(tmp_path: Path):
     result = invoke("validate", _trace_scenario(tmp_path, "p.json", "philly"))
     refused(result, "job 1 (jobid a), column submitted_time", "not a finite time")
     assert "9" * 100 not in result.stderr  # shown shortened
+
+
+# 3. A template's run-time sigma of 1e6 overflowed exp -----------------------------------
+
+MIX = {
+    "name": "mix", "duration": "2d", "hardware": "trn2", "seed": 1,
+    "cluster": {"instances": 16, "spares": 1},
+    "scheduler": {"policy": "fairshare", "preemption": True},
+    "teams": [{"name": "a", "quota": 8}, {"name": "b", "quota": 8, "share": 2}],
+    "workload": {
+        "arrivals": {"rate": "20/d", "count": 12},
+        "templates": [{
+            "name": "small", "weight": 3, "teams": {"a": 1, "b": 1},
+            "instances": {"min": 1, "max": 4}, "run_for": {"median": "6h", "sigma": 1},
+            "job": {"model": "llama3-8b", "seq_len": 4096, "recompute": "selective",
+                    "parallelism": {"tp": 8, "pp": 1, "zero": 1,
+                                    "sequence_parallel": True}}}]},
+    "trace": {"bin": "10min"},
+}
+
+
+def test_a_huge_run_time_sigma_is_refused_with_its_limit(tmp_path: Path):
+    """`--set workload.templates.0.run_for.sigma=1e6`: OverflowError: math range error (an
+    internal error, exit 1); now refused at MAX_RUN_TIME_SIGMA."""
+    scenario = write(tmp_path, MIX)
+    refused(invoke("validate", scenario, "--set", "workload.templates.0.run_for.sigma=1e6"),
+            "workload.templates.0.run_for.sigma", "10", "docs/limits.md")

@@ -64,7 +64,7 @@ class RunTime(Spec):
     """A log-normal run time: its median and the sigma of its logarithm (0: fixed)."""
 
     median_s: Duration = Field(alias="median")
-    sigma: float = Field(default=0.0, ge=0)
+    sigma: float = Field(default=0.0, ge=0, le=limits.MAX_RUN_TIME_SIGMA)
 
 
 class JobTemplate(Spec):
