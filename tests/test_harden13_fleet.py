@@ -124,3 +124,27 @@ def test_a_huge_run_time_sigma_is_refused_with_its_limit(tmp_path: Path):
     scenario = write(tmp_path, MIX)
     refused(invoke("validate", scenario, "--set", "workload.templates.0.run_for.sigma=1e6"),
             "workload.templates.0.run_for.sigma", "10", "docs/limits.md")
+
+
+# 4. Template (and team) weights whose sum overflows drew the first one every time -------
+
+
+def test_weights_whose_sum_overflows_still_draw_in_proportion(tmp_path: Path):
+    """Two templates of weight 1e308 (each valid: > 0, finite): their sum was inf, every
+    share NaN, and every job came from the first template (12 of 12, and a RuntimeWarning);
+    the same for a template's team weights. Equal weights now draw both."""
+    import copy
+
+    from clustersim.scenario.loader import scenario_from_dict
+
+    raw = copy.deepcopy(MIX)
+    small = raw["workload"]["templates"][0]
+    small["weight"] = 1e308
+    small["teams"] = {"a": 1e308, "b": 1e308}
+    raw["workload"]["templates"].append(dict(small, name="big"))
+    raw["workload"]["arrivals"] = {"rate": "1/h", "count": 40}
+    raw["duration"] = "3d"
+    jobs = scenario_from_dict(raw).jobs
+    templates = {job.name.split("-")[0] for job in jobs}
+    teams = {job.team for job in jobs}
+    assert templates == {"small", "big"} and teams == {"a", "b"}

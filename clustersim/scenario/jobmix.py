@@ -183,6 +183,18 @@ def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: s
     return job
 
 
+def _shares(weights: list[float]) -> np.ndarray:
+    """Weights as shares of their sum; weights whose sum overflows (two of 1e308) are taken
+    over their largest first (their sum was inf, every share NaN: the first always drawn)."""
+    w = np.array(weights, dtype=float)
+    with np.errstate(over="ignore"):
+        total = w.sum()
+    if not math.isfinite(total):
+        w = w / w.max()
+        total = w.sum()
+    return w / total
+
+
 def _cumulative(p: np.ndarray) -> np.ndarray:
     """What `Generator.choice(len(p), p=p)` searches: the cumulative sum, over its last."""
     cdf = p.cumsum()
@@ -210,14 +222,13 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
     templates = {t.name: t for t in workload.templates}
     if workload.arrivals is not None:
         a = workload.arrivals
-        weights = np.array([t.weight for t in workload.templates])
-        which = _cumulative(weights / weights.sum())
+        which = _cumulative(_shares([t.weight for t in workload.templates]))
         team_choice = {}
         for template in workload.templates:
             if template.teams is not None:
                 names = list(template.teams)
-                weights_t = np.array([template.teams[n] for n in names])
-                team_choice[template.name] = (names, _cumulative(weights_t / weights_t.sum()))
+                team_choice[template.name] = (
+                    names, _cumulative(_shares([template.teams[n] for n in names])))
         index_of = {t.name: i for i, t in enumerate(workload.templates)}  # (names unique)
         t = 0.0
         while True:
