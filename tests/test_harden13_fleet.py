@@ -148,3 +148,15 @@ def test_weights_whose_sum_overflows_still_draw_in_proportion(tmp_path: Path):
     templates = {job.name.split("-")[0] for job in jobs}
     teams = {job.team for job in jobs}
     assert templates == {"small", "big"} and teams == {"a", "b"}
+
+
+# 5. format: pai on a file not named *job_table*: the message named that file as the task table
+
+
+def test_pai_on_a_file_without_job_table_in_its_name_says_so(tmp_path: Path):
+    """`no task table beside it (h.csv)` named the job table given as the missing task
+    table; it now says the name has no job_table to find the task table by."""
+    shutil.copy(TRACES / "helios-sample.csv", tmp_path / "h.csv")
+    result = invoke("validate", _trace_scenario(tmp_path, "h.csv", "pai"))
+    refused(result, "h.csv: its name has no job_table", "pai_task_table.csv")
+    assert "beside it (h.csv)" not in result.stderr

@@ -352,7 +352,10 @@ def _pai_rows(path: Path) -> list[_Row]:
     plan_gpu / 100; its submission: the job's start_time; its run: from its earliest task
     start to its latest task end."""
     tasks_path = path.with_name(path.name.replace("job_table", "task_table"))
-    if tasks_path == path or not tasks_path.is_file():
+    if tasks_path == path:  # "no task table beside it (h.csv)" named the job table
+        raise _Bad("its name has no job_table to find the task table by; expected "
+                   "pai_job_table.csv and pai_task_table.csv in one folder")
+    if not tasks_path.is_file():
         raise _Bad(f"no task table beside it ({tasks_path.name}); expected "
                    "pai_job_table.csv and pai_task_table.csv in one folder")
     jobs = _csv(path, PAI_JOB_COLUMNS, None)
