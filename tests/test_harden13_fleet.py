@@ -160,3 +160,18 @@ def test_pai_on_a_file_without_job_table_in_its_name_says_so(tmp_path: Path):
     result = invoke("validate", _trace_scenario(tmp_path, "h.csv", "pai"))
     refused(result, "h.csv: its name has no job_table", "pai_task_table.csv")
     assert "beside it (h.csv)" not in result.stderr
+
+
+# 6. A bad seed beside a workload was refused as `workload` (or crashed) ----------------
+
+
+def test_a_bad_seed_beside_a_workload_is_refused_as_the_seed(tmp_path: Path):
+    """With a workload, `seed: nan` was "workload: invalid literal for int() with base 10:
+    'nan'", `seed: -1` "workload: expected non-negative integer" and `seed: [1]` a
+    TypeError (exit 1): the mix was drawn with int(seed) before the seed was validated."""
+    scenario = write(tmp_path, MIX)
+    for value, words in (("nan", "expected a whole number"), ("-1", "greater than or equal"),
+                         ("[1]", "expected a whole number")):
+        result = invoke("validate", scenario, "--set", f"seed={value}")
+        refused(result, "seed = ", words)
+        assert "workload" not in result.stderr

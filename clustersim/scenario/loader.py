@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from clustersim.hardware import limits
 from clustersim.hardware.catalog import catalog_names, deep_merge, resolve_hardware_mapping
 from clustersim.hardware.failures import StragglerSpec
 from clustersim.hardware.topology import FabricSpec
@@ -145,6 +146,23 @@ def _trace_target(resolved: dict[str, Any]) -> TraceTarget:
     return TraceTarget(chips, float(tflops) if isinstance(tflops, int | float) else None, limit)
 
 
+def _seed(value: Any) -> int | None:
+    """The scenario's seed as the job mix draws with it (absent: 0), or None when it is not
+    one (NaN, text, a list, negative, past MAX_SEED): `int()` of those raised under the key
+    `workload` (or a TypeError, exit 1) where the seed's validation names `seed`."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else None
+    elif isinstance(value, str):
+        value = int(value) if value.strip().isdigit() and value.isascii() else None
+    if not isinstance(value, int) or not 0 <= value <= limits.MAX_SEED:
+        return None
+    return value
+
+
 def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
                      base_dir: Path | None) -> None:
     """Append the jobs of a `workload:` section (templates x arrivals, trace file)."""
@@ -162,10 +180,13 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         ranks = int(hardware["chip"].get("ranks", 1)) * int(hardware["instance"]["chips"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
+    seed = _seed(raw.get("seed"))
+    if seed is None:
+        return  # the seed's own validation reports it (it was refused as `workload`)
     origins: list = []
     trace_rows: dict[str, Any] = {}
     try:
-        generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
+        generated = generate_jobs(workload, seed, ranks, base_dir,
                                   _trace_target(resolved), origins, trace_rows)
     except WorkloadError as error:  # a file, a trace or their mapping: under its own key
         raise ScenarioError(source, [Issue(error.key, error.detail)]) from None
