@@ -175,3 +175,15 @@ def test_a_bad_seed_beside_a_workload_is_refused_as_the_seed(tmp_path: Path):
         result = invoke("validate", scenario, "--set", f"seed={value}")
         refused(result, "seed = ", words)
         assert "workload" not in result.stderr
+
+
+def test_a_bad_cluster_size_beside_a_trace_is_refused_as_the_size(tmp_path: Path):
+    """The trace's size bound read cluster.ultraservers with int(): `nan` was "workload:
+    invalid literal for int()", `[1]` a TypeError (exit 1), `-2` "expected at most -8,192
+    GPUs" against row 1 and `1.5` a trace row "more than the cluster's 4" instances."""
+    shutil.copy(TRACES / "helios-sample.csv", tmp_path / "h.csv")
+    scenario = _trace_scenario(tmp_path, "h.csv", "helios")
+    for value in ("nan", "[1]", "-2", "1.5"):
+        result = invoke("validate", scenario, "--set", f"cluster.ultraservers={value}")
+        refused(result, "cluster.ultraservers = ")
+        assert "workload" not in result.stderr, result.stderr

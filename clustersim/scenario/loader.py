@@ -135,15 +135,21 @@ def _trace_target(resolved: dict[str, Any]) -> TraceTarget:
     cluster = resolved.get("cluster") or {}
     chips = int(hardware["instance"]["chips"])
     tflops = (hardware.get("chip", {}).get("tflops") or {}).get("bf16")
-    instances = cluster.get("instances")
-    if instances is None and cluster.get("ultraservers") is not None:
-        per_us = (hardware.get("ultraserver") or {}).get("instances", 1)
-        instances = int(cluster["ultraservers"]) * int(per_us)
-    try:
-        limit = int(instances) if instances is not None else None
-    except (TypeError, ValueError):
-        limit = None
+    limit = _count(cluster.get("instances"))
+    if cluster.get("instances") is None and cluster.get("ultraservers") is not None:
+        per_us = _count((hardware.get("ultraserver") or {}).get("instances", 1))
+        ultraservers = _count(cluster["ultraservers"])
+        limit = per_us * ultraservers if per_us and ultraservers else None
     return TraceTarget(chips, float(tflops) if isinstance(tflops, int | float) else None, limit)
+
+
+def _count(value: Any) -> int | None:
+    """A cluster size as its validation will take it, or None when it is not one (its
+    validation reports it): int() made ultraservers: nan a `workload` error, [1] a
+    TypeError, 1.5 one UltraServer and -2 a bound of -8,192 GPUs."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
 
 
 def _seed(value: Any) -> int | None:
