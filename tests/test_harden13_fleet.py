@@ -187,3 +187,21 @@ def test_a_bad_cluster_size_beside_a_trace_is_refused_as_the_size(tmp_path: Path
         result = invoke("validate", scenario, "--set", f"cluster.ultraservers={value}")
         refused(result, "cluster.ultraservers = ")
         assert "workload" not in result.stderr, result.stderr
+
+
+# 7. An Acme fail_time before the start was reported as end_time ------------------------
+
+ACME_HEADER = ("job_id,user,node_num,gpu_num,cpu_num,mem_per_pod_GB,shared_mem_per_pod,type,"
+               "state,submit_time,start_time,end_time,fail_time,stop_time,duration,queue,"
+               "gpu_time")
+
+
+def test_an_acme_fail_time_before_the_start_names_fail_time(tmp_path: Path):
+    """The end_time was after the start; the fail_time (taken as the end, being earlier)
+    was before it, and the message named `column end_time`, which was fine (and Philly's
+    `attempts.end_time` is now named as such)."""
+    (tmp_path / "a.csv").write_text(
+        ACME_HEADER + "\nj1,u,8,64,1,1,1,Pretrain,FAILED,2023-05-17 11:00:58+00:00,"
+        "2023-05-17 11:01:08+00:00,2023-05-17 19:01:16+00:00,2023-05-17 10:01:16+00:00,,1,1,1\n")
+    result = invoke("validate", _trace_scenario(tmp_path, "a.csv", "acme"))
+    refused(result, "row 1, column fail_time", "before it starts")

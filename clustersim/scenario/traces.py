@@ -114,6 +114,7 @@ class _Row:
     outcome: str | None
     size_column: str
     left_out: str | None = None  # why the row is not replayed, when its parser knows
+    end_column: str = "end_time"  # the column its end came from (Acme: fail_time when earlier)
 
 
 # Why a row of a trace is not replayed, as counted in summary.json's trace_rows.
@@ -269,15 +270,17 @@ def _slurm_rows(path: Path, team_column: str, with_fail_time: bool) -> list[_Row
     for number, record in enumerate(_csv(path, needed), start=1):
         where = f"row {number}"
         end = _seconds(record["end_time"], where, "end_time")
+        end_column = "end_time"
         if with_fail_time and _text(record.get("fail_time")):
             fail = _seconds(record["fail_time"], where, "fail_time")
-            end = fail if end is None or (fail is not None and fail < end) else end
+            if fail is not None and (end is None or fail < end):
+                end, end_column = fail, "fail_time"
         gpus = _number(record["gpu_num"], where, "gpu_num")
         rows.append(_Row(where, str(record["job_id"]),
                          _submitted(record["submit_time"], where, "submit_time"),
                          _seconds(record["start_time"], where, "start_time"), end,
                          gpus or None, _text(record.get(team_column)),
-                         _text(record["state"]), "gpu_num"))
+                         _text(record["state"]), "gpu_num", end_column=end_column))
     return rows
 
 
@@ -337,7 +340,8 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
         rows.append(_Row(where, str(job["jobid"]),
                          _submitted(job["submitted_time"], where, "submitted_time"),
                          start, end, gpus or None, _text(job.get(team_column)),
-                         _text(job["status"]), "attempts.detail.gpus", reason))
+                         _text(job["status"]), "attempts.detail.gpus", reason,
+                         "attempts.end_time"))
     return rows
 
 
@@ -453,7 +457,8 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
                        "expected rows in submission order")
         previous = row.submit
         if row.start is not None and row.end is not None and row.end < row.start:
-            raise _Bad(f"{row.where}, column end_time: it ends {row.start - row.end:,.0f} s "
+            raise _Bad(f"{row.where}, column {row.end_column}: it ends "
+                       f"{row.start - row.end:,.0f} s "
                        "before it starts; expected a duration >= 0")
         if row.start is not None and row.start < row.submit - 1e-6 and fmt != "pai":
             raise _Bad(f"{row.where}, column start_time: it starts before its submission; "
