@@ -205,3 +205,21 @@ def test_an_acme_fail_time_before_the_start_names_fail_time(tmp_path: Path):
         "2023-05-17 11:01:08+00:00,2023-05-17 19:01:16+00:00,2023-05-17 10:01:16+00:00,,1,1,1\n")
     result = invoke("validate", _trace_scenario(tmp_path, "a.csv", "acme"))
     refused(result, "row 1, column fail_time", "before it starts")
+
+
+# 8. A count of arrivals reaching past the horizon was drawn whole, then refused job by job
+
+
+def test_arrivals_past_the_horizon_are_refused_as_soon_as_one_is_drawn(tmp_path: Path):
+    """count 1,000,000 at 1/d over 2 days: a million jobs were drawn and validated (40 s
+    of CPU, 81 s wall) to be refused as `workload.templates.0.job.submit ... (and 999997
+    more jobs the workload generated)`; the third arrival is now refused as arrivals."""
+    import time
+
+    scenario = write(tmp_path, MIX)
+    started = time.process_time()
+    result = invoke("validate", scenario, "--set", "workload.arrivals.count=1000000",
+                    "--set", "workload.arrivals.rate=1/d")
+    refused(result, "workload.arrivals", "job 3 of count 1,000,000",
+            "at or after the end of the scenario (2d)")
+    assert time.process_time() - started < 10

@@ -10,6 +10,7 @@ whose lines name the file, the key path, the offending value and what was expect
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from clustersim.hardware import limits
+from clustersim.hardware import limits, units
 from clustersim.hardware.catalog import catalog_names, deep_merge, resolve_hardware_mapping
 from clustersim.hardware.failures import StragglerSpec
 from clustersim.hardware.topology import FabricSpec
@@ -152,6 +153,15 @@ def _count(value: Any) -> int | None:
     return value
 
 
+def _horizon(value: Any) -> float | None:
+    """The scenario's duration in seconds, or None when it is not one (its validation says)."""
+    try:
+        seconds = units.parse_duration(value)
+    except (TypeError, ValueError, units.UnitError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
 def _seed(value: Any) -> int | None:
     """The scenario's seed as the job mix draws with it (absent: 0), or None when it is not
     one (NaN, text, a list, negative, past MAX_SEED): `int()` of those raised under the key
@@ -193,7 +203,8 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
     trace_rows: dict[str, Any] = {}
     try:
         generated = generate_jobs(workload, seed, ranks, base_dir,
-                                  _trace_target(resolved), origins, trace_rows)
+                                  _trace_target(resolved), origins, trace_rows,
+                                  _horizon(resolved.get("duration")))
     except WorkloadError as error:  # a file, a trace or their mapping: under its own key
         raise ScenarioError(source, [Issue(error.key, error.detail)]) from None
     except ValueError as error:
