@@ -38,6 +38,22 @@ def test_an_output_folder_that_is_a_trace_folder_is_refused_even_with_force(tmp_
     assert sorted(p.name for p in data.iterdir()) == ["pai_job_table.csv", "pai_task_table.csv"]
 
 
+def test_pai_task_table_linked_from_elsewhere_is_an_input(tmp_path: Path):
+    """The job table and the task table beside it may be links to other folders: the task
+    table's folder was not an input, and `-o` there with --force deleted it."""
+    real, tasks, links = (tmp_path / name for name in ("real", "tasks", "links"))
+    for folder in (real, tasks, links):
+        folder.mkdir()
+    shutil.copy(TRACES / "pai_job_table.csv", real / "pai_job_table.csv")
+    shutil.copy(TRACES / "pai_task_table.csv", tasks / "pai_task_table.csv")
+    (links / "pai_job_table.csv").symlink_to(real / "pai_job_table.csv")
+    (links / "pai_task_table.csv").symlink_to(tasks / "pai_task_table.csv")
+    (tmp_path / "s").mkdir()
+    scenario = _trace_scenario(tmp_path / "s", str(links / "pai_job_table.csv"), "pai")
+    refused(invoke("run", scenario, "-o", tasks, "--force"), "an input of this command")
+    assert [p.name for p in tasks.iterdir()] == ["pai_task_table.csv"]
+
+
 # 2. A trace's missing submission time was 1970; "now" was the clock's time -------------
 
 HELIOS_HEADER = ("job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,"
