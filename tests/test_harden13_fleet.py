@@ -239,3 +239,22 @@ def test_arrivals_past_the_horizon_are_refused_as_soon_as_one_is_drawn(tmp_path:
     refused(result, "workload.arrivals", "job 3 of count 1,000,000",
             "at or after the end of the scenario (2d)")
     assert time.process_time() - started < 10
+
+
+# 9. PAI's header row behind a byte-order mark (or quoted) was read as a job -------------
+
+
+def test_a_pai_header_row_behind_a_byte_order_mark_is_a_header(tmp_path: Path):
+    """A header row is accepted (the published tables have none), but one saved with a
+    UTF-8 byte-order mark or quoted names was read as a job: "row 1, column start_time:
+    'start_time' is not a time"."""
+    from clustersim.scenario.traces import TraceMapping, TraceTarget, read_trace
+
+    jobs = (TRACES / "pai_job_table.csv").read_bytes()
+    shutil.copy(TRACES / "pai_task_table.csv", tmp_path / "pai_task_table.csv")
+    for header in (b"\xef\xbb\xbfjob_name,inst_id,user,status,start_time,end_time\n",
+                   b'"job_name","inst_id","user","status","start_time","end_time"\n'):
+        (tmp_path / "pai_job_table.csv").write_bytes(header + jobs)
+        replayed, stats = read_trace(tmp_path / "pai_job_table.csv", "pai", TraceMapping(),
+                                     TraceTarget(64, 667.0, 64))
+        assert stats["rows"] == jobs.count(b"\n")

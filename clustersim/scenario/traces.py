@@ -240,8 +240,9 @@ def _csv(path: Path, columns: tuple[str, ...], header: bool | None = True):
     import pandas as pd
 
     data = _contents(path)
-    if header is None:
-        header = data.split(b"\n", 1)[0].split(b",")[0].strip() == columns[0].encode()
+    if header is None:  # (past a byte-order mark and quotes, as pandas reads the header)
+        first = data.removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].split(b",")[0]
+        header = first.strip().strip(b'"').strip() == columns[0].encode()
     try:
         frame = pd.read_csv(io.BytesIO(data), header=0 if header else None, dtype=str,
                             keep_default_na=False, names=None if header else list(columns))
