@@ -258,3 +258,11 @@ def test_a_pai_header_row_behind_a_byte_order_mark_is_a_header(tmp_path: Path):
         replayed, stats = read_trace(tmp_path / "pai_job_table.csv", "pai", TraceMapping(),
                                      TraceTarget(64, 667.0, 64))
         assert stats["rows"] == jobs.count(b"\n")
+
+
+def test_a_philly_log_behind_a_byte_order_mark_is_read(tmp_path: Path):
+    """`cannot read it as JSON (Unexpected UTF-8 BOM ...)`, exit 2 on a well-formed log."""
+    (tmp_path / "p.json").write_bytes(b"\xef\xbb\xbf" + (TRACES / "philly-sample.json")
+                                      .read_bytes())
+    result = invoke("validate", _trace_scenario(tmp_path, "p.json", "philly"))
+    assert result.exit_code == 0, result.stderr

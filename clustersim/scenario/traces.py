@@ -291,7 +291,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
     last attempt's end (the retries between count as running: it held GPUs)."""
     data = _contents(path)
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = json.loads(data.decode("utf-8-sig"))  # (past a byte-order mark)
     except (UnicodeDecodeError, ValueError) as error:
         raise _Bad(f"cannot read it as JSON ({error})") from None
     except RecursionError:  # JSON nested deeper than Python's stack (Philly's is 4 levels)
