@@ -266,3 +266,16 @@ def test_a_philly_log_behind_a_byte_order_mark_is_read(tmp_path: Path):
                                       .read_bytes())
     result = invoke("validate", _trace_scenario(tmp_path, "p.json", "philly"))
     assert result.exit_code == 0, result.stderr
+
+
+# 10. elastic without a fluid deployment was accepted and did nothing ---------------------
+
+
+def test_an_elastic_job_without_fluid_serving_is_refused(tmp_path: Path):
+    """`jobs.0.elastic: {min_dp: 2}` on a run without fluid deployments validated and ran
+    with the job at its size (0 shrinks, no word of it), where beside a workload with fluid
+    deployments the same key is refused: elastic jobs shrink for serving at the fleet-day
+    level only."""
+    refused(invoke("validate", ROOT / "scenarios" / "quickstart.yaml", "--set",
+                   "jobs.0.elastic={min_dp: 2}"),
+            "jobs.0.elastic = {min_dp: 2}", "expected no elastic key")
