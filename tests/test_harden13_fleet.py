@@ -279,3 +279,22 @@ def test_an_elastic_job_without_fluid_serving_is_refused(tmp_path: Path):
     refused(invoke("validate", ROOT / "scenarios" / "quickstart.yaml", "--set",
                    "jobs.0.elastic={min_dp: 2}"),
             "jobs.0.elastic = {min_dp: 2}", "expected no elastic key")
+
+
+# 11. A job larger than a cluster of sites counted 0 spares --------------------------------
+
+
+def test_a_job_larger_than_the_sites_counts_their_spares(tmp_path: Path):
+    """Over sites the spares are given per site (cluster.spares is 0): the message said
+    "the cluster has 44 (plus 0 spares)" with 4 spares in west."""
+    raw = {"name": "s", "hardware": "trn2u", "duration": "1d",
+           "cluster": {"fabric": {"spines": 4, "instances_per_leaf": 16},
+                       "sites": [{"name": "east", "ultraservers": 8},
+                                 {"name": "west", "ultraservers": 3, "spares": 4}],
+                       "inter_site": {"links": [{"sites": ["east", "west"],
+                                                 "bandwidth": "800Gbps", "latency": "5ms"}]}},
+           "jobs": [{"name": "big", "model": "llama3-8b", "global_batch": 1024,
+                     "instances": 64, "recompute": "selective",
+                     "parallelism": {"tp": 64, "dp": 64, "zero": 1}}],
+           "trace": {"enabled": False}}
+    refused(invoke("validate", write(tmp_path, raw)), "the cluster has 44 (plus 4 spares)")

@@ -167,7 +167,8 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
             yield Issue(
                 f"{at}.instances" if written else f"{at}.parallelism",
                 f"the job needs {instances} instances but the cluster has "
-                f"{s.working_instances} (plus {s.cluster.spares} spares)",
+                f"{s.working_instances} (plus {s.total_instances - s.working_instances} "
+                "spares)",  # (with sites the spares are per site: cluster.spares is 0)
                 instances if written else {"tp": par.tp, "pp": par.pp, "dp": par.dp}, True,
             )
         model = job.model
