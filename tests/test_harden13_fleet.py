@@ -298,3 +298,19 @@ def test_a_job_larger_than_the_sites_counts_their_spares(tmp_path: Path):
                      "parallelism": {"tp": 64, "dp": 64, "zero": 1}}],
            "trace": {"enabled": False}}
     refused(invoke("validate", write(tmp_path, raw)), "the cluster has 44 (plus 4 spares)")
+
+
+# 12. The trace-size refusal advised dropping levels the trace did not have ----------------
+
+
+def test_the_trace_size_refusal_names_the_levels_written(tmp_path: Path):
+    """Ten years of [cluster, job] at 10 min: "drop the instance/ultraserver levels", which
+    it did not write; the job level is what to drop."""
+    import copy
+
+    raw = copy.deepcopy(MIX)
+    raw["duration"] = "10y"
+    raw["trace"] = {"bin": "10min", "levels": ["cluster", "job"]}
+    result = invoke("run", write(tmp_path, raw), "-o", tmp_path / "out")
+    refused(result, "rows", "drop the job level")
+    assert "instance/ultraserver" not in result.stderr

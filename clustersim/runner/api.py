@@ -190,8 +190,15 @@ def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
     if scenario.trace.enabled and rows > limit_rows:
         raise ScenarioError(scenario.source, [Issue(
             "trace.levels", f"utilisation at these levels would write {rows:,} rows "
-            f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin or "
-            f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])
+            f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin"
+            f"{_droppable(scenario.trace.levels)}", list(scenario.trace.levels), True)])
+
+
+def _droppable(levels: Sequence[str]) -> str:
+    """The trace levels whose rows a refusal may suggest dropping (those written): it said
+    "drop the instance/ultraserver levels" of a trace of [cluster, job]."""
+    others = [level for level in levels if level != "cluster"]
+    return f" or drop the {'/'.join(others)} level{'s' * (len(others) > 1)}" if others else ""
 
 
 def check_run_arguments(seed: int | None, replications: int) -> str | None:
