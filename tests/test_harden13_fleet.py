@@ -310,6 +310,7 @@ def test_the_trace_size_refusal_names_the_levels_written(tmp_path: Path):
 
     raw = copy.deepcopy(MIX)
     raw["duration"] = "10y"
+    raw["workload"]["arrivals"]["count"] = 80  # 81 keys x 525,600 bins: 42.6 M rows
     raw["trace"] = {"bin": "10min", "levels": ["cluster", "job"]}
     result = invoke("run", write(tmp_path, raw), "-o", tmp_path / "out")
     refused(result, "rows", "drop the job level")
