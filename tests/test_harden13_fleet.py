@@ -353,3 +353,20 @@ def test_serving_trials_over_sites_take_the_sites_hot_spares():
         result = simulate_serving(scenario, np.random.SeedSequence(1, spawn_key=(16,)))
         completed.append(deployment_figures(scenario, result)["chat"]["requests_completed"])
     assert completed[1] == completed[0]
+
+
+# 14. A partition's share was accepted and did nothing ------------------------------------
+
+
+def test_a_share_on_a_partition_is_refused():
+    """`{kind: partition, share: 0.5}` validated and cut the whole site off (the share is
+    for power and cooling events, which down that part of the site)."""
+    import pytest
+
+    from clustersim.hardware.sites import SiteEventSpec
+
+    assert SiteEventSpec.model_validate({"kind": "power", "rate": "1/d", "share": 0.5,
+                                         "duration": "1h"}).share == 0.5
+    with pytest.raises(ValueError, match="partition cuts the whole site off"):
+        SiteEventSpec.model_validate({"kind": "partition", "rate": "1/d", "share": 0.5,
+                                      "duration": "1h"})
