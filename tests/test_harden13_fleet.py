@@ -370,3 +370,24 @@ def test_a_share_on_a_partition_is_refused():
     with pytest.raises(ValueError, match="partition cuts the whole site off"):
         SiteEventSpec.model_validate({"kind": "partition", "rate": "1/d", "share": 0.5,
                                       "duration": "1h"})
+
+
+# 15. report drew another run's job_summary.parquet beside this run's summary -------------
+
+
+def test_report_refuses_another_runs_job_summary(tmp_path: Path):
+    """A job_summary.parquet of 30 jobs copied into a run of 80 was drawn (the fleet plot of
+    the other run, under this run's summary); its count is now checked against the summary's
+    `cluster.jobs`."""
+    import copy
+
+    small, large = copy.deepcopy(MIX), copy.deepcopy(MIX)
+    small["workload"]["arrivals"]["count"] = 3
+    for raw, out in ((small, "a"), (large, "b")):
+        raw["name"] = out
+        assert invoke("run", write(tmp_path, raw, f"{out}.yaml"), "-o",
+                      tmp_path / out).exit_code == 0
+    shutil.copy(tmp_path / "a" / "job_summary.parquet", tmp_path / "b" / "job_summary.parquet")
+    refused(invoke("report", tmp_path / "b"), "job_summary.parquet",
+            "3 jobs where summary.json counts 12")
+    assert invoke("report", tmp_path / "a").exit_code == 0
