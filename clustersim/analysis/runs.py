@@ -241,11 +241,16 @@ JOB_SUMMARY_READ = {"instances": "number", "team": "text", "queue_wait_s": "numb
                     "slowdown": "number", "held_chip_s": "number"}
 
 
-def job_summary_problem(path: Path) -> str | None:
+def job_summary_problem(path: Path, jobs: object = None) -> str | None:
     """What makes `path` not a run's job_summary.parquet as the report reads it (another
-    table in its place, a column of another kind), or None."""
+    table in its place, a column of another kind, or, given the summary's `cluster.jobs`,
+    another count of jobs: another run's table was drawn beside this run's summary), or
+    None."""
     import pyarrow as pa
 
+    rows = pq.read_metadata(path).num_rows
+    if isinstance(jobs, int | float) and not isinstance(jobs, bool) and rows != jobs:
+        return f"{rows:,} jobs where summary.json counts {jobs:,g}"
     schema = pq.read_schema(path)
     for column, kind in JOB_SUMMARY_READ.items():
         if column not in schema.names:

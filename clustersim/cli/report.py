@@ -112,7 +112,8 @@ def _check_run_folder(run_dir: Path) -> None:
             pq.read_table(table)
             problem = table_problem(table, table.name.removesuffix(".parquet"))
             if table.name == "job_summary.parquet" and traces == TRACES and not problem:
-                problem = job_summary_problem(table)  # what the fleet plots read of it
+                problem = job_summary_problem(  # what the fleet plots read of it
+                    table, (parsed.get("cluster") or {}).get("jobs"))
         except (pa.ArrowException, OSError) as error:
             raise UsageProblem(f"{table}: not a readable Parquet table ({error}); run the "
                                "scenario again") from None

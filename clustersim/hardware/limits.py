@@ -58,6 +58,9 @@ MAX_PIPELINE_PASSES = 2_097_152  # pp x interleave x micro-batches per step, the
 MAX_STEPS = 10**12
 MAX_JOBS = 1_000_000  # written plus generated (rainier-year's million load in ~1 min, 2.5 GiB)
 MAX_PRIORITY = 10**9
+# A template's log-normal run-time sigma: e^(10 x 6) stays a float at a million draws (the
+# sixth standard deviation); sigma 1e6 overflowed exp (published traces fit 1 to 3)
+MAX_RUN_TIME_SIGMA = 10.0
 
 # Failures and stragglers
 MAX_RATE_PER_S = 1.0  # any rate per unit: one event a second

@@ -120,6 +120,14 @@ class SiteEventSpec(Spec):
     duration_s: Duration = Field(alias="duration", description="until power, cooling or the "
                                  "network is back")
 
+    @model_validator(mode="after")
+    def _partition_has_no_share(self) -> SiteEventSpec:
+        # (a share was accepted and did nothing: a partition cuts the whole site off)
+        if self.kind == "partition" and "share" in self.model_fields_set:
+            raise ValueError("share: a partition cuts the whole site off and downs no "
+                             "hardware; expected no share (power and cooling take one)")
+        return self
+
 
 @dataclass(frozen=True)
 class SiteNetwork:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from clustersim.hardware.topology import Topology
 from clustersim.runner.budget import (
     check_request_traces,
     check_run_budget,
+    check_trace_size,
     fit_remedies,
     job_profiles,
 )
@@ -50,7 +50,6 @@ from clustersim.runner.fleetday import (
 from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
-from clustersim.scenario.errors import Issue, ScenarioError
 from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
 from clustersim.scenario.models import Scenario
 from clustersim.serving import (
@@ -178,20 +177,6 @@ def progress_check(progress: Callable[[float, float], None] | None
             progress(now, horizon)
 
     return checked
-
-
-def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
-    """Refuse utilisation levels that would write more rows than a trace should hold."""
-    bins = math.ceil(scenario.duration_s / scenario.trace.bin_s)
-    keys = {"cluster": 1, "job": len(scenario.jobs), "instance": scenario.total_instances,
-            "ultraserver": math.ceil(scenario.total_instances
-                                     / scenario.hardware.instances_per_ultraserver)}
-    rows = sum(keys[level] for level in scenario.trace.levels) * bins
-    if scenario.trace.enabled and rows > limit_rows:
-        raise ScenarioError(scenario.source, [Issue(
-            "trace.levels", f"utilisation at these levels would write {rows:,} rows "
-            f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin or "
-            f"drop the instance/ultraserver levels", list(scenario.trace.levels), True)])
 
 
 def check_run_arguments(seed: int | None, replications: int) -> str | None:

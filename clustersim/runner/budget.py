@@ -7,7 +7,8 @@ write is a pause of the job that a trace records as two `intervals` rows, so wit
 those rows are counted with the events. Their expected number follows from the scenario's rates
 and intervals, so a scenario that would run for days (a rate of 1e30, an MTBF of a
 nanosecond, a checkpoint every microsecond) is refused with the reason, as the trace-size
-check refuses a trace too large to write. Limits: clustersim.hardware.limits, docs/limits.md.
+check (`check_trace_size`) refuses a trace too large to write. Limits:
+clustersim.hardware.limits, docs/limits.md.
 A job too large for its chips' memory is refused too (runner.api.check_fit), told what it
 could use (`fit_remedies`), and so is one whose groups of ranks the collectives cannot form
 on its instances (`job_profiles`).
@@ -16,6 +17,7 @@ on its instances (`job_profiles`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from clustersim.cluster.rates import (
@@ -34,7 +36,7 @@ from clustersim.training.sites import site_profile
 from clustersim.training.step import StepModel
 
 __all__ = ["EventEstimate", "estimate_events", "check_run_budget", "check_request_traces",
-           "fit_remedies", "job_profiles"]
+           "check_trace_size", "fit_remedies", "job_profiles"]
 
 # Events one failure costs: the failure, its repair, and the detection, restart and restore
 # of the job it interrupts.
@@ -198,3 +200,24 @@ def job_profiles(scenario: Scenario, model: StepModel, named: bool
                 "groups hold the same share of every instance or UltraServer they span "
                 "(`clustersim plan` lists the layouts that place)", shown, True)]) from None
     return steps
+
+
+def check_trace_size(scenario: Scenario, limit_rows: int = 20_000_000) -> None:
+    """Refuse utilisation levels that would write more rows than a trace should hold."""
+    bins = math.ceil(scenario.duration_s / scenario.trace.bin_s)
+    keys = {"cluster": 1, "job": len(scenario.jobs), "instance": scenario.total_instances,
+            "ultraserver": math.ceil(scenario.total_instances
+                                     / scenario.hardware.instances_per_ultraserver)}
+    rows = sum(keys[level] for level in scenario.trace.levels) * bins
+    if scenario.trace.enabled and rows > limit_rows:
+        raise ScenarioError(scenario.source, [Issue(
+            "trace.levels", f"utilisation at these levels would write {rows:,} rows "
+            f"({bins:,} bins); expected at most {limit_rows:,}: use a longer trace.bin"
+            f"{_droppable(scenario.trace.levels)}", list(scenario.trace.levels), True)])
+
+
+def _droppable(levels: Sequence[str]) -> str:
+    """The trace levels whose rows a refusal may suggest dropping (those written): it said
+    "drop the instance/ultraserver levels" of a trace of [cluster, job]."""
+    others = [level for level in levels if level != "cluster"]
+    return f" or drop the {'/'.join(others)} level{'s' * (len(others) > 1)}" if others else ""

@@ -127,7 +127,7 @@ def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
             held = Path(os.path.realpath(Path(source).expanduser()))
         except (OSError, ValueError):
             continue
-        if out in held.parents:
+        if out == held or out in held.parents:  # (a trace given as its folder: PAI's)
             raise OutputDirError(f"{given}: holds {source}, an input of this command; "
                                  "replacing it would delete it (even with --force); expected "
                                  "a folder for this run's outputs, e.g. results/NAME")

@@ -353,6 +353,11 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                    "jobs at their size (elastic jobs shrink for serving in a fleet-day run "
                    "only); expected no elastic key", {"min_dp": job.elastic.min_dp})
             continue
+        if not fleet:  # (it was accepted and did nothing: the timeline runs jobs at their size)
+            yield (f"jobs.{index}.elastic", "no fluid (autoscaled) deployment to shrink for: "
+                   "elastic jobs shrink for serving in a fleet-day run only "
+                   "(docs/fleet-day.md); expected no elastic key", {"min_dp": job.elastic.min_dp})
+            continue
         dp = job.parallelism.dp
         if job.elastic.min_dp > dp:
             yield (f"jobs.{index}.elastic.min_dp", f"above the job's dp {dp}",

@@ -64,7 +64,7 @@ class RunTime(Spec):
     """A log-normal run time: its median and the sigma of its logarithm (0: fixed)."""
 
     median_s: Duration = Field(alias="median")
-    sigma: float = Field(default=0.0, ge=0)
+    sigma: float = Field(default=0.0, ge=0, le=limits.MAX_RUN_TIME_SIGMA)
 
 
 class JobTemplate(Spec):
@@ -183,6 +183,18 @@ def _job(template: JobTemplate, instances: int, ranks_per_instance: int, name: s
     return job
 
 
+def _shares(weights: list[float]) -> np.ndarray:
+    """Weights as shares of their sum; weights whose sum overflows (two of 1e308) are taken
+    over their largest first (their sum was inf, every share NaN: the first always drawn)."""
+    w = np.array(weights, dtype=float)
+    with np.errstate(over="ignore"):
+        total = w.sum()
+    if not math.isfinite(total):
+        w = w / w.max()
+        total = w.sum()
+    return w / total
+
+
 def _cumulative(p: np.ndarray) -> np.ndarray:
     """What `Generator.choice(len(p), p=p)` searches: the cumulative sum, over its last."""
     cdf = p.cumsum()
@@ -199,25 +211,27 @@ def _draw(rng: np.random.Generator, cdf: np.ndarray) -> int:
 def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                   base_dir: Path | None, target: TraceTarget | None = None,
                   origins: list[tuple[int | str, str | None, dict[str, str]]] | None = None,
-                  trace_rows: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  trace_rows: dict[str, Any] | None = None,
+                  horizon_s: float | None = None) -> list[dict[str, Any]]:
     """Raw job mappings (validated later with the rest of the scenario). `origins`, if
     given, gets one entry a job: its template's index, its trace row (None for an arrival)
     and the row's column names by job key, for messages naming what the user wrote;
-    `trace_rows`, if given, what became of a published trace's rows (read_trace)."""
+    `trace_rows`, if given, what became of a published trace's rows (read_trace);
+    `horizon_s`, the scenario's duration when known: an arrival at or past it is refused
+    at once (a million of them were drawn, then refused one by one, in 40 s of CPU)."""
     origins = origins if origins is not None else []
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
     templates = {t.name: t for t in workload.templates}
     if workload.arrivals is not None:
         a = workload.arrivals
-        weights = np.array([t.weight for t in workload.templates])
-        which = _cumulative(weights / weights.sum())
+        which = _cumulative(_shares([t.weight for t in workload.templates]))
         team_choice = {}
         for template in workload.templates:
             if template.teams is not None:
                 names = list(template.teams)
-                weights_t = np.array([template.teams[n] for n in names])
-                team_choice[template.name] = (names, _cumulative(weights_t / weights_t.sum()))
+                team_choice[template.name] = (
+                    names, _cumulative(_shares([template.teams[n] for n in names])))
         index_of = {t.name: i for i, t in enumerate(workload.templates)}  # (names unique)
         t = 0.0
         while True:
@@ -226,6 +240,8 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                 break
             if a.count is not None and len(jobs) >= a.count:
                 break
+            if horizon_s is not None and t >= horizon_s:
+                _past_horizon(a, len(jobs), t, horizon_s)
             if len(jobs) >= limits.MAX_JOBS:
                 raise WorkloadError("workload.arrivals",
                                     f"more than {limits.MAX_JOBS:,} jobs before `until` "
@@ -250,6 +266,17 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
         jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target, origins,
                             trace_rows if trace_rows is not None else {})
     return jobs
+
+
+def _past_horizon(a: Arrivals, drawn: int, t: float, horizon_s: float) -> None:
+    """Refuse arrivals that reach the scenario's end (every job there would be refused)."""
+    what = (f"count {a.count:,}" if a.until_s is None else
+            f"until {units.format_duration(a.until_s)}")
+    raise WorkloadError("workload.arrivals", f"job {drawn + 1:,} of {what} arrives at "
+                        f"{units.format_duration(t)}, at or after the end of the scenario "
+                        f"({units.format_duration(horizon_s)}); expected an until within "
+                        f"the duration, a count it holds (about {a.rate_per_s * horizon_s:,.0f}"
+                        " at this rate) or a longer duration")
 
 
 def default_template(ranks_per_instance: int) -> JobTemplate:

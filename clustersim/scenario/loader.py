@@ -10,6 +10,7 @@ whose lines name the file, the key path, the offending value and what was expect
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from clustersim.hardware import limits, units
 from clustersim.hardware.catalog import catalog_names, deep_merge, resolve_hardware_mapping
 from clustersim.hardware.failures import StragglerSpec
 from clustersim.hardware.topology import FabricSpec
@@ -134,15 +136,47 @@ def _trace_target(resolved: dict[str, Any]) -> TraceTarget:
     cluster = resolved.get("cluster") or {}
     chips = int(hardware["instance"]["chips"])
     tflops = (hardware.get("chip", {}).get("tflops") or {}).get("bf16")
-    instances = cluster.get("instances")
-    if instances is None and cluster.get("ultraservers") is not None:
-        per_us = (hardware.get("ultraserver") or {}).get("instances", 1)
-        instances = int(cluster["ultraservers"]) * int(per_us)
-    try:
-        limit = int(instances) if instances is not None else None
-    except (TypeError, ValueError):
-        limit = None
+    limit = _count(cluster.get("instances"))
+    if cluster.get("instances") is None and cluster.get("ultraservers") is not None:
+        per_us = _count((hardware.get("ultraserver") or {}).get("instances", 1))
+        ultraservers = _count(cluster["ultraservers"])
+        limit = per_us * ultraservers if per_us and ultraservers else None
     return TraceTarget(chips, float(tflops) if isinstance(tflops, int | float) else None, limit)
+
+
+def _count(value: Any) -> int | None:
+    """A cluster size as its validation will take it, or None when it is not one (its
+    validation reports it): int() made ultraservers: nan a `workload` error, [1] a
+    TypeError, 1.5 one UltraServer and -2 a bound of -8,192 GPUs."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def _horizon(value: Any) -> float | None:
+    """The scenario's duration in seconds, or None when it is not one (its validation says)."""
+    try:
+        seconds = units.parse_duration(value)
+    except (TypeError, ValueError, units.UnitError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def _seed(value: Any) -> int | None:
+    """The scenario's seed as the job mix draws with it (absent: 0), or None when it is not
+    one (NaN, text, a list, negative, past MAX_SEED): `int()` of those raised under the key
+    `workload` (or a TypeError, exit 1) where the seed's validation names `seed`."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else None
+    elif isinstance(value, str):
+        value = int(value) if value.strip().isdigit() and value.isascii() else None
+    if not isinstance(value, int) or not 0 <= value <= limits.MAX_SEED:
+        return None
+    return value
 
 
 def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
@@ -162,11 +196,15 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         ranks = int(hardware["chip"].get("ranks", 1)) * int(hardware["instance"]["chips"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
+    seed = _seed(raw.get("seed"))
+    if seed is None:
+        return  # the seed's own validation reports it (it was refused as `workload`)
     origins: list = []
     trace_rows: dict[str, Any] = {}
     try:
-        generated = generate_jobs(workload, int(raw.get("seed", 0) or 0), ranks, base_dir,
-                                  _trace_target(resolved), origins, trace_rows)
+        generated = generate_jobs(workload, seed, ranks, base_dir,
+                                  _trace_target(resolved), origins, trace_rows,
+                                  _horizon(resolved.get("duration")))
     except WorkloadError as error:  # a file, a trace or their mapping: under its own key
         raise ScenarioError(source, [Issue(error.key, error.detail)]) from None
     except ValueError as error:
@@ -335,4 +373,11 @@ def input_files(scenario: Scenario) -> list[Path]:
         if text:
             path = Path(text)
             files.append(path if path.is_absolute() else source.parent / path)
+    workload = scenario.workload
+    if workload is not None and workload.format == "pai" and workload.trace:
+        # PAI's task table, read beside its job table (or in the folder `trace` names)
+        table = Path(workload.trace)
+        table = table if table.is_absolute() else source.parent / table
+        files.append(table / "pai_task_table.csv" if table.is_dir() else
+                     table.with_name(table.name.replace("job_table", "task_table")))
     return files

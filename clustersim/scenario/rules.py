@@ -170,7 +170,8 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
             yield Issue(
                 f"{at}.instances" if written else f"{at}.parallelism",
                 f"the job needs {instances} instances but the cluster has "
-                f"{s.working_instances} (plus {s.cluster.spares} spares)",
+                f"{s.working_instances} (plus {s.total_instances - s.working_instances} "
+                "spares)",  # (with sites the spares are per site: cluster.spares is 0)
                 instances if written else degrees, True,
             )
         model = job.model

@@ -114,6 +114,7 @@ class _Row:
     outcome: str | None
     size_column: str
     left_out: str | None = None  # why the row is not replayed, when its parser knows
+    end_column: str = "end_time"  # the column its end came from (Acme: fail_time when earlier)
 
 
 # Why a row of a trace is not replayed, as counted in summary.json's trace_rows.
@@ -153,6 +154,14 @@ def _contents(path: Path) -> bytes:
 # as Arabic-Indic, `1_000`, `infinity`) is not a trace's number.
 _PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _FIRST_YEAR, _LAST_YEAR = limits.TRACE_FIRST_YEAR, limits.TRACE_LAST_YEAR
+_DATE = re.compile(r"\s*[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(\s|T|$)")  # YYYY-MM-DD, then the time
+_MISSING = ("None", "NaT", "nan", "NaN")  # a time not known: Philly's "None", pandas' marks
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, at most 40 characters (a 400-digit number is not shown whole)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _plain(value: Any) -> float | None:
@@ -161,7 +170,10 @@ def _plain(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer of 400 digits: no finite number
+            return math.inf
     if isinstance(value, str) and _PLAIN_NUMBER.fullmatch(value.strip()):
         return float(value)
     return None
@@ -170,7 +182,7 @@ def _plain(value: Any) -> float | None:
 def _seconds(value: Any, where: str, column: str) -> float | None:
     """A time as seconds: a number, or a date and time (with or without a zone)."""
     if (value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
-            or value == "None"):  # Philly writes a time it does not have as "None"
+            or value in _MISSING):  # Philly writes a time it does not have as "None"
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
@@ -178,8 +190,11 @@ def _seconds(value: Any, where: str, column: str) -> float | None:
     seconds = _plain(value)  # seconds, written as a number or as text (PAI's tables)
     if seconds is not None:
         if not math.isfinite(seconds):
-            raise _Bad(f"{where}, column {column}: {value!r} is not a finite time")
+            raise _Bad(f"{where}, column {column}: {_shown(value)} is not a finite time")
         return seconds
+    if not _DATE.match(value):  # pandas reads "now" and "today" as the clock's time
+        raise _Bad(f"{where}, column {column}: {value!r} is not a time; expected "
+                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
     import pandas as pd
 
     try:
@@ -199,6 +214,17 @@ def _seconds(value: Any, where: str, column: str) -> float | None:
                    "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
 
 
+def _submitted(value: Any, where: str, column: str) -> float:
+    """A job's submission time, which every replayed or left-out row needs: it orders the
+    trace and is where its clock starts (one missing was read as 1970, decades before the
+    others)."""
+    seconds = _seconds(value, where, column)
+    if seconds is None:
+        raise _Bad(f"{where}, column {column}: {_shown(value)}; expected the job's submission "
+                   "time (YYYY-MM-DD HH:MM:SS or seconds)")
+    return seconds
+
+
 def _number(value: Any, where: str, column: str) -> float:
     number = _plain(value)
     if number is None:
@@ -214,8 +240,9 @@ def _csv(path: Path, columns: tuple[str, ...], header: bool | None = True):
     import pandas as pd
 
     data = _contents(path)
-    if header is None:
-        header = data.split(b"\n", 1)[0].split(b",")[0].strip() == columns[0].encode()
+    if header is None:  # (past a byte-order mark and quotes, as pandas reads the header)
+        first = data.removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].split(b",")[0]
+        header = first.strip().strip(b'"').strip() == columns[0].encode()
     try:
         frame = pd.read_csv(io.BytesIO(data), header=0 if header else None, dtype=str,
                             keep_default_na=False, names=None if header else list(columns))
@@ -244,15 +271,17 @@ def _slurm_rows(path: Path, team_column: str, with_fail_time: bool) -> list[_Row
     for number, record in enumerate(_csv(path, needed), start=1):
         where = f"row {number}"
         end = _seconds(record["end_time"], where, "end_time")
+        end_column = "end_time"
         if with_fail_time and _text(record.get("fail_time")):
             fail = _seconds(record["fail_time"], where, "fail_time")
-            end = fail if end is None or (fail is not None and fail < end) else end
+            if fail is not None and (end is None or fail < end):
+                end, end_column = fail, "fail_time"
         gpus = _number(record["gpu_num"], where, "gpu_num")
         rows.append(_Row(where, str(record["job_id"]),
-                         _seconds(record["submit_time"], where, "submit_time") or 0.0,
+                         _submitted(record["submit_time"], where, "submit_time"),
                          _seconds(record["start_time"], where, "start_time"), end,
                          gpus or None, _text(record.get(team_column)),
-                         _text(record["state"]), "gpu_num"))
+                         _text(record["state"]), "gpu_num", end_column=end_column))
     return rows
 
 
@@ -262,7 +291,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
     last attempt's end (the retries between count as running: it held GPUs)."""
     data = _contents(path)
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = json.loads(data.decode("utf-8-sig"))  # (past a byte-order mark)
     except (UnicodeDecodeError, ValueError) as error:
         raise _Bad(f"cannot read it as JSON ({error})") from None
     except RecursionError:  # JSON nested deeper than Python's stack (Philly's is 4 levels)
@@ -310,9 +339,10 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
                            "GPUs per server")
             gpus = float(sum(len(d["gpus"]) for d in detail))
         rows.append(_Row(where, str(job["jobid"]),
-                         _seconds(job["submitted_time"], where, "submitted_time") or 0.0,
+                         _submitted(job["submitted_time"], where, "submitted_time"),
                          start, end, gpus or None, _text(job.get(team_column)),
-                         _text(job["status"]), "attempts.detail.gpus", reason))
+                         _text(job["status"]), "attempts.detail.gpus", reason,
+                         "attempts.end_time"))
     return rows
 
 
@@ -327,7 +357,10 @@ def _pai_rows(path: Path) -> list[_Row]:
     plan_gpu / 100; its submission: the job's start_time; its run: from its earliest task
     start to its latest task end."""
     tasks_path = path.with_name(path.name.replace("job_table", "task_table"))
-    if tasks_path == path or not tasks_path.is_file():
+    if tasks_path == path:  # "no task table beside it (h.csv)" named the job table
+        raise _Bad("its name has no job_table to find the task table by; expected "
+                   "pai_job_table.csv and pai_task_table.csv in one folder")
+    if not tasks_path.is_file():
         raise _Bad(f"no task table beside it ({tasks_path.name}); expected "
                    "pai_job_table.csv and pai_task_table.csv in one folder")
     jobs = _csv(path, PAI_JOB_COLUMNS, None)
@@ -350,7 +383,7 @@ def _pai_rows(path: Path) -> list[_Row]:
         ends = [e for _, _, e in own if e is not None]
         gpus = sum(g for g, _, _ in own)
         rows.append(_Row(where, str(job["inst_id"] or job["job_name"]),
-                         _seconds(job["start_time"], where, "start_time") or 0.0,
+                         _submitted(job["start_time"], where, "start_time"),
                          min(starts) if starts else None, max(ends) if ends else None,
                          gpus or None, _text(job["user"]), _text(job["status"]),
                          "plan_gpu"))
@@ -425,7 +458,8 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
                        "expected rows in submission order")
         previous = row.submit
         if row.start is not None and row.end is not None and row.end < row.start:
-            raise _Bad(f"{row.where}, column end_time: it ends {row.start - row.end:,.0f} s "
+            raise _Bad(f"{row.where}, column {row.end_column}: it ends "
+                       f"{row.start - row.end:,.0f} s "
                        "before it starts; expected a duration >= 0")
         if row.start is not None and row.start < row.submit - 1e-6 and fmt != "pai":
             raise _Bad(f"{row.where}, column start_time: it starts before its submission; "

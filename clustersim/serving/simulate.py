@@ -230,7 +230,8 @@ def _failures(env: simpy.Environment, scenario: Scenario, fleet: Fleet, d: Deplo
     count = rng.poisson(rate * horizon_s) if rate > 0 else 0
     times = np.sort(rng.uniform(0.0, horizon_s, count))
     which = rng.integers(0, d.replicas, count)
-    if outages is not None or scenario.cluster.spares > 0:  # software, or a hot spare
+    # software, or a hot spare (over sites, the sites' own: cluster.spares is 0 there)
+    if outages is not None or scenario.total_instances > scenario.working_instances:
         drawn_down_s = f.detect_s + f.restart_s
     else:
         drawn_down_s = math.inf if f.repair_s == "never" else f.detect_s + f.repair_s + f.restart_s
