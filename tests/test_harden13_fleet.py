@@ -391,3 +391,20 @@ def test_report_refuses_another_runs_job_summary(tmp_path: Path):
     refused(invoke("report", tmp_path / "b"), "job_summary.parquet",
             "3 jobs where summary.json counts 12")
     assert invoke("report", tmp_path / "a").exit_code == 0
+
+
+# 17. a mapping key its rule never reads was accepted and did nothing ---------------------
+
+
+def test_a_mapping_key_its_rule_does_not_read_is_refused(tmp_path: Path):
+    """`gpu` under rule instances and `gpus_per_instance` under rule compute were accepted and
+    read by nothing; the rule that reads each still takes it."""
+    for rule, key, value in (("instances", "gpu", "p5en"), ("compute", "gpus_per_instance", 4)):
+        path = _trace_scenario(tmp_path, str(TRACES / "philly-sample.json"), "philly")
+        result = invoke("validate", path, "--set", f"workload.mapping.rule={rule}",
+                        "--set", f"workload.mapping.{key}={value}")
+        refused(result, "workload.mapping", key, f"rule is {rule}")
+    for rule, key, value in (("compute", "gpu", "p5en"), ("instances", "gpus_per_instance", 4)):
+        result = invoke("validate", path, "--set", f"workload.mapping.rule={rule}",
+                        "--set", f"workload.mapping.{key}={value}")
+        assert result.exit_code == 0, result.stderr

@@ -20,13 +20,11 @@ Rules (`mapping.rule`):
 - `instances`: a GPU node is an instance: ceil(GPUs / `gpus_per_instance`) instances (8 by
   default: the 8-GPU servers of all four traces).
 - `compute`: the same peak dense BF16 compute: ceil(GPUs x the `gpu` hardware's per-chip
-  peak / the scenario chip's peak) chips, rounded up to whole instances. (`gpu` names a
-  catalog hardware entry: p4de for A100, p5en for H200; Philly's P100 and P40 had no BF16,
-  choose the closest.)
-
-A malformed trace (a missing column, a negative duration, a size that is not a number or
-larger than the cluster, ids out of order or twice) is refused naming the file, the row and
-the column (ValueError; the loader makes it a scenario error, exit 2).
+  peak / the scenario chip's peak) chips, rounded up to whole instances (`gpu`: a catalog
+  entry, p4de for A100, p5en for H200; Philly's P100 and P40 had no BF16: the closest).
+A rule refuses the other's key. A malformed trace (a missing column, a negative duration, a
+size that is not a number or larger than the cluster, ids out of order or twice) is refused
+naming the file, the row and the column (ValueError; the loader makes it exit 2).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
@@ -65,6 +63,15 @@ class TraceMapping(Spec):
     team: Literal["user", "vc", "none"] | None = Field(
         default=None, description="the team of a job: the trace's user or virtual cluster "
         "(default: vc where the trace has one, else user)")
+
+    @model_validator(mode="after")
+    def _used_by_the_rule(self) -> TraceMapping:  # a key the rule ignores is refused
+        unused = {"instances": "gpu", "compute": "gpus_per_instance"}[self.rule]
+        if unused in self.model_fields_set:
+            raise ValueError(f"{unused} is read only under rule "
+                             f"{'compute' if self.rule == 'instances' else 'instances'}; "
+                             f"this mapping's rule is {self.rule}: drop it or change the rule")
+        return self
 
 
 @dataclass(frozen=True)
