@@ -45,3 +45,25 @@ def test_a_gpu_mixtures_decode_iteration_does_not_get_faster_with_a_larger_batch
     decode = np.array([it.decode_base_s(b) for b in range(1, 257)])
     assert (np.diff(decode) >= 0).all(), [
         b + 1 for b in np.flatnonzero(np.diff(decode) < 0)]
+
+
+def test_a_deployment_that_never_decodes_prints_no_tpot_of_zero(tmp_path) -> None:
+    """Requests of one output token have no time per output token (summary.json: null),
+    but the run table printed `TPOT p50 0 s p99 0 s` and the reports `0 / 0 s`, a latency
+    no replica reaches."""
+    from cli_helpers import invoke, write
+
+    raw = {"name": "one-token", "duration": "1min", "hardware": "trn2",
+           "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 8},
+                      "workload": {"rate": "2/s", "input_tokens": 256, "output_tokens": 1}}]}
+    out = tmp_path / "out"
+    result = invoke("run", write(tmp_path, raw), "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "TPOT none" in result.output and "TPOT p50 0 s" not in result.output
+    result = invoke("report", out, "--html")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in (out / "report" / "report.md").read_text().splitlines()
+               if line.startswith("| chat |"))
+    assert "| - / - s |" in row and "0 / 0 s" not in row
+    assert "<td>- / -</td>" in (out / "report" / "report.html").read_text()

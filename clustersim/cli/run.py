@@ -19,6 +19,7 @@ from clustersim.cli.common import (
     out_console,
     user_errors,
 )
+from clustersim.hardware.units import format_latencies
 
 
 @user_errors
@@ -268,8 +269,8 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
             table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
                           f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
         if d["ttft_p50_s"] is not None:  # any request completed, inside the horizon or after
-            table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
-                          f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+            table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
+                          + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
         if d["cost_per_million_output_tokens_usd"] is not None:
             table.add_row("", f"${d['cost_per_million_output_tokens_usd']:,.2f} per million "
                           f"output tokens")
@@ -297,8 +298,8 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
                       f"{(d['slo_goodput'] or 0):.1%}")
         _level_rows(table, d)
-        table.add_row("", f"TTFT p50 {d['ttft_p50_s'] or 0:.3g} s p99 {d['ttft_p99_s'] or 0:.3g} s; "
-                      f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+        table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
+                      + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
     for name, job in summary["jobs"].items():
         table.add_row(f"job {escape(name)}", f"{job['status']}: {job['tokens_trained']:,.3g} "
                       f"tokens, ETTR {job['ettr']:.1%}, {job['preemptions']} preemptions, "
