@@ -67,3 +67,24 @@ def test_a_deployment_that_never_decodes_prints_no_tpot_of_zero(tmp_path) -> Non
                if line.startswith("| chat |"))
     assert "| - / - s |" in row and "0 / 0 s" not in row
     assert "<td>- / -</td>" in (out / "report" / "report.html").read_text()
+
+
+def test_requests_still_running_when_the_drain_stops_are_printed(tmp_path) -> None:
+    """Requests still decoding when the drain stopped (`requests_unfinished` in
+    summary.json) were in no line of the run table: the table's requests added up to fewer
+    than arrived, with nothing to say where the rest went."""
+    import json
+
+    from cli_helpers import invoke, write
+
+    raw = {"name": "long", "duration": "1min", "hardware": "trn2", "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 8},
+                      "workload": {"rate": "0.5/s", "input_tokens": 128,
+                                   "output_tokens": 8000}}]}
+    out = tmp_path / "out"
+    result = invoke("run", write(tmp_path, raw), "-o", out)
+    assert result.exit_code == 0, result.output
+    unfinished = json.loads((out / "summary.json").read_text())[
+        "deployments"]["chat"]["requests_unfinished"]
+    assert unfinished > 0
+    assert f"{unfinished} still running when the drain" in " ".join(result.output.split())
