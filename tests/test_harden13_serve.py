@@ -88,3 +88,19 @@ def test_requests_still_running_when_the_drain_stops_are_printed(tmp_path) -> No
         "deployments"]["chat"]["requests_unfinished"]
     assert unfinished > 0
     assert f"{unfinished} still running when the drain" in " ".join(result.output.split())
+
+
+def test_requests_rejected_for_the_kv_cache_are_printed(tmp_path) -> None:
+    """Prompts larger than a replica's KV cache are rejected (`requests_rejected`); the run
+    table said nothing of them: a deployment rejecting every request printed its model line
+    and no figure at all."""
+    from cli_helpers import invoke, write
+
+    raw = {"name": "huge", "duration": "1min", "hardware": "trn2", "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 8},
+                      "workload": {"rate": "1/s", "input_tokens": 4_000_000,
+                                   "output_tokens": 16}}]}
+    result = invoke("run", write(tmp_path, raw), "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "rejected (prompt and output larger than a replica's KV cache" in text, text

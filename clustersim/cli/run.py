@@ -268,10 +268,12 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
         if d.get("requests_drained"):
             table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
                           f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
-        if d.get("requests_unfinished"):
-            table.add_row("", f"{d['requests_unfinished']:,} still running when the drain "
-                          "stopped (one more horizon): in no latency, counted as missing "
-                          "the SLO")
+        lost = [f"{d[key]:,} {what}" for key, what in (
+            ("requests_unfinished", "still running when the drain stopped (one more horizon)"),
+            ("requests_rejected", "rejected (prompt and output larger than a replica's KV "
+             f"cache, {d.get('kv_capacity_tokens_per_replica') or 0:,} tokens)")) if d.get(key)]
+        if lost:
+            table.add_row("", "; ".join(lost) + ": in no latency, counted as missing the SLO")
         if d["ttft_p50_s"] is not None:  # any request completed, inside the horizon or after
             table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
                           + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
