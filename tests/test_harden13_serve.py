@@ -104,3 +104,24 @@ def test_requests_rejected_for_the_kv_cache_are_printed(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.replace("│", " ").split())
     assert "rejected (prompt and output larger than a replica's KV cache" in text, text
+
+
+def test_a_hardware_named_twice_is_planned_once(tmp_path) -> None:
+    """`plan --hardware trn2,trn2` searched trn2 twice (840 configurations considered for
+    420, two simulations for one), the second search repeating the first."""
+    import json
+
+    from cli_helpers import invoke, write
+
+    raw = {"name": "plan", "duration": "1min", "hardware": "trn2", "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": "llama3.2-1b", "parallelism": {"tp": 4},
+                      "workload": {"rate": "2/s", "input_tokens": 256, "output_tokens": 32},
+                      "slo": {"ttft": "1s", "tpot": "50ms"}}]}
+    path = write(tmp_path, raw)
+    counts = []
+    for hardware in ("trn2", "trn2,trn2, trn2"):
+        out = tmp_path / hardware.replace(",", "-").replace(" ", "")
+        result = invoke("plan", path, "--hardware", hardware, "-o", out)
+        assert result.exit_code == 0, result.output
+        counts.append(json.loads((out / "plan.json").read_text())["considered"])
+    assert counts[0] == counts[1], counts
