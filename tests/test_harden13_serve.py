@@ -125,3 +125,33 @@ def test_a_hardware_named_twice_is_planned_once(tmp_path) -> None:
         assert result.exit_code == 0, result.output
         counts.append(json.loads((out / "plan.json").read_text())["considered"])
     assert counts[0] == counts[1], counts
+
+
+def test_a_full_decode_pool_that_preempts_does_not_hang(tmp_path) -> None:
+    """Disaggregated with `kv_full: preempt`: a sequence evicted from a full decode replica
+    went back to that replica's own queue, which a decode replica admits without a prefill;
+    it rejoined at once, was evicted again by the same full cache, and the loop never
+    advanced the clock: `clustersim run` hung. It is now prefilled again in the prefill
+    pool (its KV cache is gone), and every request ends in a status."""
+    import json
+    import subprocess
+    import sys
+
+    from cli_helpers import write
+
+    raw = {"name": "pools", "duration": "1min", "hardware": "trn2",
+           "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                      "replicas": 2,
+                      "disaggregated": {"prefill_replicas": 1, "decode_replicas": 1},
+                      "server": {"kv_full": "preempt", "kv_reserve": 0.68, "max_batch": 256},
+                      "workload": {"rate": "20/s", "input_tokens": 1000,
+                                   "output_tokens": 500}}]}
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "clustersim", "run", write(tmp_path, raw),
+                           "-o", out], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    d = json.loads((out / "summary.json").read_text())["deployments"]["chat"]
+    assert d["preemptions"] > 0
+    assert d["requests"] == (d["requests_completed"] + d["requests_drained"]
+                             + d["requests_unfinished"] + d["requests_rejected"])
