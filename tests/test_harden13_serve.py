@@ -155,3 +155,24 @@ def test_a_full_decode_pool_that_preempts_does_not_hang(tmp_path) -> None:
     assert d["preemptions"] > 0
     assert d["requests"] == (d["requests_completed"] + d["requests_drained"]
                              + d["requests_unfinished"] + d["requests_rejected"])
+
+
+def test_the_fluid_level_gives_no_tpot_where_no_request_decodes(tmp_path) -> None:
+    """The fluid level's replica curve holds TPOT 0 when no request decodes past its first
+    token; its histogram clipped that 0 into its lowest bin, and summary.json gave a TPOT
+    p50 of 0.0001 s where the request level gives none (null)."""
+    import json
+
+    from cli_helpers import invoke, write
+
+    raw = {"name": "one-token", "duration": "1h", "hardware": "trn2",
+           "cluster": {"instances": 1},
+           "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                      "replicas": 2, "fidelity": "fluid",
+                      "workload": {"rate": "2/s", "input_tokens": 256, "output_tokens": 1}}]}
+    out = tmp_path / "out"
+    result = invoke("run", write(tmp_path, raw), "-o", out)
+    assert result.exit_code == 0, result.output
+    d = json.loads((out / "summary.json").read_text())["deployments"]["chat"]
+    assert d["ttft_p50_s"] > 0
+    assert d["tpot_p50_s"] is None and d["tpot_p99_s"] is None, d
