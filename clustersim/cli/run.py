@@ -19,7 +19,6 @@ from clustersim.cli.common import (
     out_console,
     user_errors,
 )
-from clustersim.hardware.units import format_latencies
 
 
 @user_errors
@@ -221,8 +220,7 @@ def _plural(count: int, word: str) -> str:
 
 
 def _on_stack(d: dict[str, Any]) -> str:
-    """The deployment's serving stack as the run table names it (its hardware's default
-    unless the scenario chose one)."""
+    """The deployment's serving stack (its hardware's default unless the scenario chose one)."""
     return f" on {d['stack']}" if d.get("stack") else ""
 
 
@@ -248,14 +246,15 @@ def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
 
 
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
+    from clustersim.hardware.units import format_latencies
     for name, d in summary.get("deployments", {}).items():
         if "level" in d:
             _held_rows(table, name, d)
             continue
         table.add_row(f"serve {escape(name)}",
                       f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
-                      f"{d['tp']} x pp "
-                      f"{d['pp']}{_over('ep', d, True)} on {_plural(d['instances'], 'instance')}")
+                      f"{d['tp']} x pp {d['pp']}{_over('ep', d, True)} on "
+                      f"{_plural(d['instances'], 'instance')}")
         _level_rows(table, d)
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
@@ -288,6 +287,7 @@ def _money(value: float | None, unit: str) -> str:
 
 def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
     """A fleet-day run (docs/fleet-day.md): chip-hours by state, deployments, jobs."""
+    from clustersim.hardware.units import format_latencies
     day = summary["fleet_day"]
     hours = day["chip_hours"]
     total = max(day["chip_hours_total"], 1e-9)
