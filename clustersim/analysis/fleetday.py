@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from clustersim.hardware.units import format_or_dash  # noqa: E402
+
 __all__ = ["write_day_report", "plot_day"]
 
 _STATES = ("serving", "scaling", "training", "down", "idle")
@@ -100,9 +102,9 @@ def write_day_report(run_dir: Path, summary: dict, folder: Path) -> Path:
     for name, d in summary["deployments"].items():
         c = d.get("cost_per_million_output_tokens_usd")
         lines.append(f"| {name} | {d['peak_load_per_s']:,.1f} | {d['replicas_min']:,}-"
-                     f"{d['replicas_max']:,} | {d['ttft_p50_s'] or 0:.3g} / "
-                     f"{d['ttft_p99_s'] or 0:.3g} s | {d['tpot_p50_s'] or 0:.3g} / "
-                     f"{d['tpot_p99_s'] or 0:.3g} s | {(d['slo_goodput'] or 0):.1%} | "
+                     f"{d['replicas_max']:,} | {format_or_dash(d['ttft_p50_s'])} / "
+                     f"{format_or_dash(d['ttft_p99_s'])} s | {format_or_dash(d['tpot_p50_s'])} / "
+                     f"{format_or_dash(d['tpot_p99_s'])} s | {(d['slo_goodput'] or 0):.1%} | "
                      f"{'' if c is None else f'{c:,.2f}'} |")
     lines += ["", "| job | status | tokens | ETTR | preemptions | failures | lost work |",
               "|---|---|---|---|---|---|---|"]

@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 from clustersim.analysis.html_figures import run_figures
 from clustersim.analysis.html_serving import day_figures, serving_figures
 from clustersim.analysis.runs import load_run
+from clustersim.hardware.units import format_or_dash
 
 __all__ = ["html_report"]
 
@@ -122,8 +123,9 @@ def _tables(summary: dict[str, Any]) -> str:
                    "<th>$ per M output tokens</th></tr>")
         for name, d in deployments.items():
             out.append("<tr>" + _cell(name) + _cell(
-                f"{d.get('ttft_p50_s') or 0:.3g} / {d.get('ttft_p99_s') or 0:.3g}") + _cell(
-                f"{d.get('tpot_p50_s') or 0:.3g} / {d.get('tpot_p99_s') or 0:.3g}")
+                f"{format_or_dash(d.get('ttft_p50_s'))} / {format_or_dash(d.get('ttft_p99_s'))}")
+                + _cell(f"{format_or_dash(d.get('tpot_p50_s'))} / "
+                        f"{format_or_dash(d.get('tpot_p99_s'))}")
                 + _cell(d.get("slo_goodput"), "{:.1%}")
                 + _cell(d.get("cost_per_million_output_tokens_usd"), "{:,.3f}") + "</tr>")
         out.append("</table>")

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from clustersim.analysis.runs import Run  # noqa: E402
-from clustersim.hardware.units import UnitError, parse_duration  # noqa: E402
+from clustersim.hardware.units import UnitError, format_or_dash, parse_duration  # noqa: E402
 
 __all__ = ["serving_plots", "serving_lines", "slo_bounds"]
 
@@ -238,8 +238,8 @@ def serving_lines(summary: dict) -> list[str]:
         drain = f"{drained:,} in {d.get('drain_s') or 0:,.3g} s" if drained else "none"
         lines.append(
             f"| {cell(name)} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
-            f"{d['ttft_p50_s'] or 0:.3g} / {d['ttft_p99_s'] or 0:.3g} s | "
-            f"{d['tpot_p50_s'] or 0:.3g} / {d['tpot_p99_s'] or 0:.3g} s | "
+            f"{format_or_dash(d['ttft_p50_s'])} / {format_or_dash(d['ttft_p99_s'])} s | "
+            f"{format_or_dash(d['tpot_p50_s'])} / {format_or_dash(d['tpot_p99_s'])} s | "
             f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} | "
             f"{'yes' if d.get('saturated') else 'no'} | "
             f"{drain} |")

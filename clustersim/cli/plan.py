@@ -192,7 +192,7 @@ def plan(
         return
     spec = load_scenario(scenario, sets, planning=True)
     options = PlanOptions(
-        hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
+        hardware=_hardware_list(hardware),
         chips=parse_chips(chips) if chips else (), objective=objective,
         tokens=parse_count(tokens, "--tokens") if tokens else None,
         deadline_s=_duration(deadline, "--deadline"), budget_usd=budget, max_chips=max_chips,
@@ -307,6 +307,11 @@ def _serving_only(scenario: Path, sets: list[str]) -> bool:
     return bool(spec.serve) and not spec.jobs and spec.workload is None
 
 
+def _hardware_list(hardware: str | None) -> tuple[str, ...]:
+    """--hardware's entries in order, each once: `trn2,trn2` planned trn2 twice over."""
+    return tuple(dict.fromkeys(h.strip() for h in (hardware or "").split(",") if h.strip()))
+
+
 def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: str | None,
                   goodput: float, top: int, out: Path | None, write_scenario: Path | None,
                   force: bool, json_out: bool,
@@ -327,7 +332,7 @@ def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: 
     spec = load_scenario(scenario, sets)
     out_dir = out if out is not None else default_plan_dir(spec.name)
     options = ServingPlanOptions(
-        hardware=tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware else (),
+        hardware=_hardware_list(hardware),
         deployment=serve, goodput=goodput, top=top)
     with _scenario_file(write_scenario, out_dir, force, spec) as (temporary, commit):
         try:

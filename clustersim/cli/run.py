@@ -220,8 +220,7 @@ def _plural(count: int, word: str) -> str:
 
 
 def _on_stack(d: dict[str, Any]) -> str:
-    """The deployment's serving stack as the run table names it (its hardware's default
-    unless the scenario chose one)."""
+    """The deployment's serving stack (its hardware's default unless the scenario chose one)."""
     return f" on {d['stack']}" if d.get("stack") else ""
 
 
@@ -247,14 +246,15 @@ def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
 
 
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
+    from clustersim.hardware.units import format_latencies
     for name, d in summary.get("deployments", {}).items():
         if "level" in d:
             _held_rows(table, name, d)
             continue
         table.add_row(f"serve {escape(name)}",
                       f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
-                      f"{d['tp']} x pp "
-                      f"{d['pp']}{_over('ep', d, True)} on {_plural(d['instances'], 'instance')}")
+                      f"{d['tp']} x pp {d['pp']}{_over('ep', d, True)} on "
+                      f"{_plural(d['instances'], 'instance')}")
         _level_rows(table, d)
         if d["requests_completed"]:
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
@@ -267,9 +267,15 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
         if d.get("requests_drained"):
             table.add_row("", f"{d['requests_drained']:,} more finished while draining, "
                           f"{d['drain_s']:,.3g} s after the horizon (not in the rates)")
+        lost = [f"{d[key]:,} {what}" for key, what in (
+            ("requests_unfinished", "still running when the drain stopped (one more horizon)"),
+            ("requests_rejected", "rejected (prompt and output larger than a replica's KV "
+             f"cache, {d.get('kv_capacity_tokens_per_replica') or 0:,} tokens)")) if d.get(key)]
+        if lost:
+            table.add_row("", "; ".join(lost) + ": in no latency, counted as missing the SLO")
         if d["ttft_p50_s"] is not None:  # any request completed, inside the horizon or after
-            table.add_row("", f"TTFT p50 {d['ttft_p50_s']:.3g} s p99 {d['ttft_p99_s']:.3g} s; "
-                          f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+            table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
+                          + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
         if d["cost_per_million_output_tokens_usd"] is not None:
             table.add_row("", f"${d['cost_per_million_output_tokens_usd']:,.2f} per million "
                           f"output tokens")
@@ -281,6 +287,7 @@ def _money(value: float | None, unit: str) -> str:
 
 def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
     """A fleet-day run (docs/fleet-day.md): chip-hours by state, deployments, jobs."""
+    from clustersim.hardware.units import format_latencies
     day = summary["fleet_day"]
     hours = day["chip_hours"]
     total = max(day["chip_hours_total"], 1e-9)
@@ -297,8 +304,8 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
                       f"{(d['slo_goodput'] or 0):.1%}")
         _level_rows(table, d)
-        table.add_row("", f"TTFT p50 {d['ttft_p50_s'] or 0:.3g} s p99 {d['ttft_p99_s'] or 0:.3g} s; "
-                      f"TPOT p50 {d['tpot_p50_s'] or 0:.3g} s p99 {d['tpot_p99_s'] or 0:.3g} s")
+        table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
+                      + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
     for name, job in summary["jobs"].items():
         table.add_row(f"job {escape(name)}", f"{job['status']}: {job['tokens_trained']:,.3g} "
                       f"tokens, ETTR {job['ettr']:.1%}, {job['preemptions']} preemptions, "

@@ -23,6 +23,8 @@ __all__ = [
     "format_duration",
     "format_rate",
     "format_power",
+    "format_or_dash",
+    "format_latencies",
     "BYTE_UNITS",
     "BANDWIDTH_UNITS",
     "DURATION_UNITS",
@@ -168,6 +170,19 @@ def parse_rate(value: object) -> float:
     if per_s <= 0:
         raise UnitError(f"the time in the rate {value!r} must be positive")
     return count / per_s
+
+
+def format_or_dash(value: float | None, spec: str = ".3g") -> str:
+    """`value` formatted by `spec`, or "-" where a figure is undefined (None: no request
+    completed, or none decoded past its first token); printing 0 there read as a latency."""
+    return "-" if value is None else format(value, spec)
+
+
+def format_latencies(name: str, p50_s: float | None, p99_s: float | None) -> str:
+    """`TPOT p50 0.0182 s p99 0.0202 s`, or `TPOT none` when no request gave the figure."""
+    if p50_s is None or p99_s is None:
+        return f"{name} none"
+    return f"{name} p50 {p50_s:.3g} s p99 {p99_s:.3g} s"
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], digits: int) -> str:

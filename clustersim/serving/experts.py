@@ -147,13 +147,12 @@ def routed_expert_ops(model: TransformerShape, tokens: int, tp: int, ep: int,
     # The busiest group's share of the routed tokens (top_k per token, spread over the
     # groups), over its reached experts: rows per expert matmul.
     routed = tokens * model.top_k / ep
-    count = max(1, round(reached))
     rows = max(1, math.ceil(routed / reached))
     a = 0.0 if on_chip else e
     h = model.hidden
-    return [_expert_matmul("expert_in", rows, h, n_in, a, weight_bytes, reached, count),
+    return [_expert_matmul("expert_in", rows, h, n_in, a, weight_bytes, reached, reached),
             _vector("activation", routed * n_out * (3 if model.gated else 2), e, passes=1),
-            _expert_matmul("expert_out", rows, n_out, h, a, weight_bytes, reached, count)]
+            _expert_matmul("expert_out", rows, n_out, h, a, weight_bytes, reached, reached)]
 
 
 def every_expert_ops(model: TransformerShape, tokens: int, tp: int, activation_bytes: float,
@@ -180,9 +179,11 @@ def every_expert_ops(model: TransformerShape, tokens: int, tp: int, activation_b
 
 
 def _expert_matmul(name: str, rows: int, k: int, n: int, activation_bytes: float,
-                   weight_bytes: float, reached: float, count: int) -> Op:
+                   weight_bytes: float, reached: float, count: float) -> Op:
     """`reached` experts' matmuls (rows x k by k x n each; a fractional expectation scales
-    the FLOPs and bytes, the integer `count` is the op's count for tile quantisation)."""
+    the FLOPs and bytes), `count` of them for wave quantisation: the routed path passes the
+    expectation itself, as a rounding of it against fractional FLOPs made the time fall
+    between two roundings as the tokens grew."""
     flops = 2.0 * rows * k * n * reached
     traffic = (activation_bytes * (rows * k + rows * n) + weight_bytes * k * n) * reached
     return Op(name, "matmul", flops, float(traffic), rows, n, k, count)

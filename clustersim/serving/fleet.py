@@ -217,6 +217,13 @@ class Fleet:
         self._generated[request] = self._outputs[request] - int(round(left))
         self._prefilled[request] = 0
 
+    def prefill_again(self, replica: Replica, request: int) -> None:
+        """A request preempted on a decode replica: its prompt and output so far are
+        prefilled again where requests enter (the prefill pool), once the loop that evicted
+        it has returned."""
+        self._release(replica, request)
+        self.env.timeout(0.0).callbacks.append(lambda _: self.route(request, "entry"))
+
     # ------------------------------------------------------------------ failures
     def fail(self, index: int, down_s: float) -> None:
         replica = self.replicas[index]

@@ -56,7 +56,9 @@ def latency_books(dep: DeploymentState, s: dict[str, np.ndarray], dts: np.ndarra
                                 + s["backlog_mean"][part])
         weights = np.repeat(s["served"][part] / len(LEVELS), len(LEVELS))
         for key, values in (("ttft", ttft.ravel()), ("tpot", tpot.ravel())):
-            finite = np.isfinite(values)
+            # (a curve with no request decoding past its first token has TPOT 0: no time
+            # per output token, which the lowest bin would have read as 0.1 ms)
+            finite = np.isfinite(values) & (values > 0)
             histograms[key] += np.histogram(
                 np.clip(values[finite], HISTOGRAM_EDGES_S[0], HISTOGRAM_EDGES_S[-1]),
                 bins=HISTOGRAM_EDGES_S, weights=weights[finite])[0]

@@ -49,6 +49,7 @@ from clustersim.serving.layers import (
     layer_collectives_s,
     layer_kinds,
     moe_fixed_s,
+    on_grid,
 )
 from clustersim.serving.unfused import unfused_scores_s
 from clustersim.training.layers import WEIGHT_BYTES_PER_ELEMENT
@@ -65,7 +66,6 @@ from clustersim.training.workload import (
 __all__ = ["ReplicaShape", "IterationModel", "kv_bytes_per_token"]
 
 _KV_CONTEXT = 1 << 16  # long enough that tile padding of the context is negligible
-_GRID = 32  # tokens: iteration work is evaluated exactly at multiples of this past 256
 
 
 @dataclass(frozen=True)
@@ -255,13 +255,8 @@ class IterationModel:
         known = self._known.get(key)
         if known is not None:
             return known
-        if tokens <= 256 or tokens % _GRID == 0:
-            body = self._body_s(tokens)
-        else:
-            low = tokens - tokens % _GRID
-            weight = (tokens - low) / _GRID
-            body = (1 - weight) * self._body_s(low) + weight * self._body_s(low + _GRID)
-        time_s = self.overhead_s + body + (self._outputs_s(outputs) if outputs else 0.0)
+        time_s = self.overhead_s + on_grid(tokens, self._body_s) + (
+            self._outputs_s(outputs) if outputs else 0.0)
         self._known[key] = time_s
         return time_s
 

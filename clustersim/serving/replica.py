@@ -447,5 +447,11 @@ class Replica:
         self.ends = [(e, r) for e, r in self.ends if r != request]
         heapq.heapify(self.ends)
         self.fleet.preempted(self, request, end - self.clock)
-        self.queue.appendleft(request)
+        if self.role == "decode":
+            # Its KV cache is gone and a decode replica prefills nothing: taken back into
+            # its own queue it rejoined at once without the recompute, evicted again by the
+            # same full cache, and the loop never advanced the clock (a hang).
+            self.fleet.prefill_again(self, request)
+        else:
+            self.queue.appendleft(request)
 
