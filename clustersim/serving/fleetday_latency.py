@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from clustersim.serving.attainment import share_within
 from clustersim.serving.curves import LEVELS
 from clustersim.serving.fleetday_state import HISTOGRAM_EDGES_S, DeploymentState
 
@@ -42,14 +41,14 @@ def latency_books(dep: DeploymentState, s: dict[str, np.ndarray], dts: np.ndarra
     histograms = {key: np.zeros(len(HISTOGRAM_EDGES_S) - 1) for key in ("ttft", "tpot")}
     for a in range(0, steps, LATENCY_CHUNK_STEPS):
         part = slice(a, min(steps, a + LATENCY_CHUNK_STEPS))
-        ttft, tpot, slo, e2e = curve.at(rho[part])
+        ttft, tpot, _, e2e = curve.at(rho[part])
         ttft = ttft + wait[part, None]
         s["ttft_p50_s"][part] = ttft[:, P50]
         s["ttft_p99_s"][part] = ttft[:, P99]
         s["tpot_p50_s"][part] = tpot[:, P50]
         s["tpot_p99_s"][part] = tpot[:, P99]
         # continuous: the distribution read at the bound (no 1/201 steps, no cap below 1)
-        s["slo_attainment"][part] = share_within(slo, LEVELS, dep.spec.slo.ttft_s - wait[part])
+        s["slo_attainment"][part] = curve.slo_share(rho[part], dep.spec.slo.ttft_s - wait[part])
         # Little's law: requests in the system = rate through it x time in it, plus the
         # backlog.
         s["in_system"][part] = (np.minimum(s["load_per_s"][part], service[part]) * e2e
