@@ -3,11 +3,15 @@ crashes and lost data found by trying them as a demanding user would."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.serving.simulate import replica_models
+
+MOE = Path(__file__).resolve().parent.parent / "scenarios" / "plan-serving-qwen3-moe.yaml"
 
 
 def _replica(hardware: str, model: str, tp: int, **deployment: object):
@@ -125,6 +129,12 @@ def test_a_hardware_named_twice_is_planned_once(tmp_path) -> None:
         assert result.exit_code == 0, result.output
         counts.append(json.loads((out / "plan.json").read_text())["considered"])
     assert counts[0] == counts[1], counts
+    # an empty entry was dropped silently: a name left out by mistake went unnoticed
+    from cli_helpers import refused
+
+    refused(invoke("plan", path, "--hardware", "trn2,,p5en", "-o", tmp_path / "empty"),
+            "--hardware 'trn2,,p5en'", "empty entry")
+    assert not (tmp_path / "empty").exists()
 
 
 def test_a_full_decode_pool_that_preempts_does_not_hang(tmp_path) -> None:
@@ -176,3 +186,14 @@ def test_the_fluid_level_gives_no_tpot_where_no_request_decodes(tmp_path) -> Non
     d = json.loads((out / "summary.json").read_text())["deployments"]["chat"]
     assert d["ttft_p50_s"] > 0
     assert d["tpot_p50_s"] is None and d["tpot_p99_s"] is None, d
+
+
+def test_a_goodput_that_is_not_a_number_is_refused_as_such(tmp_path) -> None:
+    """`--goodput nan` was refused as 'Input should be less than or equal to 1' (a range
+    check nan fails on both sides); plan and run --find-rate say what is expected."""
+    from cli_helpers import invoke
+
+    for command in (["plan", str(MOE)], ["run", str(MOE), "--find-rate"]):
+        result = invoke(*command, "--goodput", "nan", "-o", tmp_path / "out")
+        assert result.exit_code == 2 and "expected a share of requests from 0.01 to 1" in (
+            " ".join(result.output.replace("│", " ").split())), result.output

@@ -8,6 +8,7 @@ pandas or pydantic. Commands import the layers they use inside their bodies.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,14 @@ out_console = _Console(highlight=False, emoji=False)
 err_console = _Console(stderr=True, highlight=False, emoji=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def goodput_share(value: float) -> float:
+    """--goodput's check (a range alone let nan through as 'less than or equal to 1')."""
+    if not (math.isfinite(value) and 0.01 <= value <= 1.0):
+        raise typer.BadParameter(f"{value!r}: expected a share of requests from 0.01 to 1, "
+                                 "such as 0.99")
+    return value
 
 
 class UsageProblem(Exception):

@@ -20,6 +20,7 @@ from clustersim.cli.common import (
     SetOption,
     UsageProblem,
     err_console,
+    goodput_share,
     user_errors,
 )
 from clustersim.cli.plan_tables import _print_plan, _print_serving_plan
@@ -150,7 +151,8 @@ def plan(
         "--serve", help="Plan this serving deployment instead of the first job [default: the "
         "first deployment of a scenario without jobs].")] = None,
     goodput: Annotated[float, typer.Option(
-        help="Serving: share of requests that must meet the SLO.", min=0.01, max=1.0)] = 0.99,
+        help="Serving: share of requests that must meet the SLO.",
+        callback=goodput_share)] = 0.99,
 ) -> None:
     """Search parallelism, size and hardware for the first job (failure-aware time and cost),
     or for a serving deployment (replica shape, batch limit and replicas at its load and SLO,
@@ -309,7 +311,11 @@ def _serving_only(scenario: Path, sets: list[str]) -> bool:
 
 def _hardware_list(hardware: str | None) -> tuple[str, ...]:
     """--hardware's entries in order, each once: `trn2,trn2` planned trn2 twice over."""
-    return tuple(dict.fromkeys(h.strip() for h in (hardware or "").split(",") if h.strip()))
+    names = [h.strip() for h in hardware.split(",")] if hardware is not None else []
+    if hardware is not None and not all(names):
+        raise UsageProblem(f"--hardware {hardware!r}: an empty entry; expected catalog names "
+                           "separated by commas, such as trn2,p5en")
+    return tuple(dict.fromkeys(names))
 
 
 def _plan_serving(scenario: Path, sets: list[str], hardware: str | None, serve: str | None,

@@ -16,6 +16,7 @@ from clustersim.cli.common import (
     SetOption,
     UsageProblem,
     err_console,
+    goodput_share,
     out_console,
     user_errors,
 )
@@ -43,8 +44,8 @@ def run(
         "--find-rate", help="Serving: search the highest arrival rate of each deployment "
         "meeting its SLO (print it; write nothing).")] = False,
     goodput: Annotated[float, typer.Option(
-        help="With --find-rate: share of requests that must meet the SLO.", min=0.01,
-        max=1.0)] = 0.99,
+        help="With --find-rate: share of requests that must meet the SLO.",
+        callback=goodput_share)] = 0.99,
 ) -> None:
     """Simulate a scenario and write summary.json (and traces) to OUT."""
     from clustersim.runner.api import check_run_arguments, run_to
@@ -335,8 +336,7 @@ def _active(job: dict[str, Any]) -> str:
 
 
 def _over(degree: str, figures: dict[str, Any], aside: bool = False) -> str:
-    """" x cp 2" or " (ep 8)" where the degree is above 1 (a summary of an older release
-    has none)."""
+    """" x cp 2" or " (ep 8)" where the degree is above 1 (an older summary has none)."""
     value = figures.get(degree, 1)
     if value == 1:
         return ""
