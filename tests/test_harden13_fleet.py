@@ -408,3 +408,37 @@ def test_a_mapping_key_its_rule_does_not_read_is_refused(tmp_path: Path):
         result = invoke("validate", path, "--set", f"workload.mapping.rule={rule}",
                         "--set", f"workload.mapping.{key}={value}")
         assert result.exit_code == 0, result.stderr
+
+
+# 18. the run table of a run past 2,000 jobs counted the jobs listed, not the jobs -------
+
+
+def test_the_run_table_counts_every_job_and_says_whose_means_it_shows():
+    """Past 2,000 jobs summary.json lists the 100 largest; the run table printed 'jobs 100:
+    999,983 done, ...' for the Rainier year's million, and its ETTR mean and slowdowns (over
+    the listed jobs only) as if they were every job's."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from clustersim.cli.run import _summarise_many_jobs
+
+    def shown(summary: dict) -> str:
+        table = Table()
+        table.add_column("key")
+        table.add_column("value")
+        _summarise_many_jobs(table, summary)
+        console = Console(width=200, record=True)
+        console.print(table)
+        return " ".join(console.export_text().replace("│", " ").split())
+
+    job = {"start_s": 0.0, "ettr": 0.5, "slowdown": 2.0}
+    listed = {"jobs": {"a": job, "b": job},
+              "cluster": {"jobs": 3000, "jobs_by_status": {"done": 3000}},
+              "jobs_listed": "the 2 largest of 3,000 jobs; every job is in job_summary.parquet"}
+    text = shown(listed)
+    assert "jobs 3,000: 3,000 done" in text, text
+    assert "over started jobs of the 2 largest" in text and "alone of the 2 largest" in text
+    every = {"jobs": {"a": job, "b": job},
+             "cluster": {"jobs": 2, "jobs_by_status": {"done": 2}}}
+    text = shown(every)
+    assert "jobs 2: 2 done" in text and "largest" not in text, text

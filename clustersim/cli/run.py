@@ -159,17 +159,19 @@ def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
     jobs = list(summary["jobs"].values())
     cluster = summary["cluster"]
     statuses = cluster.get("jobs_by_status", {})
-    table.add_row("jobs", f"{len(jobs):,}: " + ", ".join(
+    # past LARGEST_JOBS the summary lists the largest only: the figures below are theirs
+    over = f" of the {len(jobs):,} largest" if summary.get("jobs_listed") else ""
+    table.add_row("jobs", f"{cluster.get('jobs', len(jobs)):,}: " + ", ".join(
         f"{count:,.0f} {status}" for status, count in statuses.items()
         if not status.endswith("_ci95")))
     ettr = [j["ettr"] for j in jobs if j.get("start_s") is not None]
     if ettr:
-        table.add_row("", f"ETTR mean {sum(ettr) / len(ettr):.1%} over started jobs; queue wait "
+        table.add_row("", f"ETTR mean {sum(ettr) / len(ettr):.1%} over started jobs{over}; queue wait "
                       f"mean {cluster.get('mean_queue_wait_s', 0) / 3600:,.1f} h; fragmentation "
                       f"{cluster.get('fragmentation', 0):.0%}")
     slowdowns = [j["slowdown"] for j in jobs if j.get("slowdown")]
     if slowdowns:
-        table.add_row("", f"slowdown versus alone: median {sorted(slowdowns)[len(slowdowns) // 2]:.2f}"
+        table.add_row("", f"slowdown versus alone{over}: median {sorted(slowdowns)[len(slowdowns) // 2]:.2f}"
                       f", worst {max(slowdowns):.2f}")
 
 
@@ -226,8 +228,7 @@ def _on_stack(d: dict[str, Any]) -> str:
 
 
 def _level_rows(table: Table, d: dict[str, Any]) -> None:
-    """Which level simulated the deployment and why; a warning where the fluid level ran
-    outside the range it was checked on."""
+    """Which level simulated the deployment and why; a warning outside its checked range."""
     if "fidelity" not in d:
         return
     table.add_row("", f"{d['fidelity']} level: {escape(d['fidelity_reason'])}")
@@ -318,8 +319,7 @@ def _percent(value: float) -> str:
 
 
 def _with_ci(figures: dict[str, Any], key: str, show: Callable[[float], str]) -> str:
-    """A figure, and its 95% interval when replications gave it one (a figure that is the
-    same in every replication has none)."""
+    """A figure, and its 95% interval when replications gave it one (none when all agree)."""
     text = show(figures[key])
     ci = figures.get(f"{key}_ci95")
     if isinstance(ci, float | int) and ci > 0:
