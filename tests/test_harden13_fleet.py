@@ -442,3 +442,23 @@ def test_the_run_table_counts_every_job_and_says_whose_means_it_shows():
              "cluster": {"jobs": 2, "jobs_by_status": {"done": 2}}}
     text = shown(every)
     assert "jobs 2: 2 done" in text and "largest" not in text, text
+
+
+# 19. a run shorter than a minute was refused for a trace bin the user never wrote ---------
+
+
+def test_a_run_shorter_than_the_default_bin_runs_in_one_bin(tmp_path: Path):
+    """`duration: 30s` was refused as "trace.bin = '1min': longer than the scenario's
+    duration": the default bin now shrinks to the duration; a bin written longer is refused."""
+    import pandas as pd
+
+    raw = {"name": "short", "duration": "30s", "hardware": "trn2", "cluster": {"instances": 1},
+           "jobs": [{"name": "a", "model": "llama3-8b", "global_batch": 16, "instances": 1,
+                     "parallelism": {"tp": 8, "dp": 8, "zero": 1}}]}
+    path = write(tmp_path, raw)
+    result = invoke("run", path, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    bins = pd.read_parquet(tmp_path / "out" / "utilisation.parquet")["bin_s"]
+    assert set(bins) == {30.0}
+    refused(invoke("run", path, "--set", "trace.bin=1min", "-o", tmp_path / "again"),
+            "trace.bin", "longer than the scenario's duration")

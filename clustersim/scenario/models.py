@@ -240,7 +240,8 @@ class SchedulerSpec(Spec):
 
 class TraceSpec(Spec):
     enabled: bool = True
-    bin_s: Duration = Field(default=60.0, alias="bin", description="utilisation time bin")
+    bin_s: Duration = Field(default=60.0, alias="bin", description="utilisation time bin (the "
+                            "default shrinks to a shorter run's duration)")
     levels: list[Literal["cluster", "job", "ultraserver", "instance"]] = Field(
         default_factory=lambda: ["cluster", "job"]
     )
@@ -297,6 +298,15 @@ class Scenario(Spec):
             cluster = self.cluster.model_copy(update={"spares": count})
             object.__setattr__(self, "cluster", cluster)
             self._spares_share = share
+        return self
+
+    @model_validator(mode="after")
+    def _default_bin_within(self) -> Scenario:
+        """The default trace bin (1 min) shrinks to a shorter run's duration; a bin written
+        longer than the duration is still refused (rules.cross_checks)."""
+        if "bin_s" not in self.trace.model_fields_set and self.trace.bin_s > self.duration_s:
+            trace = self.trace.model_copy(update={"bin_s": self.duration_s})
+            object.__setattr__(self, "trace", trace)
         return self
 
     @model_validator(mode="after")
