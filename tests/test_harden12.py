@@ -215,6 +215,23 @@ def test_the_plan_hint_carries_the_overrides_and_is_left_out_for_trace_jobs(tmp_
             "no hardware and size to plan on")
 
 
+def _context_parallel_expert_job(zero: int):
+    """Qwen3-30B-A3B at tp 4, cp 2, dp = ep = 8 on two trn2 instances under ZeRO `zero`: the
+    job, its step model and the chip pair holding a rank's experts (its two context ranks)."""
+    from clustersim.training.memory import _expert_shard
+
+    raw = {"name": f"z{zero}", "hardware": "trn2", "cluster": {"instances": 2},
+           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 64,
+                     "seq_len": 4096,
+                     "parallelism": {"tp": 4, "cp": 2, "dp": 8, "ep": 8, "zero": zero}}]}
+    job = scenario_from_dict(raw).jobs[0]
+    hw = catalog_entry("trn2")
+    par = job.parallelism
+    assert _expert_shard(par) == 2  # memory holds half of each rank's experts
+    pair = Group.from_rank_chips(rank_chips(hw, np.array([0, par.tp]), np.arange(2)).tolist())
+    return job, StepModel(build_topology(hw, 2)), pair
+
+
 def test_zero3_gathers_experts_over_their_context_parallel_holders_too():
     """Context parallelism replicates the weights, so with dp = ep and cp 2 each rank's
     experts are sharded over its two context ranks (memory: dp x cp / ep holders) and
@@ -222,19 +239,11 @@ def test_zero3_gathers_experts_over_their_context_parallel_holders_too():
     one such pair's all-gather of the rank's experts. It was the dense part alone (the
     holders were looked for among the dp ranks only, one per context rank: none to
     gather from)."""
-    from clustersim.training.memory import _expert_shard, layer_params_per_rank
+    from clustersim.training.memory import layer_params_per_rank
 
-    raw = {"name": "z3", "hardware": "trn2", "cluster": {"instances": 2},
-           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 64,
-                     "seq_len": 4096,
-                     "parallelism": {"tp": 4, "cp": 2, "dp": 8, "ep": 8, "zero": 3}}]}
-    job = scenario_from_dict(raw).jobs[0]
-    hw = catalog_entry("trn2")
-    step = StepModel(build_topology(hw, 2))
-    par, placed = job.parallelism, np.arange(2)
+    job, step, pair = _context_parallel_expert_job(3)
+    placed = np.arange(2)
     experts = expert_params_per_rank(job, 1.0)
-    assert _expert_shard(par) == 2  # memory holds half of each rank's experts
-    pair = Group.from_rank_chips(rank_chips(hw, np.array([0, par.tp]), placed).tolist())
     pair_s = step.collectives.cost("all-gather", pair, experts * 2).time_s  # bf16
     dense_s, _ = step.reduction.zero3_layer_times(job, placed,
                                                   layer_params_per_rank(job) - experts, 4, 2)
@@ -248,18 +257,8 @@ def test_zero1_reduces_experts_over_their_context_parallel_holders_too():
     chip's 4 TP ranks' pairs on the same two chips at once, so the step's reduction is at
     least that pair's reduce-scatter of the 4 ranks' expert gradients. It reduced the dense
     weights alone (the experts' holders were looked for among the dp ranks only)."""
-    from clustersim.training.memory import _expert_shard
-
-    raw = {"name": "z1", "hardware": "trn2", "cluster": {"instances": 2},
-           "jobs": [{"name": "j", "model": "qwen3-30b-a3b", "global_batch": 64,
-                     "seq_len": 4096,
-                     "parallelism": {"tp": 4, "cp": 2, "dp": 8, "ep": 8, "zero": 1}}]}
-    job = scenario_from_dict(raw).jobs[0]
-    hw = catalog_entry("trn2")
-    step = StepModel(build_topology(hw, 2))
+    job, step, pair = _context_parallel_expert_job(1)
     par, placed = job.parallelism, np.arange(2)
-    assert _expert_shard(par) == 2
-    pair = Group.from_rank_chips(rank_chips(hw, np.array([0, par.tp]), placed).tolist())
     experts_bytes = expert_params_per_rank(job) * 2 * par.tp  # bf16, the chip's TP ranks
     pair_s = step.collectives.cost("reduce-scatter", pair, experts_bytes).time_s
     (times,) = step.reduction.per_pipeline_rank(job, placed, 2, 2).values()
