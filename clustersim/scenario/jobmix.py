@@ -264,7 +264,7 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
                            origins, f"workload.file {workload.file}")
     if workload.trace is not None:
         jobs += _from_trace(workload, templates, ranks_per_instance, base_dir, target, origins,
-                            trace_rows if trace_rows is not None else {})
+                            trace_rows if trace_rows is not None else {}, horizon_s)
     return jobs
 
 
@@ -319,8 +319,8 @@ def _team_name(text: str | None) -> str | None:
 
 def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
                 ranks_per_instance: int, base_dir: Path | None,
-                target: TraceTarget | None, origins: list, trace_rows: dict[str, Any]
-                ) -> list[dict[str, Any]]:
+                target: TraceTarget | None, origins: list, trace_rows: dict[str, Any],
+                horizon_s: float | None = None) -> list[dict[str, Any]]:
     assert workload.trace is not None and workload.format is not None
     path = Path(workload.trace)
     if not path.is_absolute() and base_dir is not None:
@@ -339,7 +339,7 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
         template, label = default_template(ranks_per_instance), "default"
     jobs = []
     columns = COLUMNS[workload.format]
-    rows, stats = read_trace(path, workload.format, workload.mapping, target)
+    rows, stats = read_trace(path, workload.format, workload.mapping, target, horizon_s)
     trace_rows.update(stats)
     for row in rows:
         origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))

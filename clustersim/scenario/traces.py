@@ -130,6 +130,7 @@ LEFT_OUT = {
     "never_started": "never started",
     "no_gpus": "no GPUs (CPU-only)",
     "no_end": "no end time (still running at the trace's end)",
+    "after_end": "submitted at or after the scenario's end",
 }
 
 
@@ -406,21 +407,23 @@ def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: f
     return max(1, math.ceil(chips / target.chips_per_instance))
 
 
-def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
-               ) -> tuple[list[TraceJob], dict[str, Any]]:
+def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
+               horizon_s: float | None = None) -> tuple[list[TraceJob], dict[str, Any]]:
     """The GPU jobs of a trace file, mapped (WorkloadError under `workload.trace` naming the
     file, row and column, or under the mapping's key), and what became of its rows: {rows,
-    replayed, left_out: {reason: count} (LEFT_OUT), ended_at_trace_end}."""
+    replayed, left_out: {reason: count} (LEFT_OUT), ended_at_trace_end}. With `horizon_s`
+    (the scenario's duration), a job submitted at or after it, counted from the trace's first
+    submission, is left out as `after_end`: a week of a months-long trace replays."""
     try:
-        return _read(path, fmt, mapping, target)
+        return _read(path, fmt, mapping, target, horizon_s)
     except _Bad as error:
         if error.key is not None:
             raise WorkloadError(error.key, str(error)) from None
         raise WorkloadError("workload.trace", f"{error.file or path}: {error}") from None
 
 
-def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
-          ) -> tuple[list[TraceJob], dict[str, Any]]:
+def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
+          horizon_s: float | None) -> tuple[list[TraceJob], dict[str, Any]]:
     gpu_tflops = None
     if mapping.rule == "compute":
         from clustersim.hardware.catalog import catalog_entry
@@ -474,6 +477,8 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget
         reason = row.left_out or ("never_started" if row.start is None else
                                   "no_gpus" if row.gpus is None else
                                   "no_end" if row.end is None and fmt != "philly" else None)
+        if reason is None and horizon_s is not None and row.submit - base >= horizon_s:
+            reason = "after_end"  # (a row's own reason first: it does not hang on the duration)
         if reason is not None:  # no GPU run to replay
             left_out[reason] += 1
             continue
