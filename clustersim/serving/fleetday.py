@@ -32,7 +32,8 @@ token: each step costs a few operations per deployment and per job.
   Site events (power, cooling, partition): clustersim.serving.fleetday_sites.
 
 Placement is by count of instances (no topology): a deployment's replicas smaller than an
-instance share instances; the chips of a deployment's partly used instance count as idle.
+instance share instances; the chips of a deployment's partly used instance count as idle in
+the split below, and in the deployment's chip-hours and cost (it holds them).
 Chip-time is split five ways that add up to the cluster's: serving (replicas up), scaling
 (replicas loading, warming, draining or restarting), training (instances jobs hold), down
 (instances in repair) and idle.
@@ -270,8 +271,8 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         raise ValueError("the deployments' starting replicas do not fit the cluster")
 
     names = [dep.spec.name for dep in deployments]
-    columns = ("replicas", "starting", "draining", "load_per_s", "served", "arrived",
-               "backlog_mean")
+    columns = ("replicas", "starting", "draining", "instances", "load_per_s", "served",
+               "arrived", "backlog_mean")
     series = {n: {c: np.zeros(steps) for c in columns} for n in names}
     fleet = {s: np.zeros(steps) for s in CHIP_STATES}
     job_chips = {j.name: np.zeros(steps) for j in jobs}
@@ -409,6 +410,7 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             s["replicas"][k] = dep.up
             s["starting"][k] = len(dep.starting) + len(dep.restarting)
             s["draining"][k] = len(dep.draining)
+            s["instances"][k] = dep.instances
             s["load_per_s"][k] = dep.rates[k]
             s["served"][k] = served
             s["arrived"][k] = arrived

@@ -87,7 +87,9 @@ def fleet_day_figures(scenario: Scenario, result: FleetDayResult) -> dict[str, A
         }
     cost = (None if chip_price_h is None else
             {s: hours[s] * chip_price_h for s in CHIP_STATES})
-    serving_chip_h = hours["serving"] + hours["scaling"]
+    # Serving's cost: the chips its deployments hold, with their partly used instances'
+    # unused chips (counted idle in `hours`), as each deployment's cost counts them.
+    serving_chip_h = sum(d["chip_hours"] for d in deployments.values())
     return {
         "deployments": deployments, "jobs": jobs,
         "fleet_day": {
@@ -126,8 +128,9 @@ def fluid_deployment_figures(scenario: Scenario, dep: DeploymentState, s: dict[s
     arrived = float(s["arrived"].sum())
     served = float(s["served"].sum())
     tokens = float(s["output_tokens"].sum())
-    chip_h = float(np.dot((s["replicas"] + s["starting"] + s["draining"]) * dep.chips,
-                          dts)) / 3600.0
+    # The chips of the instances it holds, a partly used instance's unused ones too: no one
+    # else can use them, and the request level charges whole instances as well.
+    chip_h = float(np.dot(s["instances"], dts)) * scenario.hardware.chips_per_instance / 3600.0
     # Missed as its own sum of non-negative terms (arrived - met cancelled to -3.7e-9),
     # and the goodput from it: all met is exactly 0 missed and a goodput of 1.
     missed = float(np.dot(1.0 - np.clip(s["slo_attainment"], 0.0, 1.0), s["arrived"]))

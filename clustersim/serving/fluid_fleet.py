@@ -95,7 +95,8 @@ def fluid_fleet_figures(scenario: Scenario, plans: list[FluidPlan], holdings: An
         before = np.concatenate(([0.0], backlog[:-1]))
         carried = np.minimum(instances * cpi // dep.chips, plan.held)
         s = {"replicas": up.astype(float), "starting": np.maximum(carried - up, 0).astype(float),
-             "draining": np.zeros(len(up)), "load_per_s": dep.rates, "served": served,
+             "draining": np.zeros(len(up)), "instances": instances.astype(float),
+             "load_per_s": dep.rates, "served": served,
              "arrived": arrived, "backlog_mean": (before + backlog) / 2.0}
         dep.backlog = float(backlog[-1]) if len(backlog) else 0.0
         changes = np.diff(plan.held)

@@ -1,0 +1,49 @@
+"""The fleet-day (fluid) level charges a deployment the instances it holds, as the request
+level does: four TP 4 replicas (one chip each) on one 16-chip trn2 instance cost the
+instance at both levels, where the fluid level charged 4 chips of 16 ($0.89 against $3.57
+per million output tokens)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, write
+
+SUB_INSTANCE = {
+    "name": "sub-instance", "seed": 0, "duration": "20min", "hardware": "trn2",
+    "cluster": {"instances": 2}, "trace": {"enabled": False},
+    "serve": [{
+        "name": "small", "model": "llama3.1-8b", "precision": "bf16",
+        "parallelism": {"tp": 4}, "replicas": 4,
+        "server": {"max_batch": 64, "max_tokens_per_iteration": 4096,
+                   "chunked_prefill": True},
+        "workload": {"arrival": "poisson", "rate": "8/s",
+                     "input_tokens": {"distribution": "lognormal", "median": 1024,
+                                      "sigma": 0.8, "max": 8192},
+                     "output_tokens": {"distribution": "lognormal", "median": 256,
+                                       "sigma": 0.8, "max": 2048}},
+        "slo": {"ttft": "2s", "tpot": "100ms"}}]}
+
+
+def _deployment(tmp_path: Path, fidelity: str) -> dict:
+    scenario = write(tmp_path, SUB_INSTANCE, name=f"{fidelity}.yaml")
+    out = tmp_path / fidelity
+    result = invoke("run", scenario, "--set", f"serve.0.fidelity={fidelity}", "-o", out)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "summary.json").read_text("utf-8"))
+
+
+def test_sub_instance_replicas_cost_their_instance_at_both_levels(tmp_path: Path):
+    fluid = _deployment(tmp_path, "fluid")
+    requests = _deployment(tmp_path, "requests")
+    held_h = 16 * 20 / 60  # one instance's 16 chips for 20 minutes
+    assert fluid["deployments"]["small"]["chip_hours"] == pytest.approx(held_h)
+    # the chip-time split still puts the 12 unused chips of that instance with the idle
+    assert fluid["fleet_day"]["chip_hours"]["serving"] == pytest.approx(4 * 20 / 60)
+    by_fluid = fluid["deployments"]["small"]["cost_per_million_output_tokens_usd"]
+    by_requests = requests["deployments"]["small"]["cost_per_million_output_tokens_usd"]
+    assert by_fluid == pytest.approx(by_requests, rel=0.03)
+    assert fluid["fleet_day"]["serving_cost_per_million_output_tokens_usd"] == \
+        pytest.approx(by_fluid)
