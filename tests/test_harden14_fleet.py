@@ -47,3 +47,10 @@ def test_sub_instance_replicas_cost_their_instance_at_both_levels(tmp_path: Path
     assert by_fluid == pytest.approx(by_requests, rel=0.03)
     assert fluid["fleet_day"]["serving_cost_per_million_output_tokens_usd"] == \
         pytest.approx(by_fluid)
+
+
+def test_fluid_check_compares_the_cost_too(tmp_path: Path):
+    auto = _deployment(tmp_path, "auto")["deployments"]["small"]
+    check = auto["fluid_check"]
+    assert check["fluid"]["cost_per_million_output_tokens_usd"] > 0
+    assert abs(check["relative_difference"]["cost_per_million_output_tokens_usd"]) < 0.03

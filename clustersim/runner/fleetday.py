@@ -65,7 +65,7 @@ def compare_levels(scenario: Scenario, seed: int, requests: dict[str, dict[str, 
         f, r = fluid[d.name], requests[d.name]
         out[d.name] = {"fluid": {k: f[k] for k in (
             "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-            "slo_goodput")}}
+            "slo_goodput", "cost_per_million_output_tokens_usd")}}
         out[d.name]["relative_difference"] = {
             k: _relative(f[k], r.get(k)) for k in out[d.name]["fluid"]}
     return out
