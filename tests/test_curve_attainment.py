@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from test_fleet_day import build, deployment, raw
 
-from clustersim.serving.attainment import share_within
 from clustersim.serving.curves import LEVELS, RHO_GRID, _run, group_size, replica_curve
 
 
@@ -61,9 +60,21 @@ def test_no_cap_below_the_requests_meeting_the_tpot_bound(tight):
     expected = curve.tpot_met[k - 1] * (1 - w) + curve.tpot_met[k] * w
     np.testing.assert_allclose(share, expected, rtol=1e-12)
     assert np.all(np.diff(share) <= 1e-15)  # more load, never a larger share here
-    # read as before, from quantiles with the misses infinite: capped at the last finite level
-    before = share_within(curve.at(rho)[2], LEVELS, 1e3)
-    assert np.all(before[1:] <= LEVELS[-2]) and np.all(share[1:] > LEVELS[-2])
+    # counted on the quantile levels with the misses infinite, it was capped at LEVELS[-2]
+    assert np.all(share[1:] > LEVELS[-2])
+
+
+def test_the_slo_rate_reads_the_continuous_share(tight):
+    """The autoscaler's rate per replica (policy slo) is where the share meeting the SLO,
+    as the fleet reads it, falls to the goodput: linear between the grid points around it,
+    not on 201 quantile levels with the TPOT misses counted as an infinite TTFT."""
+    _, _, curve = tight
+    k = int(np.flatnonzero(curve.tpot_met < 1)[0])
+    a, b = curve.tpot_met[k - 1], curve.tpot_met[k]
+    goodput = (a + b) / 2  # between the two points' shares (TTFT bound 1000 s: all meet it)
+    rho = RHO_GRID[k - 1] + (RHO_GRID[k] - RHO_GRID[k - 1]) * (a - goodput) / (a - b)
+    assert curve.slo_rate_per_s(1e3, goodput) == pytest.approx(rho * curve.capacity_per_s,
+                                                                rel=1e-12)
 
 
 def test_the_share_is_monotone_in_the_bound(tight):

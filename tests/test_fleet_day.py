@@ -105,7 +105,7 @@ def test_constant_load_fluid_matches_requests_and_littles_law():
     assert fluid_throughput == pytest.approx(throughput, rel=0.03)
     assert float(series["in_system"].mean()) == pytest.approx(in_system, rel=0.08)
     # Little's law inside the fluid level: in the system = rate x mean time in it
-    e2e = curve.at(np.array([10 / (2 * curve.capacity_per_s)]))[3][0]
+    e2e = curve.at(np.array([10 / (2 * curve.capacity_per_s)]))[2][0]
     assert float(series["in_system"][0]) == pytest.approx(10 * e2e, rel=1e-9)
 
 

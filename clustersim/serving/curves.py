@@ -66,7 +66,6 @@ class ReplicaCurve:
     rho: np.ndarray  # (k,)
     ttft_q: np.ndarray  # (k, len(LEVELS)) seconds
     tpot_q: np.ndarray  # (k, len(LEVELS)) seconds
-    slo_ttft_q: np.ndarray  # (k, len(LEVELS)): TTFT of requests meeting the TPOT bound, else inf
     tpot_met: np.ndarray  # (k,): share of requests meeting the TPOT bound
     met_ttft_q: np.ndarray  # (k, len(LEVELS)): TTFT quantiles of those requests (all finite)
     e2e_mean_s: np.ndarray  # (k,)
@@ -90,19 +89,13 @@ class ReplicaCurve:
         quantiles = self.met_ttft_q[lower] * (1 - w) + self.met_ttft_q[upper] * w
         return met * share_within(quantiles, LEVELS, ttft_bound_s)
 
-    def at(self, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(ttft, tpot, slo ttft quantiles, e2e mean) at utilisations `rho` (shape (t,)),
+    def at(self, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ttft quantiles, tpot quantiles, e2e mean) at utilisations `rho` (shape (t,)),
         interpolated linearly between grid points and held beyond them."""
         lower, upper, w = self._bracket(rho)
-
-        def mix(table: np.ndarray) -> np.ndarray:
-            a, b = table[lower], table[upper]
-            with np.errstate(invalid="ignore"):  # inf - inf where both miss the bound
-                out = a * (1 - w) + b * w
-            return np.where(np.isinf(a) | np.isinf(b), np.inf, out)
-
         e2e = self.e2e_mean_s[lower] * (1 - w[:, 0]) + self.e2e_mean_s[upper] * w[:, 0]
-        return mix(self.ttft_q), mix(self.tpot_q), mix(self.slo_ttft_q), e2e
+        return (self.ttft_q[lower] * (1 - w) + self.ttft_q[upper] * w,
+                self.tpot_q[lower] * (1 - w) + self.tpot_q[upper] * w, e2e)
 
     def attainment(self, rho: float, wait_s: float, ttft_slo_s: float) -> float:
         """Share of requests meeting both bounds at utilisation rho, with `wait_s` of queue."""
@@ -110,8 +103,11 @@ class ReplicaCurve:
 
     def slo_rate_per_s(self, ttft_slo_s: float, goodput: float = 0.99) -> float:
         """The highest rate per replica (on the grid, linear between points) at which at
-        least `goodput` of requests meet the SLO; the lowest grid rate if none does."""
-        shares = np.array([np.mean(row <= ttft_slo_s) for row in self.slo_ttft_q])
+        least `goodput` of requests meet the SLO; the lowest grid rate if none does. The
+        share at each grid point is `slo_share`'s, as the fleet reads attainment (counted on
+        the 201 quantile levels with TPOT misses as an infinite TTFT, it stepped by 1/201
+        and missed the TPOT bound's share below the last finite level)."""
+        shares = self.slo_share(self.rho, ttft_slo_s)
         ok = shares >= goodput
         if not ok[0]:
             return float(self.rho[0] * self.capacity_per_s)
@@ -197,7 +193,7 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
         outputs_mean = float(np.mean(fleet.output_tokens))
     group = group_size(scenario, d)
     capacity = saturated_rate_per_s(fleet, outputs_mean) / group  # per replica
-    ttft, tpot, slo, e2e, met, met_q = [], [], [], [], [], []
+    ttft, tpot, e2e, met, met_q = [], [], [], [], []
     simulated = requests
     for index, rho in enumerate(RHO_GRID, start=1):
         fleet = _run(scenario, d, float(rho * capacity * group), requests, index)
@@ -211,8 +207,6 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
         ttft.append(np.quantile(t, LEVELS))
         tpot.append(np.quantile(per_token[decoding], LEVELS) if decoding.any()
                     else np.zeros(len(LEVELS)))
-        slo.append(np.quantile(np.where(per_token <= d.slo.tpot_s, t, np.inf), LEVELS,
-                               method="inverted_cdf"))  # (no inf - inf between samples)
         meets = per_token <= d.slo.tpot_s
         met.append(float(np.mean(meets)) if len(t) else 0.0)
         # none meeting it: the share is 0 and the quantiles only keep the rows finite
@@ -222,7 +216,7 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
     cost, _, _ = replica_models(scenario, d)
     curve = ReplicaCurve(
         capacity_per_s=float(capacity), output_tokens_mean=outputs_mean, rho=RHO_GRID.copy(),
-        ttft_q=np.array(ttft), tpot_q=np.array(tpot), slo_ttft_q=np.array(slo),
+        ttft_q=np.array(ttft), tpot_q=np.array(tpot),
         tpot_met=np.array(met), met_ttft_q=np.array(met_q),
         e2e_mean_s=np.array(e2e), weight_bytes=float(cost.target.weight_bytes()),
         requests_simulated=simulated)

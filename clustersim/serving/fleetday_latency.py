@@ -41,7 +41,7 @@ def latency_books(dep: DeploymentState, s: dict[str, np.ndarray], dts: np.ndarra
     histograms = {key: np.zeros(len(HISTOGRAM_EDGES_S) - 1) for key in ("ttft", "tpot")}
     for a in range(0, steps, LATENCY_CHUNK_STEPS):
         part = slice(a, min(steps, a + LATENCY_CHUNK_STEPS))
-        ttft, tpot, _, e2e = curve.at(rho[part])
+        ttft, tpot, e2e = curve.at(rho[part])
         ttft = ttft + wait[part, None]
         s["ttft_p50_s"][part] = ttft[:, P50]
         s["ttft_p99_s"][part] = ttft[:, P99]
