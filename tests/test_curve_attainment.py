@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_fleet_day import build, deployment, raw
 
 from clustersim.serving.curves import LEVELS, RHO_GRID, _run, group_size, replica_curve
@@ -83,3 +85,35 @@ def test_the_share_is_monotone_in_the_bound(tight):
     for rho in (0.1, 0.5, 0.9):
         shares = np.array([curve.slo_share(np.array([rho]), b)[0] for b in bounds])
         assert np.all(np.diff(shares) >= -1e-15) and 0.0 <= shares[0] <= shares[-1] <= 1.0
+
+
+def test_the_monotone_fit_pools_crossing_neighbours():
+    from clustersim.serving.curves import monotone_over_load
+
+    np.testing.assert_allclose(monotone_over_load(np.array([1.0, 3.0, 2.0, 4.0])),
+                               [1.0, 2.5, 2.5, 4.0])
+    np.testing.assert_allclose(monotone_over_load(np.array([3.0, 1.0, 2.0])), [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(monotone_over_load(np.array([1.0, 0.9, 0.95, 0.5]),
+                                                  increasing=False), [1.0, 0.925, 0.925, 0.5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 10.0), min_size=3, max_size=3), min_size=1,
+                max_size=9))
+def test_the_monotone_fit_is_monotone_keeps_sums_and_rows_sorted(rows):
+    from clustersim.serving.curves import monotone_over_load
+
+    table = np.sort(np.array(rows), axis=1)  # each row a quantile function
+    fitted = monotone_over_load(table)
+    assert np.all(np.diff(fitted, axis=0) >= -1e-9)  # every level non-decreasing in load
+    assert np.all(np.diff(fitted, axis=1) >= 0)  # every row still sorted
+    np.testing.assert_allclose(fitted.sum(), table.sum(), rtol=1e-9, atol=1e-9)
+    if np.all(np.diff(table, axis=0) >= 0):  # already monotone: as measured
+        np.testing.assert_allclose(fitted, table)
+
+
+def test_the_curve_s_latencies_never_fall_with_load(tight):
+    _, _, curve = tight
+    for table in (curve.ttft_q, curve.tpot_q, curve.met_ttft_q):
+        assert np.all(np.diff(table, axis=0) >= -1e-12)
+    assert np.all(np.diff(curve.e2e_mean_s) >= 0) and np.all(np.diff(curve.tpot_met) <= 0)
