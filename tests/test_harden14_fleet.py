@@ -54,3 +54,18 @@ def test_fluid_check_compares_the_cost_too(tmp_path: Path):
     check = auto["fluid_check"]
     assert check["fluid"]["cost_per_million_output_tokens_usd"] > 0
     assert abs(check["relative_difference"]["cost_per_million_output_tokens_usd"]) < 0.03
+
+
+def test_a_deployment_without_requests_has_no_slo_goodput(tmp_path: Path):
+    """No request arrived (1 a day for a minute): the share meeting the SLO is undefined,
+    where the request level said 0.0 (none met it). (The fluid level's expected arrivals
+    are positive: it has a share.)"""
+    for fidelity in ("requests",):
+        scenario = write(tmp_path, SUB_INSTANCE, name=f"{fidelity}.yaml")
+        out = tmp_path / fidelity
+        result = invoke("run", scenario, "--set", f"serve.0.fidelity={fidelity}", "--set",
+                        "serve.0.workload.rate=1/d", "--set", "duration=1min", "-o", out)
+        assert result.exit_code == 0, result.output
+        summary = json.loads((out / "summary.json").read_text("utf-8"))
+        assert summary["deployments"]["small"]["slo_goodput"] is None
+        assert "goodput 0.0%" not in " ".join(result.stdout.split())

@@ -104,7 +104,7 @@ def write_day_report(run_dir: Path, summary: dict, folder: Path) -> Path:
         lines.append(f"| {name} | {d['peak_load_per_s']:,.1f} | {d['replicas_min']:,}-"
                      f"{d['replicas_max']:,} | {format_or_dash(d['ttft_p50_s'])} / "
                      f"{format_or_dash(d['ttft_p99_s'])} s | {format_or_dash(d['tpot_p50_s'])} / "
-                     f"{format_or_dash(d['tpot_p99_s'])} s | {(d['slo_goodput'] or 0):.1%} | "
+                     f"{format_or_dash(d['tpot_p99_s'])} s | {format_or_dash(d['slo_goodput'], '.1%')} | "
                      f"{'' if c is None else f'{c:,.2f}'} |")
     lines += ["", "| job | status | tokens | ETTR | preemptions | failures | lost work |",
               "|---|---|---|---|---|---|---|"]

@@ -82,7 +82,7 @@ _RUN_FIGURES: dict[str, dict[str, tuple[str, bool]]] = {
                "energy_per_token_j": (_MAYBE, False),
                "effective_energy_per_token_j": (_MAYBE, False)},
     "deployments.*": {"requests_per_s": (_NUMBER, True), "output_tokens_per_s": (_NUMBER, True),
-                      "slo_goodput": (_NUMBER, True), "ttft_p50_s": (_MAYBE, True),
+                      "slo_goodput": (_MAYBE, True), "ttft_p50_s": (_MAYBE, True),
                       "ttft_p99_s": (_MAYBE, True), "tpot_p50_s": (_MAYBE, True),
                       "tpot_p99_s": (_MAYBE, True),
                       "cost_per_million_output_tokens_usd": (_MAYBE, True),

@@ -243,7 +243,7 @@ def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
                   f"{d['pp']}{_over('ep', d, True)}: {d['replicas_min']:,}-{d['replicas_max']:,} replicas "
                   f"({d['replica_shortfall_hours']:,.0f} replica-hours short of its plan), "
                   f"peak {d['peak_load_per_s']:,.1f}/s, SLO goodput "
-                  f"{(d['slo_goodput'] or 0):.1%}, {d['chip_hours']:,.0f} chip-hours")
+                  f"{_percent(d['slo_goodput'])}, {d['chip_hours']:,.0f} chip-hours")
     _level_rows(table, d)
 
 
@@ -304,7 +304,7 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['pp']}: "
                       f"{d['replicas_min']:,}-{d['replicas_max']:,} replicas, peak "
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
-                      f"{(d['slo_goodput'] or 0):.1%}")
+                      f"{_percent(d['slo_goodput'])}")
         _level_rows(table, d)
         table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
                       + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
@@ -314,8 +314,8 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{job['interruptions']} failures, lost {job['lost_work_s'] / 3600:,.1f} h")
 
 
-def _percent(value: float) -> str:
-    return f"{value:.1%}"
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"  # None: no requests (not 0.0%)
 
 
 def _with_ci(figures: dict[str, Any], key: str, show: Callable[[float], str]) -> str:

@@ -77,7 +77,7 @@ def search_candidate(task: CandidateTask) -> dict[str, Any]:
             trial = SloTrial(task.deployment, task.goodput)
             result = task.simulate(scenario, serving_trial=trial)
             figures = result.summary["deployments"][task.deployment]
-            holds = (not trial.stopped and figures["slo_goodput"] >= task.goodput
+            holds = (not trial.stopped and (figures["slo_goodput"] or 0.0) >= task.goodput
                      and not figures["saturated"])
             tried[replicas] = {"replicas": replicas, "figures": figures, "holds": holds,
                                "mapping": mapping, "instances": figures["instances"],
@@ -129,8 +129,8 @@ def search_candidate(task: CandidateTask) -> dict[str, Any]:
                      and not previous["trial"].stopped
                      and not entry["figures"]["saturated"]
                      and not previous["figures"]["saturated"]
-                     and entry["figures"]["slo_goodput"]
-                     - previous["figures"]["slo_goodput"] < 0.002)
+                     and (entry["figures"]["slo_goodput"] or 0.0)
+                     - (previous["figures"]["slo_goodput"] or 0.0) < 0.002)
             if stuck or len(tried) >= MAX_SIMULATIONS_PER_CANDIDATE:
                 return answer(complete(replicas), simulations=len(tried), stuck=stuck)
             previous = entry

@@ -100,7 +100,8 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         return figures
 
     def holds(figures: dict[str, Any]) -> bool:
-        return figures["slo_goodput"] >= goodput and not figures["saturated"]
+        # (a trial without requests shows nothing held: None)
+        return (figures["slo_goodput"] or 0.0) >= goodput and not figures["saturated"]
 
     ceiling = rate_ceiling(scenario, spec)
     search.ceiling_per_s = ceiling

@@ -422,7 +422,9 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
             "saturated": saturated(fleet.arrival_s, finish_all, fleet.status != 2, d.start_s,
                                    end, d.workload.cv if d.workload.arrival == "gamma" else 1.0),
             **_quantiles(ttft, "ttft"), **_quantiles(tpot, "tpot"), **_quantiles(e2e, "e2e"),
-            "slo_goodput": float(meets.sum()) / max(1, len(fleet.arrival_s)),
+            # no requests, no share (0.0 read as "none met the SLO")
+            "slo_goodput": (float(meets.sum()) / len(fleet.arrival_s) if len(fleet.arrival_s)
+                            else None),
             "cost_per_million_output_tokens_usd": cost_mtok,
             "energy_per_output_token_j": energy,
             "retries": int(fleet.retries.sum()), "replica_failures": fleet.failures,
