@@ -1,0 +1,43 @@
+"""Model keys under adversarial use (session 14): written values the step model dropped or
+capped without a word, found by trying them as a demanding user would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, refused, write
+
+
+def _moe_job(tmp_path: Path, ep: int, **keys: object) -> Path:
+    job = {"name": "j", "model": "qwen3-30b-a3b", "seq_len": 4096, "global_batch": 64,
+           "parallelism": {"tp": 8, "dp": 8, "ep": ep}, **keys}
+    return write(tmp_path, {"name": "h14", "duration": "1h", "hardware": "trn2",
+                                     "cluster": {"instances": 1}, "jobs": [job]})
+
+
+@pytest.mark.parametrize("ep, keys, words", [
+    # ep 8 ran a routing_imbalance of 9 (or 100) as 8: the same step as 8, no note
+    (8, {"routing_imbalance": 9}, ("jobs.0.routing_imbalance = 9.0", "at most 8")),
+    # ep 1 ran any imbalance as 1
+    (1, {"routing_imbalance": 1.5}, ("jobs.0.routing_imbalance = 1.5", "ep 1")),
+    # a capacity factor replaced a written imbalance
+    (8, {"routing_imbalance": 1.5, "capacity_factor": 1.2},
+     ("jobs.0.routing_imbalance = 1.5", "capacity_factor")),
+])
+def test_a_routing_imbalance_the_step_would_not_use_exits_2(tmp_path: Path, ep: int,
+                                                             keys: dict, words: tuple) -> None:
+    result = invoke("step", _moe_job(tmp_path, ep, **keys), "--json")
+    refused(result, *words)
+
+
+def test_a_routing_imbalance_up_to_ep_still_sets_the_step(tmp_path: Path) -> None:
+    """The largest load ep allows is accepted and costs more than a balanced one."""
+    import json
+
+    times = []
+    for imbalance in (1, 8):
+        result = invoke("step", _moe_job(tmp_path, 8, routing_imbalance=imbalance), "--json")
+        assert result.exit_code == 0, result.output
+        times.append(json.loads(result.stdout)["jobs"][0]["step_time_s"])
+    assert times[1] > times[0]
