@@ -248,8 +248,9 @@ class DeploymentSpec(Spec):
         default_factory=lambda: {"tp": 1}, description="tp, pp; ep (mixtures): groups of "
         "the tp ranks a MoE layer's experts are split over (serving.experts)")
     routing_skew: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False,
-                                description="mixtures: routing concentrated on a (1 - skew) "
-                                "share of the experts (0: uniform; docs/serving.md)")
+                                description="mixtures (a dense model exits 2): routing "
+                                "concentrated on a (1 - skew) share of the experts (0: "
+                                "uniform; docs/serving.md)")
     replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
     server: ServerSpec = ServerSpec()
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = "round_robin"
@@ -323,6 +324,9 @@ class DeploymentSpec(Spec):
         why = expert_parallel_issue(self.ep, self.tp, self.model)
         if why is not None:
             raise KeyedError("parallelism.ep", why, self.ep)
+        if self.routing_skew and not self.model.moe:  # serving.experts would ignore it
+            raise KeyedError("routing_skew", f"applies to a mixture of experts; "
+                             f"{self.model.name} is dense (experts: 1)", self.routing_skew)
         # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
