@@ -25,3 +25,25 @@ def test_a_routing_skew_on_a_dense_model_exits_2(tmp_path: Path) -> None:
     result = invoke("run", _scenario(tmp_path, _deployment(routing_skew=0.5)), "-o", out)
     refused(result, "serve.0.routing_skew = 0.5", "dense")
     assert not out.exists()
+
+
+def test_a_saturated_deployment_with_none_completed_prints_its_throughput(tmp_path: Path
+                                                                          ) -> None:
+    """With no request completed inside the horizon the run table left out the throughput
+    line (summary.json's requests_per_s 0, output_tokens_per_s and slo_goodput 0) yet said
+    'the throughput above is what the deployment sustains' under nothing."""
+    import json
+
+    long = _deployment(model="llama3.1-70b", parallelism={"tp": 16},
+                       workload={"arrival": "poisson", "rate": "2/s", "input_tokens": 8192,
+                                 "output_tokens": 256})
+    out = tmp_path / "out"
+    result = invoke("run", _scenario(tmp_path, long), "-o", out)
+    assert result.exit_code == 0, result.output
+    d = json.loads((out / "summary.json").read_text())["deployments"]["chat"]
+    assert d["saturated"] and d["requests_completed"] == 0, d
+    text = " ".join(result.output.replace("│", " ").split())
+    line = (f"0 requests, 0.00/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
+            f"horizon; SLO goodput {d['slo_goodput']:.1%}")
+    assert line in text, text
+    assert text.index(line) < text.index("the throughput above")
