@@ -41,3 +41,36 @@ def test_a_routing_imbalance_up_to_ep_still_sets_the_step(tmp_path: Path) -> Non
         assert result.exit_code == 0, result.output
         times.append(json.loads(result.stdout)["jobs"][0]["step_time_s"])
     assert times[1] > times[0]
+
+
+def _model_job(tmp_path: Path, model: object) -> Path:
+    job = {"name": "j", "model": model, "seq_len": 4096, "global_batch": 64,
+           "parallelism": {"tp": 8, "dp": 8}}
+    return write(tmp_path, {"name": "h14", "duration": "1h", "hardware": "trn2",
+                            "cluster": {"instances": 1}, "jobs": [job]})
+
+
+SMALL = {"layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000}
+
+
+def test_a_window_kind_without_a_window_exits_2(tmp_path: Path) -> None:
+    """`window_kind: chunked` without a window ran as a model with no window at all."""
+    result = invoke("step", _model_job(tmp_path, {**SMALL, "window_kind": "chunked"}))
+    refused(result, "jobs.0.model.window_kind = 'chunked'", "needs a window")
+
+
+def test_window_null_takes_a_presets_window_kind_and_global_layers_away(tmp_path: Path
+                                                                         ) -> None:
+    """`{base: llama4-scout, window: null}` was refused for a global_every the user never
+    wrote ('needs a window'); it is the preset without its chunked attention."""
+    import json
+
+    figures = []
+    for window in (None, 1 << 20):  # no window, and one no sequence reaches
+        result = invoke("step", _model_job(tmp_path, {"base": "llama4-scout",
+                                                      "window": window}), "--json",
+                        "--ignore-memory")
+        assert result.exit_code == 0, result.output
+        figures.append(json.loads(result.stdout)["jobs"][0])
+    assert figures[0]["parameters"] == figures[1]["parameters"]
+    assert figures[0]["step_time_s"] == pytest.approx(figures[1]["step_time_s"], rel=1e-12)

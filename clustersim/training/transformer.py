@@ -91,7 +91,8 @@ class TransformerShape(Spec):
                                "`window` (sliding) or those of its chunk (chunked); none: "
                                "every layer attends to the whole context")
     window_kind: Literal["sliding", "chunked"] = Field(
-        default="sliding", description="sliding (GPT-OSS: 128) or chunked (Llama 4: 8,192)")
+        default="sliding", description="with a window: sliding (GPT-OSS: 128) or chunked "
+        "(Llama 4: 8,192)")
     global_every: int | None = Field(default=None, gt=0, le=limits.MAX_LAYERS,
                                      description="with a window, every n-th layer attends "
                                      "globally (GPT-OSS: 2, Llama 4: 4); none: every layer "
@@ -166,6 +167,8 @@ class TransformerShape(Spec):
                                  getattr(self, given[0]))
         if self.window is None and self.global_every is not None:
             raise KeyedError("global_every", "needs a window", self.global_every)
+        if self.window is None and "window_kind" in self.model_fields_set:
+            raise KeyedError("window_kind", "needs a window", self.window_kind)
 
     @property
     def n_kv_heads(self) -> int:
