@@ -74,3 +74,14 @@ def test_window_null_takes_a_presets_window_kind_and_global_layers_away(tmp_path
         figures.append(json.loads(result.stdout)["jobs"][0])
     assert figures[0]["parameters"] == figures[1]["parameters"]
     assert figures[0]["step_time_s"] == pytest.approx(figures[1]["step_time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("every, words", [
+    (1, "makes every layer global"),  # ran as if the window were not written
+    (9, "leaves none of the 4 layers global"),  # ran as if global_every were not written
+])
+def test_a_global_every_that_leaves_the_window_or_itself_unused_exits_2(
+        tmp_path: Path, every: int, words: str) -> None:
+    model = {**SMALL, "window": 128, "global_every": every}
+    result = invoke("step", _model_job(tmp_path, model))
+    refused(result, f"jobs.0.model.global_every = {every}", words)

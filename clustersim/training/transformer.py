@@ -95,8 +95,8 @@ class TransformerShape(Spec):
         "(Llama 4: 8,192)")
     global_every: int | None = Field(default=None, gt=0, le=limits.MAX_LAYERS,
                                      description="with a window, every n-th layer attends "
-                                     "globally (GPT-OSS: 2, Llama 4: 4); none: every layer "
-                                     "is windowed")
+                                     "globally (GPT-OSS: 2, Llama 4: 4; from 2 to layers); "
+                                     "none: every layer is windowed")
     tied_embeddings: bool = Field(default=False, description="the output layer shares the "
                                   "input embedding's weights")
     encoder_parameters: int = Field(default=0, ge=0, le=10**13,
@@ -169,6 +169,13 @@ class TransformerShape(Spec):
             raise KeyedError("global_every", "needs a window", self.global_every)
         if self.window is None and "window_kind" in self.model_fields_set:
             raise KeyedError("window_kind", "needs a window", self.window_kind)
+        if self.window is not None and self.global_every == 1:
+            raise KeyedError("global_every", "makes every layer global, so no layer uses the "
+                             "window; expected at least 2, or no window", 1)
+        if self.window is not None and (self.global_every or 0) > self.layers:
+            raise KeyedError("global_every", f"leaves none of the {self.layers} layers global; "
+                             f"expected at most {self.layers}, or none (every layer windowed)",
+                             self.global_every)
 
     @property
     def n_kv_heads(self) -> int:
