@@ -47,3 +47,24 @@ def test_a_saturated_deployment_with_none_completed_prints_its_throughput(tmp_pa
             f"horizon; SLO goodput {d['slo_goodput']:.1%}")
     assert line in text, text
     assert text.index(line) < text.index("the throughput above")
+
+
+def test_an_mx_kv_cache_exits_2_naming_its_key(tmp_path: Path) -> None:
+    """`precision: {weights: mxfp4, kv_cache: mxfp4}` passed validation and the run died
+    with 'internal error: KeyError: 'mxfp4'' (the KV cache has no MX format)."""
+    out = tmp_path / "out"
+    gpt = _deployment(model="gpt-oss-20b", parallelism={"tp": 4},
+                      precision={"weights": "mxfp4", "kv_cache": "mxfp4"})
+    result = invoke("run", _scenario(tmp_path, gpt), "-o", out)
+    refused(result, "serve.0.precision.kv_cache = 'mxfp4'", "'fp8'")
+    assert not out.exists()
+
+
+def test_an_activation_format_without_a_peak_names_the_activations_key(tmp_path: Path
+                                                                       ) -> None:
+    """The user wrote `activations: mxfp4` and the message named `serve.0.precision`
+    (which the user had written as a mapping), as if the weights were refused."""
+    gpt = _deployment(model="gpt-oss-20b", parallelism={"tp": 4},
+                      precision={"weights": "mxfp4", "activations": "mxfp4"})
+    result = invoke("validate", _scenario(tmp_path, gpt))
+    refused(result, "serve.0.precision.activations = 'mxfp4'", "no mxfp4 peak")

@@ -143,8 +143,9 @@ class PrecisionSpec(Spec):
     weights: ServePrecision = "bf16"
     activations: ServePrecision | None = Field(
         default=None, description="defaults to the weights' precision (bf16 for fp8 weights)")
-    kv_cache: ServePrecision | None = Field(
-        default=None, description="defaults to server.kv_precision")
+    kv_cache: Literal["bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="defaults to server.kv_precision (the cache's formats; "
+        "the MX formats are weight formats)")
 
     @model_validator(mode="after")
     def _check(self) -> PrecisionSpec:
@@ -476,11 +477,14 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
             yield (f"serve.{index}.stack", f"stack {stack.name} runs on "
                    f"{', '.join(stack.hardware)} (its constants were fitted there), not on "
                    f"{hardware.name}", deployment.stack)
-        checks = [("precision", deployment.precisions)]
+        checks = [("precision", deployment.precisions, deployment.precision)]
         if deployment.speculative is not None and deployment.speculative.precision is not None:
-            checks.append(("speculative.precision", deployment.draft_precisions))
-        for path, p in checks:
+            checks.append(("speculative.precision", deployment.draft_precisions,
+                           deployment.speculative.precision))
+        for path, p, written in checks:
             compute = p.activations
+            if isinstance(written, PrecisionSpec):  # the key that chose the matmuls' format
+                path += ".activations"
             if compute not in hardware.chip.tflops and compute != "fp8":
                 yield (f"serve.{index}.{path}", f"{hardware.chip.name} has no {compute} peak",
                        compute)
