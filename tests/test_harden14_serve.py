@@ -23,7 +23,7 @@ def test_a_routing_skew_on_a_dense_model_exits_2(tmp_path: Path) -> None:
     """A dense Llama 3 8B with `routing_skew: 0.5` ran exactly as without it."""
     out = tmp_path / "out"
     result = invoke("run", _scenario(tmp_path, _deployment(routing_skew=0.5)), "-o", out)
-    refused(result, "serve.0.routing_skew = 0.5", "dense")
+    refused(result, "serve.0.routing_skew = 0.5", "llama3-8b is dense")
     assert not out.exists()
 
 
