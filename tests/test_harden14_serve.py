@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from cli_helpers import invoke, refused, write
 
 
@@ -68,3 +69,35 @@ def test_an_activation_format_without_a_peak_names_the_activations_key(tmp_path:
                       precision={"weights": "mxfp4", "activations": "mxfp4"})
     result = invoke("validate", _scenario(tmp_path, gpt))
     refused(result, "serve.0.precision.activations = 'mxfp4'", "no mxfp4 peak")
+
+
+@pytest.mark.parametrize("model, tp, max_batch", [("trinity-large", 64, 64),
+                                                   ("trinity-mini", 4, 256),
+                                                   ("gpt-oss-20b", 4, 256)])
+def test_the_kv_cache_it_admits_fits_the_chip_with_its_sliding_window_layers(
+        model: str, tp: int, max_batch: int) -> None:
+    """Sliding-window layers' caches (window tokens a sequence) were left to the HBM
+    reserve, and the KV capacity counted the global layers' alone. Trinity-Large at TP 64 on
+    trn2 admitted 150 sequences of 9,216 tokens: 46 GiB of weights, 40 GiB of global KV and
+    53 GiB of sliding-window KV on a 96 GiB chip. Now every sequence the capacity admits,
+    with its window on each sliding layer, fits the chip's HBM less the reserve."""
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.serving.attention import layer_split
+    from clustersim.serving.simulate import replica_models
+
+    longest = 8192 + 1024
+    serve = _deployment(model=model, parallelism={"tp": tp}, server={"max_batch": max_batch},
+                        workload={"arrival": "poisson", "rate": "1/s", "input_tokens": 8192,
+                                  "output_tokens": 1024})
+    s = scenario_from_dict({"name": "h14", "duration": "1h", "hardware": "trn2",
+                            "cluster": {"instances": 1}, "serve": [serve]})
+    cost, capacity, _ = replica_models(s, s.serve[0])
+    it, m = cost.target, s.serve[0].model
+    global_layers, windowed = layer_split(m, longest)
+    assert global_layers and windowed
+    per_token = it.kv_bytes_per_token_per_chip()  # the global layers'
+    window_per_sequence = per_token * windowed / global_layers * m.window
+    held = min(max_batch, capacity // longest)
+    assert held > 0
+    needed = it.weight_bytes_per_chip() + held * (longest * per_token + window_per_sequence)
+    assert needed <= it.usable_hbm_bytes(s.serve[0].server.kv_reserve)

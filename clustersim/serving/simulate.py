@@ -90,7 +90,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                          d.routing_skew, longest)
     target = IterationModel(shape, topology)
     draft = None
-    capacity = target.kv_capacity_tokens(d.server.kv_reserve)
+    lines = d.server.max_batch  # each line's sliding-window caches, held whole
+    capacity = target.kv_capacity_tokens(d.server.kv_reserve, lines)
     if d.speculative is not None:
         q = d.draft_precisions
         draft = IterationModel(ReplicaShape(d.speculative.draft, q.weights, d.draft_tp, 1,
@@ -98,7 +99,9 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                                             longest_sequence=longest), topology)
         # The draft's weights and its KV cache share the busiest chip's HBM.
         free = (target.usable_hbm_bytes(d.server.kv_reserve)
-                - target.weight_bytes_per_chip() - draft.weight_bytes_per_chip())
+                - target.weight_bytes_per_chip() - draft.weight_bytes_per_chip()
+                - target.windowed_cache_bytes_per_chip(lines)
+                - draft.windowed_cache_bytes_per_chip(lines))
         capacity = int(free // (target.kv_bytes_per_token_per_chip()
                                 + draft.kv_bytes_per_token_per_chip()))
     cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
@@ -135,6 +138,10 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
     usable = target.usable_hbm_bytes(d.server.kv_reserve)
     block = target.kv_bytes_per_token_per_chip() * d.server.kv_block_tokens
     drafted = f", the draft's {draft / gib:.2f} GiB" if cost.draft is not None else ""
+    windowed = target.windowed_cache_bytes_per_chip(d.server.max_batch)
+    if windowed:
+        drafted += (f", the sliding-window layers' caches of max_batch {d.server.max_batch} "
+                    f"sequences ({windowed / gib:.2f} GiB)")
     # a smaller weight format than the deployment's own, if there is one
     smaller = {2.0: "fp8 weights, ", 1.0: "mxfp4 weights, ", 33 / 32: "mxfp4 weights, "}.get(
         target.element_bytes, "")
