@@ -101,3 +101,12 @@ def test_the_kv_cache_it_admits_fits_the_chip_with_its_sliding_window_layers(
     assert held > 0
     needed = it.weight_bytes_per_chip() + held * (longest * per_token + window_per_sequence)
     assert needed <= it.usable_hbm_bytes(s.serve[0].server.kv_reserve)
+
+
+def test_an_unknown_parallelism_key_of_a_deployment_is_named_as_one(tmp_path: Path) -> None:
+    """`parallelism: {tp: 8, cp: 2}` said "serve.0.parallelism.cp.[key] = 'cp': expected
+    'tp', 'pp' or 'ep'", pydantic's location of a mapping's key, not a key path."""
+    moe = _deployment(model="qwen3-30b-a3b", parallelism={"tp": 8, "cp": 2})
+    result = invoke("validate", _scenario(tmp_path, moe))
+    refused(result, "serve.0.parallelism.cp: unknown key; expected 'tp', 'pp' or 'ep'")
+    assert "[key]" not in result.stderr
