@@ -110,3 +110,18 @@ def test_an_unknown_parallelism_key_of_a_deployment_is_named_as_one(tmp_path: Pa
     result = invoke("validate", _scenario(tmp_path, moe))
     refused(result, "serve.0.parallelism.cp: unknown key; expected 'tp', 'pp' or 'ep'")
     assert "[key]" not in result.stderr
+
+
+@pytest.mark.parametrize("server, default", [({}, " (the default)"),
+                                             ({"chunked_prefill": True}, "")])
+def test_buckets_with_chunked_prefill_exit_2(tmp_path: Path, server: dict, default: str
+                                             ) -> None:
+    """`server: {buckets: [128, 1024]}` with chunked prefill (the default) ran exactly as
+    without the list: a chunk's shape is compiled and no prompt is padded."""
+    d = _deployment(server={"buckets": [128, 1024], **server})
+    result = invoke("validate", _scenario(tmp_path, d))
+    refused(result, "serve.0.server.buckets = [128, 1024]",
+            f"chunked_prefill is true{default}", "chunked_prefill: false")
+    for fine in ({"buckets": [128, 1024], "chunked_prefill": False}, {"buckets": []}):
+        result = invoke("validate", _scenario(tmp_path, _deployment(server=fine)))
+        assert result.exit_code == 0, (fine, result.output)
