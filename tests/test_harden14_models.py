@@ -85,3 +85,22 @@ def test_a_global_every_that_leaves_the_window_or_itself_unused_exits_2(
     model = {**SMALL, "window": 128, "global_every": every}
     result = invoke("step", _model_job(tmp_path, model))
     refused(result, f"jobs.0.model.global_every = {every}", words)
+
+
+@pytest.mark.parametrize("key, value", [("head_dim", 64), ("kv_heads", 8)])
+def test_a_head_dim_or_kv_heads_mla_does_not_use_exits_2(tmp_path: Path, key: str,
+                                                          value: int) -> None:
+    """`{base: deepseek-v3, head_dim: 64}` (or kv_heads: 8) gave the same parameters and
+    step time as the preset: MLA's widths are its own ranks'."""
+    model = {"base": "deepseek-v3", "layers": 4, "dense_layers": 1, key: value}
+    result = invoke("validate", _model_job(tmp_path, model))
+    refused(result, f"jobs.0.model.{key} = {value}", "unused with attention: mla")
+
+
+def test_an_mla_model_needs_no_head_dim_when_heads_do_not_divide_hidden(tmp_path: Path
+                                                                        ) -> None:
+    """100 heads on DeepSeek-V3's 7,168 were refused 'give head_dim', a key MLA ignores."""
+    model = {"base": "deepseek-v3", "layers": 4, "dense_layers": 1, "heads": 100,
+             "kv_heads": None}
+    result = invoke("validate", _model_job(tmp_path, model))
+    assert result.exit_code == 0, result.output

@@ -37,11 +37,11 @@ class TransformerShape(Spec):
     hidden: int = Field(gt=0, le=limits.MAX_HIDDEN)
     heads: int = Field(gt=0, le=limits.MAX_HEADS)
     kv_heads: int | None = Field(default=None, gt=0, le=limits.MAX_HEADS,
-                                 description="defaults to heads (no GQA)")
+                                 description="defaults to heads (no GQA; mla: heads only)")
     head_dim: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
                                  description="width of one attention head (query width = "
                                  "heads x head_dim, independent of hidden); defaults to "
-                                 "hidden / heads")
+                                 "hidden / heads (mla: its ranks set the widths, none)")
     ffn_hidden: int | None = Field(default=None, gt=0, le=4 * limits.MAX_HIDDEN,
                                    description="dense FFN width; defaults to 4 x hidden")
     vocab: int = Field(gt=0, le=limits.MAX_VOCAB)
@@ -113,7 +113,7 @@ class TransformerShape(Spec):
             hidden, heads = data.get("hidden"), data.get("heads")
             if (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
                     and not isinstance(hidden, bool) and not isinstance(heads, bool)):
-                if hidden % heads:
+                if hidden % heads and data.get("attention") != "mla":  # (MLA's: unused)
                     raise KeyedError("heads", f"does not divide hidden ({hidden}); give "
                                      "head_dim", heads)
                 data = {**data, "head_dim": hidden // heads}
@@ -159,6 +159,15 @@ class TransformerShape(Spec):
             if self.attention_gate:
                 raise KeyedError("attention_gate", "only with attention: gqa (no MLA model "
                                  "gates its attention output)", True)
+            # MLA's heads are qk_nope + qk_rope wide (v_head_dim for values) and it has no
+            # KV heads: a head_dim or kv_heads of their own would go unused
+            if self.head_dim != self.hidden // self.heads:
+                raise KeyedError("head_dim", "unused with attention: mla (its widths are "
+                                 "qk_nope_head_dim + qk_rope_head_dim and v_head_dim)",
+                                 self.head_dim)
+            if self.n_kv_heads != self.heads:
+                raise KeyedError("kv_heads", "unused with attention: mla (every head reads "
+                                 "the one latent); expected none, or heads", self.n_kv_heads)
         else:
             given = [k for k in (*ranks, "q_lora_rank") if getattr(self, k) is not None]
             if given:
