@@ -104,3 +104,11 @@ def test_an_mla_model_needs_no_head_dim_when_heads_do_not_divide_hidden(tmp_path
              "kv_heads": None}
     result = invoke("validate", _model_job(tmp_path, model))
     assert result.exit_code == 0, result.output
+
+
+def test_qk_norm_on_an_mla_model_exits_2(tmp_path: Path) -> None:
+    """`{base: deepseek-v3, qk_norm: true}` added no weights (the count's norms are per
+    GQA head) yet model FLOPs took 2 x head_dim a layer off for them."""
+    model = {"base": "deepseek-v3", "layers": 4, "dense_layers": 1, "qk_norm": True}
+    result = invoke("validate", _model_job(tmp_path, model))
+    refused(result, "jobs.0.model.qk_norm = true", "only with attention: gqa")

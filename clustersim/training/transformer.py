@@ -156,9 +156,10 @@ class TransformerShape(Spec):
             missing = [k for k in ranks if getattr(self, k) is None]
             if missing:
                 raise KeyedError("attention", f"needs {', '.join(missing)}", "mla")
-            if self.attention_gate:
-                raise KeyedError("attention_gate", "only with attention: gqa (no MLA model "
-                                 "gates its attention output)", True)
+            for key in ("attention_gate", "qk_norm"):  # no MLA model has either
+                if getattr(self, key):
+                    raise KeyedError(key, "only with attention: gqa (no MLA model has it)",
+                                     True)
             # MLA's heads are qk_nope + qk_rope wide (v_head_dim for values) and it has no
             # KV heads: a head_dim or kv_heads of their own would go unused
             if self.head_dim != self.hidden // self.heads:
