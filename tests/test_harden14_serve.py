@@ -125,3 +125,28 @@ def test_buckets_with_chunked_prefill_exit_2(tmp_path: Path, server: dict, defau
     for fine in ({"buckets": [128, 1024], "chunked_prefill": False}, {"buckets": []}):
         result = invoke("validate", _scenario(tmp_path, _deployment(server=fine)))
         assert result.exit_code == 0, (fine, result.output)
+
+
+def test_a_disaggregated_prefill_sends_its_sliding_window_layers_too() -> None:
+    """The KV transfer from a prefill to a decode replica sent the global layers' keys and
+    values only: Trinity-Mini's 1,000-token prompt (inside its 2,048-token window on 24 of
+    32 layers) sent 8 layers' worth, a quarter of the cache the decode replica needs. Sent
+    bytes now equal a prompt of the same length on a model without the window."""
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.serving.simulate import replica_models
+
+    def transfer(model: object):
+        serve = _deployment(model=model, parallelism={"tp": 4}, replicas=2,
+                            disaggregated={"prefill_replicas": 1, "decode_replicas": 1},
+                            workload={"arrival": "poisson", "rate": "1/s",
+                                      "input_tokens": 8192, "output_tokens": 1024})
+        s = scenario_from_dict({"name": "h14", "duration": "1h", "hardware": "trn2",
+                                "cluster": {"instances": 1}, "serve": [serve]})
+        return replica_models(s, s.serve[0])[2]
+
+    windowed = transfer("trinity-mini")
+    whole = transfer({"base": "trinity-mini", "window": None})
+    assert windowed(1000) == pytest.approx(whole(1000), rel=1e-12)
+    # past the window the sliding layers send their last 2,048 tokens only
+    assert windowed(2048) == pytest.approx(whole(2048), rel=1e-12)
+    assert windowed(6000) < whole(6000)

@@ -32,6 +32,7 @@ from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.build import build_topology
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.stacks import with_stack
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import (
@@ -40,9 +41,10 @@ from clustersim.scenario.serving import (
     LengthSpec,
     deployment_instances,
 )
+from clustersim.serving.attention import sequence_kv_bytes
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
-from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
+from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests, read_request_trace
@@ -109,7 +111,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                       d.speculative.fused if d.speculative else True)
     cost.buckets = d.context_buckets(scenario.hardware.name)
     cost.static_batch = d.server.static_batch
-    kv_per_chip = kv_bytes_per_token(model, p.kv_cache, longest) / target.chips
+    kv_element = BYTES_PER_ELEMENT[p.kv_cache]
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
     cache: dict[int, float] = {}
@@ -117,7 +119,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     def transfer_s(tokens: int) -> float:
         if tokens not in cache:
             cache[tokens] = target.collectives.cost(
-                "send-recv", Group(np.array([source]), 1), tokens * kv_per_chip,
+                "send-recv", Group(np.array([source]), 1),
+                sequence_kv_bytes(model, kv_element, tokens, longest) / target.chips,
                 peer=peer).time_s
         return cache[tokens]
 
