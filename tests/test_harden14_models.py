@@ -112,3 +112,22 @@ def test_qk_norm_on_an_mla_model_exits_2(tmp_path: Path) -> None:
     model = {"base": "deepseek-v3", "layers": 4, "dense_layers": 1, "qk_norm": True}
     result = invoke("validate", _model_job(tmp_path, model))
     refused(result, "jobs.0.model.qk_norm = true", "only with attention: gqa")
+
+
+def test_a_planned_scenario_keeps_a_routing_imbalance_run_accepts(tmp_path: Path) -> None:
+    """`plan` chooses ep and costs a routing_imbalance capped at it (1 without expert
+    parallelism); --write-scenario kept the written 3 beside the chosen ep 1, a scenario
+    `run` refuses (routing_imbalance above ep)."""
+    import yaml
+
+    job = {"name": "j", "model": {"name": "tiny-moe", "layers": 4, "hidden": 1024,
+                                  "heads": 8, "vocab": 32000, "experts": 8, "top_k": 2},
+           "seq_len": 2048, "global_batch": 64, "routing_imbalance": 3}
+    path = write(tmp_path, {"name": "h14", "duration": "1d", "hardware": "trn2",
+                            "cluster": {"instances": 2}, "jobs": [job]})
+    planned = tmp_path / "planned.yaml"
+    result = invoke("plan", path, "-o", tmp_path / "plan", "--write-scenario", planned)
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load(planned.read_text())["jobs"][0]
+    assert written["routing_imbalance"] == min(3, written["parallelism"]["ep"])
+    assert invoke("validate", planned).exit_code == 0
