@@ -258,7 +258,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['tp']} x pp {d['pp']}{_over('ep', d, True)} on "
                       f"{_plural(d['instances'], 'instance')}")
         _level_rows(table, d)
-        if d["requests_completed"]:
+        if d.get("requests") or d["requests_completed"]:  # none completed is an answer
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
                           f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "
                           f"horizon; SLO goodput {d['slo_goodput']:.1%}")

@@ -203,6 +203,8 @@ def best_scenario(result: PlanResult) -> dict[str, Any]:
         "micro_batch": best["micro_batch"], "recompute": best["recompute"],
         "instances": instances,
     })
+    if float(job.get("routing_imbalance", 1.0)) > best["ep"]:  # what the plan costed, as
+        job["routing_imbalance"] = float(best["ep"])  # run refuses a load above ep
     ck = checkpoint_of(scenario.jobs[0], scenario, instances)
     job["checkpoint"] = {"interval": "auto" if ck.interval_s == "auto" else ck.interval_s,
                          "write": ck.write_s, "restore": ck.restore_s, "async": ck.async_write}

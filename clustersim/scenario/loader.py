@@ -122,6 +122,11 @@ def _resolve_model(holder: dict[str, Any], key: str, where: str) -> list[Issue]:
         )]
     if isinstance(model, Mapping):
         extra = {k: v for k, v in model.items() if k != "base"}
+        if "window" in extra and extra["window"] is None:
+            # `window: null` takes the preset's window away, and with it its kind and
+            # global layers (which would otherwise be refused as needing a window)
+            values = {k: v for k, v in values.items() if k not in ("window_kind",
+                                                                     "global_every")}
         values = deep_merge(values, extra)
         if "name" not in extra:
             values["name"] = f"{base}+custom" if extra else base

@@ -98,7 +98,9 @@ def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> l
         if kind in ("less_than_equal", "too_long") or (
                 kind == "greater_than_equal" and not message.endswith(" 0")):
             message += " (docs/limits.md)"
-        if kind == "missing":
+        if loc and loc[-1] == "[key]":  # a mapping's key (parallelism: {cp: 2} in serve)
+            issues.append(Issue(path_text(loc[:-1]), f"unknown key; {message}"))
+        elif kind == "missing":
             issues.append(Issue(path_text(loc), message))
         else:
             shown = not isinstance(value, Mapping)

@@ -163,8 +163,8 @@ class JobSpec(Spec):
     )
     routing_imbalance: float = Field(
         default=1.0, ge=1.0, le=limits.MAX_EXPERTS, description="mixture of experts: the "
-        "busiest expert-parallel rank's routed tokens over the mean (1: balanced); the step "
-        "waits for it (training.experts)")
+        "busiest expert-parallel rank's routed tokens over the mean (1: balanced; at most ep, "
+        "and not with capacity_factor); the step waits for it (training.experts)")
     capacity_factor: float | None = Field(
         default=None, gt=0, le=limits.MAX_EXPERTS, description="mixture of experts: each "
         "expert takes at most this multiple of its mean tokens and is padded to it "

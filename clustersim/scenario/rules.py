@@ -39,8 +39,9 @@ def _size_checks(s: Scenario) -> Iterable[Issue]:
         yield Issue("cluster", str(error))
 
 
-def _sharding_checks(at: str, job: JobSpec) -> Iterable[Issue]:
-    """Context parallelism and ZeRO's shard groups against the model and the degrees."""
+def _sharding_checks(at: str, job: JobSpec, planned: bool = False) -> Iterable[Issue]:
+    """Context parallelism and ZeRO's shard groups against the model and the degrees;
+    routing's load against ep (`planned`: `clustersim plan` chooses ep, so any)."""
     par, model = job.parallelism, job.model
     if par.cp > 1:
         if job.sequence_length % par.cp:
@@ -61,6 +62,22 @@ def _sharding_checks(at: str, job: JobSpec) -> Iterable[Issue]:
         key = "routing_imbalance" if job.routing_imbalance != 1.0 else "capacity_factor"
         yield Issue(f"{at}.{key}", f"applies to a mixture of experts; {model.name} is dense",
                     getattr(job, key), True)
+    elif model.moe and job.routing_imbalance != 1.0:
+        # training.experts.expert_load would otherwise drop or cap the written value
+        if job.capacity_factor is not None:
+            yield Issue(f"{at}.routing_imbalance", "a capacity_factor sets the busiest "
+                        "rank's load in its place; expected one of the two",
+                        job.routing_imbalance, True)
+        elif planned:
+            pass  # the plan's ep is not known yet; expert_load caps the load at it
+        elif par.ep == 1:
+            yield Issue(f"{at}.routing_imbalance", "without expert parallelism (ep 1) a rank "
+                        "holds every expert and sees every routed token: its load is 1; "
+                        "expected 1, or ep > 1", job.routing_imbalance, True)
+        elif job.routing_imbalance > par.ep:
+            yield Issue(f"{at}.routing_imbalance", f"the busiest of ep {par.ep} expert-"
+                        f"parallel ranks receives at most {par.ep}x the mean (every rank's "
+                        f"tokens); expected at most {par.ep}", job.routing_imbalance, True)
     if par.ep > 1 and par.shard is not None:
         yield Issue(f"{at}.parallelism.shard", "hybrid sharding of a mixture of experts with "
                     "ep > 1 is not modelled yet; use ZeRO without shard", par.shard, True)
@@ -195,7 +212,7 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
                 f"stages (each needs at least one layer)",
                 {"pp": par.pp, "interleave": par.interleave}, True,
             )
-        yield from _sharding_checks(at, job)
+        yield from _sharding_checks(at, job, planning and index == 0)
         if par.interleave > 1 and par.pp == 1:
             yield Issue(
                 f"{at}.parallelism.interleave",

@@ -143,8 +143,8 @@ class PrecisionSpec(Spec):
     weights: ServePrecision = "bf16"
     activations: ServePrecision | None = Field(
         default=None, description="defaults to the weights' precision (bf16 for fp8 weights)")
-    kv_cache: ServePrecision | None = Field(
-        default=None, description="defaults to server.kv_precision")
+    kv_cache: Literal["bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="defaults to server.kv_precision (MX: weights only)")
 
     @model_validator(mode="after")
     def _check(self) -> PrecisionSpec:
@@ -248,8 +248,8 @@ class DeploymentSpec(Spec):
         default_factory=lambda: {"tp": 1}, description="tp, pp; ep (mixtures): groups of "
         "the tp ranks a MoE layer's experts are split over (serving.experts)")
     routing_skew: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False,
-                                description="mixtures: routing concentrated on a (1 - skew) "
-                                "share of the experts (0: uniform; docs/serving.md)")
+                                description="mixtures only: routing concentrated on a "
+                                "(1 - skew) share of the experts (0: uniform; docs/serving.md)")
     replicas: int = Field(default=1, gt=0, le=limits.MAX_REPLICAS)
     server: ServerSpec = ServerSpec()
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = "round_robin"
@@ -320,9 +320,11 @@ class DeploymentSpec(Spec):
         if self.model.layers % self.pp:
             raise KeyedError("parallelism.pp", f"the model's {self.model.layers} layers do "
                              f"not split into {self.pp} stages", self.pp)
-        why = expert_parallel_issue(self.ep, self.tp, self.model)
-        if why is not None:
+        if (why := expert_parallel_issue(self.ep, self.tp, self.model)) is not None:
             raise KeyedError("parallelism.ep", why, self.ep)
+        if self.routing_skew and not self.model.moe:  # serving.experts would ignore it
+            raise KeyedError("routing_skew", f"needs a mixture; {self.model.name} is dense",
+                             self.routing_skew)
         # A tp that does not divide the heads pads them, as NxD does (sharded_heads).
         if (isinstance(self.precision, PrecisionSpec) and self.precision.kv_cache is not None
                 and "kv_precision" in self.server.model_fields_set
@@ -472,11 +474,13 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
             yield (f"serve.{index}.stack", f"stack {stack.name} runs on "
                    f"{', '.join(stack.hardware)} (its constants were fitted there), not on "
                    f"{hardware.name}", deployment.stack)
-        checks = [("precision", deployment.precisions)]
-        if deployment.speculative is not None and deployment.speculative.precision is not None:
-            checks.append(("speculative.precision", deployment.draft_precisions))
-        for path, p in checks:
-            compute = p.activations
+        spec = deployment.speculative
+        checks = [("precision", deployment.precisions, deployment.precision)] + (
+            [("speculative.precision", deployment.draft_precisions, spec.precision)]
+            if spec is not None and spec.precision is not None else [])
+        for path, p, written in checks:
+            compute = p.activations  # written as a mapping: name the key that chose it
+            path += ".activations" if isinstance(written, PrecisionSpec) else ""
             if compute not in hardware.chip.tflops and compute != "fp8":
                 yield (f"serve.{index}.{path}", f"{hardware.chip.name} has no {compute} peak",
                        compute)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from clustersim.hardware import limits
 from clustersim.hardware.spec import Spec
 from clustersim.hardware.stacks import MAX_BUCKETS
+from clustersim.scenario.errors import KeyedError
 
 # Token counts of one request (prompt or output): the longest sequence the loader takes
 # (a count of 3e9 overflowed the int32 columns of requests.parquet).
@@ -56,9 +57,9 @@ class ServerSpec(Spec):
         "(transformers-neuronx's batch; matters with unfused attention)")
     buckets: list[int] | None = Field(
         default=None, description="compiled context-encoding buckets (tokens, increasing): a "
-        "prompt encoded whole (chunked_prefill false) runs padded to the smallest that holds "
-        "it; default: the stack's (NxD Inference: powers of two from 128 up to the longest "
-        "prompt; none for the others); [] pads nothing")
+        "prompt encoded whole (chunked_prefill false, which a list needs) runs padded to the "
+        "smallest that holds it; default: the stack's (NxD Inference: powers of two from 128 "
+        "up to the longest prompt; none for the others); [] pads nothing")
     token_buckets: list[int] | None = Field(
         default=None, description="compiled token-generation buckets (tokens, increasing): "
         "each decode step reads a sequence's KV cache padded to the smallest that holds its "
@@ -76,3 +77,13 @@ class ServerSpec(Spec):
     @classmethod
     def _check_buckets(cls, value: list[int] | None) -> list[int] | None:
         return _checked_buckets(value)
+
+    @model_validator(mode="after")
+    def _buckets_need_whole_prompts(self) -> ServerSpec:
+        # With chunked prefill the stack compiles the chunk's shape: the list would be unused.
+        if self.buckets and self.chunked_prefill:
+            default = "" if "chunked_prefill" in self.model_fields_set else " (the default)"
+            raise KeyedError("buckets", f"pad a prompt encoded whole, and chunked_prefill is "
+                             f"true{default}: nothing would be padded; expected "
+                             "chunked_prefill: false, or no buckets", self.buckets)
+        return self

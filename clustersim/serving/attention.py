@@ -36,7 +36,7 @@ from clustersim.training.workload import Op, _matmul, _vector
 __all__ = ["is_mla", "layer_split", "kv_values_per_token_layer",
            "kv_bytes_per_token", "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops",
            "sliding_window", "decode_window", "window_split", "window_excess",
-           "window_excess_sum", "window_pairs"]
+           "window_excess_sum", "window_pairs", "sequence_kv_bytes"]
 
 
 def is_mla(model: TransformerShape) -> bool:
@@ -172,6 +172,18 @@ def kv_bytes_per_token(model: TransformerShape, element_bytes: float,
     global_layers, windowed = layer_split(model, longest_sequence)
     layers = global_layers if global_layers else windowed
     return float(layers * kv_values_per_token_layer(model) * element_bytes)
+
+
+def sequence_kv_bytes(model: TransformerShape, element_bytes: float, tokens: int,
+                      longest_sequence: int | None = None) -> float:
+    """Bytes a sequence of `tokens` tokens holds in the whole model's KV cache (what a
+    disaggregated prefill sends): kv_bytes_per_token's layers per token, and the sliding
+    layers it leaves out their last min(tokens, window) tokens."""
+    global_layers, windowed = layer_split(model, longest_sequence)
+    per_layer = kv_values_per_token_layer(model) * element_bytes
+    if not (global_layers and windowed):
+        return tokens * kv_bytes_per_token(model, element_bytes, longest_sequence)
+    return per_layer * (tokens * global_layers + min(tokens, model.window) * windowed)
 
 
 def mla_projection_ops(model: TransformerShape, tokens: int, heads: int, tp: int,

@@ -215,24 +215,36 @@ class IterationModel:
     def weight_bytes(self) -> float:  # all the replica's weights
         return self.shape.model.parameter_count() * self.element_bytes
 
-    def kv_bytes_per_token_per_chip(self) -> float:
-        """KV cache bytes one token adds on the busiest chip."""
+    def _on_busiest_chip(self, kv_bytes: float) -> float:
+        """The busiest chip's part of `kv_bytes` of the whole model's KV cache."""
         m = self.shape.model
         # Each rank holds its KV heads (split over tp, replicated when tp exceeds them,
         # padded with the query heads) for its stage's layers; MLA's latent is every head's,
         # so every rank holds all of it.
-        kv_bytes = kv_bytes_per_token(m, self.shape.kv_precision, self.shape.longest_sequence)
-        if mla.is_mla(m):
-            per_rank = kv_bytes / self.shape.pp
-        else:
-            per_rank = (kv_bytes / m.n_kv_heads
-                        * self.heads.kv_per_rank / self.shape.pp)
+        per_rank = kv_bytes / self.shape.pp if mla.is_mla(m) else (
+            kv_bytes / m.n_kv_heads * self.heads.kv_per_rank / self.shape.pp)
         return per_rank * min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
 
-    def kv_capacity_tokens(self, reserve_fraction: float = 0.0) -> int:
+    def kv_bytes_per_token_per_chip(self) -> float:
+        """KV cache bytes one token adds on the busiest chip."""
+        return self._on_busiest_chip(kv_bytes_per_token(
+            self.shape.model, self.shape.kv_precision, self.shape.longest_sequence))
+
+    def windowed_cache_bytes_per_chip(self, lines: int) -> float:
+        """The sliding-window caches kv_bytes_per_token leaves out: `lines` sequences of
+        `window` tokens on the busiest chip (Trinity-Large, TP 64: 360 MiB a sequence)."""
+        m = self.shape.model
+        global_layers, windowed = mla.layer_split(m, self.shape.longest_sequence)
+        per_token = windowed * mla.kv_values_per_token_layer(m) * self.kv_element_bytes
+        return lines * int(m.window) * self._on_busiest_chip(per_token) if global_layers \
+            and windowed else 0.0
+
+    def kv_capacity_tokens(self, reserve_fraction: float = 0.0, lines: int = 0) -> int:
         """Tokens the KV cache holds: the HBM left after weights on the busiest chip, less a
-        reserved fraction of HBM (activations, runtime), over one token's KV bytes per chip."""
-        free = self.usable_hbm_bytes(reserve_fraction) - self.weight_bytes_per_chip()
+        reserved fraction of HBM (activations, runtime) and the sliding-window layers'
+        caches of `lines` sequences (the batch limit), over one token's KV bytes per chip."""
+        free = (self.usable_hbm_bytes(reserve_fraction) - self.weight_bytes_per_chip()
+                - self.windowed_cache_bytes_per_chip(lines))
         return max(0, int(free // self.kv_bytes_per_token_per_chip()))
 
     def usable_hbm_bytes(self, reserve_fraction: float = 0.0) -> float:

@@ -32,6 +32,7 @@ from clustersim.analysis.trace import SCHEMAS
 from clustersim.cluster.timeline import effective_rates
 from clustersim.collectives.model import Group
 from clustersim.hardware.build import build_topology
+from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.stacks import with_stack
 from clustersim.scenario.loader import Issue, Scenario, ScenarioError
 from clustersim.scenario.serving import (
@@ -40,9 +41,10 @@ from clustersim.scenario.serving import (
     LengthSpec,
     deployment_instances,
 )
+from clustersim.serving.attention import sequence_kv_bytes
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
-from clustersim.serving.iteration import IterationModel, ReplicaShape, kv_bytes_per_token
+from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests, read_request_trace
@@ -90,7 +92,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                          d.routing_skew, longest)
     target = IterationModel(shape, topology)
     draft = None
-    capacity = target.kv_capacity_tokens(d.server.kv_reserve)
+    lines = d.server.max_batch  # each line's sliding-window caches, held whole
+    capacity = target.kv_capacity_tokens(d.server.kv_reserve, lines)
     if d.speculative is not None:
         q = d.draft_precisions
         draft = IterationModel(ReplicaShape(d.speculative.draft, q.weights, d.draft_tp, 1,
@@ -98,7 +101,9 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                                             longest_sequence=longest), topology)
         # The draft's weights and its KV cache share the busiest chip's HBM.
         free = (target.usable_hbm_bytes(d.server.kv_reserve)
-                - target.weight_bytes_per_chip() - draft.weight_bytes_per_chip())
+                - target.weight_bytes_per_chip() - draft.weight_bytes_per_chip()
+                - target.windowed_cache_bytes_per_chip(lines)
+                - draft.windowed_cache_bytes_per_chip(lines))
         capacity = int(free // (target.kv_bytes_per_token_per_chip()
                                 + draft.kv_bytes_per_token_per_chip()))
     cost = DecodeCost(target, draft, d.speculative.tokens if d.speculative else 0,
@@ -106,7 +111,7 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
                       d.speculative.fused if d.speculative else True)
     cost.buckets = d.context_buckets(scenario.hardware.name)
     cost.static_batch = d.server.static_batch
-    kv_per_chip = kv_bytes_per_token(model, p.kv_cache, longest) / target.chips
+    kv_element = BYTES_PER_ELEMENT[p.kv_cache]
     source = 0
     peer = int(per * hw.chips_per_instance)  # the same chip of the next replica's instance
     cache: dict[int, float] = {}
@@ -114,7 +119,8 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
     def transfer_s(tokens: int) -> float:
         if tokens not in cache:
             cache[tokens] = target.collectives.cost(
-                "send-recv", Group(np.array([source]), 1), tokens * kv_per_chip,
+                "send-recv", Group(np.array([source]), 1),
+                sequence_kv_bytes(model, kv_element, tokens, longest) / target.chips,
                 peer=peer).time_s
         return cache[tokens]
 
@@ -135,6 +141,10 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
     usable = target.usable_hbm_bytes(d.server.kv_reserve)
     block = target.kv_bytes_per_token_per_chip() * d.server.kv_block_tokens
     drafted = f", the draft's {draft / gib:.2f} GiB" if cost.draft is not None else ""
+    windowed = target.windowed_cache_bytes_per_chip(d.server.max_batch)
+    if windowed:
+        drafted += (f", the sliding-window layers' caches of max_batch {d.server.max_batch} "
+                    f"sequences ({windowed / gib:.2f} GiB)")
     # a smaller weight format than the deployment's own, if there is one
     smaller = {2.0: "fp8 weights, ", 1.0: "mxfp4 weights, ", 33 / 32: "mxfp4 weights, "}.get(
         target.element_bytes, "")

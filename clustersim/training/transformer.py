@@ -37,11 +37,11 @@ class TransformerShape(Spec):
     hidden: int = Field(gt=0, le=limits.MAX_HIDDEN)
     heads: int = Field(gt=0, le=limits.MAX_HEADS)
     kv_heads: int | None = Field(default=None, gt=0, le=limits.MAX_HEADS,
-                                 description="defaults to heads (no GQA)")
+                                 description="defaults to heads (no GQA; mla: heads only)")
     head_dim: int | None = Field(default=None, gt=0, le=limits.MAX_HIDDEN,
                                  description="width of one attention head (query width = "
                                  "heads x head_dim, independent of hidden); defaults to "
-                                 "hidden / heads")
+                                 "hidden / heads (mla: its ranks set the widths, none)")
     ffn_hidden: int | None = Field(default=None, gt=0, le=4 * limits.MAX_HIDDEN,
                                    description="dense FFN width; defaults to 4 x hidden")
     vocab: int = Field(gt=0, le=limits.MAX_VOCAB)
@@ -91,11 +91,12 @@ class TransformerShape(Spec):
                                "`window` (sliding) or those of its chunk (chunked); none: "
                                "every layer attends to the whole context")
     window_kind: Literal["sliding", "chunked"] = Field(
-        default="sliding", description="sliding (GPT-OSS: 128) or chunked (Llama 4: 8,192)")
+        default="sliding", description="with a window: sliding (GPT-OSS: 128) or chunked "
+        "(Llama 4: 8,192)")
     global_every: int | None = Field(default=None, gt=0, le=limits.MAX_LAYERS,
                                      description="with a window, every n-th layer attends "
-                                     "globally (GPT-OSS: 2, Llama 4: 4); none: every layer "
-                                     "is windowed")
+                                     "globally (GPT-OSS: 2, Llama 4: 4; from 2 to layers); "
+                                     "none: every layer is windowed")
     tied_embeddings: bool = Field(default=False, description="the output layer shares the "
                                   "input embedding's weights")
     encoder_parameters: int = Field(default=0, ge=0, le=10**13,
@@ -112,7 +113,7 @@ class TransformerShape(Spec):
             hidden, heads = data.get("hidden"), data.get("heads")
             if (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
                     and not isinstance(hidden, bool) and not isinstance(heads, bool)):
-                if hidden % heads:
+                if hidden % heads and data.get("attention") != "mla":  # (MLA's: unused)
                     raise KeyedError("heads", f"does not divide hidden ({hidden}); give "
                                      "head_dim", heads)
                 data = {**data, "head_dim": hidden // heads}
@@ -155,9 +156,19 @@ class TransformerShape(Spec):
             missing = [k for k in ranks if getattr(self, k) is None]
             if missing:
                 raise KeyedError("attention", f"needs {', '.join(missing)}", "mla")
-            if self.attention_gate:
-                raise KeyedError("attention_gate", "only with attention: gqa (no MLA model "
-                                 "gates its attention output)", True)
+            for key in ("attention_gate", "qk_norm"):  # no MLA model has either
+                if getattr(self, key):
+                    raise KeyedError(key, "only with attention: gqa (no MLA model has it)",
+                                     True)
+            # MLA's heads are qk_nope + qk_rope wide (v_head_dim for values) and it has no
+            # KV heads: a head_dim or kv_heads of their own would go unused
+            if self.head_dim != self.hidden // self.heads:
+                raise KeyedError("head_dim", "unused with attention: mla (its widths are "
+                                 "qk_nope_head_dim + qk_rope_head_dim and v_head_dim)",
+                                 self.head_dim)
+            if self.n_kv_heads != self.heads:
+                raise KeyedError("kv_heads", "unused with attention: mla (every head reads "
+                                 "the one latent); expected none, or heads", self.n_kv_heads)
         else:
             given = [k for k in (*ranks, "q_lora_rank") if getattr(self, k) is not None]
             if given:
@@ -166,6 +177,15 @@ class TransformerShape(Spec):
                                  getattr(self, given[0]))
         if self.window is None and self.global_every is not None:
             raise KeyedError("global_every", "needs a window", self.global_every)
+        if self.window is None and self.window_kind != "sliding":  # (a dump has the default)
+            raise KeyedError("window_kind", "needs a window", self.window_kind)
+        if self.window is not None and self.global_every == 1:
+            raise KeyedError("global_every", "makes every layer global, so no layer uses the "
+                             "window; expected at least 2, or no window", 1)
+        if self.window is not None and (self.global_every or 0) > self.layers:
+            raise KeyedError("global_every", f"leaves none of the {self.layers} layers global; "
+                             f"expected at most {self.layers}, or none (every layer windowed)",
+                             self.global_every)
 
     @property
     def n_kv_heads(self) -> int:
