@@ -69,3 +69,22 @@ def test_a_deployment_without_requests_has_no_slo_goodput(tmp_path: Path):
         summary = json.loads((out / "summary.json").read_text("utf-8"))
         assert summary["deployments"]["small"]["slo_goodput"] is None
         assert "goodput 0.0%" not in " ".join(result.stdout.split())
+
+
+def test_find_rate_stops_descending_once_no_request_arrives(tmp_path: Path):
+    """An SLO nothing meets: the search halved the rate 30 times (down to 3.7e-9/s), each
+    step listed as 0.0%, long after no request arrived; it stops at the first trial without
+    requests, listed as '-'."""
+    scenario = write(tmp_path, {
+        "name": "fr", "duration": "30s", "hardware": "trn2", "cluster": {"instances": 1},
+        "serve": [{"name": "chat", "model": "qwen3-30b-a3b", "parallelism": {"tp": 8, "ep": 8},
+                   "workload": {"arrival": "poisson", "rate": "2/s", "input_tokens": 1024,
+                                "output_tokens": 128},
+                   "slo": {"ttft": "10ms", "tpot": "1ms"}}]})
+    result = invoke("run", scenario, "--find-rate")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "no rate found" in text
+    tried = text.split("(tried ")[1].split(")")[0].split(", ")
+    assert len(tried) < 12 and tried[-1].endswith(": -")
+    assert all(t.endswith(": 0.0%") for t in tried[:-1])

@@ -192,7 +192,7 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
             search = find_rate(spec, deployment.name, goodput, seed, base_dir=base_dir)
         except ValueError as error:
             raise UsageProblem(f"--find-rate: {error}") from None
-        tried = ", ".join(f"{r:,.3g}/s: {g:.1%}" + (" saturated" if r in search.saturated
+        tried = ", ".join(f"{r:,.3g}/s: {_percent(g)}" + (" saturated" if r in search.saturated
                                                       else "") for r, g in search.tried)
         if search.rate_per_s is None:
             out_console.print(f"{deployment.name}: no rate found meeting {goodput:.0%} of the "

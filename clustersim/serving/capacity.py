@@ -125,6 +125,8 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         while good[0] is None and len(search.tried) < MAX_BRACKET_TRIALS:
             rate /= 2
             figures = evaluate(rate)
+            if figures["slo_goodput"] is None:  # no request arrived: nor will one lower down
+                break
             if holds(figures):
                 good = (rate, figures)
             else:
