@@ -131,3 +131,27 @@ def test_a_planned_scenario_keeps_a_routing_imbalance_run_accepts(tmp_path: Path
     written = yaml.safe_load(planned.read_text())["jobs"][0]
     assert written["routing_imbalance"] == min(3, written["parallelism"]["ep"])
     assert invoke("validate", planned).exit_code == 0
+
+
+def test_replicated_kv_heads_hold_whole_heads_of_activations():
+    """4 KV heads at tp 8: each rank keeps a whole KV head's keys and values (replicated, as
+    NxD and Megatron lay them out). The closed-form path counted half a head a rank, so a
+    window no sequence reaches (which takes the per-layer path) changed the memory: 6.502
+    against 6.534 GiB."""
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.training.memory import activation_bytes_per_layer
+
+    def job(window):
+        model = {"name": "gqa", "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 4,
+                 "vocab": 32000}
+        if window:
+            model.update({"window": window, "global_every": 2})
+        s = scenario_from_dict({
+            "name": "m", "hardware": "trn2", "cluster": {"instances": 4},
+            "jobs": [{"name": "j", "model": model, "seq_len": 4096, "global_batch": 64,
+                      "parallelism": {"tp": 8, "dp": 8}}]})
+        return s.jobs[0]
+
+    plain, windowed = job(None), job(8192)
+    assert activation_bytes_per_layer(plain) == pytest.approx(
+        activation_bytes_per_layer(windowed), rel=1e-12)

@@ -180,12 +180,13 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     s, h = seq // par.cp, model.hidden
     e = BYTES_PER_ELEMENT[job.precision]
     sbh = s * b * h
-    kv = model.n_kv_heads / model.heads
     attention_width = 1.0  # the query heads' share of the hidden size, over all ranks
     layout = sharded_heads(model, t)
     if layout.padded(model):  # padded heads hold activations too
         attention_width = layout.heads / model.heads
-        kv = layout.kv_heads / model.heads
+    # KV heads as laid out: replicated to one per rank when tp exceeds them (4 KV heads at
+    # tp 8 hold a whole head's keys and values on every rank, not half of one)
+    kv = layout.kv_heads / model.heads
     f = model.ffn / h
     if job.recompute == "full":
         return e * sbh / (t if par.sequence_parallel else 1)
