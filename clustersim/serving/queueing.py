@@ -77,21 +77,21 @@ PACKING = 1.0  # share of packing reached at rho = 1 (0: every prompt alone)
 # The batch's occupancy varies more than a chain whose completion rates follow its size
 # alone (admission_chain): the iteration time also moves with the prompt work arriving
 # (QueueModel.dispersion, from the prompts' lengths) and with the contexts in the batch,
-# which the chain averages: DISPERSION. Read off the request level's admissions (the
-# tempering at which the model's share of arrivals waiting for a place is the request
-# level's, over that prompt-work factor: 1.37 to 1.52 at 85% over 8B and 70B, prompt sigma 0
-# to 1.2, tests/test_fluid_queue.py, which also checks the share waiting and their mean wait
-# within 10% at 85% and 95%). It sets how often an arrival finds the batch full, not how fast
-# the queue then drains. Tempering the chain below its mode too (as it did until the full
-# batch's states had their step) put the share waiting at 95% 8% to 15% low.
+# which the chain averages: DISPERSION. Read off the request level's admissions (the value
+# at which the model's share of arrivals waiting for a place is the request level's: 1.37 to
+# 1.52 at 85% over 8B and 70B, prompt sigma 0 to 1.2, tests/test_fluid_queue.py, which also
+# checks the share waiting and their mean wait within 10% at 85% and 95%). It sets how often
+# an arrival finds the batch full, not how fast the queue then drains. Tempering the chain
+# below its mode too (as it did until the full batch's states had their step) put the share
+# waiting at 95% 8% to 18% low.
 DISPERSION = 1.45
 # Where the model is checked against the request level within 10% on TTFT p50 and p99 and
 # TPOT p50 (clustersim.serving.queueing_grid, tests/test_fluid_queue.py: utilisation 10-95%
 # of a replica's saturated capacity, prompt sigma 0-1.2, Llama 3.1 8B and 70B on trn2):
-# (largest prompt sigma, highest utilisation) pairs. docs/fleet-day.md has the grid's
-# figures: TPOT within 2% everywhere, TTFT within 6% up to 85% and within 8% at 95%, where
-# about half the requests wait for a place and the p50 lies between those admitted at once
-# and those waiting (it moves threefold with a tenth more or less of them waiting).
+# (largest prompt sigma, highest utilisation) pairs; docs/fleet-day.md has the grid's
+# figures. At 95% about half the requests wait for a place and the TTFT p50 lies between
+# those admitted at once and those waiting: it moves threefold with a tenth more or less of
+# them waiting, so the share waiting decides it (the full batch's states, full_states).
 CHECKED = ((1.2, 0.95),)
 _QUADRATURE = 64
 
