@@ -38,7 +38,7 @@ def _chat(raw: dict) -> dict:
 
 
 def test_auto_inside_the_checked_range_picks_fluid_and_says_so():
-    # prompt sigma 0.4 and a target utilisation of 25%: inside (1.2, 85%)
+    # prompt sigma 0.4 and a target utilisation of 25%: inside (1.2, 95%)
     d = _chat(_raw(0.4, {"min": 1, "max": 30, "target": 0.25}))
     assert d["fidelity"] == "fluid"
     assert d["fidelity_checked"] is True

@@ -21,18 +21,22 @@ chunked over several (clustersim.serving.replica). From the replica's own iterat
   stability); the TTFT's distribution does not take prompts as served one after another
   (below).
 - **Batch admission.** A prompt is admitted only while the batch has a place (`max_batch`
-  of them): a birth-death chain over the requests in the replica, completing at n over
-  their outputs x TPOT(n) with n sequences decoding (a small batch decodes faster than a
-  full one), tempered by DISPERSION; an arrival finding the places full waits an
-  exponential time at the rate the queue drains, scaled by the Allen-Cunneen factor of a
-  request's time in a full batch (saturated_cv2). While requests queue for a place each
-  completion admits one, so prompts come at the completion rate and the full batch
-  completes at the replica's saturated rate: the queue drains at that rate less the
-  arrivals (the spread of its completions over a long time, saturated_cv2: the outputs',
-  the prefill each completion admits, the context that prompt holds while it stays). That
-  rate is the one figure taken from the request level when given
-  (`capacity_per_s`, measured by clustersim.serving.curves; the chain's rates are scaled
-  to it): at 95% the queue drains at a twentieth of it, so 1% moves the wait by a fifth.
+  = c of them): a birth-death chain over the requests in the replica. Below c it completes
+  at n over their outputs x TPOT(n) with n sequences decoding (a small batch decodes faster
+  than a full one), tempered above its mode by DISPERSION (bursts of prompts slow every
+  sequence at once and push the batch up, not down). With the batch full (admission_chain's
+  `full`, QueueModel.full_states) every entry brings a prefill during which nothing
+  completes (the prompt that took the last place, or the one a completion admitted), so the
+  occupancy steps up at c; past it the levels fall at the queue's own rate: while requests
+  queue for a place each completion admits one, so prompts come at the completion rate and
+  the full batch completes at the replica's saturated rate, and the queue drains at that
+  rate less the arrivals, spread by the Allen-Cunneen factor of a request's time in a full
+  batch (saturated_cv2: the outputs', the prefill each completion admits, the context that
+  prompt holds while it stays). An arrival finding the places full waits an exponential
+  time of that mean. The saturated rate is the one figure taken from the request level when
+  given (`capacity_per_s`, measured by clustersim.serving.curves; the chain's rates are
+  scaled to it): at 95% the queue drains at a twentieth of it, so 1% moves the wait by a
+  fifth.
 - **TTFT**: the prompt's prefill wait from the way the replica composes its iterations
   (clustersim.serving.queueing_ttft: a prompt waits for the rest of the iteration under
   way, not for the prompts ahead, which ride in its own iteration with those arriving after
@@ -50,7 +54,7 @@ chunked over several (clustersim.serving.replica). From the replica's own iterat
 Two constants with meaning, not fitted per case: `PACKING`, how far the decode iterations a
 prompt needs go from n(L) (alone) to L / budget (packed) as the queue builds (the mean
 prefill wait and its stability only), and
-`DISPERSION`, how much more the batch's occupancy varies than the chain's. Checked against
+`DISPERSION`, how much more the batch's occupancy varies upward than the chain's. Checked against
 the request level over load, prompt spread and model size (clustersim.serving.queueing_grid,
 tests/test_fluid_queue.py): CHECKED.
 """
@@ -73,38 +77,22 @@ PACKING = 1.0  # share of packing reached at rho = 1 (0: every prompt alone)
 # The batch's occupancy varies more than a chain whose completion rates follow its size
 # alone (admission_chain): the iteration time also moves with the prompt work arriving
 # (QueueModel.dispersion, from the prompts' lengths) and with the contexts in the batch,
-# which the chain averages: DISPERSION. Read off the request level's admissions (the
-# tempering at which the chain's share of arrivals waiting for a place is the request
-# level's, over that prompt-work factor, the chain's rates scaled to the measured capacity:
-# 1.23 to 1.33 at 85% over 8B and 70B, prompt sigma 0 to 1.2, tests/test_fluid_queue.py,
-# which also checks the share waiting and their mean wait within 10% at 85% and 95%). It
-# sets how often an arrival finds the batch full, not how fast the queue then drains.
-DISPERSION = 1.3
+# which the chain averages: DISPERSION. Read off the request level's admissions (the value
+# at which the model's share of arrivals waiting for a place is the request level's: 1.37 to
+# 1.52 at 85% over 8B and 70B, prompt sigma 0 to 1.2, tests/test_fluid_queue.py, which also
+# checks the share waiting and their mean wait within 10% at 85% and 95%). It sets how often
+# an arrival finds the batch full, not how fast the queue then drains. Tempering the chain
+# below its mode too (as it did until the full batch's states had their step) put the share
+# waiting at 95% 8% to 18% low.
+DISPERSION = 1.45
 # Where the model is checked against the request level within 10% on TTFT p50 and p99 and
 # TPOT p50 (clustersim.serving.queueing_grid, tests/test_fluid_queue.py: utilisation 10-95%
 # of a replica's saturated capacity, prompt sigma 0-1.2, Llama 3.1 8B and 70B on trn2):
-# (largest prompt sigma, highest utilisation) pairs. TPOT holds within 2% over the whole
-# grid; TTFT within 5.5% up to 85% for every spread (since the prefill wait follows the way
-# the replica composes its iterations, clustersim.serving.queueing_ttft: as an M/G/1 queue
-# of prompts it put 70B's p99 at 70% 11% high with fixed prompts and the p50 with sigma 1.2
-# 10-29% high from 70%). At 95%, where about half the requests wait for a place in the
-# batch (their TTFT that wait and their own iterations; the wait's mean within 4% once the
-# completions' spread counts the contexts, saturated_cv2), within 5% on the p50 and 6% on
-# the p99 for prompt sigma up to 0.8 against 24 seeds of 200,000 requests; with sigma 1.2
-# the p50 is 8.2% (8B) and 10.0% (70B) high, the share waiting 6.5% and 11% high: outside.
-# Why (docs/fleet-day.md has the figures): the chain tempers its tail past max_batch by
-# the batch's dispersion as well, so its queue behind a full batch is 1.6 to 2.2 times the
-# request level's (which the wait, by Little's law, gets within 4%), the more so the wider
-# the prompts (the prompt-work factor); and the request level's occupancy steps up at
-# max_batch (each entry there brings a prefill, during which nothing completes), which the
-# chain lacks. The two offset where DISPERSION was read (85%), less so at 95% with wide
-# prompts. The share right alone does not do: with the prompt-work factor over the arrivals
-# admitted at once (times 1 - the share waiting, those waiting come in at completions) it
-# is within 5% at 95% but the p50 there 4% to 17% low, for the p50 lies where the
-# distribution is flat, between those admitted at once and those waiting (1% of it is 4%
-# to 9% of the p50), and there the waiters' own iterations are short in the model and
-# their waits, exponential from zero, too often short.
-CHECKED = ((0.8, 0.95), (1.2, 0.85))
+# (largest prompt sigma, highest utilisation) pairs; docs/fleet-day.md has the grid's
+# figures. At 95% about half the requests wait for a place and the TTFT p50 lies between
+# those admitted at once and those waiting: it moves threefold with a tenth more or less of
+# them waiting, so the share waiting decides it (the full batch's states, full_states).
+CHECKED = ((1.2, 0.95),)
 _QUADRATURE = 64
 
 
@@ -275,21 +263,60 @@ class QueueModel:
 
     def _slots(self, lam: float) -> tuple[float, float, float]:
         """Batch admission: (probability of waiting, mean wait, occupancy of the saturated
-        rate) from the birth-death chain over the requests in the replica
-        (admission_chain), whose completion rate with n sequences decoding is n over their
-        outputs x TPOT at that batch (_tpot_at). A request waits while the batch is full
-        and requests queue for a place: then each completion admits one, the prefill work
-        comes at the completion rate, not at lambda, and the queue drains at the saturated
-        rate less the arrivals (not the chain's full-batch rate at lambda, which counts
-        lambda's prefill), times the Allen-Cunneen factor (saturated_cv2)."""
+        rate) from the chain over the requests in the replica (admission_chain: below
+        max_batch n over their outputs x TPOT at that batch, _tpot_at; the full batch's
+        states from full_states). The share of arrivals admitted at once sets the prompt
+        work's part of the dispersion (those that wait come in at completions, whose spread
+        the Allen-Cunneen factor holds): a fixed point. The wait of those that wait: the
+        queue drains at the saturated rate less the arrivals (not the chain's full-batch
+        rate at lambda, which counts lambda's prefill), times the Allen-Cunneen factor."""
         rates = self._completion_rates(lam)
-        p_wait, drain_per_s = admission_chain(lam, rates, self.dispersion(lam))
         occupancy = lam / self.saturated_per_s
-        if not math.isfinite(drain_per_s) or occupancy >= 1.0:
+        if occupancy >= 1.0 or lam >= float(rates[-1]):
             return 1.0, math.inf, occupancy
-        drain_per_s = self.saturated_per_s - lam
         factor = (1.0 + self.saturated_cv2()) / 2.0  # Poisson arrivals: their cv^2 is 1
-        return p_wait, p_wait * factor / drain_per_s, occupancy
+        full = self.full_states(lam, rates, factor)
+        p_wait = 0.0
+        for _ in range(60):
+            new, _ = admission_chain(lam, rates, self.dispersion(lam, 1.0 - p_wait), full)
+            if abs(new - p_wait) < 1e-7:
+                break
+            p_wait = 0.5 * (p_wait + new)
+        return p_wait, p_wait * factor / (self.saturated_per_s - lam), occupancy
+
+    def full_states(self, lam: float, rates: np.ndarray, factor: float) -> float:
+        """The mass of the states with the batch full over that with one place free. A
+        full batch's state has two phases: a prefill under way (nothing completes; it ends
+        at 1 / E[S], S a prompt's prefill work in a full batch's iterations) or decoding
+        (sequences complete at mu, the full batch's rate without prefill: rates[-1] over
+        1 - lambda E[S]). Every entry into the full batch brings a prefill (the arrival
+        that took the last place), and so does every completion while requests wait (it
+        admits one); arrivals leave the phase as it is. A quasi-birth-death process over
+        the levels n >= c: pi_(c+k) = pi_c R^k, R the minimal solution of A0 + R A1 +
+        R^2 A2 = 0 and pi_c from the flux lambda pi_(c-1) into it (the request level's
+        occupancy is 1.19 to 1.29 times as high at c as at c - 1 at 95%; the chain's, the
+        full batch's completions at its mean rate, fell there). Its levels fall at its own
+        rate eta, the spectral radius of R; the request level's at the queue's, (lambda /
+        saturated rate) ** (1 / factor), factor the Allen-Cunneen one (within 7% at 95%):
+        R is scaled by their ratio (the chain's geometric tail, tempered, made the queue
+        behind a full batch 1.6 to 2.2 times the request level's)."""
+        mean, _ = self._full_batch_work()
+        mu = float(rates[-1]) / max(1.0 - lam * mean, 1e-6)
+        up = lam * np.eye(2)  # phases: a prefill under way, decoding
+        local = np.array([[-(lam + 1.0 / mean), 1.0 / mean], [0.0, -(lam + mu)]])
+        down = np.array([[0.0, 0.0], [mu, 0.0]])  # a completion admits one: a prefill
+        inverse = np.linalg.inv(local)
+        r = np.zeros((2, 2))
+        for _ in range(100_000):
+            new = -(up + r @ r @ down) @ inverse
+            if np.abs(new - r).max() < 1e-14:
+                break
+            r = new
+        r = new
+        pi_c = np.linalg.solve((local + r @ down).T, np.array([-lam, 0.0]))
+        eta = float(max(abs(np.linalg.eigvals(r))))
+        tail = (lam / self.saturated_per_s) ** (1.0 / factor)
+        return float((pi_c @ np.linalg.inv(np.eye(2) - r * (tail / eta))).sum())
 
     def saturated_cv2(self) -> float:
         """cv^2 of the completions of a full batch over a long time (the queue for a place
@@ -325,16 +352,18 @@ class QueueModel:
                                float(np.dot(work**2, self.weights)))
         return self._full_work
 
-    def dispersion(self, lam: float) -> float:
+    def dispersion(self, lam: float, admitted: float = 1.0) -> float:
         """How much more the batch's occupancy varies than the chain's: DISPERSION (the
-        contexts in the batch) times 1 + lambda^2 E[S^2] / (1 - lambda E[S])^2, S the
-        prefill work a prompt adds to a full batch's iterations. Over a sequence's life the
-        prefill share moves with the prompts that arrive, every sequence slowed together:
-        with m sequences held for T, the share's variance lambda E[S^2] / T, relative to
-        (1 - share)^2, times m^2 = (lambda T)^2 adds that term to the batch's variance over
-        its mean."""
+        contexts in the batch) times 1 + a lambda^2 E[S^2] / (1 - lambda E[S])^2, S the
+        prefill work a prompt adds to a full batch's iterations and a the share of arrivals
+        `admitted` at once. Over a sequence's life the prefill share moves with the prompts
+        that arrive, every sequence slowed together: with m sequences held for T, the
+        share's variance lambda E[S^2] / T, relative to (1 - share)^2, times m^2 =
+        (lambda T)^2 adds that term to the batch's variance over its mean; the prompts
+        admitted at completions come as evenly as those (saturated_cv2)."""
         mean, square = self._full_batch_work()
-        return DISPERSION * (1.0 + lam**2 * square / (1.0 - min(lam * mean, 0.99)) ** 2)
+        return DISPERSION * (1.0 + admitted * lam**2 * square
+                             / (1.0 - min(lam * mean, 0.99)) ** 2)
 
     def _completion_rates(self, lam: float) -> np.ndarray:
         """Requests completed per second with n = 1..max_batch sequences decoding, at `lam`
@@ -420,24 +449,29 @@ class QueueModel:
         return float(np.interp(ttft_slo_s, t, cdf, left=0.0, right=float(cdf[-1])))
 
 
-def admission_chain(lam: float, rates: np.ndarray, dispersion: float = 1.0
-                    ) -> tuple[float, float]:
+def admission_chain(lam: float, rates: np.ndarray, dispersion: float = 1.0,
+                    full: float | None = None) -> tuple[float, float]:
     """A birth-death chain over the requests in a replica: arrivals at `lam`, completions at
     rates[n - 1] with n <= c = len(rates) sequences in the batch and rates[-1] beyond (the
     rest wait for a place). Returns (the probability that an arrival waits, the rate at
     which the queue ahead of it drains: its wait, given it waits, is exponential of this
     rate, first-come first-served). (1, inf) when the chain is unstable. With rates n mu and
     `dispersion` 1 it is M/M/c: the probability is Erlang C. `dispersion` D tempers the
-    chain, pi_n to the power 1 / D: about its mode, D times its variance (module docstring,
-    DISPERSION)."""
-    full = float(rates[-1])
-    if lam >= full:
+    chain above its mode, pi_n / pi_mode to the power 1 / D: D times its variance there
+    (module docstring, DISPERSION). `full`: the mass of the states n >= c over pi_(c-1)
+    (QueueModel.full_states); None: the chain's, a geometric tail of ratio (lambda /
+    rates[-1]) ** (1 / D)."""
+    top = float(rates[-1])
+    if lam >= top:
         return 1.0, math.inf
     # pi_n / pi_0 = prod lam / rates_k, in logs (c may be in the hundreds)
     log_pi = np.concatenate(([0.0], np.cumsum(np.log(lam / np.asarray(rates, float)))))
-    log_pi /= dispersion
+    mode = int(np.argmax(log_pi[:-1]))
+    log_pi[mode:] = log_pi[mode] + (log_pi[mode:] - log_pi[mode]) / dispersion
     pi = np.exp(log_pi - log_pi.max())
-    ratio = (lam / full) ** (1.0 / dispersion)
-    waiting = pi[-1] / (1.0 - ratio)  # n >= c: geometric
+    if full is None:
+        waiting = pi[-1] / (1.0 - (lam / top) ** (1.0 / dispersion))  # n >= c: geometric
+    else:
+        waiting = pi[-2] * full
     total = float(pi[:-1].sum()) + waiting
-    return waiting / total, full - lam
+    return waiting / total, top - lam
