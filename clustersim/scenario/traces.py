@@ -1,20 +1,13 @@
 """Published cluster traces as job mixes: Philly, Helios, Alibaba PAI, Acme, and the native
-format, read as their owners publish them and mapped onto the scenario's hardware.
-
-```yaml
-workload:
-  trace: traces/helios-sample.csv     # beside the scenario
-  format: helios                      # philly | helios | pai | acme | native
-  mapping: {rule: compute, gpu: p4de, template: research, team: vc}
-  templates: [{name: research, instances: [1], job: {...}}]
-```
+format, read as their owners publish them and mapped onto the scenario's hardware
+(`workload: {trace, format, mapping, templates}`, as docs/traces-in.md shows).
 
 Each format's columns and how they map are in docs/traces-in.md. In short, every GPU job of
-the trace becomes one job that keeps its submission time (relative to the trace's first),
-its size (GPUs -> instances by the mapping's rule), its run time (end - start: `run_for`) and
-its outcome (`trace_outcome`); the model, parallelism and batch come from the mapping's
-template; the team from the trace's user or virtual cluster. Jobs without GPUs, never
-started or still running at the trace's end are left out (they have no GPU run time).
+the trace becomes a job with its submission time (from the trace's first), size (GPUs ->
+instances by the mapping's rule), run time (end - start) and outcome (`trace_outcome`); the
+model, parallelism and batch come from the mapping's template, the team from the trace's
+user or virtual cluster. Rows without a GPU run, or submitted after the scenario's end, are
+left out and counted by reason.
 
 Rules (`mapping.rule`):
 - `instances`: a GPU node is an instance: ceil(GPUs / `gpus_per_instance`) instances (8 by
@@ -23,8 +16,8 @@ Rules (`mapping.rule`):
   peak / the scenario chip's peak) chips, rounded up to whole instances (`gpu`: a catalog
   entry, p4de for A100, p5en for H200; Philly's P100 and P40 had no BF16: the closest).
 A rule refuses the other's key. A malformed trace (a missing column, a negative duration, a
-size that is not a number or larger than the cluster, ids out of order or twice) is refused
-naming the file, the row and the column (ValueError; the loader makes it exit 2).
+size that is no number or beyond the cluster, ids out of order or twice) is refused naming
+file, row and column (ValueError; the loader makes it exit 2).
 """
 
 from __future__ import annotations
@@ -135,8 +128,8 @@ LEFT_OUT = {
 
 
 class _Bad(ValueError):
-    """A problem of the trace; `file` names the file when it is not the trace given (PAI's
-    task table); `key` the scenario key when it is not the trace's file but its mapping."""
+    """A problem of the trace; `file` names another file than the trace given (PAI's task
+    table), `key` the scenario key of a problem of the mapping."""
 
     def __init__(self, message: str, file: Path | None = None, key: str | None = None):
         super().__init__(message)
@@ -145,8 +138,8 @@ class _Bad(ValueError):
 
 
 def _contents(path: Path) -> bytes:
-    """A trace file's bytes, bounded by limits.MAX_TRACE_FILE_BYTES however the file says
-    its size (a /proc file says 0); anything but a regular file is refused."""
+    """A trace file's bytes, bounded by limits.MAX_TRACE_FILE_BYTES however the file says its
+    size (a /proc file says 0); anything but a regular file is refused."""
     problem = regular_file_problem(path, limits.MAX_TRACE_FILE_BYTES, "a trace file")
     if problem is not None:
         raise _Bad(problem, path)
@@ -173,8 +166,8 @@ def _shown(value: Any) -> str:
 
 
 def _plain(value: Any) -> float | None:
-    """A number given as a number or as plain ASCII decimal text; None for other text.
-    A boolean is no number (True is not 1 s or 1 GPU)."""
+    """A number given as a number or as plain ASCII decimal text, else None (a boolean too:
+    True is not 1 s or 1 GPU)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -223,9 +216,8 @@ def _seconds(value: Any, where: str, column: str) -> float | None:
 
 
 def _submitted(value: Any, where: str, column: str) -> float:
-    """A job's submission time, which every replayed or left-out row needs: it orders the
-    trace and is where its clock starts (one missing was read as 1970, decades before the
-    others)."""
+    """A job's submission time, which every row needs: it orders the trace and starts its
+    clock (one missing was read as 1970, decades before the others)."""
     seconds = _seconds(value, where, column)
     if seconds is None:
         raise _Bad(f"{where}, column {column}: {_shown(value)}; expected the job's submission "
@@ -409,11 +401,10 @@ def _size(gpus: float, mapping: TraceMapping, target: TraceTarget, gpu_tflops: f
 
 def read_trace(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
                horizon_s: float | None = None) -> tuple[list[TraceJob], dict[str, Any]]:
-    """The GPU jobs of a trace file, mapped (WorkloadError under `workload.trace` naming the
-    file, row and column, or under the mapping's key), and what became of its rows: {rows,
-    replayed, left_out: {reason: count} (LEFT_OUT), ended_at_trace_end}. With `horizon_s`
-    (the scenario's duration), a job submitted at or after it, counted from the trace's first
-    submission, is left out as `after_end`: a week of a months-long trace replays."""
+    """The GPU jobs of a trace file, mapped (WorkloadError naming file, row and column, or the
+    mapping's key), and what became of its rows: {rows, replayed, left_out: {reason: count}
+    (LEFT_OUT; `after_end`: submitted, from the trace's first, at or past `horizon_s`, the
+    scenario's duration), ended_at_trace_end}."""
     try:
         return _read(path, fmt, mapping, target, horizon_s)
     except _Bad as error:
@@ -478,7 +469,7 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
                                   "no_gpus" if row.gpus is None else
                                   "no_end" if row.end is None and fmt != "philly" else None)
         if reason is None and horizon_s is not None and row.submit - base >= horizon_s:
-            reason = "after_end"  # (a row's own reason first: it does not hang on the duration)
+            reason = "after_end"  # (after the row's own reasons: theirs hang on no duration)
         if reason is not None:  # no GPU run to replay
             left_out[reason] += 1
             continue
@@ -500,6 +491,5 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
                              instances, None if team == "none" else row.team, row.outcome,
                              row.where))
     del left_out["no_end" if fmt == "philly" else "no_attempts"]  # a reason of other formats
-    stats = {"format": fmt, "rows": len(rows), "replayed": len(jobs), "left_out": left_out,
-             "ended_at_trace_end": ended_at_trace_end}
-    return jobs, stats
+    return jobs, {"format": fmt, "rows": len(rows), "replayed": len(jobs),
+                  "left_out": left_out, "ended_at_trace_end": ended_at_trace_end}
