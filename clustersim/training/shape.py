@@ -188,13 +188,32 @@ def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndar
         lowest, highest = int(placed.min()), int(placed.max())
     if chip_site[lowest * cpi] == chip_site[highest * cpi]:
         return None
+    # A spread job's placement is asked for its split several times over (its profile, its
+    # cross-site step, its replacement check), each a sort of thousands of instances: the
+    # last few answers are kept for read-only arrays (a job's `held`, a canonical placement
+    # from here), which cannot have changed since.
+    found = _SPREAD_KEPT.get(id(placed))
+    if found is not None and found[0] is placed and found[1] is topology:
+        return found[2]
     sites = chip_site[placed * cpi]
     ids, counts = np.unique(sites, return_counts=True)
     starts = topology.sites.first_instance
     canonical = np.concatenate([np.arange(starts[s], starts[s] + c)
                                 for s, c in zip(ids.tolist(), counts.tolist(), strict=True)])
+    canonical.flags.writeable = False
     split = tuple(zip(ids.tolist(), counts.tolist(), strict=True))
+    if not placed.flags.writeable:
+        if len(_SPREAD_KEPT) >= _SPREAD_KEEP:
+            del _SPREAD_KEPT[next(iter(_SPREAD_KEPT))]
+        _SPREAD_KEPT[id(placed)] = (placed, topology, (split, canonical))
+        _SPREAD_KEPT[id(canonical)] = (canonical, topology, (split, canonical))
     return split, canonical
+
+
+# `spread_shape`'s last answers for read-only placements: id -> (placement, topology, answer)
+# (the placement kept: its id cannot be reused while it is here).
+_SPREAD_KEPT: dict[int, tuple] = {}
+_SPREAD_KEEP = 16
 
 
 def leaves_matter(topology: Topology, sites: bool = True) -> bool:
