@@ -136,6 +136,7 @@ class JobAccounting:
             self.held_mask = np.zeros(self.t.n_instances, dtype=bool)
         self.held_mask[added] = True
         self._held_ids = None
+        self.held_changes += 1  # (the scheduler keeps placements by it: `Scheduler._place`)
         self.site_links = None  # (sites.share_site_links: the links its sites use)
         if self.index in self.t.site_spread:
             self.t.site_changed = True
@@ -155,6 +156,7 @@ class JobAccounting:
         if len(removed):
             self.held_mask[removed] = False
             self._held_ids = None
+            self.held_changes += 1
             self.site_links = None
             self.held_count -= len(removed)
             if self.index in self.t.site_spread:
