@@ -407,7 +407,9 @@ class Timeline:
             self.env.process(self._progress_ticks(horizon))
         with collector_paused():
             self.env.run(until=horizon)
-        freeze_heap()  # (the run's objects: the books below are closed on them)
+            # (the run's objects, before the collector is back: its first pass would walk
+            # every one of them, all still in its youngest generation)
+            freeze_heap()
         self.free_pool.check()  # every change went through set_owner and set_healthy
         for index, run in enumerate(self.jobs):  # never arrived: queued from its submission
             if run is None:

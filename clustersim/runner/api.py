@@ -247,6 +247,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     check_fit(scenario, steps)
     plans = None
     if in_event_fleet(scenario):  # fluid deployments held in the timeline beside its jobs
+        freeze_heap()  # (the topology and the step profiles, built above)
         plans = fluid_plans(scenario, seed)
     elif is_fleet_day(scenario):
         if replications > 1:
