@@ -111,7 +111,7 @@ class Scheduler:
             # (on several sites, its replacements come from its own sites first)
             chosen = self._place(changes, need, run, free, held=True)
             if chosen is None and self.preemption and run.state == "waiting_for_hardware":
-                chosen = self._preempt(run, free, need)
+                chosen = self._preempt(run, free, need, changes)
                 changes = None if chosen is not None else changes  # (victims' instances added)
             if chosen is not None:
                 if run.state == "waiting_for_hardware":
@@ -146,7 +146,7 @@ class Scheduler:
             need = run.instances_needed
             chosen = self._place(changes, need, run, free)
             if chosen is None and self.preemption:
-                chosen = self._preempt(run, free, need)
+                chosen = self._preempt(run, free, need, changes)
                 changes = None if chosen is not None else changes  # (victims' instances added)
                 if chosen is not None and by_team:
                     # Victims were evicted and their quota came back: the room a walk
@@ -211,12 +211,15 @@ class Scheduler:
                                          t.teams, t.place):
             self.start(run, chosen)
 
-    def _preempt(self, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
+    def _preempt(self, run: JobRun, free: np.ndarray, need: int,
+                 changes: tuple | None = None) -> np.ndarray | None:
         """Preemption (`policies.preempt_for`): the victims evicted, their instances added to
-        `free`; the instances `run` gets, or None (nobody evicted)."""
+        `free`; the instances `run` gets, or None (nobody evicted). `changes`: what the pass
+        took from the pool so far (`_place`; None: not followed)."""
         now = self.t.env.now
         decision = preempt_for(run, free, need, self.t.active, self.t.env.active_process,
-                               self.t.place, now)
+                               self.t.place, now,
+                               None if changes is None else (self._placements, changes))
         if decision is None:
             # Jobs it outranks that were granted instances in this instant hold none yet:
             # once their processes take them up (later in this instant), they are victims.
