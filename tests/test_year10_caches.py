@@ -75,3 +75,54 @@ def test_heap_frozen_freezes_until_the_outermost_block_ends():
     assert gc.get_freeze_count() == 0
     freeze_heap()  # outside any block: nothing frozen
     assert gc.get_freeze_count() == 0
+
+
+class _Job:
+    def __init__(self, priority):
+        self.priority = priority
+
+
+class _Run:
+    def __init__(self, index, team, size, priority, queued_at):
+        self.index, self.team, self.instances_needed = index, team, size
+        self.job, self.queued_at = _Job(priority), queued_at
+
+
+def test_a_walk_from_the_head_is_the_heap_walk_of_every_group():
+    """JobQueue.after(None, ...) merges the kept first keys of the groups: the same jobs in
+    the same order as the walk over a heap of every group's first key (what `viable`, here
+    always true, still takes), with the walker starting (removing) some jobs it is given
+    and the teams' room falling as it goes."""
+    from clustersim.cluster.queues import JobQueue
+
+    rng = np.random.default_rng(7)
+    queue = JobQueue(lambda run: (-run.job.priority, run.queued_at, run.index))
+    runs, index = {}, 0
+    for _ in range(60):
+        for _ in range(int(rng.integers(1, 30))):  # arrivals
+            run = _Run(index, f"t{rng.integers(4)}", int(rng.choice([1, 2, 4, 8, 64])),
+                       int(rng.integers(3)), float(rng.integers(50)))
+            runs[index] = run
+            queue.append(run)
+            index += 1
+        for i in rng.permutation(list(runs))[: int(rng.integers(0, 10))].tolist():
+            queue.remove(runs.pop(i))  # departures
+        walks = []
+        rooms = {f"t{t}": float(rng.integers(1, 80)) for t in range(4)}
+        for heap_walk in (False, True):
+            room = dict(rooms)
+            room_rng = np.random.default_rng(index)
+            walk = queue.after(None, lambda: 70.0, room.__getitem__,
+                               (lambda size, shortest: True) if heap_walk else None)
+            seen = []
+            for run in walk:
+                seen.append(run.index)
+                if room_rng.random() < 0.3:  # started: out of the queue, its team's room falls
+                    queue.remove(run)
+                    room[run.team] -= run.instances_needed
+            walks.append(seen)
+            for i in seen:  # back for the other walk
+                if i not in queue._runs:
+                    queue.append(runs[i])
+        assert walks[0] == walks[1]
+        assert queue._heads == sorted((keys[0], *group) for group, keys in queue._groups.items())
