@@ -130,12 +130,21 @@ class JobAccounting:
         """Start holding these instances."""
         added = np.asarray(instances, dtype=np.int64)
         self._account()
+        ids = None
         if self.held_mask is None:
             # A mask over the cluster only while the job holds something: a 100,000-job mix
             # must not keep one per job (100,000 x 32,768 instances would be 3 GiB).
             self.held_mask = np.zeros(self.t.n_instances, dtype=bool)
+            # Its `held` is these, sorted (distinct, as placements are): not searched for
+            # in the new mask (a fleet's every start asks for it).
+            ids = np.sort(added)
+            if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
+                ids = None
+            else:
+                ids.flags.writeable = False
         self.held_mask[added] = True
-        self._held_ids = None
+        self._held_ids = ids
+        self.held_changes += 1  # (the scheduler keeps placements by it: `Scheduler._place`)
         self.site_links = None  # (sites.share_site_links: the links its sites use)
         if self.index in self.t.site_spread:
             self.t.site_changed = True
@@ -155,6 +164,7 @@ class JobAccounting:
         if len(removed):
             self.held_mask[removed] = False
             self._held_ids = None
+            self.held_changes += 1
             self.site_links = None
             self.held_count -= len(removed)
             if self.index in self.t.site_spread:

@@ -84,6 +84,7 @@ class JobRun(JobAccounting, JobRecovery, UplinkPacing, PeriodicTraining):
         self.site_links: frozenset | None = None  # inter-site links its instances' sites use
         self._held_ids: np.ndarray | None = None  # `held`, kept until the mask changes
         self.held_count = 0
+        self.held_changes = 0  # times its holding changed (add, remove)
         self.pace = 1.0  # step-time multiplier of the held instances (stragglers)
         self.state = "queued"
         self.state_since = job.submit_s

@@ -130,8 +130,9 @@ def easy_backfill(head: JobRun, shadow: float, extra: int, rest: Iterator[JobRun
 
 
 def preempt_for(run: JobRun, free: np.ndarray, need: int, active: ActiveSet,
-                running: object, place: Placement,
-                now: float | None = None) -> tuple[np.ndarray, list[JobRun]] | None:
+                running: object, place: Placement, now: float | None = None,
+                kept: tuple[dict, tuple] | None = None
+                ) -> tuple[np.ndarray, list[JobRun]] | None:
     """The lower-priority jobs to evict (lowest priority, latest started first) until `run`
     fits, and the instances it would get once they are evicted; None when no eviction makes
     it fit. `running`: the simpy process this pass runs in (a job's own process, releasing
@@ -139,7 +140,9 @@ def preempt_for(run: JobRun, free: np.ndarray, need: int, active: ActiveSet,
     time). At time `now`, a job whose run time or deadline ends then is no victim either:
     its instances come back at this instant anyway, and evicting it would throw away the
     work it has just finished. The caller evicts the victims and adds their instances to
-    `free`."""
+    `free`. `kept`: (placements, a key standing for `free`) where placements on a trial
+    (`free` and the victims' instances) are kept by that key and the victims' holdings
+    (`Scheduler._place`: a blocked job tries the same victims at pass after pass)."""
     if active.lowest_priority() >= run.job.priority:
         return None  # nobody it outranks holds anything
     victims = (r for r in active.by_preemption_order(run.job.priority)
@@ -153,14 +156,27 @@ def preempt_for(run: JobRun, free: np.ndarray, need: int, active: ActiveSet,
     trial = free.copy()
     count = int(np.count_nonzero(trial))
     chosen_victims = []
+    holdings: tuple = ()  # the victims' (index, holding's version), in order
     for victim in victims:
         held = victim.held
         count += int(np.count_nonzero(~trial[held]))
         trial[held] = True
         chosen_victims.append(victim)
+        if kept is not None:
+            holdings = (*holdings, (victim.index, victim.held_changes))
         if count < need:
             continue  # not enough yet: placement would refuse
-        placement = place(need, run.whole_ultraservers, trial)
+        if kept is None:
+            placement = place(need, run.whole_ultraservers, trial)
+        else:
+            placements, base = kept
+            key = (base, "trial", need, run.whole_ultraservers, holdings)
+            if key in placements:
+                placement = placements[key]
+            else:
+                placement = placements[key] = place(need, run.whole_ultraservers, trial)
+                if placement is not None:
+                    placement.flags.writeable = False
         if placement is not None:
             return placement, chosen_victims
     return None

@@ -42,6 +42,9 @@ class JobQueue:
         self._group_runtimes: dict[tuple[str, int], list[float]] = {}
         self._runtime_of: dict[int, float] = {}
         self._team_sizes: dict[str, list[int]] = {}
+        # Each group's first key, as (key, team, size), sorted: a walk from the head merges
+        # these as it goes (`_from_head`) instead of looking every group up at every pass.
+        self._heads: list[tuple] = []
 
     def append(self, run: JobRun) -> None:
         """Queue a job (its key is taken now and kept while it waits)."""
@@ -54,7 +57,12 @@ class JobQueue:
             self._groups[group] = []
             self._group_runtimes[group] = []
             bisect.insort(self._team_sizes.setdefault(run.team, []), run.instances_needed)
-        bisect.insort(self._groups[group], key)
+        same = self._groups[group]
+        bisect.insort(same, key)
+        if same[0] == key:  # its group's first now
+            if len(same) > 1:
+                self._drop_head(same[1], group)
+            bisect.insort(self._heads, (key, *group))
         runtime = self.shortest(run) if self.shortest is not None else -math.inf
         self._runtime_of[run.index] = runtime
         bisect.insort(self._group_runtimes[group], runtime)
@@ -68,7 +76,12 @@ class JobQueue:
         del self._keys[bisect.bisect_left(self._keys, key)]
         group = (run.team, run.instances_needed)
         same = self._groups[group]
-        del same[bisect.bisect_left(same, key)]
+        at = bisect.bisect_left(same, key)
+        del same[at]
+        if at == 0:  # its group's first: the next one is
+            self._drop_head(key, group)
+            if same:
+                bisect.insort(self._heads, (same[0], *group))
         runtimes = self._group_runtimes[group]
         del runtimes[bisect.bisect_left(runtimes, self._runtime_of.pop(run.index))]
         if not same:
@@ -81,6 +94,10 @@ class JobQueue:
         self.sizes[run.instances_needed] -= 1
         if not self.sizes[run.instances_needed]:
             del self.sizes[run.instances_needed]
+
+    def _drop_head(self, key: tuple, group: tuple[str, int]) -> None:
+        heads = self._heads
+        del heads[bisect.bisect_left(heads, (key, *group))]
 
     def discard(self, run: JobRun) -> None:
         if run.index in self._runs:
@@ -103,6 +120,9 @@ class JobQueue:
             start = run
         else:
             start = self._key_of.get(run.index)
+        if start is None and viable is None:
+            yield from self._from_head(limit, room)
+            return
         heap = []
         top = limit()
         for team, sizes in self._team_sizes.items():
@@ -122,6 +142,32 @@ class JobQueue:
                 continue  # nothing of this team and size may start any more
             if viable is not None and not viable(size, self._group_runtimes[(team, size)][0]):
                 continue  # none of them may start any more
+            yield self._runs[key[-1]]
+            keys = self._groups.get((team, size))
+            if keys:
+                i = bisect.bisect_right(keys, key)
+                if i < len(keys):
+                    heapq.heappush(heap, (keys[i], team, size))
+
+    def _from_head(self, limit: Callable[[], float],
+                   room: Callable[[str], float] | None) -> Iterator[JobRun]:
+        """`after(None, limit, room)`: the groups' first keys (kept sorted) merged with the
+        next key of each group walked, each group looked at when its first key comes up. A
+        group over the bound then was over it at the start too (the bounds only fall): the
+        same jobs in the same order as a heap of every group's first key."""
+        heads = self._heads.copy()  # (the walker removes the jobs it starts)
+        heap: list[tuple] = []
+        position = 0
+        while True:
+            if position < len(heads) and (not heap or heads[position] < heap[0]):
+                key, team, size = heads[position]
+                position += 1
+            elif heap:
+                key, team, size = heapq.heappop(heap)
+            else:
+                return
+            if size > limit() or (room is not None and size > room(team)):
+                continue  # nothing of this team and size may start any more
             yield self._runs[key[-1]]
             keys = self._groups.get((team, size))
             if keys:

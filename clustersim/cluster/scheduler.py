@@ -69,6 +69,9 @@ class Scheduler:
         self._leaf_size = np.bincount(timeline.instance_leaf, minlength=timeline.n_leaves)
         self._even_leaves = bool((self._leaf_size == timeline.per_leaf).all())
         self._fragmentation = (-1, 0.0)  # (free pool version, its fragmentation)
+        # Placements found since the free pool last changed (`_place`), and that pool state.
+        self._placements: dict[tuple, np.ndarray | None] = {}
+        self._placements_state: tuple | None = None
 
     def submit(self, run: JobRun) -> None:
         self.queue.append(run)
@@ -99,18 +102,22 @@ class Scheduler:
         recovering = sorted((r for r in self.t.recovering if r.held_count < r.instances_needed),
                             key=recovering_key)
         free = self.t.free_mask()
+        self._pool_state()
+        changes: tuple | None = ()  # what this pass took from `free` (None: not followed)
         floor = -math.inf  # priority policy: queued jobs at or below it wait for a recovery
         blocked: tuple[JobRun, int] | None = None  # the first recovery that did not fit
         for run in recovering:
             need = run.instances_needed - run.held_count
             # (on several sites, its replacements come from its own sites first)
-            chosen = self.t.place(need, run.whole_ultraservers, free, run.held_mask)
+            chosen = self._place(changes, need, run, free, held=True)
             if chosen is None and self.preemption and run.state == "waiting_for_hardware":
-                chosen = self._preempt(run, free, need)
+                chosen = self._preempt(run, free, need, changes)
+                changes = None if chosen is not None else changes  # (victims' instances added)
             if chosen is not None:
                 if run.state == "waiting_for_hardware":
                     self._replace(run, chosen)
                 free[chosen] = False  # granted, or reserved until its failure is detected
+                changes = None if changes is None else (*changes, chosen.tobytes())
                 continue
             # A recovery blocked on hardware does not hold back the recoveries after it;
             # under priority it holds back only the queued jobs it is not outranked by.
@@ -137,9 +144,10 @@ class Scheduler:
             if not teams.admits(run):
                 continue
             need = run.instances_needed
-            chosen = self.t.place(need, run.whole_ultraservers, free)
+            chosen = self._place(changes, need, run, free)
             if chosen is None and self.preemption:
-                chosen = self._preempt(run, free, need)
+                chosen = self._preempt(run, free, need, changes)
+                changes = None if chosen is not None else changes  # (victims' instances added)
                 if chosen is not None and by_team:
                     # Victims were evicted and their quota came back: the room a walk
                     # checks may only fall, so walk on from this job afresh.
@@ -150,6 +158,38 @@ class Scheduler:
                 return
             self.start(run, chosen)
             free[chosen] = False
+            changes = None if changes is None else (*changes, chosen.tobytes())
+
+    def _pool_state(self) -> None:
+        """Forget the placements found on another free pool (or another partition of the
+        sites) than this pass starts from."""
+        partitioned = getattr(self.t, "partitioned", None)
+        state = (self.t.free_pool.version,
+                 None if partitioned is None else partitioned.tobytes())
+        if state != self._placements_state:
+            self._placements_state = state
+            self._placements = {}
+
+    def _place(self, changes: tuple | None, need: int, run: JobRun, free: np.ndarray,
+               held: bool = False) -> np.ndarray | None:
+        """`Timeline.place` for `run` (with `held`, beside the instances it still holds),
+        on `free`: the pool this pass started from less `changes` (the instances it took, in
+        order). A placement depends on nothing else, and a recovering job is placed again at
+        every pass until its failure is detected and replacements come (half of a fleet
+        month's recovery placements were asked again of an unchanged pool): found once per
+        pool state. (Read-only: the same array may be handed out again.)"""
+        if changes is None:
+            return self.t.place(need, run.whole_ultraservers, free,
+                                run.held_mask if held else None)
+        key = (changes, need, run.whole_ultraservers,
+               (run.index, run.held_changes) if held else None)
+        if key in self._placements:
+            return self._placements[key]
+        chosen = self.t.place(need, run.whole_ultraservers, free, run.held_mask if held else None)
+        if chosen is not None:
+            chosen.flags.writeable = False
+        self._placements[key] = chosen
+        return chosen
 
     def _backfill(self, head: JobRun, need: int, rest: Iterator[JobRun],
                   free: np.ndarray) -> None:
@@ -171,12 +211,15 @@ class Scheduler:
                                          t.teams, t.place):
             self.start(run, chosen)
 
-    def _preempt(self, run: JobRun, free: np.ndarray, need: int) -> np.ndarray | None:
+    def _preempt(self, run: JobRun, free: np.ndarray, need: int,
+                 changes: tuple | None = None) -> np.ndarray | None:
         """Preemption (`policies.preempt_for`): the victims evicted, their instances added to
-        `free`; the instances `run` gets, or None (nobody evicted)."""
+        `free`; the instances `run` gets, or None (nobody evicted). `changes`: what the pass
+        took from the pool so far (`_place`; None: not followed)."""
         now = self.t.env.now
         decision = preempt_for(run, free, need, self.t.active, self.t.env.active_process,
-                               self.t.place, now)
+                               self.t.place, now,
+                               None if changes is None else (self._placements, changes))
         if decision is None:
             # Jobs it outranks that were granted instances in this instant hold none yet:
             # once their processes take them up (later in this instant), they are victims.

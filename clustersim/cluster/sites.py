@@ -284,10 +284,23 @@ def share_site_links(t: UplinksTimeline) -> None:
     if last is not None and last[0] == key:
         speeds = last[1]
     else:
-        speeds = max_min_speeds([set(u) for u in uses])
+        # The speeds depend on the links alone: the few sets of links a month's spread jobs
+        # use come back again and again (a replacement redraws a job's links, the same ones).
+        speeds = _SPEEDS_KEPT.get(key[1])
+        if speeds is None:
+            speeds = max_min_speeds([set(u) for u in uses])
+            if len(_SPEEDS_KEPT) >= _SPEEDS_KEEP:
+                del _SPEEDS_KEPT[next(iter(_SPEEDS_KEPT))]
+            _SPEEDS_KEPT[key[1]] = speeds
         t.site_speeds = (key, speeds)
     for run, speed in zip(spread, speeds, strict=True):
         run.set_site_slowdown(1.0 / speed if speed > 0 else 1.0)
+
+
+# `max_min_speeds` by the jobs' links (frozensets, in job order), the oldest dropped past the
+# bound: a pure function of them, kept across shares.
+_SPEEDS_KEPT: dict[tuple, list[float]] = {}
+_SPEEDS_KEEP = 4096
 
 
 def _site_links(network: Any, bounds: list[int], held_mask: np.ndarray) -> frozenset:

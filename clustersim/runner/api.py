@@ -21,7 +21,13 @@ from clustersim.cluster.fleet import (
     largest_jobs,
     team_figures,
 )
-from clustersim.cluster.timeline import Timeline, TimelineResult, collector_paused
+from clustersim.cluster.timeline import (
+    Timeline,
+    TimelineResult,
+    collector_paused,
+    freeze_heap,
+    heap_frozen,
+)
 from clustersim.hardware import limits
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.topology import Topology
@@ -208,8 +214,9 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
     if scenario.serve or is_fleet_day(scenario):
         # (the serving simulators' garbage was not measured: the collector stays on there,
         # but for the timeline's own run)
-        return _simulate(scenario, seed, replications, workers, progress, trace_dir,
-                         serving_trial, engine=engine, address=address)
+        with heap_frozen():  # (the objects made so far: the scenario's jobs)
+            return _simulate(scenario, seed, replications, workers, progress, trace_dir,
+                             serving_trial, engine=engine, address=address)
     # Paused from the step profiles to the summary: a training run's figures and traces
     # leave no more cyclic garbage than its timeline (`collector_paused`).
     with collector_paused():
@@ -240,6 +247,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
     check_fit(scenario, steps)
     plans = None
     if in_event_fleet(scenario):  # fluid deployments held in the timeline beside its jobs
+        freeze_heap()  # (the topology and the step profiles, built above)
         plans = fluid_plans(scenario, seed)
     elif is_fleet_day(scenario):
         if replications > 1:
@@ -433,10 +441,11 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
     from clustersim.scenario.loader import input_files
 
     with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
-                           inputs=input_files(scenario)) as staging:
+                           inputs=input_files(scenario)) as staging, heap_frozen():
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging, engine=engine,
                           address=address)
+        freeze_heap()  # (the run's figures, written below)
         _write_summary(result, staging)
     return result
 

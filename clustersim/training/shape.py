@@ -39,6 +39,23 @@ def placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray) -> t
     (`collectives.fabric`). There, placements that differ only in how their instances
     fall on leaves share one simulation (tests/test_step.py checks it against simulating
     each); on an oversubscribed fabric the shape keeps the instances per leaf."""
+    # The last answer for a read-only placement (a job's `held`) is kept: a replacement asks
+    # whether its shape is cached (`StepModel.has_profile`), then for its profile, on the
+    # same instances (thousands for a large job).
+    last = _SHAPE_KEPT[0]
+    if last is not None and last[2] is placed and last[1] is job and last[0] is model:
+        return last[3]
+    found = _placement_shape(model, job, placed)
+    if not placed.flags.writeable:
+        _SHAPE_KEPT[0] = (model, job, placed, found)
+    return found
+
+
+_SHAPE_KEPT: list[tuple | None] = [None]  # (model, job, placement, its shape), the last one
+
+
+def _placement_shape(model: StepModel, job: TrainingJob, placed: np.ndarray
+                     ) -> tuple[tuple, np.ndarray]:
     par = job.parallelism
     hw = model.hardware
     per_leaf = model.topology.fabric.leaf_size(hw.instances_per_ultraserver)
@@ -188,13 +205,32 @@ def spread_shape(topology: Topology, placed: np.ndarray) -> tuple[tuple, np.ndar
         lowest, highest = int(placed.min()), int(placed.max())
     if chip_site[lowest * cpi] == chip_site[highest * cpi]:
         return None
+    # A spread job's placement is asked for its split several times over (its profile, its
+    # cross-site step, its replacement check), each a sort of thousands of instances: the
+    # last few answers are kept for read-only arrays (a job's `held`, a canonical placement
+    # from here), which cannot have changed since.
+    found = _SPREAD_KEPT.get(id(placed))
+    if found is not None and found[0] is placed and found[1] is topology:
+        return found[2]
     sites = chip_site[placed * cpi]
     ids, counts = np.unique(sites, return_counts=True)
     starts = topology.sites.first_instance
     canonical = np.concatenate([np.arange(starts[s], starts[s] + c)
                                 for s, c in zip(ids.tolist(), counts.tolist(), strict=True)])
+    canonical.flags.writeable = False
     split = tuple(zip(ids.tolist(), counts.tolist(), strict=True))
+    if not placed.flags.writeable:
+        while len(_SPREAD_KEPT) > _SPREAD_KEEP - 2:  # (two entries each: the placement's
+            del _SPREAD_KEPT[next(iter(_SPREAD_KEPT))]  # and its canonical placement's)
+        _SPREAD_KEPT[id(placed)] = (placed, topology, (split, canonical))
+        _SPREAD_KEPT[id(canonical)] = (canonical, topology, (split, canonical))
     return split, canonical
+
+
+# `spread_shape`'s last answers for read-only placements: id -> (placement, topology, answer)
+# (the placement kept: its id cannot be reused while it is here).
+_SPREAD_KEPT: dict[int, tuple] = {}
+_SPREAD_KEEP = 16
 
 
 def leaves_matter(topology: Topology, sites: bool = True) -> bool:
