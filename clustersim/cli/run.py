@@ -237,6 +237,15 @@ def _level_rows(table: Table, d: dict[str, Any]) -> None:
                       "are outside the range it was checked on (docs/fleet-day.md)")
 
 
+def _mixture_row(table: Table, d: dict[str, Any]) -> None:
+    """A warning for a mixture whose stack and hardware have no fitted MoE time."""
+    if d.get("mixture_overheads_fitted") is False:
+        table.add_row("", "[bold]warning[/bold]: no mixture row is fitted for this stack and "
+                      "hardware: its MoE layers cost their reads, FLOPs and all-to-all only, "
+                      "fast at small batches (docs/calibration.md, \"A mixture on a stack "
+                      "without a mixture fit\")")
+
+
 def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
     """A fluid deployment the event-driven fleet held beside its jobs."""
     table.add_row(f"serve {escape(name)}", f"{d['model']}{_on_stack(d)}, tp {d['tp']} x pp "
@@ -245,6 +254,7 @@ def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
                   f"peak {d['peak_load_per_s']:,.1f}/s, SLO goodput "
                   f"{_percent(d['slo_goodput'])}, {d['chip_hours']:,.0f} chip-hours")
     _level_rows(table, d)
+    _mixture_row(table, d)
 
 
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
@@ -258,6 +268,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['tp']} x pp {d['pp']}{_over('ep', d, True)} on "
                       f"{_plural(d['instances'], 'instance')}")
         _level_rows(table, d)
+        _mixture_row(table, d)
         if d.get("requests") or d["requests_completed"]:  # none completed is an answer
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
                           f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "

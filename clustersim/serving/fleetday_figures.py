@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from clustersim.analysis.trace import SCHEMAS
+from clustersim.hardware.stacks import with_stack
 from clustersim.scenario.models import Scenario
 from clustersim.serving.fidelity import fluid_fidelity
 from clustersim.serving.fleetday_state import (
@@ -18,6 +19,7 @@ from clustersim.serving.fleetday_state import (
     DeploymentState,
     FleetDayResult,
 )
+from clustersim.serving.layers import mixture_overheads_fitted
 
 __all__ = [
     "day_table",
@@ -142,6 +144,8 @@ def fluid_deployment_figures(scenario: Scenario, dep: DeploymentState, s: dict[s
     stack = dep.spec.serving_stack(scenario.hardware.name)
     return {
         "model": dep.spec.model.name, "stack": stack.name if stack else None,
+        "mixture_overheads_fitted": mixture_overheads_fitted(
+            dep.spec.model, with_stack(scenario.hardware, stack)),
         **fluid_fidelity(dep, scenario.duration_s),
         "tp": dep.spec.tp,
         "pp": dep.spec.pp, "ep": dep.spec.ep, "chips_per_replica": dep.chips,

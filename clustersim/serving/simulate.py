@@ -45,6 +45,7 @@ from clustersim.serving.attention import sequence_kv_bytes
 from clustersim.serving.events import ServingEnvironment
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape
+from clustersim.serving.layers import mixture_overheads_fitted
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
 from clustersim.serving.requests import TraceError, generate_requests, read_request_trace
@@ -418,6 +419,7 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
         stack = d.serving_stack(hw.name)
         out[d.name] = {
             "model": d.model.name, "stack": stack.name if stack else None,
+            "mixture_overheads_fitted": mixture_overheads_fitted(d.model, with_stack(hw, stack)),
             "replicas": d.replicas, "tp": d.tp, "pp": d.pp, "ep": d.ep,
             "instances": instances, "requests": int(len(fleet.arrival_s)),
             "window_start_s": float(d.start_s), "window_end_s": float(end),

@@ -1,0 +1,67 @@
+"""A mixture served on a stack and hardware with no fitted MoE time says so: its MoE layers
+then cost only their reads, FLOPs and all-to-all (DeepSeek-V3 on 8 x H200 at batch 1: a
+tenth of the published TPOT), and the user must not read that as a fitted figure."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_helpers import invoke
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW = ROOT / "scenarios" / "calibration" / "serving" / "p5en-deepseek-v3-sglang-batch-1"
+
+
+def _row_run(tmp_path: Path, stack: str | None) -> tuple[dict, str]:
+    """The SGLang DeepSeek-V3 row's scenario with `stack` (None: the hardware's default)."""
+    raw = yaml.safe_load(ROW.with_suffix(".yaml").read_text("utf-8"))
+    if stack is None:
+        del raw["serve"][0]["stack"]
+    else:
+        raw["serve"][0]["stack"] = stack
+    shutil.copy(ROW.with_suffix(".csv"), tmp_path / ROW.with_suffix(".csv").name)
+    scenario = tmp_path / f"row-{stack}.yaml"
+    scenario.write_text(yaml.safe_dump(raw), "utf-8")
+    out = tmp_path / f"out-{stack}"
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "summary.json").read_text())["deployments"]["row"], result.output
+
+
+def test_deepseek_v3_on_p5ens_default_stack_is_flagged_and_the_docs_quote_it(tmp_path: Path
+                                                                             ) -> None:
+    bare, table = _row_run(tmp_path, None)
+    fitted, fitted_table = _row_run(tmp_path, "sglang@0.4.1")
+    assert bare["stack"] == "tensorrt-llm" and bare["mixture_overheads_fitted"] is False
+    assert "no mixture row is fitted" in " ".join(table.split())
+    assert fitted["mixture_overheads_fitted"] is True
+    assert "no mixture row is fitted" not in " ".join(fitted_table.split())
+    # the unfitted figure is several times fast: why the warning is there
+    assert fitted["tpot_p50_s"] > 5 * bare["tpot_p50_s"]
+    page = " ".join((ROOT / "docs" / "calibration.md").read_text("utf-8").split())
+    quoted = re.search(r"TPOT ([\d.]+) ms on the default `tensorrt-llm`, ([\d.]+) ms on "
+                       r"`sglang@0.4.1`", page)
+    assert quoted, "docs/calibration.md no longer quotes the two TPOTs"
+    assert float(quoted.group(1)) == pytest.approx(bare["tpot_p50_s"] * 1e3, abs=0.006)
+    assert float(quoted.group(2)) == pytest.approx(fitted["tpot_p50_s"] * 1e3, abs=0.006)
+
+
+@pytest.mark.parametrize(("model", "hardware", "expected"), [
+    ("llama3.1-8b", "p5en", None), ("qwen3-30b-a3b", "trn2", True),
+    ("qwen3-30b-a3b", "p5en", False), ("qwen3-30b-a3b", "trn3-gen2", False),
+    ("qwen3-30b-a3b", "trn1", False)])
+def test_the_flag_follows_the_hardware_and_stack(model: str, hardware: str,
+                                                 expected: bool | None) -> None:
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.hardware.stacks import default_stack, with_stack
+    from clustersim.serving.layers import mixture_overheads_fitted
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    shape = TransformerShape(**model_preset_values(model))
+    hw = with_stack(catalog_entry(hardware), default_stack(hardware))
+    assert mixture_overheads_fitted(shape, hw) is expected
