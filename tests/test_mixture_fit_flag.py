@@ -65,3 +65,23 @@ def test_the_flag_follows_the_hardware_and_stack(model: str, hardware: str,
     shape = TransformerShape(**model_preset_values(model))
     hw = with_stack(catalog_entry(hardware), default_stack(hardware))
     assert mixture_overheads_fitted(shape, hw) is expected
+
+
+@pytest.mark.parametrize(("model", "stack", "hardware", "said"), [
+    ("qwen3-30b-a3b", None, "p5en", True), ("qwen3-30b-a3b", None, "trn2", False),
+    ("deepseek-v3", "sglang@0.4.1", "p5en", False),
+    # a stack that does not run there is planned with the hardware's default: unfitted
+    ("deepseek-v3", "sglang@0.4.1", "p5", True),
+    ("llama3.1-8b", None, "p5en", False)])
+def test_the_serving_planner_notes_a_hardware_without_a_mixture_fit(
+        model: str, stack: str | None, hardware: str, said: bool) -> None:
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.planning.serving_space import unfitted_mixture
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    shape = TransformerShape(**model_preset_values(model))
+    deployment = {"model": model, **({"stack": stack} if stack else {})}
+    note = unfitted_mixture(deployment, shape, hardware, catalog_entry(hardware))
+    assert (note is not None) is said
+    if said:
+        assert note.startswith(f"{hardware}: {model} is a mixture") and "calibration.md" in note

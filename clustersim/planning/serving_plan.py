@@ -56,6 +56,7 @@ from clustersim.planning.serving_space import (
     _shapes,
     bound_shapes,
     foreign_stack,
+    unfitted_mixture,
 )
 from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
@@ -199,6 +200,9 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         other_stack = foreign_stack(raw_deployment, hw_value)
         if other_stack is not None:
             notes.append(other_stack)
+        unfitted = unfitted_mixture(raw_deployment, d.model, hw_value, spec)
+        if unfitted is not None:
+            notes.append(unfitted)
         shapes = _shapes(name, hw_value, spec, options.batches, d)
         _bound_all(shapes, BoundTask((), raw, raw_deployment, source, base_dir, (
             load, mean_in, mean_out, longest, kth_in), options.goodput), runner)

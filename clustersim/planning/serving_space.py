@@ -77,6 +77,25 @@ def foreign_stack(deployment: dict[str, Any], hardware: Any) -> str | None:
             f"{default.name if default else 'no stack'} (its default)")
 
 
+def unfitted_mixture(deployment: dict[str, Any], model: Any, hardware: Any,
+                     spec: Any) -> str | None:
+    """What the plan says when a mixture is planned on `hardware` (HardwareSpec `spec`) with
+    a stack that has no fitted MoE time there: its candidates' latencies are fast at small
+    batches (serving.layers.mixture_overheads_fitted); None otherwise."""
+    from clustersim.hardware.stacks import with_stack
+    from clustersim.serving.layers import mixture_overheads_fitted
+
+    named = stack_named(str(deployment.get("stack"))) if deployment.get("stack") else None
+    stack = (named if named is not None and foreign_stack(deployment, hardware) is None
+             else default_stack(spec.name))
+    if mixture_overheads_fitted(model, with_stack(spec, stack)) is not False:
+        return None
+    return (f"{hardware}: {model.name} is a mixture and "
+            f"{stack.name if stack else 'no stack'} on it has no fitted MoE time: its "
+            "candidates' MoE layers cost their reads, FLOPs and all-to-all only, fast at small "
+            "batches (docs/calibration.md#a-mixture-on-a-stack-without-a-mixture-fit)")
+
+
 def _instances_for(ranks_per_replica: int, replicas: int, hw: Any) -> int:
     """Instances the replicas take, in whole UltraServers on UltraServer hardware."""
     instances = -(-ranks_per_replica * replicas // hw.ranks_per_instance)
