@@ -184,6 +184,7 @@ def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
     scenarios with those constants."""
     from clustersim.calibration.gpu_serving import (
         GPU_SERVING,
+        UNSEEN_GPU_MIXTURES,
         UNSEEN_GPU_OTHER,
         UNSEEN_GPU_SERVING,
         predict_throughput,
@@ -191,7 +192,9 @@ def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
     from clustersim.calibration.scenarios import file_for, gpu_name, run_throughput_row
     tables = [("fitted", GPU_SERVING)] + ([
         ("unseen, not fitted", UNSEEN_GPU_SERVING),
-        ("unseen, not fitted (v1.0: Llama 3.1 405B at TP 8, 8B on H100)", UNSEEN_GPU_OTHER)]
+        ("unseen, not fitted (v1.0: Llama 3.1 405B at TP 8, 8B on H100)", UNSEEN_GPU_OTHER),
+        ("unseen, not fitted (mixtures, no fitted MoE time: GPT-OSS in MXFP4 weights only, "
+         "Qwen3-235B-A22B with EP = TP)", UNSEEN_GPU_MIXTURES)]
         if unseen else [])
     for title, table in tables:
         print(f"\n== stack tensorrt-llm, GPU family (max throughput, FP8; output tokens/s"

@@ -91,6 +91,7 @@ def trn1_rows(stack: str) -> list[tuple[str, object, tuple[float, ...]]]:
 def markdown() -> str:
     from clustersim.calibration.gpu_serving import (
         GPU_SERVING,
+        UNSEEN_GPU_MIXTURES,
         UNSEEN_GPU_OTHER,
         UNSEEN_GPU_SERVING,
     )
@@ -99,7 +100,8 @@ def markdown() -> str:
     gpu = {kind: [run_throughput_row(file_for("serving", gpu_name(r))) / r.output_tokens_per_s
                   - 1 for r in table]
            for kind, table in (("fitted", GPU_SERVING),
-                               ("unseen", UNSEEN_GPU_SERVING + UNSEEN_GPU_OTHER))}
+                               ("unseen", UNSEEN_GPU_SERVING + UNSEEN_GPU_OTHER),
+                               ("mixtures", UNSEEN_GPU_MIXTURES))}
     lines = ["| stack | its own constants (over the hardware's) | rows fitted | error, fitted "
              "| rows judging | error, judging |", "|---|---|---|---|---|---|"]
     for stack in TRN1:
@@ -115,6 +117,9 @@ def markdown() -> str:
     lines.append(f"| `tensorrt-llm` (p5, p5e, p5en) | {_constants('tensorrt-llm')} "
                  f"| {len(gpu['fitted'])} | {_span(gpu['fitted'])} | {len(gpu['unseen'])} "
                  f"| {_span(gpu['unseen'])} |")
+    lines.append("| `tensorrt-llm` on mixtures (GPT-OSS 20B, 120B; Qwen3-235B-A22B) | none for "
+                 "their MoE layers (`mixture_overheads_fitted`: false) | 0 | none "
+                 f"| {len(gpu['mixtures'])} | {_span(gpu['mixtures'])} |")
     lines += _trn2_summary()
     lines += ["", "| stack | row | model | batch | in / out | published | model | error |",
               "|---|---|---|---|---|---|---|---|"]

@@ -17,7 +17,7 @@ from clustersim.calibration.scenarios import (
 
 def test_gpu_scenario_files_are_the_script_output():
     files = gpu_serving_files()
-    assert len(files) == 78  # 18 fitted H100 rows, 60 unseen
+    assert len(files) == 101  # 18 fitted H100 rows, 60 unseen dense, 23 unseen mixtures
     for f in files:
         path = CALIBRATION_DIR / f.path
         assert path.read_text(encoding="utf-8") == f.text, (

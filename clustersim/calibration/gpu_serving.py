@@ -20,7 +20,9 @@ Unseen (they judge, not fitted): the same page family's later tables (TensorRT-L
 PyTorch backend, the same methodology): H200 at TP 1 for Llama 3.1 8B and Llama 3.3 70B
 (Llama 3.1 70B's shape), and the H100 TP 2 70B rows of that version beside the fitted ones;
 then (`UNSEEN_GPU_OTHER`) Llama 3.1 405B at TP 8 on H200 and H100 and Llama 3.1 8B on one
-H100 of that version.
+H100 of that version; and (`UNSEEN_GPU_MIXTURES`) the page's later mixture tables, GPT-OSS
+20B and 120B on one GPU and Qwen3-235B-A22B over four H200 or eight H100 with experts
+parallel, which judge a stack with no fitted MoE time (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["ThroughputRow", "GPU_SERVING", "UNSEEN_GPU_SERVING", "UNSEEN_GPU_OTHER",
+           "UNSEEN_GPU_MIXTURES",
            "predict_throughput",
            "NVLINK_ALL_REDUCE_US", "predict_tp_all_reduce", "scenario_dict", "requests_of",
            "bench_throughput"]
@@ -40,7 +43,8 @@ _V10 = "TensorRT-LLM performance overview 1.0 (PyTorch backend), FP8, max throug
 # (input, output): requests queued, as the page lists them.
 REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (500, 2000): 3000,
             (1000, 1000): 3000, (2048, 128): 3000, (2048, 2048): 1500, (5000, 500): 1500,
-            (20000, 2000): 1000, (1000, 2000): 1500}
+            (20000, 2000): 1000, (1000, 2000): 1500, (1024, 1024): 3000, (1024, 8192): 1500,
+            (8192, 1024): 1500, (32768, 1024): 1000}
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,15 @@ class ThroughputRow:
     output_tokens: int
     output_tokens_per_s: float
     source: str = _V017
+    ep: int = 1
+    # fp8: ModelOpt FP8 checkpoints (W8A8, FP8 KV cache); mxfp4: MXFP4 expert weights read as
+    # weights only (bf16 activations and KV cache), GPT-OSS's own checkpoint on Hopper
+    precision: str = "fp8"
 
 
-def _rows(model: str, hardware: str, tp: int, values: dict, source: str = _V017):
-    return tuple(ThroughputRow(model, hardware, tp, i, o, v, source)
+def _rows(model: str, hardware: str, tp: int, values: dict, source: str = _V017,
+          ep: int = 1, precision: str = "fp8"):
+    return tuple(ThroughputRow(model, hardware, tp, i, o, v, source, ep, precision)
                  for (i, o), v in values.items())
 
 
@@ -99,6 +108,33 @@ UNSEEN_GPU_OTHER: tuple[ThroughputRow, ...] = _rows("llama3.1-405b", "p5en", 8, 
     (1000, 1000): 15220, (1000, 2000): 13899, (2048, 128): 3450, (2048, 2048): 9305,
     (5000, 500): 3459, (20000, 2000): 1351,
 }, _V10)
+
+# Unseen too, and of mixtures, where the tensorrt-llm stack has no fitted MoE time: the
+# overview's later tables (NVIDIA/TensorRT-LLM docs/source/developer-guide/perf-overview.md at
+# commit 03e27c7, PyTorch backend, the same trtllm-bench methodology), given per GPU and held
+# here per group (times its GPUs). GPT-OSS 20B and 120B on one H200 or H100: the page's
+# column says FP8, but its FP8 checkpoints list no GPT-OSS and its options run Hopper's MoE
+# through Triton with the KV cache at "auto", so the rows run GPT-OSS's MXFP4 expert weights
+# as weights only, bf16 activations and KV cache. Qwen3-235B-A22B (ModelOpt FP8) as "DEP4" on
+# four H200 and "DEP8" on eight H100: attention data-parallel and experts parallel over the
+# GPUs, which a deployment writes as tp = ep = the GPUs (its attention split by heads).
+_MOE = ("TensorRT-LLM performance overview (docs at commit 03e27c7, PyTorch backend), "
+        "max throughput, per GPU x GPUs")
+UNSEEN_GPU_MIXTURES: tuple[ThroughputRow, ...] = _rows("gpt-oss-20b", "p5en", 1, {
+    (1000, 1000): 13858, (1024, 1024): 13890, (1024, 8192): 12743, (8192, 1024): 4015,
+    (32768, 1024): 915,
+}, _MOE, precision="mxfp4") + _rows("gpt-oss-20b", "p5", 1, {
+    (1000, 1000): 11557, (1024, 1024): 11403, (1024, 8192): 8617, (8192, 1024): 3366,
+    (32768, 1024): 785,
+}, _MOE, precision="mxfp4") + _rows("gpt-oss-120b", "p5en", 1, {
+    (1000, 1000): 6868, (1024, 1024): 6798, (1024, 8192): 3543, (8192, 1024): 1828,
+    (32768, 1024): 519,
+}, _MOE, precision="mxfp4") + _rows("qwen3-235b-a22b", "p5en", 4, {
+    (1000, 1000): 3288 * 4, (1024, 1024): 3268 * 4, (1024, 8192): 1417 * 4,
+    (8192, 1024): 627 * 4, (32768, 1024): 134 * 4,
+}, _MOE, ep=4) + _rows("qwen3-235b-a22b", "p5", 8, {
+    (1000, 1000): 1932 * 8, (1024, 1024): 1935 * 8, (1024, 8192): 873 * 8,
+}, _MOE, ep=8)
 
 # TensorRT-LLM's custom all-reduce kernels on H100 (NVLink through NVSwitch), measured in
 # sgl-project/sglang pull request 2904 without CUDA graphs: microseconds at TP 2, 4 and 8 by
@@ -146,16 +182,20 @@ def scenario_dict(row: ThroughputRow, requests: int, hardware: dict | str) -> di
     """The row as a scenario (`trtllm-bench throughput` as a user writes it): one replica
     of stack tensorrt-llm, every request queued at once (a fixed count at the highest rate
     a scenario allows), TensorRT-LLM's default in-flight batching limits."""
+    precision = ({"weights": "mxfp4", "activations": "bf16", "kv_cache": "bf16"}
+                 if row.precision == "mxfp4" else
+                 # ModelOpt FP8 checkpoints: FP8 GEMMs on FP8 activations (W8A8), FP8 KV cache
+                 {"weights": "fp8", "activations": "fp8", "kv_cache": "fp8"})
     return {
         "name": "trtllm-max-throughput", "seed": 0, "duration": "1h",
         "hardware": hardware, "cluster": {"instances": 1},
         "serve": [{
             "name": "row", "model": row.model, "stack": "tensorrt-llm",
-            # ModelOpt FP8 checkpoints: FP8 GEMMs on FP8 activations (W8A8), FP8 KV cache
-            "precision": {"weights": "fp8", "activations": "fp8", "kv_cache": "fp8"},
-            "parallelism": {"tp": row.tp}, "replicas": 1,
+            "precision": precision,
+            "parallelism": {"tp": row.tp, **({"ep": row.ep} if row.ep > 1 else {})},
+            "replicas": 1,
             "server": {"max_batch": MAX_BATCH, "max_tokens_per_iteration": MAX_TOKENS,
-                       "chunked_prefill": True, "kv_precision": "fp8",
+                       "chunked_prefill": True, "kv_precision": precision["kv_cache"],
                        "kv_reserve": KV_RESERVE},
             "workload": {"arrival": "poisson", "rate": "100000/s", "requests": requests,
                          "input_tokens": row.input_tokens,

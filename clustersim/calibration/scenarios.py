@@ -299,8 +299,10 @@ def trn1_file(row) -> Path:
 
 def gpu_name(row) -> str:
     """A TensorRT-LLM max-throughput row's file name (without the folder and suffix)."""
-    version = "0.17" if "v0.17" in row.source else "1.0"
-    return (f"gpu-{row.model}-{row.hardware}-tp{row.tp}-{row.input_tokens}-"
+    version = ("0.17" if "v0.17" in row.source else "1.0" if "overview 1.0" in row.source
+               else "-moe")
+    ep = f"-ep{row.ep}" if row.ep > 1 else ""
+    return (f"gpu-{row.model}-{row.hardware}-tp{row.tp}{ep}-{row.input_tokens}-"
             f"{row.output_tokens}-trtllm{version}")
 
 
@@ -310,6 +312,7 @@ def gpu_serving_files() -> list[ScenarioFile]:
     from clustersim.calibration.gpu_serving import (
         GPU_SERVING,
         REQUESTS,
+        UNSEEN_GPU_MIXTURES,
         UNSEEN_GPU_OTHER,
         UNSEEN_GPU_SERVING,
         requests_of,
@@ -317,13 +320,14 @@ def gpu_serving_files() -> list[ScenarioFile]:
     )
 
     out = []
-    for row in GPU_SERVING + UNSEEN_GPU_SERVING + UNSEEN_GPU_OTHER:
+    for row in GPU_SERVING + UNSEEN_GPU_SERVING + UNSEEN_GPU_OTHER + UNSEEN_GPU_MIXTURES:
         kind = "fitted" if row in GPU_SERVING else "unseen"
         requests = requests_of(row)
         page = REQUESTS[(row.input_tokens, row.output_tokens)]
         data = scenario_dict(row, requests, row.hardware)
         data["name"] = f"calibration-{_slug(gpu_name(row))}"
-        comment = [f"{row.model} on {row.hardware}, TP {row.tp}, {row.input_tokens} in / "
+        shape = f"TP {row.tp}" + (f", EP {row.ep}" if row.ep > 1 else "")
+        comment = [f"{row.model} on {row.hardware}, {shape}, {row.input_tokens} in / "
                    f"{row.output_tokens} out ({kind} row of stack tensorrt-llm): {row.source}.",
                    f"Published: {row.output_tokens_per_s:,g} output tokens/s of the TP group "
                    "(trtllm-bench: all output tokens over the time to the last completion).",
@@ -331,6 +335,13 @@ def gpu_serving_files() -> list[ScenarioFile]:
                    "requests reach the steady state long before).",
                    "Written by scripts/calibration_scenarios.py; run by "
                    "scripts/calibrate_serving.py (the figure from the run's requests)."]
+        if row in UNSEEN_GPU_MIXTURES:
+            comment[1:1] = [
+                "A mixture: the page's figure per GPU times the GPUs; the stack has no fitted "
+                "MoE time (docs/calibration.md)." + (
+                    " MXFP4 expert weights read as weights only, bf16 activations and KV "
+                    "cache (GPT-OSS's own checkpoint on Hopper)." if row.precision == "mxfp4"
+                    else " Attention data-parallel on the page (DEP), split by heads here.")]
         out.append(ScenarioFile(Path("serving") / f"{_slug(gpu_name(row))}.yaml",
                                 _header(comment) + _dump(data)))
     return out
