@@ -85,3 +85,21 @@ def test_the_serving_planner_notes_a_hardware_without_a_mixture_fit(
     assert (note is not None) is said
     if said:
         assert note.startswith(f"{hardware}: {model} is a mixture") and "calibration.md" in note
+
+
+def test_a_fluid_deployment_of_a_mixture_warns_too(tmp_path: Path) -> None:
+    """The fleet-day level's table and summary carry the flag as the request level's do."""
+    from cli_helpers import write
+
+    scenario = write(tmp_path, {
+        "name": "fluid-moe", "duration": "1min", "hardware": "p5en", "cluster": {"instances": 1},
+        "serve": [{"name": "chat", "model": "qwen3-30b-a3b", "parallelism": {"tp": 8},
+                   "fidelity": "fluid", "replicas": 1,
+                   "workload": {"arrival": "poisson", "rate": "1/s", "input_tokens": 512,
+                                "output_tokens": 64}}]})
+    out = tmp_path / "out"
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "no mixture row is fitted" in " ".join(result.output.replace("│", " ").split())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["deployments"]["chat"]["mixture_overheads_fitted"] is False

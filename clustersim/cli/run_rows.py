@@ -103,11 +103,12 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
     table.add_row("peak load", f"{day['peak_load_per_s']:,.0f} requests/s over the deployments")
     for name, d in summary["deployments"].items():
         table.add_row(f"serve {escape(name)}", f"{d['model']}{_on_stack(d)}, tp {d['tp']} x pp "
-                      f"{d['pp']}: "
+                      f"{d['pp']}{_over('ep', d, True)}: "
                       f"{d['replicas_min']:,}-{d['replicas_max']:,} replicas, peak "
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
                       f"{_percent(d['slo_goodput'])}")
         _level_rows(table, d)
+        _mixture_row(table, d)
         table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
                       + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))
     for name, job in summary["jobs"].items():

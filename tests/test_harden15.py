@@ -1,0 +1,36 @@
+"""The 2026 model surfaces under adversarial use (session 15): mixtures of experts, MLA,
+windowed attention and expert parallelism in training and serving, found by trying them as
+a demanding user would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli_helpers import invoke, write
+
+
+def _deployment(**keys: object) -> dict:
+    return {"name": "chat", "model": "qwen3-30b-a3b", "parallelism": {"tp": 8, "ep": 8},
+            "replicas": 1,
+            "workload": {"arrival": "poisson", "rate": "1/s", "input_tokens": 512,
+                         "output_tokens": 64}, **keys}
+
+
+def _scenario(tmp_path: Path, *serve: dict, **keys: object) -> Path:
+    return write(tmp_path, {"name": "h15", "duration": "1min", "hardware": "trn2",
+                            "cluster": {"instances": 1}, "serve": list(serve), **keys})
+
+
+def _table(output: str) -> str:
+    return " ".join(output.replace("│", " ").split())
+
+
+def test_a_fluid_deployments_run_table_line_names_its_expert_parallelism(tmp_path: Path
+                                                                          ) -> None:
+    """The request level's line says 'tp 8 x pp 1 (ep 8)'; the fluid level's said 'tp 8 x
+    pp 1' for the same deployment, as if its experts were not split (summary.json had ep
+    8 and the figures used it)."""
+    out = tmp_path / "out"
+    result = invoke("run", _scenario(tmp_path, _deployment(fidelity="fluid")), "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "tp 8 x pp 1 (ep 8): " in _table(result.output), result.output
