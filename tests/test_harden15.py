@@ -34,3 +34,22 @@ def test_a_fluid_deployments_run_table_line_names_its_expert_parallelism(tmp_pat
     result = invoke("run", _scenario(tmp_path, _deployment(fidelity="fluid")), "-o", out)
     assert result.exit_code == 0, result.output
     assert "tp 8 x pp 1 (ep 8): " in _table(result.output), result.output
+
+
+def test_a_serving_plan_on_part_of_an_ultraserver_says_what_a_whole_one_costs() -> None:
+    """The serving planner charged a trn2u deployment its held instance (as `run` does) and
+    said nothing of the three others of the UltraServer it must rent; found by harden15."""
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.planning.serving_plan import _part_ultraserver_notes
+
+    specs = {name: catalog_entry(name) for name in ("trn2u", "trn2", "trn3-gen2")}
+    rows = [{"hardware": "trn2u", "instances": 1}, {"hardware": "trn2u", "instances": 4},
+            {"hardware": "trn2", "instances": 1}, {"hardware": "trn3-gen2", "instances": 5}]
+    notes = _part_ultraserver_notes(rows, specs)
+    assert len(notes) == 2  # trn2u's best (its first row) and trn3-gen2; trn2 has none
+    assert notes[0].startswith("trn2u: its best holds 1 of an UltraServer's 4 instances")
+    assert "4 instances ($143.04/h)" in notes[0]
+    per = specs["trn3-gen2"].instances_per_ultraserver
+    assert f"holds 5 of an UltraServer's {per} instances" in notes[1]
+    assert notes[1].endswith("if nothing else uses them")  # no price: no dollars
+    assert _part_ultraserver_notes([{"hardware": "trn2u", "instances": 8}], specs) == []

@@ -103,3 +103,4 @@ def test_a_fluid_deployment_of_a_mixture_warns_too(tmp_path: Path) -> None:
     assert "no mixture row is fitted" in " ".join(result.output.replace("│", " ").split())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["deployments"]["chat"]["mixture_overheads_fitted"] is False
+

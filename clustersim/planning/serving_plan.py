@@ -188,10 +188,12 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     best_scenarios: dict[str, dict[str, Any]] = {}
     mappings: dict[int, dict[str, Any]] = {}  # id(ranked row) -> its scenario
     notes: list[str] = []
+    specs: dict[str, Any] = {}  # name -> its HardwareSpec
     source = f"{scenario.source} (planned)"
 
     for name in names:
         spec = scenario.hardware if name == scenario.hardware.name else catalog_entry(name)
+        specs[name] = spec
         hw_value = raw.get("hardware") if name == scenario.hardware.name else name
         priced = spec.instance.price_per_hour_usd is not None
         if not priced:
@@ -265,6 +267,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     for name in names:
         if name not in best_scenarios:
             notes.append(f"{name}: no configuration holds the load within the SLO")
+    notes += _part_ultraserver_notes(ranked, specs)
     result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
                                best_scenarios, notes)
     if options.capacity:
@@ -435,3 +438,27 @@ def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
             match &= frame["ep"] == row["ep"]
         for key in ("capacity_rate_per_s", "cost_per_million_output_tokens_at_capacity_usd"):
             frame.loc[match, key] = row[key]
+
+
+def _part_ultraserver_notes(ranked: list[dict[str, Any]], specs: dict[str, Any]) -> list[str]:
+    """A note for each hardware whose best holds part of an UltraServer: the cost charges the
+    instances the deployment holds (as `run` does), the rest left to other work, while the
+    hardware is rented by whole UltraServers."""
+    out, seen = [], set()
+    for row in ranked:
+        name = row["hardware"]
+        if name in seen:
+            continue
+        seen.add(name)
+        spec = specs[name]
+        per = spec.instances_per_ultraserver
+        if per <= 1 or row["instances"] % per == 0:
+            continue
+        whole = per * -(-row["instances"] // per)
+        price = spec.instance.price_per_hour_usd
+        cost = f" (${whole * price:,.2f}/h)" if price is not None else ""
+        out.append(f"{name}: its best holds {row['instances']} of an UltraServer's {per} "
+                   f"instances; its cost charges those, the rest left to other work, but "
+                   f"{name} is rented by whole UltraServers: {whole} instances{cost} if "
+                   "nothing else uses them")
+    return out
