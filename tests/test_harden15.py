@@ -53,3 +53,22 @@ def test_a_serving_plan_on_part_of_an_ultraserver_says_what_a_whole_one_costs() 
     assert f"holds 5 of an UltraServer's {per} instances" in notes[1]
     assert notes[1].endswith("if nothing else uses them")  # no price: no dollars
     assert _part_ultraserver_notes([{"hardware": "trn2u", "instances": 8}], specs) == []
+
+
+def test_fp8_activations_on_a_chip_without_an_fp8_peak_exit_2(tmp_path: Path) -> None:
+    """`{weights: fp8, activations: fp8}` on p4d (A100, no FP8 peak) ran bf16 matmuls on
+    1-byte activation traffic without a word; found by harden15. Weight-only fp8 (the
+    activations left to their default, bf16) stays accepted."""
+    from cli_helpers import refused
+
+    dense = {"name": "chat", "model": "llama3-8b", "parallelism": {"tp": 8}, "replicas": 1,
+             "workload": {"arrival": "poisson", "rate": "1/s", "input_tokens": 512,
+                          "output_tokens": 64}}
+    out = tmp_path / "out"
+    both = _scenario(tmp_path, {**dense, "precision": {"weights": "fp8", "activations": "fp8"}},
+                     hardware="p4d")
+    refused(invoke("run", both, "-o", out), "serve.0.precision.activations", "no fp8 peak")
+    assert not out.exists()
+    weights_only = _scenario(tmp_path, {**dense, "precision": "fp8"}, hardware="p4d")
+    result = invoke("run", weights_only, "-o", out)
+    assert result.exit_code == 0, result.output

@@ -481,7 +481,7 @@ def serve_cross_checks(serve: list[DeploymentSpec], hardware: HardwareSpec,
         for path, p, written in checks:
             compute = p.activations  # written as a mapping: name the key that chose it
             path += ".activations" if isinstance(written, PrecisionSpec) else ""
-            if compute not in hardware.chip.tflops and compute != "fp8":
+            if compute not in hardware.chip.tflops:
                 yield (f"serve.{index}.{path}", f"{hardware.chip.name} has no {compute} peak",
                        compute)
     if not serve:  # a job alone larger than the cluster is the job's own issue
