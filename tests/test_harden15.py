@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from cli_helpers import invoke, write
 
 
@@ -72,3 +73,43 @@ def test_fp8_activations_on_a_chip_without_an_fp8_peak_exit_2(tmp_path: Path) ->
     weights_only = _scenario(tmp_path, {**dense, "precision": "fp8"}, hardware="p4d")
     result = invoke("run", weights_only, "-o", out)
     assert result.exit_code == 0, result.output
+
+
+def _replica(model: str, hardware: str, tp: int, pp: int):
+    from clustersim.hardware.build import build_topology
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.serving.iteration import IterationModel, ReplicaShape
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    spec = catalog_entry(hardware)
+    shape = ReplicaShape(TransformerShape(**model_preset_values(model)), "bf16", tp, pp)
+    return IterationModel(shape, build_topology(spec, 2 * spec.instances_per_ultraserver))
+
+
+def test_serving_weights_per_chip_are_the_heaviest_stages() -> None:
+    """With pp > 1 a replica's weights per chip were the average layer's times the layers per
+    stage: DeepSeek-V3's three light dense layers all sit in its first stage, so at pp 2 the
+    second stage (31 MoE layers and the output layer) holds 6.6% more than that said,
+    and the KV capacity was overstated; found by harden15. Dense models whose stages split
+    the layers evenly hold what they held."""
+    import math
+
+    from clustersim.training.layers import attention_parameters, layer_weights
+
+    it = _replica("deepseek-v3", "trn2", 64, 2)
+    m = it.shape.model
+    moe_layer = attention_parameters(m) + 2 * m.hidden + layer_weights(m, True, False)
+    second = (31 * moe_layer + m.vocab * m.hidden) / 64  # layers 30-60, all MoE
+    per_chip = second * it.element_bytes * it.hardware.chip.ranks
+    assert it.weight_bytes_per_chip() == pytest.approx(per_chip, rel=1e-12)
+    embeddings = 1 if m.tied_embeddings else 2
+    average = (m.parameter_count() - m.encoder_parameters - embeddings * m.vocab * m.hidden
+               - m.hidden) / m.layers
+    was = (30.5 * average + m.vocab * m.hidden) / 64 * it.element_bytes * it.hardware.chip.ranks
+    assert 1.06 < per_chip / was < 1.07  # 31 layers of 11.5B, not 30.5 of their 11.0B mean
+    dense = _replica("llama3.1-70b", "trn2", 8, 2)
+    d = dense.shape.model
+    flat = (d.parameter_count() - 2 * d.vocab * d.hidden - d.hidden) / d.layers
+    expected = (40 * flat + d.vocab * d.hidden) / 8 * dense.element_bytes * min(
+        dense.hardware.chip.ranks, 16)
+    assert math.isclose(dense.weight_bytes_per_chip(), expected, rel_tol=1e-12)

@@ -44,6 +44,7 @@ from clustersim.scenario.serving import default_activations
 from clustersim.serving import attention as mla
 from clustersim.serving.experts import dispatch_bytes_per_rank
 from clustersim.serving.layers import (
+    busiest_stage_parameters_per_rank,
     context_moe_s,
     expert_weight_bytes_per_rank,
     layer_collectives_s,
@@ -198,18 +199,15 @@ class IterationModel:
 
     # ------------------------------------------------------------------ memory
     def weight_bytes_per_chip(self) -> float:
-        """Weights one chip holds: its ranks' shards of the busiest stage (with pp > 1 the
-        first stage holds the embedding, the last the output layer; pp = 1 holds both)."""
-        m = self.shape.model
-        embeddings = 1 if m.tied_embeddings else 2
-        per_layer = (m.parameter_count() - m.encoder_parameters - embeddings * m.vocab * m.hidden
-                     - m.hidden) / m.layers
-        ends = m.vocab * m.hidden * (embeddings if self.shape.pp == 1 else 1)
+        """Weights one chip holds: its ranks' shards of the busiest stage, layer by layer (a
+        mixture's dense layers are lighter than its MoE layers; DeepSeek-V3's three are all
+        in the first stage), with the embedding on the first stage and the output layer on
+        the last (pp = 1 holds both; one table when tied)."""
+        m, pp = self.shape.model, self.shape.pp
         # Padded heads (tp not dividing them) add their attention weights on every rank.
         padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
-        per_rank = (self.layers_per_stage * per_layer + ends) / self.shape.tp \
-            + self.layers_per_stage * padding
-        ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * self.shape.pp)
+        per_rank = busiest_stage_parameters_per_rank(m, self.shape.tp, pp, padding)
+        ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * pp)
         return per_rank * self.element_bytes * ranks_per_chip
 
     def weight_bytes(self) -> float:  # all the replica's weights

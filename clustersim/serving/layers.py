@@ -31,7 +31,8 @@ from clustersim.training.workload import ATTENTION_CORE, Op, _matmul, _vector, l
 if TYPE_CHECKING:
     from clustersim.serving.iteration import IterationModel, ReplicaShape
 
-__all__ = ["layer_kinds", "mixture_overheads_fitted", "expert_weight_bytes_per_rank",
+__all__ = ["layer_kinds", "mixture_overheads_fitted", "busiest_stage_parameters_per_rank",
+           "expert_weight_bytes_per_rank",
            "every_expert_prefill_s",
            "context_moe_s", "GRID_TOKENS", "on_grid",
            "layer_collectives_s", "stack_expert_loads", "moe_fixed_s"]
@@ -105,6 +106,29 @@ def moe_fixed_s(it: IterationModel, tokens: int) -> float:
     serving = it.hardware.serving
     loads = stack_expert_loads(it, tokens)
     return serving.moe_layer_overhead_s + (loads or 0.0) * serving.moe_expert_load_overhead_s
+
+
+def busiest_stage_parameters_per_rank(model, tp: int, pp: int,
+                                      padding_per_layer: float) -> float:
+    """Weights one rank of the heaviest of `pp` pipeline stages holds: its layers, each with
+    its own FFN (a mixture's dense layers are lighter than its MoE layers), the embedding on
+    the first stage and the output layer on the last (pp = 1 holds both; one table when
+    tied), split over `tp`, plus `padding_per_layer` (padded heads) per layer."""
+    from clustersim.training.layers import attention_parameters, is_moe_layer, layer_weights
+
+    common = attention_parameters(model) + 2 * model.hidden  # attention and two norms
+    layer = [common + layer_weights(model, is_moe_layer(model, i), False)
+             for i in range(model.layers)]
+    table = model.vocab * model.hidden
+    bounds = [round(i * model.layers / pp) for i in range(pp + 1)]
+    heaviest = 0.0
+    for stage in range(pp):
+        first, last = bounds[stage], bounds[stage + 1]
+        ends = (table if stage == 0 else 0) + (
+            table if stage == pp - 1 and not (pp == 1 and model.tied_embeddings) else 0)
+        heaviest = max(heaviest, (sum(layer[first:last]) + ends) / tp
+                       + (last - first) * padding_per_layer)
+    return heaviest
 
 
 def mixture_overheads_fitted(model, hardware) -> bool | None:
