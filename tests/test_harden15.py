@@ -113,3 +113,46 @@ def test_serving_weights_per_chip_are_the_heaviest_stages() -> None:
     expected = (40 * flat + d.vocab * d.hidden) / 8 * dense.element_bytes * min(
         dense.hardware.chip.ranks, 16)
     assert math.isclose(dense.weight_bytes_per_chip(), expected, rel_tol=1e-12)
+
+
+# A fleet on which a jittered training segment of a fraction of a step drew a training time
+# of a few 1e-300 s: its rate overflowed and its progress became NaN (review15's fuzzing).
+NAN_FLEET = {
+    "name": "hw7", "seed": 817, "hardware": "p5en", "duration": "2d",
+    "cluster": {"instances": 8, "fabric": {"instances_per_leaf": 4, "oversubscription": 1.0},
+                "spares": 4},
+    "scheduler": {"policy": "fairshare", "preemption": True, "borrowing": False},
+    "teams": [{"name": "a", "quota": 7}, {"name": "b"}, {"name": "c", "quota": 7, "share": 2}],
+    "workload": {"arrivals": {"rate": "100/d", "until": "1d"}, "templates": [
+        {"name": "tiny", "weight": 60, "instances": {"min": 1, "max": 3},
+         "run_for": {"median": "1h", "sigma": 1.0}, "teams": {"a": 2, "b": 1, "c": 1},
+         "job": {"model": "llama3-8b", "seq_len": 4096,
+                 "parallelism": {"tp": 8, "pp": 1, "zero": 1}, "priority": 0,
+                 "checkpoint": {"interval": "auto", "write": "30s", "restore": "2min",
+                                "async": True}}},
+        {"name": "mid", "weight": 30, "instances": [2, 4, 6],
+         "run_for": {"median": "5h", "sigma": 1.0}, "teams": {"a": 1, "c": 2},
+         "job": {"model": "llama3-8b", "seq_len": 4096,
+                 "parallelism": {"tp": 8, "pp": 2, "zero": 1}, "priority": 2,
+                 "checkpoint": {"interval": "auto", "write": "30s", "restore": "2min",
+                                "async": True}}}]},
+    "failures": {"preset": "llama3", "scale": 100.0, "detect": "2min", "restart": "5min",
+                 "repair": "never"},
+    "stragglers": {"fraction": 0.1, "slowdown": 1.5, "jitter": 0.05,
+                   "transient": {"rate": "1/6h", "slowdown": 2.0, "duration": "20min"}},
+}
+
+
+def test_a_jittered_segment_of_a_fraction_of_a_step_keeps_progress_finite() -> None:
+    """'internal error: ValueError: cannot convert float NaN to integer' at the end of this
+    run (tiny-0089's progress): its segment's steps were credited as rate x seconds with a
+    rate of steps over a 1e-300 s training time. Now as a share of the segment."""
+    import math
+
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import scenario_from_dict
+
+    result = simulate(scenario_from_dict(NAN_FLEET))
+    jobs = result.summary["jobs"]
+    assert jobs and all(math.isfinite(j["steps_completed"]) and math.isfinite(j["goodput"])
+                        for j in jobs.values())

@@ -92,22 +92,27 @@ class PeriodicTraining:
         ck = self.checkpoint
         interval, write = self.interval, ck.write_s
         p0, r0 = self.progress, self.outcome.running_s
-        rate = steps / training if training > 0 else 0.0
+        def steps_in(seconds: float) -> float:
+            # The steps of `seconds` (at most `training`) of the segment's training: as a
+            # share of it, not through its rate, which overflows when a jittered segment of
+            # a fraction of a step draws a training time of a few 1e-300 s (inf x 0 = NaN).
+            return steps * min(seconds / training, 1.0) if training > 0 else 0.0
+
         recorder = self.t.recorder
         if ck.async_write:
             trained = training if (to_target and elapsed >= wall) else min(elapsed, training)
             x0 = self.since_snapshot
-            self._advance(rate * trained if trained < training else steps, trained, now)
+            self._advance(steps_in(trained) if trained < training else steps, trained, now)
             completed, last, pending = async_snapshots(x0, trained, interval, write)
             if completed:
-                self.saved = (p0 + rate * last, r0 + last)
+                self.saved = (p0 + steps_in(last), r0 + last)
                 self.outcome.checkpoints_completed += completed
                 if recorder is not None:
                     first = start + last + write - (completed - 1) * interval
                     recorder.event(now, "checkpoint", "async", -1, -1, self.index,
                                    completed, interval, first)
             self.async_pending.extend(
-                (start + o + write, p0 + rate * o, r0 + o) for o in pending.tolist())
+                (start + o + write, p0 + steps_in(o), r0 + o) for o in pending.tolist())
             taken_last = (last if completed else None)
             if len(pending):
                 taken_last = float(pending[-1])
@@ -117,10 +122,10 @@ class PeriodicTraining:
         u0 = self.cycle_u
         span = blocking_span(u0, elapsed, interval, write)
         trained = training if (to_target and elapsed >= wall) else min(span.training_s, training)
-        self._advance(rate * trained if trained < training else steps, trained, now)
+        self._advance(steps_in(trained) if trained < training else steps, trained, now)
         if span.completed:
             saved = min(span.saved_training_s, training)
-            self.saved = (p0 + rate * saved, r0 + saved)
+            self.saved = (p0 + steps_in(saved), r0 + saved)
             self.outcome.checkpoints_completed += span.completed
             if recorder is not None:
                 first_end = start + (interval + write) - u0
