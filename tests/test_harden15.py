@@ -156,3 +156,25 @@ def test_a_jittered_segment_of_a_fraction_of_a_step_keeps_progress_finite() -> N
     jobs = result.summary["jobs"]
     assert jobs and all(math.isfinite(j["steps_completed"]) and math.isfinite(j["goodput"])
                         for j in jobs.values())
+
+
+def test_a_sliver_of_a_step_is_not_planned_again_and_again_at_one_instant(monkeypatch) -> None:
+    """Up to a pace change a job had a fraction of a step left; the jitter's gamma, of a
+    shape that small, drew nearly 0 s, so the segment ended where it began and was planned
+    again: 180 segments at one instant on NAN_FLEET (a loop with no bound but chance)."""
+    from collections import Counter
+
+    from clustersim.cluster import job_periodic
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import scenario_from_dict
+
+    starts: Counter = Counter()
+    credit = job_periodic.PeriodicTraining._credit_closed
+
+    def counted(self, now: float) -> None:
+        starts[(self.index, self.closed_segment[0])] += 1
+        credit(self, now)
+
+    monkeypatch.setattr(job_periodic.PeriodicTraining, "_credit_closed", counted)
+    simulate(scenario_from_dict(NAN_FLEET))
+    assert starts and max(starts.values()) <= 2, starts.most_common(3)

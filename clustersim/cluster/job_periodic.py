@@ -58,8 +58,11 @@ class PeriodicTraining:
         training = nominal
         jitter = self.t.scenario.stragglers.jitter
         if jitter > 0 and steps_planned > 0:
-            training = float(self.t.rng_jobs.gamma(steps_planned / jitter**2,
-                                                   step_s * jitter**2))
+            drawn = float(self.t.rng_jobs.gamma(steps_planned / jitter**2, step_s * jitter**2))
+            # A sliver of a step (up to a pace change) runs at its nominal time: a gamma of
+            # so small a shape draws nearly 0 almost always, and a segment that did not move
+            # the clock was planned again at the same instant (180 times in one run).
+            training = drawn if steps_planned >= 1.0 else nominal
         ck = self.checkpoint
         full = (training if ck.async_write
                 else blocking_wall_for(self.cycle_u, training, self.interval, ck.write_s))
