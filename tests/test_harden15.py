@@ -178,3 +178,27 @@ def test_a_sliver_of_a_step_is_not_planned_again_and_again_at_one_instant(monkey
     monkeypatch.setattr(job_periodic.PeriodicTraining, "_credit_closed", counted)
     simulate(scenario_from_dict(NAN_FLEET))
     assert starts and max(starts.values()) <= 2, starts.most_common(3)
+
+
+def test_a_trn3_replacement_from_another_ultraserver_does_not_end_the_run() -> None:
+    """On Trn3 Gen2 a replacement instance from another NeuronSwitch UltraServer left a
+    data-parallel group held 1 and 3 chips by two UltraServers: 'internal error:
+    AsymmetricGroupError' mid-run (review15's fuzzing). The job keeps the step of its last
+    solved placement, as a replacement of an unsimulated shape does."""
+    import copy
+
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import scenario_from_dict
+
+    raw = copy.deepcopy(NAN_FLEET)
+    raw.update({"hardware": "trn3-gen2", "seed": 526,
+                "cluster": {"ultraservers": 3, "spares": 0,
+                            "fabric": {"instances_per_leaf": 36, "oversubscription": 3.0}},
+                "scheduler": {"policy": "backfill", "preemption": True, "borrowing": True}})
+    raw["teams"][0]["quota"], raw["teams"][2]["quota"] = 75, 61
+    raw["workload"]["arrivals"]["rate"] = "76/d"
+    for template in raw["workload"]["templates"]:
+        template["job"]["priority"] = 0
+    raw["failures"].update({"scale": 1000.0, "repair": "30min"})
+    summary = simulate(scenario_from_dict(raw)).summary
+    assert summary["cluster"]["jobs"] > 0 and sum(summary["cluster"]["failures"].values()) > 0

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clustersim.cluster.sites import cross_site_seconds, share_site_links
+from clustersim.collectives.groups import AsymmetricGroupError
 from clustersim.training.shape import spread_shape
 from clustersim.training.sites import site_profile
 
@@ -114,10 +115,20 @@ class UplinkPacing:
             return
         profile = self.replacement_profile(model, replaced)
         if profile is None:
-            # (its figures only: the profile as cached, whatever its name)
-            profile = site_profile(model, self.job, None, instances=self.held)
-            self.solved_profile, self.replaced_since_solved = profile, 0
-            self.solved_class, self.solved_held = None, self.held  # (read-only: kept as is)
+            try:
+                # (its figures only: the profile as cached, whatever its name)
+                profile = site_profile(model, self.job, None, instances=self.held)
+            except AsymmetricGroupError:
+                # Replacements from another NeuronSwitch UltraServer left a group held
+                # unevenly by two (the step model's hierarchical collectives need every
+                # UltraServer to hold the same chips of it): it keeps the step of its last
+                # placement solved, as a replacement of a shape not simulated does.
+                if not replaced or self.solved_profile is None:
+                    raise
+                profile = self.solved_profile
+            else:
+                self.solved_profile, self.replaced_since_solved = profile, 0
+                self.solved_class, self.solved_held = None, self.held  # (read-only: kept)
         self.placed_step_time = profile.step_time_s
         leaves = self.t.instance_leaf[self.held]
         # (over several leaves or not: the lowest and highest leaf, no sort of its leaves)
