@@ -51,9 +51,12 @@ def test_a_serving_plan_on_part_of_an_ultraserver_says_what_a_whole_one_costs() 
     assert notes[0].startswith("trn2u: its best holds 1 of an UltraServer's 4 instances")
     assert "4 instances ($143.04/h)" in notes[0]
     per = specs["trn3-gen2"].instances_per_ultraserver
-    assert f"holds 5 of an UltraServer's {per} instances" in notes[1]
+    assert f"holds 5 of an UltraServer's {per} instances" in notes[1]  # (36 a Gen2 one)
     assert notes[1].endswith("if nothing else uses them")  # no price: no dollars
     assert _part_ultraserver_notes([{"hardware": "trn2u", "instances": 8}], specs) == []
+    six, = _part_ultraserver_notes([{"hardware": "trn2u", "instances": 6}], specs)
+    assert "holds 6 instances over 2 UltraServers of 4" in six
+    assert "8 instances ($286.08/h)" in six
 
 
 def test_fp8_activations_on_a_chip_without_an_fp8_peak_exit_2(tmp_path: Path) -> None:
@@ -202,3 +205,61 @@ def test_a_trn3_replacement_from_another_ultraserver_does_not_end_the_run() -> N
     raw["failures"].update({"scale": 1000.0, "repair": "30min"})
     summary = simulate(scenario_from_dict(raw)).summary
     assert summary["cluster"]["jobs"] > 0 and sum(summary["cluster"]["failures"].values()) > 0
+
+
+def test_a_runnable_mixture_at_pp_2_holds_its_moe_stage() -> None:
+    """Trinity-Large (60 layers, the first 6 dense) at TP 64 x PP 2 on trn2, a shape a
+    scenario accepts (DeepSeek-V3's 61 layers do not split in 2): the second stage's 30 MoE
+    layers and the output layer, not 30 mean layers; +10.8% per chip."""
+    from clustersim.scenario.loader import scenario_from_dict
+    from clustersim.training.layers import attention_parameters, layer_weights
+
+    scenario_from_dict({  # accepted as a deployment
+        "name": "t", "duration": "1min", "hardware": "trn2", "cluster": {"instances": 2},
+        "serve": [{"name": "a", "model": "trinity-large", "parallelism": {"tp": 64, "pp": 2},
+                   "workload": {"rate": "1/s", "input_tokens": 100, "output_tokens": 10}}]})
+    it = _replica("trinity-large", "trn2", 64, 2)
+    m = it.shape.model
+    moe_layer = attention_parameters(m) + 2 * m.hidden + layer_weights(m, True, False)
+    padding = 30 * it.heads.extra_attention_parameters_per_rank(m, 64)  # 48 heads over 64
+    second = (30 * moe_layer + m.vocab * m.hidden) / 64 + padding
+    per_chip = second * it.element_bytes * it.hardware.chip.ranks
+    assert it.weight_bytes_per_chip() == pytest.approx(per_chip, rel=1e-12)
+    mean = (m.parameter_count() - 2 * m.vocab * m.hidden - m.hidden) / m.layers
+    was = ((30 * mean + m.vocab * m.hidden) / 64 + padding) * it.element_bytes \
+        * it.hardware.chip.ranks
+    assert per_chip / was == pytest.approx(1.108, abs=0.002)
+
+
+def test_a_segments_steps_are_its_share_even_of_a_vanishing_training_time() -> None:
+    """The closed form credited rate x seconds, the rate steps / training: 5e-7 steps over
+    1e-320 s made an infinite rate and 0 s of it NaN steps (the end-to-end case above is
+    since kept from such draws by the nominal time of a sliver of a step)."""
+    import math
+
+    from clustersim.cluster.job_periodic import segment_steps
+
+    assert segment_steps(5e-7, 1e-320, 0.0) == 0.0
+    assert segment_steps(5e-7, 1e-320, 1e-320) == 5e-7
+    assert math.isfinite(segment_steps(3.0, 5e-324, 2e-324))
+    assert segment_steps(10.0, 4.0, 1.0) == pytest.approx(2.5)
+    assert segment_steps(10.0, 0.0, 0.0) == 0.0
+
+
+def test_a_w8a8_deployment_planned_on_a100_drops_its_fp8_activations_there() -> None:
+    """Since fp8 activations are refused on A100, `plan --hardware p5en,p4d` of a W8A8
+    deployment pruned every p4d shape at validation and said no configuration holds the
+    load (review of session 15). p4d is planned with the activations' default, and says so."""
+    from clustersim.planning.serving_space import _raw_variant, foreign_activations
+
+    deployment = {"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 1},
+                  "precision": {"weights": "fp8", "activations": "fp8"},
+                  "workload": {"rate": "2/s", "input_tokens": 512, "output_tokens": 64}}
+    raw = {"name": "w", "duration": "2min", "hardware": "p5en", "cluster": {"instances": 1},
+           "serve": [deployment]}
+    assert foreign_activations(deployment, "p5en") is None
+    assert "p4d: its chip has no fp8 peak" in foreign_activations(deployment, "p4d")
+    on_a100 = _raw_variant(raw, deployment, "p4d", 1, 1, 1, 16, 1)["serve"][0]
+    assert on_a100["precision"] == {"weights": "fp8"}
+    assert _raw_variant(raw, deployment, "p5en", 1, 1, 1, 16, 1)["serve"][0]["precision"] == \
+        {"weights": "fp8", "activations": "fp8"}

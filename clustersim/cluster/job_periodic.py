@@ -33,6 +33,13 @@ _RUNNING, _WRITING = 0, 1
 _STATE_NAMES = ("running", "checkpointing")
 
 
+def segment_steps(steps: float, training_s: float, seconds: float) -> float:
+    """The steps of `seconds` (at most `training_s`) of a segment training `steps` in
+    `training_s`: as a share of it, not through its rate, which overflows when a jittered
+    segment draws a training time of a few 1e-300 s (inf x 0 = NaN)."""
+    return steps * min(seconds / training_s, 1.0) if training_s > 0 else 0.0
+
+
 class PeriodicTraining:
     """Training segments with their checkpoints worked out, not simulated one by one."""
 
@@ -96,10 +103,7 @@ class PeriodicTraining:
         interval, write = self.interval, ck.write_s
         p0, r0 = self.progress, self.outcome.running_s
         def steps_in(seconds: float) -> float:
-            # The steps of `seconds` (at most `training`) of the segment's training: as a
-            # share of it, not through its rate, which overflows when a jittered segment of
-            # a fraction of a step draws a training time of a few 1e-300 s (inf x 0 = NaN).
-            return steps * min(seconds / training, 1.0) if training > 0 else 0.0
+            return segment_steps(steps, training, seconds)
 
         recorder = self.t.recorder
         if ck.async_write:

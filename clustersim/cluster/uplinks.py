@@ -123,9 +123,11 @@ class UplinkPacing:
                 # unevenly by two (the step model's hierarchical collectives need every
                 # UltraServer to hold the same chips of it): it keeps the step of its last
                 # placement solved, as a replacement of a shape not simulated does.
-                if not replaced or self.solved_profile is None:
+                if (not replaced or self.solved_profile is None
+                        or not model.hardware.switch_spans_ultraserver):
                     raise
                 profile = self.solved_profile
+                self.replaced_since_solved += replaced
             else:
                 self.solved_profile, self.replaced_since_solved = profile, 0
                 self.solved_class, self.solved_held = None, self.held  # (read-only: kept)
