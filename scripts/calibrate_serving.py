@@ -199,7 +199,7 @@ def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
     for title, table in tables:
         print(f"\n== stack tensorrt-llm, GPU family (max throughput, FP8; output tokens/s"
               f"{', trial constants' if hardware else ''}): {title}")
-        print(f"{'model':<16}{'hardware':>9}{'tp':>4}{'in/out':>12}{'published':>11}{'model':>9}"
+        print(f"{'model':<16}{'hardware':>9}{'tp':>4}{'ep':>4}{'in/out':>12}{'published':>11}{'model':>9}"
               f"{'err':>8}  source")
         if hardware:
             figures = predict_throughput(table, hardware)
@@ -209,7 +209,7 @@ def print_gpu(hardware: dict | None = None, unseen: bool = True) -> None:
         for row, p in zip(table, figures, strict=True):
             err = p / row.output_tokens_per_s - 1
             errors.append(err)
-            print(f"{row.model:<16}{row.hardware:>9}{row.tp:>4}"
+            print(f"{row.model:<16}{row.hardware:>9}{row.tp:>4}{row.ep:>4}"
                   f"{f'{row.input_tokens}/{row.output_tokens}':>12}"
                   f"{row.output_tokens_per_s:>11.0f}{p:>9.0f}{err:>+8.1%}  {row.source[:40]}")
         print(f"mean absolute error {np.mean(np.abs(errors)):.1%}, "

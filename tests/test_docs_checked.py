@@ -637,7 +637,7 @@ def test_the_fleet_day_pages_worked_case_is_its_golden():
     assert quoted in page, quoted
 
 
-@pytest.mark.slow  # 48 GPU serving rows (about 5 s of CPU)
+@pytest.mark.slow  # 71 GPU serving rows (5 s of CPU here, up to a minute on a loaded machine)
 def test_the_gpu_serving_summaries_are_the_models():
     """docs/calibration.md's summaries of the TensorRT-LLM rows, in the family table and
     under the row tables, are alike and the model's: range, mean absolute error, count

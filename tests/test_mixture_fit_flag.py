@@ -104,3 +104,20 @@ def test_a_fluid_deployment_of_a_mixture_warns_too(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["deployments"]["chat"]["mixture_overheads_fitted"] is False
 
+
+
+def test_the_planners_note_on_a_custom_hardware_mapping_names_its_stack() -> None:
+    """A scenario's `hardware: {base: p5en, ...}` is planned as 'p5en+custom': the note said
+    '{'base': 'p5en'}: ... no stack on it' where `run` uses tensorrt-llm (review of
+    session 15)."""
+    from clustersim.planning.serving_space import unfitted_mixture
+    from clustersim.scenario.loader import scenario_from_dict
+
+    scenario = scenario_from_dict({
+        "name": "x", "duration": "1min", "cluster": {"instances": 1},
+        "hardware": {"base": "p5en", "serving": {"iteration_overhead": "1ms"}},
+        "serve": [{"name": "a", "model": "qwen3-30b-a3b", "parallelism": {"tp": 8},
+                   "workload": {"rate": "1/s", "input_tokens": 100, "output_tokens": 10}}]})
+    note = unfitted_mixture({"model": "qwen3-30b-a3b"}, scenario.serve[0].model,
+                            {"base": "p5en"}, scenario.hardware)
+    assert note.startswith("p5en+custom: qwen3-30b-a3b is a mixture and tensorrt-llm on it")

@@ -55,6 +55,7 @@ from clustersim.planning.serving_space import (
     _Shape,
     _shapes,
     bound_shapes,
+    foreign_activations,
     foreign_stack,
     unfitted_mixture,
 )
@@ -202,6 +203,9 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
         other_stack = foreign_stack(raw_deployment, hw_value)
         if other_stack is not None:
             notes.append(other_stack)
+        other_activations = foreign_activations(raw_deployment, hw_value)
+        if other_activations is not None:
+            notes.append(other_activations)
         unfitted = unfitted_mixture(raw_deployment, d.model, hw_value, spec)
         if unfitted is not None:
             notes.append(unfitted)
@@ -457,8 +461,10 @@ def _part_ultraserver_notes(ranked: list[dict[str, Any]], specs: dict[str, Any])
         whole = per * -(-row["instances"] // per)
         price = spec.instance.price_per_hour_usd
         cost = f" (${whole * price:,.2f}/h)" if price is not None else ""
-        out.append(f"{name}: its best holds {row['instances']} of an UltraServer's {per} "
-                   f"instances; its cost charges those, the rest left to other work, but "
-                   f"{name} is rented by whole UltraServers: {whole} instances{cost} if "
-                   "nothing else uses them")
+        held = (f"{row['instances']} of an UltraServer's {per} instances" if row["instances"]
+                < per else f"{row['instances']} instances over {whole // per} UltraServers "
+                f"of {per}")
+        out.append(f"{name}: its best holds {held}; its cost charges those, the rest left to "
+                   f"other work, but {name} is rented by whole UltraServers: {whole} "
+                   f"instances{cost} if nothing else uses them")
     return out

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from clustersim.hardware.catalog import catalog_entry, catalog_names
 from clustersim.hardware.stacks import default_stack, stack_named
 from clustersim.scenario.errors import ScenarioError
 from clustersim.scenario.loader import scenario_from_dict
@@ -54,6 +55,8 @@ def _raw_variant(raw: dict[str, Any], deployment: dict[str, Any], hardware: Any,
     d = copy.deepcopy(deployment)
     if foreign_stack(d, hardware) is not None:
         del d["stack"]  # each hardware at its own best: with its own (default) stack
+    if foreign_activations(d, hardware) is not None:
+        d["precision"] = {k: v for k, v in d["precision"].items() if k != "activations"}
     d["parallelism"] = {"tp": tp, "pp": pp} if ep is None else {"tp": tp, "pp": pp, "ep": ep}
     d["replicas"] = replicas
     d["server"] = {**dict(d.get("server") or {}), "max_batch": max_batch}
@@ -77,6 +80,24 @@ def foreign_stack(deployment: dict[str, Any], hardware: Any) -> str | None:
             f"{default.name if default else 'no stack'} (its default)")
 
 
+def foreign_activations(deployment: dict[str, Any], hardware: Any) -> str | None:
+    """What the plan says when the deployment's activations (`precision.activations`, fp8)
+    have no peak on `hardware` (a catalog name of --hardware: A100 has no fp8): they are
+    left to their default there (the weights' precision, bf16 for fp8 weights); None when
+    they run there."""
+    precision = deployment.get("precision")
+    if not isinstance(precision, dict) or not isinstance(hardware, str):
+        return None
+    compute = precision.get("activations")
+    base = hardware.split("+")[0]
+    if compute is None or base not in catalog_names() or \
+            compute in catalog_entry(base).chip.tflops:
+        return None
+    return (f"{hardware}: its chip has no {compute} peak, so {hardware} is planned with the "
+            f"activations at their default (weights {precision.get('weights', 'bf16')}, "
+            "weight-only where the chip lacks them)")
+
+
 def unfitted_mixture(deployment: dict[str, Any], model: Any, hardware: Any,
                      spec: Any) -> str | None:
     """What the plan says when a mixture is planned on `hardware` (HardwareSpec `spec`) with
@@ -87,10 +108,11 @@ def unfitted_mixture(deployment: dict[str, Any], model: Any, hardware: Any,
 
     named = stack_named(str(deployment.get("stack"))) if deployment.get("stack") else None
     stack = (named if named is not None and foreign_stack(deployment, hardware) is None
-             else default_stack(spec.name))
+             else default_stack(spec.name.split("+")[0]))
     if mixture_overheads_fitted(model, with_stack(spec, stack)) is not False:
         return None
-    return (f"{hardware}: {model.name} is a mixture and "
+    label = hardware if isinstance(hardware, str) else spec.name
+    return (f"{label}: {model.name} is a mixture and "
             f"{stack.name if stack else 'no stack'} on it has no fitted MoE time: its "
             "candidates' MoE layers cost their reads, FLOPs and all-to-all only, fast at small "
             "batches (docs/calibration.md#a-mixture-on-a-stack-without-a-mixture-fit)")
