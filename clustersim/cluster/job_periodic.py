@@ -102,24 +102,22 @@ class PeriodicTraining:
         ck = self.checkpoint
         interval, write = self.interval, ck.write_s
         p0, r0 = self.progress, self.outcome.running_s
-        def steps_in(seconds: float) -> float:
-            return segment_steps(steps, training, seconds)
-
         recorder = self.t.recorder
         if ck.async_write:
             trained = training if (to_target and elapsed >= wall) else min(elapsed, training)
             x0 = self.since_snapshot
-            self._advance(steps_in(trained) if trained < training else steps, trained, now)
+            self._advance(segment_steps(steps, training, trained) if trained < training
+                          else steps, trained, now)
             completed, last, pending = async_snapshots(x0, trained, interval, write)
             if completed:
-                self.saved = (p0 + steps_in(last), r0 + last)
+                self.saved = (p0 + segment_steps(steps, training, last), r0 + last)
                 self.outcome.checkpoints_completed += completed
                 if recorder is not None:
                     first = start + last + write - (completed - 1) * interval
                     recorder.event(now, "checkpoint", "async", -1, -1, self.index,
                                    completed, interval, first)
             self.async_pending.extend(
-                (start + o + write, p0 + steps_in(o), r0 + o) for o in pending.tolist())
+                (start + o + write, p0 + segment_steps(steps, training, o), r0 + o) for o in pending.tolist())
             taken_last = (last if completed else None)
             if len(pending):
                 taken_last = float(pending[-1])
@@ -129,10 +127,11 @@ class PeriodicTraining:
         u0 = self.cycle_u
         span = blocking_span(u0, elapsed, interval, write)
         trained = training if (to_target and elapsed >= wall) else min(span.training_s, training)
-        self._advance(steps_in(trained) if trained < training else steps, trained, now)
+        self._advance(segment_steps(steps, training, trained) if trained < training
+                          else steps, trained, now)
         if span.completed:
             saved = min(span.saved_training_s, training)
-            self.saved = (p0 + steps_in(saved), r0 + saved)
+            self.saved = (p0 + segment_steps(steps, training, saved), r0 + saved)
             self.outcome.checkpoints_completed += span.completed
             if recorder is not None:
                 first_end = start + (interval + write) - u0

@@ -114,13 +114,17 @@ def busiest_stage_parameters_per_rank(model, tp: int, pp: int,
     its own FFN (a mixture's dense layers are lighter than its MoE layers), the embedding on
     the first stage and the output layer on the last (pp = 1 holds both; one table when
     tied), split over `tp`, plus `padding_per_layer` (padded heads) per layer."""
+    from itertools import accumulate
+
     from clustersim.training.layers import attention_parameters, is_moe_layer, layer_weights
+    from clustersim.training.stages import rank_layers
 
     common = attention_parameters(model) + 2 * model.hidden  # attention and two norms
     layer = [common + layer_weights(model, is_moe_layer(model, i), False)
              for i in range(model.layers)]
     table = model.vocab * model.hidden
-    bounds = [round(i * model.layers / pp) for i in range(pp + 1)]
+    # (split as training splits them: an uneven split gives the end stages fewer layers)
+    bounds = [0, *accumulate(rank_layers(model.layers, pp))]
     heaviest = 0.0
     for stage in range(pp):
         first, last = bounds[stage], bounds[stage + 1]
