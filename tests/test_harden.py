@@ -312,7 +312,7 @@ def test_9_weights_that_do_not_fit_are_refused_with_the_breakdown(tmp_path: Path
     raw = _serving()
     raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
     refused(invoke("run", write(tmp_path, raw), "-o", tmp_path / "out"), "serve.0.parallelism",
-            "the weights do not fit", "GiB per chip")
+            "the weights do not fit", "on its busiest chip")
     assert not (tmp_path / "out").exists()
     refused(invoke("run", write(tmp_path, raw), "--find-rate"), "the weights do not fit")
     raw = _serving()
@@ -699,7 +699,7 @@ def test_validate_runs_the_weights_fit_check_run_makes(tmp_path: Path):
     raw["serve"][0].update(model="llama3.1-405b", parallelism={"tp": 16})
     path = write(tmp_path, raw)
     for args in (["validate", path], ["run", path, "-o", tmp_path / "out"]):
-        refused(invoke(*args), "serve.0.parallelism", "the weights do not fit", "GiB per chip")
+        refused(invoke(*args), "serve.0.parallelism", "the weights do not fit", "on its busiest chip")
     assert invoke("validate", write(tmp_path, _serving())).exit_code == 0
 
 

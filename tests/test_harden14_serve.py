@@ -15,8 +15,8 @@ def _deployment(**keys: object) -> dict:
                          "output_tokens": 64}, **keys}
 
 
-def _scenario(tmp_path: Path, *serve: dict) -> Path:
-    return write(tmp_path, {"name": "h14", "duration": "30s", "hardware": "trn2",
+def _scenario(tmp_path: Path, *serve: dict, hardware: str = "trn2") -> Path:
+    return write(tmp_path, {"name": "h14", "duration": "30s", "hardware": hardware,
                             "cluster": {"instances": 1}, "serve": list(serve)})
 
 
@@ -68,7 +68,23 @@ def test_an_activation_format_without_a_peak_names_the_activations_key(tmp_path:
     gpt = _deployment(model="gpt-oss-20b", parallelism={"tp": 4},
                       precision={"weights": "mxfp4", "activations": "mxfp4"})
     result = invoke("validate", _scenario(tmp_path, gpt))
-    refused(result, "serve.0.precision.activations = 'mxfp4'", "no mxfp4 peak")
+    refused(result, "serve.0.precision.activations = 'mxfp4'", "'fp8'")
+
+
+@pytest.mark.parametrize("command", ["validate", "run", "plan"])
+def test_mx_activations_are_refused_where_the_chip_has_their_peak(tmp_path: Path,
+                                                                  command: str) -> None:
+    """`activations: mxfp8` on trn3 (which has an MXFP8 peak) passed the peak check and
+    stopped validate, run and plan with 'internal error: KeyError: 'mxfp8''. MX formats
+    are weights' formats (`precision: mxfp8` runs MXFP8 matmuls with 16-bit activations):
+    the activations key is refused by name."""
+    gpt = _deployment(model="gpt-oss-20b", parallelism={"tp": 4},
+                      precision={"weights": "mxfp8", "activations": "mxfp8"})
+    scenario = _scenario(tmp_path, gpt, hardware="trn3-gen2")  # (its MXFP8 peak)
+    args = ["-o", tmp_path / "out"] if command == "run" else []
+    result = invoke(command, scenario, *args)
+    refused(result, "serve.0.precision.activations = 'mxfp8'", "'fp8'")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("model, tp, max_batch", [("trinity-large", 64, 64),

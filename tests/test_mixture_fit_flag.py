@@ -120,4 +120,20 @@ def test_the_planners_note_on_a_custom_hardware_mapping_names_its_stack() -> Non
                    "workload": {"rate": "1/s", "input_tokens": 100, "output_tokens": 10}}]})
     note = unfitted_mixture({"model": "qwen3-30b-a3b"}, scenario.serve[0].model,
                             {"base": "p5en"}, scenario.hardware)
-    assert note.startswith("p5en+custom: qwen3-30b-a3b is a mixture and tensorrt-llm on it")
+    assert note.startswith("p5en+custom: qwen3-30b-a3b is a mixture and its stack "
+                           "tensorrt-llm has no fitted MoE time there")
+
+
+def test_the_planners_note_on_hardware_without_a_stack_reads_as_a_sentence() -> None:
+    """On trn3-gen2 (no serving stack) the note read 'no stack on it has no fitted MoE
+    time' (harden16)."""
+    from clustersim.hardware.catalog import catalog_entry
+    from clustersim.planning.serving_space import unfitted_mixture
+    from clustersim.training.transformer import TransformerShape, model_preset_values
+
+    model = TransformerShape(**model_preset_values("qwen3-30b-a3b"))
+    note = unfitted_mixture({"model": "qwen3-30b-a3b"}, model, "trn3-gen2",
+                            catalog_entry("trn3-gen2"))
+    assert note.startswith("trn3-gen2: qwen3-30b-a3b is a mixture and it has no serving "
+                           "stack there, so no fitted MoE time: ")
+    assert "no stack on it" not in note

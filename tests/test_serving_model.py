@@ -213,22 +213,31 @@ def test_fp8_activations_need_fp8_weights() -> None:
             "weights": "fp16", "activations": "fp8"}}))
 
 
-@pytest.mark.parametrize("hardware,model,tp,drift", [("trn2", "llama3.3-70b", 64, 0.0),
-                                                     ("trn2", "llama3.1-8b", 16, 0.0025),
-                                                     ("trn2", "llama3.1-8b", 4, 0.0025),
-                                                     ("trn2", "qwen3-30b-a3b", 8, 0.0025),
-                                                     ("trn2", "deepseek-v3", 64, 0.025)])
-def test_a_longer_prompt_never_costs_less(hardware: str, model: str, tp: int,
-                                          drift: float) -> None:
+@pytest.mark.parametrize("hardware,model,tp,ep,drift", [
+    ("trn2", "llama3.3-70b", 64, 1, 0.0),
+    ("trn2", "llama3.1-8b", 16, 1, 0.0025),
+    ("trn2", "llama3.1-8b", 4, 1, 0.0025),
+    ("trn2", "qwen3-30b-a3b", 8, 1, 0.0025),
+    ("trn2", "deepseek-v3", 64, 1, 0.025),
+    # (found by harden16: the bound above was said to hold for all but DeepSeek-V3)
+    ("trn2", "llama3.1-70b", 16, 1, 0.026),
+    ("trn2", "llama3.1-70b", 8, 1, 0.0035),
+    ("trn2", "qwen3-235b-a22b", 64, 8, 0.023),
+    ("trn2", "llama3.1-405b", 64, 1, 0.02),
+    ("trn2", "qwen3-32b", 16, 1, 0.015),
+    ("trn2", "llama4-scout", 16, 16, 0.013)])
+def test_a_longer_prompt_costs_less_by_a_bounded_drift(hardware: str, model: str, tp: int,
+                                                       ep: int, drift: float) -> None:
     """With the all-reduces pipelined under the matrix work over the tokens' 128-row tiles,
     the tiles are counted as a fraction (docs/scenario.md, `overlap_collectives`): rounded
     up, a 129-token prompt got a second tile's overlap and cost 2.1% (70B) to 4.0%
     (DeepSeek-V3) less than a 128-token one. What is left (docs/serving.md, "Left out"): the
     hidden share of the collectives' fixed time grows with the tiles, so a longer prompt
-    can cost up to 0.25% less than a shorter one, and up to 2.5% for DeepSeek-V3 at TP 64
-    (its MLA all-gathers: mostly fixed time) between 129 and 512 tokens."""
+    can cost up to 2.6% less than a shorter one between 129 and about 512 tokens, where the
+    collectives' fixed time is large beside the matrix work (Llama 3.1 70B at TP 16, and
+    DeepSeek-V3's MLA all-gathers at TP 64), under 0.35% where it is small."""
     hw = catalog_entry(hardware)
-    replica = IterationModel(ReplicaShape(_model(model), "bf16", tp, 1, "bf16", "bf16"),
+    replica = IterationModel(ReplicaShape(_model(model), "bf16", tp, 1, "bf16", "bf16", ep),
                              build_topology(hw, 1))
     assert hw.serving.overlap_collectives
     costs = [replica.prefill_s(n) for n in range(1, 1025)]

@@ -112,8 +112,9 @@ def unfitted_mixture(deployment: dict[str, Any], model: Any, hardware: Any,
     if mixture_overheads_fitted(model, with_stack(spec, stack)) is not False:
         return None
     label = hardware if isinstance(hardware, str) else spec.name
-    return (f"{label}: {model.name} is a mixture and "
-            f"{stack.name if stack else 'no stack'} on it has no fitted MoE time: its "
+    whose = (f"its stack {stack.name} has no fitted MoE time there" if stack
+             else "it has no serving stack there, so no fitted MoE time")
+    return (f"{label}: {model.name} is a mixture and {whose}: its "
             "candidates' MoE layers cost their reads, FLOPs and all-to-all only, fast at small "
             "batches (docs/calibration.md#a-mixture-on-a-stack-without-a-mixture-fit)")
 

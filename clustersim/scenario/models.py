@@ -155,7 +155,10 @@ class JobSpec(Spec):
     global_batch: int = Field(gt=0, le=limits.MAX_GLOBAL_BATCH, description="sequences per step")
     micro_batch: int = Field(default=1, gt=0, le=limits.MAX_MICRO_BATCH)
     parallelism: ParallelismSpec = ParallelismSpec()
-    precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = Field(
+        default="bf16", description="the matrix work's peak and every activation's bytes "
+        "(fp8: one byte for activations and messages, the bound of an fp8 recipe; weights "
+        "stay 2 bytes; docs/models.md)")
     recompute: Literal["none", "selective", "full"] = "none"
     attention: Literal["flash", "unfused"] | None = Field(
         default=None, description="attention kernel: flash (scores stay on chip) or unfused "

@@ -62,6 +62,13 @@ def _sharding_checks(at: str, job: JobSpec, planned: bool = False) -> Iterable[I
         key = "routing_imbalance" if job.routing_imbalance != 1.0 else "capacity_factor"
         yield Issue(f"{at}.{key}", f"applies to a mixture of experts; {model.name} is dense",
                     getattr(job, key), True)
+    elif model.moe and job.capacity_factor is not None and (
+            job.capacity_factor > model.experts / model.top_k):
+        # An expert's capacity past every routed token is padding no token fills.
+        most = model.experts / model.top_k
+        yield Issue(f"{at}.capacity_factor", f"an expert of {model.name} receives at most "
+                    f"every token, {most:g}x its mean ({model.experts} experts over top_k "
+                    f"{model.top_k}); expected at most {most:g}", job.capacity_factor, True)
     elif model.moe and job.routing_imbalance != 1.0:
         # training.experts.expert_load would otherwise drop or cap the written value
         if job.capacity_factor is not None:

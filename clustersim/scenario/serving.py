@@ -141,8 +141,11 @@ class PrecisionSpec(Spec):
     all-reduce messages, stays 16-bit (as TensorRT-LLM's FP8 checkpoints run)."""
 
     weights: ServePrecision = "bf16"
-    activations: ServePrecision | None = Field(
-        default=None, description="defaults to the weights' precision (bf16 for fp8 weights)")
+    # (MX formats are weights' formats: MX weights run their matmuls at the format's peak
+    # where the chip has one, their activations 16-bit)
+    activations: Literal["bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="defaults to the weights' precision (bf16 for fp8 or MX "
+        "weights)")
     kv_cache: Literal["bf16", "fp16", "fp8"] | None = Field(
         default=None, description="defaults to server.kv_precision (MX: weights only)")
 
@@ -242,7 +245,7 @@ class DeploymentSpec(Spec):
     name: Annotated[str, AfterValidator(printable)] = Field(min_length=1, max_length=128)
     model: TransformerShape
     precision: ServePrecision | PrecisionSpec = Field(
-        default="bf16", description="the weights' (activations the same, bf16 for fp8 "
+        default="bf16", description="the weights' (activations the same, bf16 for fp8 or MX "
         "weights), or a mapping {weights, activations, kv_cache}")
     parallelism: dict[Literal["tp", "pp", "ep"], int] = Field(
         default_factory=lambda: {"tp": 1}, description="tp, pp; ep (mixtures): groups of "

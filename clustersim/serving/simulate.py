@@ -147,12 +147,15 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
         drafted += (f", the sliding-window layers' caches of max_batch {d.server.max_batch} "
                     f"sequences ({windowed / gib:.2f} GiB)")
     # a smaller weight format than the deployment's own, if there is one
+    ranks_on_chip = min(scenario.hardware.chip.ranks, d.tp * d.pp)
     smaller = {2.0: "fp8 weights, ", 1.0: "mxfp4 weights, ", 33 / 32: "mxfp4 weights, "}.get(
         target.element_bytes, "")
     return Issue(
         f"serve.{scenario.serve.index(d)}.parallelism",
-        f"the weights do not fit: {target.weight_bytes_per_chip() / gib:.2f} GiB per chip "
-        f"of {d.model.name} (tp {d.tp}, pp {d.pp}){drafted} and one KV block of "
+        f"the weights do not fit: {target.weight_bytes_per_chip() / gib:.2f} GiB of "
+        f"{d.model.name} (tp {d.tp}, pp {d.pp}) on its busiest chip (the shards of the "
+        f"{ranks_on_chip} rank{'s' if ranks_on_chip > 1 else ''} there){drafted} and one KV "
+        f"block of "
         f"{d.server.kv_block_tokens} tokens ({block / gib:.3f} GiB) against "
         f"{usable / gib:.2f} GiB usable ({scenario.hardware.chip.hbm_bytes / gib:.0f} GiB "
         f"of HBM, the replica's ranks' share of the chip, less kv_reserve "

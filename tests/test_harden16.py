@@ -1,0 +1,36 @@
+"""The 2026 model surfaces under adversarial use (session 16), found by trying them as a
+demanding user would: a capacity factor past every token, and (beside, in
+tests/test_harden14_serve.py and tests/test_mixture_fit_flag.py) MX activations on Trn3 and
+the planner's note on hardware without a stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, refused, write
+
+
+def _job(**keys: object) -> dict:
+    return {"name": "q30", "model": "qwen3-30b-a3b", "global_batch": 1024, "seq_len": 4096,
+            "parallelism": {"tp": 4, "pp": 4, "dp": 64, "ep": 16, "order": "tp-cp-ep-pp-dp",
+                            "zero": 1}, **keys}
+
+
+def _scenario(tmp_path: Path, job: dict) -> Path:
+    return write(tmp_path, {"name": "h16", "duration": "1d", "hardware": "trn2",
+                            "cluster": {"instances": 16}, "jobs": [job]})
+
+
+@pytest.mark.parametrize("command", ["step", "validate"])
+def test_a_capacity_factor_past_every_token_is_refused(tmp_path: Path, command: str) -> None:
+    """capacity_factor 17 on Qwen3-30B-A3B (128 experts, top 8) was accepted and padded
+    every expert to 17x its mean tokens, past the 16x that is every token (128.5 GiB a
+    chip): an expert's capacity beyond every routed token is padding none fills."""
+    result = invoke(command, _scenario(tmp_path, _job(capacity_factor=17)))
+    refused(result, "jobs.0.capacity_factor = 17", "at most 16", "128 experts over top_k 8")
+
+
+def test_a_capacity_factor_of_every_token_is_accepted(tmp_path: Path) -> None:
+    result = invoke("validate", _scenario(tmp_path, _job(capacity_factor=16)))
+    assert result.exit_code == 0, result.output
