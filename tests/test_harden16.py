@@ -1,5 +1,6 @@
 """The 2026 model surfaces under adversarial use (session 16), found by trying them as a
-demanding user would: a capacity factor past every token, and (beside, in
+demanding user would: a capacity factor past every token, disaggregated pools the
+outputs did not show, and (beside, in
 tests/test_harden14_serve.py and tests/test_mixture_fit_flag.py) MX activations on Trn3 and
 the planner's note on hardware without a stack."""
 
@@ -34,3 +35,34 @@ def test_a_capacity_factor_past_every_token_is_refused(tmp_path: Path, command: 
 def test_a_capacity_factor_of_every_token_is_accepted(tmp_path: Path) -> None:
     result = invoke("validate", _scenario(tmp_path, _job(capacity_factor=16)))
     assert result.exit_code == 0, result.output
+
+
+def _serving(tmp_path: Path, **deployment: object) -> Path:
+    serve = {"name": "m", "model": "llama3.1-8b", "parallelism": {"tp": 4}, "replicas": 2,
+             "workload": {"arrival": "poisson", "rate": "2/s", "input_tokens": 512,
+                          "output_tokens": 32}, **deployment}
+    return write(tmp_path, {"name": "h16s", "duration": "1min", "hardware": "trn2",
+                            "cluster": {"instances": 1}, "serve": [serve]})
+
+
+def test_disaggregated_pools_are_in_the_run_table_and_the_summary(tmp_path: Path) -> None:
+    """Separate prefill and decode pools ran (their TPOT differed from one pool's) but
+    neither the run table nor summary.json said so: '2 replicas of tp 64' either way."""
+    import json
+
+    out = tmp_path / "out"
+    scenario = _serving(tmp_path, disaggregated={"prefill_replicas": 1, "decode_replicas": 1})
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 0, result.output
+    table = " ".join(result.output.replace("│", " ").split())
+    assert "disaggregated: a prefill pool of 1 replica and a decode pool of 1 replica" in table
+    pools = json.loads((out / "summary.json").read_text())["deployments"]["m"]["disaggregated"]
+    assert pools["prefill_replicas"] == 1 and pools["decode_replicas"] == 1
+    # over the instance's own chips: well under the prefill of the 1,024 tokens it moves
+    assert 0 < pools["kv_transfer_s_per_1k_tokens"] < 0.1
+    together = tmp_path / "together"
+    result = invoke("run", _serving(tmp_path), "-o", together)
+    assert result.exit_code == 0, result.output
+    assert "prefill pool" not in " ".join(result.output.replace("│", " ").split())
+    summary = json.loads((together / "summary.json").read_text())
+    assert summary["deployments"]["m"]["disaggregated"] is None

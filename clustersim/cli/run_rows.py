@@ -58,6 +58,13 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['model']}{_on_stack(d)}: {_plural(d['replicas'], 'replica')} of tp "
                       f"{d['tp']} x pp {d['pp']}{_over('ep', d, True)} on "
                       f"{_plural(d['instances'], 'instance')}")
+        if d.get("disaggregated"):
+            pools = d["disaggregated"]
+            table.add_row("", f"disaggregated: a prefill pool of "
+                          f"{_plural(pools['prefill_replicas'], 'replica')} and a decode pool "
+                          f"of {_plural(pools['decode_replicas'], 'replica')}; a prompt's KV "
+                          f"cache moves to the decode pool in "
+                          f"{pools['kv_transfer_s_per_1k_tokens'] * 1e3:,.3g} ms per 1,024 tokens")
         _level_rows(table, d)
         _mixture_row(table, d)
         if d.get("requests") or d["requests_completed"]:  # none completed is an answer

@@ -141,11 +141,8 @@ class PrecisionSpec(Spec):
     all-reduce messages, stays 16-bit (as TensorRT-LLM's FP8 checkpoints run)."""
 
     weights: ServePrecision = "bf16"
-    # (MX formats are weights' formats: MX weights run their matmuls at the format's peak
-    # where the chip has one, their activations 16-bit)
-    activations: Literal["bf16", "fp16", "fp8"] | None = Field(
-        default=None, description="defaults to the weights' precision (bf16 for fp8 or MX "
-        "weights)")
+    activations: Literal["bf16", "fp16", "fp8"] | None = Field(  # (MX: weights' formats)
+        default=None, description="defaults to the weights' (bf16 for fp8 or MX weights)")
     kv_cache: Literal["bf16", "fp16", "fp8"] | None = Field(
         default=None, description="defaults to server.kv_precision (MX: weights only)")
 

@@ -446,6 +446,10 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
             "preemptions": fleet.preemptions,
             "requests_rejected": int((fleet.status == 2).sum()),
             "kv_capacity_tokens_per_replica": capacity,
+            "disaggregated": None if d.disaggregated is None else {
+                "prefill_replicas": d.disaggregated.prefill_replicas,
+                "decode_replicas": d.disaggregated.decode_replicas,
+                "kv_transfer_s_per_1k_tokens": float(fleet.transfer_s(1024))},
             "prefill_s_per_1k_tokens": cost.target.prefill_s(1024),
             "decode_iteration_batch1_s": cost.run_s(1, 1024, 1, cost.excess(1024)),
         }
