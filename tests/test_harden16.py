@@ -1,6 +1,6 @@
 """The 2026 model surfaces under adversarial use (session 16), found by trying them as a
 demanding user would: a capacity factor past every token, disaggregated pools the
-outputs did not show, and (beside, in
+outputs did not show, a model on another model's port stack, and (beside, in
 tests/test_harden14_serve.py and tests/test_mixture_fit_flag.py) MX activations on Trn3 and
 the planner's note on hardware without a stack."""
 
@@ -66,3 +66,19 @@ def test_disaggregated_pools_are_in_the_run_table_and_the_summary(tmp_path: Path
     assert "prefill pool" not in " ".join(result.output.replace("│", " ").split())
     summary = json.loads((together / "summary.json").read_text())
     assert summary["deployments"]["m"]["disaggregated"] is None
+
+
+def test_a_model_on_another_models_port_stack_is_warned(tmp_path: Path) -> None:
+    """Llama 3.1 70B on nxd-inference-contrib (the DeepSeek-V3 port's script) ran with the
+    port's 1.5 ms host time an iteration, its TPOT 30% under NxD Inference's, with no word."""
+    scenario = _serving(tmp_path, model="llama3.1-70b", parallelism={"tp": 16}, replicas=1,
+                        stack="nxd-inference-contrib")
+    result = invoke("run", scenario, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    table = " ".join(result.output.replace("│", " ").split())
+    assert "warning: nxd-inference-contrib is the script of NxD Inference's contrib ports" \
+        in table
+    ported = _serving(tmp_path, model="trinity-nano", stack="nxd-inference-contrib-vllm")
+    result = invoke("run", ported, "-o", tmp_path / "ported")
+    assert result.exit_code == 0, result.output
+    assert "contrib ports" not in " ".join(result.output.replace("│", " ").split())

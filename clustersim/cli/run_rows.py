@@ -37,6 +37,18 @@ def _mixture_row(table: Table, d: dict[str, Any]) -> None:
                       "without a mixture fit\")")
 
 
+def _port_row(table: Table, d: dict[str, Any]) -> None:
+    """A warning for a model run on a stack that is another model's port (a contrib
+    model's own script, fitted on that model)."""
+    from clustersim.hardware.stacks import stack_named
+    stack = stack_named(d["stack"]) if d.get("stack") else None
+    if stack is not None and stack.ports and d["model"] not in stack.ports:
+        table.add_row("", f"[bold]warning[/bold]: {stack.name} is the script of NxD "
+                      f"Inference's contrib ports of {', '.join(stack.ports)}, fitted on "
+                      f"them: {escape(d['model'])} runs there with their host time, not "
+                      "NxD Inference's own (stack nxd-inference)")
+
+
 def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
     """A fluid deployment the event-driven fleet held beside its jobs."""
     table.add_row(f"serve {escape(name)}", f"{d['model']}{_on_stack(d)}, tp {d['tp']} x pp "
@@ -46,6 +58,7 @@ def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
                   f"{_percent(d['slo_goodput'])}, {d['chip_hours']:,.0f} chip-hours")
     _level_rows(table, d)
     _mixture_row(table, d)
+    _port_row(table, d)
 
 
 def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
@@ -67,6 +80,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                           f"{pools['kv_transfer_s_per_1k_tokens'] * 1e3:,.3g} ms per 1,024 tokens")
         _level_rows(table, d)
         _mixture_row(table, d)
+        _port_row(table, d)
         if d.get("requests") or d["requests_completed"]:  # none completed is an answer
             table.add_row("", f"{d['requests_completed']:,} requests, {d['requests_per_s']:,.2f}"
                           f"/s, {d['output_tokens_per_s']:,.0f} output tokens/s within the "

@@ -42,6 +42,8 @@ class Stack:
     # The release's own serving constants over the hardware's (ServingConstants field
     # names): empty for the stack the hardware's constants were fitted on.
     serving: tuple[tuple[str, float | str], ...] = ()
+    # The models the stack is a port of (a contrib model's own script); empty: any model.
+    ports: tuple[str, ...] = ()
 
 
 def _constant(value: object) -> float | str:
@@ -64,8 +66,16 @@ def _stacks() -> dict[str, Stack]:
                         entry["buckets"]["value"], entry["constants"]["source"],
                         entry.get("token_buckets", {}).get("value", "none"),
                         entry.get("decode_batch", {}).get("value", "active"),
-                        tuple(_serving(data, name).items()))
+                        tuple(_serving(data, name).items()), _ports(data, name))
             for name, entry in data.items()}
+
+
+def _ports(data: dict, name: str) -> tuple[str, ...]:
+    """The models a stack is a port of: its own list, or its `base` stack's."""
+    entry = data[name]
+    if "ports" in entry:
+        return tuple(entry["ports"]["value"])
+    return _ports(data, entry["base"]) if "base" in entry else ()
 
 
 def known_stacks() -> tuple[str, ...]:
