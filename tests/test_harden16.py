@@ -1,6 +1,7 @@
 """The 2026 model surfaces under adversarial use (session 16), found by trying them as a
 demanding user would: a capacity factor past every token, disaggregated pools the
-outputs did not show, a model on another model's port stack, and (beside, in
+outputs did not show, a model on another model's port stack, a draft of another
+tokenizer, and (beside, in
 tests/test_harden14_serve.py and tests/test_mixture_fit_flag.py) MX activations on Trn3 and
 the planner's note on hardware without a stack."""
 
@@ -82,3 +83,16 @@ def test_a_model_on_another_models_port_stack_is_warned(tmp_path: Path) -> None:
     result = invoke("run", ported, "-o", tmp_path / "ported")
     assert result.exit_code == 0, result.output
     assert "contrib ports" not in " ".join(result.output.replace("│", " ").split())
+
+
+def test_a_draft_of_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    """A Qwen3-8B draft (151,936 tokens) for a Llama 3.1 70B target (128,256) was accepted:
+    its proposals could never be the target's tokens."""
+    spec = {"draft": "qwen3-8b", "tokens": 4}
+    scenario = _serving(tmp_path, model="llama3.1-70b", parallelism={"tp": 16}, replicas=1,
+                        speculative=spec)
+    refused(invoke("validate", scenario), "serve.0.speculative.draft = 'qwen3-8b'",
+            "151,936 tokens, the target's 128,256")
+    same = _serving(tmp_path, model="llama3.1-70b", parallelism={"tp": 16}, replicas=1,
+                    speculative={"draft": "llama3.2-1b", "tokens": 4})
+    assert invoke("validate", same).exit_code == 0

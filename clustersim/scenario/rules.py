@@ -274,3 +274,10 @@ def cross_checks(s: Scenario, planning: bool = False) -> Iterable[Issue]:
     for path, message, value in serve_budget_checks(s.serve, hw, s.duration_s,
                                                      (job.name for job in s.jobs)):
         yield Issue(path, message, value, True)
+    for index, d in enumerate(s.serve):  # a draft proposes the target's tokens
+        draft = d.speculative.draft if d.speculative is not None else None
+        if draft is not None and draft.vocab != d.model.vocab:
+            yield Issue(f"serve.{index}.speculative.draft", f"its vocabulary has "
+                        f"{draft.vocab:,} tokens, the target's {d.model.vocab:,}: a draft "
+                        "proposes the target's tokens; expected a draft of the target's "
+                        "tokenizer", draft.name, True)
