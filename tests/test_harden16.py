@@ -96,3 +96,62 @@ def test_a_draft_of_another_tokenizer_is_refused(tmp_path: Path) -> None:
     same = _serving(tmp_path, model="llama3.1-70b", parallelism={"tp": 16}, replicas=1,
                     speculative={"draft": "llama3.2-1b", "tokens": 4})
     assert invoke("validate", same).exit_code == 0
+
+
+# -- traces (helper harden16b)
+
+_TEMPLATE = {"name": "research", "instances": [1],
+             "job": {"model": "llama3-8b", "seq_len": 4096,
+                     "parallelism": {"tp": 4, "pp": 1, "zero": 1}}}
+
+
+def _trace_scenario(tmp_path: Path, trace: str, text: str, fmt: str, **mapping: object) -> Path:
+    (tmp_path / trace).write_text(text, encoding="utf-8")
+    return write(tmp_path, {"name": "h16t", "duration": "2d", "hardware": "trn2u",
+                            "cluster": {"ultraservers": 4},
+                            "workload": {"trace": trace, "format": fmt, "mapping": mapping,
+                                         "templates": [_TEMPLATE]}})
+
+
+def _jobs(out: Path):
+    import pandas as pd
+    return pd.read_parquet(out / "job_summary.parquet").set_index("name")["team"].to_dict()
+
+
+def test_a_native_trace_keeps_na_and_none_as_written(tmp_path: Path) -> None:
+    """pandas read 'None', 'NA' and 'null' as missing: the job named None was renamed
+    research-trace-0001, teams NA and null became no team, and run_for NA ran the job to
+    the horizon with no word."""
+    text = ("name,submit,instances,template,run_for,priority,team\n"
+            "alpha,0,1,research,6h,0,研究\nNone,1h,1,research,1h,0,開発\n"
+            "beta,2h,1,research,1h,0,NA\ngamma,3h,1,research,1h,0,null\n")
+    out = tmp_path / "out"
+    result = invoke("run", _trace_scenario(tmp_path, "t.csv", text, "native"), "-o", out)
+    assert result.exit_code == 0, result.output
+    # the two non-ASCII teams stay two (they were both 't__', one team)
+    assert _jobs(out) == {"alpha": "u7814u7a76", "None": "u958bu767a", "beta": "NA",
+                          "gamma": "null"}
+    bad = text.replace("beta,2h,1,research,1h", "beta,2h,1,research,NA")
+    result = invoke("validate", _trace_scenario(tmp_path, "bad.csv", bad, "native"))
+    refused(result, "bad.csv, row 3", "cannot read 'NA' as a duration")
+
+
+def test_trace_ids_that_clean_to_one_name_stay_two_jobs(tmp_path: Path) -> None:
+    """Philly job ids 'a b' and 'a_b' (and virtual clusters 'vc 1' and 'vc_1') cleaned to
+    one name: the run was refused ('job names must be unique') and the teams merged."""
+    import json
+
+    def job(jobid: str, vc: str, hour: int) -> dict:
+        at = f"2017-10-07 0{hour}:00:00"
+        return {"status": "Pass", "vc": vc, "jobid": jobid, "user": "u",
+                "submitted_time": at,
+                "attempts": [{"start_time": at, "end_time": "2017-10-07 05:00:00",
+                              "detail": [{"ip": "m", "gpus": [f"gpu{i}" for i in range(8)]}]}]}
+
+    text = json.dumps([job("a b", "vc 1", 1), job("a_b", "vc_1", 2)])
+    out = tmp_path / "out"
+    scenario = _trace_scenario(tmp_path, "p.json", text, "philly", rule="instances",
+                               gpus_per_instance=8, team="vc")
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert _jobs(out) == {"philly-a_b": "vc_1", "philly-a_b-2": "vc_1-2"}

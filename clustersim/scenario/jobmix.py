@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +42,7 @@ from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.scenario.errors import WorkloadError
 from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
+from clustersim.scenario.trace_names import TraceNames
 from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
 __all__ = ["WorkloadSpec", "JobTemplate", "default_template", "generate_jobs"]
@@ -309,14 +309,6 @@ def _trace_path(text: str, base_dir: Path | None, key: str = "workload.trace") -
     return path
 
 
-def _team_name(text: str | None) -> str | None:
-    """A trace's user or virtual cluster as a team name (letters, digits, . _ -)."""
-    if text is None:
-        return None
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", text.strip())[:128]
-    return name if name and name[0].isalnum() else f"t{name}"[:128]
-
-
 def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
                 ranks_per_instance: int, base_dir: Path | None,
                 target: TraceTarget | None, origins: list, trace_rows: dict[str, Any],
@@ -341,12 +333,13 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
     columns = COLUMNS[workload.format]
     rows, stats = read_trace(path, workload.format, workload.mapping, target, horizon_s)
     trace_rows.update(stats)
+    ids, teams = TraceNames(), TraceNames()
     for row in rows:
         origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))
         job = _job(template, row.instances, ranks_per_instance,
-                   f"{workload.format}-{_team_name(row.id)}", row.submit_s, row.run_for_s,
+                   f"{workload.format}-{ids(row.id)}", row.submit_s, row.run_for_s,
                    None, None)
-        team = _team_name(row.team)
+        team = teams(row.team)
         if team is not None:
             job["team"] = team
         if row.outcome is not None:
@@ -400,7 +393,8 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     try:
         # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
         frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
-                 pd.read_csv(data, dtype={"name": str, "team": str, "template": str}))
+                 pd.read_csv(data, dtype={"name": str, "team": str, "template": str},
+                             keep_default_na=False))  # ("NA", "None": as written)
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
         raise WorkloadError(key, f"{path}: cannot read it as "
                             f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
@@ -414,9 +408,10 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
                             "expected submit, instances, template (run_for, steps, priority, "
                             "name, team optional)")
     jobs = []
+    teams = TraceNames()
     for number, row in enumerate(frame.to_dict("records")):
         try:
-            jobs.append(_trace_job(row, number, path, templates, ranks_per_instance))
+            jobs.append(_trace_job(row, number, path, templates, ranks_per_instance, teams))
             origins.append((list(templates).index(str(row["template"])),
                             f"{where}, row {number + 1}", {}))
         except (TypeError, OverflowError, units.UnitError, ValueError) as error:
@@ -425,7 +420,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
 
 
 def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str, JobTemplate],
-               ranks_per_instance: int) -> dict[str, Any]:
+               ranks_per_instance: int, teams: TraceNames) -> dict[str, Any]:
     """One job of a trace file's row (ValueError, TypeError or OverflowError if malformed)."""
     template = templates.get(str(row["template"]))
     if template is None:
@@ -434,6 +429,8 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
 
     def value(key: str, row: dict = row) -> Any:
         item = row.get(key)
+        if isinstance(item, str) and not item.strip():
+            return None  # an empty cell (read as written, not as NaN)
         return None if item is None or (isinstance(item, float) and math.isnan(item)) else item
 
     def whole(key: str, low: int, high: int) -> int | None:
@@ -473,5 +470,5 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
             float(template.run_for.median_s) if template.run_for else None),
         steps if steps is not None else template.steps, priority)
     if value("team") is not None:
-        job["team"] = _team_name(str(value("team")))
+        job["team"] = teams(str(value("team")))
     return job
