@@ -255,11 +255,18 @@ class FairShareQueue:
     def smallest(self) -> int:
         return min(self.sizes) if self.sizes else 0
 
-    def ordered(self) -> Iterator[JobRun]:
+    def ordered(self, admissible: bool = False) -> Iterator[JobRun]:
+        """The walk; `admissible`: a team whose quota room (`TeamBook.room`) is below its
+        smallest waiting job is passed over at once (the scheduler's walk: each of its jobs
+        would be refused in turn, its share unmoved while none starts, so the team stayed
+        first until the last of them; a pass stepped past thousands such)."""
         cursor = {team: 0 for team, queue in self.teams.items() if len(queue)}
         while cursor:
             team = min(cursor, key=lambda t: (self.book.share(t), t))
             queue = self.teams[team]
+            if admissible and self.book.room(team) < queue.smallest():
+                del cursor[team]
+                continue
             run = queue.at(cursor[team])
             yield run
             if cursor[team] < len(queue) and queue.at(cursor[team]) is run:

@@ -131,7 +131,7 @@ class Scheduler:
         teams = self.t.teams
         by_team = isinstance(self.queue, JobQueue)
         order = (self.queue.after(None, _no_limit, teams.room) if by_team
-                 else self.queue.ordered())
+                 else self.queue.ordered(admissible=True))
         backfill = self.policy in ("backfill", "fairshare")
         if blocked is not None and self.policy != "priority":
             # Every recovery had its turn; a blocked one is the queue's head.
