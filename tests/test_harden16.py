@@ -209,3 +209,62 @@ def test_the_fair_share_walk_passes_over_a_team_without_room_as_a_block(
         assert (out[True] / name).read_bytes() == (out[False] / name).read_bytes(), name
     # the fleet has teams over their quota with jobs waiting (docs/fleet.md, "Scale")
     assert visited[True] < visited[False] / 50, visited  # (1,799 against 215,585)
+
+
+def test_replications_of_a_fleet_with_serving_say_whose_serving_figures_they_are(
+        tmp_path: Path) -> None:
+    """With --replications, an event-driven fleet's serving figures were the first
+    replication's but read as means (no ±, under 'a figure without ± is the same in every
+    replication'), and idle_or_down_share subtracted that one replication's serving share
+    from the mean training share."""
+    import json
+
+    import yaml
+
+    raw = yaml.safe_load(_FLUID_FLEET)
+    scenario = write(tmp_path, raw)
+    out = tmp_path / "out"
+    result = invoke("run", scenario, "-o", out, "--replications", "2")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["serving_replication"] == 0
+    cluster = summary["cluster"]
+    assert "serving_utilisation_ci95" in cluster
+    assert cluster["idle_or_down_share"] == pytest.approx(
+        1 - cluster["serving_utilisation"] - cluster["utilisation"])
+    caption = " ".join(result.output.split())
+    assert "but the serving deployments' figures and chip-hours, which are the first " \
+        "replication's" in caption
+    single = tmp_path / "single"
+    assert invoke("run", scenario, "-o", single).exit_code == 0
+    assert "serving_replication" not in json.loads((single / "summary.json").read_text())
+
+
+_FLUID_FLEET = """
+name: h16r
+seed: 5
+duration: 12h
+hardware: trn2u
+cluster: {ultraservers: 12, fabric: {instances_per_leaf: 16}}
+scheduler: {policy: backfill, preemption: true}
+workload:
+  arrivals: {rate: 200/d, count: 40}
+  templates:
+    - name: t
+      instances: {min: 1, max: 4}
+      run_for: {median: 2h, sigma: 1.0}
+      job: {model: llama3-8b, seq_len: 4096, parallelism: {tp: 8, pp: 1, zero: 1}}
+failures: {preset: llama3, scale: 50, detect: 2min, repair: 4h, restart: 10min}
+fluid: {interval: 5min}
+serve:
+  - name: chat
+    model: llama3.1-8b
+    parallelism: {tp: 4}
+    workload:
+      load: {sinusoid: {peak: 300/s, trough: 30/s, peak_at: 17h}, noise: 0.05}
+      input_tokens: {distribution: lognormal, median: 1024, sigma: 0.8, max: 8192}
+      output_tokens: {distribution: lognormal, median: 256, sigma: 0.8, max: 2048}
+    slo: {ttft: 1s, tpot: 50ms}
+    autoscale: {min: 2, max: 40, target: 0.7, interval: 5min, warmup: 2min, drain: 2min,
+                scale_down_after: 30min, priority: 1}
+"""

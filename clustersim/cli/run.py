@@ -374,13 +374,16 @@ def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assum
                       f"held by jobs, {_with_ci(cluster, 'useful_utilisation', _percent)} useful")
     if cluster.get("serving_utilisation") is not None:  # fluid deployments' holdings
         serving = summary["serving"]
-        table.add_row("serving", f"{cluster['serving_utilisation']:.1%} of chip-time held by "
-                      f"serving ({serving['chip_hours']:,.0f} chip-hours), "
+        table.add_row("serving", f"{_with_ci(cluster, 'serving_utilisation', _percent)} of "
+                      f"chip-time held by serving ({serving['chip_hours']:,.0f} chip-hours), "
                       f"{_money(serving['cost_per_million_output_tokens_usd'], 'per M output tokens')}"
                       f"; idle or down {cluster['idle_or_down_share']:.1%}")
     if summary.get("replications", 1) > 1:
         table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
-                         "figure without ± is the same in every replication")
+                         "figure without ± is the same in every replication" + (
+                             ", but the serving deployments' figures and chip-hours, which are "
+                             "the first replication's" if "serving_replication" in summary
+                             else ""))
         table.caption_justify = "left"
     out_console.print(table)
     out_console.print(f"simulated {_horizon(summary['simulated_s'])}; wrote "

@@ -307,7 +307,7 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
         summary["teams"] = combined["teams"]
     serving = None
     if plans is not None:  # the first replication's holdings
-        add_fluid_figures(scenario, plans, timelines[0], summary)
+        add_fluid_figures(scenario, plans, timelines, summary)
     elif scenario.serve:
         # The first replication's failures of serving instances: one failure history for
         # training and serving.

@@ -80,17 +80,29 @@ def holdings_of(scenario: Scenario, plans: list[FluidPlan] | None) -> list[Holdi
                     p.change_s, p.instances) for p in plans]
 
 
-def add_fluid_figures(scenario: Scenario, plans: list[FluidPlan], timeline: TimelineResult,
-                      summary: dict[str, Any]) -> None:
+def add_fluid_figures(scenario: Scenario, plans: list[FluidPlan],
+                      timelines: list[TimelineResult], summary: dict[str, Any]) -> None:
     """summary.json of a run whose timeline held fluid deployments: `deployments`, `serving`
-    (the fleet's serving chip-hours, tokens and cost) and, in `cluster`, the chip-time held
-    by serving beside the jobs' `utilisation` (the rest idle or down)."""
+    (the fleet's serving chip-hours, tokens and cost: the first replication's, said by
+    `serving_replication` when there are several) and, in `cluster`, the chip-time held by
+    serving (the mean over the replications) beside the jobs' `utilisation` (the rest idle
+    or down)."""
+    import numpy as np
+
+    from clustersim.runner.figures import t_quantile
+
+    timeline = timelines[0]
     deployments, serving = fluid_fleet_figures(scenario, plans, timeline.holdings)
     summary["deployments"] = deployments
     summary["serving"] = serving
+    if len(timelines) > 1:
+        summary["serving_replication"] = 0
     cluster = summary["cluster"]
-    chip_s = timeline.total_chips * timeline.horizon_s
-    held = timeline.holdings.chip_s(timeline.horizon_s)
     cluster["serving_instances"] = None  # they vary: deployments.<name>
-    cluster["serving_utilisation"] = held / chip_s if chip_s else 0.0
+    shares = np.array([t.holdings.chip_s(t.horizon_s) / (t.total_chips * t.horizon_s)
+                       if t.total_chips * t.horizon_s else 0.0 for t in timelines])
+    cluster["serving_utilisation"] = float(shares.mean())
+    if len(shares) > 1:
+        cluster["serving_utilisation_ci95"] = float(
+            t_quantile(len(shares) - 1) * shares.std(ddof=1) / np.sqrt(len(shares)))
     cluster["idle_or_down_share"] = 1.0 - cluster["serving_utilisation"] - cluster["utilisation"]
