@@ -268,3 +268,28 @@ serve:
     autoscale: {min: 2, max: 40, target: 0.7, interval: 5min, warmup: 2min, drain: 2min,
                 scale_down_after: 30min, priority: 1}
 """
+
+
+def test_a_pai_job_with_a_task_still_running_has_no_end(tmp_path: Path) -> None:
+    """A PAI job one of whose started tasks has no end was replayed as finished at its
+    other tasks' latest end (4,100 s); it had not ended: counted with the jobs of no end."""
+    import json
+
+    folder = tmp_path / "pai"
+    folder.mkdir()
+    (folder / "pai_job_table.csv").write_text(
+        "jA,iA,uX,Terminated,1000.0,5000.0\njB,iB,uY,Terminated,2000.0,3000.0\n")
+    (folder / "pai_task_table.csv").write_text(
+        "jA,worker,2.0,Terminated,900.0,5000.0,600,29,100.0,V100\n"
+        "jA,worker2,1.0,Running,1000.0,,600,29,100.0,V100\n"
+        "jB,worker,1.0,Terminated,2100.0,2900.0,600,29,100.0,V100\n")
+    scenario = write(tmp_path, {"name": "h16p", "duration": "2d", "hardware": "trn2u",
+                                "cluster": {"ultraservers": 4},
+                                "workload": {"trace": "pai", "format": "pai",
+                                             "mapping": {"team": "user"},
+                                             "templates": [_TEMPLATE]}})
+    out = tmp_path / "out"
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "summary.json").read_text())["trace_rows"]
+    assert rows["replayed"] == 1 and rows["left_out"]["no_end"] == 1, rows

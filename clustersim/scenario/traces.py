@@ -355,7 +355,7 @@ def _pai_rows(path: Path) -> list[_Row]:
     """Alibaba PAI 2020: pai_job_table.csv (given) and pai_task_table.csv beside it, both
     without a header row as published. A job's GPUs: the sum over its tasks of inst_num x
     plan_gpu / 100; its submission: the job's start_time; its run: from its earliest task
-    start to its latest task end."""
+    start to its latest task end (none while a started task has none)."""
     tasks_path = path.with_name(path.name.replace("job_table", "task_table"))
     if tasks_path == path:  # "no task table beside it (h.csv)" named the job table
         raise _Bad("its name has no job_table to find the task table by; expected "
@@ -382,9 +382,13 @@ def _pai_rows(path: Path) -> list[_Row]:
         starts = [s for _, s, _ in own if s is not None]
         ends = [e for _, _, e in own if e is not None]
         gpus = sum(g for g, _, _ in own)
+        # A task started and not ended: the job had not ended either (its ended tasks'
+        # latest end is not its end).
+        running = any(s is not None and e is None for _, s, e in own)
         rows.append(_Row(where, str(job["inst_id"] or job["job_name"]),
                          _submitted(job["start_time"], where, "start_time"),
-                         min(starts) if starts else None, max(ends) if ends else None,
+                         min(starts) if starts else None,
+                         max(ends) if ends and not running else None,
                          gpus or None, _text(job["user"]), _text(job["status"]),
                          "plan_gpu"))
     return rows
