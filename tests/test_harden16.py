@@ -293,3 +293,21 @@ def test_a_pai_job_with_a_task_still_running_has_no_end(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "summary.json").read_text())["trace_rows"]
     assert rows["replayed"] == 1 and rows["left_out"]["no_end"] == 1, rows
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"status": ["x"]}, "columns status and vc: expected text or null"),
+    ({"attempts": [{"start_time": "2017-10-07 01:00:00", "end_time": "2017-10-07 05:00:00"}]},
+     "column attempts.detail missing from a started attempt")])
+def test_a_philly_job_with_a_malformed_column_is_refused(tmp_path: Path, change: dict,
+                                                         words: str) -> None:
+    """A status given as a list became the outcome "['x']", and a started attempt without
+    its detail was counted CPU-only, where traces-in.md refuses a missing column."""
+    import json
+
+    at = "2017-10-07 01:00:00"
+    job = {"status": "Pass", "vc": "vc1", "jobid": "j1", "user": "u", "submitted_time": at,
+           "attempts": [{"start_time": at, "end_time": "2017-10-07 05:00:00",
+                         "detail": [{"ip": "m", "gpus": ["gpu0"]}]}], **change}
+    scenario = _trace_scenario(tmp_path, "p.json", json.dumps([job]), "philly", team="vc")
+    refused(invoke("validate", scenario), "job 1 (jobid j1)", words)

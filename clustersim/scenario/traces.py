@@ -330,7 +330,9 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
             first, last = started[0], started[-1]
             start = _seconds(first.get("start_time"), where, "attempts.start_time")
             end = _seconds(last.get("end_time"), where, "attempts.end_time")
-            detail = last.get("detail") or []
+            if "detail" not in last:  # (an empty list is a CPU-only attempt)
+                raise _Bad(f"{where}, column attempts.detail missing from a started attempt")
+            detail = last["detail"] or []
             if not isinstance(detail, list):
                 raise _Bad(f"{where}, column attempts.detail: expected a list")
             if not all(isinstance(d, dict) and isinstance(d.get("gpus"), list)
@@ -338,6 +340,8 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
                 raise _Bad(f"{where}, column attempts.detail.gpus: expected a list of "
                            "GPUs per server")
             gpus = float(sum(len(d["gpus"]) for d in detail))
+        if any(not isinstance(job[key], str | None) for key in ("status", team_column)):
+            raise _Bad(f"{where}, columns status and {team_column}: expected text or null")
         rows.append(_Row(where, str(job["jobid"]),
                          _submitted(job["submitted_time"], where, "submitted_time"),
                          start, end, gpus or None, _text(job.get(team_column)),
@@ -382,13 +386,10 @@ def _pai_rows(path: Path) -> list[_Row]:
         starts = [s for _, s, _ in own if s is not None]
         ends = [e for _, _, e in own if e is not None]
         gpus = sum(g for g, _, _ in own)
-        # A task started and not ended: the job had not ended either (its ended tasks'
-        # latest end is not its end).
-        running = any(s is not None and e is None for _, s, e in own)
+        running = any(s is not None and e is None for _, s, e in own)  # (no end yet)
         rows.append(_Row(where, str(job["inst_id"] or job["job_name"]),
                          _submitted(job["start_time"], where, "start_time"),
-                         min(starts) if starts else None,
-                         max(ends) if ends and not running else None,
+                         min(starts) if starts else None, None if running or not ends else max(ends),
                          gpus or None, _text(job["user"]), _text(job["status"]),
                          "plan_gpu"))
     return rows
