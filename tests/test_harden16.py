@@ -311,3 +311,19 @@ def test_a_philly_job_with_a_malformed_column_is_refused(tmp_path: Path, change:
                          "detail": [{"ip": "m", "gpus": ["gpu0"]}]}], **change}
     scenario = _trace_scenario(tmp_path, "p.json", json.dumps([job]), "philly", team="vc")
     refused(invoke("validate", scenario), "job 1 (jobid j1)", words)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "workload.templates.0.instances.min = 0: expected greater than 0"),
+    ("5", "workload.templates.0.instances: max 4 is below min 5")])
+def test_a_size_range_error_names_the_range_not_the_list_branch(tmp_path: Path, value: str,
+                                                                 message: str) -> None:
+    """`instances: {min: 0, max: 4}` said 'instances.list[int]: expected a list' (the
+    union's list branch) beside, or instead of, what was wrong with the range."""
+    scenario = write(tmp_path, {
+        "name": "h16i", "duration": "1d", "hardware": "trn2u", "cluster": {"ultraservers": 4},
+        "workload": {"arrivals": {"rate": "10/d", "count": 5}, "templates": [
+            {**_TEMPLATE, "instances": {"min": 1, "max": 4}, "run_for": {"median": "1h"}}]}})
+    result = invoke("validate", scenario, "--set", f"workload.templates.0.instances.min={value}")
+    refused(result, message)
+    assert "list[int]" not in result.output and "expected a list" not in result.output

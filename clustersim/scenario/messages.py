@@ -73,6 +73,7 @@ def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> l
     """One Issue per key path that failed validation; an unknown key lists the keys `root`
     (default: Scenario) accepts there."""
     issues = []
+    mapped: list[Issue] = []  # a list expected, a mapping given (below)
     for detail in error.errors(include_url=False):
         loc = [part for part in detail["loc"] if not _is_union_tag(part)]
         kind = detail["type"]
@@ -102,9 +103,16 @@ def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> l
             issues.append(Issue(path_text(loc[:-1]), f"unknown key; {message}"))
         elif kind == "missing":
             issues.append(Issue(path_text(loc), message))
+        elif kind == "list_type" and isinstance(value, Mapping):
+            # the list branch of a union (`instances: [1, 2] | {min, max}`) given a mapping:
+            # said only if the mapping's own branch found nothing to say
+            mapped.append(Issue(path_text(loc), message, value, False))
         else:
             shown = not isinstance(value, Mapping)
             issues.append(Issue(path_text(loc), message, value, shown))
+    issues += [m for m in mapped
+               if not any(i.path == m.path or i.path.startswith(m.path + ".")
+                          for i in issues)]
     return _deduplicate(issues)
 
 
@@ -112,7 +120,8 @@ def _is_union_tag(part: Any) -> bool:
     """Pydantic names union members in error locations (`float`, `literal['auto']`)."""
     return isinstance(part, str) and (
         part in {"float", "int", "str", "function-after[positive(), float]"}
-        or part.startswith(("literal[", "function-", "lax-", "constrained-"))
+        or part.startswith(("literal[", "function-", "lax-", "constrained-", "list[",
+                            "dict["))
     )
 
 

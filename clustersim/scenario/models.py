@@ -171,7 +171,8 @@ class JobSpec(Spec):
     capacity_factor: float | None = Field(
         default=None, gt=0, le=limits.MAX_EXPERTS, description="mixture of experts: each "
         "expert takes at most this multiple of its mean tokens and is padded to it "
-        "(capacity-based dispatch); none: dropless, the load is routing_imbalance")
+        "(capacity-based dispatch; at most experts / top_k, every token); none: dropless, the "
+        "load is routing_imbalance")
     instances: int | None = Field(default=None, gt=0, le=limits.MAX_INSTANCES)
     submit_s: NonNegativeDuration = Field(default=0.0, alias="submit")
     steps: int | None = Field(default=None, gt=0, le=limits.MAX_STEPS,
