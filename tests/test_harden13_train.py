@@ -20,8 +20,9 @@ _HEAVY_EXPERTS = {"layers": 4, "hidden": 4096, "heads": 32, "vocab": 1024, "expe
                   "top_k": 8, "expert_ffn_hidden": 65536, "gated": True, "seq_len": 512}
 
 
-def _capped(capacity: float | None):
-    job = {"name": "j", "model": _HEAVY_EXPERTS, "global_batch": 256, "micro_batch": 4,
+def _capped(capacity: float | None, top_k: int = 8):
+    job = {"name": "j", "model": {**_HEAVY_EXPERTS, "top_k": top_k}, "global_batch": 256,
+           "micro_batch": 4,
            "parallelism": {"tp": 1, "dp": 64, "zero": 1}}
     if capacity is not None:
         job["capacity_factor"] = capacity
@@ -36,8 +37,9 @@ def test_dropped_tokens_leave_the_model_flops():
     m = _capped(None).model
     routed = m.layers * m.top_k * 3 * 4096 * 65536
     assert full - half == pytest.approx(6.0 * 0.5 * routed * 256 * 512)
-    # capacity 1 is every token here (top 8 of 8 experts: more is refused, padding alone)
-    assert model_flops_per_step(_capped(1.0)) == full
+    # padding is not the model's work (top 2 of 8: up to 4x the mean is a capacity)
+    assert model_flops_per_step(_capped(1.25, top_k=2)) == model_flops_per_step(
+        _capped(None, top_k=2))
 
 
 @pytest.mark.parametrize("capacity", [0.1, 1e-9])

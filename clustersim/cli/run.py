@@ -381,8 +381,8 @@ def _print_run(summary: dict[str, Any], out_dir: Path, price_label: str = "assum
     if summary.get("replications", 1) > 1:
         table.caption = (f"mean ± 95% interval over {summary['replications']} replications; a "
                          "figure without ± is the same in every replication" + (
-                             ", but the serving deployments' figures and chip-hours, which are "
-                             "the first replication's" if "serving_replication" in summary
+                             ", but the serving deployments' figures, which are the first "
+                             "replication's" if "serving_replication" in summary
                              else ""))
         table.caption_justify = "left"
     out_console.print(table)

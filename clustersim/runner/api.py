@@ -313,6 +313,8 @@ def _simulate(scenario: Scenario, seed: int | None, replications: int, workers: 
         # training and serving.
         serving = run_serving(scenario, seed, trace_dir, timelines[0].serving_outages,
                               serving_trial)
+        if replications > 1:  # (served once, on the first replication's failures)
+            summary["serving_replication"] = 0
         summary["deployments"] = deployment_figures(scenario, serving)
         for name, check in compare_levels(scenario, seed, summary["deployments"],
                                           serving).items():

@@ -333,7 +333,7 @@ def _from_trace(workload: WorkloadSpec, templates: dict[str, JobTemplate],
     columns = COLUMNS[workload.format]
     rows, stats = read_trace(path, workload.format, workload.mapping, target, horizon_s)
     trace_rows.update(stats)
-    ids, teams = TraceNames(), TraceNames()
+    ids, teams = TraceNames(row.id for row in rows), TraceNames(row.team for row in rows)
     for row in rows:
         origins.append((label, f"workload.trace {workload.trace}, {row.where}", columns))
         job = _job(template, row.instances, ranks_per_instance,
@@ -394,7 +394,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
         # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
         frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
                  pd.read_csv(data, dtype={"name": str, "team": str, "template": str},
-                             keep_default_na=False))  # ("NA", "None": as written)
+                             keep_default_na=False, na_values=[""]))  # ("NA": as written)
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
         raise WorkloadError(key, f"{path}: cannot read it as "
                             f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
@@ -408,7 +408,8 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
                             "expected submit, instances, template (run_for, steps, priority, "
                             "name, team optional)")
     jobs = []
-    teams = TraceNames()
+    teams = TraceNames(str(team) for team in frame.get("team", []) if isinstance(team, str)
+                       or (team is not None and not pd.isna(team)))
     for number, row in enumerate(frame.to_dict("records")):
         try:
             jobs.append(_trace_job(row, number, path, templates, ranks_per_instance, teams))
