@@ -460,10 +460,14 @@ def test_fleet_invariants(scenario, seed):
         first: dict[int, tuple[float, float]] = {}
         for now, head, shadow in timeline.scheduler.reservations:
             first.setdefault(head, (now, shadow))
+        quotas = {t.name: t.quota for t in scenario.teams}
         for head, (now, shadow) in first.items():
             began = starts[head]
             if not np.isfinite(shadow) or (began is not None and began <= shadow + eps):
                 continue
+            quota = quotas.get(scenario.jobs[head].team)
+            if quota is not None and scenario.job_instances(scenario.jobs[head]) > quota:
+                continue  # over its own quota: it starts by borrowing, not by the free pool
             ahead = [i for i, j in enumerate(scenario.jobs)
                      if (j.submit_s, i) < (scenario.jobs[head].submit_s, head)
                      and starts[i] is not None and now - eps <= starts[i]
