@@ -40,10 +40,10 @@ from clustersim.runner.budget import (
 )
 from clustersim.runner.figures import (
     JobFigures,
-    _combine,
     _job_figures,
     capped_workers,
     cluster_figures,
+    combine_replications,
     effective_figures,
     largest_of_columns,
 )
@@ -348,7 +348,7 @@ def _job_summaries(scenario: Scenario, steps: dict[str, StepProfile], model: Ste
             per_replication[-1]["teams"] = team_figures(
                 jobs, {t.name: t.quota for t in scenario.teams},
                 {t.name: t.share for t in scenario.teams})
-    return _combine(per_replication)
+    return combine_replications(per_replication)
 
 
 def _fleet_day_run(scenario: Scenario, seed: int, topology: Topology,

@@ -17,6 +17,7 @@ from clustersim.training.profile import StepProfile
 __all__ = [
     "capped_workers",
     "cluster_figures",
+    "combine_replications",
     "effective_figures",
     "job_shape",
     "JobFigures",
@@ -148,7 +149,7 @@ def t_quantile(dof: int) -> float:
     return _T975[lower] * (1 - weight) + _T975[upper] * weight
 
 
-def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_replications(values: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean of every number over replications, with `<name>_ci95` half-widths; nested
     mappings are combined key by key; other values are taken from the first."""
     first = values[0]
@@ -165,7 +166,7 @@ def _combine(values: list[dict[str, Any]]) -> dict[str, Any]:
                 keys = list(dict.fromkeys(k for v in values for k in v[key]))
                 # A key missing from a replication's mapping (a cause that did not occur) is 0.
                 filled = [{k: v[key].get(k, 0) for k in keys} for v in values]
-                out[key] = _combine(filled)
+                out[key] = combine_replications(filled)
             else:
                 out[key] = value
             continue

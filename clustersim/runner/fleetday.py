@@ -87,9 +87,7 @@ def add_fluid_figures(scenario: Scenario, plans: list[FluidPlan],
     `serving_replication` when there are several) and, in `cluster`, the chip-time held by
     serving (the mean over the replications) beside the jobs' `utilisation` (the rest idle
     or down)."""
-    import numpy as np
-
-    from clustersim.runner.figures import t_quantile
+    from clustersim.runner.figures import combine_replications
 
     timeline = timelines[0]
     deployments, serving = fluid_fleet_figures(scenario, plans, timeline.holdings)
@@ -99,10 +97,7 @@ def add_fluid_figures(scenario: Scenario, plans: list[FluidPlan],
         summary["serving_replication"] = 0
     cluster = summary["cluster"]
     cluster["serving_instances"] = None  # they vary: deployments.<name>
-    shares = np.array([t.holdings.chip_s(t.horizon_s) / (t.total_chips * t.horizon_s)
-                       if t.total_chips * t.horizon_s else 0.0 for t in timelines])
-    cluster["serving_utilisation"] = float(shares.mean())
-    if len(shares) > 1:
-        cluster["serving_utilisation_ci95"] = float(
-            t_quantile(len(shares) - 1) * shares.std(ddof=1) / np.sqrt(len(shares)))
+    cluster.update(combine_replications([{"serving_utilisation": (
+        t.holdings.chip_s(t.horizon_s) / (t.total_chips * t.horizon_s)
+        if t.total_chips * t.horizon_s else 0.0)} for t in timelines]))
     cluster["idle_or_down_share"] = 1.0 - cluster["serving_utilisation"] - cluster["utilisation"]
