@@ -96,12 +96,19 @@ def easy_backfill(head: JobRun, shadow: float, extra: int, rest: Iterator[JobRun
     # during the walk and placement fails for every larger count once it fails for one, so
     # no larger job of that kind is tried again (the same starts, far fewer placements).
     refused = {True: math.inf, False: math.inf}
-    if hasattr(queue, "after"):  # by team and size: only the jobs that could still start
-        # (a team's jobs of a size larger than the reservation leaves over, none of which
-        # would end before the shadow time, are not visited: `extra` only falls)
-        rest = queue.after(head, lambda: min(free_count, max(refused.values()) - 1),
-                           teams.room,
-                           lambda size, shortest: size <= extra or now + shortest <= shadow)
+    # By team and size, only the jobs that could still start are visited: a team's jobs of
+    # a size larger than the reservation leaves over, none of which would end before the
+    # shadow time, are not (`extra` only falls), nor those over the free instances.
+    def limit() -> float:
+        return min(free_count, max(refused.values()) - 1)
+
+    def viable(size: int, shortest: float) -> bool:
+        return size <= extra or now + shortest <= shadow
+
+    if hasattr(queue, "after"):
+        rest = queue.after(head, limit, teams.room, viable)
+    elif hasattr(rest, "narrowed"):  # fair share's walk (queues.FairShareWalk), team by team
+        rest = rest.narrowed(limit, teams.room, viable)
     for run in rest:
         if free_count < smallest:
             return  # nothing that waits fits any more

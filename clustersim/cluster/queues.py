@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from clustersim.cluster.jobrun import JobRun
     from clustersim.cluster.quotas import TeamBook
 
-__all__ = ["JobQueue", "FairShareQueue", "ActiveJobs"]
+__all__ = ["JobQueue", "FairShareQueue", "FairShareWalk", "ActiveJobs"]
 
 
 class JobQueue:
@@ -214,9 +214,11 @@ class FairShareQueue:
     the team furthest below its fair share (instances held over its weight) first, its
     position looked at again after every job (a start raises the team's share)."""
 
-    def __init__(self, key: Callable[[JobRun], tuple], book: TeamBook):
+    def __init__(self, key: Callable[[JobRun], tuple], book: TeamBook,
+                 shortest: Callable[[JobRun], float] | None = None):
         self.key = key
         self.book = book
+        self.shortest = shortest  # (`JobQueue`'s)
         self.teams: dict[str, JobQueue] = {}
         self.sizes: Counter = Counter()
         self._count = 0
@@ -224,7 +226,7 @@ class FairShareQueue:
     def append(self, run: JobRun) -> None:
         queue = self.teams.get(run.team)
         if queue is None:
-            queue = self.teams[run.team] = JobQueue(self.key)
+            queue = self.teams[run.team] = JobQueue(self.key, self.shortest)
         if run in queue:
             return
         queue.append(run)
@@ -256,23 +258,73 @@ class FairShareQueue:
         return min(self.sizes) if self.sizes else 0
 
     def ordered(self, admissible: bool = False) -> Iterator[JobRun]:
-        """The walk; `admissible`: a team whose quota room (`TeamBook.room`) is below its
-        smallest waiting job is passed over at once (the scheduler's walk: each of its jobs
-        would be refused in turn, its share unmoved while none starts, so the team stayed
-        first until the last of them; a pass stepped past thousands such)."""
+        """The walk; `admissible`: only the jobs their team's quota room (`TeamBook.room`)
+        admits when their turn comes (`FairShareWalk`, the scheduler's walk)."""
+        if admissible:
+            return FairShareWalk(self)
+        return self._every()
+
+    def _every(self) -> Iterator[JobRun]:
         cursor = {team: 0 for team, queue in self.teams.items() if len(queue)}
         while cursor:
             team = min(cursor, key=lambda t: (self.book.share(t), t))
             queue = self.teams[team]
-            if admissible and self.book.room(team) < queue.smallest():
-                del cursor[team]
-                continue
             run = queue.at(cursor[team])
             yield run
             if cursor[team] < len(queue) and queue.at(cursor[team]) is run:
                 cursor[team] += 1  # still there: step past it
             if cursor[team] >= len(queue):
                 del cursor[team]
+
+
+def _no_limit() -> float:
+    return math.inf
+
+
+class FairShareWalk:
+    """`FairShareQueue.ordered(admissible=True)`: the team furthest below its fair share
+    first, each team's jobs in queue order, but only those of a size its quota room admits
+    (`JobQueue.after` with `room`). The walk of every job yields the others too, one after
+    another, while the team's share stays put: the scheduler refused each in turn (a pass
+    of a 20,000-job fleet stepped past thousands of jobs larger than their team's room).
+    Safe while the walker starts (removes) the job it was given. The rooms may only fall
+    during a walk; a walker whose preemption gave quota back calls `rooms_rose` (every
+    team's walk resumes after the last job it gave, its sizes looked at again)."""
+
+    def __init__(self, queue: FairShareQueue):
+        self.queue = queue
+        room = queue.book.room
+        self.walks = {team: jobs.after(None, _no_limit, room)
+                      for team, jobs in queue.teams.items() if len(jobs)}
+        self.last: dict[str, tuple | None] = dict.fromkeys(self.walks)
+
+    def __iter__(self) -> FairShareWalk:
+        return self
+
+    def __next__(self) -> JobRun:
+        share = self.queue.book.share
+        while self.walks:
+            team = min(self.walks, key=lambda t: (share(t), t))
+            run = next(self.walks[team], None)
+            if run is None:
+                del self.walks[team]
+                continue
+            self.last[team] = self.queue.teams[team].key_of(run)
+            return run
+        raise StopIteration
+
+    def rooms_rose(self) -> None:
+        self.narrowed(_no_limit, self.queue.book.room)
+
+    def narrowed(self, limit: Callable[[], float], room: Callable[[str], float],
+                 viable: Callable[[int, float], bool] | None = None) -> FairShareWalk:
+        """The walk on from here, each team's after the last job it gave, with `JobQueue.after`'s
+        bounds (backfill's: the free instances, the quota room, the sizes whose jobs could
+        end before the reservation or fit beside it)."""
+        for team in self.walks:
+            self.walks[team] = self.queue.teams[team].after(self.last[team], limit, room,
+                                                            viable)
+        return self
 
 
 class ActiveJobs:

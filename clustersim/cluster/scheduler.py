@@ -56,7 +56,7 @@ class Scheduler:
         self.policy = policy
         self.preemption = preemption
         key = lambda run: queue_key(policy, run)  # noqa: E731
-        self.queue = (FairShareQueue(key, timeline.teams) if policy == "fairshare"
+        self.queue = (FairShareQueue(key, timeline.teams, runtime_floor) if policy == "fairshare"
                       else JobQueue(key, runtime_floor))
         self._busy = False
         self._again = False
@@ -152,6 +152,8 @@ class Scheduler:
                     # Victims were evicted and their quota came back: the room a walk
                     # checks may only fall, so walk on from this job afresh.
                     order = self.queue.after(self.queue.key_of(run), _no_limit, teams.room)
+                elif chosen is not None:
+                    order.rooms_rose()  # (FairShareWalk: the same, team by team)
             if chosen is None:
                 if backfill:
                     self._backfill(run, need, order, free)
