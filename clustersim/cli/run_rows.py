@@ -37,6 +37,16 @@ def _mixture_row(table: Table, d: dict[str, Any]) -> None:
                       "without a mixture fit\")")
 
 
+def _stackless_row(table: Table, d: dict[str, Any]) -> None:
+    """A warning for hardware no serving stack is fitted on (Trn3, A100): its serving
+    constants are another family's, assumed."""
+    if "stack" in d and d["stack"] is None:
+        table.add_row("", "[bold]warning[/bold]: no serving stack is fitted on this hardware "
+                      "and no serving row of it is in the calibration: its serving constants "
+                      "are another family's, assumed (docs/calibration.md, \"Per hardware "
+                      "family\")")
+
+
 def _port_row(table: Table, d: dict[str, Any]) -> None:
     """A warning for a model run on a stack that is another model's port (a contrib
     model's own script, fitted on that model)."""
@@ -57,6 +67,7 @@ def _held_rows(table: Table, name: str, d: dict[str, Any]) -> None:
                   f"peak {d['peak_load_per_s']:,.1f}/s, SLO goodput "
                   f"{_percent(d['slo_goodput'])}, {d['chip_hours']:,.0f} chip-hours")
     _level_rows(table, d)
+    _stackless_row(table, d)
     _mixture_row(table, d)
     _port_row(table, d)
 
@@ -79,6 +90,7 @@ def _deployment_rows(table: Table, summary: dict[str, Any]) -> None:
                           f"cache moves to the decode pool in "
                           f"{pools['kv_transfer_s_per_1k_tokens'] * 1e3:,.3g} ms per 1,024 tokens")
         _level_rows(table, d)
+        _stackless_row(table, d)
         _mixture_row(table, d)
         _port_row(table, d)
         if d.get("requests") or d["requests_completed"]:  # none completed is an answer
@@ -129,6 +141,7 @@ def _fleet_day_rows(table: Table, summary: dict[str, Any]) -> None:
                       f"{d['peak_load_per_s']:,.1f}/s, SLO goodput "
                       f"{_percent(d['slo_goodput'])}")
         _level_rows(table, d)
+        _stackless_row(table, d)
         _mixture_row(table, d)
         table.add_row("", f"{format_latencies('TTFT', d['ttft_p50_s'], d['ttft_p99_s'])}; "
                       + format_latencies("TPOT", d["tpot_p50_s"], d["tpot_p99_s"]))

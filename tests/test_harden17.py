@@ -1,0 +1,44 @@
+"""Session 17: what a user running serving on hardware no stack is fitted on is told, and
+(beside, in tests/test_harden16.py) fair share's walk of the jobs its teams' rooms admit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, write
+
+
+def _serving(tmp_path: Path, hardware: str, cluster: dict) -> Path:
+    return write(tmp_path, {
+        "name": f"h17-{hardware}", "seed": 1, "duration": "2min", "hardware": hardware,
+        "cluster": cluster,
+        "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                   "workload": {"rate": "1/s",
+                                "input_tokens": {"distribution": "fixed", "value": 512},
+                                "output_tokens": {"distribution": "fixed", "value": 64}},
+                   "slo": {"ttft": "2s", "tpot": "100ms"}}]})
+
+
+@pytest.mark.parametrize(("hardware", "cluster", "stack"), [
+    ("trn3-gen2", {"ultraservers": 1}, None),
+    ("p4d", {"instances": 1}, None),
+    ("trn2", {"instances": 1}, "nxd-inference"),
+    ("p5en", {"instances": 1}, "tensorrt-llm"),
+])
+def test_serving_on_hardware_without_a_stack_says_its_constants_are_assumed(
+        tmp_path: Path, hardware: str, cluster: dict, stack: str | None) -> None:
+    """Trn3's serving constants are an early Trn1 fit's (no host time per iteration) and the
+    A100's the H100's: the run said nothing of it, while a Trn2 or H200 run names the stack
+    its constants were fitted on. The run table warns where summary.json's stack is null."""
+    out = tmp_path / "out"
+    result = invoke("run", _serving(tmp_path, hardware, cluster), "-o", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["deployments"]["chat"]["stack"] == stack
+    text = " ".join(result.output.split())
+    warned = "no serving stack is fitted on this hardware" in text
+    assert warned == (stack is None), result.output
+    if stack is not None:
+        assert f"llama3.1-8b on {stack}" in text
