@@ -42,3 +42,36 @@ def test_serving_on_hardware_without_a_stack_says_its_constants_are_assumed(
     assert warned == (stack is None), result.output
     if stack is not None:
         assert f"llama3.1-8b on {stack}" in text
+
+
+# -- output folders (helper harden17b)
+
+def _small_fleet(tmp_path: Path) -> Path:
+    return write(tmp_path, {
+        "name": "h17f", "seed": 1, "duration": "6h", "hardware": "trn2",
+        "cluster": {"instances": 4},
+        "jobs": [{"name": "a", "model": "llama3-8b", "seq_len": 4096, "global_batch": 64,
+                  "parallelism": {"tp": 8, "dp": 8}, "run_for": "2h"}]})
+
+
+@pytest.mark.parametrize("yours", ["my_notes.md", "analysis/nb.ipynb"])
+def test_a_run_again_keeps_a_file_of_yours_in_the_earlier_runs_report(
+        tmp_path: Path, yours: str) -> None:
+    """An earlier run's folder was replaced, report/ and all, when a run of the same scenario
+    wrote into it again without --force: notes and a notebook kept in report/ were deleted.
+    A report/ holding anything `clustersim report` does not write makes the folder the
+    user's; a report as written is still replaced."""
+    scenario, out = _small_fleet(tmp_path), tmp_path / "out"
+    assert invoke("run", scenario, "-o", out).exit_code == 0
+    assert invoke("report", out).exit_code == 0
+    assert invoke("run", scenario, "-o", out).exit_code == 0  # the report as written: replaced
+    assert not (out / "report").exists()
+    assert invoke("report", out).exit_code == 0
+    mine = out / "report" / yours
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    mine.write_text("mine\n")
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert "holds more than an earlier run" in result.output
+    assert mine.read_text() == "mine\n"
+    assert invoke("run", scenario, "-o", out, "--force").exit_code == 0

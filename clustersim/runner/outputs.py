@@ -60,6 +60,11 @@ def earlier_run_of(out: Path, scenario: str | None) -> bool:
     names = {p.name for p in out.iterdir()}
     if not names <= RUN_FILES or not {"summary.json", "scenario.yaml"} <= names:
         return False
+    # its report/ as `clustersim report` wrote it, nothing of the user's beside (a notebook
+    # kept there would go with the folder)
+    report = out / "report"
+    if "report" in names and (report.is_symlink() or not earlier_report(report)):
+        return False
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
