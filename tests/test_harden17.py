@@ -75,3 +75,49 @@ def test_a_run_again_keeps_a_file_of_yours_in_the_earlier_runs_report(
     assert "holds more than an earlier run" in result.output
     assert mine.read_text() == "mine\n"
     assert invoke("run", scenario, "-o", out, "--force").exit_code == 0
+
+
+# -- the fleet-day level (helper harden17b)
+
+def _fleet_day(tmp_path: Path, step: str, **job: object) -> Path:
+    return write(tmp_path, {
+        "name": "h17d", "duration": "6h", "hardware": "trn2", "cluster": {"instances": 8},
+        "fluid": {"interval": step, "curve_requests": 1000},
+        "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+                   "workload": {"load": {"sinusoid": {"peak": "100/s", "trough": "20/s",
+                                                      "peak_at": "14h"}},
+                                "input_tokens": {"distribution": "fixed", "value": 512},
+                                "output_tokens": {"distribution": "fixed", "value": 128}},
+                   "slo": {"ttft": "1s", "tpot": "50ms"},
+                   "autoscale": {"min": 2, "max": 8, "interval": step, "priority": 100}}],
+        "jobs": [{"name": "train", "model": "llama3.1-70b", "seq_len": 4096,
+                  "global_batch": 32, "recompute": "full", "parallelism": {"tp": 64, "dp": 4},
+                  "priority": 1, "checkpoint": {"interval": "30min", "write": "30s",
+                                                "restore": "1min"}, **job}]})
+
+
+@pytest.mark.parametrize("step", ["1min", "1h"])
+def test_a_fleet_day_job_stops_at_its_target_inside_a_step(tmp_path: Path, step: str) -> None:
+    """At the fleet-day level a job trained whole steps: 50 steps at a 1 h step reported
+    2.81e7 tokens against 50 x 131,072 = 6.55e6, and a 10-minute run_for trained an hour.
+    It now stops inside the step: the target's tokens exactly, at any step."""
+    out = tmp_path / "out"
+    result = invoke("run", _fleet_day(tmp_path, step, steps=50), "-o", out)
+    assert result.exit_code == 0, result.output
+    job = json.loads((out / "summary.json").read_text())["jobs"]["train"]
+    assert job["status"] == "done"
+    assert job["tokens_trained"] == pytest.approx(50 * job["tokens_per_step"], rel=1e-9)
+
+
+def test_a_fleet_day_run_for_ends_inside_a_step(tmp_path: Path) -> None:
+    tokens = {}
+    for step in ("1min", "1h"):
+        out = tmp_path / step
+        result = invoke("run", _fleet_day(tmp_path, step, run_for="10min"), "-o", out)
+        assert result.exit_code == 0, result.output
+        job = json.loads((out / "summary.json").read_text())["jobs"]["train"]
+        states = job["time_by_state_s"]
+        assert sum(states.values()) == pytest.approx(600.0, rel=1e-9)  # its 10 minutes
+        tokens[step] = job["tokens_trained"]
+    # ten minutes at the job's rate, less the blocking writes' share, at either step
+    assert tokens["1h"] == pytest.approx(tokens["1min"], rel=1e-9)

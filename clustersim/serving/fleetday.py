@@ -381,21 +381,30 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         for job in jobs:
             job.held_chip_s += job.held * cpi * dt
             job_chips[job.name][k] = job.held * cpi
+            stop = min(end, job.end_s)  # its end may come inside the step
+            finished = None  # when it reached its step target inside the step
             if job.state in ("running", "restarting"):
-                run = max(0.0, end - max(now, job.ready_at))
+                since = max(now, job.ready_at)
+                run = max(0.0, end - since)
                 overhead = dt - run
                 job.time_by_state_s["restarting"] = job.time_by_state_s.get(
-                    "restarting", 0.0) + overhead
+                    "restarting", 0.0) + min(overhead, max(0.0, stop - now))
                 if job.state == "restarting" and job.ready_at <= end:
                     job.state = "running"
+                run = min(run, max(0.0, stop - since))
+                needed = _run_to_target_s(job)
+                if needed <= run:
+                    run, finished = needed, since + needed
                 _train(job, run)
             elif job.state in ("queued", "waiting_for_hardware"):
-                job.time_by_state_s[job.state] = job.time_by_state_s.get(job.state, 0.0) + dt
-            target = job.steps_target is not None and job.state == "running" and \
-                job.tokens >= job.steps_target * job.tokens_per_step
+                job.time_by_state_s[job.state] = job.time_by_state_s.get(
+                    job.state, 0.0) + max(0.0, min(dt, stop - now))
+            target = finished is not None or (
+                job.steps_target is not None and job.state == "running"
+                and job.tokens >= job.steps_target * job.tokens_per_step)
             if target or (job.state not in ("pending", "done") and end >= job.end_s):
                 job.done_why = "reached its step target" if target else "its end came"
-                job.done_s = end
+                job.done_s = finished if finished is not None else stop
                 job.state = "done"
                 state["free"] += job.held
                 job.held = 0
@@ -436,6 +445,18 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
         fleet[f"job:{name}"] = chips
     return FleetDayResult(times, dts, names, series, fleet, jobs, deployments, histograms,
                           total_instances * cpi, horizon, failures)
+
+
+def _run_to_target_s(job: JobState) -> float:
+    """Running seconds (training and blocking checkpoint writes, as `_train` counts them)
+    until the job reaches its step target at its present size; infinite without one."""
+    if job.steps_target is None or job.held <= 0:
+        return math.inf
+    rate = job.tokens_per_s * job.held / job.instances
+    if math.isfinite(job.interval_s) and not job.async_write and job.write_s > 0:
+        rate *= job.interval_s / (job.interval_s + job.write_s)
+    left = job.steps_target * job.tokens_per_step - job.tokens
+    return max(0.0, left) / rate if rate > 0 else math.inf
 
 
 def _train(job: JobState, run_s: float) -> None:
