@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from cli_helpers import invoke, write
 
 
@@ -121,3 +122,40 @@ def test_a_fleet_day_run_for_ends_inside_a_step(tmp_path: Path) -> None:
         tokens[step] = job["tokens_trained"]
     # ten minutes at the job's rate, less the blocking writes' share, at either step
     assert tokens["1h"] == pytest.approx(tokens["1min"], rel=1e-9)
+
+
+# -- fair share's ties (helper harden17b)
+
+def _three_teams(tmp_path: Path, third: str) -> Path:
+    job = {"model": "llama3-8b", "seq_len": 4096, "parallelism": {"tp": 8, "pp": 1, "zero": 1},
+           "recompute": "selective",
+           "checkpoint": {"interval": "auto", "write": "30s", "restore": "2min"}}
+    return write(tmp_path / third, yaml.safe_dump({  # (in this order: the draws follow it)
+        "name": "q", "seed": 5, "duration": "3d", "hardware": "trn2",
+        "cluster": {"instances": 16},
+        "scheduler": {"policy": "fairshare", "preemption": True, "borrowing": False},
+        "teams": [{"name": "a", "quota": 10, "share": 1}, {"name": "b", "quota": 10, "share": 3},
+                  {"name": third, "quota": 4}],
+        "workload": {"arrivals": {"rate": "60/d", "count": 120}, "templates": [
+            {"name": "small", "weight": 3, "instances": {"min": 1, "max": 4},
+             "teams": {"a": 1, "b": 1, third: 1}, "run_for": {"median": "2h", "sigma": 1.0},
+             "job": job},
+            {"name": "big", "weight": 1, "instances": [8], "teams": {"a": 1, "b": 1},
+             "run_for": {"median": "6h", "sigma": 0.5}, "job": {**job, "priority": 2}}]},
+        "failures": {"preset": "llama3"}}, sort_keys=False))
+
+
+def test_a_teams_name_does_not_decide_its_fair_share(tmp_path: Path) -> None:
+    """Teams as far below their share (two holding nothing) took turns by name: a third
+    team named 'aaa' finished 17 jobs, named 'c' or 'zzz' 4 (1.1% of the chip-time), and
+    team b 28 against 12. The tie goes to the team whose first waiting job came first."""
+    figures = {}
+    for third in ("aaa", "c", "zzz"):
+        (tmp_path / third).mkdir()
+        out = tmp_path / third / "out"
+        result = invoke("run", _three_teams(tmp_path, third), "-o", out)
+        assert result.exit_code == 0, result.output
+        teams = json.loads((out / "summary.json").read_text())["teams"]
+        figures[third] = [(teams[name]["jobs_by_status"], teams[name]["held_chip_s"])
+                          for name in ("a", "b", third)]
+    assert figures["aaa"] == figures["c"] == figures["zzz"]

@@ -203,6 +203,10 @@ class JobQueue:
             if position < len(self._keys) and self._keys[position] == key:
                 position += 1  # still there: step past it
 
+    def first_key(self) -> tuple | None:
+        """The queue key of the head (None: the queue is empty)."""
+        return self._keys[0] if self._keys else None
+
     def at(self, position: int) -> JobRun:
         """The job at this position (0: the head). A pass walks the queue by position: a job
         it starts leaves the queue, and the next one moves up to its position."""
@@ -257,6 +261,15 @@ class FairShareQueue:
     def smallest(self) -> int:
         return min(self.sizes) if self.sizes else 0
 
+    def turn(self, team: str) -> tuple:
+        """Which team's turn comes first: the furthest below its share; between teams as far
+        below (two holding nothing), the one whose first waiting job (by priority, then
+        time queued) came first, not the first name: a team named later waited behind every
+        tie and could starve."""
+        first = self.teams[team].first_key()
+        # (a team whose last job just started has none: its walk ends when its turn comes)
+        return (self.book.share(team), (0, first) if first is not None else (1,), team)
+
     def ordered(self, admissible: bool = False) -> Iterator[JobRun]:
         """The walk; `admissible`: only the jobs their team's quota room (`TeamBook.room`)
         admits when their turn comes (`FairShareWalk`, the scheduler's walk)."""
@@ -267,7 +280,7 @@ class FairShareQueue:
     def _every(self) -> Iterator[JobRun]:
         cursor = {team: 0 for team, queue in self.teams.items() if len(queue)}
         while cursor:
-            team = min(cursor, key=lambda t: (self.book.share(t), t))
+            team = min(cursor, key=self.turn)
             queue = self.teams[team]
             run = queue.at(cursor[team])
             yield run
@@ -302,9 +315,9 @@ class FairShareWalk:
         return self
 
     def __next__(self) -> JobRun:
-        share = self.queue.book.share
+        turn = self.queue.turn
         while self.walks:
-            team = min(self.walks, key=lambda t: (share(t), t))
+            team = min(self.walks, key=turn)
             run = next(self.walks[team], None)
             if run is None:
                 del self.walks[team]
