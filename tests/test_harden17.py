@@ -159,3 +159,37 @@ def test_a_teams_name_does_not_decide_its_fair_share(tmp_path: Path) -> None:
         figures[third] = [(teams[name]["jobs_by_status"], teams[name]["held_chip_s"])
                           for name in ("a", "b", third)]
     assert figures["aaa"] == figures["c"] == figures["zzz"]
+
+
+# -- generated job sizes (helper harden17b)
+
+def _sized(tmp_path: Path, instances: object) -> Path:
+    return write(tmp_path, {
+        "name": "sz", "duration": "1d", "hardware": "trn2", "cluster": {"instances": 16},
+        "workload": {"arrivals": {"rate": "10/d", "count": 5}, "templates": [
+            {"name": "t", "instances": instances, "run_for": {"median": "1h"},
+             "job": {"model": "llama3-8b", "seq_len": 4096, "parallelism": {"tp": 8}}}]}})
+
+
+def test_a_size_range_without_a_power_of_two_is_refused(tmp_path: Path) -> None:
+    """`instances: {min: 5, max: 7}` drew only 5 and 7 (a power of two clipped to the
+    bounds), never 6, silently; the draw is now documented and such a range refused."""
+    from cli_helpers import refused
+    result = invoke("validate", _sized(tmp_path, {"min": 5, "max": 7}))
+    refused(result, "workload.templates.0.instances", "min 5 to max 7 holds no power of two",
+            "[5, 6, 7]")
+    for fine in ({"min": 3, "max": 5}, {"min": 6, "max": 6}, [5, 6, 7]):
+        assert invoke("validate", _sized(tmp_path, fine)).exit_code == 0, fine
+
+
+def test_a_size_range_draws_its_documented_shares() -> None:
+    """{min: 1, max: 4}: 1, 2 and 4 a quarter, a half and a quarter of the time."""
+    import numpy as np
+
+    from clustersim.scenario.jobmix import JobTemplate, _size
+    template = JobTemplate.model_validate({"name": "t", "instances": {"min": 1, "max": 4},
+                                           "job": {}})
+    rng = np.random.default_rng(0)
+    draws = np.array([_size(template, rng) for _ in range(40_000)])
+    shares = [float(np.mean(draws == size)) for size in (1, 2, 4)]
+    assert shares == pytest.approx([0.25, 0.5, 0.25], abs=0.01)

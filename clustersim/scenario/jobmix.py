@@ -57,6 +57,11 @@ class SizeRange(Spec):
     def _ordered(self) -> SizeRange:
         if self.max < self.min:
             raise ValueError(f"max {self.max} is below min {self.min}")
+        if self.min < self.max and 1 << (self.min - 1).bit_length() > self.max:
+            # (the draw is a power of two, clipped to the bounds: only min and max would come)
+            raise ValueError(f"min {self.min} to max {self.max} holds no power of two: a range "
+                             "draws powers of two between its bounds; expected a range holding "
+                             f"one, or a list of the sizes ({list(range(self.min, self.max + 1))[:8]})")
         return self
 
 
@@ -72,7 +77,11 @@ class JobTemplate(Spec):
     weight: float = Field(default=1.0, gt=0)
     teams: dict[str, float] | None = Field(default=None, description="team -> weight: each "
                                            "job's team drawn from these")
-    instances: list[int] | SizeRange
+    instances: list[int] | SizeRange = Field(description=(
+        "a list (each size as likely) or {min, max}: a power of two, 2 to the power "
+        "round(u) with u uniform over [log2 min, log2 max], clipped to the bounds ({min: 1, "
+        "max: 4}: 1, 2 and 4 a quarter, a half and a quarter of the time); a range must hold "
+        "a power of two unless min = max"))
     run_for: RunTime | None = None
     steps: int | None = Field(default=None, gt=0)
     microbatches: int = Field(default=8, gt=0, description="per data-parallel replica per step")
