@@ -193,3 +193,17 @@ def test_a_size_range_draws_its_documented_shares() -> None:
     draws = np.array([_size(template, rng) for _ in range(40_000)])
     shares = [float(np.mean(draws == size)) for size in (1, 2, 4)]
     assert shares == pytest.approx([0.25, 0.5, 0.25], abs=0.01)
+
+
+# -- a sweep file given to run, a scenario given to sweep (helper harden17b)
+
+def test_a_sweep_file_given_to_run_says_to_sweep_it(tmp_path: Path) -> None:
+    """Six lines of 'required key missing / unknown key' and no hint, either way round."""
+    from cli_helpers import refused
+    scenario = _small_fleet(tmp_path)
+    sweep = write(tmp_path, {"scenario": scenario.name, "seeds": [1, 2]}, "sweep.yaml")
+    for command in ("run", "validate", "step"):
+        refused(invoke(command, sweep), "a sweep file", "clustersim sweep FILE")
+    refused(invoke("sweep", scenario, "-o", tmp_path / "out"), "a scenario, not a sweep file",
+            "clustersim run FILE")
+    assert invoke("sweep", sweep, "-o", tmp_path / "out").exit_code == 0

@@ -123,6 +123,11 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     if not isinstance(raw, dict):
         raise ScenarioError(str(path), [Issue("", "expected a mapping (scenario, grid, seeds)",
                                               raw, True)])
+    if "scenario" not in raw and "name" in raw and {"hardware", "cluster"} & raw.keys():
+        raise ScenarioError(str(path), [Issue(
+            "", "a scenario, not a sweep file: run it with `clustersim run FILE`, or sweep it "
+            "from a sweep file naming it (scenario: FILE, with a grid, variants or seeds: "
+            "docs/cli.md#sweep)")])
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as error:

@@ -359,7 +359,13 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: boo
     """Read, override, resolve and validate a scenario file (`planning`: the first job's
     parallelism may be omitted, for `clustersim plan` to choose)."""
     path = Path(path)
-    return scenario_from_dict(read_yaml_file(path), str(path), overrides, base_dir=path.parent,
+    raw = read_yaml_file(path)
+    if (isinstance(raw, dict) and "scenario" in raw and "name" not in raw
+            and {"grid", "variants", "seeds", "replications"} & raw.keys()):
+        raise ScenarioError(str(path), [Issue(
+            "", "a sweep file (a scenario and its grid, variants or seeds), not a scenario: run it with "
+            "`clustersim sweep FILE` (docs/cli.md#sweep)")])
+    return scenario_from_dict(raw, str(path), overrides, base_dir=path.parent,
                               planning=planning)
 
 
