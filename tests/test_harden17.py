@@ -207,3 +207,23 @@ def test_a_sweep_file_given_to_run_says_to_sweep_it(tmp_path: Path) -> None:
     refused(invoke("sweep", scenario, "-o", tmp_path / "out"), "a scenario, not a sweep file",
             "clustersim run FILE")
     assert invoke("sweep", sweep, "-o", tmp_path / "out").exit_code == 0
+
+
+def test_a_report_of_replications_prints_mean_failures_and_counts_from_zero(
+        tmp_path: Path) -> None:
+    """report.md printed a mean of 0.33 switch failures as 'switch 0', and named the first
+    replication 1 where the command line counts from 0."""
+    scenario = yaml.safe_load(_small_fleet(tmp_path).read_text())
+    scenario["failures"] = {"preset": "llama3", "scale": 300}
+    path = write(tmp_path, scenario)
+    out = tmp_path / "out"
+    assert invoke("run", path, "-o", out, "--replications", "3").exit_code == 0
+    assert invoke("report", out).exit_code == 0
+    text = (out / "report" / "report.md").read_text()
+    assert "replication 0 of them" in text
+    failures = json.loads((out / "summary.json").read_text())["cluster"]["failures"]
+    means = {k: v for k, v in failures.items() if not k.endswith("_ci95")}
+    assert any(not float(v).is_integer() for v in means.values()), means  # (a mean)
+    for kind, value in means.items():
+        shown = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+        assert f"{kind} {shown}" in text

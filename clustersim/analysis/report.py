@@ -310,6 +310,11 @@ def _of(run: Run, shown: dict) -> str:
     return f" ({len(shown)} largest of {total} jobs)" if len(shown) < total else ""
 
 
+def _count(value: float) -> str:
+    """A count, or a mean of counts over replications (0.33 switch failures is not 0)."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
 def _pair(job: dict, key: str, form: str) -> str:
     """The ideal (per step) and effective (over the run) figure, `-` where unknown."""
     values = [job.get(key), job.get(f"effective_{key}")]
@@ -354,7 +359,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
         f"{summary['replications']} replication(s), clustersim {summary['clustersim_version']}.",
         "",
         "Cluster: " + "; ".join(_chip_time(summary)) + "; failures: "
-        + (", ".join(f"{k} {v:,.0f}" for k, v in cluster.get("failures", {}).items()
+        + (", ".join(f"{k} {_count(v)}" for k, v in cluster.get("failures", {}).items()
                      if not k.endswith("_ci95")) or "none") + ".",
     ]
     if training:
@@ -363,7 +368,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
                   "|---|---|---|---|---|---|---|---|---|"]
     if summary.get("replications", 1) > 1:
         lines[2:2] = [f"The figures are means over the {summary['replications']} replications; "
-                      "the plots show replication 1 of them (the first seed stream, whose "
+                      "the plots show replication 0 of them (the first seed stream, whose "
                       "traces the run wrote).", ""]
     for name, job in summary["jobs"].items():
         lines.append(f"| {cell(name)} | {cell(job.get('status', ''))} | {job.get('steps_completed', 0):,.0f} "
