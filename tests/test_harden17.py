@@ -227,3 +227,15 @@ def test_a_report_of_replications_prints_mean_failures_and_counts_from_zero(
     for kind, value in means.items():
         shown = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
         assert f"{kind} {shown}" in text
+
+
+def test_find_rate_on_an_event_driven_fleet_says_what_it_is(tmp_path: Path) -> None:
+    """It said 'a fleet-day run' of a fleet whose jobs run in the event-driven timeline."""
+    from cli_helpers import refused
+    scenario = yaml.safe_load(_fleet_day(tmp_path, "5min").read_text())
+    scenario.pop("jobs")
+    scenario["workload"] = {"arrivals": {"rate": "100/d", "count": 3}, "templates": [
+        {"name": "t", "instances": [1], "run_for": {"median": "1h"},
+         "job": {"model": "llama3-8b", "seq_len": 4096, "parallelism": {"tp": 8}}}]}
+    result = invoke("run", write(tmp_path, scenario), "--find-rate")
+    refused(result, "--find-rate: an event-driven fleet holding fluid deployments")

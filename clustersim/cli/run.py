@@ -73,9 +73,11 @@ def run(
 
     # (fluid deployments beside a workload run in the timeline: replicated as it is)
     if is_fleet_day(spec) and (find_rate or replications > 1 and not in_event_fleet(spec)):
-        raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: a fleet-day "
-                           "run (fluid deployments, docs/fleet-day.md) runs once, at its "
-                           "scenario's rates")
+        kind = ("an event-driven fleet holding fluid deployments beside its jobs "
+                "(docs/fleet-day.md#in-the-event-driven-fleet)" if in_event_fleet(spec)
+                else "a fleet-day run (fluid deployments, docs/fleet-day.md)")
+        raise UsageProblem(f"{'--find-rate' if find_rate else '--replications'}: {kind} "
+                           "runs once, at its scenario's rates")
     if find_rate and any(d.workload.load is not None for d in spec.serve):
         raise UsageProblem("--find-rate: a deployment's rate follows its load curve "
                            "(workload.load); expected a constant rate")
