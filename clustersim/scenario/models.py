@@ -178,7 +178,9 @@ class JobSpec(Spec):
     steps: int | None = Field(default=None, gt=0, le=limits.MAX_STEPS,
                               description="default: run to the horizon")
     run_for_s: Duration | None = Field(
-        default=None, alias="run_for", description="ends after this long since it started"
+        default=None, alias="run_for", description="ends after this long since it first "
+        "started, a wall-clock reservation: time preempted, queued again or recovering counts "
+        "(a job preempted for longer than its run_for ends done with no more training)"
     )
     deadline_s: Duration | None = Field(
         default=None, alias="deadline", description="stopped this long after submission"
