@@ -199,9 +199,22 @@ def simulate_fleet_day(scenario: Scenario, seed: int, profiles: dict[str, StepPr
             job.held -= downed
             lose(job)
             job.interruptions += 1
-            job.state = "waiting_for_hardware"
-            job.missing += downed
-            job.ready_at = now + f.detect_s
+            keep = job.held // job.group * job.group if job.group > 0 else 0
+            if (job.smallest < job.instances and keep >= job.smallest
+                    and job.state in ("running", "restarting")):
+                # An elastic job goes on with the whole groups it has left once the failure
+                # is detected (it grows back as instances come free), not holding them idle
+                # until a repair or a spare.
+                state["free"] += job.held - keep
+                job.held = keep
+                job.shrinks += 1
+                job.last_shrink_s = now
+                job.state = "restarting"
+                job.ready_at = now + f.detect_s + f.restart_s + job.restore_s
+            else:
+                job.state = "waiting_for_hardware"
+                job.missing += downed
+                job.ready_at = now + f.detect_s
         else:
             downed = min(width, state["free"])
             state["free"] -= downed
