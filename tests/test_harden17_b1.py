@@ -1,0 +1,74 @@
+"""Session 17, helper fix17b1: keys and trace inputs that were accepted and changed nothing
+(teams, scheduler and stragglers at the fleet-day level; native trace columns and mapping
+keys; autoscale intervals between fluid steps), rows misread or replayed from nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, refused, write
+
+# docs/fleet-day.md's example, shortened: one autoscaled deployment beside one job.
+FLEET_DAY = {
+    "name": "h17b1-fd", "duration": "1h", "hardware": "trn2", "cluster": {"instances": 8},
+    "fluid": {"interval": "5min", "curve_requests": 500},
+    "serve": [{
+        "name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+        "router": "least_outstanding",
+        "workload": {"load": {"sinusoid": {"peak": "300/s", "trough": "60/s"}},
+                     "input_tokens": {"distribution": "lognormal", "median": 512,
+                                      "sigma": 0.8, "max": 4096},
+                     "output_tokens": {"distribution": "lognormal", "median": 200,
+                                       "sigma": 0.8, "max": 1024}},
+        "slo": {"ttft": "1s", "tpot": "50ms"},
+        "autoscale": {"min": 4, "max": 100, "interval": "5min", "priority": 100}}],
+    "jobs": [{"name": "train", "model": "llama3.1-70b", "seq_len": 4096, "global_batch": 32,
+              "recompute": "full", "parallelism": {"tp": 64, "dp": 4}, "priority": 1,
+              "team": "t", "checkpoint": {"interval": "30min", "write": "30s",
+                                          "restore": "1min"}}],
+}
+
+
+# -- 1. the fleet-day level refuses what only the event-driven timeline reads
+
+@pytest.mark.parametrize(("key", "value", "path"), [
+    ("teams", [{"name": "t", "quota": 1}], "teams"),
+    ("stragglers", {"fraction": 0.5, "slowdown": 2}, "stragglers"),
+    ("scheduler", {"policy": "fairshare"}, "scheduler.policy"),
+    ("scheduler", {"policy": "fifo"}, "scheduler.policy"),
+    ("scheduler", {"preemption": True}, "scheduler.preemption"),
+    ("scheduler", {"policy": "priority", "borrowing": True}, "scheduler.borrowing"),
+])
+def test_fleet_day_refuses_keys_only_the_event_driven_fleet_reads(
+        tmp_path: Path, key: str, value: object, path: str) -> None:
+    """A team quota of 1 under a 4-instance job warned "it can never start" and the job then
+    ran the whole horizon (summary.teams missing); stragglers of half the fleet at twice the
+    step time changed no figure: the fleet-day level reads neither."""
+    raw = copy.deepcopy(FLEET_DAY)
+    raw[key] = value
+    out = tmp_path / "out"
+    result = invoke("run", write(tmp_path, raw), "-o", out)
+    refused(result, "scenario.yaml", path, "workload: {}", "event-driven fleet")
+    assert not out.exists()
+
+
+def test_fleet_day_keeps_the_priority_policy_and_the_event_fleet_reads_teams(
+        tmp_path: Path) -> None:
+    """`scheduler: {policy: priority}` is the fleet-day level's own order (the worked case,
+    scenarios/rainier-serving-day.yaml, gives it); with `workload: {}` the same quota is the
+    event-driven fleet's, and the job never starts."""
+    raw = copy.deepcopy(FLEET_DAY)
+    raw["scheduler"] = {"policy": "priority"}
+    result = invoke("validate", write(tmp_path, raw))
+    assert result.exit_code == 0, result.output
+    raw["teams"] = [{"name": "t", "quota": 1}]
+    raw["workload"] = {}
+    raw["scheduler"] = {"policy": "fairshare"}
+    out = tmp_path / "out"
+    result = invoke("run", write(tmp_path, raw), "-o", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["teams"]["t"]["jobs_never_started"] == 1
