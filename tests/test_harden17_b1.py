@@ -72,3 +72,55 @@ def test_fleet_day_keeps_the_priority_policy_and_the_event_fleet_reads_teams(
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["teams"]["t"]["jobs_never_started"] == 1
+
+
+# -- 2. the native format: unknown columns and mapping keys
+
+NATIVE = {
+    "name": "h17b1-native", "seed": 3, "duration": "1d", "hardware": "trn2",
+    "cluster": {"instances": 4},
+    "workload": {"trace": "jobs.csv", "format": "native",
+                 "templates": [{"name": "research", "instances": [1], "job": {
+                     "model": "llama3-8b", "seq_len": 4096,
+                     "parallelism": {"tp": 8, "pp": 1}}}]},
+    "trace": {"enabled": False},
+}
+
+
+def _native(tmp_path: Path, csv_text: str, **workload: object) -> Path:
+    (tmp_path / "jobs.csv").write_text(csv_text, encoding="utf-8")
+    raw = copy.deepcopy(NATIVE)
+    raw["workload"].update(workload)
+    return write(tmp_path, raw)
+
+
+@pytest.mark.parametrize("column", ["runfor", "Priority", "extra"])
+def test_native_trace_refuses_a_column_it_does_not_read(tmp_path: Path, column: str) -> None:
+    """`runfor` for `run_for` was read by nothing: the 1 h job ran to the horizon."""
+    scenario = _native(tmp_path, f"name,submit,instances,template,{column}\na,0,1,research,1h\n")
+    out = tmp_path / "out"
+    result = invoke("run", scenario, "-o", out)
+    refused(result, "jobs.csv", "workload.trace", f"unknown column {column!r}", "run_for")
+    assert not out.exists()
+
+
+def test_native_trace_with_its_columns_runs(tmp_path: Path) -> None:
+    """The eight columns are read (the 1 h job ends after 1 h, not at the horizon)."""
+    scenario = _native(tmp_path, "name,submit,instances,template,run_for,steps,priority,team\n"
+                       "a,0,1,research,1h,,0,vision\n")
+    out = tmp_path / "out"
+    result = invoke("run", scenario, "-o", out)
+    assert result.exit_code == 0, result.output
+    job = json.loads((out / "summary.json").read_text())["jobs"]["a"]
+    assert (job["status"], job["wall_s"], job["team"]) == ("done", 3600.0, "vision"), job
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("team", "none"), ("gpus_per_instance", 4), ("rule", "compute"), ("template", "research")])
+def test_native_trace_refuses_mapping_keys(tmp_path: Path, key: str, value: object) -> None:
+    """The native format reads no mapping: `team: none`, `gpus_per_instance: 4` and
+    `rule: compute` were accepted and changed nothing."""
+    scenario = _native(tmp_path, "name,submit,instances,template,run_for\na,0,1,research,1h\n",
+                       mapping={key: value})
+    refused(invoke("run", scenario, "-o", tmp_path / "out"), f"workload.mapping.{key}",
+            "native format reads no mapping")

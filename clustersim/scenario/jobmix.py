@@ -30,7 +30,6 @@ model, parallelism and batch), and optionally `run_for` (seconds or a duration),
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +40,8 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.scenario.errors import WorkloadError
-from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
+from clustersim.scenario.job_table import read_job_table, unread_mapping_key
+from clustersim.scenario.reading import regular_file_problem
 from clustersim.scenario.trace_names import TraceNames
 from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
@@ -223,6 +223,7 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
     templates = {t.name: t for t in workload.templates}
+    unread_mapping_key(workload)
     if workload.arrivals is not None:
         a = workload.arrivals
         which = _cumulative(_shares([t.weight for t in workload.templates]))
@@ -384,29 +385,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     import pandas as pd
 
     path = _trace_path(path_text, base_dir, key)
-    try:  # bounded: a /proc file behind a link says 0 bytes and may never end
-        data = io.BytesIO(read_bounded(path, limits.MAX_TRACE_FILE_BYTES))
-    except (TooLarge, OSError) as error:
-        raise WorkloadError(key, f"{path}: "
-                            f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
-                            ) from None
-    try:
-        # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
-        frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
-                 pd.read_csv(data, dtype={"name": str, "team": str, "template": str},
-                             keep_default_na=False, na_values=[""]))  # ("NA": as written)
-    except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
-        raise WorkloadError(key, f"{path}: cannot read it as "
-                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
-                            f"({type(error).__name__}: {error})") from None
-    if len(frame) > limits.MAX_TRACE_ROWS:
-        raise WorkloadError(key, f"{path}: {len(frame):,} rows; expected at most "
-                            f"{limits.MAX_TRACE_ROWS:,} (docs/limits.md)")
-    missing = {"submit", "instances", "template"} - set(frame.columns)
-    if missing:
-        raise WorkloadError(key, f"{path}: missing columns {', '.join(sorted(missing))}; "
-                            "expected submit, instances, template (run_for, steps, priority, "
-                            "name, team optional)")
+    frame = read_job_table(path, key)
     jobs = []
     teams = TraceNames(str(team) for team in frame.get("team", []) if isinstance(team, str)
                        or (team is not None and not pd.isna(team)))
