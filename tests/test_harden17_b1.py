@@ -124,3 +124,20 @@ def test_native_trace_refuses_mapping_keys(tmp_path: Path, key: str, value: obje
                        mapping={key: value})
     refused(invoke("run", scenario, "-o", tmp_path / "out"), f"workload.mapping.{key}",
             "native format reads no mapping")
+
+
+# -- 3. a native row of the wrong field count
+
+@pytest.mark.parametrize(("rows", "row", "line", "fields"), [
+    ("a,0,1,research,1h,extra\n", 1, 2, 6),
+    ("a,0,1,research,1h\n\nb,0,1,research\n", 2, 4, 4),
+])
+def test_native_trace_refuses_a_row_of_the_wrong_field_count(
+        tmp_path: Path, rows: str, row: int, line: int, fields: int) -> None:
+    """With a field more than the header, pandas took the first column as the index and read
+    every cell one column over ("row 1: unknown template '1h'"); with one fewer, the last
+    column was empty. The row, its line and the count expected are named."""
+    scenario = _native(tmp_path, "name,submit,instances,template,run_for\n" + rows)
+    result = invoke("run", scenario, "-o", tmp_path / "out")
+    refused(result, "jobs.csv", f"row {row} (line {line}): {fields} fields; expected 5")
+    assert "unknown template" not in result.stderr

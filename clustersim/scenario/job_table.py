@@ -1,12 +1,14 @@
 """The native job table (`workload.file`, and `workload.trace` with `format: native`): a CSV
 or Parquet file of one job a row, read strictly. Its columns are the ones a job takes, and a
 column that is not one of them is refused (`runfor` for `run_for` left the job running to the
-horizon). The native format reads no `workload.mapping` key: its rows give sizes and
-templates as written.
+horizon); a CSV row with more or fewer fields than the header is refused (with one more,
+pandas took the first column as the index and read every cell one column over). The native
+format reads no `workload.mapping` key: its rows give sizes and templates as written.
 """
 
 from __future__ import annotations
 
+import csv
 import io
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,12 +41,15 @@ def read_job_table(path: Path, key: str) -> pd.DataFrame:
                             f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
                             ) from None
     parquet = path.suffix == ".parquet"
+    if not parquet:  # (before pandas, which would warn of the data lost)
+        _check_fields(data, path, key)
     try:
-        # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
+        # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0;
+        # index_col False: a row with a field more than the header is not an index.
         frame = (pd.read_parquet(io.BytesIO(data)) if parquet else
                  pd.read_csv(io.BytesIO(data), dtype={"name": str, "team": str,
                                                       "template": str},
-                             keep_default_na=False, na_values=[""]))
+                             keep_default_na=False, na_values=[""], index_col=False))
     except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
         raise WorkloadError(key, f"{path}: cannot read it as "
                             f"{'Parquet' if parquet else 'CSV'} "
@@ -63,6 +68,26 @@ def read_job_table(path: Path, key: str) -> pd.DataFrame:
                             f"{', '.join(repr(c) for c in unknown[:5])}; the columns are "
                             f"{', '.join(REQUIRED + OPTIONAL)}")
     return frame
+
+
+def _check_fields(data: bytes, path: Path, key: str) -> None:
+    """Every CSV row has the header's field count (blank lines skipped, as pandas skips
+    them): with one more, pandas took the first column as the index and read each cell one
+    column over ("unknown template '1h'"); with one fewer, the last column was empty."""
+    reader = csv.reader(io.StringIO(data.decode("utf-8-sig", errors="replace"), newline=""))
+    try:
+        expected = len(next(reader, []))
+        number = 0
+        for fields in reader:
+            if not fields or (len(fields) == 1 and not fields[0].strip()):
+                continue  # a blank line
+            number += 1
+            if len(fields) != expected:
+                raise WorkloadError(key, f"{path}, row {number} (line {reader.line_num}): "
+                                    f"{len(fields)} fields; expected {expected}, one for "
+                                    "each column of the header")
+    except csv.Error:
+        return  # not CSV as the csv module reads it: pandas says what is wrong
 
 
 def unread_mapping_key(workload: WorkloadSpec) -> None:
