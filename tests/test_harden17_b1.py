@@ -141,3 +141,33 @@ def test_native_trace_refuses_a_row_of_the_wrong_field_count(
     result = invoke("run", scenario, "-o", tmp_path / "out")
     refused(result, "jobs.csv", f"row {row} (line {line}): {fields} fields; expected 5")
     assert "unknown template" not in result.stderr
+
+
+# -- 5. an autoscale interval between the fluid level's steps
+
+@pytest.mark.parametrize(("interval", "near"), [("1s", "such as 5min (or"),
+                                                ("7min", "such as 5min or 10min")])
+def test_fluid_autoscale_interval_must_be_whole_steps(
+        tmp_path: Path, interval: str, near: str) -> None:
+    """At a 5-minute fluid step, intervals of 1s and 7min gave exactly the 5-minute results
+    (fluid_plan rounded interval / step to whole steps)."""
+    raw = copy.deepcopy(FLEET_DAY)
+    raw["jobs"][0].pop("team")
+    raw["serve"][0]["autoscale"]["interval"] = interval
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "scenario.yaml", "serve.0.autoscale.interval", repr(interval),
+            "fluid.interval 5min", near)
+
+
+@pytest.mark.parametrize("interval", ["5min", "10min", None])
+def test_fluid_autoscale_interval_of_whole_steps_or_unset_is_kept(
+        tmp_path: Path, interval: str | None) -> None:
+    """Whole steps, and the default (60 s, unset: every step at a 5-minute step), stand."""
+    raw = copy.deepcopy(FLEET_DAY)
+    raw["jobs"][0].pop("team")
+    if interval is None:
+        raw["serve"][0]["autoscale"].pop("interval")
+    else:
+        raw["serve"][0]["autoscale"]["interval"] = interval
+    result = invoke("validate", write(tmp_path, raw))
+    assert result.exit_code == 0, result.output

@@ -323,6 +323,25 @@ def _event_fleet_keys(s: Scenario) -> Iterable[tuple[str, str, object]]:
                s.stragglers.model_dump(by_alias=True, exclude_defaults=True))
 
 
+def _decision_steps(s: Scenario, at: str, a: AutoscaleSpec
+                    ) -> Iterable[tuple[str, str, object]]:
+    """An autoscale interval the fluid level can keep: whole fluid steps (it decides at a
+    step's end; 1s and 7min at a 5min step were rounded to 5min, and said nothing). Unset, it
+    decides every step."""
+    if "interval_s" not in a.model_fields_set:
+        return
+    step = s.fluid.interval_s
+    ratio = a.interval_s / step
+    if round(ratio) >= 1 and abs(ratio - round(ratio)) <= 1e-9 * ratio:
+        return
+    below, above = math.floor(ratio) * step, math.ceil(ratio) * step
+    near = " or ".join(units.format_duration(v) for v in (below, above) if v > 0)
+    yield (f"{at}.autoscale.interval", f"not a whole number of the fluid level's steps "
+           f"(fluid.interval {units.format_duration(step)}): it decides at a step's end; "
+           f"expected a multiple of fluid.interval, such as {near} (or a shorter "
+           "fluid.interval)", units.format_duration(a.interval_s))
+
+
 def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
     """(path, message, value) for load curves, autoscaling and fidelity that do not fit the
     scenario: a curve short of the horizon, a fluid deployment without a rate, a request
@@ -345,6 +364,8 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
         elif fleet and fidelity == "requests":
             yield (f"{at}.fidelity", "requests beside fluid deployments: one run simulates its "
                    "deployments at one level; expected fluid or auto", d.fidelity)
+        if fleet and fidelity == "fluid" and d.autoscale is not None:
+            yield from _decision_steps(s, at, d.autoscale)
         if fleet:
             if d.workload.arrival == "trace":
                 yield (f"{at}.workload.arrival", "the fluid model needs a rate or a load "
