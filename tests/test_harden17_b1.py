@@ -171,3 +171,91 @@ def test_fluid_autoscale_interval_of_whole_steps_or_unset_is_kept(
         raw["serve"][0]["autoscale"]["interval"] = interval
     result = invoke("validate", write(tmp_path, raw))
     assert result.exit_code == 0, result.output
+
+
+# -- 4. empty tables, run times of nothing
+
+SAMPLES = Path(__file__).resolve().parents[1] / "scenarios" / "traces"
+PAI_JOB_HEADER = "job_name,inst_id,user,status,start_time,end_time\n"
+PAI_TASK_HEADER = ("job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,"
+                   "plan_gpu,gpu_type\n")
+
+
+def _published(tmp_path: Path, fmt: str, trace: str) -> Path:
+    return write(tmp_path, {"name": f"h17b1-{fmt}", "hardware": "trn2", "duration": "30d",
+                            "cluster": {"instances": 4}, "trace": {"enabled": False},
+                            "workload": {"trace": trace, "format": fmt}})
+
+
+@pytest.mark.parametrize(("table", "text", "words"), [
+    ("pai_task_table.csv", "", "empty (no header, no rows)"),
+    ("pai_job_table.csv", "", "empty (no header, no rows)"),
+    ("pai_task_table.csv", PAI_TASK_HEADER, "a header and no rows"),
+    ("pai_job_table.csv", PAI_JOB_HEADER, "a header and no rows"),
+])
+def test_an_empty_pai_table_is_refused(tmp_path: Path, table: str, text: str,
+                                       words: str) -> None:
+    """A 0-byte task table gave "0 of 3 rows replayed" and a 0-byte job table "0 of 0 rows",
+    both exit 0: no job can come of either."""
+    folder = tmp_path / "pai"
+    folder.mkdir()
+    for name in ("pai_job_table.csv", "pai_task_table.csv"):
+        (folder / name).write_bytes((SAMPLES / name).read_bytes())
+    (folder / table).write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    result = invoke("run", _published(tmp_path, "pai", "pai"), "-o", out)
+    refused(result, "workload.trace", table, words, "no job can come of it")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("fmt", "name", "text", "words"), [
+    ("helios", "cluster_log.csv", "", "empty (no header, no rows)"),
+    ("helios", "cluster_log.csv",
+     "job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time\n",
+     "a header and no rows"),
+    ("philly", "cluster_job_log", "", "empty (0 bytes)"),
+    ("philly", "cluster_job_log", "[]", "an empty list"),
+])
+def test_an_empty_published_trace_is_refused(tmp_path: Path, fmt: str, name: str, text: str,
+                                             words: str) -> None:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    refused(invoke("run", _published(tmp_path, fmt, name), "-o", tmp_path / "out"),
+            "workload.trace", name, words)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("", "empty (no header, no rows)"),
+    ("name,submit,instances,template,run_for\n", "a header and no rows"),
+])
+def test_an_empty_native_table_is_refused(tmp_path: Path, text: str, words: str) -> None:
+    """A header and no rows ran a scenario of no job, exit 0."""
+    refused(invoke("run", _native(tmp_path, text), "-o", tmp_path / "out"), "jobs.csv", words,
+            "no job can come of it")
+
+
+@pytest.mark.parametrize("run_for", ["1e-9s", "0s", "0.5", "-1h"])
+def test_a_native_run_time_under_a_second_is_refused(tmp_path: Path, run_for: str) -> None:
+    """`run_for: 1e-9s` was accepted and gave a job done with 0 steps while 0s was refused."""
+    scenario = _native(tmp_path, f"name,submit,instances,template,run_for\n"
+                       f"a,0,1,research,{run_for}\n")
+    refused(invoke("run", scenario, "-o", tmp_path / "out"), "jobs.csv, row 1",
+            "column run_for", run_for, "expected at least 1 s")
+
+
+def test_a_philly_attempt_of_no_time_is_left_out(tmp_path: Path) -> None:
+    """An attempt ending the second it started was replayed as a 1 s job of ETTR 0; it is
+    left out and counted (trace_rows.left_out.zero_length), as rows with no run are."""
+    attempt = {"start_time": "2017-10-07 01:12:09", "detail": [{"ip": "m1", "gpus": ["g0"]}]}
+    jobs = [{"status": "Pass", "vc": "v", "jobid": jobid, "user": "u",
+             "submitted_time": "2017-10-07 01:11:39",
+             "attempts": [{**attempt, "end_time": end}]}
+            for jobid, end in (("zero", "2017-10-07 01:12:09"), ("hour", "2017-10-07 02:12:09"))]
+    (tmp_path / "log.json").write_text(json.dumps(jobs), encoding="utf-8")
+    out = tmp_path / "out"
+    result = invoke("run", _published(tmp_path, "philly", "log.json"), "-o", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["trace_rows"]
+    assert (rows["rows"], rows["replayed"], rows["left_out"]["zero_length"]) == (2, 1, 1)
+    assert list(summary["jobs"]) == ["philly-hour"]
+    assert "1 ended as it started" in " ".join(result.stdout.split())

@@ -2,8 +2,10 @@
 or Parquet file of one job a row, read strictly. Its columns are the ones a job takes, and a
 column that is not one of them is refused (`runfor` for `run_for` left the job running to the
 horizon); a CSV row with more or fewer fields than the header is refused (with one more,
-pandas took the first column as the index and read every cell one column over). The native
-format reads no `workload.mapping` key: its rows give sizes and templates as written.
+pandas took the first column as the index and read every cell one column over); so is a
+file with no header, or a header and no rows (no job can come of it), and a run time under
+limits.MIN_TRACE_RUN_S. The native format reads no `workload.mapping` key: its rows give
+sizes and templates as written.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def read_job_table(path: Path, key: str) -> pd.DataFrame:
                             f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
                             ) from None
     parquet = path.suffix == ".parquet"
+    if not parquet and not data.removeprefix(b"\xef\xbb\xbf").strip():
+        raise WorkloadError(key, f"{path}: empty (no header, no rows): no job can come of "
+                            f"it; {_EXPECTED}, a header row and a row a job")
     if not parquet:  # (before pandas, which would warn of the data lost)
         _check_fields(data, path, key)
     try:
@@ -67,6 +72,9 @@ def read_job_table(path: Path, key: str) -> pd.DataFrame:
         raise WorkloadError(key, f"{path}: unknown column{'s' if len(unknown) > 1 else ''} "
                             f"{', '.join(repr(c) for c in unknown[:5])}; the columns are "
                             f"{', '.join(REQUIRED + OPTIONAL)}")
+    if frame.empty:
+        raise WorkloadError(key, f"{path}: a header and no rows: no job can come of it; "
+                            "expected a row a job")
     return frame
 
 

@@ -367,9 +367,6 @@ def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: i
             raise WorkloadError("workload.trace", f"{where}, column submit: before the row "
                                 "above; expected rows in submission order")
         previous = job["submit"]
-        if job.get("run_for") is not None and job["run_for"] < 0:
-            raise WorkloadError("workload.trace",
-                                f"{where}, column run_for: {job['run_for']}; expected >= 0")
         if target.max_instances is not None and job["instances"] > target.max_instances:
             raise WorkloadError("workload.trace", f"{where}, column instances: "
                                 f"{job['instances']:,} is more than the cluster's "
@@ -442,6 +439,9 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
         submit = units.parse_duration(row["submit"])
     except (TypeError, ValueError, units.UnitError) as error:
         raise ValueError(f"column submit: {error}") from None
+    if run_for is not None and units.parse_duration(run_for) < limits.MIN_TRACE_RUN_S:
+        raise ValueError(f"column run_for {run_for!r}: expected at least "  # (1e-9s: 0 steps)
+                         f"{limits.MIN_TRACE_RUN_S:g} s (docs/limits.md)")
     job = _job(
         template, instances, ranks_per_instance,
         str(value("name") or f"{template.name}-trace-{number:04d}"),

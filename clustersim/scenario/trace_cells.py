@@ -131,6 +131,10 @@ def csv_records(path: Path, columns: tuple[str, ...], header: bool | None = True
     import pandas as pd
 
     data = trace_bytes(path)
+    what = "task" if "task_name" in columns else "job"
+    if not data.removeprefix(b"\xef\xbb\xbf").strip():  # (pandas read it as no rows)
+        raise TraceProblem(f"empty (no header, no rows): no job can come of it; expected a "
+                           f"row a {what} with the columns {', '.join(columns)}", path)
     if header is None:  # (past a byte-order mark and quotes, as pandas reads the header)
         first = data.removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].split(b",")[0]
         header = first.strip().strip(b'"').strip() == columns[0].encode()
@@ -146,6 +150,9 @@ def csv_records(path: Path, columns: tuple[str, ...], header: bool | None = True
     if len(frame) > limits.MAX_TRACE_ROWS:
         raise TraceProblem(f"{len(frame):,} rows; expected at most {limits.MAX_TRACE_ROWS:,} "
                    "(docs/limits.md)", path)
+    if frame.empty:  # (a job table without jobs, or a task table without GPUs for any)
+        raise TraceProblem("a header and no rows: no job can come of it; expected a row a "
+                           f"{what}", path)
     return frame.to_dict("records")
 
 

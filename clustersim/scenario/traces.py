@@ -129,6 +129,7 @@ LEFT_OUT = {
     "never_started": "never started",
     "no_gpus": "no GPUs (CPU-only)",
     "no_end": "no end time (still running at the trace's end)",
+    "zero_length": "ended as it started (no run time)",
     "after_end": "submitted at or after the scenario's end",
 }
 
@@ -161,6 +162,9 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
     job's GPUs are its last attempt's, its run time from the first attempt's start to the
     last attempt's end (the retries between count as running: it held GPUs)."""
     data = trace_bytes(path)
+    if not data.strip():
+        raise TraceProblem("empty (0 bytes); expected a JSON list of jobs (Philly's "
+                           "cluster_job_log)")
     try:
         document = json.loads(data.decode("utf-8-sig"))  # (past a byte-order mark)
     except (UnicodeDecodeError, ValueError) as error:
@@ -170,6 +174,8 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
                    "each a mapping with a list of attempts)") from None
     if not isinstance(document, list):
         raise TraceProblem("expected a JSON list of jobs (Philly's cluster_job_log)")
+    if not document:
+        raise TraceProblem("an empty list: no job can come of it; expected a JSON list of jobs")
     if len(document) > limits.MAX_TRACE_ROWS:
         raise TraceProblem(f"{len(document):,} jobs; expected at most {limits.MAX_TRACE_ROWS:,}")
     rows = []
@@ -343,7 +349,9 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
                        "expected start >= submit")
         reason = row.left_out or ("never_started" if row.start is None else
                                   "no_gpus" if row.gpus is None else
-                                  "no_end" if row.end is None and fmt != "philly" else None)
+                                  "no_end" if row.end is None and fmt != "philly" else
+                                  # (a 1 s job of ETTR 0 was replayed)
+                                  "zero_length" if row.end == row.start else None)
         if reason is None and horizon_s is not None and row.submit - base >= horizon_s:
             reason = "after_end"  # (after the row's own reasons: theirs hang on no duration)
         if reason is not None:  # no GPU run to replay
