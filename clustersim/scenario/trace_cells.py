@@ -78,7 +78,7 @@ def cell_seconds(value: Any, where: str, column: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise TraceProblem(f"{where}, column {column}: {value!r} is not a time; expected "
-                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
+                           "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
     seconds = plain_number(value)  # seconds, written as a number or as text (PAI's tables)
     if seconds is not None:
         if not math.isfinite(seconds):
@@ -86,7 +86,7 @@ def cell_seconds(value: Any, where: str, column: str) -> float | None:
         return seconds
     if not _DATE.match(value):  # pandas reads "now" and "today" as the clock's time
         raise TraceProblem(f"{where}, column {column}: {value!r} is not a time; expected "
-                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
+                           "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds")
     import pandas as pd
 
     try:
@@ -95,7 +95,7 @@ def cell_seconds(value: Any, where: str, column: str) -> float | None:
             return None
         if not _FIRST_YEAR <= stamp.year <= _LAST_YEAR:
             raise TraceProblem(f"{where}, column {column}: {value!r} is in the year {stamp.year}; "
-                       f"expected a time from {_FIRST_YEAR} to {_LAST_YEAR}")
+                               f"expected a time from {_FIRST_YEAR} to {_LAST_YEAR}")
         if stamp.tzinfo is not None:
             stamp = stamp.tz_convert("UTC").tz_localize(None)
         return stamp.value / 1e9
@@ -103,7 +103,7 @@ def cell_seconds(value: Any, where: str, column: str) -> float | None:
         if isinstance(error, TraceProblem):
             raise
         raise TraceProblem(f"{where}, column {column}: {value!r} is not a time; expected "
-                   "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
+                           "YYYY-MM-DD HH:MM:SS (optionally with a zone) or seconds") from None
 
 
 def submitted_s(value: Any, where: str, column: str) -> float:
@@ -112,7 +112,7 @@ def submitted_s(value: Any, where: str, column: str) -> float:
     seconds = cell_seconds(value, where, column)
     if seconds is None:
         raise TraceProblem(f"{where}, column {column}: {cell_shown(value)}; expected the job's submission "
-                   "time (YYYY-MM-DD HH:MM:SS or seconds)")
+                           "time (YYYY-MM-DD HH:MM:SS or seconds)")
     return seconds
 
 
@@ -146,10 +146,10 @@ def csv_records(path: Path, columns: tuple[str, ...], header: bool | None = True
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise TraceProblem(f"column {missing[0]} missing; expected the columns "
-                   f"{', '.join(columns)}", path)
+                           f"{', '.join(columns)}", path)
     if len(frame) > limits.MAX_TRACE_ROWS:
         raise TraceProblem(f"{len(frame):,} rows; expected at most {limits.MAX_TRACE_ROWS:,} "
-                   "(docs/limits.md)", path)
+                           "(docs/limits.md)", path)
     if frame.empty:  # (a job table without jobs, or a task table without GPUs for any)
         raise TraceProblem("a header and no rows: no job can come of it; expected a row a "
                            f"{what}", path)

@@ -171,7 +171,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
         raise TraceProblem(f"cannot read it as JSON ({error})") from None
     except RecursionError:  # JSON nested deeper than Python's stack (Philly's is 4 levels)
         raise TraceProblem("cannot read it as JSON (nested too deeply; expected a list of jobs, "
-                   "each a mapping with a list of attempts)") from None
+                           "each a mapping with a list of attempts)") from None
     if not isinstance(document, list):
         raise TraceProblem("expected a JSON list of jobs (Philly's cluster_job_log)")
     if not document:
@@ -186,7 +186,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
         for key in ("jobid", "status", "submitted_time", "attempts", team_column):
             if key not in job:
                 raise TraceProblem(f"{where}, column {key} missing; expected jobid, status, vc, "
-                           "user, submitted_time and attempts")
+                                   "user, submitted_time and attempts")
         where = f"job {number} (jobid {job['jobid']})"
         attempts = job["attempts"]
         if not isinstance(attempts, list):
@@ -215,7 +215,7 @@ def _philly_rows(path: Path, team_column: str) -> list[_Row]:
             if not all(isinstance(d, dict) and isinstance(d.get("gpus"), list)
                        for d in detail):  # a string's length is not its GPUs
                 raise TraceProblem(f"{where}, column attempts.detail.gpus: expected a list of "
-                           "GPUs per server")
+                                   "GPUs per server")
             gpus = float(sum(len(d["gpus"]) for d in detail))
         if not isinstance(job["status"], str | None):  # (a list's text is not a status)
             raise TraceProblem(f"{where}, column status: expected text or null")
@@ -240,10 +240,10 @@ def _pai_rows(path: Path) -> list[_Row]:
     tasks_path = path.with_name(path.name.replace("job_table", "task_table"))
     if tasks_path == path:  # "no task table beside it (h.csv)" named the job table
         raise TraceProblem("its name has no job_table to find the task table by; expected "
-                   "pai_job_table.csv and pai_task_table.csv in one folder")
+                           "pai_job_table.csv and pai_task_table.csv in one folder")
     if not tasks_path.is_file():
         raise TraceProblem(f"no task table beside it ({tasks_path.name}); expected "
-                   "pai_job_table.csv and pai_task_table.csv in one folder")
+                           "pai_job_table.csv and pai_task_table.csv in one folder")
     jobs = csv_records(path, PAI_JOB_COLUMNS, None)
     tasks: dict[str, list[tuple[float, float | None, float | None]]] = {}
     for number, task in enumerate(csv_records(tasks_path, PAI_TASK_COLUMNS, None), start=1):
@@ -305,13 +305,13 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
             gpu_tflops = catalog_entry(mapping.gpu).chip.tflops.get("bf16")
         except (KeyError, ValueError):
             raise TraceProblem(f"{mapping.gpu!r} is not a catalog hardware entry (`clustersim "
-                       "hardware` lists them)", key="workload.mapping.gpu") from None
+                               "hardware` lists them)", key="workload.mapping.gpu") from None
         if not gpu_tflops or not target.chip_bf16_tflops:
             raise TraceProblem("compute needs a BF16 peak of both chips", key="workload.mapping.rule")
     team = mapping.team or ("user" if fmt in ("pai", "acme") else "vc")
     if team == "vc" and fmt in ("pai", "acme"):
         raise TraceProblem(f"vc: the {fmt} trace has no virtual cluster; use user",
-                   key="workload.mapping.team")
+                           key="workload.mapping.team")
     if fmt == "philly":
         rows = _philly_rows(path, "user" if team == "none" else team)
     elif fmt == "helios":
@@ -334,19 +334,19 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
     for row in rows:
         if row.id in seen:
             raise TraceProblem(f"{row.where}, column id: {row.id!r} is there twice (also "
-                       f"{seen[row.id]}); expected each job once")
+                               f"{seen[row.id]}); expected each job once")
         seen[row.id] = row.where
         if row.submit < previous:
             raise TraceProblem(f"{row.where}, column submit: submitted before the row above; "
-                       "expected rows in submission order")
+                               "expected rows in submission order")
         previous = row.submit
         if row.start is not None and row.end is not None and row.end < row.start:
             raise TraceProblem(f"{row.where}, column {row.end_column}: it ends "
-                       f"{row.start - row.end:,.0f} s "
-                       "before it starts; expected a duration >= 0")
+                               f"{row.start - row.end:,.0f} s "
+                               "before it starts; expected a duration >= 0")
         if row.start is not None and row.start < row.submit - 1e-6 and fmt != "pai":
             raise TraceProblem(f"{row.where}, column start_time: it starts before its submission; "
-                       "expected start >= submit")
+                               "expected start >= submit")
         reason = row.left_out or ("never_started" if row.start is None else
                                   "no_gpus" if row.gpus is None else
                                   "no_end" if row.end is None and fmt != "philly" else
@@ -365,12 +365,12 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
         gpus_bound = most * limits.MAX_TRACE_GPUS_PER_INSTANCE
         if row.gpus > gpus_bound:  # beyond any mapping's reach: no 300-digit size
             raise TraceProblem(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs; expected "
-                       f"at most {gpus_bound:,} (more than the cluster's {most:,} "
-                       "instances hold; docs/limits.md)")
+                               f"at most {gpus_bound:,} (more than the cluster's {most:,} "
+                               "instances hold; docs/limits.md)")
         instances = _size(row.gpus, mapping, target, gpu_tflops)
         if instances > most:
             raise TraceProblem(f"{row.where}, column {row.size_column}: {row.gpus:g} GPUs map to "
-                       f"{instances:,} instances, more than the cluster's {most:,}")
+                               f"{instances:,} instances, more than the cluster's {most:,}")
         jobs.append(TraceJob(row.id, row.submit - base, max(end - row.start, 1.0),
                              instances, None if team == "none" else row.team, row.outcome,
                              row.where))
