@@ -29,7 +29,7 @@ def test_a_window_of_a_trace_replays_the_jobs_submitted_in_it(tmp_path: Path):
     rows = summary["trace_rows"]
     assert rows["replayed"] == 2 and len(summary["jobs"]) == 2
     assert rows["left_out"] == {"no_attempts": 1, "never_started": 0, "no_gpus": 0,
-                                "after_end": 1}
+                                "zero_length": 0, "after_end": 1}
     assert rows["rows"] == rows["replayed"] + sum(rows["left_out"].values())
     trace_cell = " ".join(w for line in table.splitlines() if "│" in line
                           for w in line.split("│")[2].split())
@@ -40,7 +40,8 @@ def test_a_row_s_own_reason_comes_before_the_window(tmp_path: Path):
     # 1 h 30 min: the row without attempts (at 1 h 48 min) is still counted as such
     summary, _ = _philly(tmp_path, "90min")
     assert summary["trace_rows"]["left_out"] == {"no_attempts": 1, "never_started": 0,
-                                                 "no_gpus": 0, "after_end": 1}
+                                                 "no_gpus": 0, "zero_length": 0,
+                                                 "after_end": 1}
     assert summary["trace_rows"]["replayed"] == 2
 
 

@@ -246,7 +246,8 @@ def test_philly_as_published_replays_without_a_template_and_counts_what_it_left_
     summary = json.loads((tmp_path / "out/summary.json").read_text("utf-8"))
     assert summary["trace_rows"] == {
         "format": "philly", "rows": 6, "replayed": 3, "ended_at_trace_end": 1,
-        "left_out": {"no_attempts": 1, "never_started": 1, "no_gpus": 1, "after_end": 0}}
+        "left_out": {"no_attempts": 1, "never_started": 1, "no_gpus": 1, "zero_length": 0,
+                     "after_end": 0}}
     assert "3 of 6 rows replayed" in result.stdout
     assert "left out: 1 no" in result.stdout
     jobs = summary["jobs"]

@@ -20,6 +20,7 @@ MAX_ANY_DURATION_S = 1e12  # any duration at all (an MTBF of 30,000 years)
 MIN_CHECKPOINT_WRITE_S = 1e-3  # when not zero
 MIN_CHECKPOINT_INTERVAL_S = 1.0
 MIN_TRACE_BIN_S = 1.0
+MIN_TRACE_RUN_S = 1.0  # a native job table's run_for (1e-9 s gave a job done with 0 steps)
 
 # Cluster
 MAX_INSTANCES = 131_072  # 4x the 32,768 instances of the 524,288-chip library scenario

@@ -292,6 +292,56 @@ def in_event_fleet(s: Scenario) -> bool:
     return s.workload is not None and is_fleet_day(s)
 
 
+_TO_EVENT_FLEET = ("{why}; expected {expected}, or a `workload:` (`workload: {{}}` beside "
+                   "the jobs will do) to run the jobs in the event-driven fleet, which reads "
+                   "it (docs/fleet-day.md)")
+_NOT_READ = ("the fleet-day level (fluid deployments beside `jobs:` and no `workload:`) does "
+             "not read it")
+
+
+def _event_fleet_keys(s: Scenario) -> Iterable[tuple[str, str, object]]:
+    """Keys only the event-driven timeline reads: teams and quotas, the scheduler's policy
+    (the fleet-day level starts jobs by priority then submission, and only serving preempts
+    them), stragglers. Accepted, they changed nothing."""
+    if s.teams:
+        yield ("teams", _TO_EVENT_FLEET.format(why=_NOT_READ, expected="no teams key"),
+               [t.name for t in s.teams][:5])
+    sched = s.scheduler
+    if sched.policy not in ("priority", "fifo") or (
+            sched.policy == "fifo" and "policy" in sched.model_fields_set):
+        yield ("scheduler.policy", _TO_EVENT_FLEET.format(
+            why="the fleet-day level starts jobs by priority, then submission",
+            expected="policy priority (or no policy key)"), sched.policy)
+    for key in ("preemption", "borrowing"):
+        if getattr(sched, key):
+            yield (f"scheduler.{key}", _TO_EVENT_FLEET.format(
+                why=_NOT_READ + (" (only serving preempts jobs there)" if key == "preemption"
+                                 else ""), expected=f"no {key} key"), True)
+    if s.stragglers != type(s.stragglers)():
+        yield ("stragglers", _TO_EVENT_FLEET.format(why=_NOT_READ,
+                                                     expected="no stragglers key"),
+               s.stragglers.model_dump(by_alias=True, exclude_defaults=True))
+
+
+def _decision_steps(s: Scenario, at: str, a: AutoscaleSpec
+                    ) -> Iterable[tuple[str, str, object]]:
+    """An autoscale interval the fluid level can keep: whole fluid steps (it decides at a
+    step's end; 1s and 7min at a 5min step were rounded to 5min, and said nothing). Unset, it
+    decides every step."""
+    if "interval_s" not in a.model_fields_set:
+        return
+    step = s.fluid.interval_s
+    ratio = a.interval_s / step
+    if round(ratio) >= 1 and abs(ratio - round(ratio)) <= 1e-9 * ratio:
+        return
+    below, above = math.floor(ratio) * step, math.ceil(ratio) * step
+    near = " or ".join(units.format_duration(v) for v in (below, above) if v > 0)
+    yield (f"{at}.autoscale.interval", f"not a whole number of the fluid level's steps "
+           f"(fluid.interval {units.format_duration(step)}): it decides at a step's end; "
+           f"expected a multiple of fluid.interval, such as {near} (or a shorter "
+           "fluid.interval)", units.format_duration(a.interval_s))
+
+
 def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
     """(path, message, value) for load curves, autoscaling and fidelity that do not fit the
     scenario: a curve short of the horizon, a fluid deployment without a rate, a request
@@ -314,6 +364,8 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
         elif fleet and fidelity == "requests":
             yield (f"{at}.fidelity", "requests beside fluid deployments: one run simulates its "
                    "deployments at one level; expected fluid or auto", d.fidelity)
+        if fleet and fidelity == "fluid" and d.autoscale is not None:
+            yield from _decision_steps(s, at, d.autoscale)
         if fleet:
             if d.workload.arrival == "trace":
                 yield (f"{at}.workload.arrival", "the fluid model needs a rate or a load "
@@ -333,6 +385,8 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                 yield (f"{at}.autoscale.min" if d.autoscale is not None else f"{at}.replicas",
                        f"the deployments' minimum replicas need {minimum_instances} instances "
                        f"up to this one; the cluster has {s.working_instances}", count)
+    if fleet and not in_event_fleet(s):
+        yield from _event_fleet_keys(s)
     if fleet and not in_event_fleet(s):  # (the timeline keeps no per-step books of jobs)
         steps = math.ceil(s.duration_s / s.fluid.interval_s - 1e-9)
         fluid = sum(resolved_fidelity(d, s.duration_s) == "fluid" for d in s.serve)

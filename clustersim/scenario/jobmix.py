@@ -30,7 +30,6 @@ model, parallelism and batch), and optionally `run_for` (seconds or a duration),
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +40,8 @@ from pydantic import Field, model_validator
 from clustersim.hardware import limits, units
 from clustersim.hardware.spec import Duration, Rate, Spec
 from clustersim.scenario.errors import WorkloadError
-from clustersim.scenario.reading import TooLarge, read_bounded, regular_file_problem
+from clustersim.scenario.job_table import read_job_table, unread_mapping_key
+from clustersim.scenario.reading import regular_file_problem
 from clustersim.scenario.trace_names import TraceNames
 from clustersim.scenario.traces import COLUMNS, TraceMapping, TraceTarget, read_trace
 
@@ -232,6 +232,7 @@ def generate_jobs(workload: WorkloadSpec, seed: int, ranks_per_instance: int,
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A6F62]))
     jobs: list[dict[str, Any]] = []
     templates = {t.name: t for t in workload.templates}
+    unread_mapping_key(workload)
     if workload.arrivals is not None:
         a = workload.arrivals
         which = _cumulative(_shares([t.weight for t in workload.templates]))
@@ -375,9 +376,6 @@ def _native(path: Path, templates: dict[str, JobTemplate], ranks_per_instance: i
             raise WorkloadError("workload.trace", f"{where}, column submit: before the row "
                                 "above; expected rows in submission order")
         previous = job["submit"]
-        if job.get("run_for") is not None and job["run_for"] < 0:
-            raise WorkloadError("workload.trace",
-                                f"{where}, column run_for: {job['run_for']}; expected >= 0")
         if target.max_instances is not None and job["instances"] > target.max_instances:
             raise WorkloadError("workload.trace", f"{where}, column instances: "
                                 f"{job['instances']:,} is more than the cluster's "
@@ -393,29 +391,7 @@ def _from_file(path_text: str, templates: dict[str, JobTemplate], ranks_per_inst
     import pandas as pd
 
     path = _trace_path(path_text, base_dir, key)
-    try:  # bounded: a /proc file behind a link says 0 bytes and may never end
-        data = io.BytesIO(read_bounded(path, limits.MAX_TRACE_FILE_BYTES))
-    except (TooLarge, OSError) as error:
-        raise WorkloadError(key, f"{path}: "
-                            f"{error if isinstance(error, TooLarge) else 'cannot read it'}"
-                            ) from None
-    try:
-        # Names as written: "007" and "1e3" are names, not the numbers 7.0 and 1000.0.
-        frame = (pd.read_parquet(data) if path.suffix == ".parquet" else
-                 pd.read_csv(data, dtype={"name": str, "team": str, "template": str},
-                             keep_default_na=False, na_values=[""]))  # ("NA": as written)
-    except Exception as error:  # pandas and pyarrow raise many kinds for a damaged file
-        raise WorkloadError(key, f"{path}: cannot read it as "
-                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
-                            f"({type(error).__name__}: {error})") from None
-    if len(frame) > limits.MAX_TRACE_ROWS:
-        raise WorkloadError(key, f"{path}: {len(frame):,} rows; expected at most "
-                            f"{limits.MAX_TRACE_ROWS:,} (docs/limits.md)")
-    missing = {"submit", "instances", "template"} - set(frame.columns)
-    if missing:
-        raise WorkloadError(key, f"{path}: missing columns {', '.join(sorted(missing))}; "
-                            "expected submit, instances, template (run_for, steps, priority, "
-                            "name, team optional)")
+    frame = read_job_table(path, key)
     jobs = []
     teams = TraceNames(str(team) for team in frame.get("team", []) if isinstance(team, str)
                        or (team is not None and not pd.isna(team)))
@@ -472,6 +448,9 @@ def _trace_job(row: dict[str, Any], number: int, path: Path, templates: dict[str
         submit = units.parse_duration(row["submit"])
     except (TypeError, ValueError, units.UnitError) as error:
         raise ValueError(f"column submit: {error}") from None
+    if run_for is not None and units.parse_duration(run_for) < limits.MIN_TRACE_RUN_S:
+        raise ValueError(f"column run_for {run_for!r}: expected at least "  # (1e-9s: 0 steps)
+                         f"{limits.MIN_TRACE_RUN_S:g} s (docs/limits.md)")
     job = _job(
         template, instances, ranks_per_instance,
         str(value("name") or f"{template.name}-trace-{number:04d}"),
