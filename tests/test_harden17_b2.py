@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+import yaml
 from cli_helpers import invoke, write
 
 # A two-site fleet of 20 jobs whose replications differ (harden17b's st.yaml, smaller).
@@ -58,3 +60,81 @@ def test_the_run_table_of_replications_gives_the_interval_of_figures_that_vary(t
     assert frag_ci > 0 and f"fragmentation {frag:.0%} ± {frag_ci:.0%}" in text
     assert "(each job's mean over replications)" in text
 
+
+TEAMS = {
+    "name": "f1", "seed": 1, "duration": "1d", "hardware": "trn2", "cluster": {"instances": 16},
+    "scheduler": {"policy": "fairshare", "preemption": True, "borrowing": True},
+    "teams": [{"name": "a", "quota": 8, "share": 1}, {"name": "b", "quota": 8, "share": 2}],
+    "workload": {"arrivals": {"rate": "40/d", "count": 12}, "templates": [{
+        "name": "small", "instances": {"min": 1, "max": 8}, "teams": {"a": 1, "b": 1},
+        "run_for": {"median": "3h", "sigma": 1.0},
+        "job": {"model": "llama3-8b", "seq_len": 4096,
+                "parallelism": {"tp": 8, "pp": 1, "zero": 1}}}]},
+    "trace": {"enabled": False},
+}
+
+# A fluid fleet day of one autoscaled deployment beside a training job (docs/fleet-day.md's
+# example, an hour of it).
+FLEET_DAY = {
+    "name": "fd", "duration": "1h", "hardware": "trn2", "cluster": {"instances": 8},
+    "fluid": {"interval": "1min", "curve_requests": 500},
+    "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+               "router": "least_outstanding",
+               "workload": {"load": {"sinusoid": {"peak": "300/s", "trough": "60/s",
+                                                  "peak_at": "14h"}},
+                            "input_tokens": {"distribution": "lognormal", "median": 512,
+                                             "sigma": 0.8, "max": 4096},
+                            "output_tokens": {"distribution": "lognormal", "median": 200,
+                                              "sigma": 0.8, "max": 1024}},
+               "slo": {"ttft": "1s", "tpot": "50ms"},
+               "autoscale": {"min": 4, "max": 100, "policy": "utilisation", "target": 0.7,
+                             "interval": "1min", "warmup": "2min", "drain": "1min",
+                             "scale_down_after": "10min", "priority": 100}}],
+    "jobs": [{"name": "train", "model": "llama3.1-70b", "seq_len": 4096, "global_batch": 32,
+              "recompute": "full", "parallelism": {"tp": 64, "dp": 4}, "priority": 1,
+              "elastic": {"min_dp": 2}}],
+}
+
+
+def _sweep_rows(tmp_path: Path, base: dict, grid: dict):
+    import pandas as pd
+
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweep = write(tmp_path, {"scenario": "base.yaml", "grid": grid, "seeds": [0]}, "sweep.yaml")
+    out = tmp_path / "out"
+    result = invoke("sweep", sweep, "-o", out, "--workers", "1")
+    assert result.exit_code == 0, result.output
+    return pd.read_parquet(out / "sweep.parquet")
+
+
+def _summary(tmp_path: Path, base: dict, path: str, value: object) -> dict:
+    from clustersim.runner.api import simulate
+    from clustersim.scenario.loader import load_scenario
+
+    scenario = load_scenario(tmp_path / "base.yaml", [f"{path}={value}"])
+    return simulate(scenario, seed=0).summary
+
+
+def test_a_sweep_keeps_the_teams_figures(tmp_path):
+    """A grid over teams.0.quota wrote no team's figure: sweep.parquet held the jobs', the
+    deployments' and the cluster's only."""
+    rows = _sweep_rows(tmp_path, TEAMS, {"teams.0.quota": [4, 8]})
+    for _, row in rows.iterrows():
+        teams = _summary(tmp_path, TEAMS, "teams.0.quota", row["teams.0.quota"])["teams"]
+        for team, figures in teams.items():
+            for figure in ("mean_queue_wait_s", "chip_time_share", "quota_instances"):
+                assert row[f"teams.{team}.{figure}"] == float(figures[figure]), (team, figure)
+            assert row[f"teams.{team}.jobs_by_status.done"] == figures["jobs_by_status"]["done"]
+    assert list(rows["teams.a.quota_instances"]) == [4.0, 8.0]
+
+
+def test_a_sweep_keeps_the_fleet_day_figures(tmp_path):
+    """A grid over a fluid fleet day's autoscaling target wrote neither its chip-hours by
+    state nor its fleet cost per million output tokens."""
+    rows = _sweep_rows(tmp_path, FLEET_DAY, {"serve.0.autoscale.target": [0.7]})
+    day = _summary(tmp_path, FLEET_DAY, "serve.0.autoscale.target", 0.7)["fleet_day"]
+    row = rows.iloc[0]
+    assert row["fleet_day.fleet_cost_per_million_output_tokens_usd"] == \
+        day["fleet_cost_per_million_output_tokens_usd"]
+    for state, hours in day["chip_hours"].items():
+        assert row[f"fleet_day.chip_hours.{state}"] == hours
