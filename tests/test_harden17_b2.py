@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from cli_helpers import invoke, write
 
@@ -138,3 +139,42 @@ def test_a_sweep_keeps_the_fleet_day_figures(tmp_path):
         day["fleet_cost_per_million_output_tokens_usd"]
     for state, hours in day["chip_hours"].items():
         assert row[f"fleet_day.chip_hours.{state}"] == hours
+
+
+# A crowded fleet: 24 jobs of 2 to 8 instances for a day on 8 instances, most never start.
+CROWDED = {
+    "name": "crowded", "seed": 2, "duration": "1d", "hardware": "trn2",
+    "cluster": {"instances": 8, "spares": 0},
+    "workload": {"arrivals": {"rate": "48/d", "count": 24}, "templates": [{
+        "name": "big", "instances": {"min": 2, "max": 8}, "run_for": {"median": "12h", "sigma": 0.3},
+        "job": {"model": "llama3-8b", "seq_len": 4096,
+                "parallelism": {"tp": 8, "pp": 1, "zero": 1}}}]},
+}
+
+
+def test_the_report_s_fleet_waits_are_over_started_jobs(tmp_path):
+    """fleet.png and the HTML fleet figure took the median and 95th percentile of every
+    job's queue_wait_s, the horizon less its submission for the jobs never started (15 h
+    bars where summary.json's p50 over started jobs was 0); now they are summary.json's,
+    over the jobs that started, and each bin's label counts the jobs never started."""
+    from clustersim.analysis.html_figures import fleet_figure
+    from clustersim.analysis.runs import load_run
+
+    out = tmp_path / "out"
+    result = invoke("run", write(tmp_path, CROWDED), "-o", out)
+    assert result.exit_code == 0, result.output
+    run = load_run(out)
+    cluster = run.summary["cluster"]
+    assert cluster["jobs_never_started"] > cluster["jobs"] / 2  # the case: medians would move
+    figure = fleet_figure(run)
+    team = [t for t in figure.data if t.xaxis == "x3"]  # queue wait by team (one team, "-")
+    median, p95 = (t for t in team if t.name in ("median", "95th percentile"))
+    assert median.y[0] * 3600 == pytest.approx(cluster["p50_queue_wait_s"], abs=1e-6)
+    assert p95.y[0] * 3600 == pytest.approx(cluster["p95_queue_wait_s"], rel=1e-9)
+    assert median.x[0] == f"-<br>({cluster['jobs_never_started']:,} never started)"
+    sizes = [t for t in figure.data if t.xaxis == "x" and t.name == "median"][0]
+    never = sum(int(re.search(r"\((\d+) never started\)", x).group(1)) for x in sizes.x
+                if "never started" in x)
+    assert never == cluster["jobs_never_started"]
+    assert invoke("report", out).exit_code == 0
+    assert (out / "report" / "fleet.png").exists()
