@@ -178,3 +178,49 @@ def test_the_report_s_fleet_waits_are_over_started_jobs(tmp_path):
     assert never == cluster["jobs_never_started"]
     assert invoke("report", out).exit_code == 0
     assert (out / "report" / "fleet.png").exists()
+
+
+# harden17b's fl.yaml: a chat deployment of 4 one-chip replicas (max_batch 64) at the fluid level.
+FLUID = {
+    "name": "fl", "duration": "10min", "hardware": "trn2", "cluster": {"instances": 1},
+    "fluid": {"interval": "1min"},
+    "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 4}, "replicas": 4,
+               "fidelity": "fluid", "router": "least_outstanding",
+               "workload": {"rate": "40/s",
+                            "input_tokens": {"distribution": "lognormal", "median": 512,
+                                             "sigma": 0.8, "max": 4096},
+                            "output_tokens": {"distribution": "lognormal", "median": 200,
+                                              "sigma": 0.8, "max": 1024}},
+               "slo": {"ttft": "1s", "tpot": "50ms"}}],
+}
+
+
+def test_the_fluid_capacity_does_not_depend_on_curve_requests(tmp_path):
+    """A replica's saturated capacity was measured on curve_requests requests at once: 200
+    on 4 replicas of batch 64 never filled a batch (3.32 requests/s a replica), 500 spent
+    its window draining (6.91), 1000 to 3000 still held the first batch's fast start (8.13,
+    8.09), against 8.04 on 30,000. The saturated run now holds 40 full batches a replica
+    whatever curve_requests is, and its window ends at the first replica's last admission."""
+    from clustersim.scenario.loader import load_scenario
+    from clustersim.serving.curves import (
+        _run,
+        group_size,
+        replica_curve,
+        saturated_rate_per_s,
+        saturated_requests,
+    )
+    from clustersim.serving.requests import length_mean
+
+    path = write(tmp_path, FLUID)
+    capacities = []
+    for requests in (200, 1000):
+        scenario = load_scenario(path, [f"fluid.curve_requests={requests}"])
+        d = scenario.serve[0]
+        assert saturated_requests(scenario, d) == 40 * d.server.max_batch * 4
+        capacities.append(replica_curve(scenario, d).capacity_per_s)
+    # the reference: three times the run, its start a third of the share
+    long = _run(scenario, d, 1e5, 3 * saturated_requests(scenario, d), 0, stratified=True)
+    reference = saturated_rate_per_s(long, length_mean(d.workload.output_tokens)) \
+        / group_size(scenario, d)
+    for capacity in capacities:
+        assert capacity == pytest.approx(reference, rel=2e-3)
