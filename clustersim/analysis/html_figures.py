@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from clustersim.analysis.fleet_report import size_bins
+from clustersim.analysis.fleet_report import FLEET_COLUMNS, size_bins, started_waits
 from clustersim.analysis.plotting import (
     LOST_LABELS,
     STATE_COLOURS,
@@ -332,8 +332,7 @@ def fleet_figure(run: Run) -> go.Figure | None:
     path = run.path / "job_summary.parquet"
     if not path.exists():
         return None
-    jobs = pd.read_parquet(path, columns=["instances", "team", "queue_wait_s", "slowdown",
-                                          "held_chip_s"])
+    jobs = pd.read_parquet(path, columns=FLEET_COLUMNS)
     if len(jobs) < 2:
         return None
     jobs["size"] = size_bins(jobs["instances"])
@@ -341,7 +340,8 @@ def fleet_figure(run: Run) -> go.Figure | None:
         "queue wait by job size (instances)", "slowdown by job size (instances)",
         "queue wait by team", "chip-time by team"))
     by_size = jobs.groupby("size")
-    sizes = [str(s) if s == 1 else f"{s}-{2 * s - 1}" for s in by_size.groups]
+    keys = list(by_size.groups)
+    sizes = [str(s) if s == 1 else f"{s}-{2 * s - 1}" for s in keys]
     teams = sorted(jobs["team"].unique())
     by_team = jobs.groupby("team")
 
@@ -353,22 +353,26 @@ def fleet_figure(run: Run) -> go.Figure | None:
                                  marker_color=colour, legendgroup=label, showlegend=first),
                           row=row, col=col)
 
-    pair(sizes, by_size["queue_wait_s"], 3600, 1, 1, True)
+    def waits(by: str, keys: list, labels: list[str], row: int, first: bool) -> None:
+        # over the jobs that started; those never started counted in the label (fleet_report)
+        median, p95, named = started_waits(jobs, by, keys, labels, "<br>")
+        for values, label, colour in ((median, "median", "#1565c0"),
+                                      (p95, "95th percentile", "#ef6c00")):
+            fig.add_trace(go.Bar(x=named, y=values.to_numpy() / 3600, name=label,
+                                 marker_color=colour, legendgroup=label, showlegend=first),
+                          row=row, col=1)
+
+    waits("size", keys, sizes, 1, True)
     pair(sizes, by_size["slowdown"], 1, 1, 2, False)
-    waits = by_team["queue_wait_s"]
-    for quantile, label, colour in ((0.5, "median", "#1565c0"),
-                                    (0.95, "95th percentile", "#ef6c00")):
-        fig.add_trace(go.Bar(x=teams, y=waits.quantile(quantile).reindex(teams).to_numpy()
-                             / 3600, name=label, marker_color=colour, legendgroup=label,
-                             showlegend=False), row=2, col=1)
+    waits("team", teams, teams, 2, False)
     held = by_team["held_chip_s"].sum().reindex(teams)
     total = float(held.sum())
     share = held.to_numpy() / total * 100 if total > 0 else np.zeros(len(teams))
     fig.add_trace(go.Bar(x=teams, y=share, name="% of chip-time held", marker_color="#2e7d32"),
                   row=2, col=2)
-    fig.update_yaxes(title="queue wait (h)", row=1, col=1)
+    fig.update_yaxes(title="queue wait of started jobs (h)", row=1, col=1)
     fig.update_yaxes(title="slowdown (x alone)", row=1, col=2)
-    fig.update_yaxes(title="queue wait (h)", row=2, col=1)
+    fig.update_yaxes(title="queue wait of started jobs (h)", row=2, col=1)
     fig.update_yaxes(title="% of chip-time held by jobs", row=2, col=2)
     return layout(fig, f"fleet: waits, slowdowns and chip-time ({total / 3600:,.0f} "
                        "chip-hours held)", height=720)

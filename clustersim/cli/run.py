@@ -165,23 +165,37 @@ def _simulated_time_progress(enabled: bool) -> Iterator[Callable[[float, float],
         yield update
 
 
+def _count(value: float) -> str:
+    """A count, or a mean count over replications (15.25): no decimals when whole."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}".rstrip("0").rstrip(".")
+
+
 def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
     jobs = list(summary["jobs"].values())
     cluster = summary["cluster"]
     statuses = cluster.get("jobs_by_status", {})
     # past LARGEST_JOBS the summary lists the largest only: the figures below are theirs
     over = f" of the {len(jobs):,} largest" if summary.get("jobs_listed") else ""
-    table.add_row("jobs", f"{cluster.get('jobs', len(jobs)):,}: " + ", ".join(
-        f"{count:,.0f} {status}" for status, count in statuses.items()
+    # replications: each figure with its 95% interval where the summary has one (_with_ci)
+    total = _with_ci(cluster, "jobs", _count) if "jobs" in cluster else f"{len(jobs):,}"
+    table.add_row("jobs", f"{total}: " + ", ".join(
+        f"{_with_ci(statuses, status, _count)} {status}" for status in statuses
         if not status.endswith("_ci95")))
+    # with replications each job's ETTR and slowdown are its means over them: the summary
+    # has no interval for figures over jobs, so the rows say what they are
+    of = " (each job's mean over replications)" if summary.get("replications", 1) > 1 else ""
     ettr = [j["ettr"] for j in jobs if j.get("start_s") is not None]
     if ettr:
-        table.add_row("", f"ETTR mean {sum(ettr) / len(ettr):.1%} over started jobs{over}; queue wait "
-                      f"mean {cluster.get('mean_queue_wait_s', 0) / 3600:,.1f} h; fragmentation "
-                      f"{cluster.get('fragmentation', 0):.0%}")
+        wait = _with_ci(cluster, "mean_queue_wait_s", lambda s: f"{s / 3600:,.1f}") \
+            if "mean_queue_wait_s" in cluster else "0.0"
+        fragmentation = _with_ci(cluster, "fragmentation", lambda f: f"{f:.0%}") \
+            if "fragmentation" in cluster else "0%"
+        table.add_row("", f"ETTR mean {sum(ettr) / len(ettr):.1%} over started jobs{over}{of}; "
+                      f"queue wait mean {wait} h; fragmentation {fragmentation}")
     slowdowns = [j["slowdown"] for j in jobs if j.get("slowdown")]
     if slowdowns:
-        table.add_row("", f"slowdown versus alone{over}: median {sorted(slowdowns)[len(slowdowns) // 2]:.2f}"
+        median = sorted(slowdowns)[len(slowdowns) // 2]
+        table.add_row("", f"slowdown versus alone{over}{of}: median {median:.2f}"
                       f", worst {max(slowdowns):.2f}")
 
 

@@ -15,10 +15,12 @@ seeds: [0, 1, 2]                          # or `replications: 3` (the scenario's
 
 Results: `sweep.parquet`, one row per variant, grid point and seed, with the grid values as
 columns named by their path, `variant`, `seed`, `status` (ok or error), `error`, and every
-number of the summary as `<job>.<figure>` and `cluster.<figure>` (nested figures by dotted
-path); `sweep_summary.parquet`, per variant and grid point, the mean of each figure over the
-seeds with `<figure>_ci95`, the half-width of its 95% interval. A variant that fails is a row
-with its error; the others still run. The same rows come out of either engine.
+number of the summary as `<job>.<figure>`, `<deployment>.<figure>`, `cluster.<figure>`,
+`teams.<team>.<figure>`, `fleet_day.<figure>`, `serving.<figure>` and `trace_rows.<figure>`
+(nested figures by dotted path); `sweep_summary.parquet`, per variant and grid point, the
+mean of each figure over the seeds with `<figure>_ci95`, the half-width of its 95%
+interval. A variant that fails is a row with its error; the others still run. The same rows
+come out of either engine.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ from clustersim.scenario.reading import read_yaml_file
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
            "summarise", "write_sweep", "t_quantile", "SweepInterrupted", "INPUT_FAULTS"]
+
+
+# summary.json's sections kept as columns under their own name, beside the jobs', the
+# deployments' and the cluster's (a job or deployment of one of these names: refused below)
+SECTIONS = ("teams", "fleet_day", "serving", "trace_rows")
 
 
 class Variant(Spec):
@@ -184,6 +191,10 @@ def run_task(task: Task) -> dict[str, Any]:
                if k not in ("links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops")}
     parts = [flatten(summary["jobs"]), flatten(summary.get("deployments", {})),
              flatten({"cluster": cluster})]  # serving: <deployment>.<figure>
+    # the sections beside them, after (the columns above keep their names and order):
+    # teams.<team>.<figure>, fleet_day.<figure>, serving.<figure>, trace_rows.<figure>
+    parts += [flatten({section: summary[section]}) for section in SECTIONS
+              if isinstance(summary.get(section), dict)]
     leaves = {k: v for part in parts for k, v in part.items() if k not in row}  # grid first
     clash = sorted(k for k in leaves if sum(k in part for part in parts) > 1)
     if clash:  # a job named `cluster`, say: one column would hold two figures

@@ -9,8 +9,9 @@ per-request arrays):
 
 - saturated (every request at once): a replica's capacity, `capacity_per_s` requests per
   second, is the output tokens the group generates per second between its 10th and 90th
-  percentile completions (a request's first token at its first-token time, the rest evenly
-  to its finish), over the group's size and the output lengths' mean (the distribution's,
+  percentile completions, and not past the first replica's last admission (its batch drains
+  after) (a request's first token at its first-token time, the rest evenly to its finish),
+  over the group's size and the output lengths' mean (the distribution's,
   clustersim.serving.requests.length_mean; the run's for a trace). Not the completions
   counted over that window: 3,000 random draws' outputs average a percent or two off the
   distribution's mean, and the completion rate follows them. That run draws its lengths
@@ -18,8 +19,14 @@ per-request arrays):
   stretch of the run has the distribution's mean output and prompt work; prompt work per
   output token slows the token rate): against overloaded runs eight times as long the
   capacity is within 0.15% on the queueing grid's cells (tests/test_fluid_capacity.py; it
-  was 1.5% to 2.8% high). The fluid queueing model's admission queue at 95% drains at a
-  twentieth of this rate, so its error counts twentyfold there;
+  was 1.5% to 2.8% high). That run is `fluid.curve_requests` requests and at least
+  SATURATED_BATCHES full batches a replica (saturated_requests): the first batch starts
+  together on short contexts and runs faster than the steady mix until about its longest
+  request is done, and a run of few batches a replica weighed that start in (1,000 to 3,000
+  requests on 4 replicas of batch 64: 0.8% to 2% high) or never filled a batch at all (200:
+  3.32 requests/s a replica against 8.03; 500: 6.91, its window mostly the drain). The
+  fluid queueing model's admission queue at 95% drains at a twentieth of this rate, so its
+  error counts twentyfold there;
 - at a grid of utilisations rho (offered rate over that capacity): the quantiles of TTFT and
   TPOT, the share of requests meeting the TPOT bound and the quantiles of their TTFT, and the
   mean time in the system (Little's law at the fleet level). The share meeting both bounds
@@ -56,12 +63,18 @@ from clustersim.serving.attainment import share_within
 from clustersim.serving.requests import length_mean
 from clustersim.serving.simulate import replica_models, simulate_serving
 
-__all__ = ["ReplicaCurve", "replica_curve", "saturated_rate_per_s", "monotone_over_load",
+__all__ = ["ReplicaCurve", "replica_curve", "saturated_rate_per_s", "saturated_requests",
+           "monotone_over_load",
            "LEVELS", "RHO_GRID", "CURVE_SEED"]
 
 LEVELS = np.linspace(0.0, 1.0, 201)  # quantile levels kept per grid point (p50 = 100, p99 = 198)
 RHO_GRID = np.array([0.05, 0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 0.93])
 CURVE_SEED = 20240  # fixed: a deployment's curve does not depend on the run's seed
+# Full batches per replica in the saturated run (saturated_requests): its first batch starts
+# together on short contexts, faster than the steady mix, for about the longest output's
+# life; at 40 batches that start is within 0.1% of runs three times as long (module docstring)
+SATURATED_BATCHES = 40
+SATURATED_MOST = 100_000  # fluid.curve_requests' own maximum
 _CACHE: dict[str, ReplicaCurve] = {}
 
 
@@ -134,6 +147,20 @@ def group_size(scenario: Scenario, d: DeploymentSpec) -> int:
     return max(1, min(scenario.fluid.curve_replicas, most))
 
 
+def saturated_requests(scenario: Scenario, d: DeploymentSpec) -> int:
+    """Requests in the saturated run: `fluid.curve_requests`, and at least SATURATED_BATCHES
+    full batches per replica of the curve group (module docstring), at most
+    SATURATED_MOST. A full batch is the server's max_batch, or the sequences of the
+    lengths' mean prompt and output its KV cache holds if fewer."""
+    _, kv_tokens, _ = replica_models(scenario, d)
+    batch = d.server.max_batch
+    prompts, outputs = length_mean(d.workload.input_tokens), length_mean(d.workload.output_tokens)
+    if prompts is not None and outputs is not None:
+        batch = min(batch, max(1, int(kv_tokens // (prompts + outputs))))
+    least = SATURATED_BATCHES * batch * group_size(scenario, d)
+    return min(max(scenario.fluid.curve_requests, least), SATURATED_MOST)
+
+
 def _key(scenario: Scenario, d: DeploymentSpec, requests: int) -> str:
     shape = d.model_dump(mode="json", exclude={"name", "autoscale", "fidelity", "replicas",
                                                 "start_s", "disaggregated"})
@@ -170,12 +197,19 @@ def _run(scenario: Scenario, d: DeploymentSpec, rate: float, requests: int, inde
 def saturated_rate_per_s(fleet, output_mean: float) -> float:
     """The group's saturated completion rate from an all-at-once run (module docstring): the
     output tokens generated per second between its 10th and 90th percentile completions,
-    over the outputs' mean `output_mean`."""
+    over the outputs' mean `output_mean`; the window ends by the time a replica (of
+    `fleet.replica_of`, when the fleet has it) admitted its last request, as after it its
+    batch drains."""
     done = fleet.status == 1
     finish, first = fleet.finish_s[done], fleet.first_token_s[done]
     outputs = fleet.output_tokens[done].astype(float)
     ordered = np.sort(finish)
     start, end = ordered[int(0.1 * len(ordered))], ordered[int(0.9 * len(ordered))]
+    replica_of = getattr(fleet, "replica_of", None)
+    if replica_of is not None:  # not past the first replica's last admission: its drain
+        mine = replica_of[done]
+        last = min(float(np.max(first[mine == r])) for r in np.unique(mine))
+        end = min(end, last) if last > start else end
     inside = np.clip(np.minimum(finish, end) - np.maximum(first, start), 0.0, None)
     decoding = np.maximum(finish - first, 1e-12)
     tokens = (float(np.sum(np.where(outputs > 1, (outputs - 1) * inside / decoding, 0.0)))
@@ -212,11 +246,12 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
     if key in _CACHE:
         return _CACHE[key]
     # Saturated: every request arrives within a few milliseconds.
-    fleet = _run(scenario, d, 1e5, requests, 0, stratified=True)
+    saturated = saturated_requests(scenario, d)
+    fleet = _run(scenario, d, 1e5, saturated, 0, stratified=True)
     if int(np.sum(fleet.status == 1)) < 10:
         _, kv_tokens, _ = replica_models(scenario, d)
         raise ValueError(f"deployment {d.name!r}: a replica completed "
-                         f"{int(np.sum(fleet.status == 1))} of {requests} requests (do they "
+                         f"{int(np.sum(fleet.status == 1))} of {saturated} requests (do they "
                          f"fit its KV cache of {kv_tokens:,} tokens?)")
     outputs_mean = length_mean(d.workload.output_tokens)
     if outputs_mean is None:  # a trace's lengths: the run's
@@ -224,7 +259,7 @@ def replica_curve(scenario: Scenario, d: DeploymentSpec) -> ReplicaCurve:
     group = group_size(scenario, d)
     capacity = saturated_rate_per_s(fleet, outputs_mean) / group  # per replica
     ttft, tpot, e2e, met, met_q = [], [], [], [], []
-    simulated = requests
+    simulated = saturated
     for index, rho in enumerate(RHO_GRID, start=1):
         fleet = _run(scenario, d, float(rho * capacity * group), requests, index)
         simulated += requests
