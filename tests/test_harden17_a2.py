@@ -1,0 +1,59 @@
+"""Session 17, helper fix17a2: the busiest expert group at small batches, MLA prefill under a
+sliding window, and messages a new user met (plan flags on a serving scenario, the
+weights-fit error, MX weights with fp8 activations, fluid disaggregation, models' MLA dims)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clustersim.serving.experts import expected_busiest_group, expected_distinct_experts
+
+
+def _monte_carlo_busiest(experts: int, top_k: int, groups: int, tokens: int, samples: int,
+                         active: int | None = None, seed: int = 0) -> list[tuple[float, float]]:
+    """(mean, standard error) of the busiest group's reached experts after 1..`tokens`
+    tokens, each choosing `top_k` distinct experts uniformly among `active` of them (a hot
+    set drawn uniformly per sample; every expert when None)."""
+    rng = np.random.default_rng(seed)
+    active = active or experts
+    rows = np.arange(samples)[:, None]
+    hot = np.argsort(rng.random((samples, experts)), axis=1)[:, :active]
+    reached = np.zeros((samples, experts), dtype=bool)
+    out = []
+    for _ in range(tokens):
+        pick = np.argpartition(rng.random((samples, active)), top_k - 1, axis=1)[:, :top_k]
+        reached[rows, hot[rows, pick]] = True
+        busiest = reached.reshape(samples, groups, experts // groups).sum(axis=2).max(axis=1)
+        out.append((float(busiest.mean()), float(busiest.std() / np.sqrt(samples))))
+    return out
+
+
+@pytest.mark.parametrize(("experts", "top_k", "groups", "skew"), [
+    (16, 1, 2, 0.0), (16, 2, 4, 0.0), (64, 1, 8, 0.0), (64, 2, 8, 0.0), (64, 8, 4, 0.0),
+    (128, 1, 16, 0.0), (256, 8, 8, 0.0), (256, 2, 16, 0.0), (64, 2, 8, 0.5)])
+def test_busiest_expert_group_matches_a_monte_carlo(experts: int, top_k: int, groups: int,
+                                                     skew: float) -> None:
+    """The busiest of the ep groups' reached experts was the maximum of independent
+    binomials (p = D/E): 0.66 for one token's top-1 over 16 groups, where the one reached
+    expert sits in some group (1.0). Against a Monte Carlo (fixed seed, 2,000 samples) at
+    batches 1..64: within 4 standard errors + 0.005. The skew row's routing is on a hot half
+    of the experts, drawn per sample."""
+    active = round(experts * (1 - skew))
+    mc = _monte_carlo_busiest(experts, top_k, groups, 64, 2000, active)
+    for tokens, (mean, se) in enumerate(mc, start=1):
+        got = expected_busiest_group(experts, top_k, tokens, groups, skew)
+        assert abs(got - mean) <= 4 * se + 0.005, (tokens, got, mean, se)
+
+
+def test_busiest_group_at_batch_1_holds_a_whole_expert_and_saturates() -> None:
+    """docs/serving.md: at batch 1 some group holds a whole reached expert; once every
+    expert is reached each group holds all of its own; one group is D itself."""
+    assert expected_busiest_group(128, 1, 1, 16) == pytest.approx(1.0, abs=1e-9)
+    assert expected_busiest_group(16, 1, 1, 2) == pytest.approx(1.0, abs=1e-9)
+    assert expected_busiest_group(256, 8, 100_000, 8) == pytest.approx(32.0, abs=1e-6)
+    assert expected_busiest_group(256, 8, 20, 1) == expected_distinct_experts(256, 8, 20)
+    # the groups together hold D: the busiest at least D / groups
+    for tokens in (1, 3, 17, 300):
+        assert expected_busiest_group(256, 8, tokens, 8) >= \
+            expected_distinct_experts(256, 8, tokens) / 8 - 1e-9
