@@ -4,8 +4,11 @@ weights-fit error, MX weights with fp8 activations, fluid disaggregation, models
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from cli_helpers import invoke, refused, write
 
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import catalog_entry
@@ -89,3 +92,23 @@ def test_mla_prefill_attention_uses_the_window(kind: str) -> None:
         some = half.iteration_s([(chunk, context)], 0, 0.0, 1)
         assert whole < some < base
         assert base - some == pytest.approx((base - whole) * 31 / 61, rel=1e-9)
+
+
+_SERVING = {"name": "serving-plan", "duration": "2min", "hardware": "trn2",
+            "cluster": {"instances": 1},
+            "serve": [{"name": "chat", "model": "llama3.1-8b", "parallelism": {"tp": 8},
+                       "workload": {"rate": "2/s", "input_tokens": 512, "output_tokens": 64},
+                       "slo": {"ttft": "1s", "tpot": "50ms"}}]}
+
+
+@pytest.mark.parametrize("flags", [["--model", "deepseek-v3"], ["--seq-len", "4096"],
+                                   ["--global-batch", "64"], ["--global-batch", "4M"]])
+def test_plan_training_flags_on_a_serving_scenario_say_so(tmp_path: Path,
+                                                          flags: list[str]) -> None:
+    """--model, --seq-len and --global-batch became jobs.0.* overrides before the planner
+    knew the scenario served: "--set 'jobs.0.model=...': no list item '0'". They are
+    training options, as --chips and --objective already said."""
+    out = tmp_path / "plan"
+    result = invoke("plan", write(tmp_path, _SERVING), *flags, "-o", out)
+    refused(result, f"{flags[0]}: training options; a serving plan takes")
+    assert "jobs.0" not in result.output and not out.exists()
