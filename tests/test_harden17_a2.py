@@ -112,3 +112,49 @@ def test_plan_training_flags_on_a_serving_scenario_say_so(tmp_path: Path,
     result = invoke("plan", write(tmp_path, _SERVING), *flags, "-o", out)
     refused(result, f"{flags[0]}: training options; a serving plan takes")
     assert "jobs.0" not in result.output and not out.exists()
+
+
+def _window_server(server: dict) -> dict:
+    return {"name": "fit", "duration": "2min", "hardware": "trn2", "cluster": {"instances": 1},
+            "serve": [{"name": "d", "model": "trinity-large", "precision": "fp8",
+                       "parallelism": {"tp": 64, "ep": 8}, "server": server,
+                       "workload": {"rate": "1/s", "input_tokens": 8000,
+                                    "output_tokens": 200}}]}
+
+
+def test_the_fit_refusal_names_kv_reserve_when_the_reserve_is_the_cause(tmp_path: Path) -> None:
+    """kv_reserve 0.999 on qwen3-8b (7.63 GiB a chip of 96) said "the weights do not fit
+    ... expected more tp or pp, fp8 weights, or a smaller model". It names kv_reserve and
+    the largest that fits: 1 - 7.63 / 96 -> 0.92, which validates."""
+    raw = {"name": "fit", "duration": "2min", "hardware": "trn2", "cluster": {"instances": 1},
+           "serve": [{"name": "d", "model": "qwen3-8b", "parallelism": {"tp": 8},
+                      "server": {"kv_reserve": 0.999},
+                      "workload": {"rate": "1/s", "input_tokens": 3000, "output_tokens": 10}}]}
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "serve.0.server.kv_reserve = 0.999", "expected server.kv_reserve at most 0.92")
+    assert "weights do not fit" not in result.stderr and "more tp" not in result.stderr
+    raw["serve"][0]["server"]["kv_reserve"] = 0.92
+    assert invoke("validate", write(tmp_path, raw)).exit_code == 0
+
+
+def test_the_fit_refusal_names_max_batch_when_the_window_caches_are_the_cause(
+        tmp_path: Path) -> None:
+    """Trinity-Large's sliding-window caches of max_batch 4096 sequences (1440 GiB) beside
+    23.42 GiB of weights: the refusal named the weights (expected mxfp4 weights, ...). It
+    names max_batch and the most sequences that fit, which validates; one more does not."""
+    result = invoke("validate", write(tmp_path, _window_server({"max_batch": 4096})))
+    refused(result, "serve.0.server.max_batch = 4096", "expected server.max_batch at most ")
+    assert "weights do not fit" not in result.stderr
+    most = int(result.stderr.split("max_batch at most ")[1].split()[0].rstrip(".,;"))
+    assert invoke("validate", write(tmp_path, _window_server({"max_batch": most}))
+                  ).exit_code == 0
+    refused(invoke("validate", write(tmp_path, _window_server({"max_batch": most + 1}))),
+            "serve.0.server.max_batch")
+
+
+def test_the_fit_refusal_still_names_the_weights_when_they_are_the_cause(
+        tmp_path: Path) -> None:
+    raw = _window_server({})
+    raw["serve"][0].update(model="llama3.1-405b", precision="bf16", parallelism={"tp": 4})
+    refused(invoke("validate", write(tmp_path, raw)), "serve.0.parallelism",
+            "the weights do not fit", "expected more tp or pp, fp8 weights")
