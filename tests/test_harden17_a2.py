@@ -158,3 +158,26 @@ def test_the_fit_refusal_still_names_the_weights_when_they_are_the_cause(
     raw["serve"][0].update(model="llama3.1-405b", precision="bf16", parallelism={"tp": 4})
     refused(invoke("validate", write(tmp_path, raw)), "serve.0.parallelism",
             "the weights do not fit", "expected more tp or pp, fp8 weights")
+
+
+@pytest.mark.parametrize("where", ["target", "draft"])
+def test_fp8_activations_with_mx_weights_are_one_clear_sentence(tmp_path: Path,
+                                                                where: str) -> None:
+    """`precision: {weights: mxfp8, activations: fp8}` printed both union branches' texts
+    glued: "serve.0.precision: expected 'bf16', ... or 'mxfp8'; or activations fp8 with
+    mxfp8 weights: ...". One line now, on the activations key, its value and what fits."""
+    precision = {"weights": "mxfp8", "activations": "fp8"}
+    deployment = {"name": "d", "model": "llama3.1-8b", "parallelism": {"tp": 8},
+                  "workload": {"rate": "1/s", "input_tokens": 512, "output_tokens": 64}}
+    if where == "target":
+        deployment["precision"] = precision
+        key = "serve.0.precision.activations"
+    else:
+        deployment["speculative"] = {"draft": "llama3.2-1b", "precision": precision}
+        key = "serve.0.speculative.precision.activations"
+    raw = {"name": "mx", "duration": "2min", "hardware": "trn3-gen2",
+           "cluster": {"instances": 1}, "serve": [deployment]}
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, f"{key} = 'fp8': fp8 with mxfp8 weights",
+            "expected bf16 or fp16", "or weights: fp8")
+    assert "'mxfp4'" not in result.stderr and result.stderr.count("error:") == 1
