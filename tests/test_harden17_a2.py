@@ -181,3 +181,19 @@ def test_fp8_activations_with_mx_weights_are_one_clear_sentence(tmp_path: Path,
     refused(result, f"{key} = 'fp8': fp8 with mxfp8 weights",
             "expected bf16 or fp16", "or weights: fp8")
     assert "'mxfp4'" not in result.stderr and result.stderr.count("error:") == 1
+
+
+def test_the_fluid_refusal_of_disaggregation_prints_it_as_written(tmp_path: Path) -> None:
+    """The fluid level's refusal of disaggregated pools printed `serve.0.disaggregated =
+    'set'`, a value nobody wrote."""
+    raw = {"name": "fluid", "duration": "10min", "hardware": "trn2",
+           "cluster": {"instances": 2},
+           "serve": [{"name": "d", "model": "llama3.1-70b", "parallelism": {"tp": 32},
+                      "replicas": 4, "fidelity": "fluid",
+                      "disaggregated": {"prefill_replicas": 1, "decode_replicas": 3},
+                      "workload": {"rate": "2/s", "input_tokens": 2000,
+                                   "output_tokens": 300}}]}
+    result = invoke("validate", write(tmp_path, raw))
+    refused(result, "serve.0.disaggregated = {prefill_replicas: 1, decode_replicas: 3}: "
+            "not yet in the fluid model")
+    assert "'set'" not in result.stderr
