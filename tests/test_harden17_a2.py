@@ -197,3 +197,29 @@ def test_the_fluid_refusal_of_disaggregation_prints_it_as_written(tmp_path: Path
     refused(result, "serve.0.disaggregated = {prefill_replicas: 1, decode_replicas: 3}: "
             "not yet in the fluid model")
     assert "'set'" not in result.stderr
+
+
+def test_models_table_of_an_mla_preset_leaves_out_the_widths_mla_does_not_use() -> None:
+    """`clustersim models deepseek-v3` printed head_dim 56 (hidden / heads), a width MLA
+    never uses (its are qk_nope + qk_rope = 192 and v 128): left out, with kv_heads; a
+    grouped-query preset keeps them."""
+    mla = invoke("models", "deepseek-v3")
+    assert mla.exit_code == 0
+    fields = {line.split("│")[1].strip() for line in mla.stdout.splitlines()
+              if line.count("│") == 3}
+    assert {"qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "heads"} <= fields
+    assert not {"head_dim", "kv_heads"} & fields
+    gqa = invoke("models", "llama3-8b")
+    assert "head_dim" in gqa.stdout and "kv_heads" in gqa.stdout
+
+
+@pytest.mark.parametrize("value", ["null", "3", "[1]"])
+def test_a_model_that_is_neither_a_name_nor_a_mapping_names_the_presets(
+        tmp_path: Path, value: str) -> None:
+    """`--set jobs.0.model=null` said "expected a mapping", not that a preset name would
+    do (a misspelt name's message lists them)."""
+    from cli_helpers import SMALL
+
+    result = invoke("validate", write(tmp_path, SMALL), "--set", f"jobs.0.model={value}")
+    refused(result, "jobs.0.model = ", "expected a model preset (", "llama3-8b",
+            "or a mapping of the shape")
