@@ -207,7 +207,8 @@ def test_fp8_activations_need_fp8_weights() -> None:
     the target and the draft alike, with the key path."""
     with pytest.raises(ScenarioError, match="serve.0.precision") as info:
         scenario_from_dict(_deployment(precision={"weights": "bf16", "activations": "fp8"}))
-    assert "expected weights: fp8" in str(info.value)
+    assert "serve.0.precision.activations" in str(info.value)
+    assert "or weights: fp8 for fp8 matmuls" in str(info.value)
     with pytest.raises(ScenarioError, match="serve.0.speculative.precision"):
         scenario_from_dict(_deployment(speculative={"draft": "llama3.2-1b", "precision": {
             "weights": "fp16", "activations": "fp8"}}))

@@ -220,8 +220,11 @@ def models(
                       f"{row['active_parameters'] / 1e9:,.1f}B active", title_justify="left")
         table.add_column("field", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
+        skip = {"name", "parameters", "active_parameters", "source"}
+        if row["attention"] == "mla":  # its widths are qk_nope/qk_rope/v_head_dim: unused
+            skip |= {"head_dim", "kv_heads"}
         for key, value in row.items():
-            if key not in ("name", "parameters", "active_parameters", "source"):
+            if key not in skip:
                 table.add_row(key, "-" if value is None else str(value))
         out_console.print(table)
         out_console.print(f"source: {row['source']}", soft_wrap=True)

@@ -162,6 +162,23 @@ def plan(
     from clustersim.scenario.loader import load_scenario
 
     sets = list(overrides or [])
+    _check_engine(engine, address)
+    # Serving or training is the scenario's (and --set's) to say, before the training flags
+    # become jobs.0 keys a serving scenario does not have.
+    if serve is not None or _serving_only(scenario, sets):
+        given = {"--chips": chips, "--model": model, "--global-batch": global_batch,
+                 "--seq-len": seq_len, "--tokens": tokens, "--deadline": deadline,
+                 "--budget": budget, "--max-chips": max_chips}
+        training_only = [k for k, v in given.items() if v is not None]
+        if objective != "step":
+            training_only.append("--objective")
+        if training_only:
+            raise UsageProblem(f"{', '.join(training_only)}: training options; a serving plan "
+                               "takes --hardware, --serve, --goodput, --top, --engine, "
+                               "--workers, --address, -o, --write-scenario, --set and --json")
+        _plan_serving(scenario, sets, hardware, serve, goodput, top, out, write_scenario, force,
+                      json_out, (engine, workers, address))
+        return
     if model is not None:
         sets.append(f"jobs.0.model={model}")
     if seq_len is not None:
@@ -177,21 +194,6 @@ def plan(
                 raise UsageProblem(f"--global-batch {global_batch!r}: {batch_tokens:,.0f} tokens "
                                    f"is not a whole number of sequences of {length}")
             sets.append(f"jobs.0.global_batch={int(batch_tokens // length)}")
-    _check_engine(engine, address)
-    if serve is not None or _serving_only(scenario, sets):
-        given = {"--chips": chips, "--model": model, "--global-batch": global_batch,
-                 "--seq-len": seq_len, "--tokens": tokens, "--deadline": deadline,
-                 "--budget": budget, "--max-chips": max_chips}
-        training_only = [k for k, v in given.items() if v is not None]
-        if objective != "step":
-            training_only.append("--objective")
-        if training_only:
-            raise UsageProblem(f"{', '.join(training_only)}: training options; a serving plan "
-                               "takes --hardware, --serve, --goodput, --top, --engine, "
-                               "--workers, --address, -o, --write-scenario, --set and --json")
-        _plan_serving(scenario, sets, hardware, serve, goodput, top, out, write_scenario, force,
-                      json_out, (engine, workers, address))
-        return
     spec = load_scenario(scenario, sets, planning=True)
     options = PlanOptions(
         hardware=_hardware_list(hardware),

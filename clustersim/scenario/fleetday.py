@@ -372,7 +372,8 @@ def fleet_day_checks(s: Scenario) -> Iterable[tuple[str, str, object]]:
                        "curve, not a trace", d.workload.arrival)
             if d.disaggregated is not None:
                 yield (f"{at}.disaggregated", "not yet in the fluid model: expected a "
-                       "deployment whose replicas both prefill and decode", "set")
+                       "deployment whose replicas both prefill and decode",
+                       d.disaggregated.model_dump())
             if d.workload.requests is not None:
                 yield (f"{at}.workload.requests", "the fluid model runs to the horizon: a "
                        "count of requests would be ignored; expected no requests key (or "

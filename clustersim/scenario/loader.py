@@ -107,6 +107,9 @@ def _resolve_model(holder: dict[str, Any], key: str, where: str) -> list[Issue]:
     base = model if isinstance(model, str) else (
         model.get("base") if isinstance(model, Mapping) else None
     )
+    if key in holder and not isinstance(model, str | Mapping | TransformerShape):  # null, 3
+        return [Issue(where, f"expected a model preset ({', '.join(model_preset_names())}) "
+                      "or a mapping of the shape", model, True)]
     if base is None:
         return []
     where = where + ("" if isinstance(model, str) else ".base")

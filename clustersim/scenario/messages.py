@@ -74,6 +74,7 @@ def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> l
     (default: Scenario) accepts there."""
     issues = []
     mapped: list[Issue] = []  # a list expected, a mapping given (below)
+    named: list[Issue] = []  # a name expected, a mapping given (below)
     for detail in error.errors(include_url=False):
         loc = [part for part in detail["loc"] if not _is_union_tag(part)]
         kind = detail["type"]
@@ -107,12 +108,17 @@ def pydantic_issues(error: ValidationError, root: type[Spec] | None = None) -> l
             # the list branch of a union (`instances: [1, 2] | {min, max}`) given a mapping:
             # said only if the mapping's own branch found nothing to say
             mapped.append(Issue(path_text(loc), message, value, False))
+        elif kind == "literal_error" and isinstance(value, Mapping):
+            # a name branch (`precision: fp8 | {weights, ...}`) given a mapping: said only if
+            # the mapping's branch found nothing to say below it
+            named.append(Issue(path_text(loc), message, value, False))
         else:
             shown = not isinstance(value, Mapping)
             issues.append(Issue(path_text(loc), message, value, shown))
     issues += [m for m in mapped
                if not any(i.path == m.path or i.path.startswith(m.path + ".")
                           for i in issues)]
+    issues += [n for n in named if not any(i.path.startswith(n.path + ".") for i in issues)]
     return _deduplicate(issues)
 
 

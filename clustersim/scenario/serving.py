@@ -150,9 +150,9 @@ class PrecisionSpec(Spec):
     def _check(self) -> PrecisionSpec:
         # A matmul runs at its wider operand's precision: fp8 matmuls need fp8 weights too.
         if self.activations == "fp8" and self.weights != "fp8":
-            raise ValueError(f"activations fp8 with {self.weights} weights: a matmul runs at "
-                             "its wider operand's precision; expected weights: fp8 (W8A8) "
-                             "or 16-bit activations")
+            raise KeyedError("activations", f"fp8 with {self.weights} weights: a matmul runs "
+                             "at its wider operand's precision; expected bf16 or fp16 (or no "
+                             "key: bf16), or weights: fp8 for fp8 matmuls (W8A8)", "fp8")
         return self
 
 

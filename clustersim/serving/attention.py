@@ -36,7 +36,7 @@ from clustersim.training.workload import Op, _matmul, _vector
 __all__ = ["is_mla", "layer_split", "kv_values_per_token_layer",
            "kv_bytes_per_token", "mla_projection_ops", "mla_decode_ops", "mla_prefill_ops",
            "sliding_window", "decode_window", "window_split", "window_excess",
-           "window_excess_sum", "window_pairs", "sequence_kv_bytes"]
+           "window_excess_sum", "window_pairs", "window_prefill", "sequence_kv_bytes"]
 
 
 def is_mla(model: TransformerShape) -> bool:
@@ -139,6 +139,20 @@ def window_pairs(window: int, kind: str, chunk: int, context: int) -> float:
     return total
 
 
+def window_prefill(window: int, kind: str, chunk: int, context: int) -> tuple[int, int]:
+    """(earlier tokens, span) of a windowed layer's prompt chunk of `chunk` tokens after
+    `context`: the earlier tokens its queries' windows reach (sliding: the window - 1 before
+    the chunk; chunked: those of the chunk's first window since it began), and the span of
+    keys a global layer's would need for as many query-key pairs (the global span scaled by
+    its causal pairs over a global layer's, which counts the chunk's full square, as the
+    training workload does)."""
+    span = context + chunk
+    causal = chunk * context + chunk * (chunk + 1) / 2.0
+    narrow = max(1, round(span * window_pairs(window, kind, chunk, context) / causal))
+    earlier = min(context, window - 1) if kind == "sliding" else context % window
+    return earlier, narrow
+
+
 def layer_split(model: TransformerShape, longest_sequence: int | None = None
                 ) -> tuple[int, int]:
     """(layers whose KV cache grows with the context, sliding-window layers whose cache is
@@ -235,19 +249,20 @@ def mla_decode_ops(model: TransformerShape, heads: int, context: int, kv_e: floa
 
 
 def mla_prefill_ops(model: TransformerShape, chunk: int, context: int, heads: int,
-                    e: float, kv_e: float) -> list[Op]:
+                    e: float, kv_e: float, span: int | None = None) -> list[Op]:
     """A prompt chunk of `chunk` tokens over `context` earlier tokens plus itself on a rank
     with `heads` heads, unabsorbed: the earlier tokens' latents decompressed to keys and
     values (the chunk's own are in the projections), then fused attention at head width
-    qk_nope + qk_rope for the scores and v_head_dim for the values."""
+    qk_nope + qk_rope for the scores and v_head_dim for the values, over `span` keys
+    (default context + chunk; a windowed layer's: window_prefill)."""
     nope, rope, v = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     latent = model.kv_lora_rank
-    span = context + chunk
+    span = context + chunk if span is None else span
     ops = []
     if context:
         ops.append(_matmul("decompress", context, latent, heads * (nope + v), kv_e))
     ops += [_matmul("scores", chunk, nope + rope, span, e, count=heads),
             _matmul("attend", chunk, span, v, e, count=heads),
             _vector("attention_io", chunk * heads * (nope + rope + v), e, passes=1),
-            _vector("kv_io", span * (latent + rope), kv_e, passes=1)]
+            _vector("kv_io", (context + chunk) * (latent + rope), kv_e, passes=1)]
     return ops

@@ -15,8 +15,11 @@ Llama 4) see every token and are read every iteration, as are the router's weigh
 Expert parallelism (`ep` > 1) splits a layer's routed experts over `ep` groups of the
 replica's ranks (each expert sharded over the tp / ep ranks of its group). A rank then reads
 the experts its group holds that some token reaches; the iteration waits for the busiest
-group, whose count is the expected maximum over the groups of a binomial (each of its E/ep
-experts reached independently with probability D/E). Tokens travel to their experts' groups
+group, whose count is computed exactly: the distribution of the distinct experts reached (a
+Markov chain over the tokens, each adding a hypergeometric number of new experts), and for
+each count d the expected maximum over the groups of a d-subset of the experts drawn
+uniformly (multivariate hypergeometric), which sees that the groups share the d: at batch 1
+some group holds a whole reached expert. Tokens travel to their experts' groups
 and back: two all-to-alls per MoE layer (dispatch and combine) over the expert group, each
 rank sending its share of the routed tokens' hidden states.
 """
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+
+import numpy as np
 
 from clustersim.training.transformer import TransformerShape
 from clustersim.training.workload import Op, _matmul, _vector
@@ -62,25 +67,101 @@ def expected_distinct_experts(experts: int, top_k: int, tokens: float, skew: flo
 @lru_cache(maxsize=4096)
 def expected_busiest_group(experts: int, top_k: int, tokens: int, groups: int,
                            skew: float = 0.0) -> float:
-    """Expected reached experts of the busiest of `groups` equal groups of experts: the
-    expected maximum of `groups` binomials (E/groups experts, each reached with probability
-    D/E); D itself when there is one group."""
-    distinct = expected_distinct_experts(experts, top_k, tokens, skew)
+    """Expected reached experts of the busiest of `groups` equal groups of experts; D itself
+    when there is one group. Exact under uniform routing: sum over d of P(d distinct experts
+    reached) x E[busiest group | d reached, spread uniformly over the experts]. A skew
+    concentrates the routing on (1 - skew) E experts (the reached ones still spread over
+    every group): interpolated between the whole counts around it."""
     if groups <= 1:
-        return distinct
+        return expected_distinct_experts(experts, top_k, tokens, skew)
+    tokens = int(tokens)
+    if tokens <= 0:
+        return 0.0
     per = experts // groups
-    p = min(1.0, distinct / experts)
-    if p >= 1.0:
+    if top_k >= experts:
         return float(per)
-    # P(X <= j) for X ~ Binomial(per, p); E[max] = sum_{j>=0} 1 - P(X <= j)^groups
-    pmf = (1.0 - p) ** per
-    cdf = pmf
-    expected = 0.0
-    for j in range(per):
-        expected += 1.0 - cdf ** groups
-        pmf *= (per - j) / (j + 1) * p / (1.0 - p)
-        cdf = min(1.0, cdf + pmf)
-    return expected
+    active = _effective_experts(experts, top_k, skew)
+    low = int(math.floor(active))
+    given = _busiest_given_reached(experts, groups)
+    value = float(_distinct_pmf(low, top_k, tokens) @ given[:low + 1])
+    if active > low:
+        high = float(_distinct_pmf(low + 1, top_k, tokens) @ given[:low + 2])
+        value += (active - low) * (high - value)
+    return value
+
+
+def _log_comb(log_fact: np.ndarray, n: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
+    """log C(n, r), -inf where r < 0 or r > n."""
+    n, r = np.asarray(n), np.asarray(r)
+    ok = (r >= 0) & (r <= n)
+    rs, ns = np.where(ok, r, 0), np.where(ok, n, 0)
+    return np.where(ok, log_fact[ns] - log_fact[rs] - log_fact[ns - rs], -np.inf)
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1)))))
+
+
+@lru_cache(maxsize=64)
+def _distinct_powers(experts: int, top_k: int) -> list[np.ndarray]:
+    """The distinct-experts chain's one-token transition matrix (row c: c experts reached;
+    a token's top_k choices add r new ones with the hypergeometric probability
+    C(E - c, r) C(c, k - r) / C(E, k)); its powers 2, 4, ... are appended as needed."""
+    log_fact = _log_factorials(experts)
+    c = np.arange(experts + 1)[:, None]
+    r = np.arange(top_k + 1)[None, :]
+    prob = np.exp(_log_comb(log_fact, experts - c, r) + _log_comb(log_fact, c, top_k - r)
+                  - _log_comb(log_fact, experts, top_k))
+    step = np.zeros((experts + 1, experts + 1))
+    rows = np.broadcast_to(c, prob.shape)
+    cols = np.minimum(rows + r, experts)
+    np.add.at(step, (rows, cols), prob)
+    return [step]
+
+
+def _distinct_pmf(experts: int, top_k: int, tokens: int) -> np.ndarray:
+    """P(d distinct experts reached by `tokens` tokens), d = 0..experts: the chain's state
+    after `tokens` steps from 0, by its cached powers of two (log2(tokens) products)."""
+    powers = _distinct_powers(experts, top_k)
+    pmf = np.zeros(experts + 1)
+    pmf[0] = 1.0
+    bit = 0
+    while tokens >> bit:
+        if bit == len(powers):
+            square = powers[-1] @ powers[-1]
+            powers.append(square / square.sum(axis=1, keepdims=True))  # rounding drift
+        if (tokens >> bit) & 1:
+            pmf = pmf @ powers[bit]
+        bit += 1
+    return pmf
+
+
+@lru_cache(maxsize=64)
+def _busiest_given_reached(experts: int, groups: int) -> np.ndarray:
+    """E[most reached experts in one of `groups` groups of E/groups | d reached, a uniform
+    d-subset], d = 0..experts: sum over j of 1 - P(every group <= j | d). That probability
+    is built a group at a time: P(the first g + 1 groups <= j | s among them) sums over the
+    new group's i <= j (hypergeometric: C(n, i) C(g n, s - i) / C((g + 1) n, s)) of
+    P(the first g <= j | s - i among them), all in [0, 1]."""
+    per = experts // groups
+    log_fact = _log_factorials(experts)
+    j = np.arange(per)[:, None]                # thresholds 0 .. per - 1
+    within = np.ones((per, per + 1))           # one group: P(i <= j | i of its per)
+    within[np.arange(per + 1)[None, :] > j] = 0.0
+    seen = per
+    for _ in range(groups - 1):
+        total = seen + per
+        s = np.arange(total + 1)
+        after = np.zeros((per, total + 1))
+        for i in range(per + 1):
+            weight = np.exp(_log_comb(log_fact, per, i) + _log_comb(log_fact, seen, s - i)
+                            - _log_comb(log_fact, total, s))
+            prior = np.zeros((per, total + 1))
+            lo, hi = i, min(total, seen + i)
+            prior[:, lo:hi + 1] = within[:, lo - i:hi - i + 1]
+            after += np.where(i <= j, weight * prior, 0.0)
+        within, seen = after, total
+    return (1.0 - np.minimum(within, 1.0)).sum(axis=0)
 
 
 def moe_layer_count(model: TransformerShape) -> int:

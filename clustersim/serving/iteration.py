@@ -417,37 +417,33 @@ class IterationModel:
     @lru_cache(maxsize=65536)  # noqa: B019
     def _prefill_attention_s(self, chunk: int, context: int) -> float:
         """Attention of a prompt chunk of `chunk` tokens over `context` earlier tokens plus
-        itself: the quadratic term (scores and values) as fused (flash) attention runs it.
-        Unfused attention adds the iteration's passes over its scores (serving.unfused)."""
+        itself, every layer: the quadratic term (scores and values) as fused (flash)
+        attention runs it; a windowed layer's queries score only their window's keys (MLA's
+        too). Unfused attention adds the iteration's passes over its scores (unfused)."""
         m = self.shape.model
-        if mla.is_mla(m):
-            return m.layers * self._op_s(mla.mla_prefill_ops(
-                m, chunk, context, self.heads.per_rank, self.activation_bytes,
-                self.kv_element_bytes))
         span = context + chunk
-        if self.window is not None and span > self.window[0]:
-            # A windowed layer's queries score only their window's keys: its span is the
-            # global one scaled by its causal pairs over a global layer's (the global span
-            # counts the chunk's full square, as the training workload does).
-            global_layers, windowed = mla.window_split(m)
-            pairs = mla.window_pairs(*self.window, chunk, context)
-            causal = chunk * context + chunk * (chunk + 1) / 2.0
-            narrow = max(1, round(span * pairs / causal))
-            return (global_layers * self._gqa_prefill_s(chunk, span)
-                    + windowed * self._gqa_prefill_s(chunk, narrow)) / m.layers
-        return self._gqa_prefill_s(chunk, span)
+        if self.window is None or span <= self.window[0]:
+            return m.layers * self._layer_prefill_s(chunk, context, span)
+        global_layers, windowed = mla.window_split(m)
+        earlier, narrow = mla.window_prefill(*self.window, chunk, context)
+        return (global_layers * self._layer_prefill_s(chunk, context, span)
+                + windowed * self._layer_prefill_s(chunk, earlier, narrow))
 
-    def _gqa_prefill_s(self, chunk: int, span: int) -> float:
-        """Grouped-query prefill attention of `chunk` queries over `span` keys, every layer."""
+    def _layer_prefill_s(self, chunk: int, earlier: int, span: int) -> float:
+        """One layer's prefill attention of `chunk` queries over `span` keys, `earlier` of
+        them before the chunk: MLA unabsorbed (mla_prefill_ops), else grouped-query."""
         m = self.shape.model
         heads, kv_heads = self.heads.per_rank, self.heads.kv_per_rank
         e = self.activation_bytes
-        ops = [_matmul("scores", chunk, m.head_dim, span, e, count=heads),
-               _matmul("attend", chunk, span, m.head_dim, e, count=heads),
-               _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
-               _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
-                       passes=1)]
-        return m.layers * self._op_s(ops)
+        if mla.is_mla(m):
+            return self._op_s(mla.mla_prefill_ops(m, chunk, earlier, heads, e,
+                                                  self.kv_element_bytes, span))
+        return self._op_s([
+            _matmul("scores", chunk, m.head_dim, span, e, count=heads),
+            _matmul("attend", chunk, span, m.head_dim, e, count=heads),
+            _vector("attention_io", chunk * heads * m.head_dim * 2, e, passes=1),
+            _vector("kv_io", span * kv_heads * m.head_dim * 2, self.kv_element_bytes,
+                    passes=1)])
 
     def iteration_s(self, prefill: list[tuple[int, int]], decode_batch: int,
                     decode_context_tokens: float, prefill_outputs: int = 0,

@@ -43,6 +43,7 @@ from clustersim.scenario.serving import (
 )
 from clustersim.serving.attention import sequence_kv_bytes
 from clustersim.serving.events import ServingEnvironment
+from clustersim.serving.fit import weights_fit_issue
 from clustersim.serving.fleet import STATUS, Fleet
 from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.layers import mixture_overheads_fitted
@@ -126,41 +127,6 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
         return cache[tokens]
 
     return cost, max(0, capacity), transfer_s
-
-
-def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
-                      capacity: int) -> Issue | None:
-    """The issue of a deployment whose weights (and its draft's) leave no room in its share of
-    HBM for one KV block, with the memory breakdown, or None: every request would be
-    rejected (training's equivalent is check_fit). The one weights-fit check: `run`,
-    `validate`, --find-rate and both serving levels ask it."""
-    if capacity >= d.server.kv_block_tokens:
-        return None
-    gib = 2.0**30
-    target = cost.target
-    draft = cost.draft.weight_bytes_per_chip() if cost.draft is not None else 0.0
-    usable = target.usable_hbm_bytes(d.server.kv_reserve)
-    block = target.kv_bytes_per_token_per_chip() * d.server.kv_block_tokens
-    drafted = f", the draft's {draft / gib:.2f} GiB" if cost.draft is not None else ""
-    windowed = target.windowed_cache_bytes_per_chip(d.server.max_batch)
-    if windowed:
-        drafted += (f", the sliding-window layers' caches of max_batch {d.server.max_batch} "
-                    f"sequences ({windowed / gib:.2f} GiB)")
-    # a smaller weight format than the deployment's own, if there is one
-    ranks_on_chip = min(scenario.hardware.chip.ranks, d.tp * d.pp)
-    smaller = {2.0: "fp8 weights, ", 1.0: "mxfp4 weights, ", 33 / 32: "mxfp4 weights, "}.get(
-        target.element_bytes, "")
-    return Issue(
-        f"serve.{scenario.serve.index(d)}.parallelism",
-        f"the weights do not fit: {target.weight_bytes_per_chip() / gib:.2f} GiB of "
-        f"{d.model.name} (tp {d.tp}, pp {d.pp}) on its busiest chip (the shards of the "
-        f"{ranks_on_chip} rank{'s' if ranks_on_chip > 1 else ''} there){drafted} and one KV "
-        f"block of "
-        f"{d.server.kv_block_tokens} tokens ({block / gib:.3f} GiB) against "
-        f"{usable / gib:.2f} GiB usable ({scenario.hardware.chip.hbm_bytes / gib:.0f} GiB "
-        f"of HBM, the replica's ranks' share of the chip, less kv_reserve "
-        f"{d.server.kv_reserve:g}); expected more tp or pp, {smaller}or a smaller model",
-        dict(d.parallelism), True)
 
 
 def check_serving_fit(scenario: Scenario) -> None:
