@@ -23,6 +23,7 @@ Trn2 instance torus, the UltraServer Z rings, EFA; a Trn3 UltraServer's NeuronSw
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from clustersim.training.attention import scaled
@@ -58,6 +59,7 @@ def moe_share(model: TransformerShape) -> float:
     return model.moe_layers / model.layers
 
 
+@functools.lru_cache(maxsize=4096)  # (asked for every stage of many planned candidates)
 def stage_moe_share(model: TransformerShape, pp: int, interleave: int, rank: int) -> float:
     """Share of the layers pipeline rank `rank` holds that are MoE layers (the model's when
     pp x interleave exceeds the layers, a split the scenario's rules refuse)."""
