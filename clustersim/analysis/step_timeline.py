@@ -32,7 +32,7 @@ import numpy as np
 
 from clustersim.collectives.model import Group
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
-from clustersim.training.memory import params_per_rank, weight_bytes_per_param
+from clustersim.training.memory import params_per_rank, stage_share, weight_bytes_per_param
 from clustersim.training.pipeline import PassRecord, run_pipeline
 from clustersim.training.profile import StepProfile
 from clustersim.training.ranks import pipeline_stride, rank_chips, rank_group
@@ -273,7 +273,8 @@ class _Details:
         job, par, hw = self.job, self.job.parallelism, self.model.hardware
         _, g_bytes, _ = weight_bytes_per_param(job.precision, hw.chip.framework.gradients)
         layers = rank_layers(job.model.layers, par.pp, par.interleave)[d]
-        size = params_per_rank(job, d == 0, d == par.pp - 1, layers) * g_bytes
+        size = params_per_rank(job, d == 0, d == par.pp - 1, layers,
+                               stage_share(job, d)) * g_bytes
         op = "all-reduce" if par.zero == 0 else "reduce-scatter"
         offsets = data_parallel_offsets(par.tp, par.cp, par.pp, par.dp, par.ep,
                                         getattr(par, "order", "tp-cp-pp-dp"))

@@ -114,24 +114,21 @@ def busiest_stage_parameters_per_rank(model, tp: int, pp: int,
     its own FFN (a mixture's dense layers are lighter than its MoE layers), the embedding on
     the first stage and the output layer on the last (pp = 1 holds both; one table when
     tied), split over `tp`, plus `padding_per_layer` (padded heads) per layer."""
-    from itertools import accumulate
-
     from clustersim.training.layers import attention_parameters, is_moe_layer, layer_weights
-    from clustersim.training.stages import rank_layers
+    from clustersim.training.stages import rank_layer_indices
 
     common = attention_parameters(model) + 2 * model.hidden  # attention and two norms
     layer = [common + layer_weights(model, is_moe_layer(model, i), False)
              for i in range(model.layers)]
     table = model.vocab * model.hidden
-    # (split as training splits them: an uneven split gives the end stages fewer layers)
-    bounds = [0, *accumulate(rank_layers(model.layers, pp))]
     heaviest = 0.0
     for stage in range(pp):
-        first, last = bounds[stage], bounds[stage + 1]
+        # (the layers training gives the stage: an uneven split gives the ends fewer)
+        held = rank_layer_indices(model.layers, pp, 1, stage)
         ends = (table if stage == 0 else 0) + (
             table if stage == pp - 1 and not (pp == 1 and model.tied_embeddings) else 0)
-        heaviest = max(heaviest, (sum(layer[first:last]) + ends) / tp
-                       + (last - first) * padding_per_layer)
+        heaviest = max(heaviest, (sum(layer[i] for i in held) + ends) / tp
+                       + len(held) * padding_per_layer)
     return heaviest
 
 

@@ -23,8 +23,10 @@ from clustersim.training.transformer import sharded_heads
 __all__ = ["mean_layer_activation_bytes"]
 
 
-def mean_layer_activation_bytes(job: Any, attention: str, element_bytes: int) -> float:
-    """Bytes one rank keeps for one micro-batch of one mean layer (see the module)."""
+def mean_layer_activation_bytes(job: Any, attention: str, element_bytes: int,
+                                share: float | None = None) -> float:
+    """Bytes one rank keeps for one micro-batch of one mean layer (see the module) of
+    layers whose `share` are MoE layers (default the model's)."""
     model, par = job.model, job.parallelism
     b, t = job.micro_batch, par.tp
     seq = job.sequence_length
@@ -48,7 +50,7 @@ def mean_layer_activation_bytes(job: Any, attention: str, element_bytes: int) ->
         latents = 0.0
     load = expert_load(job) if model.moe else 1.0
     replicated = e * sbh * (4 + latents)
-    split = e * sbh * (attention_split + ffn_activation_width(model, load))
+    split = e * sbh * (attention_split + ffn_activation_width(model, load, share))
     if job.recompute == "none" and attention == "unfused":
         split += 5.0 * model.heads * s * mean_attention_span(model, seq) * b
     if par.sequence_parallel:

@@ -2,8 +2,10 @@
 the expert-parallel all-to-all's bytes, and routing's imbalance.
 
 A model's layers are dense (its `dense_layers`, and between MoE layers when `moe_every` > 1)
-or MoE (routed experts, shared experts and a router). A stage's work and weights are its
-layers' mean, each kind weighted by its share of the layers.
+or MoE (routed experts, shared experts and a router). A pipeline rank's weights, gradients,
+optimizer state and activations are those of the layers it holds (`stage_moe_share`: the
+share of them that are MoE layers; DeepSeek-V3's first ranks hold its dense layers); a
+stage's work is the model's mean layer, each kind weighted by its share of all the layers.
 
 Routing (job keys): `routing_imbalance` is the busiest expert-parallel rank's routed tokens
 over the mean (1: balanced, as auxiliary-loss-free balancing aims for); a synchronous step
@@ -21,16 +23,19 @@ Trn2 instance torus, the UltraServer Z rings, EFA; a Trn3 UltraServer's NeuronSw
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from clustersim.training.attention import scaled
+from clustersim.training.layers import is_moe_layer
 from clustersim.training.ops import Op, _matmul, _vector
+from clustersim.training.stages import rank_layer_indices
 
 if TYPE_CHECKING:
     from clustersim.training.transformer import TransformerShape
 __all__ = ["expert_load", "local_experts", "moe_share", "ffn_ops", "ffn_activation_width",
            "dispatch_bytes", "expert_weights_per_layer", "dense_weights_per_layer",
-           "router_weights_per_layer", "DEFAULT_ROUTING_IMBALANCE"]
+           "router_weights_per_layer", "stage_moe_share", "DEFAULT_ROUTING_IMBALANCE"]
 
 DEFAULT_ROUTING_IMBALANCE = 1.0
 
@@ -52,6 +57,16 @@ def expert_load(job: Any) -> float:
 def moe_share(model: TransformerShape) -> float:
     """Share of the layers that are MoE layers."""
     return model.moe_layers / model.layers
+
+
+@functools.lru_cache(maxsize=4096)  # (asked for every stage of many planned candidates)
+def stage_moe_share(model: TransformerShape, pp: int, interleave: int, rank: int) -> float:
+    """Share of the layers pipeline rank `rank` holds that are MoE layers (the model's when
+    pp x interleave exceeds the layers, a split the scenario's rules refuse)."""
+    if not model.moe or pp == 1 or pp * interleave > model.layers:
+        return moe_share(model)
+    held = rank_layer_indices(model.layers, pp, interleave, rank)
+    return sum(1 for i in held if is_moe_layer(model, i)) / len(held)
 
 
 def local_experts(model: TransformerShape, ep: int | None) -> int:
@@ -99,12 +114,14 @@ def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_t
     return ops
 
 
-def ffn_activation_width(model: TransformerShape, load: float) -> float:
-    """FFN intermediates kept for backward per token of a mean layer, in units of hidden:
-    (gate and up, or up, plus the activation's output) x the FFN width, for the dense FFN
-    and for top_k x load routed and the shared experts."""
+def ffn_activation_width(model: TransformerShape, load: float,
+                         share: float | None = None) -> float:
+    """FFN intermediates kept for backward per token of a mean layer (of layers whose
+    `share` are MoE layers: default the model's), in units of hidden: (gate and up, or up,
+    plus the activation's output) x the FFN width, for the dense FFN and for top_k x load
+    routed and the shared experts."""
     per_width = (2 if model.gated else 1) + 1
-    share = moe_share(model)
+    share = moe_share(model) if share is None else share
     dense = (1.0 - share) * per_width * model.ffn / model.hidden
     moe = share * per_width * model.expert_ffn / model.hidden * (
         model.top_k * load + model.shared_experts)
@@ -117,22 +134,25 @@ def dispatch_bytes(job: Any, activation_bytes: float) -> float:
     return activation_bytes * job.model.top_k / job.parallelism.tp * expert_load(job)
 
 
-def expert_weights_per_layer(model: TransformerShape) -> float:
+# The weights of a mean layer below: of layers whose `share` are MoE layers (default the
+# model's: all its layers; a pipeline rank's, stage_moe_share, for the layers it holds).
+def expert_weights_per_layer(model: TransformerShape, share: float | None = None) -> float:
     """Routed experts' weights of a mean layer (the part expert parallelism splits)."""
     if not model.moe:
         return 0.0
-    return moe_share(model) * model.experts * model.expert_parameters
+    return (moe_share(model) if share is None else share) * model.experts * (
+        model.expert_parameters)
 
 
-def router_weights_per_layer(model: TransformerShape) -> float:
+def router_weights_per_layer(model: TransformerShape, share: float | None = None) -> float:
     """Router weights of a mean layer (replicated over tensor parallelism)."""
-    return moe_share(model) * model.router_parameters
+    return (moe_share(model) if share is None else share) * model.router_parameters
 
 
-def dense_weights_per_layer(model: TransformerShape) -> float:
+def dense_weights_per_layer(model: TransformerShape, share: float | None = None) -> float:
     """Weights of a mean layer other than routed experts and router: attention, norms, the
     dense FFN's share and the shared experts' (split over tensor parallelism)."""
-    share = moe_share(model)
+    share = moe_share(model) if share is None else share
     ffn = (1.0 - share) * model.dense_ffn_parameters + share * (
         model.shared_experts * model.expert_parameters)
     return model.attention_parameters + 2 * model.hidden + ffn

@@ -6,6 +6,8 @@ for Megatron-LM's fp32 main gradients, 2 for NeuronX Distributed, whose gradient
 bf16 parameters' type; 12 bytes of fp32 master weights and Adam moments, sharded over data
 parallelism by ZeRO-1), activations per layer after Korthikanti et al. with tensor and
 sequence parallelism and recompute, times the micro-batches a pipeline stage holds at once.
+Each pipeline rank's are those of the layers it holds (a mixture's dense and MoE layers
+differ: `stage_share`), and the busiest rank's are the job's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from clustersim.training.experts import (
     expert_load,
     expert_weights_per_layer,
     router_weights_per_layer,
+    stage_moe_share,
 )
 from clustersim.training.layers import head_widths
 from clustersim.training.schedule import in_flight
@@ -39,6 +42,8 @@ __all__ = [
     "memory_per_rank",
     "optimizer_params_per_rank",
     "params_per_rank",
+    "stage_optimizer_params",
+    "stage_share",
     "weight_bytes_per_param",
 ]
 
@@ -95,20 +100,30 @@ def weight_bytes_per_param(precision: str, gradients: str = "fp32") -> tuple[int
         gradients], 12
 
 
+def stage_share(job: TrainingJob, stage: int) -> float:
+    """Share of the layers pipeline rank `stage` holds that are MoE layers."""
+    par = job.parallelism
+    return stage_moe_share(job.model, par.pp, par.interleave, stage)
+
+
+# `share` below: the share of the stage's layers that are MoE layers (stage_share; default
+# the model's, as if every stage held its mean layer).
 def params_per_rank(job: TrainingJob, first: bool, last: bool,
-                    layers: float | None = None) -> float:
+                    layers: float | None = None, share: float | None = None) -> float:
     """Parameters one rank of a (first/last) pipeline stage of `layers` layers holds (default:
     layers / pp) before any ZeRO-3 sharding."""
-    return _dense_params_per_rank(job, first, last, layers) + expert_params_per_rank(job, layers)
+    return _dense_params_per_rank(job, first, last, layers, share) + expert_params_per_rank(
+        job, layers, share)
 
 
-def expert_params_per_rank(job: TrainingJob, layers: float | None = None) -> float:
+def expert_params_per_rank(job: TrainingJob, layers: float | None = None,
+                           share: float | None = None) -> float:
     """Expert weights one rank holds: its stage's layers' experts, split over tp and ep."""
     model, par = job.model, job.parallelism
     if not model.moe:
         return 0.0
     layers = model.layers / par.pp if layers is None else layers
-    return layers * expert_weights_per_layer(model) / (par.tp * par.ep)
+    return layers * expert_weights_per_layer(model, share) / (par.tp * par.ep)
 
 
 def _expert_shard(par: ParallelismSpec) -> int:
@@ -117,40 +132,46 @@ def _expert_shard(par: ParallelismSpec) -> int:
 
 
 def optimizer_params_per_rank(job: TrainingJob, first: bool, last: bool,
-                              layers: float | None = None) -> float:
+                              layers: float | None = None, share: float | None = None) -> float:
     """Parameters whose optimizer state one rank keeps: with ZeRO (any stage), its share over
     the shard group (all of dp x cp, or `shard` ranks with hybrid sharding; a share over the
     ranks of the group holding the same experts for experts)."""
     par = job.parallelism
-    experts = expert_params_per_rank(job, layers)
-    dense = params_per_rank(job, first, last, layers) - experts
+    experts = expert_params_per_rank(job, layers, share)
+    dense = params_per_rank(job, first, last, layers, share) - experts
     if par.zero == 0:
         return dense + experts
     return dense / par.shard_ranks + experts / _expert_shard(par)
 
 
-def layer_params_per_rank(job: TrainingJob) -> float:
-    """Weights of one layer on one tensor-parallel rank (a ZeRO-3 gather or reduce-scatter
-    moves these for every layer)."""
-    return params_per_rank(job, False, False, 1.0)
+def stage_optimizer_params(job: TrainingJob, stage: int) -> float:
+    """optimizer_params_per_rank of one rank of pipeline rank `stage` (its layers)."""
+    return optimizer_params_per_rank(job, stage == 0, stage == job.parallelism.pp - 1,
+                                     _stage_layers(job, stage), stage_share(job, stage))
+
+
+def layer_params_per_rank(job: TrainingJob, share: float | None = None) -> float:
+    """Weights of one (mean) layer on one tensor-parallel rank (a ZeRO-3 gather or
+    reduce-scatter moves these for every layer)."""
+    return params_per_rank(job, False, False, 1.0, share)
 
 
 @functools.lru_cache(maxsize=256)
-def _dense_layer_params(model: TransformerShape) -> float:
+def _dense_layer_params(model: TransformerShape, share: float | None = None) -> float:
     """Weights of one layer other than its experts and router (cached: the planner asks
     for it for every candidate)."""
-    return dense_weights_per_layer(model)
+    return dense_weights_per_layer(model, share)
 
 
 def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
-                           layers: float | None = None) -> float:
+                           layers: float | None = None, share: float | None = None) -> float:
     model, par = job.model, job.parallelism
-    per_layer = _dense_layer_params(model)
+    per_layer = _dense_layer_params(model, share)
     layers = model.layers / par.pp if layers is None else layers
     # The router is replicated over tensor parallelism; the rest is split (with the padded
     # heads' attention weights when tp does not divide the heads).
     padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
-    count = layers * (per_layer / par.tp + router_weights_per_layer(model) + padding)
+    count = layers * (per_layer / par.tp + router_weights_per_layer(model, share) + padding)
     if first:
         count += model.vocab * model.hidden / par.tp
     if last:
@@ -162,8 +183,10 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
     return count
 
 
-def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -> float:
-    """Activation memory of one layer for one micro-batch on one rank (Korthikanti et al.
+def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None,
+                               share: float | None = None) -> float:
+    """Activation memory of one (mean) layer, of layers whose `share` are MoE layers
+    (default the model's), for one micro-batch on one rank (Korthikanti et al.
     2022, generalised to grouped-query attention and gated MLPs; no dropout masks outside
     attention). The 5as/h term (softmax output, dropout mask and output: 5 a s^2 b bytes) is
     kept only with `unfused` attention and no recompute: flash attention never stores it,
@@ -174,7 +197,8 @@ def activation_bytes_per_layer(job: TrainingJob, attention: str | None = None) -
     if not (classic_attention(model) and model.uniform
             and model.heads * model.head_dim == model.hidden
             and (not model.moe or expert_load(job) == 1.0)):
-        return mean_layer_activation_bytes(job, attention, BYTES_PER_ELEMENT[job.precision])
+        return mean_layer_activation_bytes(job, attention, BYTES_PER_ELEMENT[job.precision],
+                                           share)
     b, t = job.micro_batch, par.tp
     seq = job.sequence_length
     s, h = seq // par.cp, model.hidden
@@ -239,7 +263,8 @@ def memory_per_rank(job: TrainingJob, in_flight_microbatches: float, hbm_bytes: 
     last = stage == par.pp - 1
     layers = _stage_layers(job, stage)
     weights, grads, optimizer = _state_bytes(job, stage, gradients)
-    activations = _activation_bytes(job, attention) * layers * in_flight_microbatches
+    activations = _activation_bytes(job, attention, stage_share(job, stage)) * layers * (
+        in_flight_microbatches)
     if par.cp > 1 and par.cp_comm == "ring":
         # Keys and values of the block being received and of the one attended to.
         activations += _ring_buffer_bytes(job)
@@ -276,14 +301,15 @@ def _state_bytes(job: TrainingJob, stage: int, gradients: str) -> tuple[float, f
         return cached
     first, last = stage == 0, stage == par.pp - 1
     layers = _stage_layers(job, stage)
-    params = params_per_rank(job, first, last, layers)
+    share = stage_share(job, stage)
+    params = params_per_rank(job, first, last, layers, share)
     w, g, o = weight_bytes_per_param(job.precision, gradients)
-    optimizer = optimizer_params_per_rank(job, first, last, layers) * o
+    optimizer = optimizer_params_per_rank(job, first, last, layers, share) * o
     z = par.shard_ranks
-    layer = layer_params_per_rank(job)
+    layer = layer_params_per_rank(job, share)
     if par.ep > 1 and par.zero >= 2:
         # Expert weights are sharded over the ranks holding the same experts (z / ep).
-        experts = expert_params_per_rank(job, layers)
+        experts = expert_params_per_rank(job, layers, share)
         sharded = (params - experts) / z + experts / _expert_shard(par)
         weights = params * w if par.zero < 3 else sharded * w + 2 * layer * w
         grads = sharded * g + layer * g
@@ -296,38 +322,49 @@ def _state_bytes(job: TrainingJob, stage: int, gradients: str) -> tuple[float, f
     return weights, grads, optimizer
 
 
-def _activation_bytes(job: TrainingJob, attention: str | None) -> float:
+def _activation_bytes(job: TrainingJob, attention: str | None, share: float) -> float:
     """activation_bytes_per_layer, kept by what it depends on."""
     par = job.parallelism
     key = (job.model, job.precision, job.micro_batch, job.sequence_length, job.recompute,
            attention or attention_of(job), par.tp, par.cp, par.sequence_parallel,
-           expert_load(job))
+           expert_load(job), share)
     cached = _ACTIVATION_CACHE.get(key)
     if cached is None:
         if len(_ACTIVATION_CACHE) >= _CACHE_SIZE:
             _ACTIVATION_CACHE.clear()
-        cached = _ACTIVATION_CACHE[key] = activation_bytes_per_layer(job, attention)
+        cached = _ACTIVATION_CACHE[key] = activation_bytes_per_layer(job, attention, share)
     return cached
 
 
 def busiest_memory(job: TrainingJob, microbatches: int, hbm_bytes: float, ranks_per_chip: int,
                    attention: str | None = None, gradients: str = "fp32") -> MemoryBreakdown:
-    """Memory of the busiest pipeline rank: the most of the first (most micro-batches in
-    flight, the embedding), the first of those holding the most layers (uneven stages) and
-    the last (the output layer and its logits). Ranks further on hold no more than these."""
+    """Memory of the busiest pipeline rank: the most of `_candidate_stages`'."""
     par = job.parallelism
-    candidates = {0, par.pp - 1}
-    if par.pp * par.interleave <= job.model.layers:
-        per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
-        candidates.add(per_rank.index(max(per_rank)))
     out = None
-    for d in sorted(candidates):
+    for d in _candidate_stages(job):
         held = in_flight(par.pp, microbatches, par.interleave, d) / par.interleave
         m = memory_per_rank(job, held, hbm_bytes, ranks_per_chip, attention, gradients, d)
         if out is None or m.per_rank > out.per_rank:
             out = m
     assert out is not None
     return out
+
+
+def _candidate_stages(job: TrainingJob) -> list[int]:
+    """The pipeline ranks the busiest is among: the first (most micro-batches in flight, the
+    embedding), the first of those holding the most layers (uneven stages), the last (the
+    output layer and its logits) and, for a mixture, the first holding each mix of its
+    layers (a rank with more MoE layers holds more weights). A rank further on holds no
+    more than the first of its kind: as many layers of each kind, fewer micro-batches."""
+    par, model = job.parallelism, job.model
+    candidates = {0, par.pp - 1}
+    if par.pp * par.interleave <= model.layers:
+        per_rank = rank_layers(model.layers, par.pp, par.interleave)
+        candidates.add(per_rank.index(max(per_rank)))
+        if model.moe:
+            kinds = {(per_rank[d], stage_share(job, d)): d for d in reversed(range(par.pp))}
+            candidates.update(kinds.values())
+    return sorted(candidates)
 
 
 class BusiestMemory:
@@ -341,7 +378,7 @@ class BusiestMemory:
         self.gradients = gradients
         self._state: dict[tuple, tuple[float, float, float]] = {}
         self._activation: dict[tuple, float] = {}
-        self._stages: dict[tuple, tuple[tuple[int, float, float], ...]] = {}
+        self._stages: dict[tuple, tuple[tuple[int, float, float, float], ...]] = {}
         self._extras: dict[tuple, tuple[float, float]] = {}
 
     def per_rank(self, job: TrainingJob, microbatches: int) -> float:
@@ -354,17 +391,17 @@ class BusiestMemory:
                                                                                  microbatches)
         act_key = (job.micro_batch, job.recompute, par.tp, par.cp, par.sequence_parallel,
                    expert_load(job))
-        per_layer = self._activation.get(act_key)
-        if per_layer is None:
-            per_layer = self._activation[act_key] = activation_bytes_per_layer(job,
-                                                                               self.attention)
         extra_key = (job.micro_batch, par.tp, par.cp, par.cp_comm)
         extras = self._extras.get(extra_key)
         if extras is None:
             extras = self._extras[extra_key] = self._ring_and_logits(job)
         ring, logits_last = extras
         best = None
-        for d, layers, held in stages:
+        for d, layers, held, share in stages:
+            per_layer = self._activation.get(act_key + (share,))
+            if per_layer is None:
+                per_layer = self._activation[act_key + (share,)] = activation_bytes_per_layer(
+                    job, self.attention, share)
             state_key = degrees + (par.zero, par.shard_ranks, d)
             state = self._state.get(state_key)
             if state is None:
@@ -381,17 +418,15 @@ class BusiestMemory:
         return best
 
     @staticmethod
-    def _stage_shape(job: TrainingJob, microbatches: int) -> tuple[tuple[int, float, float], ...]:
-        """(pipeline rank, layers, chunk micro-batches held) of the ranks busiest_memory
-        weighs, in its order."""
+    def _stage_shape(job: TrainingJob, microbatches: int
+                     ) -> tuple[tuple[int, float, float, float], ...]:
+        """(pipeline rank, layers, chunk micro-batches held, MoE share of its layers) of
+        the ranks busiest_memory weighs, in its order."""
         par = job.parallelism
-        candidates = {0, par.pp - 1}
-        if par.pp * par.interleave <= job.model.layers:
-            per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
-            candidates.add(per_rank.index(max(per_rank)))
         return tuple((d, _stage_layers(job, d),
-                      in_flight(par.pp, microbatches, par.interleave, d) / par.interleave)
-                     for d in sorted(candidates))
+                      in_flight(par.pp, microbatches, par.interleave, d) / par.interleave,
+                      stage_share(job, d))
+                     for d in _candidate_stages(job))
 
     @staticmethod
     def _ring_and_logits(job: TrainingJob) -> tuple[float | None, float]:

@@ -32,6 +32,7 @@ from clustersim.training.memory import (
     expert_params_per_rank,
     layer_params_per_rank,
     params_per_rank,
+    stage_share,
 )
 from clustersim.training.ranks import (
     DEFAULT_ORDER,
@@ -104,9 +105,9 @@ class GradientReduction:
         self._pipeline_ranks = par.pp  # their reductions cross the inter-site links together
         out = {}
         for d in range(par.pp):
-            layers = per_rank[d]
-            experts = expert_params_per_rank(job, layers)
-            dense = params_per_rank(job, d == 0, d == par.pp - 1, layers) - experts
+            layers, share = per_rank[d], stage_share(job, d)
+            experts = expert_params_per_rank(job, layers, share)
+            dense = params_per_rank(job, d == 0, d == par.pp - 1, layers, share) - experts
             base = d * pipeline_stride(par)
             tp_ranks = base + np.arange(par.tp)  # group t: base + t + the offsets
             shards = GroupsOfRanks(tp_ranks, offsets[:z])
@@ -159,9 +160,9 @@ class GradientReduction:
             if z == 1 or par.zero == 3:
                 out[d] = DataParallelTimes(0.0, 0.0)
                 continue
-            layers = per_rank[d]
-            dense = (params_per_rank(job, d == 0, d == par.pp - 1, layers)
-                     - expert_params_per_rank(job, layers))
+            layers, share = per_rank[d], stage_share(job, d)
+            dense = (params_per_rank(job, d == 0, d == par.pp - 1, layers, share)
+                     - expert_params_per_rank(job, layers, share))
             key = (par.tp, par.cp, par.pp, par.dp, par.ep, experts_inside(par), z, d,
                    placed.tobytes())
             found = self._first_groups.get(key)

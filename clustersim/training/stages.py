@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["chunk_layers", "rank_layers", "StageSplitError"]
+__all__ = ["chunk_layers", "rank_layers", "rank_layer_indices", "StageSplitError"]
 
 
 class StageSplitError(ValueError):
@@ -45,3 +45,16 @@ def rank_layers(layers: int, pp: int, interleave: int = 1) -> tuple[int, ...]:
     """Layers each pipeline rank holds (all its chunks)."""
     counts = chunk_layers(layers, pp * interleave)
     return tuple(sum(counts[c * pp + d] for c in range(interleave)) for d in range(pp))
+
+
+@functools.lru_cache(maxsize=4096)
+def rank_layer_indices(layers: int, pp: int, interleave: int, rank: int) -> tuple[int, ...]:
+    """Indices (from 0) of the layers pipeline rank `rank` holds: those of its chunks rank,
+    rank + pp, ... (which layers they are says which have experts)."""
+    counts = chunk_layers(layers, pp * interleave)
+    held = []
+    for c in range(interleave):
+        g = c * pp + rank
+        start = sum(counts[:g])
+        held.extend(range(start, start + counts[g]))
+    return tuple(held)

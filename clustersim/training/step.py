@@ -56,7 +56,7 @@ from clustersim.training.experts import dispatch_bytes
 from clustersim.training.memory import (
     MemoryBreakdown,
     busiest_memory,
-    optimizer_params_per_rank,
+    stage_optimizer_params,
     weight_bytes_per_param,
 )
 from clustersim.training.pipeline import kept_pipeline
@@ -70,7 +70,7 @@ from clustersim.training.ranks import (
 )
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.shape import alike_shape, leaves_matter, placement_shape
-from clustersim.training.stages import chunk_layers, rank_layers
+from clustersim.training.stages import chunk_layers
 from clustersim.training.transformer import sharded_heads
 from clustersim.training.workload import (
     OPTIMIZER_BYTES_TOUCHED_PER_PARAM,
@@ -227,10 +227,9 @@ class StepModel:
         if found is None:
             hbm_rank = (hw.chip.hbm_bandwidth_bytes_per_s / hw.chip.ranks
                         * hw.chip.efficiency.vector)
-            per_rank = rank_layers(job.model.layers, par.pp, par.interleave)
             found = self._optimizer_cache[key] = [
-                optimizer_params_per_rank(job, d == 0, d == par.pp - 1, per_rank[d])
-                * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank for d in range(par.pp)]
+                stage_optimizer_params(job, d) * OPTIMIZER_BYTES_TOUCHED_PER_PARAM / hbm_rank
+                for d in range(par.pp)]
         return found
 
     def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
