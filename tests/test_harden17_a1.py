@@ -1,0 +1,70 @@
+"""Session 17 fixes (helper fix17a1): `--find-rate` judges no trial on too few requests and
+says when the target is out of reach; `saturated` counts requests left unfinished; the
+report keeps rejected and unfinished requests; requests that can never fit the KV cache and
+a token budget below the prompt without chunked prefill are refused up front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, write
+
+
+def _deployment(**workload: object) -> dict:
+    return {"name": "d", "model": "llama3.1-8b", "parallelism": {"tp": 4},
+            "slo": {"ttft": "2s", "tpot": "100ms"},
+            "workload": {"rate": "1/s", "input_tokens": 512, "output_tokens": 32, **workload}}
+
+
+def _scenario(tmp_path: Path, duration: str = "2min", **deployment: object) -> Path:
+    return write(tmp_path, {"name": "h17a1", "seed": 1, "duration": duration,
+                            "hardware": "trn2", "cluster": {"instances": 1},
+                            "serve": [{**_deployment(), **deployment}]})
+
+
+# -- --find-rate (finding 1)
+
+def test_find_rate_says_a_target_out_of_reach_at_any_rate(tmp_path: Path) -> None:
+    """Llama 70B's prompts past about 8,000 tokens take over the 0.5 s TTFT bound to
+    prefill alone: 99% is out of reach. The halving accepted 0.0215/s on 3 requests."""
+    path = write(tmp_path, {
+        "name": "dfr4", "duration": "2min", "hardware": "trn2", "cluster": {"instances": 1},
+        "serve": [{"name": "d", "model": "llama3.1-70b", "parallelism": {"tp": 64},
+                   "slo": {"ttft": "0.5s", "tpot": "100ms"},
+                   "workload": {"rate": "1/s", "output_tokens": 100, "input_tokens": {
+                       "distribution": "lognormal", "median": 2000, "sigma": 1,
+                       "max": 60000}}}]})
+    result = invoke("run", path, "--find-rate")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "requests/s within the SLO" not in text, text
+    assert "99% of requests within the SLO (ttft 0.5 s, tpot 0.1 s) not met at any rate" in text
+    assert "best goodput" in text and "even on an idle replica only about" in text, text
+
+
+def test_find_rate_trials_hold_enough_requests_to_judge_the_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a 20 s horizon a 1/s trial draws about 20 requests, where one miss is 5%: every
+    trial is lengthened to 1 / (1 - goodput) expected requests (100 at 99%)."""
+    from clustersim.scenario.loader import load_scenario
+    from clustersim.serving import capacity
+
+    counts = []
+    simulate = capacity.simulate_serving
+
+    def counting(scenario, *args, **kwargs):
+        result = simulate(scenario, *args, **kwargs)
+        counts.append((scenario.serve[0].workload.rate_per_s,
+                       len(result.fleets["d"].arrival_s)))
+        return result
+
+    monkeypatch.setattr(capacity, "simulate_serving", counting)
+    scenario = load_scenario(_scenario(tmp_path, "20s"))
+    search = capacity.find_rate(scenario, "d", 0.99, bisections=2)
+    assert search.rate_per_s is not None and len(counts) >= 3
+    # Poisson counts about 100 expected: none below 100 - 4 sqrt(100)
+    assert all(n >= 60 for _, n in counts), counts
+    assert capacity.min_trial_requests(0.99) == 100
+    assert capacity.min_trial_requests(0.9) == 10
+    assert capacity.min_trial_requests(1.0) == capacity.MAX_MIN_TRIAL_REQUESTS
