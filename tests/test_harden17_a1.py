@@ -68,3 +68,26 @@ def test_find_rate_trials_hold_enough_requests_to_judge_the_target(
     assert capacity.min_trial_requests(0.99) == 100
     assert capacity.min_trial_requests(0.9) == 10
     assert capacity.min_trial_requests(1.0) == capacity.MAX_MIN_TRIAL_REQUESTS
+
+
+# -- clustersim report (finding 3)
+
+def test_the_report_keeps_rejected_and_unfinished_requests() -> None:
+    """The run table names requests still running when the drain stopped and requests
+    rejected; report.md's serving table dropped both (13 arrived, none completed, and the
+    report said nothing of them)."""
+    from clustersim.analysis.serving_report import serving_lines
+
+    figures = {"requests_per_s": 0.0, "output_tokens_per_s": 0.0, "ttft_p50_s": None,
+               "ttft_p99_s": None, "tpot_p50_s": None, "tpot_p99_s": None,
+               "slo_goodput": 0.0, "cost_per_million_output_tokens_usd": None,
+               "saturated": True, "requests_drained": 0, "drain_s": 0.0,
+               "requests_unfinished": 13, "requests_rejected": 2,
+               "kv_capacity_tokens_per_replica": 180_840}
+    text = "\n".join(serving_lines({"deployments": {"d": figures}}))
+    assert "- d: 13 still running when the drain stopped" in text, text
+    assert "2 rejected (prompt and output larger than a replica's KV cache, 180,840 tokens)" \
+        in text, text
+    quiet = "\n".join(serving_lines({"deployments": {"d": {
+        **figures, "requests_unfinished": 0, "requests_rejected": 0}}}))
+    assert "- d:" not in quiet
