@@ -91,3 +91,39 @@ def test_the_report_keeps_rejected_and_unfinished_requests() -> None:
     quiet = "\n".join(serving_lines({"deployments": {"d": {
         **figures, "requests_unfinished": 0, "requests_rejected": 0}}}))
     assert "- d:" not in quiet
+
+
+# -- saturated (finding 2)
+
+def test_requests_unfinished_after_the_drain_mean_saturated() -> None:
+    """132 arrived over a minute, 36 completed in it and 32 never finished, yet the second
+    half's 61 arrivals against 36 finishes stayed inside the noise allowance (26.5): the run
+    said `saturated: false`. Requests still unfinished after the drain are saturated."""
+    import numpy as np
+
+    from clustersim.serving.simulate import saturated
+
+    arrival = np.concatenate([np.linspace(0.0, 29.9, 71), np.linspace(30.1, 60.0, 61)])
+    finish = np.full(132, np.inf)
+    finish[:36] = np.linspace(31.0, 59.0, 36)  # all 36 finished in the second half
+    settled = np.ones(132, dtype=bool)
+    assert not saturated(arrival, finish, settled, 0.0, 60.0)  # the allowance alone
+    assert saturated(arrival, finish, settled, 0.0, 60.0, unfinished=32)
+
+
+def test_a_run_leaving_requests_unfinished_reports_saturated(tmp_path: Path) -> None:
+    """13 requests of a million tokens each over two minutes: none completed, all
+    unfinished after the drain, and the run table said nothing of saturation."""
+    import json
+
+    path = write(tmp_path, {
+        "name": "dlong2", "duration": "2min", "hardware": "trn2", "cluster": {"instances": 1},
+        "serve": [{"name": "d", "model": "gpt-oss-120b", "precision": "mxfp4",
+                   "parallelism": {"tp": 64},
+                   "workload": {"rate": "0.05/s", "input_tokens": 1000000,
+                                "output_tokens": 1000}}]})
+    out = tmp_path / "out"
+    result = invoke("run", path, "-o", out)
+    assert result.exit_code == 0, result.output
+    d = json.loads((out / "summary.json").read_text())["deployments"]["d"]
+    assert d["requests_unfinished"] == d["requests"] > 0 and d["saturated"] is True, d
