@@ -127,3 +127,31 @@ def test_a_run_leaving_requests_unfinished_reports_saturated(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     d = json.loads((out / "summary.json").read_text())["deployments"]["d"]
     assert d["requests_unfinished"] == d["requests"] > 0 and d["saturated"] is True, d
+
+
+# -- requests that can never be served (findings 4 and 5)
+
+def test_requests_that_never_fit_the_kv_cache_are_refused(tmp_path: Path) -> None:
+    """Fixed 4,000,000-token prompts against DeepSeek-V3's 180,840-token KV cache: validate
+    said ok and the run rejected every request. Refused up front, naming the key, the value
+    and the capacity; a distribution whose max alone passes the cache still runs."""
+    from cli_helpers import refused
+
+    deployment = {"name": "d", "model": "deepseek-v3", "precision": "fp8",
+                  "parallelism": {"tp": 64},
+                  "workload": {"rate": "0.01/s", "input_tokens": 4000000, "output_tokens": 10}}
+    scenario = {"name": "dlong1", "duration": "2min", "hardware": "trn2",
+                "cluster": {"instances": 1}, "serve": [deployment]}
+    path = write(tmp_path, scenario)
+    for command in (("validate", path), ("run", path, "-o", tmp_path / "out")):
+        refused(invoke(*command), "serve.0.workload.input_tokens = 4000000",
+                "holds 180,840 tokens")
+    deployment["workload"]["input_tokens"] = {"distribution": "lognormal", "median": 300000,
+                                              "sigma": 1, "min": 200000, "max": 400000}
+    refused(invoke("validate", write(tmp_path, scenario)), "serve.0.workload.input_tokens = 200000")
+    deployment["workload"]["input_tokens"] = {"distribution": "lognormal", "median": 2000,
+                                              "sigma": 1, "max": 400000}
+    assert invoke("validate", write(tmp_path, scenario)).exit_code == 0
+    deployment["workload"].update(input_tokens=1000, output_tokens=180000)
+    refused(invoke("validate", write(tmp_path, scenario)),
+            "serve.0.workload.output_tokens = 180000")

@@ -48,6 +48,7 @@ from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.layers import mixture_overheads_fitted
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
+from clustersim.serving.request_fit import request_fit_issues
 from clustersim.serving.requests import TraceError, generate_requests, read_request_trace
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
@@ -165,13 +166,12 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
 
 def check_serving_fit(scenario: Scenario) -> None:
     """Refuse (ScenarioError, exit 2, before any work) every deployment whose weights do not
-    fit (weights_fit_issue)."""
+    fit (weights_fit_issue) or whose requests never can (serving.request_fit)."""
     issues = []
     for d in scenario.serve:
         cost, capacity, _ = replica_models(scenario, d)
         issue = weights_fit_issue(scenario, d, cost, capacity)
-        if issue is not None:
-            issues.append(issue)
+        issues += [issue] if issue is not None else request_fit_issues(scenario, d, capacity)
     if issues:
         raise ScenarioError(scenario.source, issues)
 
