@@ -155,3 +155,27 @@ def test_requests_that_never_fit_the_kv_cache_are_refused(tmp_path: Path) -> Non
     deployment["workload"].update(input_tokens=1000, output_tokens=180000)
     refused(invoke("validate", write(tmp_path, scenario)),
             "serve.0.workload.output_tokens = 180000")
+
+
+@pytest.mark.parametrize(("prompt", "longest", "key"), [
+    (3000, 3000, "serve.0.workload.input_tokens"),
+    ({"distribution": "lognormal", "median": 500, "sigma": 1, "max": 3000}, 3000,
+     "serve.0.workload.input_tokens.max"),
+])
+def test_a_token_budget_below_the_prompt_needs_chunked_prefill(
+        tmp_path: Path, prompt: object, longest: int, key: str) -> None:
+    """max_tokens_per_iteration 1 with 3,000-token prompts and chunked_prefill false ran
+    each prompt whole, the budget ignored. Refused (vLLM refuses a budget below the longest
+    prompt without chunked prefill); with chunked prefill the budget splits the prompts."""
+    from cli_helpers import refused
+
+    server = {"max_batch": 1, "max_tokens_per_iteration": 1, "chunked_prefill": False}
+    path = _scenario(tmp_path, server=server, workload={
+        "rate": "1/s", "input_tokens": prompt, "output_tokens": 10})
+    for command in (("validate", path), ("run", path, "-o", tmp_path / "out")):
+        refused(invoke(*command), "serve.0.server.max_tokens_per_iteration = 1",
+                f"the longest prompt, {longest:,} tokens ({key})", "chunked_prefill")
+    server.update(max_tokens_per_iteration=longest)
+    assert invoke("validate", _scenario(tmp_path, server=server)).exit_code == 0
+    server.update(max_tokens_per_iteration=512, chunked_prefill=True)
+    assert invoke("validate", _scenario(tmp_path, server=server)).exit_code == 0

@@ -1,7 +1,10 @@
 """Requests a deployment could never serve, refused up front (exit 2) where the scenario
-alone decides it: every request longer than a replica's KV cache (each would be rejected).
-Lengths read from a trace are not checked here (the run rejects such requests one by one),
-nor distributions reaching past the cache only in part (those requests are rejected)."""
+alone decides it: every request longer than a replica's KV cache (each would be rejected),
+and a token budget below the longest prompt without chunked prefill (vLLM refuses such a
+budget: a prompt longer than it can never be scheduled). Lengths read from a trace are
+not checked here (the run rejects requests past the cache one by one, and runs a prompt
+past the budget alone), nor distributions reaching past the cache only in part (those
+requests are rejected)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,13 @@ def _least(lengths: LengthSpec) -> int | None:
     if lengths.distribution == "fixed":
         return lengths.value
     return lengths.min if lengths.distribution == "lognormal" else None
+
+
+def _most(lengths: LengthSpec) -> tuple[int, str] | None:
+    """The most tokens a length can be, and the key that says so (None: from a trace)."""
+    if lengths.distribution == "fixed":
+        return lengths.value, "input_tokens"
+    return (lengths.max, "input_tokens.max") if lengths.distribution == "lognormal" else None
 
 
 def request_fit_issues(scenario: Scenario, d: DeploymentSpec, capacity: int) -> list[Issue]:
@@ -45,4 +55,13 @@ def request_fit_issues(scenario: Scenario, d: DeploymentSpec, capacity: int) -> 
                 f"{capacity:,} tokens; every request would be rejected. Expected shorter "
                 "requests, or more HBM per replica (a larger tp or pp, a smaller precision)",
                 prompt if key == "input_tokens" else output, True))
+    longest = _most(d.workload.input_tokens)
+    budget = d.server.max_tokens_per_iteration
+    if not d.server.chunked_prefill and longest is not None and longest[0] > budget:
+        issues.append(Issue(
+            f"serve.{index}.server.max_tokens_per_iteration",
+            f"below the longest prompt, {longest[0]:,} tokens (serve.{index}.workload."
+            f"{longest[1]}), with chunked_prefill false: a prompt longer than the token "
+            "budget could never be scheduled (vLLM refuses such a budget too); expected at "
+            f"least {longest[0]:,}, or chunked_prefill: true", budget, True))
     return issues
