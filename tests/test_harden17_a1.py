@@ -179,3 +179,23 @@ def test_a_token_budget_below_the_prompt_needs_chunked_prefill(
     assert invoke("validate", _scenario(tmp_path, server=server)).exit_code == 0
     server.update(max_tokens_per_iteration=512, chunked_prefill=True)
     assert invoke("validate", _scenario(tmp_path, server=server)).exit_code == 0
+
+
+def test_find_rate_stops_halving_near_idle(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target the idle bound does not rule out but no rate meets: the halving stops once
+    the offered load is under IDLE_LOAD of the replicas' work (it halved 30 times, each
+    trial now lengthened to 100 requests), and says at which rate."""
+    from clustersim.scenario.loader import load_scenario
+    from clustersim.serving import capacity
+    from clustersim.serving.idle_bound import IdleBound
+
+    # an idle bound that lets every request through, each 0.1 s of work alone
+    monkeypatch.setattr(capacity, "idle_bound", lambda *args: IdleBound(
+        1.0, 0.1, 100, 0, 0, 0, None, None))
+    scenario = load_scenario(_scenario(tmp_path, slo={"ttft": "1ms", "tpot": "100ms"}))
+    search = capacity.find_rate(scenario, "d", 0.99)
+    assert search.rate_per_s is None
+    # 1/s x 0.1 s is 10% of one replica's work: halved until 1% or less, 0.0625/s
+    assert search.near_idle_per_s == 0.0625
+    assert [rate for rate, _ in search.tried] == [1.0, 0.5, 0.25, 0.125, 0.0625]

@@ -126,7 +126,6 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
     seed = scenario.seed if seed is None else seed
     search = RateSearch(name, goodput, None, None)
     least = min_trial_requests(goodput)
-    search.idle = idle_bound(scenario, index, base_dir, IDLE_SAMPLE_REQUESTS)
 
     def evaluate(rate: float) -> dict[str, Any]:
         variant = _with_rate(scenario, index, rate, least)
@@ -164,6 +163,8 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
             return search
     else:
         bad = rate
+        # (only here: a search whose first rate holds, as the planner's do, needs no bound)
+        search.idle = idle_bound(scenario, index, base_dir, IDLE_SAMPLE_REQUESTS)
         while good[0] is None and len(search.tried) < MAX_BRACKET_TRIALS:
             if search.idle is not None and search.idle.share < goodput:
                 break  # out of reach at any rate: no lower one will do
