@@ -38,7 +38,7 @@ class IdleBound:
         if self.ttft_misses:
             parts.append(f"{self.ttft_misses / self.requests:.1%} have prompts of "
                          f"{self.shortest_miss_tokens:,} tokens or more, whose prefill alone "
-                         f"takes {self.shortest_miss_s:.3g} s or more, over the TTFT bound "
+                         f"takes {self.shortest_miss_s:.4g} s or more, over the TTFT bound "
                          f"{ttft_s:g} s")
         if self.tpot_misses:
             parts.append(f"{self.tpot_misses / self.requests:.1%} decode alone slower than "
