@@ -74,7 +74,8 @@ def test_a_deployment_without_requests_has_no_slo_goodput(tmp_path: Path):
 def test_find_rate_stops_descending_once_no_request_arrives(tmp_path: Path):
     """An SLO nothing meets: the search halved the rate 30 times (down to 3.7e-9/s), each
     step listed as 0.0%, long after no request arrived; it stops at the first trial without
-    requests, listed as '-'."""
+    requests, listed as '-'. Since session 17 every trial holds about 100 requests and the
+    search stops at once: no request could meet a 10 ms TTFT even on an idle replica."""
     scenario = write(tmp_path, {
         "name": "fr", "duration": "30s", "hardware": "trn2", "cluster": {"instances": 1},
         "serve": [{"name": "chat", "model": "qwen3-30b-a3b", "parallelism": {"tp": 8, "ep": 8},
@@ -84,7 +85,6 @@ def test_find_rate_stops_descending_once_no_request_arrives(tmp_path: Path):
     result = invoke("run", scenario, "--find-rate")
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
-    assert "no rate found" in text
+    assert "not met at any rate tried" in text and "even on an idle replica" in text
     tried = text.split("(tried ")[1].split(")")[0].split(", ")
-    assert len(tried) < 12 and tried[-1].endswith(": -")
-    assert all(t.endswith(": 0.0%") for t in tried[:-1])
+    assert tried == ["2/s: 0.0%"], tried

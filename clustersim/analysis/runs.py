@@ -87,7 +87,10 @@ _RUN_FIGURES: dict[str, dict[str, tuple[str, bool]]] = {
                       "tpot_p99_s": (_MAYBE, True),
                       "cost_per_million_output_tokens_usd": (_MAYBE, True),
                       "requests_completed": (_NUMBER, False),
-                      "requests_drained": (_MAYBE, False), "drain_s": (_MAYBE, False)},
+                      "requests_drained": (_MAYBE, False), "drain_s": (_MAYBE, False),
+                      "requests_unfinished": (_MAYBE, False),
+                      "requests_rejected": (_MAYBE, False),
+                      "kv_capacity_tokens_per_replica": (_MAYBE, False)},
 }
 # A fleet-day run's summary (docs/fleet-day.md), as its report reads it.
 _DAY_FIGURES: dict[str, dict[str, tuple[str, bool]]] = {

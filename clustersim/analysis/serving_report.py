@@ -240,10 +240,21 @@ def serving_lines(summary: dict) -> list[str]:
             f"| {cell(name)} | {d['requests_per_s']:,.2f} | {d['output_tokens_per_s']:,.0f} | "
             f"{format_or_dash(d['ttft_p50_s'])} / {format_or_dash(d['ttft_p99_s'])} s | "
             f"{format_or_dash(d['tpot_p50_s'])} / {format_or_dash(d['tpot_p99_s'])} s | "
-            f"{d['slo_goodput']:.1%} | {'' if cost is None else f'{cost:,.2f}'} | "
+            f"{'-' if d['slo_goodput'] is None else format(d['slo_goodput'], '.1%')} | "
+            f"{'' if cost is None else f'{cost:,.2f}'} | "
             f"{'yes' if d.get('saturated') else 'no'} | "
             f"{drain} |")
     lines.append("")
+    for name, d in deployments.items():  # requests in no latency (as the run table says)
+        lost = [f"{d[key]:,} {what}" for key, what in (
+            ("requests_unfinished", "still running when the drain stopped (one more horizon)"),
+            ("requests_rejected", "rejected (prompt and output larger than a replica's KV "
+             f"cache, {d.get('kv_capacity_tokens_per_replica') or 0:,} tokens)")) if d.get(key)]
+        if lost:
+            lines.append(f"- {cell(name)}: " + "; ".join(lost)
+                         + ": in no latency, counted as missing the SLO.")
+    if lines[-1] != "":
+        lines.append("")
     lines.append("Rates and cost per token count the requests completed within the horizon "
                  "and the tokens generated in it; what the requests in flight do after it is "
                  "counted apart. Saturated: the queue grew over the horizon (the rate offered "

@@ -219,8 +219,7 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
         tried = ", ".join(f"{r:,.3g}/s: {_percent(g)}" + (" saturated" if r in search.saturated
                                                       else "") for r, g in search.tried)
         if search.rate_per_s is None:
-            out_console.print(f"{deployment.name}: no rate found meeting {goodput:.0%} of the "
-                              f"SLO without saturating (tried {tried})")
+            out_console.print(_not_met(deployment, search, goodput) + f" (tried {tried})")
             continue
         f = search.figures or {}
         least = "at least " if search.at_ceiling else ""
@@ -240,6 +239,28 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
                f"; ${f['cost_per_million_output_tokens_usd']:,.2f} per million output tokens "
                "at that rate"))
         out_console.print(f"  tried {tried}")
+
+
+def _not_met(deployment: Any, search: Any, goodput: float) -> str:
+    """The line of a deployment no rate tried held: the best goodput seen, and why lower
+    rates were not tried (exit status 0: the search itself succeeded)."""
+    from clustersim.serving.capacity import IDLE_LOAD
+
+    text = (f"{deployment.name}: {goodput:.0%} of requests within the SLO (ttft "
+            f"{deployment.slo.ttft_s:g} s, tpot {deployment.slo.tpot_s:g} s) not met at any "
+            "rate tried")
+    best = search.best()
+    if best is not None:
+        text += f": best goodput {_percent(best[1])} at {best[0]:,.3g}/s"
+    idle = search.idle
+    if idle is not None and idle.share < goodput:
+        text += (f"; even on an idle replica only about {_percent(idle.share)} of its requests could "
+                 f"meet it ({idle.why(deployment.slo.ttft_s, deployment.slo.tpot_s)}), so no "
+                 "rate can")
+    elif search.near_idle_per_s is not None:
+        text += (f"; lower rates were not tried: {search.near_idle_per_s:,.3g}/s is near idle "
+                 f"(under {IDLE_LOAD:.0%} of the replicas' work)")
+    return text
 
 
 def _with_ci(figures: dict[str, Any], key: str, show: Callable[[float], str]) -> str:

@@ -41,7 +41,9 @@ class ServerSpec(Spec):
 
     max_batch: int = Field(default=64, gt=0, le=4096, description="sequences per iteration")
     max_tokens_per_iteration: int = Field(default=8192, gt=0, le=1_048_576,
-                                          description="token budget of one iteration")
+                                          description="token budget of one iteration "
+                                          "(without chunked_prefill at least the longest "
+                                          "prompt, as vLLM requires)")
     chunked_prefill: bool = Field(default=True, description="split long prompts over "
                                   "iterations, mixed with decodes")
     kv_block_tokens: int = Field(default=16, gt=0, le=4096, description="paged KV block size")

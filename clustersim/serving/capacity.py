@@ -7,6 +7,14 @@ queue grows over the horizon) is never held, whatever its goodput over a short h
 guess, never above `rate_ceiling`), then bisects; every rate tried is simulated over the
 scenario's horizon with the same seed, so the answer is deterministic. When the ceiling
 itself holds the answer is "at least" it.
+
+A trial judges a share only as finely as its requests allow: with fewer than 1/(1 - goodput)
+of them one miss already fails the target and none passes it (the halving once accepted 0.0215/s
+on 3 requests, 99% being out of reach at any rate). A trial whose horizon would bring fewer
+expected requests (`min_trial_requests`) runs over a longer one. The halving ends once the
+target is shown out of reach: fewer than `goodput` of the requests could meet the SLO even
+on an idle replica (`idle_bound`), or a trial near idle failed it (an offered load under
+IDLE_LOAD of one replica's work: lower rates change little).
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ import numpy as np
 
 from clustersim.hardware import limits
 from clustersim.scenario.models import Scenario
+from clustersim.serving.idle_bound import IdleBound, idle_bound
 from clustersim.serving.simulate import deployment_figures, simulate_serving
 from clustersim.serving.trials import SloTrial
 
-__all__ = ["RateSearch", "find_rate", "rate_ceiling"]
+__all__ = ["RateSearch", "find_rate", "min_trial_requests", "rate_ceiling"]
 
 
 @dataclass
@@ -38,9 +47,34 @@ class RateSearch:
     saturated: set[float] = field(default_factory=set)  # the rates tried that saturated
     ceiling_per_s: float = math.inf  # the highest rate the search may try
     at_ceiling: bool = False  # no rate tried failed (the ceiling held): the answer is "at least"
+    idle: IdleBound | None = None  # the share that could meet the SLO on an idle replica
+    near_idle_per_s: float | None = None  # the halving stopped at this failing rate, near idle
+
+    def best(self) -> tuple[float, float] | None:
+        """(rate, goodput) of the trial with the highest goodput (the highest rate on ties)."""
+        seen = [(g, r) for r, g in self.tried if g is not None]
+        if not seen:
+            return None
+        goodput, rate = max(seen)
+        return rate, goodput
 
 
 MAX_BRACKET_TRIALS = 30  # doublings or halvings before the bisection
+# The most requests a trial is lengthened to bring (goodput 1: any miss fails; 0.999's share).
+MAX_MIN_TRIAL_REQUESTS = 1000
+# Near idle: the offered load under 1% of one replica's work (rate x the least service time
+# of the mean request / replicas): a request finds another in service about 1% of the time,
+# so a lower rate changes its latency little.
+IDLE_LOAD = 0.01
+IDLE_SAMPLE_REQUESTS = 10_000  # lengths drawn for the idle bound (its share within about 0.5%)
+
+
+def min_trial_requests(goodput: float) -> int:
+    """The fewest requests a trial needs for one miss to be within the target's allowance:
+    1 / (1 - goodput) (100 at 0.99), at most MAX_MIN_TRIAL_REQUESTS."""
+    if goodput >= 1.0 - 1.0 / MAX_MIN_TRIAL_REQUESTS:
+        return MAX_MIN_TRIAL_REQUESTS
+    return math.ceil(1.0 / (1.0 - goodput) - 1e-9)
 
 
 def rate_ceiling(scenario: Scenario, spec: Any) -> float:
@@ -55,12 +89,18 @@ def rate_ceiling(scenario: Scenario, spec: Any) -> float:
     return ceiling
 
 
-def _with_rate(scenario: Scenario, index: int, rate: float) -> Scenario:
+def _with_rate(scenario: Scenario, index: int, rate: float, least: int = 0) -> Scenario:
+    """The scenario at `rate`, its horizon lengthened until `least` requests are expected
+    (at most `workload.requests`)."""
     serve = list(scenario.serve)
     d = serve[index]
     serve[index] = d.model_copy(update={"workload": d.workload.model_copy(
         update={"rate_per_s": rate})})
-    changed = scenario.model_copy(update={"serve": serve})
+    update: dict[str, Any] = {"serve": serve}
+    wanted = min(least, d.workload.requests or least)
+    if wanted > rate * (scenario.duration_s - d.start_s):
+        update["duration_s"] = d.start_s + wanted / rate
+    changed = scenario.model_copy(update=update)
     changed._source = scenario.source
     return changed
 
@@ -85,9 +125,10 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         raise ValueError(f"deployment {name!r} replays a trace: its rate is the trace's")
     seed = scenario.seed if seed is None else seed
     search = RateSearch(name, goodput, None, None)
+    least = min_trial_requests(goodput)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        variant = _with_rate(scenario, index, rate)
+        variant = _with_rate(scenario, index, rate, least)
         # A stopped run's share so far is under `goodput` too: its requests that can still
         # meet the SLO are too few (the trial's bound), so `holds` says no, as it would.
         result = simulate_serving(variant, np.random.SeedSequence(seed, spawn_key=(16,)),
@@ -122,7 +163,15 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
             return search
     else:
         bad = rate
+        # (only here: a search whose first rate holds, as the planner's do, needs no bound)
+        search.idle = idle_bound(scenario, index, base_dir, IDLE_SAMPLE_REQUESTS)
         while good[0] is None and len(search.tried) < MAX_BRACKET_TRIALS:
+            if search.idle is not None and search.idle.share < goodput:
+                break  # out of reach at any rate: no lower one will do
+            if (search.idle is not None
+                    and rate * search.idle.service_s / spec.replicas <= IDLE_LOAD):
+                search.near_idle_per_s = rate  # failed near idle: lower rates change little
+                break
             rate /= 2
             figures = evaluate(rate)
             if figures["slo_goodput"] is None:  # no request arrived: nor will one lower down

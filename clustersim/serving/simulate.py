@@ -49,6 +49,7 @@ from clustersim.serving.iteration import IterationModel, ReplicaShape
 from clustersim.serving.layers import mixture_overheads_fitted
 from clustersim.serving.load import load_rates, load_seed
 from clustersim.serving.replica import DecodeCost
+from clustersim.serving.request_fit import request_fit_issues
 from clustersim.serving.requests import TraceError, generate_requests, read_request_trace
 
 __all__ = ["ServingResult", "simulate_serving", "replica_models", "deployment_figures",
@@ -131,13 +132,12 @@ def replica_models(scenario: Scenario, d: DeploymentSpec) -> tuple[DecodeCost, i
 
 def check_serving_fit(scenario: Scenario) -> None:
     """Refuse (ScenarioError, exit 2, before any work) every deployment whose weights do not
-    fit (weights_fit_issue)."""
+    fit (weights_fit_issue) or whose requests never can (serving.request_fit)."""
     issues = []
     for d in scenario.serve:
         cost, capacity, _ = replica_models(scenario, d)
         issue = weights_fit_issue(scenario, d, cost, capacity)
-        if issue is not None:
-            issues.append(issue)
+        issues += [issue] if issue is not None else request_fit_issues(scenario, d, capacity)
     if issues:
         raise ScenarioError(scenario.source, issues)
 
@@ -312,18 +312,18 @@ def _quantiles(values: np.ndarray, name: str) -> dict[str, float | None]:
 
 
 def saturated(arrival_s: np.ndarray, finish_s: np.ndarray, settled: np.ndarray,
-              start_s: float, end_s: float, cv: float = 1.0) -> bool:
-    """Whether a deployment's queue grows over the window [start_s, end_s]: in its second
-    half, fewer requests finished than arrived by more than 5% of the arrivals plus three
-    standard deviations of their count (sqrt(A) for Poisson arrivals, scaled by the gaps'
-    coefficient of variation when bursty). A held load ends the half with as many requests
-    outstanding as it began with, up to that noise; an overload adds (rate - capacity) x
-    half a window of them. Rejected requests (`settled` False and finished never) count as
-    leaving when they arrive."""
+              start_s: float, end_s: float, cv: float = 1.0, unfinished: int = 0) -> bool:
+    """Whether a deployment's queue grows over the window [start_s, end_s]: requests left
+    `unfinished` by the drain after it (one more window), or in its second half fewer
+    finished than arrived by more than 5% of the arrivals plus 3 sqrt(arrivals) (times the
+    gaps' cv when bursty). A held load ends the half with as many outstanding as it began,
+    up to that noise, and drains them; an overload adds (rate - capacity) x half a window.
+    Rejected requests (`settled` False, finished never) count as leaving when they arrive."""
     middle = start_s + (end_s - start_s) / 2.0
     arrived = int(((arrival_s > middle) & (arrival_s <= end_s) & settled).sum())
     finished = int(((finish_s > middle) & (finish_s <= end_s)).sum())
-    return arrived - finished > 0.05 * arrived + 3.0 * max(1.0, cv) * math.sqrt(arrived)
+    return unfinished > 0 or (
+        arrived - finished > 0.05 * arrived + 3.0 * max(1.0, cv) * math.sqrt(arrived))
 
 
 def _tokens_by(end: float, first: np.ndarray, finish: np.ndarray, outputs: np.ndarray
@@ -401,7 +401,8 @@ def deployment_figures(scenario: Scenario, result: ServingResult) -> dict[str, d
             "requests_outstanding_at_end": int((arrived & (fleet.status != 2)
                                                 & (finish_all > end)).sum()),
             "saturated": saturated(fleet.arrival_s, finish_all, fleet.status != 2, d.start_s,
-                                   end, d.workload.cv if d.workload.arrival == "gamma" else 1.0),
+                                   end, d.workload.cv if d.workload.arrival == "gamma" else 1.0,
+                                   int((fleet.status == 0).sum())),
             **_quantiles(ttft, "ttft"), **_quantiles(tpot, "tpot"), **_quantiles(e2e, "e2e"),
             # no requests, no share (0.0 read as "none met the SLO")
             "slo_goodput": (float(meets.sum()) / len(fleet.arrival_s) if len(fleet.arrival_s)
