@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clustersim.hardware import limits
 from clustersim.scenario.errors import WorkloadError
@@ -22,7 +22,6 @@ from clustersim.scenario.reading import TooLarge, read_bounded
 if TYPE_CHECKING:
     import pandas as pd
 
-    from clustersim.scenario.jobmix import WorkloadSpec
 
 __all__ = ["REQUIRED", "OPTIONAL", "read_job_table", "unread_mapping_key"]
 
@@ -98,9 +97,10 @@ def _check_fields(data: bytes, path: Path, key: str) -> None:
         return  # not CSV as the csv module reads it: pandas says what is wrong
 
 
-def unread_mapping_key(workload: WorkloadSpec) -> None:
+def unread_mapping_key(workload: Any) -> None:
     """Refuse `workload.mapping` keys where no published trace reads them: the native format
-    and `workload.file` give sizes, templates and teams in their rows."""
+    and `workload.file` give sizes, templates and teams in their rows. (`workload`: a
+    jobmix.WorkloadSpec, not imported: jobmix imports this module.)"""
     given = [k for k in ("rule", "gpus_per_instance", "gpu", "template", "team")
              if k in workload.mapping.model_fields_set]
     if not given or (workload.trace is not None and workload.format != "native"):
