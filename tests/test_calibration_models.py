@@ -204,6 +204,7 @@ def test_the_vllm_stack_is_the_port_plus_vllms_host_gap():
     assert default_stack("trn2").name == "nxd-inference"
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_why_qwen3_stays_judged():
     """docs/calibration.md's case that nxd-inference's iteration overhead cannot be
     re-expressed (per layer, per context token or per width) to hold Qwen3-32B with the

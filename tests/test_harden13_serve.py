@@ -113,6 +113,7 @@ def test_requests_rejected_for_the_kv_cache_are_printed(tmp_path) -> None:
     assert "rejected (prompt and output larger than a replica's KV cache" in text, text
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_a_hardware_named_twice_is_planned_once(tmp_path) -> None:
     """`plan --hardware trn2,trn2` searched trn2 twice (840 configurations considered for
     420, two simulations for one), the second search repeating the first."""

@@ -35,6 +35,7 @@ def _deployment(tmp_path: Path, fidelity: str) -> dict:
     return json.loads((out / "summary.json").read_text("utf-8"))
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_sub_instance_replicas_cost_their_instance_at_both_levels(tmp_path: Path):
     fluid = _deployment(tmp_path, "fluid")
     requests = _deployment(tmp_path, "requests")

@@ -114,6 +114,7 @@ def test_qk_norm_on_an_mla_model_exits_2(tmp_path: Path) -> None:
     refused(result, "jobs.0.model.qk_norm = true", "only with attention: gqa")
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_a_planned_scenario_keeps_a_routing_imbalance_run_accepts(tmp_path: Path) -> None:
     """`plan` chooses ep and costs a routing_imbalance capped at it (1 without expert
     parallelism); --write-scenario kept the written 3 beside the chosen ep 1, a scenario

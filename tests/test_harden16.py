@@ -234,6 +234,7 @@ def test_the_fair_share_walk_gives_only_the_jobs_their_teams_room_admits(
     assert visited[True] < visited[False] / 50, visited
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_replications_of_a_fleet_with_serving_say_whose_serving_figures_they_are(
         tmp_path: Path) -> None:
     """With --replications, an event-driven fleet's serving figures were the first

@@ -212,7 +212,8 @@ def test_a_sweep_file_given_to_run_says_to_sweep_it(tmp_path: Path) -> None:
 def test_a_report_of_replications_prints_mean_failures_and_counts_from_zero(
         tmp_path: Path) -> None:
     """report.md printed a mean of 0.33 switch failures as 'switch 0', and named the first
-    replication 1 where the command line counts from 0."""
+    replication 1, as the plots' titles do ('1 of 2'), where the command line counts from 0:
+    it says both."""
     scenario = yaml.safe_load(_small_fleet(tmp_path).read_text())
     scenario["failures"] = {"preset": "llama3", "scale": 300}
     path = write(tmp_path, scenario)
@@ -220,7 +221,7 @@ def test_a_report_of_replications_prints_mean_failures_and_counts_from_zero(
     assert invoke("run", path, "-o", out, "--replications", "3").exit_code == 0
     assert invoke("report", out).exit_code == 0
     text = (out / "report" / "report.md").read_text()
-    assert "replication 0 of them" in text
+    assert "replication 1 of them (replication 0 as the command line counts" in text
     failures = json.loads((out / "summary.json").read_text())["cluster"]["failures"]
     means = {k: v for k, v in failures.items() if not k.endswith("_ci95")}
     assert any(not float(v).is_integer() for v in means.values()), means  # (a mean)

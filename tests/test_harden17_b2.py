@@ -195,6 +195,7 @@ FLUID = {
 }
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_the_fluid_capacity_does_not_depend_on_curve_requests(tmp_path):
     """A replica's saturated capacity was measured on curve_requests requests at once: 200
     on 4 replicas of batch 64 never filled a batch (3.32 requests/s a replica), 500 spent

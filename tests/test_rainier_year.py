@@ -43,6 +43,7 @@ def test_the_year_file_is_a_million_jobs_on_a_million_chips_over_four_sites():
     assert expected - 5 * expected ** 0.5 > 1_000_000
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_the_slice_writes_a_row_a_job_and_conserves_chip_time(tmp_path: Path):
     scenario = year_slice()
     result = run_to(scenario, tmp_path / "run")
@@ -63,6 +64,7 @@ def test_the_slice_writes_a_row_a_job_and_conserves_chip_time(tmp_path: Path):
     assert rows["held_chip_s"].sum() == pytest.approx(held, rel=1e-9)
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_the_slice_is_the_same_bytes_from_the_same_seed(tmp_path: Path):
     scenario = year_slice()
     run_to(scenario, tmp_path / "a")
@@ -75,6 +77,7 @@ def test_the_slice_is_the_same_bytes_from_the_same_seed(tmp_path: Path):
             == (tmp_path / "b" / "job_summary.parquet").read_bytes())
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_a_replacement_keeps_a_step_within_a_tiny_error_of_the_exact_solve(monkeypatch):
     """Each time a replacement keeps the last exact step, the exact step of the new
     placement is solved beside it: the largest relative difference is printed, and bounded."""

@@ -442,6 +442,7 @@ def test_every_request_settles_in_order(rate, median_in, median_out, max_batch, 
     assert np.all(series["batch"] <= max_batch)
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_training_jobs_are_placed_around_the_serving_replicas(monkeypatch) -> None:
     """A scenario with both: the deployments hold the first instances for the whole run and
     the timeline never places a job there, through failures and recoveries (no spare: a job

@@ -368,8 +368,8 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
                   "|---|---|---|---|---|---|---|---|---|"]
     if summary.get("replications", 1) > 1:
         lines[2:2] = [f"The figures are means over the {summary['replications']} replications; "
-                      "the plots show replication 0 of them (the first seed stream, whose "
-                      "traces the run wrote).", ""]
+                      "the plots show replication 1 of them (replication 0 as the command "
+                      "line counts: the first seed stream, whose traces the run wrote).", ""]
     for name, job in summary["jobs"].items():
         lines.append(f"| {cell(name)} | {cell(job.get('status', ''))} | {job.get('steps_completed', 0):,.0f} "
                      f"| {job.get('ettr', 0):.1%} | {job.get('interruptions', 0):,.0f} | "
