@@ -44,6 +44,7 @@ def test_share_within_is_monotone_and_bounded(values, bound):
     assert 0.0 <= a <= b <= 1.0
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_the_fluid_level_attainment_is_not_in_steps_of_1_201():
     """At 93% of capacity some requests miss the 1 s TTFT bound: the fluid level's share is
     read between quantile levels, not counted in steps of 1/201 (195/201 before)."""

@@ -107,6 +107,7 @@ def test_vectorised_autoscaler_is_the_fleet_day_rule(rates, per, lo, extra, ever
                                                         keep_s, step))
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_constant_load_gives_the_closed_form_count(tmp_path: Path):
     data = json.loads(json.dumps(BASE))
     data["serve"][0]["workload"]["load"] = {"hourly": [300] * 24}

@@ -67,6 +67,7 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
 # 1-3: data lost
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_1_report_keeps_a_users_file_in_the_report_folder(traced_run: Path, tmp_path: Path):
     run = copy_run(traced_run, tmp_path)
     (run / "report").mkdir(exist_ok=True)

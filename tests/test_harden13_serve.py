@@ -141,6 +141,7 @@ def test_a_hardware_named_twice_is_planned_once(tmp_path) -> None:
     assert not (tmp_path / "empty").exists()
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_a_full_decode_pool_that_preempts_does_not_hang(tmp_path) -> None:
     """Disaggregated with `kv_full: preempt`: a sequence evicted from a full decode replica
     went back to that replica's own queue, which a decode replica admits without a prefill;

@@ -152,6 +152,7 @@ CROWDED = {
 }
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_the_report_s_fleet_waits_are_over_started_jobs(tmp_path):
     """fleet.png and the HTML fleet figure took the median and 95th percentile of every
     job's queue_wait_s, the horizon less its submission for the jobs never started (15 h

@@ -147,6 +147,7 @@ def _run_watching_evictions(scenario, seed, per_checkpoint=False):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=preempting_runs(), seed=st.integers(0, 2**32 - 1),
        per_checkpoint=st.booleans())
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_every_jobs_hours_add_up(scenario, seed, per_checkpoint):
     """For every job of a generated run: the identity, and the first wait is start minus
     submission. Both timelines: periodic checkpoints in closed form and one event each.

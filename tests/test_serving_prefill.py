@@ -179,6 +179,7 @@ def _calibrate_collectives(*args: str):
                           text=True, timeout=120)
 
 
+@pytest.mark.slow  # (a few seconds: the fast suite stays under 3 minutes)
 def test_score_efficiency_refit_alone_reproduces_the_catalog():
     """`calibrate_collectives.py --only score_efficiency` (the other constants held at the
     catalog's) gives the catalog's value back."""
