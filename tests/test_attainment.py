@@ -62,6 +62,7 @@ def test_the_fluid_level_attainment_is_not_in_steps_of_1_201():
     assert not np.allclose(steps, np.round(steps))
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_a_run_says_which_fidelity_it_chose_and_why(tmp_path):
     """`fidelity: auto` at the request level, and an autoscaled one at the fluid level: each
     deployment's summary says its level and the reason."""

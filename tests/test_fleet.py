@@ -129,6 +129,7 @@ def test_team_figures_attribute_every_chip_hour(tmp_path: Path):
 # Outputs that scale
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_job_summary_parquet_has_every_per_job_figure(tmp_path: Path):
     path = tmp_path / "s.yaml"
     jobs = [small_job(f"j{i}", 2, team="ab"[i % 2], run_for="5h", submit=f"{i}h")
@@ -632,6 +633,7 @@ def test_the_walk_by_team_is_the_queue_in_order_without_the_jobs_over_quota(jobs
 @settings(max_examples=150, deadline=None)
 @given(jobs=st.lists(st.tuples(st.integers(1, 3), st.sampled_from("ab"), st.integers(1, 9)),
                      min_size=1, max_size=30), data=st.data())
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_the_backfill_walk_finds_the_jobs_a_whole_queue_walk_would_start(jobs, data):
     """JobQueue.after with `viable` (as backfill asks it: a size within what the reservation
     leaves over, or some job of that team and size short enough to end before it) finds

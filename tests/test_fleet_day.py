@@ -382,6 +382,7 @@ def test_a_replica_that_serves_nothing_is_refused(tmp_path):
                                       parallelism={"tp": 4})]), "serve.0", "do not fit")
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_software_faults_on_idle_chips_interrupt_nothing():
     """A software fault rate per chip, over a cluster mostly idle: the job holding a quarter
     of the chips is interrupted at a quarter of the cluster's rate (as in the timeline), not

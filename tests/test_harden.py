@@ -106,6 +106,7 @@ def test_2_a_scenario_written_meanwhile_is_not_replaced(tmp_path: Path, monkeypa
     assert not (tmp_path / "p").exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_2_a_second_plan_into_the_same_file_is_refused_while_the_first_runs(tmp_path: Path):
     import subprocess
     import sys
@@ -621,6 +622,7 @@ def test_report_refuses_a_wrongly_typed_figure_by_its_key_path(served_run: Path,
     assert not (run / "report").exists()
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_report_reads_no_figure_it_does_not_check(served_run: Path, tmp_path: Path):
     # Every figure of a job, the cluster and a deployment that the check does not type is
     # made text: the report still draws (so whatever it formats as a number is checked).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from cli_helpers import invoke, refused, write
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -375,6 +376,7 @@ def test_a_share_on_a_partition_is_refused():
 # 15. report drew another run's job_summary.parquet beside this run's summary -------------
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_report_refuses_another_runs_job_summary(tmp_path: Path):
     """A job_summary.parquet of 30 jobs copied into a run of 80 was drawn (the fleet plot of
     the other run, under this run's summary); its count is now checked against the summary's

@@ -51,6 +51,7 @@ def test_a_gpu_mixtures_decode_iteration_does_not_get_faster_with_a_larger_batch
         b + 1 for b in np.flatnonzero(np.diff(decode) < 0)]
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_a_deployment_that_never_decodes_prints_no_tpot_of_zero(tmp_path) -> None:
     """Requests of one output token have no time per output token (summary.json: null),
     but the run table printed `TPOT p50 0 s p99 0 s` and the reports `0 / 0 s`, a latency

@@ -478,6 +478,7 @@ def _pieces(draw, instances):
                                {"tp": 128, "pp": 4}]),
        instances=st.sampled_from([2, 4, 6, 8]), data=st.data(),
        oversubscription=st.sampled_from([1.0, 1.0, 1.0, 2.0]))
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_a_cached_step_is_the_step_simulated_alone(layout, instances, data, oversubscription):
     """Placements of one shape on different UltraServers and leaves share a simulation (and
     groups of one shape a reduction); each placement's step, simulated alone by a fresh

@@ -61,6 +61,7 @@ def test_failure_counts_are_poisson():
     assert counts.var(ddof=1) == pytest.approx(expected, rel=0.25)
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_job_mttf_is_one_over_n_times_rate():
     rate_per_day = 0.02  # per chip
     s = make(jobs=[job_with()], instances=1, spares=4, duration="200d", failures={
@@ -85,6 +86,7 @@ def test_per_ultraserver_rates_do_not_hit_hardware_without_ultraservers():
     assert timeline(s, 0).jobs["train"].interruptions["switch"] == 0
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_ettr_with_asynchronous_checkpoints_matches_renewal_theory():
     """Derivation. Failures come at rate lambda (exponential), each followed by a fixed
     recovery R (detect + restart + restore; no hardware is lost, so nothing is waited for).

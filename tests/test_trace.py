@@ -233,6 +233,7 @@ def test_compare_runs(run: Path):
     assert {"ettr", "steps_completed", "mfu"} <= set(table.columns)
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_report_draws_its_plots(run: Path):
     report = write_report(run)
     text = report.read_text()
@@ -244,6 +245,7 @@ def test_report_draws_its_plots(run: Path):
         assert f"({name})" in text
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_the_report_reads_traces_without_the_failed_column(run: Path, tmp_path: Path):
     """Runs written before the `failed` state (trace schema 1) still get their report."""
     import shutil
@@ -310,6 +312,7 @@ def test_bins_do_not_leave_a_sliver_at_the_horizon():
     assert table["running"].iloc[0] == pytest.approx(0.5)
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_a_run_with_no_utilisation_levels_still_reports(tmp_path: Path):
     """`trace.levels: []` writes an empty utilisation table; utilisation is recomputed from
     the intervals at the scenario's bin."""

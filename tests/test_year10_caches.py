@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
 from clustersim.cluster.sites import max_min_speeds
 from clustersim.cluster.timeline import freeze_heap, heap_frozen
@@ -62,6 +63,7 @@ def test_kept_inter_site_speeds_are_max_min_speeds():
     assert len(sites._SPEEDS_KEPT) <= sites._SPEEDS_KEEP
 
 
+@pytest.mark.slow  # (about a second: the fast suite stays under 3 minutes)
 def test_heap_frozen_freezes_until_the_outermost_block_ends():
     assert gc.get_freeze_count() == 0
     with heap_frozen():
