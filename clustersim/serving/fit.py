@@ -11,6 +11,7 @@ from clustersim.scenario.loader import Issue, Scenario
 from clustersim.scenario.serving import DeploymentSpec
 from clustersim.scenario.serving_server import ServerSpec
 from clustersim.serving.replica import DecodeCost
+from clustersim.serving.request_fit import least_request_kv_tokens
 
 __all__ = ["weights_fit_issue"]
 
@@ -56,9 +57,13 @@ def weights_fit_issue(scenario: Scenario, d: DeploymentSpec, cost: DecodeCost,
         return Issue(f"{at}.parallelism", f"the weights do not fit: {breakdown}; expected "
                      f"more tp or pp, {smaller}or a smaller model", dict(d.parallelism), True)
     # The weights fit under the default reserve: the reserve or the window caches leave no
-    # room. The largest reserve holding everything, the most sequences at this reserve.
-    reserve = math.floor((1.0 - (fixed + windowed) / target.usable_hbm_bytes(0.0)) * 1000)
-    lines = int((usable - fixed) // (windowed / server.max_batch)) if windowed else 0
+    # room. The largest reserve holding everything, the most sequences at this reserve:
+    # with room for the shortest request the scenario can send, not one block only (its
+    # own check, serving.request_fit, would refuse that next).
+    shortest = max(server.kv_block_tokens, least_request_kv_tokens(d) or 0)
+    room = weights + draft + target.kv_bytes_per_token_per_chip() * shortest
+    reserve = math.floor((1.0 - (room + windowed) / target.usable_hbm_bytes(0.0)) * 1000)
+    lines = int((usable - room) // (windowed / server.max_batch)) if windowed else 0
     expected = []
     if lines >= 1:
         expected.append(f"server.max_batch at most {lines}")

@@ -14,7 +14,7 @@ from clustersim.scenario.errors import Issue
 from clustersim.scenario.models import Scenario
 from clustersim.scenario.serving import DeploymentSpec, LengthSpec
 
-__all__ = ["request_fit_issues"]
+__all__ = ["request_fit_issues", "least_request_kv_tokens"]
 
 
 def _least(lengths: LengthSpec) -> int | None:
@@ -31,17 +31,28 @@ def _most(lengths: LengthSpec) -> tuple[int, str] | None:
     return (lengths.max, "input_tokens.max") if lengths.distribution == "lognormal" else None
 
 
+def least_request_kv_tokens(d: DeploymentSpec) -> int | None:
+    """The KV cache tokens the deployment's shortest request takes as the replica admits it
+    (its prompt and, with kv_full: queue, its whole output, else one token, in whole
+    blocks), or None where a trace gives the lengths."""
+    prompt, output = _least(d.workload.input_tokens), _least(d.workload.output_tokens)
+    if prompt is None or output is None:
+        return None
+    block = d.server.kv_block_tokens
+    return math.ceil((prompt + (output if d.server.kv_full == "queue" else 1)) / block) * block
+
+
 def request_fit_issues(scenario: Scenario, d: DeploymentSpec, capacity: int) -> list[Issue]:
     """The deployment's issues (none when its requests can be served)."""
     index = scenario.serve.index(d)
     issues = []
     prompt, output = _least(d.workload.input_tokens), _least(d.workload.output_tokens)
-    if prompt is not None and output is not None:
+    need = least_request_kv_tokens(d)
+    if prompt is not None and output is not None and need is not None:
         # as the replica admits a request: its prompt and (kv_full: queue) its whole output,
         # or one token of it, in whole blocks; more than the whole cache is rejected
         queue = d.server.kv_full == "queue"
         block = d.server.kv_block_tokens
-        need = math.ceil((prompt + (output if queue else 1)) / block) * block
         if need > capacity:
             alone = math.ceil((prompt + 1) / block) * block > capacity
             key = "input_tokens" if alone or not queue else "output_tokens"
