@@ -68,6 +68,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("job_id", pa.int32()), ("name", pa.string()), ("model", pa.string()),
         ("ranks", pa.int64()), ("chips", pa.int32()), ("instances", pa.int32()),
         ("tp", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
+        ("cp", pa.int32()), ("ep", pa.int32()),
         ("submit_s", pa.float64()), ("start_s", pa.float64()), ("end_s", pa.float64()),
         ("status", pa.string()), ("steps_completed", pa.int64()), ("step_time_s", pa.float64()),
         ("team", pa.string()),
@@ -131,8 +132,9 @@ COLUMNS: dict[str, dict[str, str]] = {
     },
     "jobs": {
         "job_id": "index of the job in the scenario", "name": "job name", "model": "model",
-        "ranks": "tp x pp x dp", "chips": "chips held when whole", "instances": "instances held",
+        "ranks": "tp x cp x pp x dp", "chips": "chips held when whole", "instances": "instances held",
         "tp": "tensor parallel", "pp": "pipeline parallel", "dp": "data parallel",
+        "cp": "context parallel", "ep": "expert parallel (of the data-parallel ranks)",
         "submit_s": "submission time, s", "start_s": "first start, s (null: never started)",
         "end_s": "end, s (null: still going at the horizon)", "status": "final status",
         "steps_completed": "training steps kept at the end",

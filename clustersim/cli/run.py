@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,6 +68,12 @@ def run(
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
     if address is not None and engine != "ray":
         raise UsageProblem("--address: the Ray cluster of --engine ray; expected --engine ray")
+    if engine == "ray" and replications == 1 and not find_rate:
+        # (the first replication runs in this process: with one, Ray is never reached)
+        err_console.print("note: --engine ray runs the replications after the first on Ray; "
+                          "with one replication the run is local"
+                          + (" and --address is not contacted" if address else ""),
+                          highlight=False)
 
     spec = load_scenario(scenario, overrides or [])
     from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
@@ -194,7 +201,7 @@ def _summarise_many_jobs(table: Table, summary: dict[str, Any]) -> None:
                       f"queue wait mean {wait} h; fragmentation {fragmentation}")
     slowdowns = [j["slowdown"] for j in jobs if j.get("slowdown")]
     if slowdowns:
-        median = sorted(slowdowns)[len(slowdowns) // 2]
+        median = statistics.median(slowdowns)  # (of an even count: the middle two's mean)
         table.add_row("", f"slowdown versus alone{over}{of}: median {median:.2f}"
                       f", worst {max(slowdowns):.2f}")
 
