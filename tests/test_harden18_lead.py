@@ -73,3 +73,44 @@ def test_the_jobs_trace_has_each_jobs_cp_and_ep(tmp_path) -> None:
     row = jobs.iloc[0]
     assert (row.cp, row.ep) == (2, 1)
     assert row.ranks == row.tp * row.cp * row.pp * row.dp
+
+
+def _quick_run(tmp_path, name: str = "out"):
+    from cli_helpers import SMALL, invoke, write
+
+    scenario = dict(SMALL, trace={"enabled": True})
+    result = invoke("run", write(tmp_path, scenario), "-o", tmp_path / name)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    return tmp_path / name
+
+
+def test_utilisation_at_refuses_a_level_bin_or_chip_it_does_not_know(tmp_path) -> None:
+    """A negative bin gave one bin of the whole run, an unknown level 0 rows, a chip past
+    the cluster a raw KeyError."""
+    import pytest
+
+    from clustersim.analysis import load_run
+
+    run = load_run(_quick_run(tmp_path))
+    assert len(run.utilisation_at("cluster", bin_s=600)) == 6
+    for level, bin_s, chips, words in (("cluster", -5, None, "bin_s -5"),
+                                       ("cluster", 0, None, "bin_s 0"),
+                                       ("nonsense", None, None, "level 'nonsense'"),
+                                       ("chip", None, [99999], "chips [99999]")):
+        with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            run.utilisation_at(level, bin_s=bin_s, chips=chips)
+
+
+def test_report_refuses_another_runs_jobs_table(tmp_path) -> None:
+    """A jobs.parquet of another run (another count of jobs) was drawn beside this run's
+    summary; a run written before jobs.parquet had cp and ep is still read."""
+    import pyarrow.parquet as pq
+    from cli_helpers import invoke, refused
+
+    run = _quick_run(tmp_path)
+    table = pq.read_table(run / "jobs.parquet")
+    pq.write_table(table.drop(["cp", "ep"]), run / "jobs.parquet")
+    result = invoke("report", run)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    pq.write_table(table.slice(0, 0), run / "jobs.parquet")
+    refused(invoke("report", run, "--force"), "jobs.parquet", "0 jobs where summary.json counts 1")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import yaml
 from clustersim.analysis.trace import SCHEMA_VERSION, SERVING_TABLES, TABLES
 from clustersim.analysis.utilisation import utilisation_rows
 from clustersim.hardware import limits
-from clustersim.scenario.loader import load_scenario
+from clustersim.scenario.loader import TRACE_LEVELS, load_scenario
 
 __all__ = ["Run", "TraceSchemaError", "load_run", "compare", "summary_problem", "figures_problem",
            "table_problem", "job_summary_problem", "MAX_SUMMARY_BYTES"]
@@ -200,10 +201,15 @@ def _horizon_problem(summary: dict[str, Any]) -> str | None:
     return None
 
 
+# Columns a later version added to a table without a new trace schema: a run written before
+# them lacks them and is read as it is.
+LATER_COLUMNS = {"utilisation": ("failed",), "jobs": ("cp", "ep")}
+
+
 def table_problem(path: Path, name: str) -> str | None:
     """What makes the Parquet file `path` not the run table `name` (another table, another
-    tool's file, a column of the wrong kind), or None. Columns a later schema added
-    (utilisation's `failed`) may be absent."""
+    tool's file, a column of the wrong kind), or None. Columns added later
+    (`LATER_COLUMNS`) may be absent."""
     import pyarrow as pa
 
     from clustersim.analysis.trace import SCHEMAS
@@ -214,7 +220,7 @@ def table_problem(path: Path, name: str) -> str | None:
     schema = pq.read_schema(path)
     for field in expected:
         if field.name not in schema.names:
-            if name == "utilisation" and field.name == "failed":
+            if field.name in LATER_COLUMNS.get(name, ()):
                 continue
             return f"lacks column {field.name}; expected the {name} table of a run"
         if schema.names.count(field.name) > 1:
@@ -359,9 +365,17 @@ class Run:
                        chips: Sequence[int] | None = None) -> pd.DataFrame:
         """Utilisation per bin at any level (`cluster`, `ultraserver`, `instance`, `job`, or
         `chip` for the chosen `chips`) and bin length, recomputed from the intervals."""
+        levels = (*TRACE_LEVELS, "chip")
+        if level not in levels:
+            raise ValueError(f"utilisation_at: level {level!r}; expected one of "
+                             f"{', '.join(levels)}")
+        if bin_s is not None and not (isinstance(bin_s, int | float)
+                                      and math.isfinite(bin_s) and bin_s > 0):
+            raise ValueError(f"utilisation_at: bin_s {bin_s!r}; expected a positive number "
+                             "of seconds (None: the run's own bin)")
         hardware = self.summary["cluster"]
         horizon = float(self.summary["simulated_s"])
-        if not bin_s:  # the run's own bin (from the scenario when no level was written)
+        if bin_s is None:  # the run's own bin (from the scenario when no level was written)
             written = self.utilisation["bin_s"]
             bin_s = (written.iloc[0] if len(written)
                      else load_scenario(self.path / "scenario.yaml").trace.bin_s)
@@ -372,6 +386,12 @@ class Run:
         if level == "chip":
             if chips is None:
                 raise ValueError("utilisation_at('chip') needs chips=[...]")
+            known = len(self.chips)
+            wrong = [c for c in chips if not (isinstance(c, int | np.integer)
+                                              and 0 <= c < known)]
+            if wrong:
+                raise ValueError(f"utilisation_at('chip'): chips {wrong[:5]}; expected chip "
+                                 f"ids from 0 to {known - 1}")
             chip_rows = self.chips.set_index("chip_id").loc[list(chips)]
             instances = chip_rows["instance_id"].to_numpy()
             wanted = "instance"

@@ -111,9 +111,13 @@ def _check_run_folder(run_dir: Path) -> None:
         try:
             pq.read_table(table)
             problem = table_problem(table, table.name.removesuffix(".parquet"))
+            jobs = (parsed.get("cluster") or {}).get("jobs")
             if table.name == "job_summary.parquet" and traces == TRACES and not problem:
-                problem = job_summary_problem(  # what the fleet plots read of it
-                    table, (parsed.get("cluster") or {}).get("jobs"))
+                problem = job_summary_problem(table, jobs)  # what the fleet plots read of it
+            rows = pq.read_metadata(table).num_rows
+            if (table.name == "jobs.parquet" and traces == TRACES and not problem
+                    and isinstance(jobs, int) and rows != jobs):
+                problem = f"{rows:,} jobs where summary.json counts {jobs:,}"
         except (pa.ArrowException, OSError) as error:
             raise UsageProblem(f"{table}: not a readable Parquet table ({error}); run the "
                                "scenario again") from None
