@@ -539,6 +539,12 @@ def test_the_readmes_training_comparison_is_the_planners(tmp_path):
         f"(its step band {trn2['step_time_s_band'][0]:.2f}-{trn2['step_time_s_band'][1]:.2f} s "
         f"against P5en's {p5en['step_time_s_band'][0]:.2f}-{p5en['step_time_s_band'][1]:.2f} s)"
         f" {worst:.2f} times")
+    # the Trn2 price (the cost scales with it) at which the ratio falls to the claim's 1.3
+    from clustersim.hardware.catalog import catalog_entry
+
+    price = catalog_entry("trn2").instance.price_per_hour_usd
+    quoted += (f"scales with Trn2's: at ${price * p5en[cost] / trn2[cost] / 1.3:.2f} an "
+               "instance-hour or more it falls to AWS's 1.3 or below",)
     readme = _flat("README.md")
     for part in quoted:
         assert part in readme, part

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def _shown(summary: dict) -> str:
     from rich.console import Console
@@ -114,3 +116,29 @@ def test_report_refuses_another_runs_jobs_table(tmp_path) -> None:
     assert result.exit_code == 0, result.stdout + result.stderr
     pq.write_table(table.slice(0, 0), run / "jobs.parquet")
     refused(invoke("report", run, "--force"), "jobs.parquet", "0 jobs where summary.json counts 1")
+
+
+@pytest.mark.slow  # two plans of one UltraServer (about 12 s)
+def test_a_priced_hardware_mapping_is_what_hardware_list_plans_by_its_base(tmp_path) -> None:
+    """`--hardware trn2,trn3-gen2` planned the bare catalog trn3-gen2 even when the scenario
+    gave `hardware: {base: trn3-gen2, instance: {price_per_hour: ...}}`, so the refusal's
+    advice (set the price in the scenario) changed nothing; the refusal now names a remedy
+    that works, in the right number."""
+    import json
+    from pathlib import Path
+
+    from cli_helpers import invoke, refused
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "plan-trn2-vs-p5en.yaml"
+    common = ("--set", "cluster={ultraservers: 1, spares: 0}", "--chips", "144",
+              "--objective", "cost", "--tokens", "2T")
+    refused(invoke("plan", scenario, "--set", "hardware=trn3-gen2", *common,
+                   "-o", tmp_path / "bare"),
+            "trn3-gen2 has no instance.price_per_hour", "hardware: {base: trn3-gen2,")
+    result = invoke("plan", scenario, "--set",
+                    "hardware={base: trn3-gen2, instance: {price_per_hour: 20}}",
+                    "--hardware", "trn3-gen2", *common, "-o", tmp_path / "priced")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    plan = json.loads((tmp_path / "priced" / "plan.json").read_text("utf-8"))
+    best = plan["candidates"][0]
+    assert best["hardware"] == "trn3-gen2" and best["cost_per_million_tokens_usd"] > 0

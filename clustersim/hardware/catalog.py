@@ -36,6 +36,7 @@ from clustersim.hardware.precision import PRECISIONS
 from clustersim.hardware.spec import Bandwidth, Bytes, NonNegativeDuration, Power, Spec
 
 __all__ = [
+    "custom_base",
     "ChipSpec",
     "InterconnectSpec",
     "InstanceSpec",
@@ -376,3 +377,9 @@ def _get(mapping: Mapping[str, Any], path: str) -> Any:
 def catalog_entry(name: str) -> HardwareSpec:
     """A catalog entry as a validated spec."""
     return HardwareSpec.model_validate(resolve_hardware_mapping(name))
+
+
+def custom_base(name: str) -> str | None:
+    """The catalog entry a scenario's hardware mapping (`{base: ..., ...}`) changed, from the
+    name the loader gives it (`trn3-gen2+custom`), or None."""
+    return name.removesuffix("+custom") if name.endswith("+custom") else None

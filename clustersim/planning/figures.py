@@ -70,9 +70,14 @@ def finish(scenario: Scenario, job: JobSpec, options: PlanOptions, groups: list[
     missing = [r["hardware"] for r in simulated if r.get(metric) is None]
     if missing:
         what = "instance.price_per_hour" if options.objective == "cost" else "chip.power"
-        raise PlanError(f"--objective {options.objective}: {', '.join(sorted(set(missing)))} "
-                        f"has no {what} in the catalog; set hardware.{what} in the scenario "
-                        f"or choose another objective")
+        names = sorted(set(missing))
+        example = "instance: {price_per_hour: 30}" if options.objective == "cost" else \
+            "chip: {power: 700W}"
+        raise PlanError(f"--objective {options.objective}: {', '.join(names)} "
+                        f"{'has' if len(names) == 1 else 'have'} no {what} in the catalog; "
+                        f"give the scenario hardware: {{base: {names[0]}, {example}}} "
+                        f"(--hardware {names[0]} then plans it with that {what}) or choose "
+                        "another objective")
     for r in simulated:
         r["unmet"] = _unmet(r, options)
         r["meets"] = not r["unmet"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from clustersim.cluster.rates import default_checkpoint, effective_rates, job_failure_rate
 from clustersim.hardware import limits
-from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names
+from clustersim.hardware.catalog import HardwareSpec, catalog_entry, catalog_names, custom_base
 from clustersim.planning.engine import Engine
 from clustersim.planning.ettr import Recovery
 from clustersim.planning.plans import OBJECTIVES, Group, PlanError, PlanOptions, PlanResult
@@ -101,7 +101,8 @@ def _hardware_list(scenario: Scenario, names: tuple[str, ...]) -> list[tuple[str
         return [(scenario.hardware.name, scenario.hardware)]
     out = []
     for name in names:
-        if name == scenario.hardware.name:
+        if name in (scenario.hardware.name, custom_base(scenario.hardware.name)):
+            # (the scenario's own, a catalog entry's keys changed included: its price, say)
             out.append((name, scenario.hardware))
             continue
         try:

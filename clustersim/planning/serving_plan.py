@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from clustersim.hardware.catalog import catalog_entry, catalog_names
+from clustersim.hardware.catalog import catalog_entry, catalog_names, custom_base
 from clustersim.planning.engine import Engine
 from clustersim.planning.serving_search import CandidateTask, search_candidate, settle
 from clustersim.planning.serving_space import (
@@ -193,7 +193,9 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     source = f"{scenario.source} (planned)"
 
     for name in names:
-        spec = scenario.hardware if name == scenario.hardware.name else catalog_entry(name)
+        spec = (scenario.hardware if name in (scenario.hardware.name,
+                                              custom_base(scenario.hardware.name))
+                else catalog_entry(name))
         specs[name] = spec
         hw_value = raw.get("hardware") if name == scenario.hardware.name else name
         priced = spec.instance.price_per_hour_usd is not None
