@@ -142,3 +142,25 @@ def test_a_priced_hardware_mapping_is_what_hardware_list_plans_by_its_base(tmp_p
     plan = json.loads((tmp_path / "priced" / "plan.json").read_text("utf-8"))
     best = plan["candidates"][0]
     assert best["hardware"] == "trn3-gen2" and best["cost_per_million_tokens_usd"] > 0
+
+
+def test_a_trace_runs_effective_scenario_runs_again_from_its_folder(tmp_path) -> None:
+    """OUT/scenario.yaml of a trace run named the trace relative to the scenario's folder,
+    and running it again looked for it in OUT: 'no such file'."""
+    import json
+    from pathlib import Path
+
+    from cli_helpers import invoke
+
+    scenario = Path(__file__).resolve().parent.parent / "scenarios" / "trace-philly.yaml"
+    first = invoke("run", scenario, "-o", tmp_path / "first")
+    assert first.exit_code == 0, first.stdout + first.stderr
+    again = invoke("run", tmp_path / "first" / "scenario.yaml", "-o", tmp_path / "again")
+    assert again.exit_code == 0, again.stdout + again.stderr
+
+    def figures(name: str) -> dict:
+        summary = json.loads((tmp_path / name / "summary.json").read_text("utf-8"))
+        summary.pop("wall_s", None)
+        return summary
+
+    assert figures("first") == figures("again")

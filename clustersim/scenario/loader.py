@@ -338,7 +338,7 @@ def scenario_from_dict(
     if issues:
         raise ScenarioError(source, issues)
     _share_fields_sets(scenario.jobs)
-    scenario._source_yaml = yaml.safe_dump(raw, sort_keys=False)
+    scenario._source_yaml = yaml.safe_dump(_inputs_absolute(raw, base_dir), sort_keys=False)
     scenario._source = source
     scenario._cluster_given = cluster_given
     scenario._trace_rows = trace_rows
@@ -370,6 +370,23 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: boo
             "`clustersim sweep FILE` (docs/cli.md#sweep)")])
     return scenario_from_dict(raw, str(path), overrides, base_dir=path.parent,
                               planning=planning)
+
+
+def _inputs_absolute(raw: dict, base_dir: Path | None) -> dict:
+    """`raw` with the files it names (a workload's job file or trace, a deployment's request
+    trace) absolute: the effective scenario written beside a run (OUT/scenario.yaml) then
+    runs again from there, whose folder holds no copy of them."""
+    if base_dir is None:
+        return raw
+    raw = copy.deepcopy(raw)
+    holders = [raw.get("workload")] + [d.get("workload") for d in raw.get("serve") or []
+                                       if isinstance(d, dict)]
+    for holder in holders:
+        for key in ("file", "trace"):
+            value = holder.get(key) if isinstance(holder, dict) else None
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                holder[key] = str((base_dir / value).resolve())
+    return raw
 
 
 def input_files(scenario: Scenario) -> list[Path]:
