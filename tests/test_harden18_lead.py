@@ -164,3 +164,21 @@ def test_a_trace_runs_effective_scenario_runs_again_from_its_folder(tmp_path) ->
         return summary
 
     assert figures("first") == figures("again")
+
+
+def test_a_size_with_factors_the_batch_lacks_is_flagged_with_neighbours_that_leave_less():
+    """72 Trn2 instances (1,152 chips, 2^7 x 3^2) for a batch of 1,024 sequences planned 15%
+    slower per step and 31% dearer than 1,024 chips with no note: the note for a large prime
+    (above 7) did not fire."""
+    from clustersim.planning.planner import _batch_note, _factoring_note
+
+    assert _factoring_note("trn2", 1152, 16, "instances") == []
+    (note,) = _batch_note("trn2", 1152, 16, "instances", 1024)
+    assert "factor 9 the batch of 1,024 sequences lacks" in note
+    assert "1,024 chips (64 instances)" in note
+    (note,) = _batch_note("trn3-gen2", 1008, 144, "UltraServers", 1024)
+    assert "factor 63" in note and "864 chips (6 UltraServers) and 1,152 chips" in note
+    assert _batch_note("trn2", 1024, 16, "instances", 1024) == []
+    assert _batch_note("trn2", 1152, 16, "instances", 1536) == []  # 1,536 = 2^9 x 3
+    # every size of a Trn3 Gen2 UltraServer (144 = 2^4 x 3^2) carries the 9: no note for it
+    assert _batch_note("trn3-gen2", 1152, 144, "UltraServers", 1024) == []

@@ -159,7 +159,8 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
             chips = rounded
         if chips not in kept:
             kept.append(chips)
-            notes += _factoring_note(hw.name, chips, unit, what)
+            notes += (_factoring_note(hw.name, chips, unit, what)
+                      or _batch_note(hw.name, chips, unit, what, job.global_batch))
     return kept, notes
 
 
@@ -190,6 +191,45 @@ def _factoring_note(name: str, chips: int, unit: int, what: str) -> list[str]:
             f"the parallel degrees must divide it, so it factors badly (pipeline or "
             f"data-parallel degrees with {prime} in them); sizes near it that factor well: "
             f"{below * unit:,} and {above * unit:,} chips ({below:,} and {above:,} {what})"]
+
+
+def _untaken(chips: int, batch: int) -> int:
+    """The part of `chips` made of primes the batch (sequences) lacks: data parallelism
+    divides the batch, so that part must go to tensor, context or pipeline degrees."""
+    rest, p, b = chips, 2, batch
+    while p * p <= b:
+        if b % p == 0:
+            while rest % p == 0:
+                rest //= p
+            while b % p == 0:
+                b //= p
+        p += 1
+    while b > 1 and rest % b == 0:
+        rest //= b
+    return rest
+
+
+def _batch_note(name: str, chips: int, unit: int, what: str, batch: int | None) -> list[str]:
+    """A size with factors the batch lacks (72 Trn2 instances, 2^3 x 3^2, for 1,024
+    sequences: the 3s go to pipeline, tensor or context degrees and it plans slower than
+    1,024 chips), when a size near it leaves less of that: the nearest such below and above."""
+    if not batch:
+        return []
+    count, rest = chips // unit, _untaken(chips, batch)
+    if rest == 1:
+        return []
+    below = next((n for n in range(count - 1, max(0, count // 2) - 1, -1)
+                  if _untaken(n * unit, batch) < rest), None)
+    above = next((n for n in range(count + 1, 2 * count + 1)
+                  if _untaken(n * unit, batch) < rest), None)
+    near = [n for n in (below, above) if n is not None]
+    if not near:
+        return []
+    sizes = " and ".join(f"{n * unit:,} chips ({n:,} {what})" for n in near)
+    return [f"{name}: {chips:,} chips has a factor {rest:,} the batch of {batch:,} sequences "
+            f"lacks: data parallelism divides the batch, so it must go to pipeline, tensor or "
+            f"context degrees, and it may plan slower per chip; sizes near it leaving less of "
+            f"that: {sizes}"]
 
 
 def _make_group(scenario: Scenario, job: JobSpec, name: str, hw: HardwareSpec, chips: int
