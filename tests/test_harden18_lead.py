@@ -175,7 +175,7 @@ def test_a_size_with_factors_the_batch_lacks_is_flagged_with_neighbours_that_lea
     assert _factoring_note("trn2", 1152, 16, "instances") == []
     (note,) = _batch_note("trn2", 1152, 16, "instances", 1024)
     assert "factor 9 the batch of 1,024 sequences lacks" in note
-    assert "1,024 chips (64 instances)" in note
+    assert "1,024 chips (64 instances) and 1,280 chips (80 instances)" in note  # docs/planning.md
     (note,) = _batch_note("trn3-gen2", 1008, 144, "UltraServers", 1024)
     assert "factor 63" in note and "864 chips (6 UltraServers) and 1,152 chips" in note
     assert _batch_note("trn2", 1024, 16, "instances", 1024) == []
