@@ -40,3 +40,35 @@ def test_a_sweep_counts_a_cause_that_did_not_occur_as_zero(tmp_path):
         assert math.isclose(row[column], mine[column].mean())
         assert math.isclose(row[f"{column}_ci95"],
                             3.182 * mine[column].std(ddof=1) / 2) or mine[column].nunique() == 1
+
+
+def _job(status, start_s, end_s, steps):
+    return {"status": status, "start_s": start_s, "end_s": end_s, "steps_completed": steps,
+            "interruptions_by_cause": {"chip": 1} if steps else {}}
+
+
+def test_replications_average_a_figure_over_the_replications_that_define_it():
+    from clustersim.cluster.fleet import flat_job_columns
+    from clustersim.runner.figures import combine_replications
+
+    # a job done in two replications and running at the horizon in the third; one that
+    # never started in the last
+    runs = [{"a": _job("done", 100.0, 900.0, 10), "b": _job("running at horizon", 50.0, None, 8)},
+            {"a": _job("done", 100.0, 700.0, 12), "b": _job("running at horizon", 70.0, None, 6)},
+            {"a": _job("running at horizon", 400.0, None, 9),
+             "b": _job("queued at horizon", None, None, 0)}]
+    jobs = combine_replications([{"jobs": r} for r in runs])["jobs"]
+    a, b = jobs["a"], jobs["b"]
+    assert a["start_s"] == 200.0 and "start_s_n" not in a  # defined in all three
+    assert a["end_s"] == 800.0 and a["end_s_n"] == 2  # not replication 0's 900
+    assert math.isclose(a["end_s_ci95"], 12.706 * math.sqrt(2 * 100.0**2) / math.sqrt(2))
+    assert b["start_s"] == 60.0 and b["start_s_n"] == 2  # not replication 0's 50
+    assert b["end_s"] is None and "end_s_n" not in b  # defined in none
+    assert a["status"] == "done"  # replication 0's, and how many ended how:
+    assert a["status_by_replication"] == {"done": 2, "running at horizon": 1}
+    assert b["status_by_replication"] == {"queued at horizon": 1, "running at horizon": 2}
+    assert math.isclose(b["interruptions_by_cause"]["chip"], 2 / 3)
+    # job_summary.parquet's columns: a status a job never ended in counts 0 replications
+    columns = flat_job_columns(jobs)
+    assert columns["status_by_replication.queued at horizon"] == [0, 1]
+    assert columns["end_s_n"] == [2, None]

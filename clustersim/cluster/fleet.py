@@ -153,8 +153,9 @@ def flat_job_columns(jobs: Mapping[str, Mapping[str, Any]],
 
 
 def missing_figure(column: str) -> Any:
-    """A job's value of a figure it does not have: 0 times for a cause it never met."""
-    return 0 if column.startswith("interruptions_by_cause.") else None
+    """A job's value of a figure it does not have: 0 times for a cause it never met (0
+    replications for a status it never ended in)."""
+    return 0 if column.startswith(("interruptions_by_cause.", "status_by_replication.")) else None
 
 
 _INF = math.inf
