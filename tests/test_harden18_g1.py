@@ -72,3 +72,13 @@ def test_replications_average_a_figure_over_the_replications_that_define_it():
     columns = flat_job_columns(jobs)
     assert columns["status_by_replication.queued at horizon"] == [0, 1]
     assert columns["end_s_n"] == [2, None]
+
+
+def test_the_run_table_says_how_the_replications_of_a_job_ended():
+    from clustersim.cli.run import _status, _when
+
+    job = {"status": "done", "status_by_replication": {"done": 2, "running at horizon": 1},
+           "start_s": 100.0, "end_s": 800.0, "end_s_n": 2}
+    assert _status(job) == "done in 2, running at horizon in 1 of 3 replications"
+    assert _when(job).endswith("(means; ended in 2 replications)")
+    assert _status({"status": "done", "status_by_replication": {"done": 3}}) == "done"
