@@ -4,10 +4,14 @@ many replications define a figure, and say which population each answer is of.""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import pytest
 from sweep_helpers import sweep_base, write_sweep
 
 from clustersim.runner.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _rare_failures() -> dict:
@@ -82,3 +86,27 @@ def test_the_run_table_says_how_the_replications_of_a_job_ended():
     assert _status(job) == "done in 2, running at horizon in 1 of 3 replications"
     assert _when(job).endswith("(means; ended in 2 replications)")
     assert _status({"status": "done", "status_by_replication": {"done": 3}}) == "done"
+
+
+def test_a_replicated_run_says_which_replication_each_answer_is_of(tmp_path):
+    from clustersim.analysis import load_run
+    from clustersim.runner.api import run_to
+    from clustersim.scenario.loader import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["duration=3d"])
+    run_to(scenario, tmp_path / "out", replications=3, workers=1)
+    run = load_run(tmp_path / "out")
+    assert run.replications == 3
+    means = {k: v for k, v in run.summary["cluster"]["failures"].items()
+             if not k.endswith("_ci95")}
+    assert means  # some replication met a failure
+    stats = run.failure_stats().set_index("component")
+    assert (stats["replication"] == 0).all()
+    # `count` is the events trace's (replication 0's), `mean_count` the summary's mean
+    events = run.events
+    from_trace = events[events["kind"] == "failure"].groupby("component").size()
+    assert stats["count"].to_dict() == {c: int(from_trace.get(c, 0)) for c in stats.index}
+    assert set(stats.index) == set(means) | set(from_trace.index)
+    assert stats["mean_count"].to_dict() == pytest.approx({c: means.get(c, 0.0)
+                                                           for c in stats.index})
+    assert (run.goodput()["replications"] == 3).all()
