@@ -88,14 +88,22 @@ def test_the_run_table_says_how_the_replications_of_a_job_ended():
     assert _status({"status": "done", "status_by_replication": {"done": 3}}) == "done"
 
 
-def test_a_replicated_run_says_which_replication_each_answer_is_of(tmp_path):
-    from clustersim.analysis import load_run
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory) -> Path:
+    """Three days of the quickstart, three replications: replication 0 meets no failure."""
     from clustersim.runner.api import run_to
     from clustersim.scenario.loader import load_scenario
 
+    out = tmp_path_factory.mktemp("replicated") / "out"
     scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["duration=3d"])
-    run_to(scenario, tmp_path / "out", replications=3, workers=1)
-    run = load_run(tmp_path / "out")
+    run_to(scenario, out, replications=3, workers=1)
+    return out
+
+
+def test_a_replicated_run_says_which_replication_each_answer_is_of(replicated):
+    from clustersim.analysis import load_run
+
+    run = load_run(replicated)
     assert run.replications == 3
     means = {k: v for k, v in run.summary["cluster"]["failures"].items()
              if not k.endswith("_ci95")}
@@ -110,3 +118,23 @@ def test_a_replicated_run_says_which_replication_each_answer_is_of(tmp_path):
     assert stats["mean_count"].to_dict() == pytest.approx({c: means.get(c, 0.0)
                                                            for c in stats.index})
     assert (run.goodput()["replications"] == 3).all()
+
+
+def test_the_report_of_a_replicated_run_shows_a_mean_count_of_interruptions(replicated):
+    import json
+
+    from clustersim.analysis.html_report import html_report
+    from clustersim.analysis.report import write_report
+
+    mean = json.loads((replicated / "summary.json").read_text())["jobs"]["pretrain"][
+        "interruptions"]
+    assert not float(mean).is_integer()  # 4 interruptions over 3 replications
+    report = write_report(replicated).read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| pretrain "))
+    assert f"| {mean:,.2f} |" in row  # was 1
+    page = html_report(replicated)
+    assert f"<td>{mean:,.2f}</td>" in page
+    from clustersim.analysis.runs import job_status
+
+    assert job_status({"status": "done", "status_by_replication": {
+        "done": 2, "running at horizon": 1}}) == "done 2, running at horizon 1 replications"

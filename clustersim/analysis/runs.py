@@ -27,7 +27,7 @@ from clustersim.hardware import limits
 from clustersim.scenario.loader import load_scenario
 
 __all__ = ["Run", "TraceSchemaError", "load_run", "compare", "summary_problem", "figures_problem",
-           "table_problem", "job_summary_problem", "MAX_SUMMARY_BYTES"]
+           "table_problem", "job_summary_problem", "MAX_SUMMARY_BYTES", "job_status"]
 
 
 class TraceSchemaError(ValueError):
@@ -461,6 +461,15 @@ class Run:
             ci = means.get(f"{component}_ci95")
             row["mean_count_ci95"] = float(ci) if isinstance(ci, int | float) else np.nan
         return list(found.values())
+
+
+def job_status(job: dict) -> str:
+    """A job's status; over replications that ended apart, how many ended in each (the
+    summary's `status` alone is replication 0's)."""
+    by = job.get("status_by_replication")
+    if not isinstance(by, dict) or len(by) < 2:
+        return str(job.get("status", ""))
+    return ", ".join(f"{status} {count:,}" for status, count in by.items()) + " replications"
 
 
 def load_run(path: str | Path) -> Run:
