@@ -138,3 +138,21 @@ def test_the_report_of_a_replicated_run_shows_a_mean_count_of_interruptions(repl
 
     assert job_status({"status": "done", "status_by_replication": {
         "done": 2, "running at horizon": 1}}) == "done 2, running at horizon 1 replications"
+
+
+@pytest.mark.parametrize(("sweep", "where"), [
+    ({"seeds": [1, 1, 1]}, "seeds.1: 1, the seed of seeds.0 again"),
+    ({"grid": {"failures.scale": [1, 2, 1]}}, "grid.failures.scale.2: 1, the value of "
+                                              "grid.failures.scale.0 (1) again"),
+    ({"grid": {"failures.scale": [1.0, 1]}}, "grid.failures.scale.1"),
+    ({"grid": {"jobs.0.checkpoint.interval": ["20min", "1h", "20min"]}},
+     "grid.jobs.0.checkpoint.interval.2"),
+])
+def test_a_sweep_refuses_a_seed_or_grid_value_given_twice(tmp_path, sweep, where):
+    from clustersim.runner.sweep import load_sweep
+    from clustersim.scenario.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"again; expected each") as error:
+        load_sweep(write_sweep(tmp_path, **sweep))
+    assert where in str(error.value)
+

@@ -84,6 +84,18 @@ def _kind(value: Any) -> str:
     return "structure"  # lists and mappings are written as JSON text, each alike
 
 
+def _repeated(values: list[Any]) -> tuple[int, int] | None:
+    """Where a value of `values` is first given and where again (1 and 1.0 alike), or None."""
+    seen: dict[Any, int] = {}
+    for index, value in enumerate(values):
+        key = (float(value) if isinstance(value, int | float) and not isinstance(value, bool)
+               else json.dumps(value, sort_keys=True, default=str))
+        if key in seen:
+            return seen[key], index
+        seen[key] = index
+    return None
+
+
 class SweepSpec(Spec):
     scenario: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
@@ -108,6 +120,20 @@ class SweepSpec(Spec):
                 shown = ", ".join(f"{v!r} ({_kind(v)})" for v in values[:6])
                 raise ValueError(f"grid.{path}: values of mixed kinds ({shown}); expected one "
                                  "kind per column (YAML reads 1e9 as text: write 1.0e9)")
+            repeated = _repeated(values)
+            if repeated is not None:
+                first, again = repeated
+                raise ValueError(f"grid.{path}.{again}: {values[again]!r}, the value of "
+                                 f"grid.{path}.{first} ({values[first]!r}) again; expected "
+                                 "each value once (the runs of both would count as seeds of "
+                                 "one grid point: give `seeds` or `replications`)")
+        if self.seeds is not None:
+            repeated = _repeated(self.seeds)
+            if repeated is not None:
+                first, again = repeated
+                raise ValueError(f"seeds.{again}: {self.seeds[again]}, the seed of "
+                                 f"seeds.{first} again; expected each seed once (a seed run "
+                                 "twice is one run, which the interval would count as two)")
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError("variant names must be unique")
