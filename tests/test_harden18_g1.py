@@ -156,3 +156,16 @@ def test_a_sweep_refuses_a_seed_or_grid_value_given_twice(tmp_path, sweep, where
         load_sweep(write_sweep(tmp_path, **sweep))
     assert where in str(error.value)
 
+
+def test_a_figure_the_same_in_every_run_has_an_interval_of_zero():
+    import pandas as pd
+
+    from clustersim.runner.sweep import summarise
+
+    rows = pd.DataFrame({"variant": "base", "seed": range(30), "status": "ok", "error": "",
+                         "train.step_time_s": 3.176, "train.mfu": 1 / 3,
+                         "train.steps_completed": [float(i % 2) for i in range(30)]})
+    assert rows["train.step_time_s"].std(ddof=1) > 0  # rounding noise, as numpy gives it
+    summary = summarise(rows, []).iloc[0]
+    assert summary["train.step_time_s_ci95"] == 0.0 and summary["train.mfu_ci95"] == 0.0
+    assert summary["train.steps_completed_ci95"] > 0.1

@@ -368,9 +368,10 @@ def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
         for figure in figures:
             data = good[figure].dropna().to_numpy(dtype=float)
             record[figure] = float(data.mean()) if len(data) else np.nan
-            record[f"{figure}_ci95"] = (float(t_quantile(len(data) - 1) * data.std(ddof=1)
-                                              / math.sqrt(len(data)))
-                                        if len(data) > 1 else np.nan)
+            # the same in every run: 0, not the rounding noise of its standard deviation
+            record[f"{figure}_ci95"] = (np.nan if len(data) < 2 else 0.0 if (
+                data == data[0]).all() else float(t_quantile(len(data) - 1)
+                                                  * data.std(ddof=1) / math.sqrt(len(data))))
         out.append(record)
     return pd.DataFrame(out)
 
