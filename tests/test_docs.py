@@ -75,8 +75,9 @@ def test_every_command_and_option_is_in_the_cli_reference():
 
 def _summary_keys(node: Any, prefix: str, out: set[str]) -> None:
     dynamic = {"failures", "failures_by_cause", "interruptions_by_cause", "jobs_by_status",
-               "links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops"}
+               "links", "per_chip_bandwidth_gbyte_per_s", "peak_pflops", "status_by_replication"}
     placeholder = {"failures": "<component>", "interruptions_by_cause": "<component>",
+                   "status_by_replication": "<status>",
                    "failures_by_cause": "<cause>", "jobs_by_status": "<status>",
                    "links": "<kind>", "per_chip_bandwidth_gbyte_per_s": "<kind>",
                    "peak_pflops": "<precision>"}

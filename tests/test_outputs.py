@@ -272,8 +272,9 @@ def test_a_signalled_sweep_stops_promptly_and_writes_a_partial_table(tmp_path: P
     # Two fast runs (a week: about 2 s each) finish first; the year-long ones are still
     # running, or queued, when it comes. A year at this failure scale takes 2-5 s of CPU
     # since checkpoints are worked out in closed form (it was about 9 s), so there are
-    # eighteen of them: the sweep cannot end in the 8 s before the signal.
-    grid = {"duration": ["7d", "7d"] + ["365d"] * 18}
+    # eighteen of them: the sweep cannot end in the 8 s before the signal. (Each value once:
+    # a sweep refuses a grid value given twice.)
+    grid = {"duration": ["7d", "6d"] + [f"{365 - i}d" for i in range(18)]}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({
         "scenario": str(QUICKSTART), "grid": grid, "seeds": [0],

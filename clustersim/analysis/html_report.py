@@ -22,7 +22,7 @@ from plotly.offline import get_plotlyjs
 
 from clustersim.analysis.html_figures import run_figures
 from clustersim.analysis.html_serving import day_figures, serving_figures
-from clustersim.analysis.runs import load_run
+from clustersim.analysis.runs import job_status, load_run
 from clustersim.hardware.units import format_or_dash
 
 __all__ = ["html_report"]
@@ -104,10 +104,12 @@ def _tables(summary: dict[str, Any]) -> str:
                    "<th>$ per M tokens, ideal</th><th>effective</th></tr>")
         for name in ranked:
             job = jobs[name]
-            out.append("<tr>" + _cell(name) + _cell(job.get("status")) +
+            interruptions = job.get("interruptions")  # a mean over replications: 0.33
+            out.append("<tr>" + _cell(name) + _cell(job_status(job)) +
                        _cell(job.get("steps_completed"), "{:,.0f}") +
                        _cell(job.get("ettr"), "{:.1%}") +
-                       _cell(job.get("interruptions"), "{:,.0f}") +
+                       _cell(interruptions, "{:,.0f}" if isinstance(interruptions, int)
+                             or float(interruptions or 0).is_integer() else "{:,.2f}") +
                        _cell(job.get("step_time_s"), "{:.3f}") + _cell(job.get("mfu"), "{:.1%}")
                        + _cell(job.get("cost_per_million_tokens_usd"), "{:,.3f}")
                        + _cell(job.get("effective_cost_per_million_tokens_usd"), "{:,.3f}")

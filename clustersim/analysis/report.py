@@ -31,7 +31,7 @@ from clustersim.analysis.plotting import (
     format_bin,
     time_unit,
 )
-from clustersim.analysis.runs import Run, load_run  # noqa: E402
+from clustersim.analysis.runs import Run, job_status, load_run  # noqa: E402
 from clustersim.analysis.serving_report import cell, serving_lines, serving_plots  # noqa: E402
 
 __all__ = ["write_report", "STATE_COLOURS"]
@@ -371,8 +371,8 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
                       "the plots show replication 1 of them (replication 0 as the command "
                       "line counts: the first seed stream, whose traces the run wrote).", ""]
     for name, job in summary["jobs"].items():
-        lines.append(f"| {cell(name)} | {cell(job.get('status', ''))} | {job.get('steps_completed', 0):,.0f} "
-                     f"| {job.get('ettr', 0):.1%} | {job.get('interruptions', 0):,.0f} | "
+        lines.append(f"| {cell(name)} | {cell(job_status(job))} | {job.get('steps_completed', 0):,.0f} "
+                     f"| {job.get('ettr', 0):.1%} | {_count(job.get('interruptions', 0))} | "
                      f"{job.get('step_time_s', 0):.2f} s | {job.get('mfu', 0):.1%} | "
                      f"{_pair(job, 'cost_per_million_tokens_usd', '${:,.3f}')} | "
                      f"{_pair(job, 'energy_per_token_j', '{:,.3f}')} |")

@@ -28,7 +28,7 @@ from clustersim.hardware import limits
 from clustersim.scenario.loader import TRACE_LEVELS, load_scenario
 
 __all__ = ["Run", "TraceSchemaError", "load_run", "compare", "summary_problem", "figures_problem",
-           "table_problem", "job_summary_problem", "MAX_SUMMARY_BYTES"]
+           "table_problem", "job_summary_problem", "MAX_SUMMARY_BYTES", "job_status"]
 
 
 class TraceSchemaError(ValueError):
@@ -417,8 +417,17 @@ class Run:
             frame = pd.concat(pieces, ignore_index=True)
         return frame
 
+    @property
+    def replications(self) -> int:
+        """How many replications the summary's figures are means over (the traces, and what
+        is read from them, are replication 0's)."""
+        count = self.summary.get("replications", 1)
+        return count if isinstance(count, int) and not isinstance(count, bool) else 1
+
     def goodput(self) -> pd.DataFrame:
-        """Per job: wall, useful and lost hours by cause (they add up to the wall time)."""
+        """Per job: wall, useful and lost hours by cause (they add up to the wall time), from
+        the summary: on a replicated run, means over the replications (column
+        `replications`)."""
         rows = []
         for name, job in self.summary["jobs"].items():
             lost = {k: v for k, v in job.get("lost_time_s", {}).items() if not k.endswith("_ci95")}
@@ -427,11 +436,17 @@ class Run:
                    "goodput": job.get("goodput")}
             # lost_work_h, lost_down_h, lost_queued_h, ...: one `lost_` prefix each
             row.update({f"lost_{k.removeprefix('lost_')}_h": v / 3600 for k, v in lost.items()})
+            if self.replications > 1:
+                row["replications"] = self.replications
             rows.append(row)
         return pd.DataFrame(rows)
 
     def failure_stats(self) -> pd.DataFrame:
-        """Failures by component: count, rate per day and mean time between them."""
+        """Failures by component: count, rate per day and mean time between them, from the
+        events trace. On a replicated run the trace is replication 0's, and so are these
+        (column `replication`, 0); `mean_count` and `mean_count_ci95` beside them are the
+        summary's means over the replications (a component replication 0 never met: its
+        row has count 0)."""
         events = self.events
         failures = events[events["kind"] == "failure"]
         days = float(self.summary["simulated_s"]) / 86400
@@ -444,8 +459,37 @@ class Run:
                          "mean_gap_h": float(gaps.mean() / 3600) if len(gaps) else np.nan,
                          "jobs_hit": int((group["job_id"] >= 0).sum())})
         columns = ["component", "count", "per_day", "mean_gap_h", "jobs_hit"]
+        if self.replications > 1:
+            rows = self._with_means(rows)
+            columns = ["component", "replication", *columns[1:], "mean_count",
+                       "mean_count_ci95"]
         return pd.DataFrame(rows, columns=columns).sort_values("count", ascending=False,
                                                                 ignore_index=True)
+
+    def _with_means(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Replication 0's rows marked as such, with the summary's mean count over the
+        replications beside each, and a row for a component only other replications met."""
+        means = self.summary.get("cluster", {}).get("failures") or {}
+        found = {row["component"]: row for row in rows}
+        for component in means:
+            if not component.endswith("_ci95") and component not in found:
+                found[component] = {"component": component, "count": 0, "per_day": 0.0,
+                                    "mean_gap_h": np.nan, "jobs_hit": 0}
+        for component, row in found.items():
+            row["replication"] = 0
+            row["mean_count"] = float(means.get(component, 0))
+            ci = means.get(f"{component}_ci95")
+            row["mean_count_ci95"] = float(ci) if isinstance(ci, int | float) else np.nan
+        return list(found.values())
+
+
+def job_status(job: dict) -> str:
+    """A job's status; over replications that ended apart, how many ended in each (the
+    summary's `status` alone is replication 0's)."""
+    by = job.get("status_by_replication")
+    if not isinstance(by, dict) or len(by) < 2:
+        return str(job.get("status", ""))
+    return ", ".join(f"{status} {count:,}" for status, count in by.items()) + " replications"
 
 
 def load_run(path: str | Path) -> Run:

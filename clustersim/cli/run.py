@@ -297,7 +297,7 @@ def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
         f"{job['tokens_per_step']:,} tokens/step")
     table.add_row("", f"step {job['step_time_s']:,.2f} s, {job['tokens_per_s']:,.0f} tokens/s, "
                       f"MFU {job['mfu']:.1%}, {job['memory_per_chip_gib']:.1f} GiB per chip")
-    table.add_row("", f"{job['status']}: {_with_ci(job, 'steps_completed', lambda v: f'{v:,.0f}')}"
+    table.add_row("", f"{_status(job)}: {_with_ci(job, 'steps_completed', lambda v: f'{v:,.0f}')}"
                       f" steps, ETTR {_with_ci(job, 'ettr', _percent)}, "
                       f"{_with_ci(job, 'interruptions', lambda v: f'{v:,.1f}'.removesuffix('.0'))}"
                       " interruptions")
@@ -326,6 +326,15 @@ def _job_rows(table: Table, name: str, job: dict[str, Any]) -> None:
         table.add_row("", escape(job["reason"]))
 
 
+def _status(job: dict[str, Any]) -> str:
+    """The job's status; with replications that ended apart, how many ended in each."""
+    by = job.get("status_by_replication")
+    if not isinstance(by, dict) or len(by) < 2:
+        return str(job["status"])
+    return (", ".join(f"{status} in {count:,}" for status, count in by.items())
+            + f" of {sum(by.values()):,} replications")
+
+
 def _when(job: dict[str, Any]) -> str:
     """When the job started and finished (or that it was still going at the horizon)."""
     from clustersim.hardware.units import format_duration
@@ -336,8 +345,12 @@ def _when(job: dict[str, Any]) -> str:
     text = f"started at {format_duration(start, 3)}"
     if end is None:
         return text + ", still going at the horizon" if start > 0 else ""
-    return text + f", {'finished' if job.get('status') == 'done' else 'ended'} at " \
+    text += f", {'finished' if job.get('status') == 'done' else 'ended'} at " \
         f"{format_duration(end, 3)} ({format_duration(end - start, 3)} later)"
+    # replications: means over those where the job started (ended), when not all
+    counts = [f"{what} in {job[key]:,}" for what, key in (("started", "start_s_n"),
+                                                        ("ended", "end_s_n")) if key in job]
+    return text + (f" (means; {', '.join(counts)} replications)" if counts else "")
 
 
 def _serving_row(table: Table, summary: dict[str, Any]) -> None:

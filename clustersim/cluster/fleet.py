@@ -15,10 +15,20 @@ import numpy as np
 
 __all__ = ["SUMMARY_JOBS", "LARGEST_JOBS", "team_figures", "largest_jobs",
            "flat_job_columns", "flatten_into", "missing_figure", "finite_or_none_column",
-           "finite_or_none"]
+           "finite_or_none", "COUNT_FAMILIES"]
 
 SUMMARY_JOBS = 2_000  # up to this many jobs, summary.json lists every one
 LARGEST_JOBS = 100  # past it, the largest this many (by chips, then chip-time held)
+
+# The summary's mappings of counts that leave out what did not occur (a cause no failure
+# had, a status no job ended in): a key one of them lacks counts 0 where another run or
+# replication has it, unlike a figure that is null because it is undefined (a slowdown of
+# a job that never started). Where the summary has them: cluster.failures,
+# cluster.failures_by_cause, cluster.jobs_by_status, teams.<team>.jobs_by_status,
+# <job>.interruptions_by_cause, <job>.status_by_replication, trace_rows.left_out,
+# fleet_day.failures.
+COUNT_FAMILIES = ("failures", "failures_by_cause", "jobs_by_status", "interruptions_by_cause",
+                  "status_by_replication", "left_out")
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -143,8 +153,9 @@ def flat_job_columns(jobs: Mapping[str, Mapping[str, Any]],
 
 
 def missing_figure(column: str) -> Any:
-    """A job's value of a figure it does not have: 0 times for a cause it never met."""
-    return 0 if column.startswith("interruptions_by_cause.") else None
+    """A job's value of a figure it does not have: 0 times for a cause it never met (0
+    replications for a status it never ended in)."""
+    return 0 if column.startswith(("interruptions_by_cause.", "status_by_replication.")) else None
 
 
 _INF = math.inf

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -151,34 +152,44 @@ def t_quantile(dof: int) -> float:
 
 def combine_replications(values: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean of every number over replications, with `<name>_ci95` half-widths; nested
-    mappings are combined key by key; other values are taken from the first."""
+    mappings are combined key by key (a key a replication's mapping lacks, a cause that did
+    not occur there, is 0). A number that is null in some replications (the end of a job
+    that did not end in all) is the mean over those where it is defined, with `<name>_n`
+    their count (null, without a count, when none is). A job's `status` is replication 0's, with
+    `status_by_replication` counting each status over the replications; other text, flags
+    and lists are the first replication's (the same in every one)."""
     first = values[0]
     n = len(values)
     if n == 1:
         return first
     out: dict[str, Any] = {}
-    for key, value in first.items():
-        if isinstance(value, bool) or not isinstance(value, int | float | dict):
-            out[key] = value
-            continue
-        if isinstance(value, dict):
-            if all(isinstance(v.get(key), dict) for v in values):
-                keys = list(dict.fromkeys(k for v in values for k in v[key]))
-                # A key missing from a replication's mapping (a cause that did not occur) is 0.
-                filled = [{k: v[key].get(k, 0) for k in keys} for v in values]
-                out[key] = combine_replications(filled)
-            else:
-                out[key] = value
-            continue
+    for key in dict.fromkeys(k for v in values for k in v):
         numbers = [v.get(key) for v in values]
-        if any(x is None for x in numbers):
-            out[key] = value
+        value = next((x for x in numbers if x is not None), None)
+        if isinstance(value, dict):
+            if all(isinstance(x, dict) for x in numbers):
+                keys = list(dict.fromkeys(k for x in numbers for k in x))
+                # A key missing from a replication's mapping (a cause that did not occur) is 0.
+                out[key] = combine_replications([{k: x.get(k, 0) for k in keys}
+                                                 for x in numbers])
+            else:
+                out[key] = first.get(key)
             continue
-        array = np.asarray(numbers, dtype=float)
-        same_int = all(isinstance(x, int) and x == numbers[0] for x in numbers)
-        out[key] = numbers[0] if same_int else float(array.mean())  # 1,024 chips, not 1,024.0
-        if n > 1:
-            out[f"{key}_ci95"] = float(t_quantile(n - 1) * array.std(ddof=1) / math.sqrt(n))
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            out[key] = first.get(key)
+            if key == "status" and isinstance(value, str):
+                out["status_by_replication"] = dict(sorted(Counter(
+                    str(x) for x in numbers).items()))
+            continue
+        defined = [x for x in numbers if x is not None]
+        array = np.asarray(defined, dtype=float)
+        same_int = all(isinstance(x, int) and x == defined[0] for x in defined)
+        out[key] = defined[0] if same_int else float(array.mean())  # 1,024 chips, not 1,024.0
+        count = len(defined)
+        out[f"{key}_ci95"] = (float(t_quantile(count - 1) * array.std(ddof=1) / math.sqrt(count))
+                              if count > 1 else None)
+        if count < n:  # undefined in some replications: the mean is over the others
+            out[f"{key}_n"] = count
     return out
 
 

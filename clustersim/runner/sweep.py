@@ -17,7 +17,8 @@ Results: `sweep.parquet`, one row per variant, grid point and seed, with the gri
 columns named by their path, `variant`, `seed`, `status` (ok or error), `error`, and every
 number of the summary as `<job>.<figure>`, `<deployment>.<figure>`, `cluster.<figure>`,
 `teams.<team>.<figure>`, `fleet_day.<figure>`, `serving.<figure>` and `trace_rows.<figure>`
-(nested figures by dotted path); `sweep_summary.parquet`, per variant and grid point, the
+(nested figures by dotted path; a count a run's summary leaves out, a failure cause that did
+not occur there, is 0: `fill_counts`); `sweep_summary.parquet`, per variant and grid point, the
 mean of each figure over the seeds with `<figure>_ci95`, the half-width of its 95%
 interval. A variant that fails is a row with its error; the others still run. The same rows
 come out of either engine.
@@ -40,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, ValidationError, model_validator
 
+from clustersim.cluster.fleet import COUNT_FAMILIES
 from clustersim.hardware import limits
 from clustersim.hardware.paths import flatten
 from clustersim.hardware.spec import Spec
@@ -54,7 +56,8 @@ from clustersim.scenario.messages import pydantic_issues
 from clustersim.scenario.reading import read_yaml_file
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
-           "summarise", "write_sweep", "t_quantile", "SweepInterrupted", "INPUT_FAULTS"]
+           "summarise", "write_sweep", "t_quantile", "SweepInterrupted", "INPUT_FAULTS",
+           "fill_counts"]
 
 
 # summary.json's sections kept as columns under their own name, beside the jobs', the
@@ -81,6 +84,18 @@ def _kind(value: Any) -> str:
     return "structure"  # lists and mappings are written as JSON text, each alike
 
 
+def _repeated(values: list[Any]) -> tuple[int, int] | None:
+    """Where a value of `values` is first given and where again (1 and 1.0 alike), or None."""
+    seen: dict[Any, int] = {}
+    for index, value in enumerate(values):
+        key = (float(value) if isinstance(value, int | float) and not isinstance(value, bool)
+               else json.dumps(value, sort_keys=True, default=str))
+        if key in seen:
+            return seen[key], index
+        seen[key] = index
+    return None
+
+
 class SweepSpec(Spec):
     scenario: str
     grid: dict[str, list[Any]] = Field(default_factory=dict)
@@ -105,6 +120,20 @@ class SweepSpec(Spec):
                 shown = ", ".join(f"{v!r} ({_kind(v)})" for v in values[:6])
                 raise ValueError(f"grid.{path}: values of mixed kinds ({shown}); expected one "
                                  "kind per column (YAML reads 1e9 as text: write 1.0e9)")
+            repeated = _repeated(values)
+            if repeated is not None:
+                first, again = repeated
+                raise ValueError(f"grid.{path}.{again}: {values[again]!r}, the value of "
+                                 f"grid.{path}.{first} ({values[first]!r}) again; expected "
+                                 "each value once (the runs of both would count as seeds of "
+                                 "one grid point: give `seeds` or `replications`)")
+        if self.seeds is not None:
+            repeated = _repeated(self.seeds)
+            if repeated is not None:
+                first, again = repeated
+                raise ValueError(f"seeds.{again}: {self.seeds[again]}, the seed of "
+                                 f"seeds.{first} again; expected each seed once (a seed run "
+                                 "twice is one run, which the interval would count as two)")
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ValueError("variant names must be unique")
@@ -279,7 +308,48 @@ def _frame(rows: list[dict[str, Any]], spec: SweepSpec) -> pd.DataFrame:
         return pd.DataFrame(columns=first)
     frame = pd.DataFrame(rows).sort_values("task", ignore_index=True)
     # Columns in a fixed order whichever run finished first: keys, then figures by name.
-    return frame[[c for c in first if c in frame] + sorted(c for c in frame if c not in first)]
+    return fill_counts(frame[[c for c in first if c in frame]
+                             + sorted(c for c in frame if c not in first)])
+
+
+def _count_parent(column: str) -> str | None:
+    """The figure a count column belongs to (`cluster` of `cluster.failures.nic`, the job of
+    `<job>.interruptions_by_cause.chip`), or None for a column of no count family."""
+    for family in COUNT_FAMILIES:
+        if column.startswith(f"{family}."):
+            return ""
+        at = column.rfind(f".{family}.")
+        if at >= 0:
+            return column[:at]
+    return None
+
+
+def fill_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """0 for a count a run's summary left out (a failure cause, an interruption cause, a job
+    status that did not occur in that run) where another run of the sweep has it: the summary
+    writes only the counts that occurred, so the union of the runs' columns holds NaN there.
+    Only in runs that have the figure the count belongs to (a job of another variant stays
+    NaN) and that succeeded; figures that are undefined (a slowdown of a job that never
+    started) stay NaN."""
+    ok = (rows["status"] == "ok") if "status" in rows else pd.Series(True, index=rows.index)
+    parents: dict[str, list[str]] = {}
+    for column in rows.columns:
+        parent = _count_parent(column)
+        if parent is not None:
+            parents.setdefault(parent, []).append(column)
+    if not parents:
+        return rows
+    rows = rows.copy()
+    for parent, counts in parents.items():
+        counted = set(counts)
+        # The run has the figure when it has any other number of it (its job ran there).
+        others = [c for c in rows.columns if c not in counted and c.startswith(f"{parent}.")
+                  and pd.api.types.is_numeric_dtype(rows[c])] if parent else []
+        has = (rows[others].notna().any(axis=1) | rows[counts].notna().any(axis=1)
+               if others else pd.Series(True, index=rows.index)) & ok
+        for column in counts:
+            rows.loc[has & rows[column].isna(), column] = 0.0
+    return rows
 
 
 def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
@@ -298,9 +368,10 @@ def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
         for figure in figures:
             data = good[figure].dropna().to_numpy(dtype=float)
             record[figure] = float(data.mean()) if len(data) else np.nan
-            record[f"{figure}_ci95"] = (float(t_quantile(len(data) - 1) * data.std(ddof=1)
-                                              / math.sqrt(len(data)))
-                                        if len(data) > 1 else np.nan)
+            # the same in every run: 0, not the rounding noise of its standard deviation
+            record[f"{figure}_ci95"] = (np.nan if len(data) < 2 else 0.0 if (
+                data == data[0]).all() else float(t_quantile(len(data) - 1)
+                                                  * data.std(ddof=1) / math.sqrt(len(data))))
         out.append(record)
     return pd.DataFrame(out)
 
