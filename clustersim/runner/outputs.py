@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clustersim.analysis.report_names import REPORT_FILES
 from clustersim.runner.interrupts import raise_if_interrupted
 
 if TYPE_CHECKING:
@@ -73,14 +74,13 @@ def earlier_run_of(out: Path, scenario: str | None) -> bool:
 
 
 def earlier_report(out: Path) -> bool:
-    """Whether `out` holds only what `clustersim report` writes (report.md, PNG plots and
-    report.html): a report it may replace; anything else there is the user's."""
+    """Whether `out` holds only what `clustersim report` writes, by the exact names it
+    writes them under (REPORT_FILES: report.md, its plots, report.html): a report it may
+    replace; anything else there (a PNG of the user's too) is the user's."""
     if not out.is_dir():
         return False
     for entry in out.iterdir():
-        if entry.is_symlink() or not entry.is_file():
-            return False
-        if entry.name not in ("report.md", "report.html") and not entry.name.endswith(".png"):
+        if entry.is_symlink() or not entry.is_file() or entry.name not in REPORT_FILES:
             return False
     return True
 
