@@ -5,6 +5,7 @@ is the one its outputs record."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,43 @@ def test_a_png_of_yours_in_report_is_kept_without_force(reported: tuple[Path, Pa
     refused(invoke(*args), "--force")
     assert mine.read_bytes() == b"my figure"
     assert invoke(*args, "--force").exit_code == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# #7: an earlier run is replaced without --force only when its settings are this run's
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (("--set", "duration=2h"), "duration"),
+    (("--seed", "9"), "seed 0"),
+    (("--replications", "2"), "replications 1"),
+])
+def test_an_earlier_run_of_other_settings_is_kept_without_force(
+        tmp_path: Path, args: tuple[str, ...], named: str) -> None:
+    """An OUT counted as an earlier run of the same scenario by its name alone: a run of
+    other --set values, seed or replications replaced it (a 50-replication month, a golden
+    run into with --force) without --force. Refused now, saying what differs."""
+    scenario, out = write(tmp_path, SMALL), tmp_path / "out"
+    assert invoke("run", scenario, "-o", out).exit_code == 0
+    before = (out / "summary.json").read_text()
+    result = invoke("run", scenario, "-o", out, *args)
+    refused(result, "other settings", named, "--force")
+    assert (out / "summary.json").read_text() == before
+    assert invoke("run", scenario, "-o", out, *args, "--force").exit_code == 0
+    # the same settings again: the same outputs by determinism, replaced without --force
+    again = invoke("run", scenario, "-o", out, *args)
+    assert again.exit_code == 0, again.output
+    assert "replaced the earlier run" in again.output
+
+
+def test_a_golden_in_a_run_folder_is_kept_without_force(tmp_path: Path) -> None:
+    """`check --update` writes the golden summary into a folder that may also hold a run's
+    traces (after `run --force` into it): a run of the same settings replaced the golden
+    (with a summary that is not one: volatile fields, unrounded floats) without --force."""
+    scenario, out = write(tmp_path, SMALL), tmp_path / "out"
+    assert invoke("run", scenario, "-o", out).exit_code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    del summary["wall_s"], summary["clustersim_version"]  # as check --update writes it
+    (out / "summary.json").write_text(json.dumps(summary))
+    refused(invoke("run", scenario, "-o", out), "--force")
+    assert "wall_s" not in json.loads((out / "summary.json").read_text())

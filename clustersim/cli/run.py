@@ -57,6 +57,7 @@ def run(
 ) -> None:
     """Simulate a scenario and write summary.json (and traces) to OUT."""
     from clustersim.runner.api import check_run_arguments, run_to
+    from clustersim.runner.earlier_runs import run_settings
     from clustersim.runner.outputs import check_output_dir
     from clustersim.scenario.loader import load_scenario
 
@@ -87,7 +88,8 @@ def run(
     out_dir = out if out is not None else Path("results") / spec.name
     from clustersim.scenario.loader import input_files
 
-    check_output_dir(out_dir, force, replaces=spec.name, inputs=input_files(spec))
+    check_output_dir(out_dir, force, replaces=run_settings(spec, seed, replications),
+                     inputs=input_files(spec))
     _warn_never_admitted(spec)
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:

@@ -38,6 +38,7 @@ from clustersim.runner.budget import (
     fit_remedies,
     job_profiles,
 )
+from clustersim.runner.earlier_runs import run_settings
 from clustersim.runner.figures import (
     JobFigures,
     _job_figures,
@@ -442,7 +443,8 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
     summary.json and the effective scenario join them, then the folder is renamed."""
     from clustersim.scenario.loader import input_files
 
-    with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
+    with atomic_output_dir(Path(out), force=force,
+                           replaces=run_settings(scenario, seed, replications),
                            inputs=input_files(scenario)) as staging, heap_frozen():
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging, engine=engine,
