@@ -13,6 +13,8 @@ from cli_helpers import SMALL, invoke, refused, write
 
 from clustersim.analysis.report_names import REPORT_FILES
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def _traced(tmp_path: Path, **changes) -> Path:
     """A one-instance training scenario with traces (report reads them)."""
@@ -87,3 +89,39 @@ def test_a_golden_in_a_run_folder_is_kept_without_force(tmp_path: Path) -> None:
     (out / "summary.json").write_text(json.dumps(summary))
     refused(invoke("run", scenario, "-o", out), "--force")
     assert "wall_s" not in json.loads((out / "summary.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# #8: a sweep into the folder of a trace its scenario reads is refused even with --force
+
+
+def _philly(tmp_path: Path) -> Path:
+    """trace-philly and its trace, copied: scenario in tmp_path, trace in tmp_path/traces."""
+    import shutil
+
+    (tmp_path / "traces").mkdir()
+    for name in ("philly-sample.json", "helios-sample.csv"):
+        shutil.copy(ROOT / "scenarios" / "traces" / name, tmp_path / "traces" / name)
+    shutil.copy(ROOT / "scenarios" / "trace-philly.yaml", tmp_path / "trace-philly.yaml")
+    return tmp_path / "trace-philly.yaml"
+
+
+@pytest.mark.parametrize("variants", [None, "other"])
+def test_a_sweep_into_its_traces_folder_is_refused_even_with_force(
+        tmp_path: Path, variants: str | None) -> None:
+    """`sweep -o scenarios/traces --force` deleted the traces the swept scenario reads (only
+    the sweep file and the scenario were protected), where `run` refuses such a folder even
+    with --force. The same files are protected now, a variant's trace too."""
+    _philly(tmp_path)
+    sweep: dict = {"scenario": "trace-philly.yaml", "seeds": [0]}
+    held = tmp_path / "traces"
+    if variants:  # a variant replays another trace, in a folder of its own
+        held = tmp_path / "other"
+        held.mkdir()
+        (held / "philly.json").write_bytes((tmp_path / "traces" / "philly-sample.json")
+                                           .read_bytes())
+        sweep["variants"] = [{"name": "other", "set": {"workload.trace": "other/philly.json"}}]
+    before = {p.name: p.read_bytes() for p in held.iterdir()}
+    result = invoke("sweep", write(tmp_path, sweep, "sweep.yaml"), "-o", held, "--force")
+    refused(result, "an input of this command", "even with --force")
+    assert {p.name: p.read_bytes() for p in held.iterdir()} == before
