@@ -125,3 +125,51 @@ def test_a_sweep_into_its_traces_folder_is_refused_even_with_force(
     result = invoke("sweep", write(tmp_path, sweep, "sweep.yaml"), "-o", held, "--force")
     refused(result, "an input of this command", "even with --force")
     assert {p.name: p.read_bytes() for p in held.iterdir()} == before
+
+
+# ---------------------------------------------------------------------------------------------
+# #3: `check` with no arguments reports the reference scenarios it cannot check
+
+
+def _project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project folder: single-trn2 and one-ultraserver with their goldens, a plan input."""
+    import shutil
+
+    for name in ("single-trn2", "one-ultraserver"):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        shutil.copy(ROOT / "results" / name / "summary.json",
+                    tmp_path / "results" / name / "summary.json")
+    (tmp_path / "scenarios").mkdir()
+    for name in ("single-trn2", "one-ultraserver", "plan-llama3-405b"):
+        shutil.copy(ROOT / "scenarios" / f"{name}.yaml", tmp_path / "scenarios" / f"{name}.yaml")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_check_reports_a_reference_scenario_that_no_longer_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference scenario the schema now refuses was skipped in silence ("an invalid file
+    is reported when it is checked by name") and the check passed: exit 0."""
+    project = _project(tmp_path, monkeypatch)
+    broken = project / "scenarios" / "one-ultraserver.yaml"
+    broken.write_text(broken.read_text() + "bogus_key: 1\n")
+    result = invoke("check")
+    refused(result, "one-ultraserver.yaml", "bogus_key")
+    assert "ok single-trn2" in result.stdout  # the others are still checked
+    assert "plan-llama3-405b" not in result.stdout + result.stderr  # a plan input: no golden
+
+
+@pytest.mark.parametrize("how", ["renamed", "deleted"])
+def test_check_reports_a_golden_no_scenario_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """A reference scenario renamed or deleted left its golden unchecked, never mentioned."""
+    project = _project(tmp_path, monkeypatch)
+    scenario = project / "scenarios" / "one-ultraserver.yaml"
+    if how == "renamed":
+        scenario.write_text(scenario.read_text().replace("name: one-ultraserver",
+                                                         "name: one-ultraserver-renamed"))
+    else:
+        scenario.unlink()
+    result = invoke("check")
+    refused(result, str(Path("results") / "one-ultraserver"), "no scenarios/*.yaml names")
+    assert "ok single-trn2" in result.stdout

@@ -202,6 +202,22 @@ def _task_progress(total: int) -> Iterator[Callable[[int, int], None] | None]:
         yield lambda done, _total: bar.update(task, completed=done)
 
 
+def _unchecked(library: Any) -> int:
+    """Report the library's scenarios that no longer load and its goldens no scenario
+    names (a regression the check would otherwise pass by skipping); how many."""
+    for path, error in library.invalid:
+        out_console.print(f"[red]invalid[/red] {escape(str(path))}")
+        err_console.print(f"  {escape(error)}; fix it, or move it out of scenarios/ with its "
+                          "golden", soft_wrap=True)
+    for folder in library.orphaned:
+        out_console.print(f"[red]no scenario[/red] {escape(str(folder))}/")
+        err_console.print(f"  {escape(str(folder))}/summary.json: a golden that no "
+                          f"scenarios/*.yaml names (name: {escape(folder.name)}: renamed or "
+                          "deleted?); rename the folder to the scenario's new name, or delete "
+                          "it", soft_wrap=True)
+    return len(library.invalid) + len(library.orphaned)
+
+
 @user_errors
 def check(
     scenarios: Annotated[list[Path] | None, typer.Argument(
@@ -210,14 +226,16 @@ def check(
 ) -> None:
     """Re-run reference scenarios and compare with results/<name>/summary.json (exit 1 on a
     difference)."""
-    from clustersim.runner.check import RELATIVE_TOLERANCE, check_scenario, reference_scenarios
+    from clustersim.runner.check import RELATIVE_TOLERANCE, References, check_scenario, references
 
     root = Path.cwd()
-    paths = list(scenarios or reference_scenarios(root))
-    if not paths:
+    library = References() if scenarios else references(root)
+    paths = list(scenarios or library.scenarios)
+    if not paths and not library.invalid and not library.orphaned:
         raise UsageProblem("no reference scenarios: no scenarios/*.yaml has a golden in "
                            "results/<name>/summary.json (run from the project folder)")
-    differing = missing = 0
+    missing = _unchecked(library)
+    differing = 0
     for path in paths:
         result = check_scenario(path, root, update=update)
         label = {"ok": "[green]ok[/green]", "updated": "[blue]updated[/blue]",
