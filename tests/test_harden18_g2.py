@@ -173,3 +173,52 @@ def test_check_reports_a_golden_no_scenario_names(
     result = invoke("check")
     refused(result, str(Path("results") / "one-ultraserver"), "no scenarios/*.yaml names")
     assert "ok single-trn2" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# #9: the seed a run used is the one its effective scenario records
+
+
+def _summary(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    del summary["wall_s"]
+    return summary
+
+
+@pytest.mark.parametrize("source", ["small", "mix-128-trn2"])
+def test_the_effective_scenario_of_a_seeded_run_gives_the_same_run(
+        tmp_path: Path, source: str) -> None:
+    """`--seed` was in summary.json only: OUT/scenario.yaml and the traces' scenario said the
+    file's seed, so running OUT/scenario.yaml again gave another answer. A workload's job
+    mix is drawn with the file's seed (`--seed` varies failures, not the mix): the effective
+    scenario keeps it as workload.seed."""
+    import yaml
+
+    if source == "small":
+        scenario, shorter = _traced(tmp_path), ["--set", "duration=1d"]
+    else:
+        scenario = ROOT / "scenarios" / "mix-128-trn2.yaml"
+        shorter = ["--set", "duration=1d", "--set", "workload.arrivals.count=15"]
+    out, again = tmp_path / "out", tmp_path / "again"
+    first = invoke("run", scenario, *shorter, "--seed", "3", "-o", out)
+    assert first.exit_code == 0, first.output
+    effective = yaml.safe_load((out / "scenario.yaml").read_text())
+    assert effective["seed"] == 3
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(out / "job_summary.parquet").metadata
+    assert yaml.safe_load(metadata[b"clustersim.scenario"])["seed"] == 3
+    rerun = tmp_path / "rerun.yaml"
+    rerun.write_text((out / "scenario.yaml").read_text())
+    result = invoke("run", rerun, "-o", again)
+    assert result.exit_code == 0, result.output
+    assert _summary(again) == _summary(out)
+
+
+def test_two_different_seeds_are_refused(tmp_path: Path) -> None:
+    scenario = write(tmp_path, SMALL)
+    refused(invoke("run", scenario, "--seed", "1", "--set", "seed=2", "-o", tmp_path / "out"),
+            "--seed 1", "seed=2", "two different seeds")
+    assert not (tmp_path / "out").exists()
+    result = invoke("run", scenario, "--seed", "2", "--set", "seed=2", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output

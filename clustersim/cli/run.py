@@ -69,6 +69,7 @@ def run(
     if address is not None and engine != "ray":
         raise UsageProblem("--address: the Ray cluster of --engine ray; expected --engine ray")
 
+    _refuse_two_seeds(seed, overrides or [])
     spec = load_scenario(scenario, overrides or [])
     from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
 
@@ -104,6 +105,23 @@ def run(
     if hint:
         out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
                           f"{escape(hint)}", soft_wrap=True)
+
+
+def _refuse_two_seeds(seed: int | None, overrides: list[str]) -> None:
+    """`--seed N` with `--set seed=M` (M not N): two seeds, and which one ran was not said."""
+    from clustersim.scenario.reading import OverrideError, parse_override
+
+    if seed is None:
+        return
+    for text in overrides:
+        try:
+            path, value = parse_override(text)
+        except OverrideError:
+            continue  # (the scenario's loading reports it)
+        if path == "seed" and (isinstance(value, bool) or value != seed):
+            raise UsageProblem(f"--seed {seed} and --set {text}: two different seeds; give "
+                               "one (--set seed= also redraws a workload's job mix, --seed "
+                               "only the failures and requests)")
 
 
 def _plan_hint(spec: Any, scenario: Path, overrides: list[str]) -> str | None:

@@ -58,6 +58,7 @@ from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
 from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
+from clustersim.scenario.loader import with_seed
 from clustersim.scenario.models import Scenario
 from clustersim.serving import (
     ServingResult,
@@ -210,8 +211,9 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
-    # `auto` outside the fluid level's checked range: the request level where it can run
-    scenario = settle_auto(scenario)
+    # `auto` outside the fluid level's checked range: the request level where it can run;
+    # `seed` in the effective scenario its outputs record (with_seed)
+    scenario = settle_auto(with_seed(scenario, seed))
     if scenario.serve or is_fleet_day(scenario):
         # (the serving simulators' garbage was not measured: the collector stays on there,
         # but for the timeline's own run)

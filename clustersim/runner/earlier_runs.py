@@ -52,8 +52,10 @@ class RunSettings:
 def run_settings(scenario: Scenario, seed: int | None = None,
                  replications: int = 1) -> RunSettings:
     """The settings of a run of `scenario` (with `seed` in place of its own, if given)."""
-    return RunSettings(scenario.name, scenario.source_yaml,
-                       scenario.seed if seed is None else seed, replications)
+    from clustersim.scenario.loader import with_seed
+
+    seeded = with_seed(scenario, seed)
+    return RunSettings(scenario.name, seeded.source_yaml, seeded.seed, replications)
 
 
 def earlier_report(out: Path) -> bool:
