@@ -87,7 +87,7 @@ def test_a_golden_in_a_run_folder_is_kept_without_force(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     del summary["wall_s"], summary["clustersim_version"]  # as check --update writes it
     (out / "summary.json").write_text(json.dumps(summary))
-    refused(invoke("run", scenario, "-o", out), "--force")
+    refused(invoke("run", scenario, "-o", out), "a golden summary", "--force")
     assert "wall_s" not in json.loads((out / "summary.json").read_text())
 
 

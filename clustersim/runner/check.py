@@ -27,6 +27,7 @@ import yaml
 from clustersim.analysis.runs import figures_problem
 from clustersim.hardware import limits
 from clustersim.runner.api import simulate
+from clustersim.runner.earlier_runs import holds_golden
 from clustersim.runner.outputs import OutputDirError
 from clustersim.scenario.loader import Issue, ScenarioError, load_scenario
 from clustersim.scenario.reading import regular_file_problem
@@ -156,14 +157,8 @@ def reference_scenarios(root: Path) -> list[Path]:
 
 def _is_golden(path: Path) -> bool:
     """A summary as `check --update` writes it (a run's own holds its clustersim version)."""
-    if regular_file_problem(path, limits.MAX_SUMMARY_BYTES):
-        return False
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return isinstance(summary, dict) and "scenario" in summary and not (
-        set(VOLATILE) & summary.keys())
+    return (not regular_file_problem(path, limits.MAX_SUMMARY_BYTES)
+            and holds_golden(path.parent))
 
 
 def read_golden(path: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from clustersim.analysis.report_names import REPORT_FILES
 if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
 
-__all__ = ["RUN_FILES", "RunSettings", "earlier_report", "earlier_run_of", "run_differences",
+__all__ = ["RUN_FILES", "RunSettings", "earlier_report", "earlier_run_of", "holds_golden", "run_differences",
            "run_settings"]
 
 # What `clustersim run` writes into OUT (and `clustersim report` adds): a folder holding only
@@ -82,9 +82,11 @@ def _earlier_summary(out: Path, name: str) -> dict[str, Any] | None:
     report = out / "report"
     if "report" in names and (report.is_symlink() or not earlier_report(report)):
         return None
+    if not (out / "summary.json").is_file():
+        return None
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     # (a golden: `check --update` leaves out the version, and git holds it)
     if (not isinstance(summary, dict) or summary.get("scenario") != name
@@ -114,6 +116,19 @@ def run_differences(out: Path, settings: RunSettings | None) -> list[str] | None
     if written != settings.scenario_yaml:
         found.append(_scenario_differences(written, settings.scenario_yaml))
     return found
+
+
+def holds_golden(out: Path) -> bool:
+    """Whether `out` holds a golden summary (`check --update` writes it without the
+    version), which git keeps and no run replaces without --force."""
+    if not (out / "summary.json").is_file():  # (a named pipe would block the read)
+        return False
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(summary, dict) and "scenario" in summary and (
+        "clustersim_version" not in summary)
 
 
 def earlier_run_of(out: Path, settings: RunSettings | None) -> bool:

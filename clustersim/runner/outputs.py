@@ -32,6 +32,7 @@ from clustersim.runner.earlier_runs import (
     RunSettings,
     earlier_report,
     earlier_run_of,
+    holds_golden,
     run_differences,
 )
 from clustersim.runner.interrupts import raise_if_interrupted
@@ -109,6 +110,8 @@ def check_output_dir(out: str | Path, force: bool, replaces: RunSettings | None 
         differs = run_differences(out, replaces)
         what = (f"holds an earlier run of {replaces.name} with other settings: "
                 + "; ".join(differs) if replaces and differs
+                else "holds a golden summary (as clustersim check --update writes it)"
+                if replaces and holds_golden(out)
                 else f"holds more than an earlier run of {replaces.name}" if replaces
                 else "holds files this command did not write" if ours is not None
                 else "exists and is not empty")
