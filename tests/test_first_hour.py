@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from clustersim.analysis.trace import JOB_STATES, UTILISATION_STATES
 from clustersim.cli.app import app
-from clustersim.runner.outputs import OutputDirError, check_output_dir
+from clustersim.runner.outputs import OutputDirError, RunSettings, check_output_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["--set", "duration=2d", "--set", "cluster.ultraservers=2", "--set", "cluster.spares=0",
@@ -38,13 +39,16 @@ def quick_run(tmp_path_factory) -> Path:
 
 def test_run_replaces_an_earlier_run_of_the_same_scenario(quick_run: Path):
     before = json.loads((quick_run / "summary.json").read_text())
+    # (other settings need --force: tests/test_harden18_g2.py)
     result = invoke("run", ROOT / "scenarios" / "quickstart.yaml", "-o", quick_run, *QUICK,
-                    "--set", "seed=5")
+                    "--set", "seed=5", "--force")
     assert result.exit_code == 0, result.output
     assert json.loads((quick_run / "summary.json").read_text())["seed"] == 5 != before["seed"]
-    # ... with its report too (the report folder is part of a run's outputs)
+    # the same settings again: replaced, with its report too (the report folder is part of a
+    # run's outputs)
     assert invoke("report", quick_run).exit_code == 0
-    again = invoke("run", ROOT / "scenarios" / "quickstart.yaml", "-o", quick_run, *QUICK)
+    again = invoke("run", ROOT / "scenarios" / "quickstart.yaml", "-o", quick_run, *QUICK,
+                   "--set", "seed=5")
     assert again.exit_code == 0, again.output
 
 
@@ -58,13 +62,16 @@ def test_run_never_replaces_a_folder_with_anything_else(quick_run: Path, tmp_pat
     assert result.exit_code == 2 and "--force" in result.output
     assert (other / "notes.txt").read_text() == "mine"
     # another scenario's run, or a golden (summary.json alone), is not replaced either
+    same = RunSettings("quickstart", (quick_run / "scenario.yaml").read_text(),
+                       json.loads((quick_run / "summary.json").read_text())["seed"])
+    check_output_dir(quick_run, force=False, replaces=same)
     with pytest.raises(OutputDirError):
-        check_output_dir(quick_run, force=False, replaces="another-scenario")
+        check_output_dir(quick_run, force=False, replaces=replace(same, name="another-scenario"))
     golden = tmp_path / "golden"
     golden.mkdir()
     shutil.copy(quick_run / "summary.json", golden / "summary.json")
     with pytest.raises(OutputDirError):
-        check_output_dir(golden, force=False, replaces="quickstart")
+        check_output_dir(golden, force=False, replaces=same)
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o077])

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from clustersim.analysis.report_names import report_file
 from clustersim.analysis.runs import Run  # noqa: E402
 
 __all__ = ["fleet_plots", "size_bins", "started_waits", "FLEET_COLUMNS"]
@@ -92,7 +93,7 @@ def fleet_plots(run: Run, folder: Path) -> dict[str, Path]:
     axes[1, 1].set_title(f"Chip-time by team ({total / 3600:,.0f} chip-hours in all)"
                          if math.isfinite(total) else "Chip-time by team")
     fig.tight_layout()
-    path = folder / "fleet.png"
+    path = folder / report_file("fleet.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return {"Fleet: waits, slowdowns and chip-time by size and team": path}

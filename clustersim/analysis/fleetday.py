@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from clustersim.analysis.report_names import report_file
 from clustersim.hardware.units import format_or_dash  # noqa: E402
 
 __all__ = ["write_day_report", "plot_day"]
@@ -113,8 +114,8 @@ def write_day_report(run_dir: Path, summary: dict, folder: Path) -> Path:
                      f"{j['ettr']:.1%} | {j['preemptions']} | {j['interruptions']} | "
                      f"{j['lost_work_s'] / 3600:,.1f} h |")
     if (run_dir / "day.parquet").exists():
-        path = plot_day(run_dir, summary["scenario"], folder / "day.png")
+        path = plot_day(run_dir, summary["scenario"], folder / report_file("day.png"))
         lines += ["", "## The day", "", f"![The day]({path.name})"]
-    report = folder / "report.md"
+    report = folder / report_file("report.md")
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return report

@@ -31,6 +31,7 @@ from clustersim.analysis.plotting import (
     format_bin,
     time_unit,
 )
+from clustersim.analysis.report_names import report_file
 from clustersim.analysis.runs import Run, job_status, load_run  # noqa: E402
 from clustersim.analysis.serving_report import cell, serving_lines, serving_plots  # noqa: E402
 
@@ -329,22 +330,22 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
     if "fleet_day" in run.summary:  # the fleet-level model: no timeline traces
         return write_day_report(run.path, run.summary, folder)
     training = bool(run.summary["jobs"])  # a serving-only run has no training plots to draw
-    plots = {"Cluster utilisation": plot_utilisation(run, folder / "utilisation.png")}
+    plots = {"Cluster utilisation": plot_utilisation(run, folder / report_file("utilisation.png"))}
     if training:
-        plots["Job timelines"] = plot_job_timelines(run, folder / "jobs.png")
+        plots["Job timelines"] = plot_job_timelines(run, folder / report_file("jobs.png"))
     window = first_failure_window(run)
     if window is not None:
         lo, hi, job = window
         plots["Around the first failure"] = plot_job_timelines(
-            run, folder / "first_failure.png", (lo, hi), "job states around the first failure",
+            run, folder / report_file("first_failure.png"), (lo, hi), "job states around the first failure",
             first_job=job)
     # A serving-only run without failures has nothing to show there ("no failures" is in
     # the report's text): drawn for training, or when something failed.
     if training or (run.events["kind"] == "failure").any():
-        plots["Failures"] = plot_failures(run, folder / "failures.png")
+        plots["Failures"] = plot_failures(run, folder / report_file("failures.png"))
     if training:
-        plots |= {"Where the hours went": plot_hours(run, folder / "hours.png"),
-                  "Training step": plot_step(run, folder / "step.png")}
+        plots |= {"Where the hours went": plot_hours(run, folder / report_file("hours.png")),
+                  "Training step": plot_step(run, folder / report_file("step.png"))}
     plots |= serving_plots(run, folder)
     plots |= fleet_plots(run, folder)
     summary = run.summary
@@ -379,7 +380,7 @@ def write_report(run_dir: str | Path, folder: str | Path | None = None) -> Path:
     lines += serving_lines(summary)
     for title, path in plots.items():
         lines += ["", f"## {title}", "", f"![{title}]({path.name})"]
-    report = folder / "report.md"
+    report = folder / report_file("report.md")
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return report
 

@@ -424,10 +424,37 @@ class Run:
         count = self.summary.get("replications", 1)
         return count if isinstance(count, int) and not isinstance(count, bool) else 1
 
+    def listed_jobs(self, figures: Sequence[str]) -> pd.DataFrame | None:
+        """Past SUMMARY_JOBS jobs summary.json lists only the largest (`jobs_listed`): every
+        job's `figures` (and `name`) from job_summary.parquet then, one row a job; None when
+        the summary lists every job."""
+        path = self.path / "job_summary.parquet"
+        if "jobs_listed" not in self.summary or not path.exists():
+            return None
+        present = set(pq.read_schema(path).names)
+        wanted = ["name"] + [c for c in figures if c in present and c != "name"]
+        frame = pq.read_table(path, columns=wanted).to_pandas()
+        return frame.reindex(columns=["name", *figures])
+
     def goodput(self) -> pd.DataFrame:
-        """Per job: wall, useful and lost hours by cause (they add up to the wall time), from
-        the summary: on a replicated run, means over the replications (column
-        `replications`)."""
+        """Per job: wall, useful and lost hours by cause (they add up to the wall time); every
+        job, from job_summary.parquet when summary.json lists only the largest. On a
+        replicated run, means over the replications (column `replications`)."""
+        path = self.path / "job_summary.parquet"
+        listed = "jobs_listed" in self.summary and path.exists()
+        lost = [c for c in (pq.read_schema(path).names if listed else [])
+                if c.startswith("lost_time_s.") and not c.endswith("_ci95")]
+        frame = self.listed_jobs(["wall_s", "useful_s", "ettr", "goodput", *lost])
+        if frame is not None:
+            out = pd.DataFrame({"job": frame["name"], "wall_h": frame["wall_s"] / 3600,
+                                "useful_h": frame["useful_s"] / 3600, "ettr": frame["ettr"],
+                                "goodput": frame["goodput"]})
+            for column in lost:
+                cause = column.removeprefix("lost_time_s.").removeprefix("lost_")
+                out[f"lost_{cause}_h"] = frame[column] / 3600
+            if self.replications > 1:
+                out["replications"] = self.replications
+            return out
         rows = []
         for name, job in self.summary["jobs"].items():
             lost = {k: v for k, v in job.get("lost_time_s", {}).items() if not k.endswith("_ci95")}
@@ -502,10 +529,19 @@ _FIGURES = ("steps_completed", "tokens_trained", "ettr", "goodput", "interruptio
 
 
 def compare(runs: Iterable[str | Path | Run]) -> pd.DataFrame:
-    """One row per run and job with the figures that matter (several runs or a sweep)."""
+    """One row per run and job with the figures that matter (several runs or a sweep); every
+    job, from job_summary.parquet when summary.json lists only the largest."""
     rows = []
     for item in runs:
         run = item if isinstance(item, Run) else load_run(item)
+        every = run.listed_jobs(_FIGURES)
+        if every is not None:
+            every = every.rename(columns={"name": "job"})
+            every.insert(0, "run", str(run.path))
+            every.insert(1, "scenario", run.summary["scenario"])
+            every.insert(2, "seed", run.summary["seed"])
+            rows += every.to_dict("records")
+            continue
         for name, job in run.summary["jobs"].items():
             row = {"run": str(run.path), "scenario": run.summary["scenario"],
                    "seed": run.summary["seed"], "job": name}

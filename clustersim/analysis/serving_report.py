@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from clustersim.analysis.report_names import report_file
 from clustersim.analysis.runs import Run  # noqa: E402
 from clustersim.hardware.units import UnitError, format_or_dash, parse_duration  # noqa: E402
 
@@ -210,11 +211,11 @@ def serving_plots(run: Run, folder: Path) -> dict[str, Path]:
     requests = run.table("requests")
     title = run.summary["scenario"]
     slos = slo_bounds(run.scenario)
-    plots = {"Serving latency": plot_latency_cdfs(requests, title, folder / "latency.png", slos),
-             "Serving over time": plot_over_time(requests, title, folder / "serving.png", slos)}
+    plots = {"Serving latency": plot_latency_cdfs(requests, title, folder / report_file("latency.png"), slos),
+             "Serving over time": plot_over_time(requests, title, folder / report_file("serving.png"), slos)}
     if (run.path / "replicas.parquet").exists():
         names = list(run.summary.get("deployments", {}))
-        plots["KV cache"] = plot_kv(run.table("replicas"), names, title, folder / "kv.png")
+        plots["KV cache"] = plot_kv(run.table("replicas"), names, title, folder / report_file("kv.png"))
     return plots
 
 

@@ -32,14 +32,15 @@ def sweep(
     """A grid of scenario variants x seeds, each a full run, in parallel. Ctrl-C or SIGTERM
     stops it at once and writes the finished runs as a table marked partial."""
     from clustersim.runner.outputs import check_output_dir, output_lock
-    from clustersim.runner.sweep import load_sweep, sweep_tasks
+    from clustersim.runner.sweep import load_sweep, sweep_inputs, sweep_tasks
 
     if engine not in ("local", "ray"):
         raise UsageProblem(f"--engine {engine!r}: expected local or ray")
     spec, scenario_path = load_sweep(sweep_file)
     tasks = sweep_tasks(spec, scenario_path)
     out_dir = out if out is not None else Path("results") / sweep_file.stem
-    check_output_dir(out_dir, force, inputs=[sweep_file, scenario_path])
+    inputs = sweep_inputs(sweep_file, scenario_path, tasks)  # (run refuses them alike)
+    check_output_dir(out_dir, force, inputs=inputs)
     if engine == "ray":
         try:
             import ray  # noqa: F401
@@ -47,7 +48,7 @@ def sweep(
             raise UsageProblem("--engine ray needs Ray: pip install -e '.[ray]'") from None
     with output_lock(out_dir):  # held from the first run to the write: one sweep per OUT
         rows, summary = _run_or_write_partial(sweep_file, engine, workers, address, out_dir,
-                                              force, len(tasks))
+                                              force, len(tasks), inputs)
         failed = rows[rows["status"] != "ok"]
         for row in failed.itertuples():
             err_console.print(f"[red]failed:[/red] variant {escape(str(row.variant))}, seed "
@@ -56,7 +57,7 @@ def sweep(
             _no_run_succeeded(failed)
         from clustersim.runner.sweep import write_sweep
 
-        write_sweep(rows, summary, sweep_file, out_dir, force=force)
+        write_sweep(rows, summary, sweep_file, out_dir, force=force, inputs=inputs)
     out_console.print(f"{len(rows):,} runs ({len(failed):,} failed) of {len(summary):,} "
                       f"variants; wrote {escape(str(out_dir))}/sweep.parquet and "
                       "sweep_summary.parquet")
@@ -64,8 +65,8 @@ def sweep(
 
 
 def _run_or_write_partial(sweep_file: Path, engine: str, workers: int | None,
-                          address: str | None, out_dir: Path, force: bool, total: int
-                          ) -> tuple[Any, Any]:
+                          address: str | None, out_dir: Path, force: bool, total: int,
+                          inputs: list[Path]) -> tuple[Any, Any]:
     """Run the sweep; interrupted, write the finished runs marked partial and exit 130/143
     (or, with none finished, let the interruption say nothing was written)."""
     from clustersim.runner.interrupts import exit_status
@@ -82,7 +83,7 @@ def _run_or_write_partial(sweep_file: Path, engine: str, workers: int | None,
         note = (f"partial: the sweep was interrupted ({interrupted}) after {done:,} of "
                 f"{interrupted.total:,} runs; these tables hold the finished runs only")
         write_sweep(interrupted.rows, interrupted.summary, sweep_file, out_dir, force=force,
-                    partial=note)
+                    partial=note, inputs=inputs)
         err_console.print(f"[red]interrupted[/red]: wrote the {done:,} finished runs of "
                           f"{interrupted.total:,} to {escape(str(out_dir))} (partial: see "
                           "PARTIAL.txt)", soft_wrap=True)
@@ -201,6 +202,22 @@ def _task_progress(total: int) -> Iterator[Callable[[int, int], None] | None]:
         yield lambda done, _total: bar.update(task, completed=done)
 
 
+def _unchecked(library: Any) -> int:
+    """Report the library's scenarios that no longer load and its goldens no scenario
+    names (a regression the check would otherwise pass by skipping); how many."""
+    for path, error in library.invalid:
+        out_console.print(f"[red]invalid[/red] {escape(str(path))}")
+        err_console.print(f"  {escape(error)}; fix it, or move it out of scenarios/ with its "
+                          "golden", soft_wrap=True)
+    for folder in library.orphaned:
+        out_console.print(f"[red]no scenario[/red] {escape(str(folder))}/")
+        err_console.print(f"  {escape(str(folder))}/summary.json: a golden that no "
+                          f"scenarios/*.yaml names (name: {escape(folder.name)}: renamed or "
+                          "deleted?); rename the folder to the scenario's new name, or delete "
+                          "it", soft_wrap=True)
+    return len(library.invalid) + len(library.orphaned)
+
+
 @user_errors
 def check(
     scenarios: Annotated[list[Path] | None, typer.Argument(
@@ -209,14 +226,16 @@ def check(
 ) -> None:
     """Re-run reference scenarios and compare with results/<name>/summary.json (exit 1 on a
     difference)."""
-    from clustersim.runner.check import RELATIVE_TOLERANCE, check_scenario, reference_scenarios
+    from clustersim.runner.check import RELATIVE_TOLERANCE, References, check_scenario, references
 
     root = Path.cwd()
-    paths = list(scenarios or reference_scenarios(root))
-    if not paths:
+    library = References() if scenarios else references(root)
+    paths = list(scenarios or library.scenarios)
+    if not paths and not library.invalid and not library.orphaned:
         raise UsageProblem("no reference scenarios: no scenarios/*.yaml has a golden in "
                            "results/<name>/summary.json (run from the project folder)")
-    differing = missing = 0
+    missing = _unchecked(library)
+    differing = 0
     for path in paths:
         result = check_scenario(path, root, update=update)
         label = {"ok": "[green]ok[/green]", "updated": "[blue]updated[/blue]",

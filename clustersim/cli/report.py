@@ -35,8 +35,9 @@ def report(
         write_report(run_dir, staging)
         if html:
             from clustersim.analysis.html_report import html_report
+            from clustersim.analysis.report_names import report_file
 
-            (staging / "report.html").write_text(html_report(run_dir), encoding="utf-8")
+            (staging / report_file("report.html")).write_text(html_report(run_dir), encoding="utf-8")
     out_console.print(f"wrote {escape(str(run_dir / 'report' / 'report.md'))} and its plots"
                       + (f", and {escape(str(run_dir / 'report' / 'report.html'))}"
                          if html else ""))

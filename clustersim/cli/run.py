@@ -58,6 +58,7 @@ def run(
 ) -> None:
     """Simulate a scenario and write summary.json (and traces) to OUT."""
     from clustersim.runner.api import check_run_arguments, run_to
+    from clustersim.runner.earlier_runs import run_settings
     from clustersim.runner.outputs import check_output_dir
     from clustersim.scenario.loader import load_scenario
 
@@ -75,6 +76,7 @@ def run(
                           + (" and --address is not contacted" if address else ""),
                           highlight=False)
 
+    _refuse_two_seeds(seed, overrides or [])
     spec = load_scenario(scenario, overrides or [])
     from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
 
@@ -94,7 +96,8 @@ def run(
     out_dir = out if out is not None else Path("results") / spec.name
     from clustersim.scenario.loader import input_files
 
-    check_output_dir(out_dir, force, replaces=spec.name, inputs=input_files(spec))
+    check_output_dir(out_dir, force, replaces=run_settings(spec, seed, replications),
+                     inputs=input_files(spec))
     _warn_never_admitted(spec)
     replaced = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     with _simulated_time_progress(True) as progress:
@@ -109,6 +112,23 @@ def run(
     if hint:
         out_console.print(f"the best parallelism for {escape(spec.jobs[0].name)} at this size: "
                           f"{escape(hint)}", soft_wrap=True)
+
+
+def _refuse_two_seeds(seed: int | None, overrides: list[str]) -> None:
+    """`--seed N` with `--set seed=M` (M not N): two seeds, and which one ran was not said."""
+    from clustersim.scenario.reading import OverrideError, parse_override
+
+    if seed is None:
+        return
+    for text in overrides:
+        try:
+            path, value = parse_override(text)
+        except OverrideError:
+            continue  # (the scenario's loading reports it)
+        if path == "seed" and (isinstance(value, bool) or value != seed):
+            raise UsageProblem(f"--seed {seed} and --set {text}: two different seeds; give "
+                               "one (--set seed= also redraws a workload's job mix, --seed "
+                               "only the failures and requests)")
 
 
 def _plan_hint(spec: Any, scenario: Path, overrides: list[str]) -> str | None:

@@ -38,6 +38,7 @@ from clustersim.runner.budget import (
     fit_remedies,
     job_profiles,
 )
+from clustersim.runner.earlier_runs import run_settings
 from clustersim.runner.figures import (
     JobFigures,
     _job_figures,
@@ -57,6 +58,7 @@ from clustersim.runner.interrupts import raise_if_interrupted, worker_pool
 from clustersim.runner.job_columns import ArrowRows, arrow_job_columns
 from clustersim.runner.outputs import atomic_output_dir, write_serving_table
 from clustersim.scenario.fleetday import in_event_fleet, is_fleet_day
+from clustersim.scenario.loader import with_seed
 from clustersim.scenario.models import Scenario
 from clustersim.serving import (
     ServingResult,
@@ -209,8 +211,9 @@ def simulate(scenario: Scenario, seed: int | None = None, replications: int = 1,
 
     Raises JobDoesNotFit for a job that does not fit in memory.
     """
-    # `auto` outside the fluid level's checked range: the request level where it can run
-    scenario = settle_auto(scenario)
+    # `auto` outside the fluid level's checked range: the request level where it can run;
+    # `seed` in the effective scenario its outputs record (with_seed)
+    scenario = settle_auto(with_seed(scenario, seed))
     if scenario.serve or is_fleet_day(scenario):
         # (the serving simulators' garbage was not measured: the collector stays on there,
         # but for the timeline's own run)
@@ -443,7 +446,8 @@ def run_to(scenario: Scenario, out: str | Path, force: bool = False, seed: int |
     summary.json and the effective scenario join them, then the folder is renamed."""
     from clustersim.scenario.loader import input_files
 
-    with atomic_output_dir(Path(out), force=force, replaces=scenario.name,
+    with atomic_output_dir(Path(out), force=force,
+                           replaces=run_settings(scenario, seed, replications),
                            inputs=input_files(scenario)) as staging, heap_frozen():
         result = simulate(scenario, seed=seed, replications=replications, workers=workers,
                           progress=progress, trace_dir=staging, engine=engine,

@@ -4,7 +4,9 @@ Goldens are `results/<scenario name>/summary.json`, committed, with the volatile
 (`wall_s`, `clustersim_version`) removed and every float rounded to 6 significant digits.
 `clustersim check` re-runs each reference scenario (a file in `scenarios/` with a golden) and
 reports every figure that moved by more than 1e-5 relative (a readable diff; exit 1); a
-golden that cannot be read or written is exit 2;
+golden that cannot be read or written is exit 2, and so (with no scenario named) is a
+scenario of the library that no longer loads or a golden no scenario names (renamed or
+deleted): reported, never skipped;
 `clustersim check --update` rewrites the goldens, deliberately. The quickstart scenario has no
 golden: its default output folder is where the README's first command writes; nor has the
 fleet benchmark, fleet-100k-month (minutes a run: scripts/bench.py times it instead).
@@ -25,13 +27,14 @@ import yaml
 from clustersim.analysis.runs import figures_problem
 from clustersim.hardware import limits
 from clustersim.runner.api import simulate
+from clustersim.runner.earlier_runs import holds_golden
 from clustersim.runner.outputs import OutputDirError
 from clustersim.scenario.loader import Issue, ScenarioError, load_scenario
 from clustersim.scenario.reading import regular_file_problem
 
 __all__ = ["SIGNIFICANT_DIGITS", "RELATIVE_TOLERANCE", "VOLATILE", "CheckResult", "normalise",
            "differences", "golden_path", "reference_scenarios", "check_scenario", "read_golden",
-           "write_golden"]
+           "write_golden", "References", "references"]
 
 SIGNIFICANT_DIGITS = 6
 RELATIVE_TOLERANCE = 1e-5
@@ -93,22 +96,69 @@ def golden_path(root: Path, name: str) -> Path:
     return root / "results" / name / "summary.json"
 
 
-def reference_scenarios(root: Path) -> list[Path]:
-    """Scenarios of the library that have a golden."""
-    found = []
+@dataclass
+class References:
+    """The library's reference scenarios, and what stops one being checked: a scenario
+    file that does not load (path, error) and a golden no scenario names (its folder)."""
+
+    scenarios: list[Path] = field(default_factory=list)
+    invalid: list[tuple[Path, str]] = field(default_factory=list)
+    orphaned: list[Path] = field(default_factory=list)
+
+
+def references(root: Path) -> References:
+    """Every scenario of the library that has a golden; every scenario file that no longer
+    loads (a regression `check` reports, not skips); every golden (a `summary.json` under
+    results/ without the volatile fields) no scenario names (renamed or deleted)."""
+    found = References()
+    named = set()
     for path in sorted((root / "scenarios").glob("*.yaml")):
+        written = None
         try:
             # (a benchmark's name is read before the whole file: rainier-year's million
             # jobs take a minute to load)
             written = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if isinstance(written, dict) and isinstance(written.get("name"), str):
+                named.add(written["name"])
             if isinstance(written, dict) and written.get("name") in NOT_REFERENCE:
                 continue
             name = load_scenario(path).name
-        except Exception:  # an invalid file is reported when it is checked by name
+        except Exception as error:  # reported, not skipped
+            problem = (str(error) if isinstance(error, ScenarioError) else
+                       f"{path}: cannot load it ({type(error).__name__}: {error})")
+            raw_name = written.get("name") if isinstance(written, dict) else None
+            if (not isinstance(raw_name, str) or golden_path(root, raw_name).exists()
+                    or not _plan_input(path)):
+                found.invalid.append((path, problem))
             continue
+        named.add(name)
         if name not in NOT_REFERENCE and golden_path(root, name).exists():
-            found.append(path)
+            found.scenarios.append(path)
+    for summary in sorted((root / "results").glob("*/summary.json")):
+        if summary.parent.name not in named and _is_golden(summary):
+            found.orphaned.append(summary.parent)
     return found
+
+
+def _plan_input(path: Path) -> bool:
+    """Whether `path` is a `plan` input (it loads as one: no parallelism, sizes left to
+    the planner), which `run` refuses and the check has no golden of."""
+    try:
+        load_scenario(path, planning=True)
+    except Exception:
+        return False
+    return True
+
+
+def reference_scenarios(root: Path) -> list[Path]:
+    """Scenarios of the library that have a golden."""
+    return references(root).scenarios
+
+
+def _is_golden(path: Path) -> bool:
+    """A summary as `check --update` writes it (a run's own holds its clustersim version)."""
+    return (not regular_file_problem(path, limits.MAX_SUMMARY_BYTES)
+            and holds_golden(path.parent))
 
 
 def read_golden(path: Path) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 A run writes into a temporary sibling of OUT and renames it into place at the end, so a
 failed or interrupted run leaves no half-written OUT. An existing non-empty OUT is replaced
 only with `force`, or when it holds nothing but an earlier clustersim run of the same
-scenario (`replaces`: so the README's tour works in order on a fresh clone). Folders are
-created with the permissions the umask allows, as `mkdir` would.
+scenario and settings (`replaces`, earlier_runs.py: the outputs would be the same, so the
+README's tour works in order on a fresh clone). Folders are created with the permissions
+the umask allows, as `mkdir` would.
 
 Every check is made on the resolved path (`precious/typo/..` is `precious`), while holding
 a lock on OUT (an `flock` on `.OUT.lock` beside it), so two runs into the same OUT cannot
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -27,13 +27,22 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clustersim.runner.earlier_runs import (
+    RUN_FILES,
+    RunSettings,
+    earlier_report,
+    earlier_run_of,
+    holds_golden,
+    run_differences,
+)
 from clustersim.runner.interrupts import raise_if_interrupted
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_output_dir",
-           "earlier_run_of", "earlier_report", "output_lock", "remove_stale_temporaries",
+           "earlier_run_of", "earlier_report", "RunSettings", "RUN_FILES", "output_lock",
+           "remove_stale_temporaries",
            "resolve_output_dir", "check_output_file", "atomic_output_file"]
 
 # A folder name of at most 255 bytes is what Linux and macOS file systems hold; the staging
@@ -41,48 +50,8 @@ __all__ = ["OutputDirError", "MAX_NAME_BYTES", "atomic_output_dir", "check_outpu
 MAX_NAME_BYTES = 200
 
 
-# What `clustersim run` writes into OUT (and `clustersim report` adds): a folder holding only
-# these, with a summary.json and scenario.yaml of the same scenario, is an earlier run.
-RUN_FILES = frozenset({"summary.json", "scenario.yaml", "report"} | {
-    f"{table}.parquet" for table in ("chips", "jobs", "intervals", "events", "allocations",
-                                     "utilisation", "cluster_state", "requests",
-                                     "replicas", "day", "fleet", "job_summary")})
-
-
 class OutputDirError(Exception):
     """OUT cannot be used (exists and is not empty without force, is a file, is locked...)."""
-
-
-def earlier_run_of(out: Path, scenario: str | None) -> bool:
-    """Whether `out` holds only the outputs of an earlier `clustersim run` of `scenario`."""
-    if scenario is None or not out.is_dir():
-        return False
-    names = {p.name for p in out.iterdir()}
-    if not names <= RUN_FILES or not {"summary.json", "scenario.yaml"} <= names:
-        return False
-    # its report/ as `clustersim report` wrote it, nothing of the user's beside (a notebook
-    # kept there would go with the folder)
-    report = out / "report"
-    if "report" in names and (report.is_symlink() or not earlier_report(report)):
-        return False
-    try:
-        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("scenario") == scenario
-
-
-def earlier_report(out: Path) -> bool:
-    """Whether `out` holds only what `clustersim report` writes (report.md, PNG plots and
-    report.html): a report it may replace; anything else there is the user's."""
-    if not out.is_dir():
-        return False
-    for entry in out.iterdir():
-        if entry.is_symlink() or not entry.is_file():
-            return False
-        if entry.name not in ("report.md", "report.html") and not entry.name.endswith(".png"):
-            return False
-    return True
 
 
 def resolve_output_dir(out: str | Path) -> Path:
@@ -110,12 +79,12 @@ def _nearest_existing(path: Path) -> Path:
     return ancestor
 
 
-def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
+def check_output_dir(out: str | Path, force: bool, replaces: RunSettings | None = None,
                      ours: Callable[[Path], bool] | None = None,
                      inputs: Iterable[str | Path] = (), instead: str = "-o elsewhere") -> Path:
     """Refuse before any work is done, so a long run does not fail at its end; returns the
     resolved OUT. A non-empty OUT needs `force`, unless it holds only an earlier run of the
-    scenario `replaces` names (or, with `ours`, what that predicate says this command
+    same scenario and settings as `replaces` (or, with `ours`, what that predicate says this command
     wrote). OUT holding one of `inputs` (the scenario, its traces) is refused even with
     `force`: replacing OUT would delete them. `instead`: the other way out a refusal
     offers (a folder the command names itself, as report's, has no -o)."""
@@ -138,7 +107,12 @@ def check_output_dir(out: str | Path, force: bool, replaces: str | None = None,
                                  "a folder for this run's outputs, e.g. results/NAME")
     if (out.is_dir() and not force and _has_entries(out) and not earlier_run_of(out, replaces)
             and not (ours is not None and ours(out))):
-        what = (f"holds more than an earlier run of {replaces}" if replaces
+        differs = run_differences(out, replaces)
+        what = (f"holds an earlier run of {replaces.name} with other settings: "
+                + "; ".join(differs) if replaces and differs
+                else "holds a golden summary (as clustersim check --update writes it)"
+                if replaces and holds_golden(out)
+                else f"holds more than an earlier run of {replaces.name}" if replaces
                 else "holds files this command did not write" if ours is not None
                 else "exists and is not empty")
         shown = "" if str(given) == str(out) else f" (it resolves to {out})"
@@ -295,7 +269,8 @@ def _temporary(out: Path, kind: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: str | Path, force: bool = False, replaces: str | None = None,
+def atomic_output_dir(out: str | Path, force: bool = False,
+                      replaces: RunSettings | None = None,
                       ours: Callable[[Path], bool] | None = None,
                       inputs: Iterable[str | Path] = (),
                       instead: str = "-o elsewhere") -> Iterator[Path]:

@@ -51,13 +51,13 @@ from clustersim.runner.figures import capped_workers, t_quantile
 from clustersim.runner.interrupts import Interrupted, interrupt_handled, worker_pool
 from clustersim.runner.outputs import atomic_output_dir
 from clustersim.scenario.errors import Issue, ScenarioError
-from clustersim.scenario.loader import load_scenario
+from clustersim.scenario.loader import input_files, load_scenario
 from clustersim.scenario.messages import pydantic_issues
 from clustersim.scenario.reading import read_yaml_file
 
 __all__ = ["SweepSpec", "Variant", "Task", "load_sweep", "sweep_tasks", "run_task", "run_sweep",
            "summarise", "write_sweep", "t_quantile", "SweepInterrupted", "INPUT_FAULTS",
-           "fill_counts"]
+           "fill_counts", "sweep_inputs"]
 
 
 # summary.json's sections kept as columns under their own name, beside the jobs', the
@@ -203,6 +203,24 @@ def sweep_tasks(spec: SweepSpec, scenario_path: Path) -> list[Task]:
                 tasks.append(Task(len(tasks), str(scenario_path), variant.name,
                                   tuple(zip(paths, values, strict=True)), tuple(overrides), seed))
     return tasks
+
+
+def sweep_inputs(sweep_path: str | Path, scenario_path: Path,
+                 tasks: list[Task]) -> list[Path]:
+    """The files a sweep reads: the sweep file, and what a run of each variant reads (its
+    scenario file and the traces it names: `input_files`, as `run` protects them). An OUT
+    holding one is refused even with --force: replacing it would delete them."""
+    found = [Path(sweep_path), scenario_path]
+    # (only the overrides that can name a trace: a scenario loaded per grid point would
+    # cost a fleet's generation each)
+    named = {tuple(o for o in task.overrides if o.partition("=")[0].split(".")[0]
+                   in ("workload", "serve")) for task in tasks}
+    for overrides in sorted(named) or [()]:
+        try:
+            found += input_files(load_scenario(scenario_path, list(overrides)))
+        except ScenarioError:  # that variant's runs are refused with the error
+            continue
+    return list(dict.fromkeys(found))
 
 
 def run_task(task: Task) -> dict[str, Any]:
@@ -377,11 +395,13 @@ def summarise(rows: pd.DataFrame, grid_paths: list[str]) -> pd.DataFrame:
 
 
 def write_sweep(rows: pd.DataFrame, summary: pd.DataFrame, sweep_path: str | Path,
-                out: str | Path, force: bool = False, partial: str | None = None) -> Path:
+                out: str | Path, force: bool = False, partial: str | None = None,
+                inputs: list[Path] | tuple = ()) -> Path:
     """OUT/sweep.parquet, OUT/sweep_summary.parquet and a copy of the sweep file, atomically.
     A `partial` note (an interrupted sweep) goes into both tables' metadata
-    (`clustersim.partial`) and into OUT/PARTIAL.txt."""
-    with atomic_output_dir(Path(out), force=force) as staging:
+    (`clustersim.partial`) and into OUT/PARTIAL.txt. An OUT holding one of `inputs`
+    (`sweep_inputs`) is refused even with `force`."""
+    with atomic_output_dir(Path(out), force=force, inputs=inputs) as staging:
         _to_parquet(rows, staging / "sweep.parquet", partial)
         _to_parquet(summary, staging / "sweep_summary.parquet", partial)
         (staging / "sweep.yaml").write_text(Path(sweep_path).read_text(encoding="utf-8"))

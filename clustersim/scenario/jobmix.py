@@ -121,6 +121,10 @@ class WorkloadSpec(Spec):
         default=None, description="the trace's format")
     mapping: TraceMapping = Field(default_factory=TraceMapping,
                                   description="GPU jobs to Trainium jobs (docs/traces-in.md)")
+    seed: int | None = Field(
+        default=None, ge=0, le=limits.MAX_SEED,
+        description="the job mix's seed (default: the scenario's `seed`); a run's `--seed` "
+                    "keeps the mix, and its OUT/scenario.yaml records the mix's seed here")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:

@@ -71,6 +71,7 @@ __all__ = [
     "scenario_from_dict",
     "apply_override",
     "input_files",
+    "with_seed",
     "parse_override",
     "read_yaml_file",
     "scenario_json_schema",
@@ -204,7 +205,7 @@ def _expand_workload(raw: dict[str, Any], resolved: dict[str, Any], source: str,
         ranks = int(hardware["chip"].get("ranks", 1)) * int(hardware["instance"]["chips"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return  # the hardware's own errors are reported by validation
-    seed = _seed(raw.get("seed"))
+    seed = workload.seed if workload.seed is not None else _seed(raw.get("seed"))
     if seed is None:
         return  # the seed's own validation reports it (it was refused as `workload`)
     origins: list = []
@@ -355,6 +356,30 @@ def _share_fields_sets(jobs: Sequence[Any]) -> None:
         one = shared.setdefault(frozenset(names), names)
         if one is not names:
             object.__setattr__(job, "__pydantic_fields_set__", one)
+
+
+def with_seed(scenario: Scenario, seed: int | None) -> Scenario:
+    """The scenario as a run with `seed` in place of its own (`run --seed`) runs it: its
+    effective YAML (OUT/scenario.yaml, the traces' metadata) says `seed: SEED`, and a
+    workload's job mix, drawn with the file's seed, keeps it as `workload.seed`, so the
+    effective scenario run again gives the same outputs."""
+    if seed is None or seed == scenario.seed:
+        return scenario
+    raw = yaml.safe_load(scenario.source_yaml) if scenario.source_yaml else None
+    update: dict[str, Any] = {"seed": seed}
+    if scenario.workload is not None and scenario.workload.seed is None:
+        update["workload"] = scenario.workload.model_copy(update={"seed": scenario.seed})
+        if isinstance(raw, dict) and isinstance(raw.get("workload"), dict):
+            raw["workload"]["seed"] = scenario.seed
+    seeded = scenario.model_copy(update=update)
+    if isinstance(raw, dict):
+        if "seed" not in raw:  # after the name, where scenario files give it
+            at = list(raw).index("name") + 1 if "name" in raw else 0
+            items = list(raw.items())
+            raw = dict(items[:at] + [("seed", seed)] + items[at:])
+        raw["seed"] = seed
+        seeded._source_yaml = yaml.safe_dump(raw, sort_keys=False)
+    return seeded
 
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = (), planning: bool = False
