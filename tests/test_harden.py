@@ -598,7 +598,7 @@ def served_run(tmp_path_factory) -> Path:
 
 
 def _report_figures() -> list[tuple[str, str, str]]:
-    from clustersim.analysis.runs import _RUN_FIGURES
+    from clustersim.analysis.run_checks import _RUN_FIGURES
 
     return [(section, key, kind) for section, figures in _RUN_FIGURES.items()
             for key, (kind, _) in figures.items()]
@@ -626,7 +626,7 @@ def test_report_refuses_a_wrongly_typed_figure_by_its_key_path(served_run: Path,
 def test_report_reads_no_figure_it_does_not_check(served_run: Path, tmp_path: Path):
     # Every figure of a job, the cluster and a deployment that the check does not type is
     # made text: the report still draws (so whatever it formats as a number is checked).
-    from clustersim.analysis.runs import _RUN_FIGURES
+    from clustersim.analysis.run_checks import _RUN_FIGURES
 
     run = copy_run(served_run, tmp_path)
     summary = json.loads((run / "summary.json").read_text())
