@@ -4,8 +4,10 @@ pipeline stage (never per chip).
 Ranks are placed as Neuron and Megatron place them (`ranks`: tensor parallelism innermost,
 then context parallelism, then pipeline stages, then data parallelism across instances, or
 with `order: tp-cp-ep-pp-dp` the expert-parallel ranks before the pipeline stages);
-stages may hold uneven layer counts (`stages`), so every collective runs on a
-real group of the graph:
+stages may hold uneven layer counts (`stages`) and, in a model whose layers differ (dense
+and MoE, global and windowed), their own kinds of layer (`layer_mix`: each chunk's
+compute, all-to-alls and ZeRO-3 gathers are its layers', so the slowest stage paces the
+pipeline); every collective runs on a real group of the graph:
 
 - tensor-parallel collectives inside each layer (all-reduce, or all-gather and
   reduce-scatter with sequence parallelism), on the critical path, timed with each chunk's
@@ -50,6 +52,7 @@ from clustersim.training.chunk import (
     chunk_difference,
     matmul_quantisation,
 )
+from clustersim.training.layer_mix import LayerMix, chunk_mixes
 from clustersim.training.memory import (
     MemoryBreakdown,
     busiest_memory,
@@ -146,19 +149,36 @@ class StepModel:
         return self.chunks.shared_op_time_s(op, precision)
 
     def chunk_times(self, job: TrainingJob, first: bool, last: bool,
-                    placed: np.ndarray | None = None, layers: int | None = None
-                    ) -> ChunkTimes:
+                    placed: np.ndarray | None = None, layers: int | None = None,
+                    mix: LayerMix | None = None) -> ChunkTimes:
         """One micro-batch through one chunk of `layers` of the job's layers (default the
         most a chunk holds: ceil(layers / (pp x interleave))), plus the embedding if `first`,
         the output layer and loss if `last`): compute and exposed TP, EP, CP and ZeRO-3
         collectives, on rank 0's groups when the job runs on the instances `placed`
-        (default: from instance 0). The step simulates these chunks."""
+        (default: from instance 0); `mix`: the kinds of those layers (`layer_mix`; None:
+        the model's mean layer). The step simulates these chunks (`stage_chunks`)."""
         placed = self._placement(job) if placed is None else placed
         par = job.parallelism
         if layers is None:
             layers = -(-job.model.layers // (par.pp * par.interleave))
         groups = self._parallel_groups(job, placed)
-        return self._chunk(job, layers, first, last, groups, self._zero3(job, placed))
+        return self._chunk(job, layers, first, last, groups, placed, mix)
+
+    def stage_chunks(self, job: TrainingJob, placed: np.ndarray) -> tuple[ChunkTimes, ...]:
+        """Each global chunk's `chunk_times` (0 .. pp x interleave - 1), of its own layers:
+        as many as `stages.chunk_layers` gives it, of the kinds `layer_mix.chunk_mixes`
+        says, the first with the embedding, the last with the output layer and loss."""
+        stages = job.parallelism.pp * job.parallelism.interleave
+        counts = chunk_layers(job.model.layers, stages)
+        mixes = chunk_mixes(job.model, stages)
+        groups = self._parallel_groups(job, placed)
+        kinds: dict[tuple, ChunkTimes] = {}
+        for g in range(stages):
+            kind = (counts[g], g == 0, g == stages - 1, mixes[g])
+            if kind not in kinds:
+                kinds[kind] = self._chunk(job, *kind[:3], groups, placed, kind[3])
+        return tuple(kinds[counts[g], g == 0, g == stages - 1, mixes[g]]
+                     for g in range(stages))
 
     def lower_bound(self, job: TrainingJob) -> float:
         """A lower bound of `profile(job).step_time_s` (on the job's first instances) from
@@ -167,35 +187,43 @@ class StepModel:
         Pass durations are the chunk times the pipeline runs, with ZeRO-3's collectives
         those of rank 0's shard group alone; each pipeline rank's data-parallel reduction
         and gather are those of its first group alone (sharing links only slows them:
-        `contention.simultaneous`), left out over several sites."""
+        `contention.simultaneous`), left out over several sites. A chunk of layers other
+        than the model's mean (`layer_mix`) is timed as the step times it."""
         placed = self._placement(job)
         par = job.parallelism
         stages = par.pp * par.interleave
         counts = chunk_layers(job.model.layers, stages)
+        mixes = chunk_mixes(job.model, stages)
         groups = self._parallel_groups(job, placed)
         # ZeRO-3's collectives alone: sharing links only slows them, and a chunk's time does
         # not fall as they grow.
         zero3 = self._zero3(job, placed, alone=True)
         tp_group, ep_group, cp_group = groups
 
-        def times(layers: int, first: bool, last: bool) -> ChunkTimes:
-            return self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+        def times(layers: int, first: bool, last: bool, mix: LayerMix | None = None
+                  ) -> ChunkTimes:
+            return self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group,
+                                     mix)
 
         # A chunk's times are affine in its layers (each layer adds its operations and
         # collectives; what TP overlap hides and what the ring exchange hides behind
         # attention are per layer too): from chunks of one and two layers, any count
         # (rounding aside: the bound keeps a margin), without listing its operations.
-        one = {(first, last): times(1, first, last) for first in (False, True)
-               for last in (False, True)
-               if (first and last) == (stages == 1) or not (first or last)}
-        per_layer = chunk_difference(times(2, False, False), one[False, False])
-        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
+        if any(mix is None for mix in mixes):
+            one = {(first, last): times(1, first, last) for first in (False, True)
+                   for last in (False, True)
+                   if (first and last) == (stages == 1) or not (first or last)}
+            per_layer = chunk_difference(times(2, False, False), one[False, False])
+        kinds: dict[tuple, ChunkTimes] = {}
         forward, backward = [], []
         for g in range(stages):
-            kind = (counts[g], g == 0, g == stages - 1)
-            if kind not in kinds:
+            kind = (counts[g], g == 0, g == stages - 1, mixes[g])
+            if kind not in kinds and kind[3] is None:
                 chunk = chunk_affine(one[kind[1], kind[2]], per_layer, kind[0] - 1)
                 kinds[kind] = with_zero3(chunk, kind[0], kind[1], kind[2], zero3)
+            elif kind not in kinds:  # other layers than the mean's: as the step times them
+                kinds[kind] = with_zero3(times(*kind), *kind[:3],
+                                         self._zero3(job, placed, True, kind[3]))
             forward.append(kinds[kind].forward_s)
             backward.append(kinds[kind].backward_s)
         reduce_s = gather_s = [0.0] * par.pp
@@ -223,10 +251,10 @@ class StepModel:
         return found
 
     def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
-               zero3: Zero3Times | None) -> ChunkTimes:
+               placed: np.ndarray, mix: LayerMix | None = None) -> ChunkTimes:
         tp_group, ep_group, cp_group = groups
-        times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
-        return with_zero3(times, layers, first, last, zero3)
+        times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group, mix)
+        return with_zero3(times, layers, first, last, self._zero3(job, placed, mix=mix))
 
     def zero3_traffic_s(self, job: TrainingJob, placed: np.ndarray | None = None
                         ) -> Zero3Times | None:
@@ -236,10 +264,10 @@ class StepModel:
         placed = self._placement(job) if placed is None else placed
         return self._zero3(job, placed)
 
-    def _zero3(self, job: TrainingJob, placed: np.ndarray, alone: bool = False
-               ) -> Zero3Times | None:
+    def _zero3(self, job: TrainingJob, placed: np.ndarray, alone: bool = False,
+               mix: LayerMix | None = None) -> Zero3Times | None:
         """ZeRO-3's layer and extra gathers and reduce-scatters (`zero3.Zero3Costs`)."""
-        return self.zero3.layer_times(job, placed, alone)
+        return self.zero3.layer_times(job, placed, alone, mix)
 
     def data_parallel_times(self, job: TrainingJob, placed: np.ndarray | None = None
                             ) -> dict[int, DataParallelTimes]:
@@ -293,20 +321,9 @@ class StepModel:
                 f"the job is placed on instance {int(placed.max())}, "
                 f"the topology has {self.topology.instances}"
             )
-        stages = par.pp * par.interleave
-        counts = chunk_layers(model.layers, stages)
-        groups = self._parallel_groups(job, placed)
-        zero3 = self._zero3(job, placed)
-
-        # Per global chunk g (0 .. stages-1): forward and backward durations, by its layers
-        # and whether it is the first or the last.
-        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
-
-        def times(g: int) -> ChunkTimes:
-            kind = (counts[g], g == 0, g == stages - 1)
-            if kind not in kinds:
-                kinds[kind] = self._chunk(job, kind[0], kind[1], kind[2], groups, zero3)
-            return kinds[kind]
+        # Per global chunk g (0 .. pp x interleave - 1): forward and backward durations, by
+        # its layers and whether it is the first or the last.
+        chunks = self.stage_chunks(job, placed)
 
         # Send/receive between stages: each TP rank sends its shard of the activations (of
         # its context-parallel share of the sequence).
@@ -322,8 +339,7 @@ class StepModel:
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
 
-        ledgers = kept_pipeline(self._pipelines, par, microbatches,
-                                tuple(times(g) for g in range(stages)), p2p)
+        ledgers = kept_pipeline(self._pipelines, par, microbatches, chunks, p2p)
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         dp_times = self.data_parallel_times(job, placed)

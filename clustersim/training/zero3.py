@@ -5,7 +5,10 @@ The costs (`Zero3Costs.layer_times`) are one layer's gather and reduce-scatter a
 the embedding or output layer (the first or last stage's), unoverlapped, on rank 0's shard
 group run at once with the others on the same links (`GradientReduction.zero3_layer_times`;
 `alone`: rank 0's group by itself, a lower bound). A mixture's routed experts are gathered
-over the ranks holding the same experts (`GradientReduction.zero3_mean_layer_times`).
+over the ranks holding the same experts (`GradientReduction.zero3_mean_layer_times`). A
+pipeline chunk's layer is the mean of the layers it holds (training.layer_mix): a chunk of
+dense layers gathers no experts. The other stages gathering at the same time are taken to
+move as many bytes as this one.
 
 The overlap (`with_zero3`): the next layer's gather runs during this layer's compute (one
 ahead), so a chunk's first gather is exposed and each later one by what it takes beyond its
@@ -20,6 +23,7 @@ import numpy as np
 
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.chunk import ChunkTimes
+from clustersim.training.layer_mix import LayerMix
 from clustersim.training.memory import weight_bytes_per_param
 from clustersim.training.ranks import experts_inside
 from clustersim.training.reduction import GradientReduction
@@ -41,16 +45,17 @@ class Zero3Costs:
         self.reduction = reduction
         self._cache: dict[tuple, Zero3Times] = {}
 
-    def layer_times(self, job: TrainingJob, placed: np.ndarray, alone: bool = False
-                    ) -> Zero3Times | None:
+    def layer_times(self, job: TrainingJob, placed: np.ndarray, alone: bool = False,
+                    mix: LayerMix | None = None) -> Zero3Times | None:
         """ZeRO-3's layer and extra gathers and reduce-scatters; `alone`: rank 0's shard
-        group without the others it shares links with (a lower bound); None without
+        group without the others it shares links with (a lower bound); `mix`: the layer is
+        the mean of a chunk's (`layer_mix.chunk_mixes`; None: of the model's); None without
         ZeRO-3."""
         par = job.parallelism
         if par.zero != 3 or par.shard_ranks == 1:
             return None
         key = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
-               experts_inside(par), par.shard_ranks, placed.tobytes(), alone)
+               experts_inside(par), par.shard_ranks, placed.tobytes(), alone, mix)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -58,7 +63,9 @@ class Zero3Costs:
                                                      self.hardware.chip.framework.gradients)
         extra = job.model.vocab * job.model.hidden / par.tp
         # A layer's dense weights over the shard group, its experts over their holders.
-        layer_s = self.reduction.zero3_mean_layer_times(job, placed, g_bytes, w_bytes, alone)
+        share = None if mix is None else mix.moe_share
+        layer_s = self.reduction.zero3_mean_layer_times(job, placed, g_bytes, w_bytes, alone,
+                                                        share)
         if alone:
             cached = self._cache[key] = (
                 *layer_s,
