@@ -32,6 +32,7 @@ import numpy as np
 
 from clustersim.collectives.model import Group
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
+from clustersim.training.layer_mix import chunk_mixes
 from clustersim.training.memory import params_per_rank, stage_share, weight_bytes_per_param
 from clustersim.training.pipeline import PassRecord, run_pipeline
 from clustersim.training.profile import StepProfile
@@ -75,10 +76,7 @@ def _job_events(model: StepModel, job: TrainingJob, name: str, pid: int) -> dict
     stages = par.pp * par.interleave
     counts = chunk_layers(job.model.layers, stages)
     groups = model._parallel_groups(job, placed)
-    zero3 = model._zero3(job, placed)
-
-    def times(g: int) -> Any:
-        return model._chunk(job, counts[g], g == 0, g == stages - 1, groups, zero3)
+    times = model.stage_chunks(job, placed).__getitem__  # each chunk's, of its own layers
 
     # As StepModel._simulate: each TP rank sends its shard of the activations.
     act_bytes = job.micro_batch * (job.sequence_length // par.cp) * job.model.hidden * \
@@ -243,7 +241,7 @@ class _Details:
             return {}
         job = self.job
         work = stage_work(job, self.counts[chunk], chunk == 0, chunk == self.stages - 1,
-                          self.model.attention(job))
+                          self.model.attention(job), chunk_mixes(job.model, self.stages)[chunk])
         group, sharing = None, 1
         if cat == "tp":
             group = self.tp_group

@@ -26,6 +26,7 @@ from clustersim.collectives.ops import CollectiveError
 from clustersim.hardware.build import build_topology
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.hardware.topology import FabricSpec
+from clustersim.training.layer_mix import LayerMix, chunk_mixes
 from clustersim.training.stages import chunk_layers, rank_layers
 from clustersim.training.step import StepModel
 from clustersim.training.workload import TrainingJob, stage_work
@@ -64,11 +65,12 @@ def op_model(hardware_json: str) -> StepModel:
     return StepModel(build_topology(hw, hw.instances_per_ultraserver))
 
 
-def _pass_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool
-                  ) -> tuple[float, float]:
+def _pass_seconds(model: StepModel, job: TrainingJob, first: bool, last: bool,
+                  mix: LayerMix | None = None) -> tuple[float, float]:
     """(forward, backward) compute of one pass through a one-layer chunk plus the first /
-    last extras: each operation's roofline time and the pass overhead."""
-    work = stage_work(job, 1, first, last)
+    last extras: each operation's roofline time and the pass overhead; the layer is the
+    mean of `mix`'s (a chunk's: training.layer_mix), or of the model's."""
+    work = stage_work(job, 1, first, last, mix=mix)
     precision = job.precision
     overhead = model.hardware.chip.efficiency.pass_overhead_s
     return (overhead + sum(model.op_time(op, precision) for op in work.forward),
@@ -125,6 +127,26 @@ def _pipeline_terms(model: StepModel, job: TrainingJob, cache: dict, base: tuple
     held = rank_layers(job.model.layers, par.pp, par.interleave)
     stages = par.pp * par.interleave
     counts = chunk_layers(job.model.layers, stages)
+    mixes = chunk_mixes(job.model, stages)
+    if any(mix is not None for mix in mixes):  # chunks of other layers than the mean's
+        layers_s: dict[tuple, float] = {}  # a chunk's layers' forward and backward passes
+        for count, mix in zip(counts, mixes, strict=True):
+            if (count, mix) in layers_s:
+                continue
+            busy = 0.0
+            for kind, n in ((None, count),) if mix is None else mix.kinds():
+                key = base + (False, False, kind)  # one layer of that kind
+                if key not in cache:
+                    cache[key] = _pass_seconds(model, job, False, False, kind)
+                forward_s, backward_s = cache[key]
+                busy += n * (forward_s + backward_s - 2 * overhead)
+            layers_s[count, mix] = busy
+        chunk_s = [layers_s[key] for key in zip(counts, mixes, strict=True)]
+        return [(sum(chunk_s[:d]) + d * passes + (embedding if d > 0 else 0.0),
+                 sum(chunk_s[d::par.pp]) + par.interleave * passes
+                 + (embedding if d == 0 else 0.0)
+                 + (output if d == (stages - 1) % par.pp else 0.0))
+                for d in range(par.pp)]
     terms = []
     before = 0  # layers of chunks 0 .. d-1
     for d in range(par.pp):

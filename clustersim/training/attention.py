@@ -14,7 +14,7 @@ Windowed layers (GPT-OSS's 128-token sliding window on alternating layers; Llama
 8,192-token chunks with every 4th layer global): a windowed layer's scores cover
 min(window, seq) keys per query, a global layer's all `seq` (counted in full, as the dense
 model's are). The two kinds are separate operations, each weighted by its share of the
-layers, so a stage's time is its layers' mean.
+layers (or one layer of one kind, as a pipeline chunk lists its own: training.layer_mix).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from clustersim.training.layers import attention_span, query_width, value_width,
 from clustersim.training.ops import Op, _attention_ops, _matmul, _vector
 
 if TYPE_CHECKING:
+    from clustersim.training.layer_mix import LayerMix
     from clustersim.training.transformer import TransformerShape
 __all__ = ["classic_attention", "classic_core", "projection_ops", "core_ops", "scaled",
            "attention_flops_per_token", "projection_widths"]
@@ -72,17 +73,19 @@ def projection_ops(model: TransformerShape, tokens: int, heads: int, e: int) -> 
 
 
 def core_ops(model: TransformerShape, b: int, s: int, seq: int, heads: int, kv_heads: int,
-             e: int, kernel: str) -> list[Op]:
+             e: int, kernel: str, mix: LayerMix | None = None) -> list[Op]:
     """The attention core of a mean layer: `s` query positions per sequence on this rank
-    against the keys of the whole `seq` (global layers) or of the window (windowed ones)."""
-    w = windowed_layers(model)
-    kinds = [(model.layers - w, attention_span(model, seq, False)),
+    against the keys of the whole `seq` (global layers) or of the window (windowed ones),
+    of the model's layers or those of `mix` (a pipeline chunk's)."""
+    w, layers = ((windowed_layers(model), model.layers) if mix is None
+                 else (mix.windowed, mix.layers))
+    kinds = [(layers - w, attention_span(model, seq, False)),
              (w, attention_span(model, seq, True))]
     out: list[Op] = []
     for count, span in kinds:
         if count == 0:
             continue
-        share = count / model.layers
+        share = count / layers
         if model.attention == "mla":
             ops = _mla_core(model, b, s, int(span), heads, e, kernel)
         else:

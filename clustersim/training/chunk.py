@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from clustersim.collectives.model import CollectiveModel, Group
 from clustersim.hardware.catalog import HardwareSpec
 from clustersim.training.experts import expert_load
+from clustersim.training.layer_mix import LayerMix
 from clustersim.training.workload import (
     Op,
     TrainingJob,
@@ -39,7 +41,7 @@ from clustersim.training.workload import (
     stage_work,
 )
 
-__all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation"]
+__all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation", "grouped_s"]
 
 # The linear layers' weight-gradient GEMMs, behind which `tp_overlap` hides TP collectives.
 _TP_WGRADS = ("qkv_wgrad", "projection_wgrad", "mlp_in_wgrad", "mlp_out_wgrad")
@@ -115,11 +117,13 @@ class ChunkModel:
 
     def times(self, job: TrainingJob, layers: int, first: bool, last: bool,
               tp_group: Group | None, ep_group: tuple[Group, int] | None = None,
-              cp_group: tuple[Group, int] | None = None) -> ChunkTimes:
+              cp_group: tuple[Group, int] | None = None, mix: LayerMix | None = None
+              ) -> ChunkTimes:
         """`layers` layers (plus the embedding if `first`, the output layer and loss if
         `last`) with their TP collectives on `tp_group`, their all-to-alls on `ep_group` and
         context parallelism's exchange on `cp_group` (each: the group, and how many such
-        groups share each of its chips).
+        groups share each of its chips); `mix`: which kinds of layer they are
+        (`layer_mix.chunk_mixes`; None: the model's mean layer).
 
         The ring exchange of context parallelism runs during the attention kernel: only
         what it takes beyond the attention's own time is exposed; the all-to-alls are."""
@@ -137,11 +141,11 @@ class ChunkModel:
         par = job.parallelism  # what stage_work reads of it: not pp, dp, ZeRO or interleave
         key = (job.model, job.sequence_length, job.micro_batch, par.tp, par.cp,
                par.sequence_parallel, par.ep, par.cp_comm, job.precision, job.recompute,
-               attention, layers, first, last, shape, ep_shape, cp_shape, expert_load(job))
+               attention, layers, first, last, shape, ep_shape, cp_shape, expert_load(job), mix)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        work = stage_work(job, layers, first, last, attention)
+        work = stage_work(job, layers, first, last, attention, mix)
         overhead = self.hardware.chip.efficiency.pass_overhead_s
         seen: dict[int, float] = {}  # a layer's operations repeat (the same objects)
 
@@ -151,8 +155,14 @@ class ChunkModel:
                 found = seen[id(op)] = self.shared_op_time_s(op, job.precision)
             return found
 
-        fwd = overhead + sum(op_time(op) for op in work.forward)
-        bwd = overhead + sum(op_time(op) for op in work.backward)
+        def total(ops: tuple[Op, ...], keep: Callable[[Op], bool] | None = None) -> float:
+            if mix is None:  # in the listed order, as before chunks had mixes
+                return (sum(map(op_time, ops)) if keep is None
+                        else sum(op_time(op) for op in ops if keep(op)))
+            return grouped_s(ops, op_time, keep)
+
+        fwd = overhead + total(work.forward)
+        bwd = overhead + total(work.backward)
 
         def comm(collectives: tuple[tuple[str, float], ...], group: Group | None,
                  sharing: int = 1) -> float:
@@ -169,7 +179,7 @@ class ChunkModel:
         if self.hardware.chip.framework.tp_overlap and tp_group is not None:
             # Hidden behind the weight-gradient GEMMs of the linear layers (Korthikanti et
             # al. 2022, section 6.2): as much as those take.
-            wgrad = sum(op_time(op) for op in work.backward if op.name in _TP_WGRADS)
+            wgrad = total(work.backward, lambda op: op.name in _TP_WGRADS)
             tp_backward -= min(comm(work.tp_collectives_overlappable, tp_group), wgrad)
         cp_fwd = cp_bwd = 0.0
         if cp_group is not None:
@@ -177,9 +187,8 @@ class ChunkModel:
             cp_bwd = comm(work.cp_collectives_backward, cp_group[0], cp_group[1])
             if work.cp_overlaps_attention:
                 names = ("attention", "scores", "softmax", "dropout", "attend")
-                hidden_f = sum(op_time(op) for op in work.forward if op.name in names)
-                hidden_b = sum(op_time(op) for op in work.backward
-                               if op.name.split("_")[0] in names)
+                hidden_f = total(work.forward, lambda op: op.name in names)
+                hidden_b = total(work.backward, lambda op: op.name.split("_")[0] in names)
                 cp_fwd = max(0.0, cp_fwd - hidden_f)
                 cp_bwd = max(0.0, cp_bwd - hidden_b)
         cached = ChunkTimes(fwd, comm(work.tp_collectives_forward, tp_group), bwd,
@@ -189,6 +198,17 @@ class ChunkModel:
                             cp_fwd, cp_bwd)
         self._cache[key] = cached
         return cached
+
+
+def grouped_s(ops: tuple[Op, ...], op_time: Callable[[Op], float],
+              keep: Callable[[Op], bool] | None = None) -> float:
+    """The sum of `op_time` over `ops` (those `keep` keeps), each distinct operation (by
+    identity: a layer's repeat) timed once and counted: a chunk's layers list the same
+    few operations many times over."""
+    counts = Counter(map(id, ops))
+    by_id = dict(zip(map(id, ops), ops, strict=True))
+    return sum(op_time(by_id[i]) * n for i, n in counts.items()
+               if keep is None or keep(by_id[i]))
 
 
 def matmul_quantisation(op: Op, eff: Any) -> float:

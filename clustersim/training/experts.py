@@ -4,8 +4,11 @@ the expert-parallel all-to-all's bytes, and routing's imbalance.
 A model's layers are dense (its `dense_layers`, and between MoE layers when `moe_every` > 1)
 or MoE (routed experts, shared experts and a router). A pipeline rank's weights, gradients,
 optimizer state and activations are those of the layers it holds (`stage_moe_share`: the
-share of them that are MoE layers; DeepSeek-V3's first ranks hold its dense layers); a
-stage's work is the model's mean layer, each kind weighted by its share of all the layers.
+share of them that are MoE layers; DeepSeek-V3's first ranks hold its dense layers); so is
+a pipeline chunk's work: its own layers' operations, each layer of its kind, and one
+dispatch and combine per MoE layer it holds (training.layer_mix). The model's mean layer
+(each kind weighted by its share of all the layers) stands for a chunk whose shares are
+the model's.
 
 Routing (job keys): `routing_imbalance` is the busiest expert-parallel rank's routed tokens
 over the mean (1: balanced, as auxiliary-loss-free balancing aims for); a synchronous step
@@ -78,10 +81,12 @@ def local_experts(model: TransformerShape, ep: int | None) -> int:
 
 
 def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_tokens: int,
-            ffn_per_rank: int, expert_ffn_per_rank: int, e: int, local: int = 1) -> list[Op]:
+            ffn_per_rank: int, expert_ffn_per_rank: int, e: int, local: int = 1,
+            share: float | None = None) -> list[Op]:
     """FFN operations of a mean layer on one rank: the dense FFN (its share of the layers),
     and for MoE layers the router, the routed experts on `routed_tokens` (top_k x tokens x
-    the load) and the shared experts on every token.
+    the load) and the shared experts on every token; `share`: of layers of which that share
+    are MoE layers (default the model's; a pipeline chunk's: training.layer_mix).
 
     The routed experts of a rank are a grouped GEMM: `local` experts, each on its share of
     the routed tokens and with its own weights, so the HBM traffic has every held expert's
@@ -89,7 +94,7 @@ def ffn_ops(model: TransformerShape, tokens: int, routed_tokens: float, router_t
     beyond memory)."""
     gate = 2 if model.gated else 1
     acts = 3 if model.gated else 2
-    share = moe_share(model)
+    share = moe_share(model) if share is None else share
     ops: list[Op] = []
     if share < 1.0:
         dense = [_matmul("mlp_in", tokens, model.hidden, ffn_per_rank * gate, e),

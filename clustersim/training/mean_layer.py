@@ -1,7 +1,8 @@
 """The mean layer of a model whose layers differ (MLA, windows, dense and MoE layers, shared
 experts, an uneven routing load, experts grouped per rank): training.workload's
 layer_forward_ops hands such models here; training.attention and training.experts give the
-parts."""
+parts. A pipeline chunk whose layers differ from the model's mean lists each of its
+layers by kind: the mean of one layer of that kind (training.layer_mix)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ from clustersim.training.ops import Op, _matmul, _vector
 from clustersim.training.transformer import sharded_heads
 
 if TYPE_CHECKING:
+    from clustersim.training.layer_mix import LayerMix
     from clustersim.training.transformer import TransformerShape
 __all__ = ["mean_layer_ops"]
 
 
 def mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
                    sequence_parallel: bool, e: int, attention: str, load: float,
-                   local: int = 1) -> list[Op]:
+                   local: int = 1, mix: LayerMix | None = None) -> list[Op]:
     """layer_forward_ops of a model whose layers differ (MLA, windows, dense and MoE layers,
-    shared experts, an uneven routing load, experts grouped per rank): the mean layer."""
+    shared experts, an uneven routing load, experts grouped per rank): the mean layer of
+    the model's layers, or of those of `mix` (a pipeline chunk's: training.layer_mix)."""
     h, tokens = model.hidden, b * s
     layout = sharded_heads(model, tp)
     heads, kv_heads = layout.per_rank, layout.kv_per_rank
@@ -41,12 +44,12 @@ def mean_layer_ops(model: TransformerShape, b: int, s: int, seq: int, tp: int,
     return [
         _vector("norm_attention", outside, e, passes=2),
         *before,
-        *core_ops(model, b, s, seq, heads, kv_heads, e, attention),
+        *core_ops(model, b, s, seq, heads, kv_heads, e, attention, mix),
         *after_core,
         _matmul("projection", tokens, out_width, h, e),
         _vector("residual_attention", outside, e, passes=3),
         _vector("norm_mlp", outside, e, passes=2),
         *ffn_ops(model, tokens, tokens * model.top_k * load, router_tokens, model.ffn // tp,
-                 model.expert_ffn // tp, e, local),
+                 model.expert_ffn // tp, e, local, None if mix is None else mix.moe_share),
         _vector("residual_mlp", outside, e, passes=3),
     ]

@@ -212,16 +212,18 @@ class GradientReduction:
         return gather_s, scatter_s
 
     def zero3_mean_layer_times(self, job: TrainingJob, placed: np.ndarray, grad_bytes: int,
-                               weight_bytes: int, alone: bool = False) -> tuple[float, float]:
-        """(all-gather, reduce-scatter) of one mean layer's weights per rank under ZeRO-3:
+                               weight_bytes: int, alone: bool = False,
+                               share: float | None = None) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) of one mean layer's weights per rank under ZeRO-3
+        (of layers whose `share` are MoE layers, default the model's):
         its dense weights over the shard group (`zero3_layer_times`, or `..._alone`), then
         with expert parallelism its routed experts over the ranks holding the same experts
         (dp x cp / ep of them, the ranks memory shards them over). Over the whole shard
         group they would be priced as if every rank of an instance wanted the same bytes,
         hiding that each of its ep ranks gathers different experts over the fabric."""
         par = job.parallelism
-        layer = layer_params_per_rank(job)
-        experts = expert_params_per_rank(job, 1.0) if par.ep > 1 else 0.0
+        layer = layer_params_per_rank(job, share)
+        experts = expert_params_per_rank(job, 1.0, share) if par.ep > 1 else 0.0
         if alone:
             gather_s, scatter_s = self.zero3_layer_times_alone(job, placed, layer - experts,
                                                                grad_bytes, weight_bytes)

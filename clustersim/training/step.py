@@ -4,8 +4,10 @@ pipeline stage (never per chip).
 Ranks are placed as Neuron and Megatron place them (`ranks`: tensor parallelism innermost,
 then context parallelism, then pipeline stages, then data parallelism across instances, or
 with `order: tp-cp-ep-pp-dp` the expert-parallel ranks before the pipeline stages);
-stages may hold uneven layer counts (`stages`), so every collective runs on a
-real group of the graph:
+stages may hold uneven layer counts (`stages`) and, in a model whose layers differ (dense
+and MoE, global and windowed), their own kinds of layer (`layer_mix`: each chunk's
+compute, all-to-alls and ZeRO-3 gathers are its layers', so the slowest stage paces the
+pipeline); every collective runs on a real group of the graph:
 
 - tensor-parallel collectives inside each layer (all-reduce, or all-gather and
   reduce-scatter with sequence parallelism), on the critical path, timed with each chunk's
@@ -34,14 +36,12 @@ not (`efficiency.step_error_band`), applied to the step time.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from clustersim.collectives.model import CollectiveModel, Group
-from clustersim.collectives.ops import CollectiveError
-from clustersim.hardware.lru import LruCache, key_digest
+from clustersim.hardware.lru import LruCache
 from clustersim.hardware.precision import BYTES_PER_ELEMENT
 from clustersim.hardware.topology import Topology
 from clustersim.training.bounds import pipeline_bound
@@ -52,22 +52,17 @@ from clustersim.training.chunk import (
     chunk_difference,
     matmul_quantisation,
 )
-from clustersim.training.experts import dispatch_bytes
+from clustersim.training.layer_mix import LayerMix, chunk_mixes
 from clustersim.training.memory import (
     MemoryBreakdown,
     busiest_memory,
     stage_optimizer_params,
     weight_bytes_per_param,
 )
+from clustersim.training.parallel_groups import SHAPES_KEPT, ParallelGroups, RankGroups
 from clustersim.training.pipeline import kept_pipeline
 from clustersim.training.profile import StepProfile, renamed
-from clustersim.training.ranks import (
-    expert_groups_by_split,
-    experts_inside,
-    pipeline_stride,
-    rank_chips,
-    rank_group,
-)
+from clustersim.training.ranks import pipeline_stride, rank_chips
 from clustersim.training.reduction import DataParallelTimes, GradientReduction
 from clustersim.training.shape import alike_shape, leaves_matter, placement_shape
 from clustersim.training.stages import chunk_layers
@@ -80,11 +75,10 @@ from clustersim.training.workload import (
     hardware_flops_per_step,
     model_flops_per_step,
 )
+from clustersim.training.zero3 import Zero3Costs, Zero3Times, with_zero3
 
-# Step profiles (and placements' parallel groups) kept by shape, the least recently used
-# dropped past it: a profile is about 760 bytes pickled, its groups the chips of one rank's
-# groups (a few KB). The year's first 6 days met 750 shapes.
-SHAPES_KEPT = 16_384
+# Step profiles are kept by shape as the placements' parallel groups are (SHAPES_KEPT, the
+# least recently used dropped past it): a profile is about 760 bytes pickled.
 
 # matmul_quantisation lives in `chunk`; it stays importable from here.
 __all__ = ["StepModel", "matmul_quantisation"]
@@ -104,10 +98,9 @@ class StepModel:
         self._leaves_matter = leaves_matter(topology)  # (see `_shape`)
         self._alike_in_site = self._leaves_matter and not leaves_matter(topology, sites=False)
         self._alike: LruCache = LruCache(SHAPES_KEPT)  # by `shape.alike_shape`
-        self._zero3_cache: dict[tuple, tuple[float, float, float, float]] = {}
+        self.zero3 = Zero3Costs(self.hardware, self.reduction)
         self._optimizer_cache: dict[tuple, list[float]] = {}
-        self._groups_cache: LruCache = LruCache(SHAPES_KEPT)
-        self._splits_cache: LruCache = LruCache(SHAPES_KEPT)  # expert groups by split
+        self.groups = ParallelGroups(self.hardware, self.collectives)
         self._pipelines: LruCache = LruCache(SHAPES_KEPT)  # (`pipeline.kept_pipeline`)
 
     # ------------------------------------------------------------------ public
@@ -156,19 +149,36 @@ class StepModel:
         return self.chunks.shared_op_time_s(op, precision)
 
     def chunk_times(self, job: TrainingJob, first: bool, last: bool,
-                    placed: np.ndarray | None = None, layers: int | None = None
-                    ) -> ChunkTimes:
+                    placed: np.ndarray | None = None, layers: int | None = None,
+                    mix: LayerMix | None = None) -> ChunkTimes:
         """One micro-batch through one chunk of `layers` of the job's layers (default the
         most a chunk holds: ceil(layers / (pp x interleave))), plus the embedding if `first`,
         the output layer and loss if `last`): compute and exposed TP, EP, CP and ZeRO-3
         collectives, on rank 0's groups when the job runs on the instances `placed`
-        (default: from instance 0). The step simulates these chunks."""
+        (default: from instance 0); `mix`: the kinds of those layers (`layer_mix`; None:
+        the model's mean layer). The step simulates these chunks (`stage_chunks`)."""
         placed = self._placement(job) if placed is None else placed
         par = job.parallelism
         if layers is None:
             layers = -(-job.model.layers // (par.pp * par.interleave))
         groups = self._parallel_groups(job, placed)
-        return self._chunk(job, layers, first, last, groups, self._zero3(job, placed))
+        return self._chunk(job, layers, first, last, groups, placed, mix)
+
+    def stage_chunks(self, job: TrainingJob, placed: np.ndarray) -> tuple[ChunkTimes, ...]:
+        """Each global chunk's `chunk_times` (0 .. pp x interleave - 1), of its own layers:
+        as many as `stages.chunk_layers` gives it, of the kinds `layer_mix.chunk_mixes`
+        says, the first with the embedding, the last with the output layer and loss."""
+        stages = job.parallelism.pp * job.parallelism.interleave
+        counts = chunk_layers(job.model.layers, stages)
+        mixes = chunk_mixes(job.model, stages)
+        groups = self._parallel_groups(job, placed)
+        kinds: dict[tuple, ChunkTimes] = {}
+        for g in range(stages):
+            kind = (counts[g], g == 0, g == stages - 1, mixes[g])
+            if kind not in kinds:
+                kinds[kind] = self._chunk(job, *kind[:3], groups, placed, kind[3])
+        return tuple(kinds[counts[g], g == 0, g == stages - 1, mixes[g]]
+                     for g in range(stages))
 
     def lower_bound(self, job: TrainingJob) -> float:
         """A lower bound of `profile(job).step_time_s` (on the job's first instances) from
@@ -177,35 +187,43 @@ class StepModel:
         Pass durations are the chunk times the pipeline runs, with ZeRO-3's collectives
         those of rank 0's shard group alone; each pipeline rank's data-parallel reduction
         and gather are those of its first group alone (sharing links only slows them:
-        `contention.simultaneous`), left out over several sites."""
+        `contention.simultaneous`), left out over several sites. A chunk of layers other
+        than the model's mean (`layer_mix`) is timed as the step times it."""
         placed = self._placement(job)
         par = job.parallelism
         stages = par.pp * par.interleave
         counts = chunk_layers(job.model.layers, stages)
+        mixes = chunk_mixes(job.model, stages)
         groups = self._parallel_groups(job, placed)
         # ZeRO-3's collectives alone: sharing links only slows them, and a chunk's time does
         # not fall as they grow.
         zero3 = self._zero3(job, placed, alone=True)
         tp_group, ep_group, cp_group = groups
 
-        def times(layers: int, first: bool, last: bool) -> ChunkTimes:
-            return self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
+        def times(layers: int, first: bool, last: bool, mix: LayerMix | None = None
+                  ) -> ChunkTimes:
+            return self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group,
+                                     mix)
 
         # A chunk's times are affine in its layers (each layer adds its operations and
         # collectives; what TP overlap hides and what the ring exchange hides behind
         # attention are per layer too): from chunks of one and two layers, any count
         # (rounding aside: the bound keeps a margin), without listing its operations.
-        one = {(first, last): times(1, first, last) for first in (False, True)
-               for last in (False, True)
-               if (first and last) == (stages == 1) or not (first or last)}
-        per_layer = chunk_difference(times(2, False, False), one[False, False])
-        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
+        if any(mix is None for mix in mixes):
+            one = {(first, last): times(1, first, last) for first in (False, True)
+                   for last in (False, True)
+                   if (first and last) == (stages == 1) or not (first or last)}
+            per_layer = chunk_difference(times(2, False, False), one[False, False])
+        kinds: dict[tuple, ChunkTimes] = {}
         forward, backward = [], []
         for g in range(stages):
-            kind = (counts[g], g == 0, g == stages - 1)
-            if kind not in kinds:
+            kind = (counts[g], g == 0, g == stages - 1, mixes[g])
+            if kind not in kinds and kind[3] is None:
                 chunk = chunk_affine(one[kind[1], kind[2]], per_layer, kind[0] - 1)
-                kinds[kind] = self._with_zero3(chunk, kind[0], kind[1], kind[2], zero3)
+                kinds[kind] = with_zero3(chunk, kind[0], kind[1], kind[2], zero3)
+            elif kind not in kinds:  # other layers than the mean's: as the step times them
+                kinds[kind] = with_zero3(times(*kind), *kind[:3],
+                                         self._zero3(job, placed, True, kind[3]))
             forward.append(kinds[kind].forward_s)
             backward.append(kinds[kind].backward_s)
         reduce_s = gather_s = [0.0] * par.pp
@@ -233,71 +251,23 @@ class StepModel:
         return found
 
     def _chunk(self, job: TrainingJob, layers: int, first: bool, last: bool, groups: tuple,
-               zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
+               placed: np.ndarray, mix: LayerMix | None = None) -> ChunkTimes:
         tp_group, ep_group, cp_group = groups
-        times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group)
-        return self._with_zero3(times, layers, first, last, zero3)
-
-    @staticmethod
-    def _with_zero3(times: ChunkTimes, layers: int, first: bool, last: bool,
-                    zero3: tuple[float, float, float, float] | None) -> ChunkTimes:
-        if zero3 is None:
-            return times
-        # ZeRO-3: each layer's weights gathered before its forward and again before its
-        # backward, its gradients reduce-scattered after; the next layer's gather runs during
-        # this layer's compute (one ahead), so the first gather is exposed and each later
-        # one by what it takes beyond its layer's compute; the last reduce-scatter too.
-        gather_s, scatter_s, extra_gather_s, extra_scatter_s = zero3
-        units = layers + (1 if first or last else 0)
-        extra_g = extra_gather_s * (first + last)
-        extra_r = extra_scatter_s * (first + last)
-        fwd_comm = layers * gather_s + extra_g
-        bwd_gather = layers * gather_s + extra_g
-        bwd_comm = bwd_gather + layers * scatter_s + extra_r
-        fwd_c = times.forward_compute_s / units
-        bwd_c = times.backward_compute_s / units
-        fwd = fwd_comm / units + (units - 1) * max(0.0, fwd_comm / units - fwd_c)
-        bwd = (bwd_gather / units + (units - 1) * max(0.0, bwd_comm / units - bwd_c)
-               + (layers * scatter_s + extra_r) / units)
-        return replace(times, forward_dp_s=fwd, backward_dp_s=bwd)
+        times = self.chunks.times(job, layers, first, last, tp_group, ep_group, cp_group, mix)
+        return with_zero3(times, layers, first, last, self._zero3(job, placed, mix=mix))
 
     def zero3_traffic_s(self, job: TrainingJob, placed: np.ndarray | None = None
-                        ) -> tuple[float, float, float, float] | None:
+                        ) -> Zero3Times | None:
         """ZeRO-3's collectives, unoverlapped: (all-gather of one layer's weights,
         reduce-scatter of one layer's gradients, the same for the embedding or output
         layer) over rank 0's shard group; None without ZeRO-3."""
         placed = self._placement(job) if placed is None else placed
         return self._zero3(job, placed)
 
-    def _zero3(self, job: TrainingJob, placed: np.ndarray, alone: bool = False
-               ) -> tuple[float, float, float, float] | None:
-        """ZeRO-3's layer and extra gathers and reduce-scatters; `alone`: rank 0's shard
-        group without the others it shares links with (a lower bound)."""
-        par = job.parallelism
-        if par.zero != 3 or par.shard_ranks == 1:
-            return None
-        # What the costs depend on (the planner asks for many candidates that share it).
-        key = (job.model, job.precision, par.tp, par.cp, par.pp, par.dp, par.ep,
-               experts_inside(par), par.shard_ranks, placed.tobytes(), alone)
-        cached = self._zero3_cache.get(key)
-        if cached is not None:
-            return cached
-        w_bytes, g_bytes, _ = weight_bytes_per_param(job.precision,
-                                                     self.hardware.chip.framework.gradients)
-        extra = job.model.vocab * job.model.hidden / par.tp
-        # A layer's dense weights over the shard group, its experts over their holders.
-        layer_s = self.reduction.zero3_mean_layer_times(job, placed, g_bytes, w_bytes, alone)
-        if alone:
-            cached = self._zero3_cache[key] = (
-                *layer_s,
-                *self.reduction.zero3_layer_times_alone(job, placed, extra, g_bytes, w_bytes))
-            return cached
-        gather_s, scatter_s = layer_s
-        # The embedding's and output layer's: the first or last stage's TP ranks at once.
-        extra_gather_s, extra_scatter_s = self.reduction.zero3_layer_times(
-            job, placed, extra, g_bytes, w_bytes, every_stage=False)
-        cached = self._zero3_cache[key] = (gather_s, scatter_s, extra_gather_s, extra_scatter_s)
-        return cached
+    def _zero3(self, job: TrainingJob, placed: np.ndarray, alone: bool = False,
+               mix: LayerMix | None = None) -> Zero3Times | None:
+        """ZeRO-3's layer and extra gathers and reduce-scatters (`zero3.Zero3Costs`)."""
+        return self.zero3.layer_times(job, placed, alone, mix)
 
     def data_parallel_times(self, job: TrainingJob, placed: np.ndarray | None = None
                             ) -> dict[int, DataParallelTimes]:
@@ -328,71 +298,14 @@ class StepModel:
         par = job.parallelism
         return job.global_batch // (job.micro_batch * par.dp)
 
-    def _parallel_groups(self, job: TrainingJob, placed: np.ndarray
-                         ) -> tuple[Group | None, tuple[Group, int] | None,
-                                    tuple[Group, int] | None]:
-        """Rank 0's tensor-parallel group, the slowest expert-parallel group (rank 0's, dp
-        ranks 0 .. ep-1 where the rank order puts them, unless another splits worse over
-        the NeuronLink domains: `_slowest_expert_group`) and rank 0's context-parallel
-        group, the last two with how many such groups share each chip; None where the job
-        has no such group."""
-        par = job.parallelism
-        moe = job.model.moe and par.ep > 1
-        key = (par.tp, par.cp, par.ep, par.pp if moe else 0, moe, experts_inside(par),
-               par.dp if moe else 0, self._dispatch_size(job) if moe else 0.0,
-               len(placed), key_digest(placed.tobytes()))
-        found = self._groups_cache.get(key)
-        if found is None:
-            found = self._groups_cache[key] = self._groups_of(job, placed)
-        return found
-
-    def _groups_of(self, job: TrainingJob, placed: np.ndarray) -> tuple:
-        par = job.parallelism
-        tp_group = None
-        if par.tp > 1:
-            tp_group, _ = rank_group(self.hardware, np.arange(par.tp), placed)
-        ep_group = None
-        if job.model.moe and par.ep > 1:
-            ep_group = self._slowest_expert_group(job, placed)
-        cp_group = None
-        if par.cp > 1:
-            cp_group = rank_group(self.hardware, np.arange(par.cp) * par.tp, placed)
-        return tp_group, ep_group, cp_group
+    def _parallel_groups(self, job: TrainingJob, placed: np.ndarray) -> RankGroups:
+        """Rank 0's TP group, the slowest expert group and rank 0's CP group
+        (`parallel_groups.ParallelGroups.of`)."""
+        return self.groups.of(job, placed)
 
     def _dispatch_size(self, job: TrainingJob) -> float:
-        """One rank's bytes in one MoE layer's dispatch (workload's, before the mixed
-        layers' scaling)."""
-        s = job.sequence_length // job.parallelism.cp
-        activation = job.micro_batch * s * job.model.hidden * BYTES_PER_ELEMENT[job.precision]
-        return dispatch_bytes(job, float(activation))
-
-    def _slowest_expert_group(self, job: TrainingJob, placed: np.ndarray) -> tuple[Group, int]:
-        """The expert group whose all-to-all takes longest at the job's dispatch size, one
-        of each way the groups split over NeuronLink domains (`ranks.expert_groups_by_split`;
-        a group straddling two domains unevenly is costed by `collectives.uneven`): a
-        synchronous step waits for it. Rank 0's where the groups split alike; a group
-        uneven over several sites (not modelled) is left out."""
-        size = self._dispatch_size(job)
-        par = job.parallelism
-        key = (par.tp, par.cp, par.pp, par.dp, par.ep, experts_inside(par), len(placed),
-               key_digest(placed.tobytes()))
-        groups = self._splits_cache.get(key)
-        if groups is None:  # the micro-batch, sequence and precision do not change them
-            groups = self._splits_cache[key] = [
-                rank_group(self.hardware, ranks, placed)
-                for ranks in expert_groups_by_split(self.hardware, par, placed)]
-        found: tuple[float, tuple[Group, int]] | None = None
-        for index, (group, sharing) in enumerate(groups):
-            try:
-                time_s = self.collectives.cost("all-to-all", group, size * sharing).time_s
-            except CollectiveError:
-                if index == 0:  # rank 0's group: the job cannot be costed, as before
-                    raise
-                continue  # uneven over several sites: not modelled, rank 0's stands
-            if found is None or time_s > found[0]:
-                found = (time_s, (group, sharing))
-        assert found is not None
-        return found[1]
+        """One rank's bytes in one MoE layer's dispatch (`ParallelGroups.dispatch_size`)."""
+        return self.groups.dispatch_size(job)
 
     # ------------------------------------------------------------------ simulation
     def _simulate(self, job: TrainingJob, name: str, placed: np.ndarray) -> StepProfile:
@@ -408,20 +321,9 @@ class StepModel:
                 f"the job is placed on instance {int(placed.max())}, "
                 f"the topology has {self.topology.instances}"
             )
-        stages = par.pp * par.interleave
-        counts = chunk_layers(model.layers, stages)
-        groups = self._parallel_groups(job, placed)
-        zero3 = self._zero3(job, placed)
-
-        # Per global chunk g (0 .. stages-1): forward and backward durations, by its layers
-        # and whether it is the first or the last.
-        kinds: dict[tuple[int, bool, bool], ChunkTimes] = {}
-
-        def times(g: int) -> ChunkTimes:
-            kind = (counts[g], g == 0, g == stages - 1)
-            if kind not in kinds:
-                kinds[kind] = self._chunk(job, kind[0], kind[1], kind[2], groups, zero3)
-            return kinds[kind]
+        # Per global chunk g (0 .. pp x interleave - 1): forward and backward durations, by
+        # its layers and whether it is the first or the last.
+        chunks = self.stage_chunks(job, placed)
 
         # Send/receive between stages: each TP rank sends its shard of the activations (of
         # its context-parallel share of the sequence).
@@ -437,8 +339,7 @@ class StepModel:
                 p2p[d] = self.collectives.cost("send-recv", Group(np.array([src]), 1),
                                                act_bytes * shards, peer=int(dst)).time_s
 
-        ledgers = kept_pipeline(self._pipelines, par, microbatches,
-                                tuple(times(g) for g in range(stages)), p2p)
+        ledgers = kept_pipeline(self._pipelines, par, microbatches, chunks, p2p)
 
         # Data-parallel reduction and optimizer, per pipeline rank.
         dp_times = self.data_parallel_times(job, placed)

@@ -51,6 +51,7 @@ from clustersim.training.experts import (
     local_experts,
     moe_share,
 )
+from clustersim.training.layer_mix import LayerMix
 from clustersim.training.layers import head_widths
 from clustersim.training.mean_layer import mean_layer_ops
 from clustersim.training.ops import Op, _attention_ops, _matmul, _vector
@@ -174,19 +175,22 @@ def layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: i
 @functools.lru_cache(maxsize=4096)
 def _cached_layer_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
                       sequence_parallel: bool, precision: str, attention: str, cp: int,
-                      load: float, ep: int | None) -> tuple[Op, ...]:
+                      load: float, ep: int | None, mix: LayerMix | None = None
+                      ) -> tuple[Op, ...]:
     return tuple(_layer_forward_ops(model, micro_batch, seq, tp, sequence_parallel, precision,
-                                    attention, cp, load, ep))
+                                    attention, cp, load, ep, mix))
 
 
 def _layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: int,
                        sequence_parallel: bool, precision: str, attention: str = "flash",
-                       cp: int = 1, load: float = 1.0, ep: int | None = None) -> list[Op]:
+                       cp: int = 1, load: float = 1.0, ep: int | None = None,
+                       mix: LayerMix | None = None) -> list[Op]:
     """Forward operations of one transformer layer on one tensor-parallel rank (of one
     context-parallel rank: `seq / cp` positions of each sequence, attending to all `seq`);
     a model with MLA, windows or mixed layers gives its mean layer (training.attention,
     training.experts; `load`: the busiest expert rank's routed tokens over the mean; `ep`:
-    expert parallelism, whose rank's experts are a grouped GEMM, one per expert held).
+    expert parallelism, whose rank's experts are a grouped GEMM, one per expert held; `mix`:
+    a pipeline chunk's layers, whose mean layer it is, None for the model's).
 
     With `flash` attention the scores never reach HBM; with `unfused` they are written,
     softmaxed, dropped out and read back (b x heads x s x s values, see the module)."""
@@ -202,9 +206,10 @@ def _layer_forward_ops(model: TransformerShape, micro_batch: int, seq: int, tp: 
     outside = tokens * h / (tp if sequence_parallel else 1)  # norms and residuals
     routed = tokens * model.top_k
     local = local_experts(model, ep)
-    if not (classic_attention(model) and model.uniform and load == 1.0 and local == 1):
+    if mix is not None or not (classic_attention(model) and model.uniform and load == 1.0
+                               and local == 1):
         return mean_layer_ops(model, b, s, seq, tp, sequence_parallel, e, attention, load,
-                              local)
+                              local, mix)
     ops = [
         _vector("norm_attention", outside, e, passes=2),
         _matmul("qkv", tokens, h, (heads + 2 * kv_heads) * d, e),
@@ -340,28 +345,39 @@ def _layer_backward(layer: tuple[Op, ...]) -> list[Op]:
 
 
 def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
-               attention: str | None = None) -> StageWork:
+               attention: str | None = None, mix: LayerMix | None = None) -> StageWork:
     """Work of one chunk of `layers` layers for one micro-batch on one tensor-parallel rank
-    (`attention`: the kernel, default the job's own or flash)."""
+    (`attention`: the kernel, default the job's own or flash; `mix`: which kinds of layer
+    the chunk holds, `layer_mix.chunk_mixes`, None for the model's mean layer)."""
     par = job.parallelism
     model, b, seq = job.model, job.micro_batch, job.sequence_length
     s = seq // par.cp  # positions of each sequence on this rank
     load = expert_load(job) if model.moe else 1.0
-    shared = _cached_layer_ops(model, b, seq, par.tp, par.sequence_parallel, job.precision,
-                               attention or attention_of(job), par.cp, load, par.ep)
-    layer = list(shared)
-    forward = layer * layers
+    # The mean layer's operations, or those of each kind of layer the chunk holds.
+    forward: list[Op] = []
+    backward: list[Op] = []
+    core: list[Op] = []
+    if mix is not None and mix.layers != layers:
+        raise ValueError(f"a mix of {mix.layers} layers for a chunk of {layers}")
+    for kind, count in [(None, layers)] if mix is None else mix.kinds():
+        shared = _cached_layer_ops(model, b, seq, par.tp, par.sequence_parallel,
+                                   job.precision, attention or attention_of(job), par.cp,
+                                   load, par.ep, kind)
+        layer = list(shared)
+        forward += layer * count
+        # The layer's backward once, repeated (the same operations as over the whole list).
+        backward += _layer_backward(shared) * count
+        core += _attention_core(layer) * count
     extra_forward: list[Op] = []
     if first:
         extra_forward += _embedding_ops(model, b, s, job.precision)
     if last:
         extra_forward += _output_ops(model, b, s, par.tp, job.precision)
-    # The layer's backward once, repeated (the same operations as over the whole list).
-    backward = _layer_backward(shared) * layers + _backward_of(extra_forward)
+    backward += _backward_of(extra_forward)
     if job.recompute == "full":
         backward = list(forward) + backward
     elif job.recompute == "selective":
-        backward = _attention_core(layer) * layers + backward
+        backward = core + backward
     activation_bytes = float(b * s * model.hidden * BYTES_PER_ELEMENT[job.precision])
     ep_fwd: list[tuple[str, float]] = []
     ep_bwd: list[tuple[str, float]] = []
@@ -369,11 +385,12 @@ def stage_work(job: TrainingJob, layers: int, first: bool, last: bool,
         # Per MoE layer: tokens dispatched to the ranks holding their experts and combined
         # back, an all-to-all each way (forward; the same again backward), of each TP rank's
         # share of the routed activations.
-        # Mixed layers: as many pairs as the chunk's share of MoE layers (at least one),
-        # their bytes scaled so the chunk moves its mean layers' bytes.
+        # Mixed layers: as many pairs as the chunk's MoE layers, or without a mix its share
+        # of the model's (at least one, their bytes scaled so the chunk moves its mean
+        # layers' bytes).
         routed_bytes = dispatch_bytes(job, activation_bytes)
-        pairs = layers
-        if not model.uniform:
+        pairs = layers if mix is None else mix.moe
+        if not model.uniform and mix is None:
             pairs = max(1, round(layers * moe_share(model)))
             routed_bytes *= layers * moe_share(model) / pairs
         ep_fwd = [("all-to-all", routed_bytes)] * 2 * pairs
