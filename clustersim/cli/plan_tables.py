@@ -74,7 +74,11 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
 def _fmt(value: Any, kind: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    if kind == "days":
+    if kind == "days":  # under 0.05 d (which printed "0.0 d"): in its own unit, e.g. 15.4s
+        if value < 0.05 * 86400:
+            from clustersim.hardware import units
+
+            return units.format_duration(value, 3)
         return f"{value / 86400:,.1f} d"
     if kind == "usd":
         return f"${value:,.0f}" if value >= 100 else f"${value:,.2f}"
@@ -186,7 +190,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
         if mine:
             r = mine[0]
             best_here = f", ETTR {r['ettr']:.3f}" + (
-                f", time to train {r['time_to_train_s'] / 86400:,.1f} d at best"
+                f", time to train {_fmt(r['time_to_train_s'], 'days')} at best"
                 if r["time_to_train_s"] is not None else "")
         out_console.print(
             f"{group.name} x {group.chips:,} chips: job MTBF "

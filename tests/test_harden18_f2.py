@@ -1,0 +1,104 @@
+"""Session 18 fixes (helper fix18f2), from a new user's review of planning and serving: the
+plan engine shuts its workers down before an error exits; a plan counts whole steps; sequence
+parallelism needs a sequence length the TP ranks can split; a deadline needs a unit; the CLI
+page says what the tool does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import invoke, refused, write
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "scenarios" / "plan-trn2-vs-p5en.yaml"
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+# -- finding 3: `OSError: Bad file descriptor` after a serving plan's refusal
+
+def test_an_engine_left_by_an_error_has_stopped_its_pool_thread() -> None:
+    """On an error the engine terminated its workers and returned at once; the pool's manager
+    thread then closed its wake-up pipe while the interpreter's exit hook wrote to it, which
+    printed a traceback after the CLI's error in about 1 plan in 6."""
+    from clustersim.planning.engine import Engine
+
+    with pytest.raises(RuntimeError), Engine("local", workers=2) as engine:
+        assert engine.map(_square, [1, 2, 3]) == [1, 4, 9]
+        thread = engine._pool._executor_manager_thread
+        raise RuntimeError("no configuration holds")
+    assert not thread.is_alive()
+
+
+SERVE = {
+    "name": "sv", "seed": 0, "duration": "10min", "hardware": "trn2",
+    "cluster": {"instances": 2},
+    "serve": [{
+        "name": "chat", "model": "llama3.1-70b", "precision": "bf16",
+        "parallelism": {"tp": 64}, "replicas": 1,
+        "server": {"max_batch": 64, "max_tokens_per_iteration": 4096, "chunked_prefill": True},
+        "workload": {
+            "arrival": "poisson", "rate": "2/s",
+            "input_tokens": {"distribution": "lognormal", "median": 1024, "sigma": 0.8,
+                             "max": 8192},
+            "output_tokens": {"distribution": "lognormal", "median": 256, "sigma": 0.8,
+                              "max": 2048}},
+        "slo": {"ttft": "2s", "tpot": "1ms"}}]}
+
+
+@pytest.mark.slow
+def test_a_serving_plan_nothing_holds_exits_without_a_traceback(tmp_path: Path) -> None:
+    """The reviewer's command, in fresh interpreters (the race was at interpreter exit)."""
+    path = write(tmp_path, SERVE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for attempt in range(6):
+        done = subprocess.run(
+            [sys.executable, "-m", "clustersim", "plan", str(path), "--workers", "2",
+             "-o", str(tmp_path / "out"), "--force"],
+            capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 2, done.stderr
+        assert "no configuration of 'chat'" in done.stderr
+        assert "Traceback" not in done.stderr and "Bad file" not in done.stderr, (
+            attempt, done.stderr)
+
+
+# -- finding 8: a token budget under one step cost nothing
+
+TINY = {"name": "plan-tiny", "hardware": "trn1", "cluster": {"instances": 1},
+        "jobs": [{"name": "train", "model": {"name": "tiny", "layers": 2, "hidden": 512,
+                                             "heads": 4, "vocab": 1000, "seq_len": 512},
+                  "seq_len": 512, "global_batch": 4}],
+        "failures": {"preset": "llama3"}}
+
+
+@pytest.mark.parametrize("steps", [0.001, 1.5])
+def test_a_token_budget_is_trained_in_whole_steps(steps: float) -> None:
+    """`plan --tokens 1K` printed 0.0 d and $0.00 while the scenario it wrote ran one whole
+    step: the time, cost and energy now count the steps that scenario runs."""
+    from clustersim.planning import PlanOptions, plan
+    from clustersim.scenario.loader import scenario_from_dict
+
+    tokens_per_step = 4 * 512
+    scenario = scenario_from_dict(TINY, planning=True)
+    result = plan(scenario, PlanOptions(tokens=steps * tokens_per_step, top=3))
+    best = result.best
+    whole = -(-steps // 1)
+    assert best["time_to_train_s"] == pytest.approx(
+        whole * best["step_time_s"] / best["ettr"], rel=1e-12)
+    price = scenario.hardware.instance.price_per_hour_usd
+    assert best["cost_usd"] == pytest.approx(price * best["time_to_train_s"] / 3600, rel=1e-12)
+    # Per million tokens: the rate of the tokens trained, as without a budget.
+    assert best["cost_per_million_tokens_usd"] == pytest.approx(
+        best["cost_usd"] * 1e6 / (whole * tokens_per_step), rel=1e-12)
+
+
+def test_a_plan_of_seconds_prints_them_not_0_0_days(tmp_path: Path) -> None:
+    result = invoke("plan", write(tmp_path, TINY), "--tokens", "1K", "-o", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "0.0 d" not in result.stdout and "time to train " in result.stdout
