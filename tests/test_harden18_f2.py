@@ -102,3 +102,47 @@ def test_a_plan_of_seconds_prints_them_not_0_0_days(tmp_path: Path) -> None:
     result = invoke("plan", write(tmp_path, TINY), "--tokens", "1K", "-o", tmp_path / "p")
     assert result.exit_code == 0, result.output
     assert "0.0 d" not in result.stdout and "time to train " in result.stdout
+
+
+# -- finding 10: sequence parallelism over a sequence the tp ranks cannot split
+
+def _sp(seq_len: int, tp: int, cp: int) -> dict:
+    return {"name": "sp", "hardware": "trn2", "cluster": {"instances": 1},
+            "jobs": [{"name": "train", "model": "llama3-8b", "seq_len": seq_len,
+                      "global_batch": 64 // (tp * cp),
+                      "parallelism": {"tp": tp, "cp": cp, "dp": 64 // (tp * cp),
+                                      "sequence_parallel": True}}]}
+
+
+@pytest.mark.parametrize(("seq_len", "tp", "cp", "words"), [
+    (3, 64, 1, "seq_len 3 over tp 64"),
+    (8190, 64, 1, "divisible by tp = 64"),
+    (8200, 16, 4, "a cp rank's 2050 positions (seq_len 8200 over cp 4)"),
+])
+def test_sequence_parallelism_needs_tp_to_divide_the_sequence(
+        tmp_path: Path, seq_len: int, tp: int, cp: int, words: str) -> None:
+    """Megatron and NxD scatter the sequence over the tp ranks (`_split_along_first_dim`
+    asserts tp divides it); `step` ran seq_len 3 and 8190 over tp 64."""
+    result = invoke("validate", write(tmp_path, _sp(seq_len, tp, cp)))
+    refused(result, "jobs.0.parallelism.sequence_parallel = true", words,
+            "sequence_parallel: false")
+
+
+def test_sequence_parallelism_over_a_sequence_tp_divides_is_accepted(tmp_path: Path) -> None:
+    assert invoke("validate", write(tmp_path, _sp(8192, 16, 4))).exit_code == 0
+
+
+def test_the_planner_prunes_sequence_parallelism_tp_cannot_split() -> None:
+    """`plan --seq-len 3` proposed tp 64 with sequence parallelism."""
+    from clustersim.planning import PlanOptions, plan
+    from clustersim.scenario.loader import scenario_from_dict
+
+    # tp 2 divides 510, tp 4 does not
+    raw = {**TINY, "jobs": [{**TINY["jobs"][0], "seq_len": 510, "global_batch": 16}]}
+    result = plan(scenario_from_dict(raw, planning=True), PlanOptions(top=50))
+    rows = result.rows
+    bad = rows[rows["sequence_parallel"] & ((510 // rows["cp"]) % rows["tp"] != 0)]
+    assert len(bad) and (bad["status"] == "pruned").all()
+    assert bad["why"].str.contains("per cp rank over tp").all()
+    assert rows[rows["sequence_parallel"] & (rows["tp"] == 2)]["status"].ne("pruned").any()
+    assert not any(r["sequence_parallel"] and 510 % r["tp"] for r in result.ranked)
