@@ -146,3 +146,19 @@ def test_the_planner_prunes_sequence_parallelism_tp_cannot_split() -> None:
     assert bad["why"].str.contains("per cp rank over tp").all()
     assert rows[rows["sequence_parallel"] & (rows["tp"] == 2)]["status"].ne("pruned").any()
     assert not any(r["sequence_parallel"] and 510 % r["tp"] for r in result.ranked)
+
+
+# -- finding 9: `--deadline 40` was 40 seconds
+
+@pytest.mark.parametrize("bare", ["40", "1e3", "0.5"])
+def test_a_deadline_without_a_unit_is_refused(tmp_path: Path, bare: str) -> None:
+    result = invoke("plan", write(tmp_path, TINY), "--tokens", "1M", "--deadline", bare,
+                    "-o", tmp_path / "p")
+    refused(result, f"--deadline '{bare}'", "without a unit", f"{bare}d")
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_deadline_with_its_unit_is_taken(tmp_path: Path) -> None:
+    result = invoke("plan", write(tmp_path, TINY), "--tokens", "1M", "--deadline", "40d",
+                    "-o", tmp_path / "p", "--json")
+    assert result.exit_code == 0, result.output
