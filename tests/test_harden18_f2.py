@@ -162,3 +162,32 @@ def test_a_deadline_with_its_unit_is_taken(tmp_path: Path) -> None:
     result = invoke("plan", write(tmp_path, TINY), "--tokens", "1M", "--deadline", "40d",
                     "-o", tmp_path / "p", "--json")
     assert result.exit_code == 0, result.output
+
+
+# -- findings 5 and 13: docs/cli.md against what `plan` does
+
+def _plain(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_cli_md_gives_the_exit_status_of_a_deadline_nothing_meets(tmp_path: Path) -> None:
+    """The page said both 2 and 0; the tool exits 0 with the closest candidates."""
+    result = invoke("plan", write(tmp_path, TINY), "--tokens", "1T", "--deadline", "1s",
+                    "-o", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "nothing meets the constraints: --deadline" in _plain(result.stdout)
+    page = _plain((ROOT / "docs" / "cli.md").read_text(encoding="utf-8"))
+    assert "a deadline or budget nothing meets (the message gives" not in page
+    assert ("A deadline or budget nothing meets is an answer, not an error" in page
+            and "the exit status is 0 (`meets_constraints: false` in `--json`)" in page)
+
+
+def test_chips_not_whole_instances_are_rounded_down_as_cli_md_says(tmp_path: Path) -> None:
+    """`--chips 17` on 16-chip instances: "planned at 16 (1 instances)"; cli.md said the
+    counts must be whole."""
+    result = invoke("plan", write(tmp_path, TINY), "--chips", "17", "-o", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "planned at 16 (1 instance)" in _plain(result.output)
+    page = _plain((ROOT / "docs" / "cli.md").read_text(encoding="utf-8"))
+    assert "counts must be whole instances" not in page
+    assert "is planned at the whole ones that fit in it, with a note" in page

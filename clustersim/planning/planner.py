@@ -153,8 +153,10 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
                              f"({unit} chips)")
                 continue
             rounded = chips // unit * unit
+            count = rounded // unit
             notes.append(f"{hw.name}: {chips:,} chips is not a whole number of {what} of "
-                         f"{unit} chips; planned at {rounded:,} ({rounded // unit:,} {what})")
+                         f"{unit} chips; planned at {rounded:,} ({count:,} "
+                         f"{what if count > 1 else what[:-1]})")
             chips = rounded
         if chips not in kept:
             kept.append(chips)
