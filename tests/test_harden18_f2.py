@@ -191,3 +191,31 @@ def test_chips_not_whole_instances_are_rounded_down_as_cli_md_says(tmp_path: Pat
     page = _plain((ROOT / "docs" / "cli.md").read_text(encoding="utf-8"))
     assert "counts must be whole instances" not in page
     assert "is planned at the whole ones that fit in it, with a note" in page
+
+
+# -- finding 14: small output problems
+
+def test_a_hardware_whose_candidates_all_miss_the_deadline_says_so(tmp_path: Path) -> None:
+    """trn1 misses a 1-day deadline p5 meets: it said "trn1: no feasible candidate"."""
+    result = invoke("plan", write(tmp_path, TINY), "--hardware", "trn1,p5", "--tokens", "10B",
+                    "--deadline", "1d", "-o", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    text = _plain(result.stdout)
+    assert "trn1: no feasible candidate" not in text
+    assert "trn1: none of its" in text and "simulated candidates meets the constraints (the " \
+        "fastest trains in" in text and "d at 16 chips)" in text
+
+
+def test_a_token_budget_past_max_steps_is_refused(tmp_path: Path) -> None:
+    """`--tokens 1e30` planned 2e22 days."""
+    result = invoke("plan", write(tmp_path, TINY), "--tokens", "1e30", "-o", tmp_path / "p")
+    refused(result, "--tokens 1e+30", "steps of the job's 2,048-token batch",
+            "expected at most 1e+12 steps", "MAX_STEPS")
+    assert not (tmp_path / "p").exists()
+
+
+def test_huge_plan_figures_keep_the_table_readable() -> None:
+    from clustersim.cli.plan_tables import _fmt
+
+    assert _fmt(1.4e13, "days") == "1.62e+08 d" and _fmt(9.3e12, "usd") == "$9.3e+12"
+    assert _fmt(3.56e6, "days") == "41.2 d" and _fmt(2_335_534.4, "usd") == "$2,335,534"
