@@ -219,3 +219,11 @@ def test_huge_plan_figures_keep_the_table_readable() -> None:
 
     assert _fmt(1.4e13, "days") == "1.62e+08 d" and _fmt(9.3e12, "usd") == "$9.3e+12"
     assert _fmt(3.56e6, "days") == "41.2 d" and _fmt(2_335_534.4, "usd") == "$2,335,534"
+
+
+def test_hardware_prints_catalog_floats_without_binary_noise() -> None:
+    """`clustersim hardware trn3-gen2` printed pass_overhead 0.011090000000000001."""
+    result = invoke("hardware", "trn3-gen2")
+    assert result.exit_code == 0, result.output
+    assert "0.01109 " in result.stdout and "0.011090000000000001" not in result.stdout
+    assert "671.0" in result.stdout  # whole figures as before
