@@ -324,6 +324,8 @@ def _show(path: str, value: Any) -> str:
         return units.format_duration(value)
     if leaf == "power":
         return units.format_power(value)
+    if isinstance(value, float):  # a derived figure's binary rounding left out (0.01109,
+        return str(float(f"{value:.12g}"))  # not 0.011090000000000001)
     return str(value)
 
 

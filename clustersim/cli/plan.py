@@ -97,6 +97,14 @@ def _duration(text: str | None, what: str) -> float | None:
         return None
     from clustersim.hardware.units import UnitError, parse_duration
 
+    try:  # a bare number was taken as seconds: `--deadline 40` most likely meant days
+        float(text)
+    except ValueError:
+        pass
+    else:
+        raise UsageProblem(f"{what} {text!r}: a number without a unit; expected a duration "
+                           f"with its unit, e.g. {text.strip()}d (days), {text.strip()}h or "
+                           f"{text.strip()}s")
     try:
         value = parse_duration(text)
     except UnitError as error:
@@ -124,8 +132,8 @@ def plan(
     objective: Annotated[str, typer.Option(
         help="step, cost, energy or time-to-train.")] = "step",
     tokens: Annotated[str | None, typer.Option(help="Token budget to train, e.g. 15T.")] = None,
-    deadline: Annotated[str | None, typer.Option(help="Train the tokens by then, e.g. 60d.")
-                        ] = None,
+    deadline: Annotated[str | None, typer.Option(
+        help="Train the tokens by then, with a unit: 60d, 12h.")] = None,
     budget: Annotated[float | None, typer.Option(help="Most USD to spend on the tokens.")
                       ] = None,
     max_chips: Annotated[int | None, typer.Option(help="Largest size to consider.", min=1)

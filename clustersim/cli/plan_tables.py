@@ -74,13 +74,45 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
 def _fmt(value: Any, kind: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    if kind == "days":
-        return f"{value / 86400:,.1f} d"
+    if kind == "days":  # under 0.05 d (which printed "0.0 d"): in its own unit, e.g. 15.4s
+        if value < 0.05 * 86400:
+            from clustersim.hardware import units
+
+            return units.format_duration(value, 3)
+        # From a million days (or $10^10, 10^6 MWh) in three figures: the columns kept their
+        # width and the table squeezed the hardware and the step to "...".
+        days = value / 86400
+        return f"{days:.3g} d" if days >= 1e6 else f"{days:,.1f} d"
     if kind == "usd":
+        if value >= 1e10:
+            return f"${value:.3g}"
         return f"${value:,.0f}" if value >= 100 else f"${value:,.2f}"
     if kind == "energy":
+        if value >= 3.6e15:
+            return f"{value / 3.6e9:.3g} MWh"
         return f"{value / 3.6e9:,.1f} MWh" if value >= 3.6e9 else f"{value / 3.6e6:,.2f} kWh"
     return str(value)
+
+
+def _none_ranked(result: Any, name: str) -> str:
+    """Why a hardware entry has no row in the ranking: nothing of it runs, or what runs
+    misses --deadline or --budget (the closest of it said)."""
+    rows = result.rows
+    ran = rows[(rows["hardware"] == name) & (rows["status"] == "simulated")]
+    if not len(ran):
+        return "no feasible candidate"
+    closest = []
+    if result.options.deadline_s is not None:
+        r = ran.loc[ran["time_to_train_s"].astype(float).idxmin()]
+        closest.append(f"the fastest trains in {_fmt(float(r['time_to_train_s']), 'days')} "
+                       f"at {int(r['chips']):,} chips")
+    costs = ran["cost_usd"].dropna().astype(float)
+    if result.options.budget_usd is not None and len(costs):
+        r = ran.loc[costs.idxmin()]
+        closest.append(f"the cheapest costs {_fmt(float(r['cost_usd']), 'usd')} at "
+                       f"{int(r['chips']):,} chips")
+    return (f"none of its {len(ran):,} simulated candidates meets the constraints"
+            + (f" ({'; '.join(closest)})" if closest else ""))
 
 
 def _ep(row: dict[str, Any]) -> str:
@@ -167,7 +199,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
         for name in names:
             mine = [r for r in result.ranked if r["hardware"] == name]
             if not mine:
-                out_console.print(f"{name}: no feasible candidate")
+                out_console.print(f"{name}: {_none_ranked(result, name)}")
                 continue
             r = mine[0]
             band = r.get("step_time_s_band")
@@ -186,7 +218,7 @@ def _print_plan(result: Any, out_dir: Path, written: Path | None) -> None:
         if mine:
             r = mine[0]
             best_here = f", ETTR {r['ettr']:.3f}" + (
-                f", time to train {r['time_to_train_s'] / 86400:,.1f} d at best"
+                f", time to train {_fmt(r['time_to_train_s'], 'days')} at best"
                 if r["time_to_train_s"] is not None else "")
         out_console.print(
             f"{group.name} x {group.chips:,} chips: job MTBF "

@@ -89,7 +89,12 @@ class Engine:
             if exc_type is not None:  # interrupted or failed: stop the workers at once
                 for process in list((self._pool._processes or {}).values()):
                     process.terminate()
-            self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
+            # Always wait, even after terminating them: the pool's manager thread then closes
+            # its wake-up pipe before we return. Left running (wait=False), it could close the
+            # pipe while the interpreter's exit hook was writing to it, which printed an
+            # "OSError: Bad file descriptor" traceback after the CLI's own error. The workers
+            # are already gone, so the wait is short.
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:

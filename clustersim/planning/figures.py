@@ -2,7 +2,8 @@
 
 Per simulated candidate: ETTR from the group's failure and recovery figures (whole
 UltraServers are replaced whole when tensor parallelism spans one), time to train a token
-budget (tokens / (tokens per second x ETTR)), cost (the job's instances and the scenario's
+budget in whole steps (the budget rounded up to whole steps' tokens, / (tokens per second
+x ETTR): the steps the planned scenario runs), cost (the job's instances and the scenario's
 spares, at the catalog's price, for that wall time) and energy (the job's chips at their
 power for that wall time). Without a token budget, cost and energy are for one million
 tokens (`cost_usd`, `energy_j` are then per million tokens) so that sizes still compare.
@@ -33,7 +34,10 @@ def _add_figures(group: Group, row: dict[str, Any], job: JobSpec, options: PlanO
     tokens_per_step = job.global_batch * job.sequence_length
     tokens_per_s = tokens_per_step / row["step_time_s"]
     effective = tokens_per_s * ettr
-    tokens = options.tokens if options.tokens is not None else 1e6
+    if options.tokens is not None:  # whole steps, as the scenario the plan writes runs them
+        tokens = math.ceil(options.tokens / tokens_per_step) * tokens_per_step
+    else:
+        tokens = 1e6
     wall = tokens / effective if effective > 0 else math.inf
     price = hw.instance.price_per_hour_usd
     power = hw.chip.power_w

@@ -154,8 +154,10 @@ def _sizes(scenario: Scenario, job: JobSpec, options: PlanOptions, hw: HardwareS
                              f"({unit} chips)")
                 continue
             rounded = chips // unit * unit
+            count = rounded // unit
             notes.append(f"{hw.name}: {chips:,} chips is not a whole number of {what} of "
-                         f"{unit} chips; planned at {rounded:,} ({rounded // unit:,} {what})")
+                         f"{unit} chips; planned at {rounded:,} ({count:,} "
+                         f"{what if count > 1 else what[:-1]})")
             chips = rounded
         if chips not in kept:
             kept.append(chips)
@@ -349,6 +351,16 @@ def plan(scenario: Scenario, options: PlanOptions = PlanOptions(), engine: Engin
         raise PlanError(f"{scenario.source}: jobs: the scenario has no job to plan")
     job = scenario.jobs[0]
     _check_site_sizes(scenario, options)
+    if options.tokens is not None:
+        # The planned scenario runs the budget as steps: at most MAX_STEPS of them (1e30
+        # tokens planned 2e22 days, and the table squeezed its columns to "...").
+        tokens_per_step = job.global_batch * job.sequence_length
+        steps = math.ceil(options.tokens / tokens_per_step)
+        if steps > limits.MAX_STEPS:
+            raise PlanError(f"--tokens {options.tokens:.3g}: {steps:.3g} steps of the job's "
+                            f"{tokens_per_step:,}-token batch; expected at most "
+                            f"{limits.MAX_STEPS:.0e} steps, {limits.MAX_STEPS * tokens_per_step:.3g}"
+                            " tokens (MAX_STEPS, docs/limits.md)")
     given = "parallelism" in job.model_fields_set
     notes: list[str] = []
     groups: list[Group] = []

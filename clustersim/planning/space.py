@@ -21,7 +21,8 @@ gives them, not searched.
 A candidate is pruned, in this order, for
 - divisibility: at least one layer per stage (pp x interleave at most the layers), tp at
   most the query heads (beyond, ranks hold only padding heads), the
-  sequence over cp, the batch over micro-batch x dp, micro-batches over pp for interleaving,
+  sequence over cp, a cp rank's sequence over tp with sequence parallelism (Megatron and
+  NxD scatter it over the tp ranks), the batch over micro-batch x dp, micro-batches over pp for interleaving,
   experts over ep (the scenario loader's rules; a tp that does not divide the heads pads
   them, as NxD does);
 - placement: tensor parallelism must stay inside a NeuronLink (or NVLink) domain: an
@@ -260,6 +261,9 @@ def prune_reason(c: Candidate, hw: HardwareSpec, job: TrainingJob) -> str | None
                 f"padding heads only)")
     if job.sequence_length % c.cp:
         return f"divisibility: sequence {job.sequence_length} over cp {c.cp}"
+    if c.sequence_parallel and (job.sequence_length // c.cp) % c.tp:
+        return (f"divisibility: sequence {job.sequence_length // c.cp} per cp rank over tp "
+                f"{c.tp} (sequence parallelism)")
     rpi = hw.ranks_per_instance
     ranks = c.tp * c.cp * c.pp * c.dp
     if ranks % rpi:

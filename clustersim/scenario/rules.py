@@ -51,6 +51,18 @@ def _sharding_checks(at: str, job: JobSpec, planned: bool = False) -> Iterable[I
         if par.cp_comm == "all-to-all" and per_rank % par.cp:
             yield Issue(f"{at}.parallelism.cp", f"all-to-all context parallelism splits the "
                         f"{per_rank} heads of a tensor-parallel rank over cp", par.cp, True)
+    positions = job.sequence_length // par.cp  # a context-parallel rank's share
+    if par.sequence_parallel and par.tp > 1 and not job.sequence_length % par.cp and (
+            positions % par.tp):
+        # Megatron and NxD scatter the sequence over the tensor-parallel ranks between the
+        # tensor-parallel blocks and assert that tp divides it (_split_along_first_dim).
+        what = (f"a cp rank's {positions} positions (seq_len {job.sequence_length} over cp "
+                f"{par.cp})" if par.cp > 1 else f"seq_len {job.sequence_length}")
+        by = f"tp x cp = {par.tp * par.cp}" if par.cp > 1 else f"tp = {par.tp}"
+        yield Issue(f"{at}.parallelism.sequence_parallel", f"splits {what} over tp {par.tp}, "
+                    f"which does not divide it; expected a seq_len divisible by {by}, as "
+                    "Megatron and NxD scatter the sequence over the tp ranks; or "
+                    "sequence_parallel: false", par.sequence_parallel, True)
     if par.shard is not None:
         if par.zero == 0:
             yield Issue(f"{at}.parallelism.shard", "a shard group needs zero 1, 2 or 3",

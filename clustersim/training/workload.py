@@ -123,7 +123,10 @@ class ParallelismSpec(Spec, Degrees):
         description="hybrid sharding: data-parallel ranks (of dp x cp) in a shard group; "
         "ZeRO shards within a group and replicates across groups (gradients all-reduced "
         "between them); default all of them")
-    sequence_parallel: bool = False
+    sequence_parallel: bool = Field(
+        default=False, description="sequence parallelism (Megatron, NxD): the tp ranks split "
+        "the sequence between the tensor-parallel blocks (norms, dropout); seq_len must be "
+        "divisible by tp x cp")
     interleave: int = Field(default=1, gt=0, le=limits.MAX_INTERLEAVE,
                             description="virtual pipeline stages per rank")
     ep: int = Field(default=1, gt=0, le=limits.MAX_PARALLEL_DEGREE,
