@@ -96,3 +96,56 @@ def test_disaggregated_transfer_sends_one_copy_of_each_kv_head() -> None:
                                        peer=peer).time_s
     assert transfer_s(1000) == pytest.approx(expected)
 
+
+# ------------------------------------------------------------ traces that replay nothing
+_HELIOS_HEADER = ("job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,"
+                  "end_time,duration,queue\n")
+_HELIOS_LEFT_OUT = (  # CPU-only, ended as it started, never started
+    "1,u1,vc1,0,16,1,COMPLETED,2020-06-09 18:41:01,2020-06-09 18:41:01,"
+    "2020-06-10 04:55:09,36848,0\n"
+    "2,u2,vc2,16,32,2,FAILED,2020-06-09 18:41:27,2020-06-09 18:41:27,"
+    "2020-06-09 18:41:27,0,0\n"
+    "3,u3,vc3,1,1,1,CANCELLED,2020-06-09 18:41:28,,,0,0\n")
+_HELIOS_RUN = ("4,u4,vc4,8,16,1,COMPLETED,2020-06-09 19:00:00,2020-06-09 19:00:00,"
+               "2020-06-09 20:00:00,3600,0\n")
+
+
+def _helios(folder, rows: str):
+    from cli_helpers import write
+
+    (folder / "cluster_log.csv").write_text(_HELIOS_HEADER + rows, encoding="utf-8")
+    return write(folder, {
+        "name": "empty-trace", "hardware": "trn2", "duration": "1d",
+        "cluster": {"instances": 4}, "trace": {"enabled": False},
+        "workload": {"trace": "cluster_log.csv", "format": "helios",
+                     "mapping": {"rule": "instances", "gpus_per_instance": 8}}})
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_trace_whose_every_row_is_left_out_is_refused(tmp_path, command: str) -> None:
+    """Every row left out (CPU-only, zero-length, never started) ran an empty fleet for the
+    whole duration and exited 0; now exit 2 naming the file and the counts by reason."""
+    from cli_helpers import invoke, refused
+
+    scenario = _helios(tmp_path, _HELIOS_LEFT_OUT)
+    extra = ["-o", tmp_path / "out"] if command == "run" else []
+    result = invoke(command, scenario, *extra)
+    refused(result, "workload.trace", "cluster_log.csv", "none of its 3 rows",
+            "1 never started", "1 no GPUs (CPU-only)", "1 ended as it started")
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_one_replayable_row_is_enough(tmp_path) -> None:
+    """The same rows beside one GPU job run, and trace_rows counts what the refusal names."""
+    import json
+
+    from cli_helpers import invoke
+
+    scenario = _helios(tmp_path, _HELIOS_LEFT_OUT + _HELIOS_RUN)
+    result = invoke("run", scenario, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "out" / "summary.json").read_text("utf-8"))["trace_rows"]
+    assert rows["replayed"] == 1
+    assert {k: v for k, v in rows["left_out"].items() if v} == {
+        "never_started": 1, "no_gpus": 1, "zero_length": 1}
+
