@@ -149,3 +149,35 @@ def test_one_replayable_row_is_enough(tmp_path) -> None:
     assert {k: v for k, v in rows["left_out"].items() if v} == {
         "never_started": 1, "no_gpus": 1, "zero_length": 1}
 
+
+# ------------------------------------------------------------ models --json of MLA models
+def test_models_json_gives_an_mla_model_no_kv_heads_or_head_dim() -> None:
+    """DeepSeek-V3's JSON row said kv_heads 128 (its query heads) and head_dim 56 (hidden /
+    heads), neither of which the model uses: every head reads one 576-value latent. They
+    are null now; the ranks are the config's, and the row still gives the same shape."""
+    import json
+
+    from cli_helpers import invoke
+
+    from clustersim.serving.attention import kv_values_per_token_layer
+
+    listing = {row["name"]: row for row in json.loads(invoke("models", "--json").stdout)[
+        "models"]}
+    v3 = listing["deepseek-v3"]
+    assert v3["kv_heads"] is None and v3["head_dim"] is None
+    assert {k: v3[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                               "qk_rope_head_dim", "v_head_dim")} == {
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128}
+    shape = TransformerShape.model_validate(
+        {k: v for k, v in v3.items() if k not in ("parameters", "active_parameters", "source")})
+    preset = _model("deepseek-v3")  # (its catalog entry gives kv_heads: heads, the default)
+    assert shape.model_dump(exclude={"kv_heads"}) == preset.model_dump(exclude={"kv_heads"})
+    assert shape.n_kv_heads == preset.n_kv_heads
+    assert shape.parameter_count() == v3["parameters"]
+    assert kv_values_per_token_layer(shape) == v3["kv_lora_rank"] + v3["qk_rope_head_dim"]
+    assert listing["llama3.1-70b"]["kv_heads"] == 8 and listing["llama3.1-70b"]["head_dim"] == 128
+    one = json.loads(invoke("models", "deepseek-v3", "--json").stdout)
+    assert one["kv_heads"] is None and one["head_dim"] is None
+    table = " ".join(invoke("models").stdout.replace("│", " ").split())
+    assert "128/latent" in table and "64/8" in table
