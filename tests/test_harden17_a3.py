@@ -121,7 +121,9 @@ def test_a_job_whose_second_stage_holds_every_expert_does_not_fit(tmp_path) -> N
     # Its weights hold every expert, as pp 1's do; only the dense layers are halved.
     whole = busiest_memory(_job(_HALF_DENSE, tp=32, pp=1, dp=2), 64, HBM, 1)
     m = j.model
-    dense_layer = (attention_parameters(m) + 2 * m.hidden + layer_weights(m, False, False)) / 32
+    # (each layer with its 8 KV heads' K and V replicated to one per rank of the 32)
+    dense_layer = (attention_parameters(m) + 2 * m.hidden + layer_weights(m, False, False)) / 32 \
+        + sharded_heads(m, 32).extra_attention_parameters_per_rank(m, 32)
     assert busiest.weights == pytest.approx(whole.weights - 2 * (4 * dense_layer + m.vocab
                                                                  * m.hidden / 32), rel=1e-12)
     # Activations: its 4 MoE layers' (top 2 of 80: twice a dense layer's FFN intermediates).

@@ -206,7 +206,11 @@ def models(
     for preset in names if name is None else [name]:
         shape = TransformerShape.model_validate(model_preset_values(preset))
         shapes.append(shape)
-        rows.append({**shape.model_dump(mode="json"),
+        fields = shape.model_dump(mode="json")
+        if shape.attention == "mla":  # unused: its ranks set the widths and every head
+            # reads the one latent (the defaults, hidden / heads and heads, would mislead)
+            fields.update(head_dim=None, kv_heads=None)
+        rows.append({**fields,
                      "parameters": shape.parameter_count(),
                      "active_parameters": shape.active_parameters,
                      "source": model_preset_source(preset)})
@@ -221,7 +225,7 @@ def models(
         table.add_column("field", overflow="fold")
         table.add_column("value", justify="right", overflow="fold")
         skip = {"name", "parameters", "active_parameters", "source"}
-        if row["attention"] == "mla":  # its widths are qk_nope/qk_rope/v_head_dim: unused
+        if row["attention"] == "mla":  # (its widths are qk_nope/qk_rope/v_head_dim)
             skip |= {"head_dim", "kv_heads"}
         for key, value in row.items():
             if key not in skip:
@@ -235,7 +239,7 @@ def models(
         table.add_column(column, no_wrap=True)
     lines = []
     for row, shape in zip(rows, shapes, strict=True):
-        kv = shape.n_kv_heads
+        kv = "latent" if shape.attention == "mla" else shape.n_kv_heads  # MLA: one, shared
         heads = f"{shape.heads}" + (f"/{kv}" if kv != shape.heads else "")  # query/KV
         experts = "-" if row["experts"] <= 1 else (
             f"{row['experts']} top {row['top_k']}"

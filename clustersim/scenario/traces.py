@@ -375,5 +375,12 @@ def _read(path: Path, fmt: str, mapping: TraceMapping, target: TraceTarget,
                              instances, None if team == "none" else row.team, row.outcome,
                              row.where))
     del left_out["no_end" if fmt == "philly" else "no_attempts"]  # a reason of other formats
+    if not jobs:  # an empty fleet would run (and report nothing) for the whole duration
+        counts = ", ".join(f"{count:,} {LEFT_OUT[reason]}"
+                           for reason, count in left_out.items() if count)
+        raise TraceProblem(f"none of its {len(rows):,} rows is a GPU job to replay"
+                           + (f" (left out: {counts})" if counts else "")
+                           + "; expected at least one row of a job that started on GPUs and "
+                           "ran (docs/traces-in.md)")
     return jobs, {"format": fmt, "rows": len(rows), "replayed": len(jobs),
                   "left_out": left_out, "ended_at_trace_end": ended_at_trace_end}

@@ -204,7 +204,8 @@ class IterationModel:
         in the first stage), with the embedding on the first stage and the output layer on
         the last (pp = 1 holds both; one table when tied)."""
         m, pp = self.shape.model, self.shape.pp
-        # Padded heads (tp not dividing them) add their attention weights on every rank.
+        # Padded heads (tp not dividing them) add their attention weights on every rank, and
+        # KV heads replicated past tp (or converted) their K and V projections.
         padding = self.heads.extra_attention_parameters_per_rank(m, self.shape.tp)
         per_rank = busiest_stage_parameters_per_rank(m, self.shape.tp, pp, padding)
         ranks_per_chip = min(self.hardware.chip.ranks, self.shape.tp * pp)

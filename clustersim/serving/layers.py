@@ -113,7 +113,8 @@ def busiest_stage_parameters_per_rank(model, tp: int, pp: int,
     """Weights one rank of the heaviest of `pp` pipeline stages holds: its layers, each with
     its own FFN (a mixture's dense layers are lighter than its MoE layers), the embedding on
     the first stage and the output layer on the last (pp = 1 holds both; one table when
-    tied), split over `tp`, plus `padding_per_layer` (padded heads) per layer."""
+    tied), split over `tp`, plus `padding_per_layer` (padded query heads, replicated KV
+    heads: ShardedHeads.extra_attention_parameters_per_rank) per layer."""
     from clustersim.training.layers import attention_parameters, is_moe_layer, layer_weights
     from clustersim.training.stages import rank_layer_indices
 

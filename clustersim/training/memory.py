@@ -169,7 +169,8 @@ def _dense_params_per_rank(job: TrainingJob, first: bool, last: bool,
     per_layer = _dense_layer_params(model, share)
     layers = model.layers / par.pp if layers is None else layers
     # The router is replicated over tensor parallelism; the rest is split (with the padded
-    # heads' attention weights when tp does not divide the heads).
+    # heads' attention weights when tp does not divide the heads, and the K and V
+    # projections of KV heads replicated to one per rank when tp exceeds them).
     padding = sharded_heads(model, par.tp).extra_attention_parameters_per_rank(model, par.tp)
     count = layers * (per_layer / par.tp + router_weights_per_layer(model, share) + padding)
     if first:

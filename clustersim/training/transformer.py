@@ -269,11 +269,11 @@ class ShardedHeads:
         return self.heads != model.heads
 
     def extra_attention_parameters_per_rank(self, model: TransformerShape, tp: int) -> float:
-        """Weights a rank holds beyond its 1/tp share of a layer's attention when the query
-        heads are padded (Q, K, V and the output projection of the padded heads); zero when
-        tp divides the heads (the gate's too, where the model has one)."""
-        if not self.padded(model):
-            return 0.0
+        """Weights a rank holds beyond its 1/tp share of a layer's attention: the padded
+        query heads' (Q, K, V, the output projection and the gate, where the model has
+        one), and the K and V projections of the KV heads replicated or converted to reach
+        one per rank (8 KV heads at tp 64: each rank holds a whole head's, not an eighth of
+        one). Zero when tp divides both the heads and the KV heads."""
         d = model.head_dim
         q = 3 if model.attention_gate else 2  # Q, the output projection (and the gate)
         held = model.hidden * d * (q * self.per_rank + 2 * self.kv_per_rank)
