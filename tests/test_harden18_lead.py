@@ -182,3 +182,12 @@ def test_a_size_with_factors_the_batch_lacks_is_flagged_with_neighbours_that_lea
     assert _batch_note("trn2", 1152, 16, "instances", 1536) == []  # 1,536 = 2^9 x 3
     # every size of a Trn3 Gen2 UltraServer (144 = 2^4 x 3^2) carries the 9: no note for it
     assert _batch_note("trn3-gen2", 1152, 144, "UltraServers", 1024) == []
+
+
+def test_the_batch_note_of_one_unit_ends():
+    """The note's search below one UltraServer tried a size of 0 chips and never ended (a
+    plan of one Trn3 Gen2 UltraServer hung)."""
+    from clustersim.planning.planner import _batch_note
+
+    assert _batch_note("trn3-gen2", 144, 144, "UltraServers", 1024) == []
+    assert _batch_note("trn2", 48, 16, "instances", 1024)[0].startswith("trn2: 48 chips")

@@ -198,6 +198,8 @@ def _factoring_note(name: str, chips: int, unit: int, what: str) -> list[str]:
 def _untaken(chips: int, batch: int) -> int:
     """The part of `chips` made of primes the batch (sequences) lacks: data parallelism
     divides the batch, so that part must go to tensor, context or pipeline degrees."""
+    if chips < 1 or batch < 1:
+        return 1
     rest, p, b = chips, 2, batch
     while p * p <= b:
         if b % p == 0:
@@ -220,7 +222,7 @@ def _batch_note(name: str, chips: int, unit: int, what: str, batch: int | None) 
     count, rest = chips // unit, _untaken(chips, batch)
     if rest == 1:
         return []
-    below = next((n for n in range(count - 1, max(0, count // 2) - 1, -1)
+    below = next((n for n in range(count - 1, max(1, count // 2) - 1, -1)
                   if _untaken(n * unit, batch) < rest), None)
     above = next((n for n in range(count + 1, 2 * count + 1)
                   if _untaken(n * unit, batch) < rest), None)
