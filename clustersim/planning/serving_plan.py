@@ -26,7 +26,7 @@ engine in batches replayed in order, so the answer does not depend on the engine
 Every figure comes from the serving simulation `run` uses: no second performance model. The
 best of each hardware is also given at its SLO capacity: the highest rate one replica holds
 (`find_rate`), and the cost per million output tokens there, charging a replica its share of
-an instance.
+an instance, or the whole instances it spans when it is larger than one.
 """
 
 from __future__ import annotations
@@ -360,7 +360,9 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
         "hardware": shape.hardware, "tp": shape.tp, "pp": shape.pp,
         # a mixture's expert parallelism; a dense model's rows have no such column
         **({} if shape.ep is None else {"ep": shape.ep}),
-        "replicas_per_instance": max(0, shape.spec.ranks_per_instance // (shape.tp * shape.pp)),
+        # a replica larger than an instance holds whole instances: 1/2 a replica per instance
+        "replicas_per_instance": replicas_per_instance(shape.tp * shape.pp, shape.spec),
+        "instances_per_replica": instances_per_replica(shape.tp * shape.pp, shape.spec),
         "max_batch": shape.max_batch, "status": status, "why": shape.why,
         "kv_capacity_tokens": shape.kv_capacity_tokens or None,
         "rate_bound_per_s": shape.rate_bound_per_s if math.isfinite(shape.rate_bound_per_s)
@@ -396,11 +398,34 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
     return row
 
 
+def instances_per_replica(ranks: int, spec: Any) -> int:
+    """Whole instances a replica of `ranks` spans (1 when it fits in one)."""
+    return max(1, -(-ranks // spec.ranks_per_instance))
+
+
+def replicas_per_instance(ranks: int, spec: Any) -> float:
+    """Replicas of `ranks` one instance holds: a whole number when a replica fits in one,
+    else 1 / the instances a replica spans (0.5 for a replica on two)."""
+    if ranks <= spec.ranks_per_instance:
+        return spec.ranks_per_instance // ranks
+    return 1.0 / instances_per_replica(ranks, spec)
+
+
+def instances_charged(ranks: int, spec: Any) -> float:
+    """The instances a replica of `ranks` is charged at capacity: its share of one when it
+    fits in one (the rest of the instance serves other replicas), else every instance it
+    spans (a replica of 16 GPUs holds two p5 instances, not one)."""
+    if ranks <= spec.ranks_per_instance:
+        return ranks / spec.ranks_per_instance
+    return float(instances_per_replica(ranks, spec))
+
+
 def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
                 progress: Any = None) -> None:
     """Each hardware's best, and the shown candidates, at their SLO capacity: the highest
     rate one replica holds, and the cost per million output tokens there (a replica charged
-    its share of an instance). The searches run on the engine, in the ranking's order."""
+    its share of an instance, or every instance it spans: instances_charged). The searches
+    run on the engine, in the ranking's order."""
     shown = {id(r) for r in result.ranked[: result.options.top]}
     shown |= {id(r) for r in result.best_per_hardware().values()}
     index = _deployment_index(result.scenario, result.deployment)
@@ -431,9 +456,8 @@ def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
         row["capacity_rate_per_s"], tokens = found
         price = spec.instance.price_per_hour_usd
         if price is not None and tokens > 0:
-            share = row["tp"] * row["pp"] / spec.ranks_per_instance
             row["cost_per_million_output_tokens_at_capacity_usd"] = (
-                min(1.0, share) * price / 3600.0 / tokens * 1e6)
+                instances_charged(row["tp"] * row["pp"], spec) * price / 3600.0 / tokens * 1e6)
     frame = result.rows
     for row in result.ranked:
         match = ((frame["hardware"] == row["hardware"]) & (frame["tp"] == row["tp"])
