@@ -39,7 +39,8 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
             f"{r['chips']:,}", "-" if r["usd_per_h"] is None else f"{r['usd_per_h']:,.2f}",
             f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
             f"{r['slo_goodput']:.1%}", "-" if cost is None else f"${cost:,.2f}",
-            "-" if capacity is None else f"{capacity:,.3g}/s",
+            ("none (note)" if r.get("capacity_why") else "-") if capacity is None
+            else f"{capacity:,.3g}/s",
             "-" if at_capacity is None else f"${at_capacity:,.2f}")
     from rich.console import Console
 
