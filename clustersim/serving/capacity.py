@@ -82,8 +82,9 @@ IDLE_LOAD = 0.01
 IDLE_SAMPLE_REQUESTS = 10_000  # lengths drawn for the idle bound (its share within about 0.5%)
 # A trial decides when its share is this many binomial standard deviations from the target
 # (about 98% one-sided); else it runs again on TRIAL_GROWTH times the requests, up to
-# MAX_TRIAL_REQUESTS (at 99%: one standard deviation 0.07% of the share, about 5% of the
-# rate where Llama 3.1 405B's goodput falls 3.6% per request/s; a trial of it about 3 s).
+# MAX_TRIAL_REQUESTS (at 99%: one standard deviation 0.11% of the share, about 5% of the
+# rate where Llama 3.1 405B's goodput falls 3.6% per request/s near 0.65/s; a trial of it
+# about 1.5 s of CPU; 20,000 took twice the time and moved its answer by as much).
 Z_DECISIVE = 2.0
 TRIAL_GROWTH = 4
 MAX_TRIAL_REQUESTS = 8_000
