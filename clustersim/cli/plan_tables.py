@@ -34,12 +34,13 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         cost = r.get("cost_per_million_output_tokens_usd")
         table.add_row(
             str(rank), r["hardware"], f"{r['tp']} {r['pp']}" + (f" {r['ep']}" if mixture else ""),
-            str(r["replicas_per_instance"]),
+            _per_instance(r),
             str(r["max_batch"]), f"{r['replicas']:,}", f"{r['instances']:,}",
             f"{r['chips']:,}", "-" if r["usd_per_h"] is None else f"{r['usd_per_h']:,.2f}",
             f"{r['ttft_p99_s']:.3g} s", f"{r['tpot_p99_s']:.3g} s",
             f"{r['slo_goodput']:.1%}", "-" if cost is None else f"${cost:,.2f}",
-            "-" if capacity is None else f"{capacity:,.3g}/s",
+            ("none (note)" if r.get("capacity_why") else "-") if capacity is None
+            else f"{capacity:,.3g}/s",
             "-" if at_capacity is None else f"${at_capacity:,.2f}")
     from rich.console import Console
 
@@ -69,6 +70,12 @@ def _print_serving_plan(result: Any, out_dir: Path, written: Path | None) -> Non
         err_console.print(f"note: {escape(note)}")
     out_console.print(f"wrote {out_dir}/ (plan.parquet, plan.json, pareto.png)"
                       + (f" and {written}" if written else ""))
+
+
+def _per_instance(row: dict[str, Any]) -> str:
+    """Replicas per instance: `4`, or `1/2` for a replica that spans two instances."""
+    spans = row.get("instances_per_replica") or 1
+    return f"1/{spans}" if spans > 1 else str(int(row["replicas_per_instance"]))
 
 
 def _fmt(value: Any, kind: str) -> str:

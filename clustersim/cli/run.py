@@ -266,6 +266,24 @@ def _find_rates(spec: Any, base_dir: Path, goodput: float, seed: int | None) -> 
                f"; ${f['cost_per_million_output_tokens_usd']:,.2f} per million output tokens "
                "at that rate"))
         out_console.print(f"  tried {tried}")
+        noise = _within_noise(search, goodput)
+        if noise:
+            out_console.print(f"  {noise}")
+
+
+def _within_noise(search: Any, goodput: float) -> str:
+    """The rates whose trials' share stayed within noise of the target at the most
+    requests a trial serves (the goodput hardly moves with the rate there), or ''."""
+    from clustersim.serving.capacity import Z_DECISIVE
+
+    if not search.within_noise:
+        return ""
+    rates = sorted(search.within_noise | ({search.rate_per_s} if search.rate_per_s else set()))
+    most = max(search.requests)
+    return (f"from {rates[0]:,.3g}/s to {rates[-1]:,.3g}/s the share within the SLO stayed "
+            f"within {Z_DECISIVE:g} standard deviations of {goodput:.0%} over {most:,} "
+            "requests a trial: the goodput hardly changes with the rate there, so the capacity "
+            "is known only to that range")
 
 
 def _not_met(deployment: Any, search: Any, goodput: float) -> str:

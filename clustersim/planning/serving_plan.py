@@ -26,7 +26,7 @@ engine in batches replayed in order, so the answer does not depend on the engine
 Every figure comes from the serving simulation `run` uses: no second performance model. The
 best of each hardware is also given at its SLO capacity: the highest rate one replica holds
 (`find_rate`), and the cost per million output tokens there, charging a replica its share of
-an instance.
+an instance, or the whole instances it spans when it is larger than one.
 """
 
 from __future__ import annotations
@@ -44,14 +44,18 @@ import yaml
 
 from clustersim.hardware.catalog import catalog_entry, catalog_names, custom_base
 from clustersim.planning.engine import Engine
+from clustersim.planning.serving_capacity import (
+    _ep_text,
+    capacities,
+    instances_per_replica,
+    replicas_per_instance,
+)
 from clustersim.planning.serving_search import CandidateTask, search_candidate, settle
 from clustersim.planning.serving_space import (
     BATCHES,
     BoundTask,
     ServingPlanError,
-    _instances_for,
     _load,
-    _raw_variant,
     _Shape,
     _shapes,
     bound_shapes,
@@ -59,9 +63,7 @@ from clustersim.planning.serving_space import (
     foreign_stack,
     unfitted_mixture,
 )
-from clustersim.scenario.loader import scenario_from_dict
 from clustersim.scenario.models import Scenario
-from clustersim.serving.capacity import find_rate
 
 __all__ = ["ServingPlanOptions", "ServingPlanResult", "ServingPlanError", "plan_serving"]
 
@@ -277,7 +279,7 @@ def plan_serving(scenario: Scenario, options: ServingPlanOptions,
     result = ServingPlanResult(scenario, d.name, options, load, mean_out, frame, ranked,
                                best_scenarios, notes)
     if options.capacity:
-        _capacities(result, base_dir, runner, progress)
+        capacities(result, base_dir, runner, progress)
     return result
 
 
@@ -324,11 +326,6 @@ def _why_none(rows: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _ep_text(ep: int | None) -> str:
-    """`, ep 4` after a mixture's tp and pp (nothing for a dense model's shape)."""
-    return "" if ep is None else f", ep {ep}"
-
-
 def _bound_all(shapes: list[_Shape], task: BoundTask, runner: Any) -> None:
     """Validate and bound every shape, on the engine: `_width(runner)` interleaved slices
     (a slice of every kind of shape, so the workers finish together). A mixture has up to
@@ -344,25 +341,14 @@ def _bound_all(shapes: list[_Shape], task: BoundTask, runner: Any) -> None:
                 setattr(shape, key, value)
 
 
-def _capacity(task: tuple[dict[str, Any], str, Path | None, float]
-              ) -> tuple[float, float] | None:
-    """(the highest rate one replica holds, its output tokens per second there), or None:
-    `--find-rate`'s search of one replica (an engine's task)."""
-    mapping, source, base_dir, goodput = task
-    one = scenario_from_dict(mapping, source, base_dir=base_dir)
-    search = find_rate(one, None, goodput, None, bisections=4, base_dir=base_dir,
-                       stop_early=True)
-    if search.rate_per_s is None or not search.figures:
-        return None
-    return search.rate_per_s, search.figures["output_tokens_per_s"]
-
-
 def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str, Any]:
     row: dict[str, Any] = {
         "hardware": shape.hardware, "tp": shape.tp, "pp": shape.pp,
         # a mixture's expert parallelism; a dense model's rows have no such column
         **({} if shape.ep is None else {"ep": shape.ep}),
-        "replicas_per_instance": max(0, shape.spec.ranks_per_instance // (shape.tp * shape.pp)),
+        # a replica larger than an instance holds whole instances: 1/2 a replica per instance
+        "replicas_per_instance": replicas_per_instance(shape.tp * shape.pp, shape.spec),
+        "instances_per_replica": instances_per_replica(shape.tp * shape.pp, shape.spec),
         "max_batch": shape.max_batch, "status": status, "why": shape.why,
         "kv_capacity_tokens": shape.kv_capacity_tokens or None,
         "rate_bound_per_s": shape.rate_bound_per_s if math.isfinite(shape.rate_bound_per_s)
@@ -394,56 +380,9 @@ def _row(shape: _Shape, outcome: dict[str, Any] | None, status: str) -> dict[str
                           + ("more replicas do not help" if outcome.get("stuck")
                              else "search stopped"))
     row.update({"capacity_rate_per_s": None,
-                "cost_per_million_output_tokens_at_capacity_usd": None})
+                "cost_per_million_output_tokens_at_capacity_usd": None,
+                "capacity_why": None})  # why a shown row has no capacity
     return row
-
-
-def _capacities(result: ServingPlanResult, base_dir: Path | None, runner: Any,
-                progress: Any = None) -> None:
-    """Each hardware's best, and the shown candidates, at their SLO capacity: the highest
-    rate one replica holds, and the cost per million output tokens there (a replica charged
-    its share of an instance). The searches run on the engine, in the ranking's order."""
-    shown = {id(r) for r in result.ranked[: result.options.top]}
-    shown |= {id(r) for r in result.best_per_hardware().values()}
-    index = _deployment_index(result.scenario, result.deployment)
-    if result.scenario.serve[index].workload.arrival == "trace":
-        return  # a trace's rate is the trace's
-    raw = yaml.safe_load(result.scenario.source_yaml)
-    rows, tasks = [], []
-    for row in result.ranked:
-        if id(row) not in shown:
-            continue
-        spec = (result.scenario.hardware if row["hardware"] == result.scenario.hardware.name
-                else catalog_entry(row["hardware"]))
-        hw_value = (raw.get("hardware") if row["hardware"] == result.scenario.hardware.name
-                    else row["hardware"])
-        per_replica = result.load_rate_per_s / row["replicas"]
-        mapping = _raw_variant(raw, raw["serve"][index], hw_value, row["tp"], row["pp"], 1,
-                               row["max_batch"], _instances_for(row["tp"] * row["pp"], 1, spec),
-                               row.get("ep"))
-        mapping["serve"][0]["workload"]["rate"] = float(per_replica)
-        rows.append((row, spec))
-        tasks.append((mapping, f"{result.scenario.source} (capacity)", base_dir,
-                      result.options.goodput))
-    if progress is not None and tasks:
-        progress(0, len(tasks), "each best at its SLO capacity")
-    for (row, spec), found in zip(rows, runner.map(_capacity, tasks), strict=True):
-        if found is None:
-            continue
-        row["capacity_rate_per_s"], tokens = found
-        price = spec.instance.price_per_hour_usd
-        if price is not None and tokens > 0:
-            share = row["tp"] * row["pp"] / spec.ranks_per_instance
-            row["cost_per_million_output_tokens_at_capacity_usd"] = (
-                min(1.0, share) * price / 3600.0 / tokens * 1e6)
-    frame = result.rows
-    for row in result.ranked:
-        match = ((frame["hardware"] == row["hardware"]) & (frame["tp"] == row["tp"])
-                 & (frame["pp"] == row["pp"]) & (frame["max_batch"] == row["max_batch"]))
-        if "ep" in row:
-            match &= frame["ep"] == row["ep"]
-        for key in ("capacity_rate_per_s", "cost_per_million_output_tokens_at_capacity_usd"):
-            frame.loc[match, key] = row[key]
 
 
 def _part_ultraserver_notes(ranked: list[dict[str, Any]], specs: dict[str, Any]) -> list[str]:

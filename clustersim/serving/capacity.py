@@ -4,17 +4,27 @@ The share of requests meeting both the TTFT and TPOT bounds (`slo_goodput`) fall
 grows past what the replicas can batch. A rate at which the deployment is `saturated` (its
 queue grows over the horizon) is never held, whatever its goodput over a short horizon.
 `find_rate` brackets the rate where it crosses the target (doubling or halving from a first
-guess, never above `rate_ceiling`), then bisects; every rate tried is simulated over the
-scenario's horizon with the same seed, so the answer is deterministic. When the ceiling
-itself holds the answer is "at least" it.
+guess, never above `rate_ceiling`), then bisects, keeping the highest rate held below the
+lowest that failed. When the ceiling itself holds the answer is "at least" it.
 
-A trial judges a share only as finely as its requests allow: with fewer than 1/(1 - goodput)
-of them one miss already fails the target and none passes it (the halving once accepted 0.0215/s
-on 3 requests, 99% being out of reach at any rate). A trial whose horizon would bring fewer
-expected requests (`min_trial_requests`) runs over a longer one. The halving ends once the
-target is shown out of reach: fewer than `goodput` of the requests could meet the SLO even
-on an idle replica (`idle_bound`), or a trial near idle failed it (an offered load under
-IDLE_LOAD of one replica's work: lower rates change little).
+Every trial serves the same requests (common random numbers): the first n of the
+deployment's stream from the same seed, their arrivals scaled by the rate, so that two rates
+differ only in how close together the requests come. n is at first the scenario's own
+count (its rate over its horizon) and at least 1/(1 - goodput) (with fewer one miss already
+fails the target and none passes it: the halving once accepted 0.0215/s on 3 requests).
+
+A trial judges a share only as finely as its requests allow. Near the capacity of a
+deployment whose goodput falls slowly with the rate (a few long prompts miss the TTFT bound
+whenever they arrive during others' decoding: Llama 3.1 405B on trn2 keeps 99.6% at 0.1/s,
+99.1% at 0.5/s, 98.0% at 0.7/s) one more or one fewer such prompt in a 300-request trial
+swung the answer from 0.055/s to 0.91/s with the seed. So a trial decides only when its
+share is clear of the target by Z_DECISIVE binomial standard deviations (sqrt(g (1 - g) /
+n) at the target g); otherwise it is run again on TRIAL_GROWTH times the requests, up to
+MAX_TRIAL_REQUESTS, where a share still within that noise is judged as measured and the
+rate noted (`within_noise`). The halving ends once the target is shown out of reach: fewer
+than `goodput` of the requests could meet the SLO even on an idle replica (`idle_bound`,
+checked before any trial), or a trial near idle failed it (an offered load under IDLE_LOAD
+of one replica's work: lower rates change little).
 """
 
 from __future__ import annotations
@@ -49,6 +59,9 @@ class RateSearch:
     at_ceiling: bool = False  # no rate tried failed (the ceiling held): the answer is "at least"
     idle: IdleBound | None = None  # the share that could meet the SLO on an idle replica
     near_idle_per_s: float | None = None  # the halving stopped at this failing rate, near idle
+    requests: list[int] = field(default_factory=list)  # each trial's requests, as `tried`
+    within_noise: set[float] = field(default_factory=set)  # rates judged at the most requests
+    # a trial allows, their share still within Z_DECISIVE standard deviations of the target
 
     def best(self) -> tuple[float, float] | None:
         """(rate, goodput) of the trial with the highest goodput (the highest rate on ties)."""
@@ -67,6 +80,14 @@ MAX_MIN_TRIAL_REQUESTS = 1000
 # so a lower rate changes its latency little.
 IDLE_LOAD = 0.01
 IDLE_SAMPLE_REQUESTS = 10_000  # lengths drawn for the idle bound (its share within about 0.5%)
+# A trial decides when its share is this many binomial standard deviations from the target
+# (about 98% one-sided); else it runs again on TRIAL_GROWTH times the requests, up to
+# MAX_TRIAL_REQUESTS (at 99%: one standard deviation 0.11% of the share, about 5% of the
+# rate where Llama 3.1 405B's goodput falls 3.6% per request/s near 0.65/s; a trial of it
+# about 1.5 s of CPU; 20,000 took twice the time and moved its answer by as much).
+Z_DECISIVE = 2.0
+TRIAL_GROWTH = 4
+MAX_TRIAL_REQUESTS = 8_000
 
 
 def min_trial_requests(goodput: float) -> int:
@@ -89,20 +110,28 @@ def rate_ceiling(scenario: Scenario, spec: Any) -> float:
     return ceiling
 
 
-def _with_rate(scenario: Scenario, index: int, rate: float, least: int = 0) -> Scenario:
-    """The scenario at `rate`, its horizon lengthened until `least` requests are expected
-    (at most `workload.requests`)."""
+def _with_rate(scenario: Scenario, index: int, rate: float, requests: int) -> Scenario:
+    """The scenario at `rate` serving the deployment's first `requests` requests: its
+    horizon `requests / rate` from its start (the arrivals of a unit-rate stream scaled by
+    1 / rate, so every rate draws the same requests; at most `workload.requests`)."""
     serve = list(scenario.serve)
     d = serve[index]
+    wanted = min(requests, d.workload.requests or requests)
     serve[index] = d.model_copy(update={"workload": d.workload.model_copy(
         update={"rate_per_s": rate})})
     update: dict[str, Any] = {"serve": serve}
-    wanted = min(least, d.workload.requests or least)
     if wanted > rate * (scenario.duration_s - d.start_s):
         update["duration_s"] = d.start_s + wanted / rate
     changed = scenario.model_copy(update=update)
     changed._source = scenario.source
     return changed
+
+
+def decisive(share: float, goodput: float, requests: int) -> bool:
+    """Whether a trial's share of `requests` is clear of `goodput` by Z_DECISIVE binomial
+    standard deviations (at the target): one more or fewer miss would not change it."""
+    spread = math.sqrt(goodput * (1.0 - goodput) / max(1, requests))
+    return abs(share - goodput) >= Z_DECISIVE * spread
 
 
 def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float = 0.99,
@@ -125,17 +154,39 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         raise ValueError(f"deployment {name!r} replays a trace: its rate is the trace's")
     seed = scenario.seed if seed is None else seed
     search = RateSearch(name, goodput, None, None)
-    least = min_trial_requests(goodput)
+    search.idle = idle_bound(scenario, index, base_dir, IDLE_SAMPLE_REQUESTS)
+    ceiling = rate_ceiling(scenario, spec)
+    search.ceiling_per_s = ceiling
+    rate = min(float(spec.workload.rate_per_s or spec.replicas), ceiling)
+    # The scenario's own requests at its rate, at least 1 / (1 - goodput)
+    first = max(min_trial_requests(goodput),
+                math.ceil(rate * (scenario.duration_s - spec.start_s) - 1e-9))
+    most = max(first, MAX_TRIAL_REQUESTS)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        variant = _with_rate(scenario, index, rate, least)
-        # A stopped run's share so far is under `goodput` too: its requests that can still
-        # meet the SLO are too few (the trial's bound), so `holds` says no, as it would.
-        result = simulate_serving(variant, np.random.SeedSequence(seed, spawn_key=(16,)),
-                                  base_dir, trial=SloTrial(name, goodput) if stop_early
-                                  else None)
-        figures = deployment_figures(variant, result)[name]
-        search.tried.append((rate, figures["slo_goodput"]))
+        requests = first
+        while True:
+            variant = _with_rate(scenario, index, rate, requests)
+            # A stopped run's share so far is under `goodput` too: its requests that can
+            # still meet the SLO are too few (the trial's bound), so `holds` says no.
+            result = simulate_serving(variant, np.random.SeedSequence(seed, spawn_key=(16,)),
+                                      base_dir, trial=SloTrial(name, goodput) if stop_early
+                                      else None, stratified=True)
+            figures = deployment_figures(variant, result)[name]
+            share = figures["slo_goodput"]
+            if (share is None or figures["saturated"]
+                    or decisive(share, goodput, figures["requests"])):
+                break
+            if requests >= most or (spec.workload.requests is not None
+                                    and requests >= spec.workload.requests):
+                search.within_noise.add(rate)
+                break
+            # the requests that would tell this share from the target, at least 4 times more
+            gap = max(abs(share - goodput), 1e-9)
+            needed = Z_DECISIVE**2 * goodput * (1.0 - goodput) / gap**2
+            requests = min(most, max(TRIAL_GROWTH * requests, math.ceil(1.2 * needed)))
+        search.tried.append((rate, share))
+        search.requests.append(figures["requests"])
         if figures["saturated"]:
             search.saturated.add(rate)
         return figures
@@ -144,10 +195,10 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
         # (a trial without requests shows nothing held: None)
         return (figures["slo_goodput"] or 0.0) >= goodput and not figures["saturated"]
 
-    ceiling = rate_ceiling(scenario, spec)
-    search.ceiling_per_s = ceiling
-    rate = min(float(spec.workload.rate_per_s or spec.replicas), ceiling)
     figures = evaluate(rate)
+    if search.idle is not None and search.idle.share < goodput:
+        # Out of reach at any rate: a trial that held showed a lucky sample, not a capacity.
+        return search
     good, bad = (rate, figures) if holds(figures) else (None, None), None
     if good[0] is not None:
         while bad is None and len(search.tried) < MAX_BRACKET_TRIALS and rate < ceiling:
@@ -163,11 +214,7 @@ def find_rate(scenario: Scenario, deployment: str | None = None, goodput: float 
             return search
     else:
         bad = rate
-        # (only here: a search whose first rate holds, as the planner's do, needs no bound)
-        search.idle = idle_bound(scenario, index, base_dir, IDLE_SAMPLE_REQUESTS)
         while good[0] is None and len(search.tried) < MAX_BRACKET_TRIALS:
-            if search.idle is not None and search.idle.share < goodput:
-                break  # out of reach at any rate: no lower one will do
             if (search.idle is not None
                     and rate * search.idle.service_s / spec.replicas <= IDLE_LOAD):
                 search.near_idle_per_s = rate  # failed near idle: lower rates change little
