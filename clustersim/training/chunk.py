@@ -41,7 +41,7 @@ from clustersim.training.workload import (
     stage_work,
 )
 
-__all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation", "grouped_s"]
+__all__ = ["ChunkTimes", "ChunkModel", "matmul_quantisation", "distinct_ops"]
 
 # The linear layers' weight-gradient GEMMs, behind which `tp_overlap` hides TP collectives.
 _TP_WGRADS = ("qkv_wgrad", "projection_wgrad", "mlp_in_wgrad", "mlp_out_wgrad")
@@ -155,11 +155,16 @@ class ChunkModel:
                 found = seen[id(op)] = self.shared_op_time_s(op, job.precision)
             return found
 
+        distinct: dict[int, list[tuple[Op, int]]] = {}  # forward, backward: counted once
+
         def total(ops: tuple[Op, ...], keep: Callable[[Op], bool] | None = None) -> float:
             if mix is None:  # in the listed order, as before chunks had mixes
                 return (sum(map(op_time, ops)) if keep is None
                         else sum(op_time(op) for op in ops if keep(op)))
-            return grouped_s(ops, op_time, keep)
+            counted = distinct.get(id(ops))
+            if counted is None:
+                counted = distinct[id(ops)] = distinct_ops(ops)
+            return sum(op_time(op) * n for op, n in counted if keep is None or keep(op))
 
         fwd = overhead + total(work.forward)
         bwd = overhead + total(work.backward)
@@ -200,15 +205,13 @@ class ChunkModel:
         return cached
 
 
-def grouped_s(ops: tuple[Op, ...], op_time: Callable[[Op], float],
-              keep: Callable[[Op], bool] | None = None) -> float:
-    """The sum of `op_time` over `ops` (those `keep` keeps), each distinct operation (by
-    identity: a layer's repeat) timed once and counted: a chunk's layers list the same
-    few operations many times over."""
+def distinct_ops(ops: tuple[Op, ...]) -> list[tuple[Op, int]]:
+    """Each distinct operation of `ops` (by identity: a layer's repeat) with how many times
+    it comes, in order of first coming: a chunk's layers list the same few operations many
+    times over, so a sum over them times each once and counts it."""
     counts = Counter(map(id, ops))
     by_id = dict(zip(map(id, ops), ops, strict=True))
-    return sum(op_time(by_id[i]) * n for i, n in counts.items()
-               if keep is None or keep(by_id[i]))
+    return [(by_id[i], n) for i, n in counts.items()]
 
 
 def matmul_quantisation(op: Op, eff: Any) -> float:
