@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from clustersim.analysis.report_names import REPORT_FILES
+from clustersim.analysis.trace import SERVING_TABLES, TABLES
+from clustersim.cluster.fleet import flatten_into
 
 if TYPE_CHECKING:
     from clustersim.scenario.models import Scenario
@@ -30,9 +32,7 @@ __all__ = ["RUN_FILES", "RunSettings", "earlier_report", "earlier_run_of", "hold
 # What `clustersim run` writes into OUT (and `clustersim report` adds): a folder holding only
 # these, with a summary.json and scenario.yaml of the same scenario, is an earlier run.
 RUN_FILES = frozenset({"summary.json", "scenario.yaml", "report"} | {
-    f"{table}.parquet" for table in ("chips", "jobs", "intervals", "events", "allocations",
-                                     "utilisation", "cluster_state", "requests",
-                                     "replicas", "day", "fleet", "job_summary")})
+    f"{table}.parquet" for table in (*TABLES, *SERVING_TABLES, "job_summary")})
 
 # A scenario.yaml larger than this is compared as text only (no key-by-key account).
 _DIFF_BYTES = 4 * 2**20
@@ -82,17 +82,22 @@ def _earlier_summary(out: Path, name: str) -> dict[str, Any] | None:
     report = out / "report"
     if "report" in names and (report.is_symlink() or not earlier_report(report)):
         return None
-    if not (out / "summary.json").is_file():
+    summary = _summary(out)
+    # (a golden: `check --update` leaves out the version, and git holds it)
+    if summary is None or summary.get("scenario") != name or "clustersim_version" not in summary:
+        return None
+    return summary
+
+
+def _summary(out: Path) -> dict[str, Any] | None:
+    """`out`'s summary.json as a mapping, or None (absent, unreadable or not a mapping)."""
+    if not (out / "summary.json").is_file():  # (a named pipe would block the read)
         return None
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    # (a golden: `check --update` leaves out the version, and git holds it)
-    if (not isinstance(summary, dict) or summary.get("scenario") != name
-            or "clustersim_version" not in summary):
-        return None
-    return summary
+    return summary if isinstance(summary, dict) else None
 
 
 def run_differences(out: Path, settings: RunSettings | None) -> list[str] | None:
@@ -121,13 +126,8 @@ def run_differences(out: Path, settings: RunSettings | None) -> list[str] | None
 def holds_golden(out: Path) -> bool:
     """Whether `out` holds a golden summary (`check --update` writes it without the
     version), which git keeps and no run replaces without --force."""
-    if not (out / "summary.json").is_file():  # (a named pipe would block the read)
-        return False
-    try:
-        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(summary, dict) and "scenario" in summary and (
+    summary = _summary(out)
+    return summary is not None and "scenario" in summary and (
         "clustersim_version" not in summary)
 
 
@@ -142,7 +142,9 @@ def _scenario_differences(earlier: str, now: str, shown: int = 3) -> str:
     if max(len(earlier), len(now)) > _DIFF_BYTES:
         return "its scenario.yaml differs"
     try:
-        before, after = _leaves(yaml.safe_load(earlier)), _leaves(yaml.safe_load(now))
+        before, after = {}, {}
+        flatten_into("", yaml.safe_load(earlier), before)  # dotted path -> leaf value
+        flatten_into("", yaml.safe_load(now), after)
     except yaml.YAMLError:
         return "its scenario.yaml differs"
     keys = [k for k in dict.fromkeys([*before, *after]) if before.get(k, _ABSENT)
@@ -161,18 +163,3 @@ _ABSENT = object()
 def _shown(value: Any) -> str:
     text = "absent" if value is _ABSENT else json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _leaves(value: Any, path: str = "") -> dict[str, Any]:
-    """Dotted path -> value of every leaf (lists by index)."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out |= _leaves(item, f"{path}.{key}" if path else str(key))
-        return out
-    if isinstance(value, list) and value:
-        out = {}
-        for index, item in enumerate(value):
-            out |= _leaves(item, f"{path}.{index}" if path else str(index))
-        return out
-    return {path: value}
