@@ -50,3 +50,19 @@ def set_key(raw: dict, path: str, value: object) -> None:
     for key in keys[:-1]:
         holder = holder[int(key)] if key.isdigit() else holder[key]
     holder[keys[-1]] = value
+
+
+def run_table_text(summary: dict) -> str:
+    """What the run table's many-jobs rows say for `summary`, on one line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from clustersim.cli.run import _summarise_many_jobs
+
+    table = Table()
+    table.add_column("key")
+    table.add_column("value")
+    _summarise_many_jobs(table, summary)
+    console = Console(width=200, record=True)
+    console.print(table)
+    return " ".join(console.export_text().replace("│", " ").split())

@@ -419,19 +419,7 @@ def test_the_run_table_counts_every_job_and_says_whose_means_it_shows():
     """Past 2,000 jobs summary.json lists the 100 largest; the run table printed 'jobs 100:
     999,983 done, ...' for the Rainier year's million, and its ETTR mean and slowdowns (over
     the listed jobs only) as if they were every job's."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from clustersim.cli.run import _summarise_many_jobs
-
-    def shown(summary: dict) -> str:
-        table = Table()
-        table.add_column("key")
-        table.add_column("value")
-        _summarise_many_jobs(table, summary)
-        console = Console(width=200, record=True)
-        console.print(table)
-        return " ".join(console.export_text().replace("│", " ").split())
+    from cli_helpers import run_table_text as shown
 
     job = {"start_s": 0.0, "ettr": 0.5, "slowdown": 2.0}
     listed = {"jobs": {"a": job, "b": job},

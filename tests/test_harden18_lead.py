@@ -5,28 +5,15 @@ from __future__ import annotations
 import pytest
 
 
-def _shown(summary: dict) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    from clustersim.cli.run import _summarise_many_jobs
-
-    table = Table()
-    table.add_column("key")
-    table.add_column("value")
-    _summarise_many_jobs(table, summary)
-    console = Console(width=200, record=True)
-    console.print(table)
-    return " ".join(console.export_text().replace("│", " ").split())
-
-
 def test_the_run_tables_median_slowdown_of_an_even_count_is_the_middle_twos_mean():
     """The run table printed the upper middle slowdown as the median (1.34 where the 106
     jobs' median is 1.31)."""
     slowdowns = [1.0, 1.2, 1.4, 9.0]
     jobs = {f"j{i}": {"start_s": 0.0, "ettr": 1.0, "slowdown": s}
             for i, s in enumerate(slowdowns)}
-    text = _shown({"jobs": jobs, "cluster": {"jobs": 4, "jobs_by_status": {"done": 4}}})
+    from cli_helpers import run_table_text
+
+    text = run_table_text({"jobs": jobs, "cluster": {"jobs": 4, "jobs_by_status": {"done": 4}}})
     assert "median 1.30, worst 9.00" in text, text
 
 
